@@ -1,0 +1,1 @@
+"""Evaluation pipelines, run store, configuration and the groundcover CLI."""

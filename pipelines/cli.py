@@ -1,0 +1,340 @@
+"""The ``groundcover`` command line."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import hashlib
+import json
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from pydantic import Field
+from rich.console import Console
+from rich.table import Table
+
+from pipelines import generate as generate_task
+from pipelines.config import (
+    EvaluatorConfig,
+    RunConfig,
+    Strict,
+    UserError,
+    load_config,
+    read_jsonl,
+)
+from pipelines.evaluator import model_record, open_evaluator
+from pipelines.runner import run_items
+from pipelines.runstore import RunStore, RunStoreError, fingerprint, status_counts
+from serving.client import EndpointError
+from serving.embedded import EmbeddedModelMissing
+from serving.launcher import ServerSpec, ServerStartError, VLLMServer
+from serving.registry import ADAPTERS, PRESETS, LoraAdapter, UnknownModelError, resolve
+from serving.templates import REASK, load_dir
+
+app = typer.Typer(
+    help="groundcover: grounding and coverage evaluation on a self-hosted vLLM stack.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+)
+console = Console(stderr=True)
+
+USER_ERRORS = (UserError, RunStoreError, UnknownModelError, EmbeddedModelMissing)
+RUNTIME_ERRORS = (ServerStartError, EndpointError)
+
+
+def clean_errors(command):
+    """One line on stderr and a non-zero exit instead of a traceback for expected failures."""
+
+    @functools.wraps(command)
+    def wrapper(*args, **kwargs):
+        try:
+            return command(*args, **kwargs)
+        except USER_ERRORS as exc:
+            console.print(f"[red]error:[/red] {exc}", highlight=False, soft_wrap=True)
+            raise typer.Exit(2) from None
+        except RUNTIME_ERRORS as exc:
+            console.print(f"[red]error:[/red] {exc}", highlight=False, soft_wrap=True)
+            console.print("finished items are saved; rerun the same command to resume")
+            raise typer.Exit(1) from None
+
+    return wrapper
+
+
+def parse_loras(values: list[str] | None) -> dict[str, str]:
+    out = {}
+    for value in values or []:
+        name, sep, path = value.partition("=")
+        if not sep or not name or not path:
+            raise UserError(f"--lora expects NAME=PATH, got {value!r}")
+        out[name] = path
+    return out
+
+
+def sigterm_as_interrupt() -> None:
+    """SIGTERM unwinds like Ctrl-C, so servers we started are stopped on the way out."""
+
+    def handler(signum, frame):
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, handler)
+
+
+# ---- serve -----------------------------------------------------------------------------------
+
+
+@app.command()
+@clean_errors
+def serve(
+    model: Annotated[str, typer.Argument(help="preset name (see `models`), directory or hub id")],
+    lora: Annotated[list[str] | None, typer.Option(help="NAME=PATH of a LoRA adapter")] = None,
+    host: Annotated[str, typer.Option(help="bind address")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="0 picks a free port")] = 8000,
+    run_dir: Annotated[Path, typer.Option(help="where serve.log goes")] = Path("runs/serve"),
+    max_model_len: Annotated[int | None, typer.Option()] = None,
+    engine_arg: Annotated[list[str] | None, typer.Option(help="extra vLLM flag")] = None,
+    timeout: Annotated[float, typer.Option(help="seconds to wait for health")] = 900.0,
+) -> None:
+    """Start the vLLM OpenAI-compatible server for MODEL (plus adapters) and wait."""
+    preset = resolve(model)
+    adapters = parse_loras(lora)
+    for name, path in adapters.items():
+        if not (Path(path) / "adapter_config.json").is_file():
+            raise UserError(f"--lora {name}: no adapter_config.json in {path}")
+    loras = [LoraAdapter(name=n, path=p, base=preset.name) for n, p in adapters.items()]
+    spec = ServerSpec(
+        model=model,
+        loras=loras,
+        host=host,
+        port=port,
+        max_model_len=max_model_len,
+        extra_args=list(engine_arg or []),
+    )
+    server = VLLMServer(spec, run_dir / "serve.log")
+    sigterm_as_interrupt()
+    console.print(f"starting {preset.name} ({server.device}); log: {server.log_path}")
+    try:
+        server.start(timeout)
+        names = ", ".join([preset.name, *adapters])
+        console.print(f"serving {names} at {server.base_url}  (Ctrl-C stops)")
+        while server.process is not None and server.process.poll() is None:
+            time.sleep(1.0)
+        raise ServerStartError(f"vLLM exited unexpectedly; see {server.log_path}")
+    except KeyboardInterrupt:
+        console.print("stopping")
+    finally:
+        server.stop()
+
+
+# ---- registry and prompts --------------------------------------------------------------------
+
+
+@app.command()
+def models() -> None:
+    """List model presets and registered LoRA adapters."""
+    table = Table("name", "hub id", "max len", "dtype", "TP", "reasoning", "notes")
+    for p in PRESETS.values():
+        table.add_row(
+            p.name,
+            p.hub_id,
+            str(p.max_model_len),
+            p.dtype,
+            str(p.tensor_parallel_size),
+            p.reasoning_effort or "-",
+            p.notes,
+        )
+    Console().print(table)
+    for adapter in ADAPTERS.values():
+        Console().print(f"adapter {adapter.name} -> {adapter.base}: {adapter.path}")
+
+
+def all_templates() -> dict[str, Any]:
+    templates = {REASK.name: REASK}
+    for folder in sorted(Path(__file__).parent.rglob("prompts")):
+        templates |= load_dir(folder)
+    return templates
+
+
+@app.command()
+def prompts(name: Annotated[str | None, typer.Argument(help="print this template")] = None) -> None:
+    """List the versioned prompt templates, or print one."""
+    templates = all_templates()
+    if name is None:
+        for template in templates.values():
+            typer.echo(f"{template.id}\t{template.path}")
+        return
+    if name not in templates:
+        console.print(f"[red]error:[/red] no template {name!r}; have {', '.join(templates)}")
+        raise typer.Exit(2)
+    typer.echo(templates[name].text())
+
+
+# ---- generate --------------------------------------------------------------------------------
+
+
+class GenerateConfig(Strict):
+    input: Path
+    evaluator: EvaluatorConfig = Field(default_factory=EvaluatorConfig)
+    run: RunConfig = Field(default_factory=RunConfig)
+
+
+def file_digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()[:16]
+
+
+def identity(cfg: GenerateConfig, prompt_ids: dict[str, str]) -> dict[str, Any]:
+    """What makes two runs the same run (so a rerun resumes): not concurrency, timeouts, URL."""
+    ev = cfg.evaluator
+    return {
+        "input_sha256": file_digest(cfg.input),
+        "model": ev.model,
+        "adapter": ev.adapter,
+        "temperature": ev.temperature,
+        "max_tokens": ev.max_tokens,
+        "prompts": prompt_ids,
+    }
+
+
+@app.command()
+@clean_errors
+def generate(
+    input: Annotated[Path, typer.Argument(help="JSONL: id, question, optional contexts")],
+    config: Annotated[Path | None, typer.Option(help="YAML config file")] = None,
+    model: Annotated[str | None, typer.Option(help="preset, directory or hub id")] = None,
+    endpoint: Annotated[str | None, typer.Option(help="OpenAI-compatible URL")] = None,
+    adapter: Annotated[str | None, typer.Option(help="LoRA adapter to query")] = None,
+    lora: Annotated[list[str] | None, typer.Option(help="NAME=PATH to serve")] = None,
+    run_dir: Annotated[Path | None, typer.Option(help="default: runs/generate-<id>")] = None,
+    concurrency: Annotated[int | None, typer.Option()] = None,
+    max_tokens: Annotated[int | None, typer.Option()] = None,
+    temperature: Annotated[float | None, typer.Option()] = None,
+    no_cache: Annotated[bool, typer.Option("--no-cache", help="skip the response cache")] = False,
+    quiet: Annotated[bool, typer.Option(help="no progress bar")] = False,
+) -> None:
+    """Generate an answer per question (from its background texts only, when given)."""
+    overrides = {
+        "input": str(input),
+        "evaluator.model": model,
+        "evaluator.endpoint": endpoint,
+        "evaluator.adapter": adapter,
+        "evaluator.adapters": parse_loras(lora) or None,
+        "evaluator.concurrency": concurrency,
+        "evaluator.max_tokens": max_tokens,
+        "evaluator.temperature": temperature,
+        "run.run_dir": run_dir and str(run_dir),
+    }
+    cfg = load_config(GenerateConfig, config, overrides)
+    items = read_jsonl(cfg.input, generate_task.GenerateItem)
+    prompt_ids = {"answer": generate_task.TEMPLATE.id, "reask": REASK.id}
+    run_id = identity(cfg, prompt_ids)
+    store = RunStore(cfg.run.run_dir or Path("runs") / f"generate-{fingerprint(run_id)}")
+    store.open(
+        task="generate", config=run_id, models=model_record(cfg.evaluator), prompts=prompt_ids
+    )
+    console.print(f"run directory: {store.dir}")
+    todo = len(items) - len(store.completed_ids() & {i.id for i in items})
+    started = time.time()
+    usage: dict[str, Any] = {}
+    if todo:
+        sigterm_as_interrupt()
+        usage = asyncio.run(
+            _generate(cfg, items, store, None if no_cache else cfg.run.cache, quiet)
+        )
+    finish(store, "generate", items, usage, time.time() - started)
+
+
+async def _generate(cfg, items, store, cache_path, quiet) -> dict[str, Any]:
+    async with open_evaluator(cfg.evaluator, store.dir, cache_path) as client:
+
+        async def solve(item):
+            return await generate_task.generate_one(client, item)
+
+        await run_items(
+            items, solve, store, concurrency=cfg.evaluator.concurrency, show_progress=not quiet
+        )
+        return client.usage_report()
+
+
+def finish(store: RunStore, task: str, items, usage: dict[str, Any], seconds: float) -> None:
+    ids = {i.id for i in items}
+    records = [r for r in store.results() if r["id"] in ids]
+    summary = {
+        "task": task,
+        "items": len(items),
+        "recorded": len(records),
+        "statuses": status_counts(records),
+        "usage_this_invocation": usage,
+        "seconds_this_invocation": round(seconds, 3),
+    }
+    store.write_summary(summary)
+    print_summary(summary)
+
+
+def print_summary(summary: dict[str, Any]) -> None:
+    table = Table(title=f"{summary['task']}: {summary['recorded']}/{summary['items']} recorded")
+    table.add_column("status")
+    table.add_column("items", justify="right")
+    for status, count in summary["statuses"].items():
+        if count:
+            table.add_row(status, str(count))
+    Console().print(table)
+    usage = summary.get("usage_this_invocation") or {}
+    if usage:
+        stages = Table(
+            "stage",
+            "calls",
+            "requests",
+            "cache hits",
+            "retries",
+            "prompt tok",
+            "completion tok",
+            title="model usage (this invocation)",
+        )
+        for stage, u in usage.items():
+            stages.add_row(
+                stage,
+                *(
+                    str(u[k])
+                    for k in (
+                        "calls",
+                        "requests",
+                        "cache_hits",
+                        "retries",
+                        "prompt_tokens",
+                        "completion_tokens",
+                    )
+                ),
+            )
+        Console().print(stages)
+
+
+@app.command()
+@clean_errors
+def report(run_dir: Annotated[Path, typer.Argument(help="a run directory")]) -> None:
+    """Print the summary of a finished (or partly finished) run."""
+    store = RunStore(run_dir)
+    if not store.manifest_path.is_file():
+        raise UserError(f"{run_dir}: not a run directory (no manifest.json)")
+    if store.summary_path.is_file():
+        print_summary(json.loads(store.summary_path.read_text()))
+    else:
+        records = store.results()
+        print_summary(
+            {
+                "task": store.manifest()["task"],
+                "items": len(records),
+                "recorded": len(records),
+                "statuses": status_counts(records),
+            }
+        )
+
+
+def main() -> None:  # pragma: no cover - console entry
+    app()
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(app())

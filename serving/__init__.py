@@ -1,0 +1,4 @@
+"""Serving layer: model registry, vLLM launcher, the evaluator client.
+
+Depends on nothing else of ours.
+"""

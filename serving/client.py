@@ -1,0 +1,431 @@
+"""The evaluator client every pipeline uses.
+
+Async and OpenAI-compatible (vLLM, SGLang, TGI or OpenAI by URL), with bounded concurrency,
+retries with backoff, a persistent response cache, token accounting per pipeline stage, structured
+output with a bounded re-ask, tool calling, and logprob-weighted label scores.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import random
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal, TypeVar
+
+import openai
+from pydantic import BaseModel, ValidationError
+
+from serving.cache import ResponseCache, cache_key
+from serving.parsing import ParseError, extract_json, match_choice
+from serving.templates import REASK
+
+T = TypeVar("T", bound=BaseModel)
+Status = Literal["ok", "unparseable"]
+
+# Errors worth retrying: the server may come back (restart, overload, transient network).
+RETRYABLE = (
+    openai.APIConnectionError,  # includes APITimeoutError
+    openai.InternalServerError,
+    openai.RateLimitError,
+)
+
+
+class EndpointError(RuntimeError):
+    """The endpoint kept failing after every retry, or rejected the request outright."""
+
+
+@dataclass
+class StageUsage:
+    calls: int = 0  # answers handed to the pipeline (cached or not)
+    requests: int = 0  # HTTP requests that reached the endpoint successfully
+    cache_hits: int = 0
+    retries: int = 0
+    failures: int = 0
+    prompt_tokens: int = 0  # over all calls, cached included: the logical cost of the stage
+    completion_tokens: int = 0
+    seconds: float = 0.0  # wall time spent in requests
+
+    def as_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+@dataclass
+class ChatResult:
+    text: str
+    finish_reason: str | None
+    prompt_tokens: int
+    completion_tokens: int
+    cached: bool
+    raw: dict[str, Any]
+
+    @property
+    def message(self) -> dict[str, Any]:
+        return self.raw["choices"][0]["message"]
+
+    @property
+    def tool_calls(self) -> list[dict[str, Any]]:
+        return self.message.get("tool_calls") or []
+
+    @property
+    def token_logprobs(self) -> list[dict[str, Any]]:
+        logprobs = self.raw["choices"][0].get("logprobs") or {}
+        return logprobs.get("content") or []
+
+
+@dataclass
+class Parsed:
+    """A parsed model answer, or the record of why it could not be parsed."""
+
+    status: Status
+    value: Any = None
+    error: str | None = None
+    outputs: list[str] = field(default_factory=list)  # every raw output, re-asks included
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"
+
+
+@dataclass
+class LabelScore:
+    """Expected value of a label under the model's next-token distribution restricted to labels."""
+
+    status: Status
+    score: float | None = None
+    distribution: dict[str, float] = field(default_factory=dict)
+    label_mass: float = 0.0  # probability the model put on any label at that position
+    output: str = ""
+    error: str | None = None
+
+
+def label_score_from_logprobs(
+    token_logprobs: Sequence[dict[str, Any]], labels: dict[str, float]
+) -> LabelScore:
+    """Weighted score at the first generated position whose token is a label.
+
+    Tokens are compared stripped of whitespace, so " 3" and "3" count as the same label; the
+    probabilities of the labels found among the top alternatives are renormalised over the labels.
+    """
+    text = "".join(t.get("token", "") for t in token_logprobs)
+    for position in token_logprobs:
+        if position.get("token", "").strip() not in labels:
+            continue
+        probs: dict[str, float] = {}
+        for alt in position.get("top_logprobs") or [position]:
+            label = alt.get("token", "").strip()
+            if label in labels and alt.get("logprob") is not None:
+                probs[label] = probs.get(label, 0.0) + math.exp(alt["logprob"])
+        mass = sum(probs.values())
+        distribution = {k: v / mass for k, v in probs.items()}
+        score = sum(labels[k] * p for k, p in distribution.items())
+        return LabelScore("ok", score, distribution, mass, text)
+    return LabelScore("unparseable", output=text, error=f"no label of {list(labels)} in output")
+
+
+@dataclass
+class Tool:
+    """A function the model may call; arguments are validated, never evaluated."""
+
+    name: str
+    description: str
+    parameters: type[BaseModel]
+    function: Callable[[BaseModel], Any]
+
+    def spec(self) -> dict[str, Any]:
+        return {
+            "type": "function",
+            "function": {
+                "name": self.name,
+                "description": self.description,
+                "parameters": {"additionalProperties": False} | self.parameters.model_json_schema(),
+            },
+        }
+
+    def call(self, arguments: str | dict) -> str:
+        try:
+            args = json.loads(arguments, strict=False) if isinstance(arguments, str) else arguments
+            return json.dumps(self.function(self.parameters.model_validate(args)))
+        except (json.JSONDecodeError, ValidationError, ValueError, TypeError) as exc:
+            return json.dumps({"error": f"{type(exc).__name__}: {exc}"[:500]})
+
+
+@dataclass
+class ToolRun:
+    final: ChatResult
+    calls: list[dict[str, Any]]  # name, arguments, result, in call order
+    messages: list[dict[str, Any]]
+
+
+class EvalClient:
+    """One client per (endpoint, model); share it across the stages of a pipeline."""
+
+    def __init__(
+        self,
+        base_url: str,
+        model: str,
+        *,
+        api_key: str = "EMPTY",
+        concurrency: int = 16,
+        timeout: float = 300.0,
+        max_retries: int = 8,
+        backoff: float = 0.5,
+        max_backoff: float = 20.0,
+        cache: ResponseCache | None = None,
+        default_params: dict[str, Any] | None = None,
+        vllm_extensions: bool = True,
+    ):
+        self.base_url = base_url
+        self.model = model
+        self.cache = cache
+        self.default_params = dict(default_params or {})
+        self.vllm_extensions = vllm_extensions  # choice-constrained decoding via extra_body
+        self.max_retries = max_retries
+        self.backoff = backoff
+        self.max_backoff = max_backoff
+        self.usage: dict[str, StageUsage] = {}
+        self._semaphore = asyncio.Semaphore(concurrency)
+        self._openai = openai.AsyncOpenAI(
+            base_url=base_url, api_key=api_key, timeout=timeout, max_retries=0
+        )
+
+    # ---- the one request path -------------------------------------------------------------
+
+    async def chat(
+        self,
+        messages: list[dict[str, Any]],
+        *,
+        stage: str = "default",
+        template: str | None = None,
+        adapter: str | None = None,
+        **params: Any,
+    ) -> ChatResult:
+        """One chat completion, from the cache when the same request was answered before."""
+        model = adapter or self.model
+        body = {**self.default_params, **params}
+        usage = self.usage.setdefault(stage, StageUsage())
+        key = cache_key(
+            {
+                "base": self.model,
+                "model": model,
+                "messages": messages,
+                "params": body,
+                "template": template,
+            }
+        )
+        raw = self.cache.get(key) if self.cache is not None else None
+        cached = raw is not None
+        if raw is None:
+            raw = await self._request(model, messages, body, usage)
+            if self.cache is not None:
+                self.cache.put(key, raw)
+        else:
+            usage.cache_hits += 1
+        return self._result(raw, cached, usage)
+
+    async def _request(
+        self, model: str, messages: list[dict[str, Any]], body: dict[str, Any], usage: StageUsage
+    ) -> dict[str, Any]:
+        known = {k: v for k, v in body.items() if k != "extra_body"}
+        for attempt in range(self.max_retries + 1):
+            started = time.perf_counter()
+            try:
+                async with self._semaphore:
+                    response = await self._openai.chat.completions.create(
+                        model=model, messages=messages, extra_body=body.get("extra_body"), **known
+                    )
+                usage.requests += 1
+                usage.seconds += time.perf_counter() - started
+                return response.model_dump(exclude_unset=True)
+            except RETRYABLE as exc:
+                if attempt == self.max_retries:
+                    usage.failures += 1
+                    raise EndpointError(
+                        f"{self.base_url}: gave up after {attempt + 1} attempts: {exc}"
+                    ) from exc
+                usage.retries += 1
+                delay = min(self.max_backoff, self.backoff * 2**attempt)
+                await asyncio.sleep(delay * (0.5 + random.random()))
+            except openai.APIStatusError as exc:  # 4xx: the request itself is wrong
+                usage.failures += 1
+                raise EndpointError(f"{self.base_url}: {exc.status_code} {exc.message}") from exc
+        raise AssertionError("unreachable")
+
+    @staticmethod
+    def _result(raw: dict[str, Any], cached: bool, usage: StageUsage) -> ChatResult:
+        tokens = raw.get("usage") or {}
+        result = ChatResult(
+            text=raw["choices"][0]["message"].get("content") or "",
+            finish_reason=raw["choices"][0].get("finish_reason"),
+            prompt_tokens=tokens.get("prompt_tokens", 0),
+            completion_tokens=tokens.get("completion_tokens", 0),
+            cached=cached,
+            raw=raw,
+        )
+        usage.calls += 1
+        usage.prompt_tokens += result.prompt_tokens
+        usage.completion_tokens += result.completion_tokens
+        return result
+
+    # ---- structured answers ---------------------------------------------------------------
+
+    async def _with_reasks(
+        self,
+        messages: list[dict[str, Any]],
+        parse: Callable[[str], Any],
+        expected: str,
+        max_reasks: int,
+        **kwargs: Any,
+    ) -> Parsed:
+        outputs: list[str] = []
+        conversation = list(messages)
+        for _ in range(max_reasks + 1):
+            result = await self.chat(conversation, **kwargs)
+            outputs.append(result.text)
+            try:
+                return Parsed("ok", parse(result.text), outputs=outputs)
+            except (ParseError, ValidationError, ValueError) as exc:
+                error = _one_line(exc)
+            conversation = conversation[: len(messages)] + [
+                {"role": "assistant", "content": result.text},
+                *REASK.messages(error=error, expected=expected),
+            ]
+        return Parsed("unparseable", error=error, outputs=outputs)
+
+    async def structured(
+        self,
+        messages: list[dict[str, Any]],
+        schema: type[T],
+        *,
+        max_reasks: int = 2,
+        constrained: bool = True,
+        **kwargs: Any,
+    ) -> Parsed:
+        """Answer parsed into ``schema``; JSON-schema constrained decoding where supported."""
+        if constrained:
+            kwargs["response_format"] = {
+                "type": "json_schema",
+                "json_schema": {"name": schema.__name__, "schema": schema.model_json_schema()},
+            }
+
+        def parse(text: str) -> T:
+            return schema.model_validate(extract_json(text))
+
+        expected = f"a JSON object with the fields {list(schema.model_fields)}"
+        return await self._with_reasks(messages, parse, expected, max_reasks, **kwargs)
+
+    async def choice(
+        self,
+        messages: list[dict[str, Any]],
+        choices: list[str],
+        *,
+        max_reasks: int = 2,
+        **kwargs: Any,
+    ) -> Parsed:
+        """One of ``choices``; constrained by the server when it is vLLM, else parsed."""
+        if self.vllm_extensions:
+            extra = dict(kwargs.pop("extra_body", None) or {})
+            extra["structured_outputs"] = {"choice": choices}
+            kwargs["extra_body"] = extra
+        expected = "one of: " + ", ".join(choices)
+        return await self._with_reasks(
+            messages, lambda t: match_choice(t, choices), expected, max_reasks, **kwargs
+        )
+
+    async def label_score(
+        self,
+        messages: list[dict[str, Any]],
+        labels: Sequence[str] = ("1", "2", "3", "4", "5"),
+        *,
+        top_logprobs: int = 20,
+        max_tokens: int = 8,
+        max_reasks: int = 1,
+        **kwargs: Any,
+    ) -> LabelScore:
+        """Probability-weighted label value (e.g. relevance 1–5) from token logprobs."""
+        values = {label: float(label) for label in labels}
+        if self.vllm_extensions:  # the first token is then always a label, renormalised over them
+            extra = dict(kwargs.pop("extra_body", None) or {})
+            extra["structured_outputs"] = {"choice": list(labels)}
+            kwargs["extra_body"] = extra
+        conversation = list(messages)
+        result = None
+        for _ in range(max_reasks + 1):
+            result = await self.chat(
+                conversation,
+                logprobs=True,
+                top_logprobs=top_logprobs,
+                max_tokens=max_tokens,
+                **{"temperature": 0.0, **kwargs},
+            )
+            scored = label_score_from_logprobs(result.token_logprobs, values)
+            if scored.status == "ok":
+                return scored
+            conversation = conversation[: len(messages)] + [
+                {"role": "assistant", "content": result.text},
+                *REASK.messages(error=scored.error, expected="one of " + ", ".join(labels)),
+            ]
+        return LabelScore("unparseable", output=result.text if result else "", error=scored.error)
+
+    # ---- tool calling ----------------------------------------------------------------------
+
+    async def run_tools(
+        self,
+        messages: list[dict[str, Any]],
+        tools: Sequence[Tool],
+        *,
+        tool_choice: str | dict = "auto",
+        followup_tool_choice: str | dict = "auto",
+        max_rounds: int = 4,
+        **kwargs: Any,
+    ) -> ToolRun:
+        """Let the model call ``tools`` for up to ``max_rounds`` rounds, then return its answer."""
+        by_name = {t.name: t for t in tools}
+        specs = [t.spec() for t in tools]
+        conversation = list(messages)
+        calls: list[dict[str, Any]] = []
+        choice = tool_choice
+        for round_ in range(max_rounds + 1):
+            last_round = round_ == max_rounds
+            result = await self.chat(
+                conversation, tools=specs, tool_choice="none" if last_round else choice, **kwargs
+            )
+            if not result.tool_calls or last_round:
+                return ToolRun(result, calls, conversation)
+            conversation.append(
+                {
+                    "role": "assistant",
+                    "content": result.text or None,
+                    "tool_calls": result.tool_calls,
+                }
+            )
+            for call in result.tool_calls:
+                name = call["function"]["name"]
+                arguments = call["function"].get("arguments") or "{}"
+                tool = by_name.get(name)
+                output = tool.call(arguments) if tool else json.dumps({"error": f"no tool {name}"})
+                calls.append({"name": name, "arguments": arguments, "result": output})
+                conversation.append({"role": "tool", "tool_call_id": call["id"], "content": output})
+            choice = followup_tool_choice
+        raise AssertionError("unreachable")
+
+    # ---- bookkeeping -----------------------------------------------------------------------
+
+    def usage_report(self) -> dict[str, dict[str, Any]]:
+        return {stage: usage.as_dict() for stage, usage in self.usage.items()}
+
+    async def aclose(self) -> None:
+        await self._openai.close()
+
+    async def __aenter__(self) -> EvalClient:
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        await self.aclose()
+
+
+def _one_line(exc: BaseException) -> str:
+    return " ".join(str(exc).split())[:300]

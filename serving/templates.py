@@ -1,0 +1,65 @@
+"""Versioned prompt templates kept as YAML files next to the code that uses them.
+
+A template has ``name``, ``version``, optional ``system`` and a ``user`` Jinja body. Its id,
+``name@vN#hash``, goes into cache keys and run manifests, so editing a prompt (even without bumping
+its version) never serves a stale cached answer.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from functools import cached_property
+from pathlib import Path
+
+import jinja2
+import yaml
+from pydantic import BaseModel
+
+_ENV = jinja2.Environment(undefined=jinja2.StrictUndefined, keep_trailing_newline=False)
+
+
+class PromptTemplate(BaseModel):
+    name: str
+    version: int
+    user: str
+    system: str | None = None
+    path: str | None = None
+
+    @classmethod
+    def load(cls, path: Path | str) -> PromptTemplate:
+        data = yaml.safe_load(Path(path).read_text())
+        return cls(**data, path=str(path))
+
+    @cached_property
+    def digest(self) -> str:
+        return hashlib.sha256(f"{self.system}\x00{self.user}".encode()).hexdigest()[:12]
+
+    @property
+    def id(self) -> str:
+        return f"{self.name}@v{self.version}#{self.digest}"
+
+    def messages(self, **values) -> list[dict[str, str]]:
+        out = []
+        if self.system:
+            out.append(
+                {"role": "system", "content": _ENV.from_string(self.system).render(**values)}
+            )
+        out.append(
+            {"role": "user", "content": _ENV.from_string(self.user).render(**values).strip()}
+        )
+        return out
+
+    def text(self) -> str:
+        parts = [f"# {self.id}"]
+        if self.system:
+            parts += ["## system", self.system.rstrip()]
+        parts += ["## user", self.user.rstrip()]
+        return "\n".join(parts)
+
+
+def load_dir(folder: Path | str) -> dict[str, PromptTemplate]:
+    """All templates in a folder, by name."""
+    return {t.name: t for t in map(PromptTemplate.load, sorted(Path(folder).glob("*.yaml")))}
+
+
+REASK = PromptTemplate.load(Path(__file__).parent / "prompts" / "reask.yaml")
