@@ -15,7 +15,7 @@ from typing import Annotated, Any
 import typer
 from pydantic import Field
 from rich.console import Console
-from rich.table import Table
+from rich.table import Column, Table
 
 from pipelines import generate as generate_task
 from pipelines.config import (
@@ -135,7 +135,9 @@ def serve(
 @app.command()
 def models() -> None:
     """List model presets and registered LoRA adapters."""
-    table = Table("name", "hub id", "max len", "dtype", "TP", "reasoning", "notes")
+    table = Table("max len", "dtype", "TP", "reasoning", "notes")
+    table.columns.insert(0, Column("hub id", no_wrap=True))
+    table.columns.insert(0, Column("name", no_wrap=True))
     for p in PRESETS.values():
         table.add_row(
             p.name,

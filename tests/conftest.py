@@ -1,0 +1,67 @@
+"""Session fixtures: a tiny Llama + LoRA adapter built locally, served by the real vLLM engine."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from serving.launcher import ServerSpec, ServerStartError, VLLMServer, engine_device
+from serving.registry import LoraAdapter
+
+ADAPTER = "claims"
+SHARED = Path(__file__).resolve().parents[1].parent / "shared"
+
+# vLLM's default for hermes tool calls is a structural tag that does not stop a random model from
+# padding arguments with whitespace; the JSON-schema path honours disable_any_whitespace.
+TEST_SERVER_ENV = {"VLLM_ENFORCE_STRICT_TOOL_CALLING": "0"}
+TOOL_ARGS = ["--enable-auto-tool-choice", "--tool-call-parser", "hermes"]
+
+
+@pytest.fixture(scope="session", autouse=True)
+def groundcover_home(tmp_path_factory) -> Path:
+    """Keep caches and converted models of the test session out of the user's home."""
+    home = tmp_path_factory.mktemp("gchome")
+    os.environ["GROUNDCOVER_HOME"] = str(home)
+    return home
+
+
+def require_engine() -> None:
+    try:
+        engine_device()
+    except ServerStartError as exc:
+        pytest.skip(f"no vLLM engine installed ({exc}); run ./setup.sh")
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory) -> Path:
+    from serving.tiny import build_tiny_llama
+
+    return build_tiny_llama(tmp_path_factory.mktemp("models") / "tiny-llama")
+
+
+@pytest.fixture(scope="session")
+def tiny_lora(tiny_model, tmp_path_factory) -> Path:
+    from serving.tiny import build_tiny_lora
+
+    return build_tiny_lora(tiny_model, tmp_path_factory.mktemp("adapters") / ADAPTER)
+
+
+def tiny_server(tiny_model: Path, tiny_lora: Path, log: Path, port: int = 0) -> VLLMServer:
+    spec = ServerSpec(
+        model=str(tiny_model),
+        loras=[LoraAdapter(name=ADAPTER, path=str(tiny_lora), base=tiny_model.name, rank=8)],
+        port=port,
+        extra_args=TOOL_ARGS,
+        env=TEST_SERVER_ENV,
+    )
+    return VLLMServer(spec, log)
+
+
+@pytest.fixture(scope="session")
+def vllm_server(tiny_model, tiny_lora, tmp_path_factory):
+    require_engine()
+    server = tiny_server(tiny_model, tiny_lora, tmp_path_factory.mktemp("logs") / "serve.log")
+    with server:
+        yield server

@@ -1,0 +1,119 @@
+"""Bad configuration and input: one clear line, exit code 2, no run directory written."""
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from pipelines.cli import app
+from pipelines.config import EvaluatorConfig, UserError, load_config, read_jsonl
+from pipelines.generate import GenerateItem
+
+runner = CliRunner()
+
+
+def run(args):
+    return runner.invoke(app, args, catch_exceptions=False)
+
+
+@pytest.fixture
+def questions(tmp_path):
+    path = tmp_path / "q.jsonl"
+    path.write_text(json.dumps({"id": "a", "question": "why?"}) + "\n")
+    return path
+
+
+def test_every_command_has_help():
+    for command in ([], ["serve"], ["models"], ["prompts"], ["generate"], ["report"]):
+        result = run([*command, "--help"])
+        assert result.exit_code == 0, command
+        assert "Usage" in result.output
+
+
+def test_missing_input_file(tmp_path):
+    result = run(["generate", str(tmp_path / "nope.jsonl"), "--run-dir", str(tmp_path / "r")])
+    assert result.exit_code == 2
+    assert "input file not found" in result.output
+    assert not (tmp_path / "r").exists()
+
+
+def test_bad_record_names_file_line_record_and_field(tmp_path):
+    path = tmp_path / "bad.jsonl"
+    path.write_text('{"id": "a", "question": "ok?"}\n{"id": "b", "question": ""}\n')
+    result = run(["generate", str(path), "--run-dir", str(tmp_path / "r")])
+    assert result.exit_code == 2
+    assert "bad.jsonl:2: record 'b': field question" in " ".join(result.output.split())
+    assert not (tmp_path / "r").exists()
+
+
+def test_yaml_unknown_field_and_bad_value(tmp_path, questions):
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("evaluator:\n  modle: x\n")
+    result = run(["generate", str(questions), "--config", str(cfg)])
+    assert result.exit_code == 2
+    assert "field evaluator.modle: Extra inputs are not permitted" in result.output
+    cfg.write_text("evaluator:\n  concurrency: 0\n")
+    result = run(["generate", str(questions), "--config", str(cfg)])
+    assert result.exit_code == 2
+    assert "evaluator.concurrency" in result.output
+
+
+def test_flags_override_yaml(tmp_path):
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("model: gpt-oss-20b\nmax_tokens: 100\n")
+    loaded = load_config(EvaluatorConfig, cfg, {"max_tokens": 7, "model": None})
+    assert (loaded.model, loaded.max_tokens) == ("gpt-oss-20b", 7)
+
+
+def test_invalid_yaml_and_missing_config(tmp_path):
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("evaluator: [unclosed\n")
+    with pytest.raises(UserError, match="not valid YAML"):
+        load_config(EvaluatorConfig, cfg, {})
+    with pytest.raises(UserError, match="config file not found"):
+        load_config(EvaluatorConfig, tmp_path / "missing.yaml", {})
+
+
+def test_adapter_path_checked_before_anything_starts(tmp_path, questions):
+    result = run(["generate", str(questions), "--lora", f"x={tmp_path}"])
+    assert result.exit_code == 2
+    assert "no adapter_config.json" in result.output
+    result = run(["generate", str(questions), "--lora", "no-equals-sign"])
+    assert result.exit_code == 2
+    assert "NAME=PATH" in result.output
+
+
+def test_unknown_model(tmp_path, questions):
+    result = run(["generate", str(questions), "--model", "gpt-5-ultra", "--run-dir", str(tmp_path)])
+    assert result.exit_code == 2
+    assert "unknown model 'gpt-5-ultra'" in result.output
+
+
+def test_read_jsonl_errors(tmp_path):
+    path = tmp_path / "x.jsonl"
+    path.write_text('{"id": "a", "question": "q"}\n{not json}\n')
+    with pytest.raises(UserError, match=r"x.jsonl:2: not valid JSON"):
+        read_jsonl(path, GenerateItem)
+    path.write_text('{"id": "a", "question": "q"}\n{"id": "a", "question": "r"}\n')
+    with pytest.raises(UserError, match="duplicate id"):
+        read_jsonl(path, GenerateItem)
+    path.write_text("[1, 2]\n")
+    with pytest.raises(UserError, match="must be a JSON object"):
+        read_jsonl(path, GenerateItem)
+    path.write_text("\n")
+    with pytest.raises(UserError, match="no records"):
+        read_jsonl(path, GenerateItem)
+
+
+def test_prompts_are_printable():
+    listed = run(["prompts"])
+    assert "answer@v1#" in listed.output
+    shown = run(["prompts", "answer"])
+    assert "Question: {{ question }}" in shown.output
+    assert run(["prompts", "nope"]).exit_code == 2
+
+
+def test_models_lists_presets():
+    output = run(["models"]).output
+    for name in ("gpt-oss-20b", "gpt-oss-120b", "Llama-3.1-8B-Instruct", "Qwen2.5-72B-Instruct"):
+        assert name in output

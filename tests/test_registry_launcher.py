@@ -1,0 +1,46 @@
+import pytest
+
+from serving.launcher import ServerSpec, VLLMServer, lora_rank_for
+from serving.registry import PRESETS, LoraAdapter, UnknownModelError, resolve
+
+
+def test_presets_have_engine_arguments():
+    assert PRESETS["gpt-oss-20b"].sampling_defaults() == {"reasoning_effort": "medium"}
+    assert PRESETS["Llama-3.3-70B-Instruct"].tensor_parallel_size == 4
+    assert PRESETS["Llama-3.1-8B-Instruct"].sampling_defaults() == {}
+    assert resolve("openai/gpt-oss-20b").name == "gpt-oss-20b"  # hub id finds its preset
+    assert resolve("qwen2.5-72b-instruct").name == "Qwen2.5-72B-Instruct"
+
+
+def test_unknown_model_is_refused():
+    with pytest.raises(UnknownModelError, match="unknown model"):
+        resolve("no-such-model")
+
+
+def test_lora_rank_rounds_up_to_a_supported_rank():
+    adapters = [LoraAdapter(name="a", path="p", base="b", rank=r) for r in (4, 12)]
+    assert lora_rank_for(adapters) == 16
+    assert lora_rank_for(adapters[:1]) == 8
+
+
+def test_cpu_command_line(tmp_path):
+    spec = ServerSpec(
+        model=str(tmp_path), loras=[LoraAdapter(name="claims", path="/a", base="x", rank=64)]
+    )
+    server = VLLMServer(spec, tmp_path / "log")
+    server.device = "cpu"
+    command = " ".join(server.command())
+    assert "--host 127.0.0.1" in command  # loopback unless told otherwise
+    assert "--distributed-executor-backend uni" in command
+    assert "--enable-lora" in command and "--lora-modules claims=/a" in command
+    assert "--max-lora-rank 64" in command
+    assert server.environment()["OMP_NUM_THREADS"] == "1"
+
+
+def test_gpu_command_line_uses_tensor_parallelism(tmp_path):
+    server = VLLMServer(ServerSpec(model="Qwen2.5-72B-Instruct"), tmp_path / "log")
+    server.device = "cuda"
+    command = server.command()
+    assert command[command.index("--tensor-parallel-size") + 1] == "4"
+    assert "--enforce-eager" not in command
+    assert "Qwen/Qwen2.5-72B-Instruct" in command
