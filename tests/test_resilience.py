@@ -1,0 +1,105 @@
+"""Crashes: the server dies mid-batch and comes back; the evaluation process itself is SIGKILLed."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from serving.client import EvalClient
+from tests.conftest import require_engine, tiny_server
+
+pytestmark = pytest.mark.engine
+
+
+async def test_client_survives_server_killed_and_restarted_mid_batch(
+    tiny_model, tiny_lora, tmp_path
+):
+    require_engine()
+    server = tiny_server(tiny_model, tiny_lora, tmp_path / "serve.log").start()
+    port = server.port
+    client = EvalClient(
+        server.base_url,
+        server.served_name,
+        concurrency=4,
+        max_retries=10,
+        backoff=0.5,
+        max_backoff=8.0,
+        default_params={"temperature": 0.0, "max_tokens": 48},
+    )
+    messages = [[{"role": "user", "content": f"item {i}"}] for i in range(300)]
+    try:
+        batch = asyncio.gather(*(client.chat(m, stage="batch") for m in messages))
+        batch = asyncio.ensure_future(batch)
+        while client.usage.get("batch") is None or client.usage["batch"].requests < 20:
+            await asyncio.sleep(0.05)
+        assert not batch.done()
+        server.kill()  # SIGKILL the whole process group: requests in flight are lost
+        killed_at = client.usage["batch"].requests
+        restarted = tiny_server(tiny_model, tiny_lora, tmp_path / "serve2.log", port=port)
+        await asyncio.to_thread(restarted.start)
+        server = restarted
+        results = await asyncio.wait_for(batch, timeout=600)
+    finally:
+        server.stop()
+        await client.aclose()
+    usage = client.usage["batch"]
+    assert len(results) == 300 and all(r.completion_tokens > 0 for r in results)
+    assert killed_at < 300
+    assert usage.retries > 0  # the outage was seen and ridden out
+    assert usage.requests == 300 and usage.failures == 0  # no item lost, none answered twice
+
+
+def write_questions(path: Path, n: int) -> list[str]:
+    ids = [f"q{i:03d}" for i in range(n)]
+    with open(path, "w") as handle:
+        for i, item_id in enumerate(ids):
+            handle.write(json.dumps({"id": item_id, "question": f"What about topic {i}?"}) + "\n")
+    return ids
+
+
+def count_lines(path: Path) -> int:
+    try:
+        return path.read_bytes().count(b"\n")
+    except FileNotFoundError:
+        return 0
+
+
+def test_sigkilled_run_resumes_with_exactly_one_result_per_item(vllm_server, tmp_path):
+    questions = tmp_path / "q.jsonl"
+    ids = write_questions(questions, 80)
+    run_dir = tmp_path / "run"
+    command = [
+        sys.executable, "-m", "pipelines.cli", "generate", str(questions),
+        "--endpoint", vllm_server.base_url, "--model", vllm_server.served_name,
+        "--run-dir", str(run_dir), "--concurrency", "2", "--max-tokens", "96",
+        "--no-cache", "--quiet",
+    ]  # fmt: skip
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]))
+    first = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    results = run_dir / "results.jsonl"
+    deadline = time.monotonic() + 120
+    while count_lines(results) < 10 and time.monotonic() < deadline and first.poll() is None:
+        time.sleep(0.01)
+    first.send_signal(signal.SIGKILL)
+    first.wait(30)
+    done_before = count_lines(results)
+    assert 10 <= done_before < len(ids), "the kill must land mid-run"
+
+    second = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
+    assert second.returncode == 0, second.stdout + second.stderr
+    records = [json.loads(line) for line in results.read_text().splitlines()]
+    assert sorted(r["id"] for r in records) == ids  # exactly one per item, none lost
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["recorded"] == len(ids)
+    # The rerun asked the model only for what was missing (no cache: every answer is a request).
+    assert summary["usage_this_invocation"]["generate"]["requests"] == len(ids) - done_before
+    manifest = json.loads((run_dir / "manifest.json").read_text())
+    assert len(manifest["resumed_at"]) == 1
