@@ -10,7 +10,7 @@ from pipelines.config import EvaluatorConfig
 from serving.cache import ResponseCache
 from serving.client import EvalClient
 from serving.launcher import ServerSpec, VLLMServer
-from serving.registry import LoraAdapter, resolve
+from serving.registry import PRESETS, LoraAdapter, resolve
 
 
 def served_model_name(cfg: EvaluatorConfig) -> str:
@@ -38,13 +38,14 @@ async def open_evaluator(
     try:
         base_url = cfg.endpoint
         defaults = {"temperature": cfg.temperature, "max_tokens": cfg.max_tokens}
+        if cfg.model in PRESETS or any(p.hub_id == cfg.model for p in PRESETS.values()):
+            defaults |= resolve(cfg.model).sampling_defaults()  # e.g. gpt-oss reasoning effort
         if base_url is None:
             preset = resolve(cfg.model)
             loras = [LoraAdapter(name=n, path=p, base=preset.name) for n, p in cfg.adapters.items()]
             spec = ServerSpec(model=cfg.model, loras=loras, max_model_len=cfg.max_model_len)
             server = VLLMServer(spec, run_dir / "serve.log").start()
             base_url = server.base_url
-            defaults |= preset.sampling_defaults()
         client = EvalClient(
             base_url,
             served_model_name(cfg),

@@ -16,6 +16,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -166,7 +167,10 @@ class VLLMServer:
             stderr=subprocess.STDOUT,
             env=self.environment(),
             start_new_session=True,  # own process group: stop() takes every child with it
-            preexec_fn=_die_with_parent,
+            # Only from the main thread: PDEATHSIG fires when the launching *thread* ends.
+            preexec_fn=_die_with_parent
+            if threading.current_thread() is threading.main_thread()
+            else None,
         )
         log.close()
         atexit.register(self.stop)

@@ -141,3 +141,23 @@ def test_tool_never_evaluates_bad_arguments():
     assert "ValidationError" in tool.call("true")
     assert calls == []
     assert tool.call({"a": "1 m", "b": "100 cm"}) == '{"ok": true}'
+
+
+async def test_timeouts_are_retried_then_reported(vllm_server):
+    from serving.client import EndpointError
+
+    client = make_client(vllm_server, timeout=0.001, max_retries=2, backoff=0.01)
+    with pytest.raises(EndpointError, match="gave up after 3 attempts"):
+        await client.chat(prompts(1)[0], stage="t", max_tokens=200)
+    await client.aclose()
+    usage = client.usage["t"]
+    assert (usage.retries, usage.failures, usage.requests, usage.calls) == (2, 1, 0, 0)
+
+
+async def test_bad_request_fails_at_once_with_the_server_message(vllm_server):
+    from serving.client import EndpointError
+
+    async with make_client(vllm_server, max_retries=5) as client:
+        with pytest.raises(EndpointError, match="404|does not exist"):
+            await client.chat(prompts(1)[0], adapter="no-such-adapter", stage="t")
+        assert client.usage["t"].retries == 0

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -103,3 +104,38 @@ def test_sigkilled_run_resumes_with_exactly_one_result_per_item(vllm_server, tmp
     assert summary["usage_this_invocation"]["generate"]["requests"] == len(ids) - done_before
     manifest = json.loads((run_dir / "manifest.json").read_text())
     assert len(manifest["resumed_at"]) == 1
+
+
+def test_serve_command_starts_on_loopback_and_stops_its_process_group(tiny_model, tmp_path):
+    require_engine()
+    from serving.launcher import free_port, port_in_use
+
+    port = free_port()
+    command = [
+        sys.executable, "-m", "pipelines.cli", "serve", str(tiny_model),
+        "--port", str(port), "--run-dir", str(tmp_path),
+    ]  # fmt: skip
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]))
+    proc = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        import httpx
+
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline and proc.poll() is None:
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                time.sleep(0.5)
+        assert proc.poll() is None, proc.stdout.read().decode()[-2000:]
+        models = httpx.get(f"http://127.0.0.1:{port}/v1/models", timeout=5).json()
+        assert [m["id"] for m in models["data"]] == [tiny_model.name]
+        log = (tmp_path / "serve.log").read_text()
+        server_pid = int(re.search(r"Started server process \[(\d+)\]", log).group(1))
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(60)
+    assert proc.returncode == 0
+    assert not port_in_use("127.0.0.1", port)
+    with pytest.raises(ProcessLookupError):
+        os.kill(server_pid, 0)
