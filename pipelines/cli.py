@@ -18,6 +18,10 @@ from rich.console import Console
 from rich.table import Column, Table
 
 from pipelines import generate as generate_task
+from pipelines.comprehensiveness import ComprehensivenessConfig, evaluate_item
+from pipelines.comprehensiveness import Item as ComprehensivenessItem
+from pipelines.comprehensiveness.common import PROMPTS
+from pipelines.comprehensiveness.nli_method import make_judge
 from pipelines.config import (
     EvaluatorConfig,
     RunConfig,
@@ -174,51 +178,24 @@ def prompts(name: Annotated[str | None, typer.Argument(help="print this template
     typer.echo(templates[name].text())
 
 
-# ---- generate --------------------------------------------------------------------------------
+# ---- shared option types and the task runner ------------------------------------------------
+
+ConfigOpt = Annotated[Path | None, typer.Option(help="YAML config file")]
+ModelOpt = Annotated[str | None, typer.Option(help="preset, directory or hub id")]
+EndpointOpt = Annotated[str | None, typer.Option(help="OpenAI-compatible URL; none: start vLLM")]
+AdapterOpt = Annotated[str | None, typer.Option(help="LoRA adapter to query")]
+LoraOpt = Annotated[list[str] | None, typer.Option(help="NAME=PATH to serve")]
+RunDirOpt = Annotated[Path | None, typer.Option(help="default: runs/<task>-<fingerprint>")]
+IntOpt = Annotated[int | None, typer.Option()]
+FloatOpt = Annotated[float | None, typer.Option()]
+NoCacheOpt = Annotated[bool, typer.Option("--no-cache", help="skip the response cache")]
+QuietOpt = Annotated[bool, typer.Option(help="no progress bar")]
 
 
-class GenerateConfig(Strict):
-    input: Path
-    evaluator: EvaluatorConfig = Field(default_factory=EvaluatorConfig)
-    run: RunConfig = Field(default_factory=RunConfig)
-
-
-def file_digest(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()[:16]
-
-
-def identity(cfg: GenerateConfig, prompt_ids: dict[str, str]) -> dict[str, Any]:
-    """What makes two runs the same run (so a rerun resumes): not concurrency, timeouts, URL."""
-    ev = cfg.evaluator
+def evaluator_overrides(
+    model, endpoint, adapter, lora, concurrency, max_tokens, temperature, run_dir
+) -> dict[str, Any]:
     return {
-        "input_sha256": file_digest(cfg.input),
-        "model": ev.model,
-        "adapter": ev.adapter,
-        "temperature": ev.temperature,
-        "max_tokens": ev.max_tokens,
-        "prompts": prompt_ids,
-    }
-
-
-@app.command()
-@clean_errors
-def generate(
-    input: Annotated[Path, typer.Argument(help="JSONL: id, question, optional contexts")],
-    config: Annotated[Path | None, typer.Option(help="YAML config file")] = None,
-    model: Annotated[str | None, typer.Option(help="preset, directory or hub id")] = None,
-    endpoint: Annotated[str | None, typer.Option(help="OpenAI-compatible URL")] = None,
-    adapter: Annotated[str | None, typer.Option(help="LoRA adapter to query")] = None,
-    lora: Annotated[list[str] | None, typer.Option(help="NAME=PATH to serve")] = None,
-    run_dir: Annotated[Path | None, typer.Option(help="default: runs/generate-<id>")] = None,
-    concurrency: Annotated[int | None, typer.Option()] = None,
-    max_tokens: Annotated[int | None, typer.Option()] = None,
-    temperature: Annotated[float | None, typer.Option()] = None,
-    no_cache: Annotated[bool, typer.Option("--no-cache", help="skip the response cache")] = False,
-    quiet: Annotated[bool, typer.Option(help="no progress bar")] = False,
-) -> None:
-    """Generate an answer per question (from its background texts only, when given)."""
-    overrides = {
-        "input": str(input),
         "evaluator.model": model,
         "evaluator.endpoint": endpoint,
         "evaluator.adapter": adapter,
@@ -228,36 +205,93 @@ def generate(
         "evaluator.temperature": temperature,
         "run.run_dir": run_dir and str(run_dir),
     }
-    cfg = load_config(GenerateConfig, config, overrides)
-    items = read_jsonl(cfg.input, generate_task.GenerateItem)
-    prompt_ids = {"answer": generate_task.TEMPLATE.id, "reask": REASK.id}
-    run_id = identity(cfg, prompt_ids)
-    store = RunStore(cfg.run.run_dir or Path("runs") / f"generate-{fingerprint(run_id)}")
-    store.open(
-        task="generate", config=run_id, models=model_record(cfg.evaluator), prompts=prompt_ids
-    )
+
+
+def file_digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()[:16]
+
+
+def run_identity(cfg, prompt_ids: dict[str, str], **task: Any) -> dict[str, Any]:
+    """What makes two runs the same run (so a rerun resumes): not concurrency, timeouts, URL."""
+    ev = cfg.evaluator
+    return {
+        "input_sha256": file_digest(cfg.input),
+        "model": ev.model,
+        "adapter": ev.adapter,
+        "temperature": ev.temperature,
+        "max_tokens": ev.max_tokens,
+        "prompts": prompt_ids,
+        **task,
+    }
+
+
+def execute(task: str, cfg, items, prompt_ids, identity, make_solver, no_cache, quiet) -> Path:
+    """Open (or resume) the run, solve what is missing, write and print the summary."""
+    store = RunStore(cfg.run.run_dir or Path("runs") / f"{task}-{fingerprint(identity)}")
+    store.open(task=task, config=identity, models=model_record(cfg.evaluator), prompts=prompt_ids)
     console.print(f"run directory: {store.dir}")
     todo = len(items) - len(store.completed_ids() & {i.id for i in items})
     started = time.time()
     usage: dict[str, Any] = {}
-    if todo:
+    if todo:  # nothing missing: no model is started at all
         sigterm_as_interrupt()
         usage = asyncio.run(
-            _generate(cfg, items, store, None if no_cache else cfg.run.cache, quiet)
+            _solve_all(cfg, items, store, None if no_cache else cfg.run.cache, make_solver, quiet)
         )
-    finish(store, "generate", items, usage, time.time() - started)
+    finish(store, task, items, usage, time.time() - started)
+    return store.dir
 
 
-async def _generate(cfg, items, store, cache_path, quiet) -> dict[str, Any]:
+async def _solve_all(cfg, items, store, cache_path, make_solver, quiet) -> dict[str, Any]:
     async with open_evaluator(cfg.evaluator, store.dir, cache_path) as client:
-
-        async def solve(item):
-            return await generate_task.generate_one(client, item)
-
+        solve = make_solver(client, store)
         await run_items(
             items, solve, store, concurrency=cfg.evaluator.concurrency, show_progress=not quiet
         )
         return client.usage_report()
+
+
+# ---- generate --------------------------------------------------------------------------------
+
+
+class GenerateConfig(Strict):
+    input: Path
+    evaluator: EvaluatorConfig = Field(default_factory=EvaluatorConfig)
+    run: RunConfig = Field(default_factory=RunConfig)
+
+
+@app.command()
+@clean_errors
+def generate(
+    input: Annotated[Path, typer.Argument(help="JSONL: id, question, optional contexts")],
+    config: ConfigOpt = None,
+    model: ModelOpt = None,
+    endpoint: EndpointOpt = None,
+    adapter: AdapterOpt = None,
+    lora: LoraOpt = None,
+    run_dir: RunDirOpt = None,
+    concurrency: IntOpt = None,
+    max_tokens: IntOpt = None,
+    temperature: FloatOpt = None,
+    no_cache: NoCacheOpt = False,
+    quiet: QuietOpt = False,
+) -> None:
+    """Generate an answer per question (from its background texts only, when given)."""
+    overrides = {"input": str(input)} | evaluator_overrides(
+        model, endpoint, adapter, lora, concurrency, max_tokens, temperature, run_dir
+    )
+    cfg = load_config(GenerateConfig, config, overrides)
+    items = read_jsonl(cfg.input, generate_task.GenerateItem)
+    prompt_ids = {"answer": generate_task.TEMPLATE.id, "reask": REASK.id}
+
+    def make_solver(client, store):
+        async def solve(item):
+            return await generate_task.generate_one(client, item)
+
+        return solve
+
+    identity = run_identity(cfg, prompt_ids)
+    execute("generate", cfg, items, prompt_ids, identity, make_solver, no_cache, quiet)
 
 
 def finish(store: RunStore, task: str, items, usage: dict[str, Any], seconds: float) -> None:
@@ -271,6 +305,10 @@ def finish(store: RunStore, task: str, items, usage: dict[str, Any], seconds: fl
         "usage_this_invocation": usage,
         "seconds_this_invocation": round(seconds, 3),
     }
+    scores = [r["score"] for r in records if r.get("status") == "ok" and "score" in r]
+    if scores:  # over items with a defined score; the other statuses are counted above
+        summary["mean_score"] = sum(scores) / len(scores)
+        summary["scored_items"] = len(scores)
     store.write_summary(summary)
     print_summary(summary)
 
@@ -283,6 +321,10 @@ def print_summary(summary: dict[str, Any]) -> None:
         if count:
             table.add_row(status, str(count))
     Console().print(table)
+    if "mean_score" in summary:
+        Console().print(
+            f"mean score {summary['mean_score']:.4f} over {summary['scored_items']} scored items"
+        )
     usage = summary.get("usage_this_invocation") or {}
     if usage:
         stages = Table(
@@ -311,6 +353,69 @@ def print_summary(summary: dict[str, Any]) -> None:
                 ),
             )
         Console().print(stages)
+
+
+# ---- eval ------------------------------------------------------------------------------------
+
+eval_app = typer.Typer(help="Evaluate responses with one of the frameworks.", no_args_is_help=True)
+app.add_typer(eval_app, name="eval")
+
+
+class ComprehensivenessRun(Strict):
+    input: Path
+    evaluator: EvaluatorConfig = Field(default_factory=EvaluatorConfig)
+    run: RunConfig = Field(default_factory=RunConfig)
+    metric: ComprehensivenessConfig = Field(default_factory=ComprehensivenessConfig)
+
+
+@eval_app.command("comprehensiveness")
+@clean_errors
+def eval_comprehensiveness(
+    input: Annotated[Path, typer.Argument(help="JSONL: id, query, response, contexts")],
+    method: Annotated[str | None, typer.Option(help="nli | qa | e2e (default qa)")] = None,
+    t_rel: Annotated[float | None, typer.Option(help="relevance threshold (3.5)")] = None,
+    t_conf: Annotated[float | None, typer.Option(help="confidence threshold (2)")] = None,
+    summarise: Annotated[bool | None, typer.Option(help="condense contexts first")] = None,
+    nli_backend: Annotated[str | None, typer.Option(help="llm | cross-encoder")] = None,
+    nli_model: Annotated[str | None, typer.Option(help="cross-encoder checkpoint")] = None,
+    tools: Annotated[bool | None, typer.Option(help="comparator may call the units tool")] = None,
+    config: ConfigOpt = None,
+    model: ModelOpt = None,
+    endpoint: EndpointOpt = None,
+    adapter: AdapterOpt = None,
+    lora: LoraOpt = None,
+    run_dir: RunDirOpt = None,
+    concurrency: IntOpt = None,
+    max_tokens: IntOpt = None,
+    temperature: FloatOpt = None,
+    no_cache: NoCacheOpt = False,
+    quiet: QuietOpt = False,
+) -> None:
+    """Comprehensiveness of each response against its contexts (NLI, Q&A or end-to-end)."""
+    overrides = {
+        "input": str(input), "metric.method": method, "metric.t_rel": t_rel,
+        "metric.t_conf": t_conf, "metric.summarise": summarise,
+        "metric.nli_backend": nli_backend, "metric.nli_model": nli_model, "metric.tools": tools,
+    } | evaluator_overrides(
+        model, endpoint, adapter, lora, concurrency, max_tokens, temperature, run_dir
+    )  # fmt: skip
+    cfg = load_config(ComprehensivenessRun, config, overrides)
+    items = read_jsonl(cfg.input, ComprehensivenessItem)
+    metric = cfg.metric
+    judge = make_judge(metric) if metric.method == "nli" else None  # loads a cross-encoder once
+    prompt_ids = {name: t.id for name, t in PROMPTS.items()} | {"reask": REASK.id}
+
+    def make_solver(client, store):
+        async def solve(item):
+            return await evaluate_item(
+                client, item, metric, nli_judge=judge, graph_dir=store.dir / "graphs"
+            )
+
+        return solve
+
+    identity = run_identity(cfg, prompt_ids, metric=metric.model_dump())
+    task = f"comprehensiveness-{metric.method}"
+    execute(task, cfg, items, prompt_ids, identity, make_solver, no_cache, quiet)
 
 
 @app.command()

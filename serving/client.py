@@ -11,6 +11,7 @@ import asyncio
 import json
 import math
 import random
+import re
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -84,6 +85,7 @@ class Parsed:
     value: Any = None
     error: str | None = None
     outputs: list[str] = field(default_factory=list)  # every raw output, re-asks included
+    result: ChatResult | None = None  # the answer that parsed (for its logprobs)
 
     @property
     def ok(self) -> bool:
@@ -124,6 +126,23 @@ def label_score_from_logprobs(
         score = sum(labels[k] * p for k, p in distribution.items())
         return LabelScore("ok", score, distribution, mass, text)
     return LabelScore("unparseable", output=text, error=f"no label of {list(labels)} in output")
+
+
+def marker_label_scores(
+    token_logprobs: Sequence[dict[str, Any]], marker: str, labels: dict[str, float]
+) -> list[LabelScore]:
+    """Weighted scores at every label token that follows ``<marker>:`` (e.g. "[Relevance: 4]")
+    in a generated list, in order of appearance."""
+    pattern = re.compile(rf"{re.escape(marker)}\s*:\s*$", re.IGNORECASE)
+    scores, text = [], ""
+    for i, position in enumerate(token_logprobs):
+        token = position.get("token", "")
+        if token.strip() in labels and pattern.search(
+            text + token[: len(token) - len(token.lstrip())]
+        ):
+            scores.append(label_score_from_logprobs(token_logprobs[i : i + 1], labels))
+        text += token
+    return scores
 
 
 @dataclass
@@ -203,9 +222,13 @@ class EvalClient:
         stage: str = "default",
         template: str | None = None,
         adapter: str | None = None,
+        meter: dict[str, StageUsage] | None = None,
         **params: Any,
     ) -> ChatResult:
-        """One chat completion, from the cache when the same request was answered before."""
+        """One chat completion, from the cache when the same request was answered before.
+
+        ``meter`` (optional) receives the same per-stage accounting as the client, e.g. per item.
+        """
         model = adapter or self.model
         body = {**self.default_params, **params}
         usage = self.usage.setdefault(stage, StageUsage())
@@ -226,7 +249,15 @@ class EvalClient:
                 self.cache.put(key, raw)
         else:
             usage.cache_hits += 1
-        return self._result(raw, cached, usage)
+        result = self._result(raw, cached, usage)
+        if meter is not None:
+            item = meter.setdefault(stage, StageUsage())
+            item.calls += 1
+            item.requests += not cached
+            item.cache_hits += cached
+            item.prompt_tokens += result.prompt_tokens
+            item.completion_tokens += result.completion_tokens
+        return result
 
     async def _request(
         self, model: str, messages: list[dict[str, Any]], body: dict[str, Any], usage: StageUsage
@@ -282,7 +313,7 @@ class EvalClient:
 
     # ---- structured answers ---------------------------------------------------------------
 
-    async def _with_reasks(
+    async def parsed(
         self,
         messages: list[dict[str, Any]],
         parse: Callable[[str], Any],
@@ -290,13 +321,15 @@ class EvalClient:
         max_reasks: int,
         **kwargs: Any,
     ) -> Parsed:
+        """Ask, parse with ``parse(text)``; on failure re-ask up to ``max_reasks`` times with the
+        parse error, then give up with status "unparseable" and every raw output."""
         outputs: list[str] = []
         conversation = list(messages)
         for _ in range(max_reasks + 1):
             result = await self.chat(conversation, **kwargs)
             outputs.append(result.text)
             try:
-                return Parsed("ok", parse(result.text), outputs=outputs)
+                return Parsed("ok", parse(result.text), outputs=outputs, result=result)
             except (ParseError, ValidationError, ValueError) as exc:
                 error = _one_line(exc)
             conversation = conversation[: len(messages)] + [
@@ -325,7 +358,7 @@ class EvalClient:
             return schema.model_validate(extract_json(text))
 
         expected = f"a JSON object with the fields {list(schema.model_fields)}"
-        return await self._with_reasks(messages, parse, expected, max_reasks, **kwargs)
+        return await self.parsed(messages, parse, expected, max_reasks, **kwargs)
 
     async def choice(
         self,
@@ -341,7 +374,7 @@ class EvalClient:
             extra["structured_outputs"] = {"choice": choices}
             kwargs["extra_body"] = extra
         expected = "one of: " + ", ".join(choices)
-        return await self._with_reasks(
+        return await self.parsed(
             messages, lambda t: match_choice(t, choices), expected, max_reasks, **kwargs
         )
 

@@ -54,3 +54,23 @@ def test_score_always_within_label_range():
     ]
     scored = label_score_from_logprobs([position("3", alts)], LABELS)
     assert 1.0 <= scored.score <= 5.0
+
+
+def test_marker_scores_follow_each_marker_in_order():
+    from serving.client import marker_label_scores
+
+    def tok(t, alts=None):
+        return {
+            "token": t,
+            "logprob": -0.1,
+            "top_logprobs": alts or [{"token": t, "logprob": -0.1}],
+        }
+
+    tokens = [
+        tok("* Q1 "), tok("[Relevance"), tok(":"),
+        tok(" 4", [{"token": " 4", "logprob": math.log(0.75)},
+                   {"token": " 5", "logprob": math.log(0.25)}]),
+        tok("]\n* Q2 has 3 parts "), tok("[Relevance:"), tok("2"), tok("]"),
+    ]  # fmt: skip
+    scores = marker_label_scores(tokens, "Relevance", LABELS)
+    assert [round(s.score, 6) for s in scores] == [4.25, 2.0]  # the bare "3" is not after a marker

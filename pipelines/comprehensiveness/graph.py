@@ -1,0 +1,132 @@
+"""Fact graphs and the coverage logic shared by the NLI- and Q&A-based metrics (SPEC §1).
+
+Nodes are statements (atoms or answers) from the response or from a context text; an edge u -> v
+means u entails v. Strongly connected components are logically equivalent statements: the graph
+is condensed, each component represented by the most frequent text among its context members
+(response members only when it has no context member). A context component is covered when some
+response statement reaches it by a path.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import networkx as nx
+
+RESPONSE = "response"
+
+
+@dataclass(frozen=True)
+class Statement:
+    id: str
+    text: str
+    source: str  # "response" or a context id such as "c1"
+
+    @property
+    def from_context(self) -> bool:
+        return self.source != RESPONSE
+
+
+@dataclass
+class Coverage:
+    covered: list[str]  # representative statement ids of covered context components
+    uncovered: list[str]
+    basis: list[str]  # minimal subset of `uncovered` that would complete the response
+    components: dict[str, list[str]]  # representative id -> member ids
+    membership: dict[str, str] = field(default_factory=dict)  # statement id -> representative
+
+    @property
+    def score(self) -> float | None:
+        """S = |A_in| / (|A_in| + |A_out|); None when both are empty (undefined, never 0 or 1)."""
+        total = len(self.covered) + len(self.uncovered)
+        return len(self.covered) / total if total else None
+
+
+def build_graph(statements: list[Statement], entailments: list[tuple[str, str]]) -> nx.DiGraph:
+    graph = nx.DiGraph()
+    for statement in statements:
+        graph.add_node(statement.id, text=statement.text, source=statement.source)
+    for premise, hypothesis in entailments:
+        if premise not in graph or hypothesis not in graph:
+            raise KeyError(f"edge {premise}->{hypothesis} names an unknown statement")
+        graph.add_edge(premise, hypothesis, relation="entailment")
+    return graph
+
+
+def _representative(graph: nx.DiGraph, members: list[str]) -> str:
+    """Mode of the member texts, context members first; ties go to the earliest added node."""
+    order = {node: i for i, node in enumerate(graph.nodes)}
+    members = sorted(members, key=order.__getitem__)
+    context = [m for m in members if graph.nodes[m]["source"] != RESPONSE]
+    pool = context or members
+    counts = Counter(graph.nodes[m]["text"] for m in pool)
+    best = max(counts.values())
+    return next(m for m in pool if counts[graph.nodes[m]["text"]] == best)
+
+
+def coverage(graph: nx.DiGraph) -> Coverage:
+    condensed = nx.condensation(graph)
+    components: dict[int, list[str]] = {
+        c: list(condensed.nodes[c]["members"]) for c in condensed.nodes
+    }
+    representative = {c: _representative(graph, m) for c, m in components.items()}
+    is_context = {c: graph.nodes[representative[c]]["source"] != RESPONSE for c in components}
+    has_response = {
+        c: any(graph.nodes[m]["source"] == RESPONSE for m in members)
+        for c, members in components.items()
+    }
+    reached: set[int] = set()
+    for c in components:
+        if has_response[c]:
+            reached |= {c} | nx.descendants(condensed, c)
+    order = {node: i for i, node in enumerate(graph.nodes)}
+
+    def ordered(cs: set[int]) -> list[str]:
+        return sorted((representative[c] for c in cs), key=order.__getitem__)
+
+    covered = {c for c in components if is_context[c] and c in reached}
+    uncovered = {c for c in components if is_context[c] and c not in reached}
+    basis = {c for c in uncovered if not (nx.ancestors(condensed, c) & uncovered)}
+    return Coverage(
+        covered=ordered(covered),
+        uncovered=ordered(uncovered),
+        basis=ordered(basis),
+        components={
+            representative[c]: sorted(m, key=order.__getitem__) for c, m in components.items()
+        },
+        membership={m: representative[c] for c, ms in components.items() for m in ms},
+    )
+
+
+def export_graph(graph: nx.DiGraph, result: Coverage, stem: Path) -> dict[str, str]:
+    """Write node-link JSON and GraphML (with coverage attributes) next to each other."""
+    annotated = graph.copy()
+    covered, uncovered, basis = set(result.covered), set(result.uncovered), set(result.basis)
+    for node in annotated.nodes:
+        rep = result.membership[node]
+        annotated.nodes[node]["component"] = rep
+        annotated.nodes[node]["status"] = (
+            "covered" if rep in covered else "uncovered" if rep in uncovered else "response"
+        )
+        annotated.nodes[node]["basis"] = rep in basis
+    stem.parent.mkdir(parents=True, exist_ok=True)
+    paths = {
+        "node_link": str(stem.with_suffix(".json")),
+        "graphml": str(stem.with_suffix(".graphml")),
+    }
+    data: dict[str, Any] = nx.node_link_data(annotated, edges="edges")
+    _atomic_write(Path(paths["node_link"]), json.dumps(data, ensure_ascii=False, indent=1))
+    tmp = Path(paths["graphml"] + ".tmp")
+    nx.write_graphml(annotated, tmp)
+    tmp.replace(paths["graphml"])
+    return paths
+
+
+def _atomic_write(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    tmp.replace(path)

@@ -1,0 +1,153 @@
+"""NLI-based comprehensiveness: atoms, revision, relevance, pairwise NLI, fact graph (SPEC §1)."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from typing import Any, Protocol
+
+from pipelines.comprehensiveness.common import PROMPTS, Context, Item, StageFailed, source_ids
+from pipelines.comprehensiveness.graph import RESPONSE, Statement
+from pipelines.comprehensiveness.parsers import (
+    FACTUAL_TYPES,
+    NLI_LABELS,
+    parse_statements,
+    parse_units,
+)
+from serving.client import StageUsage
+
+Pair = tuple[str, str]  # (premise text, hypothesis text)
+
+
+class NliJudge(Protocol):
+    """Labels (entailment | contradiction | neutral) for (premise, hypothesis) pairs."""
+
+    name: str
+
+    async def judge(self, ctx: Context, pairs: list[Pair]) -> list[str]: ...
+
+
+class LlmNli:
+    """The paper's choice: the evaluator LLM labels each pair (constrained to the three labels)."""
+
+    name = "llm"
+
+    async def judge(self, ctx: Context, pairs: list[Pair]) -> list[str]:
+        template = PROMPTS["nli"]
+
+        async def one(pair: Pair) -> str:
+            parsed = await ctx.client.choice(
+                template.messages(premise=pair[0], hypothesis=pair[1]), list(NLI_LABELS),
+                max_reasks=ctx.config.max_reasks, stage="nli", template=template.id,
+                meter=ctx.meter, max_tokens=8,
+            )  # fmt: skip
+            if not parsed.ok:
+                raise StageFailed("nli", parsed)
+            return parsed.value
+
+        return list(await asyncio.gather(*(one(p) for p in pairs)))
+
+
+class CrossEncoderNli:
+    """A DeBERTa-style NLI cross-encoder (retrieval.nli) in a worker thread."""
+
+    name = "cross-encoder"
+
+    def __init__(self, model: str, device: str = "cpu"):
+        from retrieval.nli import NliScorer
+
+        self.scorer = NliScorer(model, device=device)
+
+    async def judge(self, ctx: Context, pairs: list[Pair]) -> list[str]:
+        labels = await asyncio.to_thread(self.scorer.labels, pairs)
+        ctx.meter.setdefault("nli", StageUsage()).calls += len(pairs)
+        return labels
+
+
+def make_judge(config) -> NliJudge:
+    if config.nli_backend == "cross-encoder":
+        return CrossEncoderNli(config.nli_model, config.nli_device)
+    return LlmNli()
+
+
+async def atoms_of(ctx: Context, text: str) -> list[str]:
+    """Extract content units, keep facts and claims, revise them into self-contained atoms."""
+    if not text.strip():
+        return []
+    units = await ctx.ask(
+        PROMPTS["extract_atoms"], "extract", parse_units, "bullet lines '- <unit>: <Type>'",
+        {"text": text}, max_tokens=ctx.config.list_max_tokens,
+    )  # fmt: skip
+    factual = [u.text for u in units.value if u.type in FACTUAL_TYPES]
+    if not factual:
+        return []
+    revised = await ctx.ask(
+        PROMPTS["revise_atoms"], "revise", parse_statements, "one '* <statement>' per line",
+        {"text": text, "statements": factual}, max_tokens=ctx.config.list_max_tokens,
+    )  # fmt: skip
+    return revised.value
+
+
+async def relevance(ctx: Context, query: str, statement: str) -> float:
+    scored = await ctx.client.label_score(
+        PROMPTS["relevance"].messages(query=query, statement=statement),
+        max_reasks=ctx.config.max_reasks, stage="relevance",
+        template=PROMPTS["relevance"].id, meter=ctx.meter,
+    )  # fmt: skip
+    if scored.status != "ok":
+        raise StageFailed("relevance", error=scored.error)
+    return scored.score
+
+
+def nli_pairs(response: list[Statement], context: list[Statement]) -> list[tuple[str, str]]:
+    """Ordered (premise id, hypothesis id): C->R, R->C and C->C (i != j); never R->R."""
+    pairs = [(c.id, r.id) for c in context for r in response]
+    pairs += [(r.id, c.id) for r in response for c in context]
+    pairs += [(a.id, b.id) for a, b in itertools.permutations(context, 2)]
+    return pairs
+
+
+async def evaluate(ctx: Context, item: Item, contexts: list[str]) -> dict[str, Any]:
+    ids = source_ids(contexts)
+    sources = [(RESPONSE, item.response), *zip(ids, contexts, strict=True)]
+    atom_lists = await asyncio.gather(*(atoms_of(ctx, text) for _, text in sources))
+    response_atoms = [Statement(f"r{i}", text, RESPONSE) for i, text in enumerate(atom_lists[0], 1)]
+    candidates = [
+        Statement(f"{src}.a{i}", text, src)
+        for (src, _), atoms in zip(sources[1:], atom_lists[1:], strict=True)
+        for i, text in enumerate(atoms, 1)
+    ]
+    scores = await asyncio.gather(*(relevance(ctx, item.query, s.text) for s in candidates))
+    context_atoms = [s for s, r in zip(candidates, scores, strict=True) if r >= ctx.config.t_rel]
+
+    by_id = {s.id: s for s in response_atoms + context_atoms}
+    pairs = nli_pairs(response_atoms, context_atoms)
+    # Identical texts entail each other without a call; repeated text pairs are judged once.
+    unique = sorted(
+        {(by_id[p].text, by_id[h].text) for p, h in pairs if by_id[p].text != by_id[h].text}
+    )
+    labels = dict(zip(unique, await ctx.nli.judge(ctx, unique), strict=True))
+    relations = []
+    for premise, hypothesis in pairs:
+        texts = (by_id[premise].text, by_id[hypothesis].text)
+        label = "entailment" if texts[0] == texts[1] else labels[texts]
+        relations.append({"premise": premise, "hypothesis": hypothesis, "label": label})
+    return {
+        "statements": response_atoms + context_atoms,
+        "entailments": [
+            (r["premise"], r["hypothesis"]) for r in relations if r["label"] == "entailment"
+        ],
+        "details": {
+            "atoms": {src: atoms for (src, _), atoms in zip(sources, atom_lists, strict=True)},
+            "relevance": {s.id: round(r, 4) for s, r in zip(candidates, scores, strict=True)},
+            "kept_context_atoms": [s.id for s in context_atoms],
+            "relations": relations,
+            "nli_backend": ctx.nli.name,
+            "pairs": {
+                "ordered": len(pairs),
+                "judged": len(unique),
+                "formula": 2 * len(response_atoms) * len(context_atoms)
+                + len(context_atoms) * (len(context_atoms) - 1),
+            },
+        },
+    }

@@ -1,0 +1,185 @@
+"""Q&A-based comprehensiveness: questions, refinement, answers per source, comparison (SPEC §1)."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import re
+from typing import Any
+
+from pipelines.comprehensiveness.common import PROMPTS, Context, Item, source_ids
+from pipelines.comprehensiveness.graph import RESPONSE, Statement
+from pipelines.comprehensiveness.parsers import (
+    AnswerSheet,
+    parse_answers,
+    parse_relation,
+    parse_scored_items,
+    parse_statements,
+)
+from pipelines.comprehensiveness.units import UNITS_TOOL, deterministic_relation
+from serving.client import marker_label_scores
+
+LABELS = {str(i): float(i) for i in range(1, 6)}
+LOGPROBS = {"logprobs": True, "top_logprobs": 20}
+# Relation -> entailment edges between (first, second) answers.
+EDGES = {
+    "equivalent": [(0, 1), (1, 0)],
+    "first implies second": [(0, 1)],
+    "second implies first": [(1, 0)],
+    "contradictory": [],
+    "neutral": [],
+}
+
+
+def weighted_scores(parsed, marker: str, ints: list[int]) -> tuple[list[float], bool]:
+    """Probability-weighted scores at each '[<marker>: n]' when they line up with the parsed
+    items; else the parsed integers (and False, so the record says they were not weighted)."""
+    tokens = parsed.result.token_logprobs if parsed.result else []
+    scores = marker_label_scores(tokens, marker, LABELS)
+    if len(scores) == len(ints) and all(s.status == "ok" for s in scores):
+        return [s.score for s in scores], True
+    return [float(i) for i in ints], False
+
+
+async def mine(ctx: Context, query: str, text: str) -> list[str]:
+    if not text.strip():
+        return []
+    parsed = await ctx.ask(
+        PROMPTS["mine_questions"], "mine", parse_statements, "one '* <question>' per line",
+        {"query": query, "text": text}, max_tokens=ctx.config.list_max_tokens,
+    )  # fmt: skip
+    return parsed.value
+
+
+async def refine(ctx: Context, query: str, raw: list[str]) -> tuple[list[str], list[dict]]:
+    if not raw:
+        return [], []
+    parsed = await ctx.ask(
+        PROMPTS["refine_questions"], "refine", lambda t: parse_scored_items(t, "Relevance"),
+        "lines '* <question> [Relevance: <1-5>]'", {"query": query, "questions": raw},
+        max_tokens=ctx.config.list_max_tokens, **LOGPROBS,
+    )  # fmt: skip
+    items = parsed.value
+    scores, weighted = weighted_scores(parsed, "Relevance", [n for _, n in items])
+    scored = [
+        {"question": q, "relevance": round(s, 4), "weighted": weighted}
+        for (q, _), s in zip(items, scores, strict=True)
+    ]
+    unique: dict[str, None] = {}
+    for entry in scored:
+        if entry["relevance"] >= ctx.config.t_rel:
+            unique.setdefault(entry["question"], None)
+    return list(unique), scored
+
+
+async def answer(ctx: Context, questions: list[str], text: str) -> dict[int, list[dict]]:
+    """Known answers per question index from one source, with (weighted) confidences."""
+    if not text.strip():
+        return {}
+    parsed = await ctx.ask(
+        PROMPTS["answer_questions"], "answer", lambda t: parse_answers(t, questions),
+        "for each question its line, then 'A: <answer> [Confidence: <1-5>]' joined by ' | '",
+        {"text": text, "questions": questions}, max_tokens=ctx.config.list_max_tokens, **LOGPROBS,
+    )  # fmt: skip
+    sheet: AnswerSheet = parsed.value
+    tokens = parsed.result.token_logprobs if parsed.result else []
+    markers = marker_label_scores(tokens, "Confidence", LABELS)
+    weighted = len(markers) == sheet.markers and all(m.status == "ok" for m in markers)
+    out: dict[int, list[dict]] = {}
+    for qi, group in sorted(sheet.by_question.items()):
+        for a in group:
+            if a.unknown:
+                continue
+            conf = markers[a.position].score if weighted else float(a.confidence)
+            out.setdefault(qi, []).append(
+                {"text": a.text, "confidence": round(conf, 4), "weighted": weighted}
+            )
+    return out
+
+
+async def compare(ctx: Context, question: str, first: str, second: str) -> dict[str, Any]:
+    """Relation of two answers to one question: deterministic for identical texts and (without
+    tools) for comparable quantities; otherwise the model, with the units tool if enabled."""
+    if _norm(first) == _norm(second):
+        return {"relation": "equivalent", "method": "identical"}
+    if not ctx.config.tools:
+        relation = deterministic_relation(first, second)
+        if relation:
+            return {"relation": relation, "method": "units"}
+    template = PROMPTS["compare_answers"]
+    values = {"question": question, "first": first, "second": second, "tools": ctx.config.tools}
+    messages = template.messages(**values)
+    if ctx.config.tools:
+        run = await ctx.client.run_tools(
+            messages, [UNITS_TOOL], max_rounds=2, stage="compare", template=template.id,
+            meter=ctx.meter,
+        )  # fmt: skip
+        try:
+            return {
+                "relation": parse_relation(run.final.text),
+                "method": "llm+tool",
+                "tool_calls": run.calls,
+            }
+        except ValueError:
+            pass  # fall through to the plain re-asking path
+    parsed = await ctx.ask(
+        template, "compare", parse_relation, "a last line '<answer 1> - <answer 2> [<relation>]'",
+        values, max_tokens=ctx.config.list_max_tokens,
+    )  # fmt: skip
+    return {"relation": parsed.value, "method": "llm"}
+
+
+async def evaluate(ctx: Context, item: Item, contexts: list[str]) -> dict[str, Any]:
+    ids = source_ids(contexts)
+    sources = [(RESPONSE, item.response), *zip(ids, contexts, strict=True)]
+    mined = await asyncio.gather(*(mine(ctx, item.query, text) for _, text in sources))
+    raw = list(dict.fromkeys(q for qs in mined for q in qs))
+    questions, refined = await refine(ctx, item.query, raw)
+    answered = await asyncio.gather(*(answer(ctx, questions, text) for _, text in sources))
+
+    statements: list[Statement] = []
+    per_question: dict[int, list[Statement]] = {}
+    answer_records = []
+    for (src, _), by_question in zip(sources, answered, strict=True):
+        for qi, answers in sorted(by_question.items()):
+            for k, a in enumerate(answers, 1):
+                kept = a["confidence"] >= ctx.config.t_conf
+                sid = f"q{qi + 1}.{'r' if src == RESPONSE else src}.{k}"
+                answer_records.append(
+                    {"id": sid, "question": qi + 1, "source": src, **a, "kept": kept}
+                )
+                if kept:
+                    statement = Statement(sid, a["text"], src)
+                    statements.append(statement)
+                    per_question.setdefault(qi, []).append(statement)
+
+    comparisons = []
+    jobs = []
+    for qi, group in sorted(per_question.items()):
+        for a, b in itertools.combinations(group, 2):
+            if a.source == RESPONSE and b.source == RESPONSE:
+                continue  # response-response relations play no part in coverage
+            jobs.append((qi, a, b))
+    outcomes = await asyncio.gather(
+        *(compare(ctx, questions[qi], a.text, b.text) for qi, a, b in jobs)
+    )
+    entailments = []
+    for (qi, a, b), outcome in zip(jobs, outcomes, strict=True):
+        comparisons.append({"question": qi + 1, "first": a.id, "second": b.id, **outcome})
+        pair = (a.id, b.id)
+        entailments += [(pair[i], pair[j]) for i, j in EDGES[outcome["relation"]]]
+    return {
+        "statements": statements,
+        "entailments": entailments,
+        "details": {
+            "mined_questions": {src: qs for (src, _), qs in zip(sources, mined, strict=True)},
+            "refined_questions": refined,
+            "questions": questions,
+            "answers": answer_records,
+            "comparisons": comparisons,
+        },
+    }
+
+
+def _norm(text: str) -> str:
+    return re.sub(r"[^a-z0-9]+", " ", text.lower()).strip()

@@ -1,0 +1,120 @@
+"""Comparing physical quantities in any units with pint — as a model tool and deterministically.
+
+Only "<number> <unit>" strings are accepted: the number is read by a regular expression and the
+unit by pint's unit parser, so no arithmetic or other expression is ever evaluated.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from functools import lru_cache
+
+import pint
+from pydantic import BaseModel, ConfigDict, Field
+
+from serving.client import Tool
+
+_QUANTITY = re.compile(
+    r"^\s*(?:about|approximately|approx\.|around|~)?\s*"
+    r"(?P<number>[-+]?\d{1,3}(?:,\d{3})+(?:\.\d+)?|[-+]?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?)"
+    r"\s*(?P<unit>[A-Za-z°µ%][A-Za-z°µ%/^ .\-²³0-9]{0,40}?)\s*\.?\s*$"
+)
+# Quoted conversions are rounded ("500 metres (1,600 ft)"): two values are equal when the ranges
+# their stated precision allows overlap (1,600 -> +/-50; 25.4 -> +/-0.05).
+
+
+@lru_cache(maxsize=1)
+def registry() -> pint.UnitRegistry:
+    return pint.UnitRegistry()
+
+
+class QuantityError(ValueError):
+    pass
+
+
+def stated_precision(number: str) -> float:
+    """Half the place value of the last digit written: '1605' -> 0.5, '2.50' -> 0.005."""
+    mantissa, _, exponent = number.replace(",", "").lstrip("+-").lower().partition("e")
+    shift = int(exponent or 0)
+    if "." in mantissa:
+        return 0.5 * 10.0 ** (shift - len(mantissa.split(".")[1]))
+    zeros = len(mantissa) - len(mantissa.rstrip("0")) if mantissa.strip("0") else 0
+    half = 0.5 * 10.0 ** (shift + zeros)
+    if zeros:  # '500' may be exact or rounded: allow rounding, but never more than 2.5%
+        half = min(half, 0.025 * float(mantissa) * 10.0**shift)
+    return half
+
+
+def parse_quantity(text: str) -> tuple[pint.Quantity, pint.Quantity]:
+    """The quantity and the half-width of its stated precision, in the same unit."""
+    match = _QUANTITY.match(text or "")
+    if not match:
+        raise QuantityError(f"not a '<number> <unit>' quantity: {text[:40]!r}")
+    number = float(match.group("number").replace(",", ""))
+    if not math.isfinite(number):
+        raise QuantityError(f"not a finite number: {match.group('number')[:20]!r}")
+    unit_text = match.group("unit").strip().replace("²", "**2").replace("³", "**3")
+    unit_text = {"%": "percent", "°C": "degC", "°F": "degF"}.get(unit_text, unit_text)
+    try:
+        unit = registry().parse_units(unit_text)
+    except (pint.errors.PintError, AttributeError, ValueError, TypeError, SyntaxError) as exc:
+        raise QuantityError(f"unknown unit {unit_text!r}") from exc
+    quantity = registry().Quantity(number, unit)
+    return quantity, registry().Quantity(stated_precision(match.group("number")), unit)
+
+
+def compare_quantities(first: str, second: str) -> dict:
+    """Equal / different / incompatible, with both values in the first one's unit."""
+    (a, a_tol), (b, b_tol) = parse_quantity(first), parse_quantity(second)
+    if a.dimensionality != b.dimensionality:
+        return {"comparable": False, "reason": f"{a.dimensionality} vs {b.dimensionality}"}
+    b_in_a = b.to(a.units).magnitude
+    # Convert b's upper bound as a point, which also works for offset units (degC, degF).
+    upper = registry().Quantity(b.magnitude + b_tol.magnitude, b.units).to(a.units).magnitude
+    slack = a_tol.magnitude + abs(upper - b_in_a)
+    equal = abs(a.magnitude - b_in_a) < slack * (1 - 1e-9)  # ranges that only touch differ
+    return {
+        "comparable": True,
+        "first": f"{a.magnitude:g} {a.units:~}",
+        "second_in_first_units": f"{b_in_a:g} {a.units:~}",
+        "equal": equal,
+        "tolerance": f"{slack:g} {a.units:~}",
+        "first_is_larger": a.magnitude > b_in_a and not equal,
+    }
+
+
+def deterministic_relation(first: str, second: str) -> str | None:
+    """The relation when both answers are compatible quantities, else None (ask the model).
+
+    Equal values are equivalent; different values of one quantity are mutually exclusive answers.
+    """
+    try:
+        outcome = compare_quantities(first, second)
+    except (QuantityError, pint.errors.PintError):
+        return None
+    if not outcome["comparable"]:
+        return None
+    return "equivalent" if outcome["equal"] else "contradictory"
+
+
+class QuantityPair(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    first: str = Field(max_length=60, description="first quantity, e.g. '8,000 nmi'")
+    second: str = Field(max_length=60, description="second quantity, e.g. '14,800 km'")
+
+
+def _tool_function(args: QuantityPair) -> dict:
+    return compare_quantities(args.first, args.second)
+
+
+UNITS_TOOL = Tool(
+    name="compare_quantities",
+    description=(
+        "Compare two physical quantities given as '<number> <unit>' in any units (e.g. "
+        "'8000 nmi' and '14800 km'); says whether they are equal within their stated precision."
+    ),
+    parameters=QuantityPair,
+    function=_tool_function,
+)
