@@ -21,6 +21,12 @@ from pipelines import generate as generate_task
 from pipelines.comprehensiveness import ComprehensivenessConfig, evaluate_item
 from pipelines.comprehensiveness import Item as ComprehensivenessItem
 from pipelines.comprehensiveness.common import PROMPTS
+from pipelines.comprehensiveness.meta import (
+    conflictbank_items,
+    lmr_conflictbank,
+    lmr_wikicontradict,
+    wikicontradict_items,
+)
 from pipelines.comprehensiveness.nli_method import make_judge
 from pipelines.config import (
     EvaluatorConfig,
@@ -32,7 +38,13 @@ from pipelines.config import (
 )
 from pipelines.evaluator import model_record, open_evaluator
 from pipelines.runner import run_items
-from pipelines.runstore import RunStore, RunStoreError, fingerprint, status_counts
+from pipelines.runstore import (
+    RunStore,
+    RunStoreError,
+    atomic_write_json,
+    fingerprint,
+    status_counts,
+)
 from serving.client import EndpointError
 from serving.embedded import EmbeddedModelMissing
 from serving.launcher import ServerSpec, ServerStartError, VLLMServer
@@ -401,6 +413,10 @@ def eval_comprehensiveness(
     )  # fmt: skip
     cfg = load_config(ComprehensivenessRun, config, overrides)
     items = read_jsonl(cfg.input, ComprehensivenessItem)
+    run_comprehensiveness(cfg, items, "comprehensiveness", no_cache, quiet)
+
+
+def run_comprehensiveness(cfg: ComprehensivenessRun, items, task: str, no_cache, quiet) -> Path:
     metric = cfg.metric
     judge = make_judge(metric) if metric.method == "nli" else None  # loads a cross-encoder once
     prompt_ids = {name: t.id for name, t in PROMPTS.items()} | {"reask": REASK.id}
@@ -413,9 +429,111 @@ def eval_comprehensiveness(
 
         return solve
 
-    identity = run_identity(cfg, prompt_ids, metric=metric.model_dump())
-    task = f"comprehensiveness-{metric.method}"
-    execute(task, cfg, items, prompt_ids, identity, make_solver, no_cache, quiet)
+    identity = run_identity(cfg, prompt_ids, metric=metric.model_dump(), items=len(items))
+    task = f"{task}-{metric.method}"
+    return execute(task, cfg, items, prompt_ids, identity, make_solver, no_cache, quiet)
+
+
+# ---- meta-eval -------------------------------------------------------------------------------
+
+meta_app = typer.Typer(help="Meta-evaluate comprehensiveness metrics.", no_args_is_help=True)
+app.add_typer(meta_app, name="meta-eval")
+SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+WC_DEFAULT = SHARED_DATA / "wikicontradict" / "humaneval-dev.jsonl"
+
+
+def _meta_run(
+    loader, stats_fn, name, data, method, limit, config, model, endpoint, adapter, lora,
+    run_dir, concurrency, max_tokens, temperature, no_cache, quiet, resamples,
+) -> dict[str, Any]:  # fmt: skip
+    overrides = {"input": str(data), "metric.method": method} | evaluator_overrides(
+        model, endpoint, adapter, lora, concurrency, max_tokens, temperature, run_dir
+    )
+    cfg = load_config(ComprehensivenessRun, config, overrides)
+    items = loader(cfg.input, limit)
+    run = run_comprehensiveness(cfg, items, f"meta-{name}", no_cache, quiet)
+    ids = {i.id for i in items}
+    records = [r for r in RunStore(run).results() if r["id"] in ids]
+    result = {"dataset": name, "method": cfg.metric.method, "model": cfg.evaluator.model}
+    result |= stats_fn(records, resamples)
+    atomic_write_json(run / "lmr.json", result)
+    print_lmr(result)
+    return result
+
+
+def print_lmr(result: dict[str, Any]) -> None:
+    ci = result["ci95"]
+    title = f"LMR on {result['dataset']} ({result['method']}, {result['model']})"
+    table = Table("measure", "value", title=title)
+    table.add_row(
+        "LMR", f"{result['lmr']:.4f}  [{ci['low']:.4f}, {ci['high']:.4f}] ({ci['method']})"
+    )
+    for key in ("strict", "lax"):
+        if key in result:
+            table.add_row(f"LMR {key}", f"{result[key]:.4f}")
+    for label, entry in result.get("by_label", {}).items():
+        table.add_row(f"label {label}", f"{entry['lmr']:.4f} (n={entry['n']})")
+    table.add_row("not scored", json.dumps(result["not_scored"]))
+    Console().print(table)
+
+
+MethodOpt = Annotated[str | None, typer.Option(help="nli | qa | e2e (default qa)")]
+LimitOpt = Annotated[int | None, typer.Option(help="only the first N data rows")]
+ResamplesOpt = Annotated[int, typer.Option(help="bootstrap resamples")]
+
+
+@meta_app.command("wikicontradict")
+@clean_errors
+def meta_wikicontradict(
+    data: Annotated[Path, typer.Option(help="humaneval JSONL")] = WC_DEFAULT,
+    method: MethodOpt = None,
+    limit: LimitOpt = None,
+    config: ConfigOpt = None,
+    model: ModelOpt = None,
+    endpoint: EndpointOpt = None,
+    adapter: AdapterOpt = None,
+    lora: LoraOpt = None,
+    run_dir: RunDirOpt = None,
+    concurrency: IntOpt = None,
+    max_tokens: IntOpt = None,
+    temperature: FloatOpt = None,
+    no_cache: NoCacheOpt = False,
+    quiet: QuietOpt = False,
+    resamples: ResamplesOpt = 10_000,
+) -> None:
+    """LMR_WC over labelled WikiContradict responses, per label, with a 95% BCa interval."""
+    _meta_run(
+        wikicontradict_items, lmr_wikicontradict, "wikicontradict", data, method, limit, config,
+        model, endpoint, adapter, lora, run_dir, concurrency, max_tokens, temperature, no_cache,
+        quiet, resamples,
+    )  # fmt: skip
+
+
+@meta_app.command("conflictbank")
+@clean_errors
+def meta_conflictbank(
+    data: Annotated[Path, typer.Option(help="ConflictBank QA JSONL")],
+    method: MethodOpt = None,
+    limit: LimitOpt = None,
+    config: ConfigOpt = None,
+    model: ModelOpt = None,
+    endpoint: EndpointOpt = None,
+    adapter: AdapterOpt = None,
+    lora: LoraOpt = None,
+    run_dir: RunDirOpt = None,
+    concurrency: IntOpt = None,
+    max_tokens: IntOpt = None,
+    temperature: FloatOpt = None,
+    no_cache: NoCacheOpt = False,
+    quiet: QuietOpt = False,
+    resamples: ResamplesOpt = 10_000,
+) -> None:
+    """Strict, lax and mean LMR on ConflictBank (paper Figure 7), with 95% BCa intervals."""
+    _meta_run(
+        lambda path, n: conflictbank_items(path, limit=n), lmr_conflictbank, "conflictbank",
+        data, method, limit, config, model, endpoint, adapter, lora, run_dir, concurrency,
+        max_tokens, temperature, no_cache, quiet, resamples,
+    )  # fmt: skip
 
 
 @app.command()

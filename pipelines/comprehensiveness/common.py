@@ -83,8 +83,12 @@ class Context:
         parse: Callable[[str], Any],
         expected: str,
         values: dict[str, Any],
+        regex: str | None = None,
         **params: Any,
     ) -> Parsed:
+        """One stage call: template, format constraint (vLLM), parse, re-asks, accounting."""
+        if regex and self.client.vllm_extensions:
+            params["extra_body"] = {"structured_outputs": {"regex": regex}}
         parsed = await self.client.parsed(
             template.messages(**values), parse, expected, self.config.max_reasks,
             stage=stage, template=template.id, meter=self.meter, **params,

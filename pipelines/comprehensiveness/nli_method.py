@@ -6,6 +6,7 @@ import asyncio
 import itertools
 from typing import Any, Protocol
 
+from pipelines.comprehensiveness import formats
 from pipelines.comprehensiveness.common import PROMPTS, Context, Item, StageFailed, source_ids
 from pipelines.comprehensiveness.graph import RESPONSE, Statement
 from pipelines.comprehensiveness.parsers import (
@@ -76,14 +77,15 @@ async def atoms_of(ctx: Context, text: str) -> list[str]:
         return []
     units = await ctx.ask(
         PROMPTS["extract_atoms"], "extract", parse_units, "bullet lines '- <unit>: <Type>'",
-        {"text": text}, max_tokens=ctx.config.list_max_tokens,
+        {"text": text}, regex=formats.UNITS, max_tokens=ctx.config.list_max_tokens,
     )  # fmt: skip
     factual = [u.text for u in units.value if u.type in FACTUAL_TYPES]
     if not factual:
         return []
     revised = await ctx.ask(
         PROMPTS["revise_atoms"], "revise", parse_statements, "one '* <statement>' per line",
-        {"text": text, "statements": factual}, max_tokens=ctx.config.list_max_tokens,
+        {"text": text, "statements": factual}, regex=formats.STATEMENTS,
+        max_tokens=ctx.config.list_max_tokens,
     )  # fmt: skip
     return revised.value
 

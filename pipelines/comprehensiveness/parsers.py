@@ -48,6 +48,7 @@ def parse_units(text: str) -> list[Unit]:
         if not sep or kind not in UNIT_TYPES or not body.strip():
             continue
         units.append(Unit(body.strip().strip("[]"), kind))
+    units = list(dict.fromkeys(units))  # repeated lines are one unit
     if not units:
         raise ParseError("expected bullet lines of the form '- <unit>: <Type>'")
     return units
@@ -173,7 +174,7 @@ def parse_coverage(
         uncovered_part, covered_part = text[start_u:start_c], text[start_c:]
 
     def section(part: str) -> list[CoverageStatement]:
-        out = []
+        out: dict[str, CoverageStatement] = {}  # a repeated statement is one statement
         for item in bullets(part):
             match = _SOURCES.search(item)
             if not match:
@@ -181,8 +182,9 @@ def parse_coverage(
             ids = tuple(int(x) for x in match.group(1).split(","))
             if any(not 1 <= i <= n_texts for i in ids):
                 raise ParseError(f"source id out of range 1..{n_texts} in {item[:60]!r}")
-            out.append(CoverageStatement(item[: match.start()].strip(), ids))
-        return out
+            statement = item[: match.start()].strip()
+            out.setdefault(_norm(statement), CoverageStatement(statement, ids))
+        return list(out.values())
 
     return section(covered_part), section(uncovered_part)
 

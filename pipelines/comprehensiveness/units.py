@@ -40,8 +40,9 @@ def stated_precision(number: str) -> float:
     if "." in mantissa:
         return 0.5 * 10.0 ** (shift - len(mantissa.split(".")[1]))
     zeros = len(mantissa) - len(mantissa.rstrip("0")) if mantissa.strip("0") else 0
+    zeros = zeros if zeros >= 2 else 0  # '4810' reads as exact, '1600' as possibly rounded
     half = 0.5 * 10.0 ** (shift + zeros)
-    if zeros:  # '500' may be exact or rounded: allow rounding, but never more than 2.5%
+    if zeros:  # rounded values may be off by half a place, but never more than 2.5%
         half = min(half, 0.025 * float(mantissa) * 10.0**shift)
     return half
 

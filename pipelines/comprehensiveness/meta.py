@@ -1,0 +1,220 @@
+"""Meta-evaluation of comprehensiveness scores: label match rates (LMR) with BCa intervals.
+
+WikiContradict: one item per (row, response); labels Correct / Partially correct / Incorrect.
+ConflictBank: for each sample, the default fact R_D and the counterfactual statement R_C are scored
+against all four contexts (S) and against each context alone (S_X), then SPEC's strict and lax LMR.
+A score that is undefined or unparseable never matches: it stays in the denominator and is counted.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from scipy import stats
+
+from pipelines.comprehensiveness.common import Item
+from pipelines.config import UserError
+
+LABELS = {"correct": "C", "partially correct": "PC", "incorrect": "I"}
+SINGLE_CONTEXT_RESPONSES = (1, 2)  # answer1/answer2 were generated from one context only
+
+
+# ---- statistics ------------------------------------------------------------------------------
+
+
+@dataclass
+class Interval:
+    low: float
+    high: float
+    method: str
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"low": self.low, "high": self.high, "method": self.method}
+
+
+def bca_interval(values: Sequence[float], resamples: int = 10_000, seed: int = 0) -> Interval:
+    """95% BCa bootstrap interval of the mean (scipy). Constant data has a zero-width interval."""
+    data = np.asarray(values, dtype=float)
+    if data.size == 0:
+        raise ValueError("no values to bootstrap")
+    if np.all(data == data[0]):  # BCa is undefined without variance
+        return Interval(float(data[0]), float(data[0]), "degenerate (all values equal)")
+    result = stats.bootstrap(
+        (data,), np.mean, confidence_level=0.95, n_resamples=resamples, method="BCa",
+        random_state=np.random.default_rng(seed),
+    )  # fmt: skip
+    ci = result.confidence_interval
+    return Interval(float(ci.low), float(ci.high), f"BCa, {resamples} resamples")
+
+
+# ---- WikiContradict --------------------------------------------------------------------------
+
+
+def wc_match(score: float | None, label: str) -> int:
+    if score is None:
+        return 0
+    return int({"C": score == 1.0, "PC": 0.0 < score < 1.0, "I": score == 0.0}[label])
+
+
+def wikicontradict_items(path: Path, limit: int | None = None) -> list[Item]:
+    """Five items per row (responses answer0..4) with the SPEC label rule applied."""
+    if not path.is_file():
+        raise UserError(f"data file not found: {path}")
+    items = []
+    with open(path, encoding="utf-8") as handle:
+        for lineno, line in enumerate(handle, 1):
+            if limit is not None and lineno > limit:
+                break
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise UserError(f"{path}:{lineno}: not valid JSON: {exc.msg}") from exc
+            for field in ("question", "context1_self_contained", "context2_self_contained"):
+                if not isinstance(row.get(field), str):
+                    raise UserError(f"{path}:{lineno}: field {field}: missing or not a string")
+            for k in range(5):
+                answer, raw_label = row.get(f"answer{k}"), row.get(f"label{k}")
+                if not isinstance(answer, str):
+                    raise UserError(f"{path}:{lineno}: field answer{k}: missing or not a string")
+                label = LABELS.get(str(raw_label).strip().lower())
+                if label is None:
+                    raise UserError(f"{path}:{lineno}: field label{k}: unknown label {raw_label!r}")
+                if label == "C" and k in SINGLE_CONTEXT_RESPONSES:
+                    label = "PC"  # full marks for one context is partial for both
+                items.append(
+                    Item(
+                        id=f"{lineno}-{k}", query=row["question"], response=answer,
+                        contexts=[row["context1_self_contained"], row["context2_self_contained"]],
+                        label=label, original_label=raw_label, model=row.get("model"),
+                    )
+                )  # fmt: skip
+    return items
+
+
+def lmr_wikicontradict(records: list[dict[str, Any]], resamples: int = 10_000) -> dict[str, Any]:
+    matches = [wc_match(r.get("score"), r["meta"]["label"]) for r in records]
+    out: dict[str, Any] = {
+        "n": len(matches),
+        "lmr": float(np.mean(matches)),
+        "ci95": bca_interval(matches, resamples).as_dict(),
+        "not_scored": _not_scored(records),
+        "by_label": {},
+    }
+    for label in ("C", "PC", "I"):
+        subset = [m for m, r in zip(matches, records, strict=True) if r["meta"]["label"] == label]
+        if subset:
+            out["by_label"][label] = {"n": len(subset), "lmr": float(np.mean(subset))}
+    return out
+
+
+# ---- ConflictBank ----------------------------------------------------------------------------
+
+# Field names of the published QA release; override with a mapping if a release renames them.
+CB_FIELDS = {
+    "question": "question",
+    "default_fact": "correct_pair",
+    "counterfactual": "fact_conflict_pair",
+    "D": "default_evidence",
+    "C1": "misinformation_conflict_evidence",
+    "C2": "temporal_conflict_evidence",
+    "C3": "semantic_conflict_evidence",
+}
+CB_CONTEXTS = ("D", "C1", "C2", "C3")
+CB_RESPONSES = {"RD": "default_fact", "RC": "counterfactual"}
+
+
+def conflictbank_items(
+    path: Path, fields: dict[str, str] | None = None, limit: int | None = None
+) -> list[Item]:
+    """Per sample and response (RD, RC): one item against all contexts ("all") and one per
+    context alone (D, C1, C2, C3)."""
+    names = CB_FIELDS | (fields or {})
+    if not path.is_file():
+        raise UserError(f"data file not found: {path}")
+    items = []
+    with open(path, encoding="utf-8") as handle:
+        for lineno, line in enumerate(handle, 1):
+            if limit is not None and lineno > limit:
+                break
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise UserError(f"{path}:{lineno}: not valid JSON: {exc.msg}") from exc
+            values = {}
+            for key, field in names.items():
+                if not isinstance(row.get(field), str) or not row[field].strip():
+                    raise UserError(f"{path}:{lineno}: field {field}: missing or not a string")
+                values[key] = row[field]
+            sample = str(row.get("id", lineno))
+            for rid, key in CB_RESPONSES.items():
+                for ctx_set in ("all", *CB_CONTEXTS):
+                    contexts = (
+                        [values[c] for c in CB_CONTEXTS] if ctx_set == "all" else [values[ctx_set]]
+                    )
+                    items.append(
+                        Item(
+                            id=f"{sample}:{rid}:{ctx_set}", query=values["question"],
+                            response=values[key], contexts=contexts,
+                            sample=sample, response_kind=rid, context_set=ctx_set,
+                        )
+                    )  # fmt: skip
+    return items
+
+
+def _lt(a: float | None, b: float | None) -> bool:
+    return a is not None and b is not None and a < b
+
+
+def cb_pair_scores(scores: dict[str, float | None], response: str) -> tuple[float, float]:
+    """Strict and lax LMR terms for one (sample, response) from its S ('all') and S_X."""
+    strict = int(scores["all"] is not None and 0.0 < scores["all"] < 1.0)
+    for x in CB_CONTEXTS:
+        matches_x = (response == "RD") == (x == "D")  # R = R_X
+        strict += int(scores[x] is not None and scores[x] == float(matches_x))
+    lax = 0
+    for x in CB_CONTEXTS[1:]:
+        if response == "RD":
+            lax += int(_lt(scores[x], scores["D"]))
+        else:
+            lax += int(_lt(scores["D"], scores[x]))
+    return strict / (1 + len(CB_CONTEXTS)), lax / (len(CB_CONTEXTS) - 1)
+
+
+def lmr_conflictbank(records: list[dict[str, Any]], resamples: int = 10_000) -> dict[str, Any]:
+    grouped: dict[tuple[str, str], dict[str, float | None]] = {}
+    for r in records:
+        meta = r["meta"]
+        grouped.setdefault((meta["sample"], meta["response_kind"]), {})[meta["context_set"]] = (
+            r.get("score")
+        )
+    complete = {k: v for k, v in grouped.items() if len(v) == 1 + len(CB_CONTEXTS)}
+    if not complete:
+        raise ValueError("no (sample, response) has all five scores")
+    strict, lax = zip(*(cb_pair_scores(v, k[1]) for k, v in sorted(complete.items())), strict=True)
+    mean = [(s + x) / 2 for s, x in zip(strict, lax, strict=True)]
+    return {
+        "n_pairs": len(complete),
+        "incomplete_pairs": len(grouped) - len(complete),
+        "strict": float(np.mean(strict)),
+        "lax": float(np.mean(lax)),
+        "lmr": float(np.mean(mean)),
+        "ci95": bca_interval(mean, resamples).as_dict(),
+        "strict_ci95": bca_interval(strict, resamples).as_dict(),
+        "lax_ci95": bca_interval(lax, resamples).as_dict(),
+        "not_scored": _not_scored(records),
+    }
+
+
+def _not_scored(records: list[dict[str, Any]]) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for r in records:
+        if r.get("score") is None:
+            counts[r["status"]] = counts.get(r["status"], 0) + 1
+    return counts
