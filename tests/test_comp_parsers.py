@@ -4,7 +4,7 @@ import re
 
 import pytest
 
-from pipelines.comprehensiveness import formats
+from pipelines.comprehensiveness.formats import Formats
 from pipelines.comprehensiveness.parsers import (
     parse_answers,
     parse_coverage,
@@ -136,10 +136,11 @@ def test_coverage_malformed(bad):
 
 def test_constrained_formats_are_what_the_parsers_read():
     """Strings matching each decoding regex must parse; the regexes are the parsers' formats."""
-    assert re.fullmatch(formats.UNITS, "- Paris is a city: Fact\n")
+    formats = Formats()
+    assert re.fullmatch(formats.units, "- Paris is a city: Fact\n")
     assert parse_units("- Paris is a city: Fact\n")[0].type == "fact"
     refined = "* How tall? [Relevance: 4]\n"
-    assert re.fullmatch(formats.REFINED, refined) and parse_scored_items(refined, "Relevance")
+    assert re.fullmatch(formats.refined, refined) and parse_scored_items(refined, "Relevance")
     qs = ["How tall (in total)?", "Why?"]
     answers = (
         "* How tall (in total)?\nA: 3 m [Confidence: 5] | A: 4 m [Confidence: 2]\n"
@@ -148,7 +149,11 @@ def test_constrained_formats_are_what_the_parsers_read():
     assert re.fullmatch(formats.answers(qs), answers)
     assert len(parse_answers(answers, qs).by_question) == 2
     relation = "Both name the same city.\nParis - paris [equivalent]"
-    assert re.fullmatch(formats.RELATION, relation) and parse_relation(relation) == "equivalent"
+    assert re.fullmatch(formats.relation, relation) and parse_relation(relation) == "equivalent"
     cov = "Short.\n[Covered statements]\n- A. [1, 2]\n[Uncovered statements]\n- B. [2]\n"
     assert re.fullmatch(formats.coverage(2), cov)
     assert parse_coverage(cov, 2)[1][0].sources == (2,)
+    small = Formats(items=1, chars=5)
+    assert re.fullmatch(small.statements, "* abcde\n")
+    assert not re.fullmatch(small.statements, "* abcdef\n")
+    assert not re.fullmatch(small.statements, "* a\n* b\n")

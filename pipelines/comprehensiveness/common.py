@@ -9,6 +9,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from pipelines.comprehensiveness.formats import Formats
 from serving.client import EvalClient, Parsed, StageUsage
 from serving.templates import PromptTemplate, load_dir
 
@@ -48,6 +49,8 @@ class ComprehensivenessConfig(BaseModel):
     tools: bool = Field(False, description="comparator may call the units tool (server tool calls)")
     max_reasks: int = Field(2, ge=0, le=5)
     list_max_tokens: int = Field(2048, ge=64, description="max tokens for list-producing stages")
+    list_max_items: int = Field(25, ge=1, le=200, description="most items per list (vLLM)")
+    line_max_chars: int = Field(200, ge=20, le=2000, description="longest list line (vLLM)")
     export_graphs: bool = True
 
     @model_validator(mode="after")
@@ -75,6 +78,10 @@ class Context:
     config: ComprehensivenessConfig
     nli: Any = None  # an NliJudge for the NLI method
     meter: dict[str, StageUsage] = field(default_factory=dict)
+
+    @property
+    def formats(self) -> Formats:
+        return Formats(self.config.list_max_items, self.config.line_max_chars)
 
     async def ask(
         self,

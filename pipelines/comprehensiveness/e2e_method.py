@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from pipelines.comprehensiveness import formats
 from pipelines.comprehensiveness.common import PROMPTS, Context, Item
 from pipelines.comprehensiveness.parsers import parse_coverage
 
@@ -16,7 +15,7 @@ async def evaluate(ctx: Context, item: Item, contexts: list[str]) -> dict[str, A
         "the two lists '[Covered statements]' and '[Uncovered statements]', each line "
         "'- <statement> [<text ids>]'",
         {"query": item.query, "contexts": numbered, "response": item.response},
-        regex=formats.coverage(len(numbered)), max_tokens=ctx.config.list_max_tokens,
+        regex=ctx.formats.coverage(len(numbered)), max_tokens=ctx.config.list_max_tokens,
     )  # fmt: skip
     covered, uncovered = parsed.value
     # Text ids refer to the non-empty contexts in order; map them back to c1..cn.

@@ -8,34 +8,55 @@ cannot constrain decoding get the same prompts and the tolerant parsers with re-
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 
 from pipelines.comprehensiveness.parsers import RELATIONS, UNIT_TYPES
 
-LINE = r"[^\n\[\]]{1,200}"
-MAX_ITEMS = 25
 _TYPES = "|".join(t.title() for t in UNIT_TYPES)
 _SCORE = r"[1-5]"
 
-UNITS = rf"(- [^\n:\[\]]{{1,200}}: ({_TYPES})\n){{1,{MAX_ITEMS}}}"
-STATEMENTS = rf"(\* {LINE}\n){{1,{MAX_ITEMS}}}"
-QUESTIONS = rf"(\* [^\n\[\]?]{{1,200}}\?\n){{1,{MAX_ITEMS}}}"
-REFINED = rf"(\* [^\n\[\]]{{1,200}} \[Relevance: {_SCORE}\]\n){{1,{MAX_ITEMS}}}"
-RELATION = rf"[^\n\[\]]{{1,300}}\n[^\n\[\]]{{1,150}} \[({'|'.join(RELATIONS)})\]"
-_ANSWER = rf"A: [^\n\[\]|]{{1,120}} \[Confidence: {_SCORE}\]"
 
+@dataclass(frozen=True)
+class Formats:
+    items: int = 25  # most list items a stage may produce
+    chars: int = 200  # longest line
 
-def answers(questions: list[str]) -> str:
-    """Every question in order, each followed by one to five answers."""
-    return "".join(rf"\* {_escape(q)}\n{_ANSWER}( \| {_ANSWER}){{0,4}}\n" for q in questions)
+    @property
+    def line(self) -> str:
+        return rf"[^\n\[\]]{{1,{self.chars}}}"
 
+    @property
+    def units(self) -> str:
+        return rf"(- [^\n:\[\]]{{1,{self.chars}}}: ({_TYPES})\n){{1,{self.items}}}"
 
-def coverage(n_texts: int) -> str:
-    ids = f"[1-{n_texts}]" if n_texts < 10 else r"[1-9][0-9]?"
-    item = rf"- {LINE} \[{ids}(, {ids}){{0,9}}\]\n"
-    return (
-        r"[^\[\]]{0,400}\n\[Covered statements\]\n"
-        rf"({item}){{0,{MAX_ITEMS}}}\[Uncovered statements\]\n({item}){{0,{MAX_ITEMS}}}"
-    )
+    @property
+    def statements(self) -> str:
+        return rf"(\* {self.line}\n){{1,{self.items}}}"
+
+    @property
+    def questions(self) -> str:
+        return rf"(\* [^\n\[\]?]{{1,{self.chars}}}\?\n){{1,{self.items}}}"
+
+    @property
+    def refined(self) -> str:
+        return rf"(\* {self.line} \[Relevance: {_SCORE}\]\n){{1,{self.items}}}"
+
+    @property
+    def relation(self) -> str:
+        return rf"[^\n\[\]]{{1,{self.chars}}}\n{self.line} \[({'|'.join(RELATIONS)})\]"
+
+    def answers(self, questions: list[str]) -> str:
+        """Every question in order, each followed by one to five answers."""
+        answer = rf"A: [^\n\[\]|]{{1,{self.chars}}} \[Confidence: {_SCORE}\]"
+        return "".join(rf"\* {_escape(q)}\n{answer}( \| {answer}){{0,4}}\n" for q in questions)
+
+    def coverage(self, n_texts: int) -> str:
+        ids = f"[1-{n_texts}]" if n_texts < 10 else r"[1-9][0-9]?"
+        item = rf"- {self.line} \[{ids}(, {ids}){{0,9}}\]\n"
+        return (
+            rf"[^\[\]]{{0,{2 * self.chars}}}\n\[Covered statements\]\n"
+            rf"({item}){{0,{self.items}}}\[Uncovered statements\]\n({item}){{0,{self.items}}}"
+        )
 
 
 def _escape(text: str) -> str:

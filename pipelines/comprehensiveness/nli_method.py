@@ -6,7 +6,6 @@ import asyncio
 import itertools
 from typing import Any, Protocol
 
-from pipelines.comprehensiveness import formats
 from pipelines.comprehensiveness.common import PROMPTS, Context, Item, StageFailed, source_ids
 from pipelines.comprehensiveness.graph import RESPONSE, Statement
 from pipelines.comprehensiveness.parsers import (
@@ -40,7 +39,7 @@ class LlmNli:
             parsed = await ctx.client.choice(
                 template.messages(premise=pair[0], hypothesis=pair[1]), list(NLI_LABELS),
                 max_reasks=ctx.config.max_reasks, stage="nli", template=template.id,
-                meter=ctx.meter, max_tokens=8,
+                meter=ctx.meter, max_tokens=24,  # room for a label under any tokenizer
             )  # fmt: skip
             if not parsed.ok:
                 raise StageFailed("nli", parsed)
@@ -77,14 +76,14 @@ async def atoms_of(ctx: Context, text: str) -> list[str]:
         return []
     units = await ctx.ask(
         PROMPTS["extract_atoms"], "extract", parse_units, "bullet lines '- <unit>: <Type>'",
-        {"text": text}, regex=formats.UNITS, max_tokens=ctx.config.list_max_tokens,
+        {"text": text}, regex=ctx.formats.units, max_tokens=ctx.config.list_max_tokens,
     )  # fmt: skip
     factual = [u.text for u in units.value if u.type in FACTUAL_TYPES]
     if not factual:
         return []
     revised = await ctx.ask(
         PROMPTS["revise_atoms"], "revise", parse_statements, "one '* <statement>' per line",
-        {"text": text, "statements": factual}, regex=formats.STATEMENTS,
+        {"text": text, "statements": factual}, regex=ctx.formats.statements,
         max_tokens=ctx.config.list_max_tokens,
     )  # fmt: skip
     return revised.value

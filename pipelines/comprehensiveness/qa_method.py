@@ -7,7 +7,6 @@ import itertools
 import re
 from typing import Any
 
-from pipelines.comprehensiveness import formats
 from pipelines.comprehensiveness.common import PROMPTS, Context, Item, source_ids
 from pipelines.comprehensiveness.graph import RESPONSE, Statement
 from pipelines.comprehensiveness.parsers import (
@@ -47,7 +46,7 @@ async def mine(ctx: Context, query: str, text: str) -> list[str]:
         return []
     parsed = await ctx.ask(
         PROMPTS["mine_questions"], "mine", parse_statements, "one '* <question>' per line",
-        {"query": query, "text": text}, regex=formats.QUESTIONS,
+        {"query": query, "text": text}, regex=ctx.formats.questions,
         max_tokens=ctx.config.list_max_tokens,
     )  # fmt: skip
     return parsed.value
@@ -59,7 +58,7 @@ async def refine(ctx: Context, query: str, raw: list[str]) -> tuple[list[str], l
     parsed = await ctx.ask(
         PROMPTS["refine_questions"], "refine", lambda t: parse_scored_items(t, "Relevance"),
         "lines '* <question> [Relevance: <1-5>]'", {"query": query, "questions": raw},
-        regex=formats.REFINED, max_tokens=ctx.config.list_max_tokens, **LOGPROBS,
+        regex=ctx.formats.refined, max_tokens=ctx.config.list_max_tokens, **LOGPROBS,
     )  # fmt: skip
     items = parsed.value
     scores, weighted = weighted_scores(parsed, "Relevance", [n for _, n in items])
@@ -81,7 +80,7 @@ async def answer(ctx: Context, questions: list[str], text: str) -> dict[int, lis
     parsed = await ctx.ask(
         PROMPTS["answer_questions"], "answer", lambda t: parse_answers(t, questions),
         "for each question its line, then 'A: <answer> [Confidence: <1-5>]' joined by ' | '",
-        {"text": text, "questions": questions}, regex=formats.answers(questions),
+        {"text": text, "questions": questions}, regex=ctx.formats.answers(questions),
         max_tokens=ctx.config.list_max_tokens, **LOGPROBS,
     )  # fmt: skip
     sheet: AnswerSheet = parsed.value
@@ -127,7 +126,7 @@ async def compare(ctx: Context, question: str, first: str, second: str) -> dict[
             pass  # fall through to the plain re-asking path
     parsed = await ctx.ask(
         template, "compare", parse_relation, "a last line '<answer 1> - <answer 2> [<relation>]'",
-        values, regex=formats.RELATION, max_tokens=ctx.config.list_max_tokens,
+        values, regex=ctx.formats.relation, max_tokens=ctx.config.list_max_tokens,
     )  # fmt: skip
     return {"relation": parsed.value, "method": "llm"}
 

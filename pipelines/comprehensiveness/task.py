@@ -43,6 +43,8 @@ async def evaluate_item(
     nli_judge: Any = None,
     graph_dir: Path | None = None,
 ) -> dict[str, Any]:
+    if config.method == "nli" and nli_judge is None:
+        nli_judge = nli_method.make_judge(config)  # pass one in to share a loaded cross-encoder
     ctx = Context(client, config, nli=nli_judge)
     record: dict[str, Any] = {"method": config.method, "meta": item.meta}
     try:

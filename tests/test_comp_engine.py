@@ -1,0 +1,177 @@
+"""The three comprehensiveness methods end to end against the real tiny vLLM server."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from pipelines.cli import app
+from pipelines.comprehensiveness import ComprehensivenessConfig, Item, evaluate_item
+from pipelines.comprehensiveness.nli_method import LlmNli
+from serving.client import EvalClient
+from tests.conftest import SHARED
+
+pytestmark = pytest.mark.engine
+
+ITEM = Item(
+    id="tower",
+    query="How tall is the Eiffel Tower?",
+    response="The Eiffel Tower in Paris is 330 metres tall.",
+    contexts=[
+        "The Eiffel Tower is 330 metres tall including its antennas.",
+        "Without its antennas, the Eiffel Tower measures 300 metres.",
+    ],
+)
+SMALL = {"list_max_items": 3, "line_max_chars": 30, "list_max_tokens": 600}
+
+
+def client_for(server) -> EvalClient:
+    return EvalClient(server.base_url, server.served_name, default_params={"temperature": 0.0})
+
+
+def check_score(record):
+    assert record["status"] in {"ok", "undefined"}, record.get("error")
+    n_in, n_out = len(record["covered"]), len(record["uncovered"])
+    if record["status"] == "ok":
+        assert record["score"] == pytest.approx(n_in / (n_in + n_out))
+    else:
+        assert record["score"] is None and n_in + n_out == 0
+
+
+async def test_nli_method(vllm_server, tmp_path):
+    config = ComprehensivenessConfig(method="nli", **SMALL)
+    async with client_for(vllm_server) as client:
+        record = await evaluate_item(client, ITEM, config, nli_judge=LlmNli(), graph_dir=tmp_path)
+    check_score(record)
+    details = record["details"]
+    kept = details["kept_context_atoms"]
+    n_r = len(details["atoms"]["response"])
+    assert details["pairs"]["ordered"] == 2 * n_r * len(kept) + len(kept) * (len(kept) - 1)
+    assert details["pairs"]["judged"] <= details["pairs"]["ordered"]
+    # No response->response pair; every relation is one of the three labels.
+    for relation in details["relations"]:
+        assert not (relation["premise"].startswith("r") and relation["hypothesis"].startswith("r"))
+        assert relation["label"] in {"entailment", "contradiction", "neutral"}
+    # Relevance filter: kept atoms scored >= T_rel, dropped ones below.
+    for atom_id, score in details["relevance"].items():
+        assert (atom_id in kept) == (score >= config.t_rel)
+        assert 1.0 <= score <= 5.0
+    assert {"extract", "relevance"} <= set(record["usage"])
+    if record["statements"]:
+        assert json.loads((tmp_path / "tower.json").read_text())["nodes"]
+
+
+async def test_qa_method(vllm_server, tmp_path):
+    config = ComprehensivenessConfig(method="qa", t_rel=1.0, t_conf=1.0, **SMALL)
+    async with client_for(vllm_server) as client:
+        record = await evaluate_item(client, ITEM, config, graph_dir=tmp_path)
+    check_score(record)
+    details = record["details"]
+    source_of = {a["id"]: a["source"] for a in details["answers"]}
+    for comparison in details["comparisons"]:
+        pair = (source_of[comparison["first"]], source_of[comparison["second"]])
+        assert pair != ("response", "response")
+        assert comparison["first"].split(".")[0] == comparison["second"].split(".")[0]  # same q
+        assert comparison["relation"] in {
+            "equivalent", "first implies second", "second implies first", "contradictory",
+            "neutral",
+        }  # fmt: skip
+    for answer in details["answers"]:
+        assert answer["kept"] == (answer["confidence"] >= config.t_conf)
+    assert all(q["weighted"] for q in details["refined_questions"])  # logprob-weighted
+
+
+@pytest.mark.parametrize("method", ["nli", "qa", "e2e"])
+async def test_unconstrained_garbage_is_recorded_unparseable_never_scored(vllm_server, method):
+    # Without format-constrained decoding the random model cannot follow the formats: the item
+    # is recorded with the failing stage and every raw output, and no score.
+    config = ComprehensivenessConfig(method=method, max_reasks=1, **SMALL)
+    client = EvalClient(
+        vllm_server.base_url, vllm_server.served_name, default_params={"temperature": 0.0},
+        vllm_extensions=False,
+    )  # fmt: skip
+    async with client:
+        record = await evaluate_item(client, ITEM, config)
+    assert record["status"] == "unparseable"
+    assert record["score"] is None
+    assert record["failed_stage"] in {"extract", "mine", "coverage"}
+    assert len(record["outputs"]) == 2  # first answer + one re-ask
+    assert record["usage"][record["failed_stage"]]["calls"] >= 2
+
+
+async def test_e2e_method(vllm_server):
+    config = ComprehensivenessConfig(method="e2e", **SMALL)
+    async with client_for(vllm_server) as client:
+        record = await evaluate_item(client, ITEM, config)
+    check_score(record)
+    for statement in record["covered"] + record["uncovered"]:
+        assert set(statement["sources"]) <= {"c1", "c2"} and statement["sources"]
+    assert record["usage"]["coverage"]["calls"] == 1
+
+
+def test_cli_runs_resumes_and_exports(vllm_server, tmp_path):
+    data = tmp_path / "items.jsonl"
+    data.write_text(json.dumps(ITEM.model_dump()) + "\n")
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("metric:\n" + "".join(f"  {k}: {v}\n" for k, v in SMALL.items()))
+    args = [
+        "eval", "comprehensiveness", str(data), "--method", "nli", "--config", str(cfg),
+        "--endpoint", vllm_server.base_url, "--model", vllm_server.served_name,
+        "--run-dir", str(tmp_path / "run"), "--quiet",
+    ]  # fmt: skip
+    runner = CliRunner()
+    first = runner.invoke(app, args, catch_exceptions=False)
+    assert first.exit_code == 0, first.output
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["recorded"] == 1
+    assert summary["usage_this_invocation"]["extract"]["requests"] > 0
+    second = runner.invoke(app, args, catch_exceptions=False)
+    assert second.exit_code == 0
+    again = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert again["usage_this_invocation"] == {}  # resumed: nothing left, no model call
+    assert len((tmp_path / "run" / "results.jsonl").read_text().splitlines()) == 1
+    manifest = json.loads((tmp_path / "run" / "manifest.json").read_text())
+    assert manifest["prompts"]["extract_atoms"].startswith("extract_atoms@v1#")
+    assert manifest["config"]["metric"]["method"] == "nli"
+
+
+WC = SHARED / "data" / "wikicontradict" / "humaneval-dev.jsonl"
+
+
+@pytest.mark.skipif(not WC.is_file(), reason=f"shared data not found at {WC}")
+def test_meta_eval_wikicontradict_on_real_rows(vllm_server, tmp_path):
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("metric:\n" + "".join(f"  {k}: {v}\n" for k, v in SMALL.items()))
+    result = CliRunner().invoke(
+        app,
+        [
+            "meta-eval",
+            "wikicontradict",
+            "--data",
+            str(WC),
+            "--limit",
+            "2",
+            "--method",
+            "e2e",
+            "--config",
+            str(cfg),
+            "--endpoint",
+            vllm_server.base_url,
+            "--model",
+            vllm_server.served_name,
+            "--run-dir",
+            str(tmp_path / "run"),
+            "--quiet",
+            "--resamples",
+            "2000",
+        ],  # fmt: skip
+        catch_exceptions=False,
+    )
+    assert result.exit_code == 0, result.output
+    lmr = json.loads((tmp_path / "run" / "lmr.json").read_text())
+    assert lmr["n"] == 10  # 2 rows x 5 responses, failures included
+    assert 0.0 <= lmr["lmr"] <= 1.0
+    assert lmr["ci95"]["low"] <= lmr["lmr"] <= lmr["ci95"]["high"]
+    assert sum(v["n"] for v in lmr["by_label"].values()) == 10
