@@ -192,3 +192,42 @@ def sample_prompts(n: int, seed: int = 0) -> list[str]:
     rng = random.Random(seed)
     words = itertools.cycle(_WORDS)
     return [" ".join(next(words) for _ in range(rng.randint(4, 12))) + "?" for _ in range(n)]
+
+
+def build_tiny_classifier(
+    target: Path | str, architecture: str = "deberta-v2", labels: tuple[str, ...] = (
+        "ENTAILMENT", "NEUTRAL", "CONTRADICTION"), seed: int = 0,
+) -> Path:  # fmt: skip
+    """A random sequence-classification model (DeBERTa-v2 or BERT) with the given label order."""
+    import torch
+    from tokenizers import processors
+    from transformers import (
+        BertConfig,
+        BertForSequenceClassification,
+        DebertaV2Config,
+        DebertaV2ForSequenceClassification,
+    )
+
+    target = Path(target)
+    tokenizer = build_tiny_tokenizer()
+    tokenizer.add_special_tokens({"cls_token": "<s>", "sep_token": "</s>"})
+    cls, sep = tokenizer.convert_tokens_to_ids(["<s>", "</s>"])
+    tokenizer.backend_tokenizer.post_processor = processors.TemplateProcessing(
+        single="<s> $A </s>",
+        pair="<s> $A </s> $B:1 </s>:1",
+        special_tokens=[("<s>", cls), ("</s>", sep)],
+    )  # a real pair encoding: [CLS] premise [SEP] hypothesis [SEP]
+    common = {
+        "vocab_size": len(tokenizer), "hidden_size": 64, "num_hidden_layers": 2,
+        "num_attention_heads": 2, "intermediate_size": 128, "max_position_embeddings": 512,
+        "pad_token_id": tokenizer.pad_token_id, "num_labels": len(labels),
+        "id2label": dict(enumerate(labels)), "label2id": {n: i for i, n in enumerate(labels)},
+    }  # fmt: skip
+    torch.manual_seed(seed)
+    if architecture == "bert":
+        model = BertForSequenceClassification(BertConfig(**common))
+    else:
+        model = DebertaV2ForSequenceClassification(DebertaV2Config(**common, type_vocab_size=0))
+    model.save_pretrained(target)
+    tokenizer.save_pretrained(target)
+    return target

@@ -175,3 +175,19 @@ def test_meta_eval_wikicontradict_on_real_rows(vllm_server, tmp_path):
     assert 0.0 <= lmr["lmr"] <= 1.0
     assert lmr["ci95"]["low"] <= lmr["lmr"] <= lmr["ci95"]["high"]
     assert sum(v["n"] for v in lmr["by_label"].values()) == 10
+
+
+async def test_nli_method_with_cross_encoder_backend(vllm_server, tmp_path):
+    from serving.tiny import build_tiny_classifier
+
+    checkpoint = build_tiny_classifier(tmp_path / "nli")
+    config = ComprehensivenessConfig(
+        method="nli", nli_backend="cross-encoder", nli_model=str(checkpoint), t_rel=1.0, **SMALL
+    )
+    async with client_for(vllm_server) as client:
+        record = await evaluate_item(client, ITEM, config)
+    check_score(record)
+    assert record["details"]["nli_backend"] == "cross-encoder"
+    assert "nli" not in client.usage  # no LLM call judged a pair
+    judged = record["details"]["pairs"]["judged"]
+    assert record["usage"].get("nli", {}).get("calls", 0) == judged
