@@ -22,6 +22,7 @@ from pipelines.comprehensiveness import ComprehensivenessConfig, evaluate_item
 from pipelines.comprehensiveness import Item as ComprehensivenessItem
 from pipelines.comprehensiveness.common import PROMPTS
 from pipelines.comprehensiveness.meta import (
+    bca_interval,
     conflictbank_items,
     lmr_conflictbank,
     lmr_wikicontradict,
@@ -219,15 +220,20 @@ def evaluator_overrides(
     }
 
 
-def file_digest(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()[:16]
+def items_digest(items) -> str:
+    """Content hash of the items themselves (not the file): resumes only on the same inputs."""
+    digest = hashlib.sha256()
+    for item in items:
+        digest.update(json.dumps(item.model_dump(), sort_keys=True, default=str).encode())
+    return digest.hexdigest()[:16]
 
 
-def run_identity(cfg, prompt_ids: dict[str, str], **task: Any) -> dict[str, Any]:
+def run_identity(cfg, items, prompt_ids: dict[str, str], **task: Any) -> dict[str, Any]:
     """What makes two runs the same run (so a rerun resumes): not concurrency, timeouts, URL."""
     ev = cfg.evaluator
     return {
-        "input_sha256": file_digest(cfg.input),
+        "items_sha256": items_digest(items),
+        "items": len(items),
         "model": ev.model,
         "adapter": ev.adapter,
         "temperature": ev.temperature,
@@ -302,7 +308,7 @@ def generate(
 
         return solve
 
-    identity = run_identity(cfg, prompt_ids)
+    identity = run_identity(cfg, items, prompt_ids)
     execute("generate", cfg, items, prompt_ids, identity, make_solver, no_cache, quiet)
 
 
@@ -429,7 +435,7 @@ def run_comprehensiveness(cfg: ComprehensivenessRun, items, task: str, no_cache,
 
         return solve
 
-    identity = run_identity(cfg, prompt_ids, metric=metric.model_dump(), items=len(items))
+    identity = run_identity(cfg, items, prompt_ids, metric=metric.model_dump())
     task = f"{task}-{metric.method}"
     return execute(task, cfg, items, prompt_ids, identity, make_solver, no_cache, quiet)
 
@@ -534,6 +540,121 @@ def meta_conflictbank(
         data, method, limit, config, model, endpoint, adapter, lora, run_dir, concurrency,
         max_tokens, temperature, no_cache, quiet, resamples,
     )  # fmt: skip
+
+
+# ---- ELI5 study ------------------------------------------------------------------------------
+
+
+class Eli5Run(Strict):
+    input: Path
+    evaluator: EvaluatorConfig = Field(default_factory=EvaluatorConfig)
+    run: RunConfig = Field(default_factory=RunConfig)
+    metric: ComprehensivenessConfig = Field(default_factory=ComprehensivenessConfig)
+    responders: list[str] = Field(default_factory=lambda: ["embedded"], min_length=1)
+    methods: list[str] = Field(default_factory=lambda: ["qa", "e2e"], min_length=1)
+
+
+def responder_config(spec: str, base: EvaluatorConfig) -> tuple[str, EvaluatorConfig]:
+    """'MODEL' (started here) or 'MODEL@URL' (a running endpoint)."""
+    model, _, url = spec.partition("@")
+    name = "".join(c if c.isalnum() or c in "-_." else "_" for c in model)
+    update = {"model": model, "endpoint": url or None, "adapter": None, "adapters": {}}
+    return name, EvaluatorConfig.model_validate(base.model_dump() | update)
+
+
+@app.command()
+@clean_errors
+def eli5(
+    input: Annotated[Path, typer.Argument(help="JSONL: id, query, contexts (background texts)")],
+    responder: Annotated[
+        list[str] | None, typer.Option(help="answering model: MODEL or MODEL@URL (repeat)")
+    ] = None,
+    method: Annotated[list[str] | None, typer.Option(help="qa / e2e / nli (repeat)")] = None,
+    config: ConfigOpt = None,
+    model: ModelOpt = None,
+    endpoint: EndpointOpt = None,
+    run_dir: RunDirOpt = None,
+    concurrency: IntOpt = None,
+    max_tokens: IntOpt = None,
+    no_cache: NoCacheOpt = False,
+    quiet: QuietOpt = False,
+) -> None:
+    """ELI5-style study: each responder answers from the background texts only, then the
+    evaluator scores every answer's comprehensiveness (paper Figure 6 table)."""
+    overrides = {"input": str(input), "responders": responder, "methods": method} | (
+        evaluator_overrides(model, endpoint, None, None, concurrency, max_tokens, None, run_dir)
+    )
+    cfg = load_config(Eli5Run, config, overrides)
+    for m in cfg.methods:
+        if m not in ("nli", "qa", "e2e"):
+            raise UserError(f"--method {m!r}: use nli, qa or e2e")
+    questions = read_jsonl(cfg.input, generate_task.GenerateItem)
+    for q in questions:
+        if not q.contexts:
+            raise UserError(
+                f"{cfg.input}: record {q.id!r}: field contexts: background texts needed"
+            )
+    root = cfg.run.run_dir or Path("runs") / f"eli5-{items_digest(questions)}"
+    template = PROMPTS["answer_from_texts"]
+    table: dict[str, dict[str, Any]] = {}
+    for spec in cfg.responders:
+        name, responder_cfg = responder_config(spec, cfg.evaluator)
+        gen_cfg = GenerateConfig(
+            input=cfg.input,
+            evaluator=responder_cfg,
+            run=RunConfig(run_dir=root / f"answers-{name}", cache=cfg.run.cache),
+        )
+
+        def make_solver(client, store):
+            async def solve(item):
+                return await generate_task.generate_one(client, item, template)
+
+            return solve
+
+        prompt_ids = {"answer_from_texts": template.id, "reask": REASK.id}
+        identity = run_identity(gen_cfg, questions, prompt_ids)
+        answers_dir = execute(
+            "eli5-answers", gen_cfg, questions, prompt_ids, identity, make_solver, no_cache, quiet
+        )
+        answers = {r["id"]: r for r in RunStore(answers_dir).results()}
+        items = [
+            ComprehensivenessItem(id=q.id, query=q.question, contexts=q.contexts,
+                                  response=answers[q.id]["response"], responder=name)
+            for q in questions if answers[q.id]["status"] == "ok"
+        ]  # fmt: skip
+        table[name] = {"answered": len(items), "questions": len(questions)}
+        for m in cfg.methods:
+            comp_cfg = ComprehensivenessRun(
+                input=cfg.input, evaluator=cfg.evaluator, metric=cfg.metric.model_copy(
+                    update={"method": m}), run=RunConfig(run_dir=root / f"{m}-{name}",
+                                                         cache=cfg.run.cache),
+            )  # fmt: skip
+            run = run_comprehensiveness(comp_cfg, items, "eli5", no_cache, quiet)
+            scores = [r["score"] for r in RunStore(run).results() if r["score"] is not None]
+            entry: dict[str, Any] = {"n": len(scores), "not_scored": len(items) - len(scores)}
+            if scores:
+                entry["mean"] = sum(scores) / len(scores)
+                entry["ci95"] = bca_interval(scores).as_dict()
+            table[name][m] = entry
+    atomic_write_json(root / "eli5.json", table)
+    print_eli5(table, cfg.methods)
+
+
+def print_eli5(table: dict[str, dict[str, Any]], methods: list[str]) -> None:
+    out = Table("responder", "answered", *methods, title="ELI5 comprehensiveness (mean S, 95% CI)")
+    for name, row in table.items():
+        cells = []
+        for m in methods:
+            entry = row[m]
+            if "mean" in entry:
+                ci = entry["ci95"]
+                cells.append(
+                    f"{entry['mean']:.3f} [{ci['low']:.3f}, {ci['high']:.3f}] n={entry['n']}"
+                )
+            else:
+                cells.append(f"undefined (n={entry['not_scored']})")
+        out.add_row(name, f"{row['answered']}/{row['questions']}", *cells)
+    Console().print(out)
 
 
 @app.command()

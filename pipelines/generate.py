@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field
 
 from serving.client import EvalClient
 from serving.templates import PromptTemplate
@@ -21,13 +21,17 @@ class GenerateItem(BaseModel):
     model_config = ConfigDict(extra="ignore", coerce_numbers_to_str=True)
 
     id: str
-    question: str = Field(min_length=1)
+    question: str = Field(min_length=1, validation_alias=AliasChoices("question", "query"))
     contexts: list[str] = Field(default_factory=list)
 
 
-async def generate_one(client: EvalClient, item: GenerateItem) -> dict[str, Any]:
-    messages = TEMPLATE.messages(question=item.question, contexts=item.contexts)
-    result = await client.chat(messages, stage="generate", template=TEMPLATE.id)
+async def generate_one(
+    client: EvalClient, item: GenerateItem, template: PromptTemplate = TEMPLATE
+) -> dict[str, Any]:
+    messages = template.messages(
+        question=item.question, query=item.question, contexts=item.contexts
+    )
+    result = await client.chat(messages, stage="generate", template=template.id)
     text = result.text.strip()
     return {
         # An empty answer is recorded as an abstention, never as an ok empty string.
