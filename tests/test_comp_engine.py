@@ -191,3 +191,46 @@ async def test_nli_method_with_cross_encoder_backend(vllm_server, tmp_path):
     assert "nli" not in client.usage  # no LLM call judged a pair
     judged = record["details"]["pairs"]["judged"]
     assert record["usage"].get("nli", {}).get("calls", 0) == judged
+
+
+def test_eli5_study_table(vllm_server, tmp_path):
+    data = tmp_path / "eli5.jsonl"
+    rows = [
+        {"id": "q1", "query": ITEM.query, "contexts": ITEM.contexts},
+        {"id": "q2", "query": "Why is the sky blue?", "contexts": ["Air scatters blue light."]},
+    ]
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(
+        "evaluator:\n  max_tokens: 48\nmetric:\n"
+        + "".join(f"  {k}: {v}\n" for k, v in SMALL.items())
+    )
+    url = vllm_server.base_url
+    result = CliRunner().invoke(
+        app,
+        [
+            "eli5",
+            str(data),
+            "--responder",
+            f"{vllm_server.served_name}@{url}",
+            "--method",
+            "e2e",
+            "--config",
+            str(cfg),
+            "--endpoint",
+            url,
+            "--model",
+            vllm_server.served_name,
+            "--run-dir",
+            str(tmp_path / "run"),
+            "--quiet",
+        ],  # fmt: skip
+        catch_exceptions=False,
+    )
+    assert result.exit_code == 0, result.output
+    table = json.loads((tmp_path / "run" / "eli5.json").read_text())
+    row = table[vllm_server.served_name]
+    assert row["questions"] == 2
+    assert row["e2e"]["n"] + row["e2e"]["not_scored"] == row["answered"]
+    answers = tmp_path / "run" / f"answers-{vllm_server.served_name}" / "results.jsonl"
+    assert len(answers.read_text().splitlines()) == 2
