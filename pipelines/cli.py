@@ -442,29 +442,12 @@ def run_comprehensiveness(cfg: ComprehensivenessRun, items, task: str, no_cache,
 
 # ---- meta-eval -------------------------------------------------------------------------------
 
-meta_app = typer.Typer(help="Meta-evaluate comprehensiveness metrics.", no_args_is_help=True)
-app.add_typer(meta_app, name="meta-eval")
 SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 WC_DEFAULT = SHARED_DATA / "wikicontradict" / "humaneval-dev.jsonl"
-
-
-def _meta_run(
-    loader, stats_fn, name, data, method, limit, config, model, endpoint, adapter, lora,
-    run_dir, concurrency, max_tokens, temperature, no_cache, quiet, resamples,
-) -> dict[str, Any]:  # fmt: skip
-    overrides = {"input": str(data), "metric.method": method} | evaluator_overrides(
-        model, endpoint, adapter, lora, concurrency, max_tokens, temperature, run_dir
-    )
-    cfg = load_config(ComprehensivenessRun, config, overrides)
-    items = loader(cfg.input, limit)
-    run = run_comprehensiveness(cfg, items, f"meta-{name}", no_cache, quiet)
-    ids = {i.id for i in items}
-    records = [r for r in RunStore(run).results() if r["id"] in ids]
-    result = {"dataset": name, "method": cfg.metric.method, "model": cfg.evaluator.model}
-    result |= stats_fn(records, resamples)
-    atomic_write_json(run / "lmr.json", result)
-    print_lmr(result)
-    return result
+META_DATASETS = {
+    "wikicontradict": (wikicontradict_items, lmr_wikicontradict),
+    "conflictbank": (lambda path, n: conflictbank_items(path, limit=n), lmr_conflictbank),
+}
 
 
 def print_lmr(result: dict[str, Any]) -> None:
@@ -483,17 +466,15 @@ def print_lmr(result: dict[str, Any]) -> None:
     Console().print(table)
 
 
-MethodOpt = Annotated[str | None, typer.Option(help="nli | qa | e2e (default qa)")]
-LimitOpt = Annotated[int | None, typer.Option(help="only the first N data rows")]
-ResamplesOpt = Annotated[int, typer.Option(help="bootstrap resamples")]
-
-
-@meta_app.command("wikicontradict")
+@app.command("meta-eval")
 @clean_errors
-def meta_wikicontradict(
-    data: Annotated[Path, typer.Option(help="humaneval JSONL")] = WC_DEFAULT,
-    method: MethodOpt = None,
-    limit: LimitOpt = None,
+def meta_eval(
+    dataset: Annotated[str, typer.Argument(help="wikicontradict | conflictbank")],
+    data: Annotated[
+        Path | None, typer.Option(help="data file (default for wikicontradict: ../shared)")
+    ] = None,
+    method: Annotated[str | None, typer.Option(help="nli | qa | e2e (default qa)")] = None,
+    limit: Annotated[int | None, typer.Option(help="only the first N data rows")] = None,
     config: ConfigOpt = None,
     model: ModelOpt = None,
     endpoint: EndpointOpt = None,
@@ -505,41 +486,29 @@ def meta_wikicontradict(
     temperature: FloatOpt = None,
     no_cache: NoCacheOpt = False,
     quiet: QuietOpt = False,
-    resamples: ResamplesOpt = 10_000,
+    resamples: Annotated[int, typer.Option(help="bootstrap resamples")] = 10_000,
 ) -> None:
-    """LMR_WC over labelled WikiContradict responses, per label, with a 95% BCa interval."""
-    _meta_run(
-        wikicontradict_items, lmr_wikicontradict, "wikicontradict", data, method, limit, config,
-        model, endpoint, adapter, lora, run_dir, concurrency, max_tokens, temperature, no_cache,
-        quiet, resamples,
-    )  # fmt: skip
-
-
-@meta_app.command("conflictbank")
-@clean_errors
-def meta_conflictbank(
-    data: Annotated[Path, typer.Option(help="ConflictBank QA JSONL")],
-    method: MethodOpt = None,
-    limit: LimitOpt = None,
-    config: ConfigOpt = None,
-    model: ModelOpt = None,
-    endpoint: EndpointOpt = None,
-    adapter: AdapterOpt = None,
-    lora: LoraOpt = None,
-    run_dir: RunDirOpt = None,
-    concurrency: IntOpt = None,
-    max_tokens: IntOpt = None,
-    temperature: FloatOpt = None,
-    no_cache: NoCacheOpt = False,
-    quiet: QuietOpt = False,
-    resamples: ResamplesOpt = 10_000,
-) -> None:
-    """Strict, lax and mean LMR on ConflictBank (paper Figure 7), with 95% BCa intervals."""
-    _meta_run(
-        lambda path, n: conflictbank_items(path, limit=n), lmr_conflictbank, "conflictbank",
-        data, method, limit, config, model, endpoint, adapter, lora, run_dir, concurrency,
-        max_tokens, temperature, no_cache, quiet, resamples,
-    )  # fmt: skip
+    """Meta-evaluate comprehensiveness: LMR_WC per label (wikicontradict) or strict / lax / mean
+    LMR (conflictbank, paper Figure 7), each with a 95% BCa interval; writes lmr.json."""
+    if dataset not in META_DATASETS:
+        raise UserError(f"unknown dataset {dataset!r}: use {' or '.join(META_DATASETS)}")
+    if data is None:
+        if dataset != "wikicontradict":
+            raise UserError(f"{dataset} needs --data (the file is not shipped)")
+        data = WC_DEFAULT
+    loader, stats_fn = META_DATASETS[dataset]
+    overrides = {"input": str(data), "metric.method": method} | evaluator_overrides(
+        model, endpoint, adapter, lora, concurrency, max_tokens, temperature, run_dir
+    )
+    cfg = load_config(ComprehensivenessRun, config, overrides)
+    items = loader(cfg.input, limit)
+    run = run_comprehensiveness(cfg, items, f"meta-{dataset}", no_cache, quiet)
+    ids = {i.id for i in items}
+    records = [r for r in RunStore(run).results() if r["id"] in ids]
+    result = {"dataset": dataset, "method": cfg.metric.method, "model": cfg.evaluator.model}
+    result |= stats_fn(records, resamples)
+    atomic_write_json(run / "lmr.json", result)
+    print_lmr(result)
 
 
 # ---- ELI5 study ------------------------------------------------------------------------------

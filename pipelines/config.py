@@ -98,14 +98,14 @@ def describe_validation(exc: ValidationError) -> str:
     return f"field {field}: {first['msg']}{more}"
 
 
-def read_jsonl(path: Path, record: type[M], id_field: str = "id") -> list[M]:
-    """Validate every record up front; the first bad one stops everything with one clear line."""
+def iter_jsonl(path: Path, limit: int | None = None):
+    """(line number, object) for each non-empty line; a bad line stops with one clear error."""
     if not path.is_file():
         raise UserError(f"input file not found: {path}")
-    items: list[M] = []
-    seen: set[str] = set()
     with open(path, encoding="utf-8") as handle:
         for lineno, line in enumerate(handle, 1):
+            if limit is not None and lineno > limit:
+                return
             if not line.strip():
                 continue
             try:
@@ -114,18 +114,26 @@ def read_jsonl(path: Path, record: type[M], id_field: str = "id") -> list[M]:
                 raise UserError(f"{path}:{lineno}: not valid JSON: {exc.msg}") from exc
             if not isinstance(raw, dict):
                 raise UserError(f"{path}:{lineno}: record must be a JSON object")
-            raw.setdefault(id_field, str(lineno))
-            try:
-                item = record.model_validate(raw)
-            except ValidationError as exc:
-                raise UserError(
-                    f"{path}:{lineno}: record {raw.get(id_field)!r}: {describe_validation(exc)}"
-                ) from exc
-            key = str(getattr(item, id_field))
-            if key in seen:
-                raise UserError(f"{path}:{lineno}: record {key!r}: duplicate {id_field}")
-            seen.add(key)
-            items.append(item)
+            yield lineno, raw
+
+
+def read_jsonl(path: Path, record: type[M], id_field: str = "id") -> list[M]:
+    """Validate every record up front; the first bad one stops everything with one clear line."""
+    items: list[M] = []
+    seen: set[str] = set()
+    for lineno, raw in iter_jsonl(path):
+        raw.setdefault(id_field, str(lineno))
+        try:
+            item = record.model_validate(raw)
+        except ValidationError as exc:
+            raise UserError(
+                f"{path}:{lineno}: record {raw.get(id_field)!r}: {describe_validation(exc)}"
+            ) from exc
+        key = str(getattr(item, id_field))
+        if key in seen:
+            raise UserError(f"{path}:{lineno}: record {key!r}: duplicate {id_field}")
+        seen.add(key)
+        items.append(item)
     if not items:
         raise UserError(f"{path}: no records")
     return items

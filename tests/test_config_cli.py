@@ -24,7 +24,19 @@ def questions(tmp_path):
 
 
 def test_every_command_has_help():
-    for command in ([], ["serve"], ["models"], ["prompts"], ["generate"], ["report"]):
+    commands = [
+        [],
+        ["serve"],
+        ["models"],
+        ["prompts"],
+        ["generate"],
+        ["report"],
+        ["eli5"],
+        ["eval"],
+        ["eval", "comprehensiveness"],
+        ["meta-eval"],
+    ]
+    for command in commands:
         result = run([*command, "--help"])
         assert result.exit_code == 0, command
         assert "Usage" in result.output

@@ -8,7 +8,6 @@ A score that is undefined or unparseable never matches: it stays in the denomina
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,7 +17,7 @@ import numpy as np
 from scipy import stats
 
 from pipelines.comprehensiveness.common import Item
-from pipelines.config import UserError
+from pipelines.config import UserError, iter_jsonl
 
 LABELS = {"correct": "C", "partially correct": "PC", "incorrect": "I"}
 SINGLE_CONTEXT_RESPONSES = (1, 2)  # answer1/answer2 were generated from one context only
@@ -63,37 +62,31 @@ def wc_match(score: float | None, label: str) -> int:
 
 def wikicontradict_items(path: Path, limit: int | None = None) -> list[Item]:
     """Five items per row (responses answer0..4) with the SPEC label rule applied."""
-    if not path.is_file():
-        raise UserError(f"data file not found: {path}")
     items = []
-    with open(path, encoding="utf-8") as handle:
-        for lineno, line in enumerate(handle, 1):
-            if limit is not None and lineno > limit:
-                break
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise UserError(f"{path}:{lineno}: not valid JSON: {exc.msg}") from exc
-            for field in ("question", "context1_self_contained", "context2_self_contained"):
-                if not isinstance(row.get(field), str):
-                    raise UserError(f"{path}:{lineno}: field {field}: missing or not a string")
-            for k in range(5):
-                answer, raw_label = row.get(f"answer{k}"), row.get(f"label{k}")
-                if not isinstance(answer, str):
-                    raise UserError(f"{path}:{lineno}: field answer{k}: missing or not a string")
-                label = LABELS.get(str(raw_label).strip().lower())
-                if label is None:
-                    raise UserError(f"{path}:{lineno}: field label{k}: unknown label {raw_label!r}")
-                if label == "C" and k in SINGLE_CONTEXT_RESPONSES:
-                    label = "PC"  # full marks for one context is partial for both
-                items.append(
-                    Item(
-                        id=f"{lineno}-{k}", query=row["question"], response=answer,
-                        contexts=[row["context1_self_contained"], row["context2_self_contained"]],
-                        label=label, original_label=raw_label, model=row.get("model"),
-                    )
-                )  # fmt: skip
+    for lineno, row in iter_jsonl(path, limit):
+        fields = ["question", "context1_self_contained", "context2_self_contained"]
+        _require_strings(path, lineno, row, fields + [f"answer{k}" for k in range(5)])
+        for k in range(5):
+            raw_label = row.get(f"label{k}")
+            label = LABELS.get(str(raw_label).strip().lower())
+            if label is None:
+                raise UserError(f"{path}:{lineno}: field label{k}: unknown label {raw_label!r}")
+            if label == "C" and k in SINGLE_CONTEXT_RESPONSES:
+                label = "PC"  # full marks for one context is partial for both
+            items.append(
+                Item(
+                    id=f"{lineno}-{k}", query=row["question"], response=row[f"answer{k}"],
+                    contexts=[row["context1_self_contained"], row["context2_self_contained"]],
+                    label=label, original_label=raw_label, model=row.get("model"),
+                )
+            )  # fmt: skip
     return items
+
+
+def _require_strings(path: Path, lineno: int, row: dict, fields: list[str]) -> None:
+    for field in fields:
+        if not isinstance(row.get(field), str) or not row[field].strip():
+            raise UserError(f"{path}:{lineno}: field {field}: missing or not a string")
 
 
 def lmr_wikicontradict(records: list[dict[str, Any]], resamples: int = 10_000) -> dict[str, Any]:
@@ -134,37 +127,23 @@ def conflictbank_items(
     """Per sample and response (RD, RC): one item against all contexts ("all") and one per
     context alone (D, C1, C2, C3)."""
     names = CB_FIELDS | (fields or {})
-    if not path.is_file():
-        raise UserError(f"data file not found: {path}")
     items = []
-    with open(path, encoding="utf-8") as handle:
-        for lineno, line in enumerate(handle, 1):
-            if limit is not None and lineno > limit:
-                break
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise UserError(f"{path}:{lineno}: not valid JSON: {exc.msg}") from exc
-            values = {}
-            for key, field in names.items():
-                if not isinstance(row.get(field), str) or not row[field].strip():
-                    raise UserError(f"{path}:{lineno}: field {field}: missing or not a string")
-                values[key] = row[field]
-            sample = str(row.get("id", lineno))
-            for rid, key in CB_RESPONSES.items():
-                for ctx_set in ("all", *CB_CONTEXTS):
-                    contexts = (
-                        [values[c] for c in CB_CONTEXTS] if ctx_set == "all" else [values[ctx_set]]
+    for lineno, row in iter_jsonl(path, limit):
+        _require_strings(path, lineno, row, list(names.values()))
+        values = {key: row[field] for key, field in names.items()}
+        sample = str(row.get("id", lineno))
+        for rid, key in CB_RESPONSES.items():
+            for ctx_set in ("all", *CB_CONTEXTS):
+                contexts = (
+                    [values[c] for c in CB_CONTEXTS] if ctx_set == "all" else [values[ctx_set]]
+                )
+                items.append(
+                    Item(
+                        id=f"{sample}:{rid}:{ctx_set}", query=values["question"],
+                        response=values[key], contexts=contexts,
+                        sample=sample, response_kind=rid, context_set=ctx_set,
                     )
-                    items.append(
-                        Item(
-                            id=f"{sample}:{rid}:{ctx_set}", query=values["question"],
-                            response=values[key], contexts=contexts,
-                            sample=sample, response_kind=rid, context_set=ctx_set,
-                        )
-                    )  # fmt: skip
+                )  # fmt: skip
     return items
 
 

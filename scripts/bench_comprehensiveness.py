@@ -1,0 +1,112 @@
+"""Cost and speed of the three comprehensiveness methods, measured side by side in one run.
+
+Per method: model calls and tokens per item, items per minute, and for the NLI method the pairs
+SPEC's formula 2|A_R||A_C| + |A_C|(|A_C|-1) asks for against the pairs actually judged after
+de-duplication. Default: the embedded model started here on the example items plus the first
+WikiContradict rows (response "answer3", both contexts) when ../shared is present.
+
+    python scripts/bench_comprehensiveness.py --rows 2
+    python scripts/bench_comprehensiveness.py --endpoint http://gpu:8000/v1 --model gpt-oss-20b
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+from pipelines.comprehensiveness import ComprehensivenessConfig, Item, evaluate_item
+from serving.client import EvalClient
+from serving.launcher import ServerSpec, VLLMServer
+
+ROOT = Path(__file__).resolve().parents[1]
+WC = ROOT.parent / "shared" / "data" / "wikicontradict" / "humaneval-dev.jsonl"
+
+
+def load_items(rows: int) -> list[Item]:
+    items = [
+        Item(**json.loads(line)) for line in (ROOT / "examples/comprehensiveness.jsonl").open()
+    ]
+    if WC.is_file():
+        for n, line in enumerate(WC.open()):
+            if n >= rows:
+                break
+            row = json.loads(line)
+            items.append(Item(
+                id=f"wc{n}", query=row["question"], response=row["answer3"],
+                contexts=[row["context1_self_contained"], row["context2_self_contained"]],
+            ))  # fmt: skip
+    return items
+
+
+async def bench_method(url: str, model: str, items: list[Item], method: str, concurrency: int):
+    config = ComprehensivenessConfig(method=method)
+    client = EvalClient(url, model, concurrency=concurrency, default_params={"temperature": 0.0})
+    async with client:
+        started = time.perf_counter()
+        records = await asyncio.gather(*(evaluate_item(client, it, config) for it in items))
+        elapsed = time.perf_counter() - started
+    calls = [sum(u["calls"] for u in r["usage"].values()) for r in records]
+    prompt = [sum(u["prompt_tokens"] for u in r["usage"].values()) for r in records]
+    completion = [sum(u["completion_tokens"] for u in r["usage"].values()) for r in records]
+    row = {
+        "method": method,
+        "items": len(items),
+        "statuses": {
+            s: sum(r["status"] == s for r in records) for s in {r["status"] for r in records}
+        },
+        "calls/item": statistics.mean(calls),
+        "prompt tok/item": statistics.mean(prompt),
+        "completion tok/item": statistics.mean(completion),
+        "items/min": 60 * len(items) / elapsed,
+    }
+    if method == "nli":
+        pairs = [r["details"]["pairs"] for r in records if "details" in r]
+        row["nli pairs (formula)"] = sum(p["formula"] for p in pairs)
+        row["nli pairs judged"] = sum(p["judged"] for p in pairs)
+    return row
+
+
+async def bench(url: str, model: str, args) -> None:
+    items = load_items(args.rows)
+    rows = [await bench_method(url, model, items, m, args.concurrency) for m in args.methods]
+    print(f"{len(items)} items, model {model}, concurrency {args.concurrency}, no cache")
+    for row in rows:
+        print(json.dumps(row))
+    for row in rows:
+        extra = ""
+        if "nli pairs judged" in row:
+            formula, judged = row["nli pairs (formula)"], row["nli pairs judged"]
+            saved = 1 - judged / formula if formula else 0.0
+            extra = f"  NLI pairs: formula {formula}, judged {judged} (de-dup saves {saved:.0%})"
+        print(
+            f"{row['method']:4s} calls/item {row['calls/item']:7.1f}  prompt tok/item "
+            f"{row['prompt tok/item']:8.0f}  completion tok/item {row['completion tok/item']:7.0f}"
+            f"  items/min {row['items/min']:6.2f}  statuses {row['statuses']}{extra}"
+        )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rows", type=int, default=2, help="WikiContradict rows to add")
+    parser.add_argument("--methods", nargs="+", default=["e2e", "qa", "nli"])
+    parser.add_argument("--concurrency", type=int, default=16)
+    parser.add_argument("--endpoint")
+    parser.add_argument("--model", default="embedded")
+    args = parser.parse_args()
+    if args.endpoint:
+        asyncio.run(bench(args.endpoint, args.model, args))
+        return
+    with (
+        tempfile.TemporaryDirectory() as tmp,
+        VLLMServer(ServerSpec(model=args.model), Path(tmp) / "serve.log") as server,
+    ):
+        asyncio.run(bench(server.base_url, server.served_name, args))
+
+
+if __name__ == "__main__":
+    main()
