@@ -43,8 +43,8 @@ def load_items(rows: int) -> list[Item]:
     return items
 
 
-async def bench_method(url: str, model: str, items: list[Item], method: str, concurrency: int):
-    config = ComprehensivenessConfig(method=method)
+async def bench_method(url, model, items: list[Item], method: str, concurrency: int, t_rel: float):
+    config = ComprehensivenessConfig(method=method, t_rel=t_rel)
     client = EvalClient(url, model, concurrency=concurrency, default_params={"temperature": 0.0})
     async with client:
         started = time.perf_counter()
@@ -73,8 +73,13 @@ async def bench_method(url: str, model: str, items: list[Item], method: str, con
 
 async def bench(url: str, model: str, args) -> None:
     items = load_items(args.rows)
-    rows = [await bench_method(url, model, items, m, args.concurrency) for m in args.methods]
-    print(f"{len(items)} items, model {model}, concurrency {args.concurrency}, no cache")
+    rows = [
+        await bench_method(url, model, items, m, args.concurrency, args.t_rel) for m in args.methods
+    ]
+    print(
+        f"{len(items)} items, model {model}, concurrency {args.concurrency}, no cache, "
+        f"t_rel {args.t_rel}"
+    )
     for row in rows:
         print(json.dumps(row))
     for row in rows:
@@ -95,6 +100,7 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=2, help="WikiContradict rows to add")
     parser.add_argument("--methods", nargs="+", default=["e2e", "qa", "nli"])
     parser.add_argument("--concurrency", type=int, default=16)
+    parser.add_argument("--t-rel", type=float, default=3.5, help="1 keeps every atom (NLI pairs)")
     parser.add_argument("--endpoint")
     parser.add_argument("--model", default="embedded")
     args = parser.parse_args()

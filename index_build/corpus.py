@@ -1,0 +1,128 @@
+"""Streaming corpus readers: JSONL, TSV and TREC-style SGML documents, one document at a time."""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import json
+import re
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+
+class CorpusError(ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class Document:
+    id: str
+    text: str
+    title: str = ""
+
+
+def corpus_format(path: Path) -> str:
+    name = path.name.lower().removesuffix(".gz")
+    if name.endswith((".jsonl", ".json")):
+        return "jsonl"
+    if name.endswith(".tsv"):
+        return "tsv"
+    if name.endswith((".trec", ".sgml", ".xml", ".txt")):
+        return "trec"
+    raise CorpusError(f"{path}: unknown corpus format (use .jsonl, .tsv or .trec)")
+
+
+def _open(path: Path):
+    if path.name.endswith(".gz"):
+        import gzip
+
+        return gzip.open(path, "rt", encoding="utf-8")
+    return open(path, encoding="utf-8")
+
+
+def read_jsonl(path: Path) -> Iterator[Document]:
+    """``id`` plus ``contents``, or ``title`` + ``text`` (also ``pageid`` / ``_id`` as the id)."""
+    with _open(path) as handle:
+        for lineno, line in enumerate(handle, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise CorpusError(f"{path}:{lineno}: not valid JSON: {exc.msg}") from exc
+            doc_id = next((row[k] for k in ("id", "_id", "docid", "pageid") if k in row), None)
+            text = row.get("contents", row.get("text"))
+            if doc_id is None or not isinstance(text, str):
+                raise CorpusError(
+                    f"{path}:{lineno}: need an id field and 'contents' or 'text' (got {list(row)})"
+                )
+            yield Document(str(doc_id), text, str(row.get("title") or ""))
+
+
+def read_tsv(path: Path) -> Iterator[Document]:
+    """``id<TAB>text`` or ``id<TAB>title<TAB>text`` per line."""
+    csv.field_size_limit(sys.maxsize)
+    with _open(path) as handle:
+        for lineno, row in enumerate(csv.reader(handle, delimiter="\t", quoting=csv.QUOTE_NONE), 1):
+            if not row:
+                continue
+            if len(row) == 2:
+                yield Document(row[0], row[1])
+            elif len(row) == 3:
+                yield Document(row[0], row[2], row[1])
+            else:
+                raise CorpusError(f"{path}:{lineno}: expected 2 or 3 tab-separated fields")
+
+
+_DOC = re.compile(r"<DOC>(.*?)</DOC>", re.DOTALL | re.IGNORECASE)
+_FIELD = {
+    name: re.compile(rf"<{name}>(.*?)</{name}>", re.DOTALL | re.IGNORECASE)
+    for name in ("DOCNO", "TITLE", "HEADLINE", "TEXT")
+}
+_TAG = re.compile(r"<[^>]+>")
+
+
+def read_trec(path: Path, buffer_chars: int = 1 << 20) -> Iterator[Document]:
+    """<DOC><DOCNO>..</DOCNO>[<TITLE>..</TITLE>]<TEXT>..</TEXT></DOC>, read in bounded blocks."""
+    pending = ""
+    with _open(path) as handle:
+        while block := handle.read(buffer_chars):
+            pending += block
+            end = 0
+            for match in _DOC.finditer(pending):
+                yield _trec_document(path, match.group(1))
+                end = match.end()
+            pending = pending[end:]
+    if _DOC.search(pending) or "<DOC>" in pending.upper():
+        raise CorpusError(f"{path}: unterminated <DOC> at end of file")
+
+
+def _trec_document(path: Path, body: str) -> Document:
+    docno = _FIELD["DOCNO"].search(body)
+    if not docno:
+        raise CorpusError(f"{path}: a <DOC> without <DOCNO>")
+    title = _FIELD["TITLE"].search(body) or _FIELD["HEADLINE"].search(body)
+    texts = _FIELD["TEXT"].findall(body) or [body]
+    text = "\n".join(" ".join(_TAG.sub(" ", t).split()) for t in texts)
+    return Document(docno.group(1).strip(), text, " ".join(title.group(1).split()) if title else "")
+
+
+READERS = {"jsonl": read_jsonl, "tsv": read_tsv, "trec": read_trec}
+
+
+def read_corpus(path: Path | str) -> Iterator[Document]:
+    path = Path(path)
+    if not path.is_file():
+        raise CorpusError(f"corpus file not found: {path}")
+    return READERS[corpus_format(path)](path)
+
+
+def fingerprint(path: Path | str) -> str:
+    """SHA-256 of the corpus file bytes, streamed."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        while block := handle.read(1 << 20):
+            digest.update(block)
+    return digest.hexdigest()
