@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from pydantic import Field
+from pydantic import Field, ValidationError
 from rich.console import Console
 from rich.table import Column, Table
 
@@ -34,6 +34,7 @@ from pipelines.config import (
     RunConfig,
     Strict,
     UserError,
+    describe_validation,
     load_config,
     read_jsonl,
 )
@@ -624,6 +625,81 @@ def print_eli5(table: dict[str, dict[str, Any]], methods: list[str]) -> None:
                 cells.append(f"undefined (n={entry['not_scored']})")
         out.add_row(name, f"{row['answered']}/{row['questions']}", *cells)
     Console().print(out)
+
+
+# ---- index -----------------------------------------------------------------------------------
+
+index_app = typer.Typer(help="Build and search BM25 / FAISS indexes.", no_args_is_help=True)
+app.add_typer(index_app, name="index")
+
+
+@index_app.command("build")
+@clean_errors
+def index_build_command(
+    corpus: Annotated[Path, typer.Argument(help="JSONL (id+contents or title+text), TSV, TREC")],
+    out: Annotated[Path, typer.Argument(help="new index directory")],
+    chunk_by: Annotated[str, typer.Option(help="words | chars")] = "words",
+    chunk_size: Annotated[int, typer.Option(help="words (128) or characters (1024)")] = 128,
+    chunk_overlap: Annotated[int, typer.Option(help="overlap in words")] = 32,
+    dense_model: Annotated[
+        str, typer.Option(help="sentence-transformers name/path, 'default' or 'none'")
+    ] = "default",
+    faiss: Annotated[str, typer.Option(help="flat | hnsw | ivf-hnsw")] = "flat",
+    no_bm25: Annotated[bool, typer.Option("--no-bm25", help="skip the BM25 index")] = False,
+    shards: Annotated[int, typer.Option(help="embedding shards")] = 1,
+    ray: Annotated[bool, typer.Option("--ray", help="embed shards as Ray tasks")] = False,
+) -> None:
+    """Chunk a corpus and build BM25, embeddings and a FAISS index with a manifest."""
+    from index_build.build import BuildError, IndexSpec, build_index
+    from index_build.corpus import CorpusError
+
+    try:
+        spec = IndexSpec(
+            chunk_by=chunk_by, chunk_size=chunk_size, chunk_overlap=chunk_overlap,
+            dense_model=None if dense_model == "none" else dense_model, faiss=faiss,
+            bm25=not no_bm25, shards=shards, ray=ray,
+        )  # fmt: skip
+    except ValidationError as exc:
+        raise UserError(f"index options: {describe_validation(exc)}") from exc
+    try:
+        manifest = build_index(corpus, out, spec)
+    except (BuildError, CorpusError, FileNotFoundError, ValueError) as exc:
+        raise UserError(str(exc)) from exc
+    counts = manifest["counts"]
+    console.print(
+        f"built {out}: {counts['documents']} documents, {counts['chunks']} chunks, "
+        f"{manifest['build_seconds']} s"
+    )
+
+
+@index_app.command("search")
+@clean_errors
+def index_search_command(
+    index: Annotated[Path, typer.Argument(help="index directory")],
+    query: Annotated[list[str], typer.Argument(help="one or more queries")],
+    k: Annotated[int, typer.Option(help="results per query")] = 10,
+    mode: Annotated[str, typer.Option(help="bm25 | dense | hybrid")] = "hybrid",
+    mmr: Annotated[float | None, typer.Option(help="MMR lambda (0..1)")] = None,
+    rerank_model: Annotated[str | None, typer.Option(help="cross-encoder name/path")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="JSON lines output")] = False,
+) -> None:
+    """Search an index; prints rank, score, chunk id and text."""
+    from retrieval.index import CrossEncoderReranker, IndexError_, SearchIndex
+
+    if mode not in ("bm25", "dense", "hybrid"):
+        raise UserError(f"--mode {mode!r}: use bm25, dense or hybrid")
+    try:
+        searcher = SearchIndex.load(index)
+        reranker = CrossEncoderReranker(rerank_model) if rerank_model else None
+        results = searcher.search(query, k=k, mode=mode, mmr=mmr, reranker=reranker)
+    except IndexError_ as exc:
+        raise UserError(str(exc)) from exc
+    for q, hits in zip(query, results, strict=True):
+        for rank, hit in enumerate(hits, 1):
+            if as_json:
+                typer.echo(json.dumps({"query": q, "rank": rank, **hit.__dict__}))
+            else:
+                typer.echo(f"{rank:3d} {hit.score:9.4f} {hit.chunk_id}  {hit.text[:100]!r}")
 
 
 @app.command()
