@@ -136,7 +136,8 @@ class SearchIndex:
         return np.asarray(vectors, dtype=np.float32)
 
     def dense_search(self, queries: list[str], k: int) -> tuple[np.ndarray, np.ndarray]:
-        scores, rows = self.faiss.search(self.encode(queries), min(k, self.n))
+        vectors = self.encode(queries)  # raises a clear error first when there is no dense part
+        scores, rows = self.faiss.search(vectors, min(k, self.n))
         return rows, scores
 
     def search(
