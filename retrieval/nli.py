@@ -46,6 +46,7 @@ class NliScorer:
         batch_size: int = 32,
         max_length: int = 512,
         dtype: str | None = None,
+        dynamic_padding: bool = True,
     ):
         import torch
         from transformers import AutoModelForSequenceClassification, AutoTokenizer
@@ -58,6 +59,7 @@ class NliScorer:
         self.device = device
         self.batch_size = batch_size
         self.max_length = max_length
+        self.dynamic_padding = dynamic_padding  # False: input order, padded to max_length (bench)
         self.columns = canonical_columns(self.model.config.id2label)
 
     def probabilities(self, pairs: Sequence[tuple[str, str]]) -> np.ndarray:
@@ -72,10 +74,13 @@ class NliScorer:
             )["input_ids"]
         ]  # fmt: skip
         order = np.argsort(lengths, kind="stable")[::-1]  # longest first: fewest padded tokens
+        if not self.dynamic_padding:
+            order = np.arange(len(pairs))
         for start in range(0, len(order), self.batch_size):
             rows = order[start : start + self.batch_size]
             batch = self.tokenizer(
-                [pairs[i][0] for i in rows], [pairs[i][1] for i in rows], padding="longest",
+                [pairs[i][0] for i in rows], [pairs[i][1] for i in rows],
+                padding="longest" if self.dynamic_padding else "max_length",
                 truncation=True, max_length=self.max_length, return_tensors="pt",
             ).to(self.device)  # fmt: skip
             with self.torch.inference_mode():
