@@ -1,0 +1,1 @@
+"""FanOutQA (Zhu et al.): data loader and metrics equal to the original scorer's."""
