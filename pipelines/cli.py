@@ -627,6 +627,109 @@ def print_eli5(table: dict[str, dict[str, Any]], methods: list[str]) -> None:
     Console().print(out)
 
 
+# ---- FanOutQA --------------------------------------------------------------------------------
+
+FOQA_DEFAULT = SHARED_DATA / "fanoutqa" / "fanout-final-dev.json"
+
+
+class FanoutRun(Strict):
+    input: Path
+    evaluator: EvaluatorConfig = Field(default_factory=EvaluatorConfig)
+    run: RunConfig = Field(default_factory=RunConfig)
+    settings: list[str] = Field(default_factory=lambda: ["closed-book"], min_length=1)
+    articles: Path | None = None
+    context_tokens: int | None = Field(None, ge=256, description="evidence budget in tokens")
+    judge: bool = False
+
+
+@eval_app.command("fanoutqa")
+@clean_errors
+def eval_fanoutqa(
+    data: Annotated[Path, typer.Option(help="FanOutQA dev/test JSON")] = FOQA_DEFAULT,
+    setting: Annotated[
+        list[str] | None, typer.Option(help="closed-book | evidence (repeat)")
+    ] = None,
+    articles: Annotated[Path | None, typer.Option(help="JSONL {pageid, title, text}")] = None,
+    context_tokens: Annotated[int | None, typer.Option(help="evidence budget (tokens)")] = None,
+    judge: Annotated[bool | None, typer.Option(help="also run the A-F model judge")] = None,
+    limit: Annotated[int | None, typer.Option(help="only the first N questions")] = None,
+    config: ConfigOpt = None,
+    model: ModelOpt = None,
+    endpoint: EndpointOpt = None,
+    adapter: AdapterOpt = None,
+    lora: LoraOpt = None,
+    run_dir: RunDirOpt = None,
+    concurrency: IntOpt = None,
+    max_tokens: IntOpt = None,
+    temperature: FloatOpt = None,
+    no_cache: NoCacheOpt = False,
+    quiet: QuietOpt = False,
+) -> None:
+    """FanOutQA closed-book / evidence-provided answers with loose, strict, ROUGE (equal to the
+    original scorer) and the optional model judge; prints the paper's Table 1 columns."""
+    from pipelines.fanoutqa import task as foqa
+
+    overrides = {
+        "input": str(data), "settings": setting, "articles": articles and str(articles),
+        "context_tokens": context_tokens, "judge": judge,
+    } | evaluator_overrides(
+        model, endpoint, adapter, lora, concurrency, max_tokens, temperature, run_dir
+    )  # fmt: skip
+    cfg = load_config(FanoutRun, config, overrides)
+    for name in cfg.settings:
+        if name not in ("closed-book", "evidence"):
+            raise UserError(f"--setting {name!r}: use closed-book or evidence (open-book: TODO)")
+    if "evidence" in cfg.settings and cfg.articles is None:
+        raise UserError("the evidence setting needs --articles (JSONL of pageid, title, text)")
+    questions = foqa.load_questions(cfg.input, limit)
+    collection = foqa.Articles(cfg.articles) if cfg.articles else None
+    budget = cfg.context_tokens or max(512, resolve_len(cfg.evaluator) - 1024)
+    table = {}
+    for name in cfg.settings:
+        prompt_ids = {k: t.id for k, t in foqa.PROMPTS.items()} | {"reask": REASK.id}
+
+        def make_solver(client, store, name=name):
+            async def solve(question):
+                return await foqa.answer_question(
+                    client, question, name, collection, budget, cfg.judge
+                )
+
+            return solve
+
+        identity = run_identity(cfg, questions, prompt_ids, setting=name, judge=cfg.judge,
+                                budget=budget if name == "evidence" else None)  # fmt: skip
+        run_cfg = cfg.model_copy(
+            update={
+                "run": RunConfig(
+                    run_dir=cfg.run.run_dir / name if cfg.run.run_dir else None, cache=cfg.run.cache
+                )
+            }
+        )
+        run = execute(f"fanoutqa-{name}", run_cfg, questions, prompt_ids, identity, make_solver,
+                      no_cache, quiet)  # fmt: skip
+        ids = {item.id for item in questions}
+        records = [r for r in RunStore(run).results() if r["id"] in ids]
+        table[name] = foqa.table_row(records, len(questions))
+        atomic_write_json(run / "table1.json", {"model": cfg.evaluator.model, **table[name]})
+    print_fanout_table(cfg.evaluator.model, table)
+
+
+def resolve_len(ev: EvaluatorConfig) -> int:
+    try:
+        return ev.max_model_len or resolve(ev.model).max_model_len
+    except UnknownModelError:
+        return 4096
+
+
+def print_fanout_table(model: str, table: dict[str, dict[str, Any]]) -> None:
+    cols = ["loose", "strict", "rouge1", "rouge2", "rougeL", "bleurt", "gpt_judge"]
+    out = Table("setting", "model", *cols, title="FanOutQA (paper Table 1 columns)")
+    for name, row in table.items():
+        cells = ["absent" if row[c] is None else f"{row[c]:.3f}" for c in cols]
+        out.add_row(name, model, *cells)
+    Console().print(out)
+
+
 # ---- index -----------------------------------------------------------------------------------
 
 index_app = typer.Typer(help="Build and search BM25 / FAISS indexes.", no_args_is_help=True)

@@ -1,0 +1,186 @@
+"""FanOutQA settings: closed-book and evidence-provided generation, string metrics, LLM judge.
+
+Evidence-provided: the decomposition's Wikipedia articles come from a user-supplied JSONL
+collection ({pageid, title, text}); each article is cut into 1,024-character chunks at paragraph
+or sentence boundaries, the chunks are ranked with BM25 against the question, and as many as fit
+the context budget are given to the model (SPEC §4).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from index_build.chunking import char_spans
+from pipelines.config import UserError
+from pipelines.fanoutqa.metrics import string_metrics
+from serving.client import EvalClient
+from serving.templates import load_dir
+
+PROMPTS = load_dir(Path(__file__).parent / "prompts")
+Setting = Literal["closed-book", "evidence"]
+CHARS_PER_TOKEN = 4  # budget estimate when the endpoint's tokenizer is not at hand
+JUDGE_PASS = set("BCE")  # SPEC §4: categories B, C and E score 1
+
+
+class Question(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    id: str
+    question: str = Field(min_length=1)
+    answer: Any
+    decomposition: list[dict] = Field(default_factory=list)
+    categories: list[str] = Field(default_factory=list)
+
+    def evidence_pageids(self) -> list[int]:
+        ids: list[int] = []
+
+        def walk(subs: list[dict]) -> None:
+            for sub in subs:
+                evidence = sub.get("evidence") or {}
+                if "pageid" in evidence and evidence["pageid"] not in ids:
+                    ids.append(int(evidence["pageid"]))
+                walk(sub.get("decomposition") or [])
+
+        walk(self.decomposition)
+        return ids
+
+
+def load_questions(path: Path, limit: int | None = None) -> list[Question]:
+    if not path.is_file():
+        raise UserError(f"input file not found: {path}")
+    try:
+        rows = json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise UserError(f"{path}: not valid JSON: {exc.msg} (line {exc.lineno})") from exc
+    if not isinstance(rows, list):
+        raise UserError(f"{path}: expected a JSON list of questions")
+    out = []
+    for n, row in enumerate(rows[:limit] if limit else rows):
+        if not isinstance(row, dict) or "answer" not in row:
+            raise UserError(f"{path}: question #{n}: field answer: missing")
+        try:
+            out.append(Question.model_validate(row))
+        except ValueError as exc:
+            raise UserError(f"{path}: question #{n} ({row.get('id')!r}): {exc}") from exc
+    return out
+
+
+class Articles:
+    """The article collection: pageid -> (title, text), read once from JSONL."""
+
+    def __init__(self, path: Path):
+        from pipelines.config import iter_jsonl
+
+        self.path = path
+        self.pages: dict[int, tuple[str, str]] = {}
+        for lineno, row in iter_jsonl(path):
+            if not isinstance(row.get("pageid"), int) or not isinstance(row.get("text"), str):
+                raise UserError(f"{path}:{lineno}: need integer pageid and string text")
+            self.pages[row["pageid"]] = (str(row.get("title", "")), row["text"])
+
+    def evidence_context(self, question: Question, budget_tokens: int) -> tuple[str, dict]:
+        """BM25-ranked 1,024-char chunks of the evidence articles, as many as fit the budget."""
+        import bm25s
+
+        chunks = []
+        missing = [p for p in question.evidence_pageids() if p not in self.pages]
+        for pageid in question.evidence_pageids():
+            if pageid in self.pages:
+                title, text = self.pages[pageid]
+                chunks += [(title, text[s:e]) for s, e in char_spans(text, 1024)]
+        if not chunks:
+            return "", {"chunks": 0, "used": 0, "missing_pages": missing}
+        retriever = bm25s.BM25()
+        retriever.index(bm25s.tokenize([f"{t}\n{c}" for t, c in chunks], show_progress=False),
+                        show_progress=False)  # fmt: skip
+        order, _ = retriever.retrieve(
+            bm25s.tokenize([question.question], show_progress=False), k=len(chunks),
+            show_progress=False,
+        )  # fmt: skip
+        budget, parts = budget_tokens * CHARS_PER_TOKEN, []
+        for row in order[0]:
+            title, text = chunks[int(row)]
+            piece = f"<document title={title!r}>\n{text}\n</document>"
+            if len(piece) > budget:
+                break
+            parts.append(piece)
+            budget -= len(piece)
+        return "\n\n".join(parts), {"chunks": len(chunks), "used": len(parts),
+                                    "missing_pages": missing}  # fmt: skip
+
+
+async def answer_question(
+    client: EvalClient,
+    question: Question,
+    setting: Setting,
+    articles: Articles | None,
+    context_tokens: int,
+    judge: bool,
+) -> dict[str, Any]:
+    record: dict[str, Any] = {"setting": setting}
+    if setting == "evidence":
+        if articles is None:
+            raise UserError("the evidence setting needs --articles (JSONL of pageid, title, text)")
+        context, info = articles.evidence_context(question, context_tokens)
+        record["evidence"] = info
+        messages = PROMPTS["evidence"].messages(question=question.question, documents=context)
+        template = PROMPTS["evidence"].id
+    else:
+        messages = PROMPTS["closed_book"].messages(question=question.question)
+        template = PROMPTS["closed_book"].id
+    result = await client.chat(messages, stage=f"answer-{setting}", template=template)
+    generation = result.text.strip()
+    record |= {
+        "status": "ok" if generation else "abstained",
+        "generation": generation,
+        "metrics": string_metrics(question.answer, generation or None),
+        "tokens": {"prompt": result.prompt_tokens, "completion": result.completion_tokens},
+    }
+    if judge and generation:
+        record["judge"] = await judge_answer(client, question, generation)
+    return record
+
+
+def judge_letter(text: str) -> str:
+    """The case letter on the last non-empty line (reasoning may come before it)."""
+    from serving.parsing import ParseError
+
+    lines = [line.strip().strip("()*.") for line in (text or "").splitlines() if line.strip()]
+    if not lines or lines[-1].upper() not in tuple("ABCDEF"):
+        raise ParseError("expected the case letter A-F alone on the last line")
+    return lines[-1].upper()
+
+
+async def judge_answer(client: EvalClient, question: Question, generation: str) -> dict:
+    template = PROMPTS["judge"]
+    params: dict[str, Any] = {"max_tokens": 768}
+    if client.vllm_extensions:  # reasoning, then the letter on its own line
+        params["extra_body"] = {"structured_outputs": {"regex": r"[^\[\]]{0,1500}\n[A-F]"}}
+    verdict = await client.parsed(
+        template.messages(question=question.question, reference=json.dumps(question.answer),
+                          answer=generation[:4000]),  # the original trims answers at 4,000 chars
+        judge_letter, "your reasoning, then the letter A-F alone on the last line", 2,
+        stage="judge", template=template.id, **params,
+    )  # fmt: skip
+    if not verdict.ok:
+        return {"status": "unparseable", "error": verdict.error, "outputs": verdict.outputs}
+    return {"category": verdict.value, "score": int(verdict.value in JUDGE_PASS)}
+
+
+def table_row(records: list[dict[str, Any]], n_questions: int) -> dict[str, Any]:
+    """Paper Table 1 columns over all questions (an unanswered one scores 0)."""
+    from pipelines.fanoutqa.metrics import ROUGE_TYPES, aggregate
+
+    per = [r["metrics"] for r in records]
+    per += [string_metrics(None, None)] * (n_questions - len(per))
+    agg = aggregate(per)
+    row = {"loose": agg["loose"], "strict": agg["strict"],
+           **{k: agg[k]["f1"] for k in ROUGE_TYPES}, "bleurt": None}  # fmt: skip
+    judged = [r["judge"]["score"] for r in records if "score" in r.get("judge", {})]
+    row["gpt_judge"] = sum(judged) / n_questions if judged else None
+    row["judge_unparseable"] = sum(1 for r in records if r.get("judge", {}).get("status"))
+    return row
