@@ -83,3 +83,83 @@ def test_shapes_by_hand():
     assert answer_text({"a": [1, 2]}) == "a - 1\n2"
     unanswered = string_metrics("x", None)
     assert unanswered["loose"] == 0.0 and unanswered["rouge"]["rougeL"]["f1"] == 0.0
+
+
+def write_articles(questions: list[dict], path: Path) -> None:
+    """A small article collection written for the test: each evidence page states its facts."""
+    pages: dict[int, dict] = {}
+
+    def walk(subs):
+        for sub in subs:
+            evidence = sub.get("evidence") or {}
+            if "pageid" in evidence:
+                blank = {"pageid": evidence["pageid"], "title": evidence["title"], "text": ""}
+                page = pages.setdefault(evidence["pageid"], blank)
+                page["text"] += f"{sub['question']} {json.dumps(sub['answer'])}.\n\n"
+            walk(sub.get("decomposition") or [])
+
+    for q in questions:
+        walk(q["decomposition"])
+    path.write_text("".join(json.dumps(p) + "\n" for p in pages.values()))
+
+
+@pytest.mark.engine
+@pytest.mark.skipif(not DEV.is_file(), reason=f"FanOutQA dev set not found at {DEV}")
+def test_eval_fanoutqa_end_to_end(vllm_server, tmp_path):
+    from typer.testing import CliRunner
+
+    from pipelines.cli import app
+
+    questions = json.loads(DEV.read_text())[:2]
+    write_articles(questions, tmp_path / "articles.jsonl")
+    args = [
+        "eval", "fanoutqa", "--data", str(DEV), "--limit", "2", "--setting", "closed-book",
+        "--setting", "evidence", "--articles", str(tmp_path / "articles.jsonl"), "--judge",
+        "--context-tokens", "300", "--endpoint", vllm_server.base_url,
+        "--model", vllm_server.served_name, "--max-tokens", "24",
+        "--run-dir", str(tmp_path / "run"), "--quiet",
+    ]  # fmt: skip
+    result = CliRunner().invoke(app, args, catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    for setting in ("closed-book", "evidence"):
+        records = [
+            json.loads(x)
+            for x in (tmp_path / "run" / setting / "results.jsonl").read_text().splitlines()
+        ]
+        assert sorted(r["id"] for r in records) == sorted(q["id"] for q in questions)
+        for record, q in zip(
+            sorted(records, key=lambda r: r["id"]),
+            sorted(questions, key=lambda q: q["id"]),
+            strict=True,
+        ):
+            expected = string_metrics(q["answer"], record["generation"] or None)
+            assert record["metrics"]["loose"] == expected["loose"]
+            assert record["judge"].get("category") in set("ABCDEF") or record["judge"]["status"]
+        table = json.loads((tmp_path / "run" / setting / "table1.json").read_text())
+        assert table["bleurt"] is None  # no checkpoint configured: reported absent
+        assert 0.0 <= table["loose"] <= 1.0
+    evidence = [
+        json.loads(x)
+        for x in (tmp_path / "run" / "evidence" / "results.jsonl").read_text().splitlines()
+    ]
+    assert all(
+        r["evidence"]["used"] >= 1 and r["evidence"]["missing_pages"] == [] for r in evidence
+    )
+    assert all(r["evidence"]["used"] <= r["evidence"]["chunks"] for r in evidence)
+
+
+def test_fanoutqa_input_errors(tmp_path):
+    from pipelines.config import UserError
+    from pipelines.fanoutqa.task import Articles, load_questions
+
+    bad = tmp_path / "q.json"
+    bad.write_text('{"not": "a list"}')
+    with pytest.raises(UserError, match="expected a JSON list"):
+        load_questions(bad)
+    bad.write_text('[{"id": "x", "question": "q?"}]')
+    with pytest.raises(UserError, match="question #0: field answer"):
+        load_questions(bad)
+    arts = tmp_path / "a.jsonl"
+    arts.write_text('{"pageid": "12", "text": "x"}\n')
+    with pytest.raises(UserError, match="a.jsonl:1: need integer pageid"):
+        Articles(arts)
