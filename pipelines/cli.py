@@ -647,7 +647,7 @@ class FanoutRun(Strict):
 def eval_fanoutqa(
     data: Annotated[Path, typer.Option(help="FanOutQA dev/test JSON")] = FOQA_DEFAULT,
     setting: Annotated[
-        list[str] | None, typer.Option(help="closed-book | evidence (repeat)")
+        list[str] | None, typer.Option(help="closed-book | evidence | open-book (repeat)")
     ] = None,
     articles: Annotated[Path | None, typer.Option(help="JSONL {pageid, title, text}")] = None,
     context_tokens: Annotated[int | None, typer.Option(help="evidence budget (tokens)")] = None,
@@ -665,8 +665,9 @@ def eval_fanoutqa(
     no_cache: NoCacheOpt = False,
     quiet: QuietOpt = False,
 ) -> None:
-    """FanOutQA closed-book / evidence-provided answers with loose, strict, ROUGE (equal to the
-    original scorer) and the optional model judge; prints the paper's Table 1 columns."""
+    """FanOutQA closed-book / evidence-provided / open-book (search + read tools; needs a server
+    with tool calling) answers with loose, strict, ROUGE (equal to the original scorer) and the
+    optional A-F model judge; prints the paper's Table 1 columns."""
     from pipelines.fanoutqa import task as foqa
 
     overrides = {
@@ -677,10 +678,10 @@ def eval_fanoutqa(
     )  # fmt: skip
     cfg = load_config(FanoutRun, config, overrides)
     for name in cfg.settings:
-        if name not in ("closed-book", "evidence"):
-            raise UserError(f"--setting {name!r}: use closed-book or evidence (open-book: TODO)")
-    if "evidence" in cfg.settings and cfg.articles is None:
-        raise UserError("the evidence setting needs --articles (JSONL of pageid, title, text)")
+        if name not in ("closed-book", "evidence", "open-book"):
+            raise UserError(f"--setting {name!r}: use closed-book, evidence or open-book")
+        if name != "closed-book" and cfg.articles is None:
+            raise UserError(f"the {name} setting needs --articles (JSONL of pageid, title, text)")
     questions = foqa.load_questions(cfg.input, limit)
     collection = foqa.Articles(cfg.articles) if cfg.articles else None
     budget = cfg.context_tokens or max(512, resolve_len(cfg.evaluator) - 1024)

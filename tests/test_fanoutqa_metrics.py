@@ -114,14 +114,15 @@ def test_eval_fanoutqa_end_to_end(vllm_server, tmp_path):
     write_articles(questions, tmp_path / "articles.jsonl")
     args = [
         "eval", "fanoutqa", "--data", str(DEV), "--limit", "2", "--setting", "closed-book",
-        "--setting", "evidence", "--articles", str(tmp_path / "articles.jsonl"), "--judge",
+        "--setting", "evidence", "--setting", "open-book", "--judge",
+        "--articles", str(tmp_path / "articles.jsonl"),
         "--context-tokens", "300", "--endpoint", vllm_server.base_url,
         "--model", vllm_server.served_name, "--max-tokens", "24",
         "--run-dir", str(tmp_path / "run"), "--quiet",
     ]  # fmt: skip
     result = CliRunner().invoke(app, args, catch_exceptions=False)
     assert result.exit_code == 0, result.output
-    for setting in ("closed-book", "evidence"):
+    for setting in ("closed-book", "evidence", "open-book"):
         records = [
             json.loads(x)
             for x in (tmp_path / "run" / setting / "results.jsonl").read_text().splitlines()
@@ -163,3 +164,19 @@ def test_fanoutqa_input_errors(tmp_path):
     arts.write_text('{"pageid": "12", "text": "x"}\n')
     with pytest.raises(UserError, match="a.jsonl:1: need integer pageid"):
         Articles(arts)
+
+
+@pytest.mark.skipif(not DEV.is_file(), reason=f"FanOutQA dev set not found at {DEV}")
+def test_open_book_tools_search_and_read(tmp_path):
+    from pipelines.fanoutqa.task import Articles
+
+    questions = json.loads(DEV.read_text())[:3]
+    write_articles(questions, tmp_path / "a.jsonl")
+    search, read = Articles(tmp_path / "a.jsonl").tools(budget_tokens=100)
+    found = json.loads(search.call({"query": "1998 MLB draft first picks"}))
+    assert found[0]["title"] == "1998 Major League Baseball draft"
+    page = json.loads(read.call({"pageid": found[0]["pageid"], "query": "first picks"}))
+    assert "Pat Burrell" in page["content"]
+    assert len(page["content"]) <= 100 * 4 // 2  # half the budget per document
+    assert "no article" in read.call({"pageid": 1, "query": "x"})
+    assert "ValidationError" in search.call({"query": ""})

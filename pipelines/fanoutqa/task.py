@@ -21,7 +21,7 @@ from serving.client import EvalClient
 from serving.templates import load_dir
 
 PROMPTS = load_dir(Path(__file__).parent / "prompts")
-Setting = Literal["closed-book", "evidence"]
+Setting = Literal["closed-book", "evidence", "open-book"]
 CHARS_PER_TOKEN = 4  # budget estimate when the endpoint's tokenizer is not at hand
 JUDGE_PASS = set("BCE")  # SPEC §4: categories B, C and E score 1
 
@@ -81,6 +81,13 @@ class Articles:
             if not isinstance(row.get("pageid"), int) or not isinstance(row.get("text"), str):
                 raise UserError(f"{path}:{lineno}: need integer pageid and string text")
             self.pages[row["pageid"]] = (str(row.get("title", "")), row["text"])
+        self._tools: dict[int, list] = {}
+
+    def tools(self, budget_tokens: int) -> list:
+        """search/read tools over this collection (built once per budget)."""
+        if budget_tokens not in self._tools:
+            self._tools[budget_tokens] = ArticleTools(self, budget_tokens).tools()
+        return self._tools[budget_tokens]
 
     def evidence_context(self, question: Question, budget_tokens: int) -> tuple[str, dict]:
         """BM25-ranked 1,024-char chunks of the evidence articles, as many as fit the budget."""
@@ -113,6 +120,62 @@ class Articles:
                                     "missing_pages": missing}  # fmt: skip
 
 
+class SearchArgs(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    query: str = Field(min_length=1, max_length=300)
+
+
+class ReadArgs(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    pageid: int
+    query: str = Field(min_length=1, max_length=300)
+
+
+class ArticleTools:
+    """search/read over the collection for the open-book tool loop (BM25, 1,024-char chunks,
+    at most half the context budget per read)."""
+
+    def __init__(self, articles: Articles, budget_tokens: int):
+        import bm25s
+
+        self.articles = articles
+        self.ids = list(articles.pages)
+        self.read_chars = budget_tokens * CHARS_PER_TOKEN // 2
+        docs = [f"{t}\n{x[:1024]}" for t, x in articles.pages.values()]
+        self.bm25 = bm25s.BM25()
+        self.bm25.index(bm25s.tokenize(docs, show_progress=False), show_progress=False)
+
+    def search(self, args: SearchArgs) -> list[dict]:
+        import bm25s
+
+        k = min(5, len(self.ids))
+        rows, scores = self.bm25.retrieve(bm25s.tokenize([args.query], show_progress=False), k=k,
+                                          show_progress=False)  # fmt: skip
+        return [
+            {"pageid": self.ids[int(r)], "title": self.articles.pages[self.ids[int(r)]][0],
+             "snippet": self.articles.pages[self.ids[int(r)]][1][:200]}
+            for r, sc in zip(rows[0], scores[0], strict=True) if sc > 0
+        ]  # fmt: skip
+
+    def read(self, args: ReadArgs) -> dict:
+        if args.pageid not in self.articles.pages:
+            return {"error": f"no article with pageid {args.pageid}"}
+        question = Question(id="read", question=args.query, answer=None,
+                            decomposition=[{"evidence": {"pageid": args.pageid}}])  # fmt: skip
+        text, info = self.articles.evidence_context(question, self.read_chars // CHARS_PER_TOKEN)
+        return {"pageid": args.pageid, "content": text, "chunks_used": info["used"]}
+
+    def tools(self) -> list:
+        from serving.client import Tool
+
+        return [
+            Tool("search", "Search Wikipedia articles by keywords; returns pageids and titles.",
+                 SearchArgs, self.search),
+            Tool("read", "Read the parts of one article (by pageid) most relevant to a query.",
+                 ReadArgs, self.read),
+        ]  # fmt: skip
+
+
 async def answer_question(
     client: EvalClient,
     question: Question,
@@ -122,27 +185,40 @@ async def answer_question(
     judge: bool,
 ) -> dict[str, Any]:
     record: dict[str, Any] = {"setting": setting}
-    if setting == "evidence":
-        if articles is None:
-            raise UserError("the evidence setting needs --articles (JSONL of pageid, title, text)")
-        context, info = articles.evidence_context(question, context_tokens)
-        record["evidence"] = info
-        messages = PROMPTS["evidence"].messages(question=question.question, documents=context)
-        template = PROMPTS["evidence"].id
+    if setting != "closed-book" and articles is None:
+        raise UserError(f"the {setting} setting needs --articles (JSONL of pageid, title, text)")
+    if setting == "open-book":
+        template = PROMPTS["open_book"]
+        run = await client.run_tools(
+            template.messages(question=question.question),
+            articles.tools(context_tokens), max_rounds=5, stage="answer-open-book",
+            template=template.id,
+        )  # fmt: skip
+        record["tool_calls"] = [{"name": c["name"], "arguments": c["arguments"]} for c in run.calls]
+        result = run.final
     else:
-        messages = PROMPTS["closed_book"].messages(question=question.question)
-        template = PROMPTS["closed_book"].id
-    result = await client.chat(messages, stage=f"answer-{setting}", template=template)
+        if setting == "evidence":
+            context, record["evidence"] = articles.evidence_context(question, context_tokens)
+            template = PROMPTS["evidence"]
+            messages = template.messages(question=question.question, documents=context)
+        else:
+            template = PROMPTS["closed_book"]
+            messages = template.messages(question=question.question)
+        result = await client.chat(messages, stage=f"answer-{setting}", template=template.id)
+    record |= _scored(question, result)
+    if judge and record["generation"]:
+        record["judge"] = await judge_answer(client, question, record["generation"])
+    return record
+
+
+def _scored(question: Question, result) -> dict[str, Any]:
     generation = result.text.strip()
-    record |= {
+    return {
         "status": "ok" if generation else "abstained",
         "generation": generation,
         "metrics": string_metrics(question.answer, generation or None),
         "tokens": {"prompt": result.prompt_tokens, "completion": result.completion_tokens},
     }
-    if judge and generation:
-        record["judge"] = await judge_answer(client, question, generation)
-    return record
 
 
 def judge_letter(text: str) -> str:
