@@ -731,6 +731,82 @@ def print_fanout_table(model: str, table: dict[str, dict[str, Any]]) -> None:
     Console().print(out)
 
 
+# ---- GaRAGe ----------------------------------------------------------------------------------
+
+
+class GarageRun(Strict):
+    input: Path
+    evaluator: EvaluatorConfig = Field(default_factory=EvaluatorConfig)
+    run: RunConfig = Field(default_factory=RunConfig)
+
+
+@eval_app.command("garage")
+@clean_errors
+def eval_garage(
+    input: Annotated[Path, typer.Argument(help="GaRAGe JSONL (published schema)")],
+    limit: Annotated[int | None, typer.Option(help="only the first N records")] = None,
+    config: ConfigOpt = None,
+    model: ModelOpt = None,
+    endpoint: EndpointOpt = None,
+    adapter: AdapterOpt = None,
+    lora: LoraOpt = None,
+    run_dir: RunDirOpt = None,
+    concurrency: IntOpt = None,
+    max_tokens: IntOpt = None,
+    temperature: FloatOpt = None,
+    no_cache: NoCacheOpt = False,
+    quiet: QuietOpt = False,
+) -> None:
+    """GaRAGe: cited answers judged for eligibility, (relevance-aware) factuality, deflection and
+    attribution; writes tables.json with Tables 2-4 and their breakdowns."""
+    from pipelines.garage import task as garage
+    from pipelines.garage.data import load_records
+
+    overrides = {"input": str(input)} | evaluator_overrides(
+        model, endpoint, adapter, lora, concurrency, max_tokens, temperature, run_dir
+    )
+    cfg = load_config(GarageRun, config, overrides)
+    records = load_records(cfg.input, limit)
+    prompt_ids = {k: t.id for k, t in garage.PROMPTS.items()} | {"reask": REASK.id}
+
+    def make_solver(client, store):
+        async def solve(record):
+            return await garage.evaluate_record(client, record)
+
+        return solve
+
+    identity = run_identity(cfg, records, prompt_ids)
+    run = execute("garage", cfg, records, prompt_ids, identity, make_solver, no_cache, quiet)
+    ids = {r.id for r in records}
+    results = [r for r in RunStore(run).results() if r["id"] in ids]
+    tables = garage.summarise(results) | {"breakdowns": garage.breakdowns(results)}
+    atomic_write_json(run / "tables.json", tables)
+    print_garage(cfg.evaluator.model, tables)
+
+
+def print_garage(model: str, tables: dict[str, Any]) -> None:
+    def fmt(value):
+        return "-" if value is None else f"{100 * value:.2f}"
+
+    t2, t3, t4 = tables["table2"], tables["table3"], tables["table4"]
+    out = Table("model", "Eligibility", "Unadj. Factuality", "Factuality", "uRAF", "RAF",
+                title=f"GaRAGe Table 2 (n={t2['n']})")  # fmt: skip
+    out.add_row(
+        model,
+        *(
+            fmt(t2[k])
+            for k in ("eligibility", "unadjusted_factuality", "factuality", "uRAF", "RAF")
+        ),
+    )
+    Console().print(out)
+    out = Table("model", "deflection TP", "deflection FP", "attr. P", "attr. R", "attr. F1",
+                title="GaRAGe Tables 3-4")  # fmt: skip
+    out.add_row(model, fmt(t3["true_positive_rate"]), fmt(t3["false_positive_rate"]),
+                fmt(t4["precision"]), fmt(t4["recall"]), fmt(t4["f1"]))  # fmt: skip
+    Console().print(out)
+    Console().print(f"not scored: {tables['not_scored']}")
+
+
 # ---- index -----------------------------------------------------------------------------------
 
 index_app = typer.Typer(help="Build and search BM25 / FAISS indexes.", no_args_is_help=True)

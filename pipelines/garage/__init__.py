@@ -1,0 +1,2 @@
+"""GaRAGe (Sorodoc et al.): grounded answers with citations, judged for eligibility, factuality,
+relevance-aware factuality, deflection and attribution."""
