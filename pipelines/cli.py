@@ -640,6 +640,7 @@ class FanoutRun(Strict):
     articles: Path | None = None
     context_tokens: int | None = Field(None, ge=256, description="evidence budget in tokens")
     judge: bool = False
+    bleurt: Path | None = Field(None, description="BLEURT PyTorch checkpoint (absent if unset)")
 
 
 @eval_app.command("fanoutqa")
@@ -652,6 +653,7 @@ def eval_fanoutqa(
     articles: Annotated[Path | None, typer.Option(help="JSONL {pageid, title, text}")] = None,
     context_tokens: Annotated[int | None, typer.Option(help="evidence budget (tokens)")] = None,
     judge: Annotated[bool | None, typer.Option(help="also run the A-F model judge")] = None,
+    bleurt: Annotated[Path | None, typer.Option(help="BLEURT PyTorch checkpoint path")] = None,
     limit: Annotated[int | None, typer.Option(help="only the first N questions")] = None,
     config: ConfigOpt = None,
     model: ModelOpt = None,
@@ -672,7 +674,7 @@ def eval_fanoutqa(
 
     overrides = {
         "input": str(data), "settings": setting, "articles": articles and str(articles),
-        "context_tokens": context_tokens, "judge": judge,
+        "context_tokens": context_tokens, "judge": judge, "bleurt": bleurt and str(bleurt),
     } | evaluator_overrides(
         model, endpoint, adapter, lora, concurrency, max_tokens, temperature, run_dir
     )  # fmt: skip
@@ -685,6 +687,13 @@ def eval_fanoutqa(
     questions = foqa.load_questions(cfg.input, limit)
     collection = foqa.Articles(cfg.articles) if cfg.articles else None
     budget = cfg.context_tokens or max(512, resolve_len(cfg.evaluator) - 1024)
+    if cfg.bleurt is not None and not (cfg.bleurt / "config.json").is_file():
+        raise UserError(f"--bleurt {cfg.bleurt}: no checkpoint (config.json) there")
+    scorer = None
+    if cfg.bleurt is not None:
+        from pipelines.fanoutqa.bleurt import Bleurt
+
+        scorer = Bleurt(str(cfg.bleurt))
     table = {}
     for name in cfg.settings:
         prompt_ids = {k: t.id for k, t in foqa.PROMPTS.items()} | {"reask": REASK.id}
@@ -710,7 +719,7 @@ def eval_fanoutqa(
                       no_cache, quiet)  # fmt: skip
         ids = {item.id for item in questions}
         records = [r for r in RunStore(run).results() if r["id"] in ids]
-        table[name] = foqa.table_row(records, len(questions))
+        table[name] = foqa.table_row(records, questions, scorer)
         atomic_write_json(run / "table1.json", {"model": cfg.evaluator.model, **table[name]})
     print_fanout_table(cfg.evaluator.model, table)
 

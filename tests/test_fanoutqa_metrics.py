@@ -109,14 +109,16 @@ def test_eval_fanoutqa_end_to_end(vllm_server, tmp_path):
     from typer.testing import CliRunner
 
     from pipelines.cli import app
+    from serving.tiny import build_tiny_classifier
 
     questions = json.loads(DEV.read_text())[:2]
     write_articles(questions, tmp_path / "articles.jsonl")
+    bleurt = build_tiny_classifier(tmp_path / "bleurt", "bert", labels=("score",))
     args = [
         "eval", "fanoutqa", "--data", str(DEV), "--limit", "2", "--setting", "closed-book",
         "--setting", "evidence", "--setting", "open-book", "--judge",
         "--articles", str(tmp_path / "articles.jsonl"),
-        "--context-tokens", "300", "--endpoint", vllm_server.base_url,
+        "--context-tokens", "300", "--endpoint", vllm_server.base_url, "--bleurt", str(bleurt),
         "--model", vllm_server.served_name, "--max-tokens", "24",
         "--run-dir", str(tmp_path / "run"), "--quiet",
     ]  # fmt: skip
@@ -137,7 +139,14 @@ def test_eval_fanoutqa_end_to_end(vllm_server, tmp_path):
             assert record["metrics"]["loose"] == expected["loose"]
             assert record["judge"].get("category") in set("ABCDEF") or record["judge"]["status"]
         table = json.loads((tmp_path / "run" / setting / "table1.json").read_text())
-        assert table["bleurt"] is None  # no checkpoint configured: reported absent
+        from pipelines.fanoutqa.bleurt import Bleurt
+        from pipelines.fanoutqa.metrics import answer_text
+
+        gold = {q["id"]: q["answer"] for q in questions}
+        answered = [r for r in records if r["generation"]]
+        direct = Bleurt(str(bleurt)).score([answer_text(gold[r["id"]]) for r in answered],
+                                           [r["generation"] for r in answered])  # fmt: skip
+        assert table["bleurt"] == pytest.approx(sum(direct) / len(questions), abs=1e-6)
         assert 0.0 <= table["loose"] <= 1.0
     evidence = [
         json.loads(x)
@@ -180,3 +189,14 @@ def test_open_book_tools_search_and_read(tmp_path):
     assert len(page["content"]) <= 100 * 4 // 2  # half the budget per document
     assert "no article" in read.call({"pageid": 1, "query": "x"})
     assert "ValidationError" in search.call({"query": ""})
+
+
+def test_table_row_counts_unanswered_and_reports_bleurt_absent():
+    from pipelines.fanoutqa.task import Question, table_row
+
+    questions = [Question(id="a", question="q?", answer="Paris"),
+                 Question(id="b", question="r?", answer=["x", "y"])]  # fmt: skip
+    records = [{"id": "a", "generation": "Paris.", "metrics": string_metrics("Paris", "Paris.")}]
+    row = table_row(records, questions)
+    assert row["loose"] == 0.5 and row["strict"] == 0.5  # the unanswered question scores 0
+    assert row["bleurt"] is None and row["gpt_judge"] is None

@@ -247,15 +247,24 @@ async def judge_answer(client: EvalClient, question: Question, generation: str) 
     return {"category": verdict.value, "score": int(verdict.value in JUDGE_PASS)}
 
 
-def table_row(records: list[dict[str, Any]], n_questions: int) -> dict[str, Any]:
-    """Paper Table 1 columns over all questions (an unanswered one scores 0)."""
-    from pipelines.fanoutqa.metrics import ROUGE_TYPES, aggregate
+def table_row(
+    records: list[dict[str, Any]], questions: list[Question], bleurt: Any = None
+) -> dict[str, Any]:
+    """Paper Table 1 columns over all questions (an unanswered one scores 0 everywhere)."""
+    from pipelines.fanoutqa.metrics import ROUGE_TYPES, aggregate, answer_text
 
+    n_questions = len(questions)
     per = [r["metrics"] for r in records]
     per += [string_metrics(None, None)] * (n_questions - len(per))
     agg = aggregate(per)
     row = {"loose": agg["loose"], "strict": agg["strict"],
            **{k: agg[k]["f1"] for k in ROUGE_TYPES}, "bleurt": None}  # fmt: skip
+    if bleurt is not None:
+        answers = {q.id: q.answer for q in questions}
+        scored = [r for r in records if r.get("generation")]
+        values = bleurt.score([answer_text(answers[r["id"]]) for r in scored],
+                              [r["generation"] for r in scored])  # fmt: skip
+        row["bleurt"] = sum(values) / n_questions
     judged = [r["judge"]["score"] for r in records if "score" in r.get("judge", {})]
     row["gpt_judge"] = sum(judged) / n_questions if judged else None
     row["judge_unparseable"] = sum(1 for r in records if r.get("judge", {}).get("status"))
