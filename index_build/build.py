@@ -143,11 +143,17 @@ def build_bm25(out: Path, spec: IndexSpec, n_chunks: int) -> dict:
 # ---- dense -----------------------------------------------------------------------------------
 
 
-def embed_range(model_path: str, out: str, start: int, stop: int, batch: int, device: str):
-    """Embed chunks[start:stop] (normalised float32); used in-process and as a Ray task."""
+def load_encoder(model_path: str, device: str):
     from sentence_transformers import SentenceTransformer
 
-    model = SentenceTransformer(model_path, device=device)
+    return SentenceTransformer(model_path, device=device)
+
+
+def embed_range(model, out: str, start: int, stop: int, batch: int, device: str):
+    """Embed chunks[start:stop] (normalised float32). ``model`` is a loaded encoder, or a path
+    (a Ray task loads its own copy)."""
+    if isinstance(model, str):
+        model = load_encoder(model, device)
     texts = list(iter_chunk_texts(Path(out), start, stop))
     vectors = model.encode(
         texts, batch_size=batch, normalize_embeddings=True, convert_to_numpy=True,
@@ -168,8 +174,11 @@ def build_embeddings(out: Path, spec: IndexSpec, n_chunks: int) -> dict:
             ray.init(num_cpus=os.cpu_count(), include_dashboard=False, log_to_driver=False)
         task = ray.remote(embed_range)
         parts = ray.get([task.remote(*args, a, b, spec.batch_size, spec.device) for a, b in ranges])
-    else:
-        parts = [embed_range(*args, a, b, spec.batch_size, spec.device) for a, b in ranges]
+    else:  # one encoder for every shard
+        model = load_encoder(model_path, spec.device)
+        parts = [
+            embed_range(model, str(out), a, b, spec.batch_size, spec.device) for a, b in ranges
+        ]
     dim = parts[0].shape[1] if parts else 0
     merged = np.lib.format.open_memmap(
         out / "embeddings.npy", mode="w+", dtype=np.float32, shape=(n_chunks, dim)

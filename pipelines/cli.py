@@ -50,7 +50,7 @@ from pipelines.runstore import (
 from serving.client import EndpointError
 from serving.embedded import EmbeddedModelMissing
 from serving.launcher import ServerSpec, ServerStartError, VLLMServer
-from serving.registry import ADAPTERS, PRESETS, LoraAdapter, UnknownModelError, resolve
+from serving.registry import ADAPTER_PRESETS, PRESETS, UnknownModelError, lora_adapter, resolve
 from serving.templates import REASK, load_dir
 
 app = typer.Typer(
@@ -122,7 +122,7 @@ def serve(
     for name, path in adapters.items():
         if not (Path(path) / "adapter_config.json").is_file():
             raise UserError(f"--lora {name}: no adapter_config.json in {path}")
-    loras = [LoraAdapter(name=n, path=p, base=preset.name) for n, p in adapters.items()]
+    loras = [lora_adapter(n, p, preset.name) for n, p in adapters.items()]
     spec = ServerSpec(
         model=model,
         loras=loras,
@@ -167,8 +167,11 @@ def models() -> None:
             p.notes,
         )
     Console().print(table)
-    for adapter in ADAPTERS.values():
-        Console().print(f"adapter {adapter.name} -> {adapter.base}: {adapter.path}")
+    for preset in ADAPTER_PRESETS.values():
+        Console().print(
+            f"adapter {preset.name}: base {preset.base}, rank {preset.rank} "
+            f"(serve with --lora {preset.name}=PATH)"
+        )
 
 
 def all_templates() -> dict[str, Any]:

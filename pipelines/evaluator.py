@@ -10,7 +10,7 @@ from pipelines.config import EvaluatorConfig
 from serving.cache import ResponseCache
 from serving.client import EvalClient
 from serving.launcher import ServerSpec, VLLMServer
-from serving.registry import PRESETS, LoraAdapter, resolve
+from serving.registry import PRESETS, lora_adapter, resolve
 
 
 def served_model_name(cfg: EvaluatorConfig) -> str:
@@ -42,7 +42,7 @@ async def open_evaluator(
             defaults |= resolve(cfg.model).sampling_defaults()  # e.g. gpt-oss reasoning effort
         if base_url is None:
             preset = resolve(cfg.model)
-            loras = [LoraAdapter(name=n, path=p, base=preset.name) for n, p in cfg.adapters.items()]
+            loras = [lora_adapter(n, p, preset.name) for n, p in cfg.adapters.items()]
             spec = ServerSpec(model=cfg.model, loras=loras, max_model_len=cfg.max_model_len)
             server = VLLMServer(spec, run_dir / "serve.log").start()
             base_url = server.base_url

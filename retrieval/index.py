@@ -161,15 +161,16 @@ class SearchIndex:
             rows, scores = rrf(
                 [self.bm25_search(queries, depth), self.dense_search(queries, depth)], rrf_k, depth
             )
+        if mmr is not None and self.embeddings is None:
+            raise IndexError_("MMR needs dense embeddings in the index")
+        query_vectors = self.encode(queries) if mmr is not None else None  # once per batch
         results = []
         for qi, query in enumerate(queries):
             r, s = rows[qi], scores[qi]
             keep = r >= 0
             r, s = r[keep], s[keep]
-            if mmr is not None:
-                if self.embeddings is None:
-                    raise IndexError_("MMR needs dense embeddings in the index")
-                r, s = mmr_select(self.encode([query])[0], np.asarray(self.embeddings[r]), r, s,
+            if query_vectors is not None:
+                r, s = mmr_select(query_vectors[qi], np.asarray(self.embeddings[r]), r, s,
                                   k=len(r), lam=mmr)  # fmt: skip
             hits = self._hits(r, s)
             if reranker is not None:

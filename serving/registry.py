@@ -84,15 +84,23 @@ PRESETS: dict[str, ModelPreset] = {
     ]
 }
 
-ADAPTERS: dict[str, LoraAdapter] = {}
+# Adapters we know by name, with base model and rank; weights are the user's (--lora NAME=PATH).
+ADAPTER_PRESETS: dict[str, LoraAdapter] = {
+    "icat-claims": LoraAdapter(
+        name="icat-claims", path="", base="Llama-3.1-8B-Instruct", rank=64
+    ),  # ICAT claim extractor: QLoRA r=64, alpha=16 on Llama-3.1-8B-Instruct
+}
 
 
 class UnknownModelError(ValueError):
     pass
 
 
-def register_adapter(adapter: LoraAdapter) -> None:
-    ADAPTERS[adapter.name] = adapter
+def lora_adapter(name: str, path: str, base: str) -> LoraAdapter:
+    """An adapter to serve: a named preset keeps its rank; any other name defaults to rank 64."""
+    preset = ADAPTER_PRESETS.get(name)
+    rank = preset.rank if preset else 64
+    return LoraAdapter(name=name, path=path, base=base, rank=rank)
 
 
 def resolve(model: str) -> ModelPreset:

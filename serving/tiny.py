@@ -7,7 +7,6 @@ saves a random (non-identity) LoRA adapter for it with peft. Both take seconds o
 
 from __future__ import annotations
 
-import itertools
 import random
 from pathlib import Path
 
@@ -186,12 +185,6 @@ def build_tiny_lora(base: Path | str, target: Path | str, rank: int = 8, seed: i
                 param.mul_(20.0)
     peft_model.save_pretrained(target)
     return Path(target)
-
-
-def sample_prompts(n: int, seed: int = 0) -> list[str]:
-    rng = random.Random(seed)
-    words = itertools.cycle(_WORDS)
-    return [" ".join(next(words) for _ in range(rng.randint(4, 12))) + "?" for _ in range(n)]
 
 
 def build_tiny_classifier(

@@ -127,5 +127,11 @@ def test_prompts_are_printable():
 
 def test_models_lists_presets():
     output = run(["models"]).output
-    for name in ("gpt-oss-20b", "gpt-oss-120b", "Llama-3.1-8B-Instruct", "Qwen2.5-72B-Instruct"):
+    for name in (
+        "gpt-oss-20b",
+        "gpt-oss-120b",
+        "Llama-3.1-8B-Instruct",
+        "Qwen2.5-72B-Instruct",
+        "icat-claims",
+    ):
         assert name in output

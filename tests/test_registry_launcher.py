@@ -44,3 +44,12 @@ def test_gpu_command_line_uses_tensor_parallelism(tmp_path):
     assert command[command.index("--tensor-parallel-size") + 1] == "4"
     assert "--enforce-eager" not in command
     assert "Qwen/Qwen2.5-72B-Instruct" in command
+
+
+def test_named_adapter_presets():
+    from serving.registry import ADAPTER_PRESETS, lora_adapter
+
+    claims = ADAPTER_PRESETS["icat-claims"]
+    assert (claims.base, claims.rank) == ("Llama-3.1-8B-Instruct", 64)  # ICAT: r=64
+    served = lora_adapter("icat-claims", "/adapters/claims", "Llama-3.1-8B-Instruct")
+    assert (served.path, served.rank) == ("/adapters/claims", 64)
