@@ -11,11 +11,14 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from serving.embedded import cache_root
+from serving.registry import ModelRef, UnknownModelError
 
 M = TypeVar("M", bound=BaseModel)
+# Real evaluation data beside the project (read-only; tests skip when it is absent).
+SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 
 
 class UserError(ValueError):
@@ -27,9 +30,9 @@ class Strict(BaseModel):
 
 
 class EvaluatorConfig(Strict):
-    model: str = Field("embedded", description="preset name, model directory or hub id")
+    model: str = Field("embedded", description="preset, model directory or hub id; MODEL:ADAPTER")
     endpoint: str | None = Field(None, description="OpenAI-compatible base URL; none: start vLLM")
-    adapter: str | None = Field(None, description="LoRA adapter name to send requests to")
+    adapter: str | None = Field(None, description="LoRA adapter every request is sent to")
     adapters: dict[str, str] = Field(default_factory=dict, description="NAME: PATH to serve")
     api_key_env: str = "OPENAI_API_KEY"
     concurrency: int = Field(16, ge=1, le=4096)
@@ -55,6 +58,24 @@ class EvaluatorConfig(Strict):
                 raise ValueError(f"adapter {name!r}: no adapter_config.json in {path}")
         return value
 
+    @model_validator(mode="after")
+    def _address(self) -> EvaluatorConfig:
+        """Resolve MODEL:ADAPTER once; an adapter we serve ourselves must be given a path."""
+        try:
+            ref = ModelRef.parse(self.model, self.endpoint, self.adapter)
+        except UnknownModelError as exc:
+            raise ValueError(str(exc)) from exc
+        self.model, self.adapter = ref.model, ref.adapter
+        if self.adapter and not self.endpoint and self.adapter not in self.adapters:
+            raise ValueError(
+                f"adapter {self.adapter!r} is not served by this run: add --lora "
+                f"{self.adapter}=PATH (or use --endpoint of a server that has it)"
+            )
+        return self
+
+    def ref(self) -> ModelRef:
+        return ModelRef(self.model, self.endpoint, self.adapter)
+
     def api_key(self) -> str:
         return os.environ.get(self.api_key_env, "EMPTY")
 
@@ -72,7 +93,7 @@ def load_config(model: type[M], yaml_path: Path | None, overrides: dict[str, Any
         if not yaml_path.is_file():
             raise UserError(f"config file not found: {yaml_path}")
         try:
-            data = yaml.safe_load(yaml_path.read_text()) or {}
+            data = yaml.safe_load(read_text(yaml_path)) or {}
         except yaml.YAMLError as exc:
             raise UserError(f"{yaml_path}: not valid YAML: {' '.join(str(exc).split())}") from exc
         if not isinstance(data, dict):
@@ -98,14 +119,30 @@ def describe_validation(exc: ValidationError) -> str:
     return f"field {field}: {first['msg']}{more}"
 
 
+def read_text(path: Path) -> str:
+    """A whole text file; one clear line when it is missing or not UTF-8 (a BOM is fine)."""
+    if not path.is_file():
+        raise UserError(f"input file not found: {path}")
+    try:
+        return path.read_text(encoding="utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise UserError(f"{path}: not UTF-8 text (byte {exc.start})") from exc
+
+
 def iter_jsonl(path: Path, limit: int | None = None):
     """(line number, object) for each non-empty line; a bad line stops with one clear error."""
     if not path.is_file():
         raise UserError(f"input file not found: {path}")
-    with open(path, encoding="utf-8") as handle:
-        for lineno, line in enumerate(handle, 1):
+    with open(path, "rb") as handle:
+        for lineno, raw_line in enumerate(handle, 1):
             if limit is not None and lineno > limit:
                 return
+            try:  # a leading BOM is tolerated; bytes that are not UTF-8 are one clear error
+                line = raw_line.decode("utf-8-sig" if lineno == 1 else "utf-8")
+            except UnicodeDecodeError as exc:
+                raise UserError(
+                    f"{path}:{lineno}: not UTF-8 text (byte {exc.start}): is this a JSONL file?"
+                ) from exc
             if not line.strip():
                 continue
             try:

@@ -1,4 +1,9 @@
-"""Connect a pipeline to its evaluator: a given endpoint, or a vLLM server started for the run."""
+"""Connect a run to its evaluator: a given endpoint, or a vLLM server started for the run.
+
+The model address (preset / directory / hub id, endpoint, adapter) is resolved once, in
+``EvaluatorConfig.ref()``; here it becomes a client whose every request goes to the adapter when
+one is asked for, after checking that the server really has it.
+"""
 
 from __future__ import annotations
 
@@ -6,40 +11,34 @@ import contextlib
 from collections.abc import AsyncIterator
 from pathlib import Path
 
-from pipelines.config import EvaluatorConfig
+from pipelines.config import EvaluatorConfig, UserError
 from serving.cache import ResponseCache
 from serving.client import EvalClient
 from serving.launcher import ServerSpec, VLLMServer
-from serving.registry import PRESETS, lora_adapter, resolve
-
-
-def served_model_name(cfg: EvaluatorConfig) -> str:
-    """The name requests carry: the preset name for servers we start, else as configured."""
-    return cfg.model if cfg.endpoint else resolve(cfg.model).name
+from serving.registry import lora_adapter, resolve
 
 
 def model_record(cfg: EvaluatorConfig) -> dict:
-    preset = resolve(cfg.model) if not cfg.endpoint else None
-    return {
-        "model": cfg.model,
-        "hub_id": preset.hub_id if preset else None,
-        "endpoint": cfg.endpoint or "started for this run",
-        "adapter": cfg.adapter,
-        "adapters": cfg.adapters,
-    }
+    return cfg.ref().describe() | {"adapters": cfg.adapters}
+
+
+def sampling_defaults(cfg: EvaluatorConfig) -> dict:
+    defaults = {"temperature": cfg.temperature, "max_tokens": cfg.max_tokens}
+    preset = cfg.ref().preset
+    if preset is not None:
+        defaults |= preset.sampling_defaults()  # e.g. gpt-oss reasoning effort
+    return defaults
 
 
 @contextlib.asynccontextmanager
 async def open_evaluator(
     cfg: EvaluatorConfig, run_dir: Path, cache_path: Path | None
 ) -> AsyncIterator[EvalClient]:
+    ref = cfg.ref()
     cache = ResponseCache(cache_path) if cache_path else None
     server = None
     try:
         base_url = cfg.endpoint
-        defaults = {"temperature": cfg.temperature, "max_tokens": cfg.max_tokens}
-        if cfg.model in PRESETS or any(p.hub_id == cfg.model for p in PRESETS.values()):
-            defaults |= resolve(cfg.model).sampling_defaults()  # e.g. gpt-oss reasoning effort
         if base_url is None:
             preset = resolve(cfg.model)
             loras = [lora_adapter(n, p, preset.name) for n, p in cfg.adapters.items()]
@@ -48,16 +47,24 @@ async def open_evaluator(
             base_url = server.base_url
         client = EvalClient(
             base_url,
-            served_model_name(cfg),
+            ref.base_name,
+            adapter=ref.adapter,
             api_key=cfg.api_key(),
             concurrency=cfg.concurrency,
             timeout=cfg.timeout,
             max_retries=cfg.max_retries,
             cache=cache,
-            default_params=defaults,
+            default_params=sampling_defaults(cfg),
             vllm_extensions=cfg.vllm_extensions,
         )
         async with client:
+            if ref.adapter:
+                served = await client.served_models()
+                if served is not None and ref.adapter not in served:
+                    raise UserError(
+                        f"adapter {ref.adapter!r} is not served at {base_url} "
+                        f"(it serves: {', '.join(served)})"
+                    )
             yield client
     finally:
         if server is not None:

@@ -1,54 +1,124 @@
-"""Run a task over its items: skip finished ones, record each result as soon as it exists."""
+"""The one runtime every framework runs on: plan, open or resume each run, solve what is
+missing through a bounded queue, record each result as it exists, aggregate, summarise, render.
+
+One event loop serves a whole study, so runs that share an evaluator share its server and client;
+a server is started only when some item still needs it and stopped after its last run.
+"""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Sequence
-from typing import Any, Protocol
+import contextlib
+import copy
+import hashlib
+import json
+import signal
+import time
+from collections.abc import AsyncIterator, Callable, Iterable
+from pathlib import Path
+from typing import Any
 
+from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
 
-from pipelines.runstore import RunStore
+from pipelines.config import EvaluatorConfig, UserError
+from pipelines.evaluator import model_record, open_evaluator
+from pipelines.protocol import Framework, ItemContext, RunOutcome, RunPlan, RunRequest, Study
+from pipelines.report import print_summary, summarise
+from pipelines.results import ItemResult, StageFailed, StageFailure
+from pipelines.runstore import RunStore, RunStoreError, atomic_write_json, fingerprint
+from serving.client import EndpointError, EvalClient, RequestRejected, StageUsage
+
+STUDY_FILE = "study.json"
+OpenClient = Callable[[EvaluatorConfig, Path], contextlib.AbstractAsyncContextManager[EvalClient]]
+console = Console(stderr=True)
 
 
-class HasId(Protocol):
-    id: str
+def items_digest(items: Iterable[Any]) -> str:
+    """Content hash of the items themselves (not the file): resumes only on the same inputs."""
+    digest = hashlib.sha256()
+    for item in items:
+        digest.update(json.dumps(item.model_dump(), sort_keys=True, default=str).encode())
+    return digest.hexdigest()[:16]
+
+
+def evaluator_identity(ev: EvaluatorConfig) -> dict[str, Any]:
+    """What of the evaluator changes answers: not concurrency, timeouts or the URL."""
+    return {"model": ev.model, "adapter": ev.adapter, "temperature": ev.temperature,
+            "max_tokens": ev.max_tokens}  # fmt: skip
+
+
+def evaluator_key(ev: EvaluatorConfig) -> str:
+    """Runs with the same key share one client (and server)."""
+    return fingerprint(ev.model_dump(mode="json"))
+
+
+def run_identity(fw: Framework, options: Any, ev: EvaluatorConfig, items: list) -> dict[str, Any]:
+    return {
+        "items_sha256": items_digest(items),
+        "items": len(items),
+        **evaluator_identity(ev),
+        "prompts": fw.prompt_ids(options),
+        "options": fw.identity(options),
+    }
+
+
+def sigterm_as_interrupt() -> None:
+    """SIGTERM unwinds like Ctrl-C, so servers we started are stopped on the way out."""
+
+    def handler(signum, frame):
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, handler)
+
+
+# ---- solving -----------------------------------------------------------------------------------
+
+
+async def solve_item(fw: Framework, item: Any, ctx: ItemContext) -> ItemResult:
+    """The framework's answer, or the item's failure recorded as such. Only a gone endpoint or
+    an interrupt stops the run (what finished is kept; a rerun resumes)."""
+    try:
+        return await fw.solve(item, ctx)
+    except StageFailed as failure:
+        return ctx.failed(failure.failure(), "unparseable",
+                          f"stage {failure.stage} stayed unparseable after re-asks")  # fmt: skip
+    except RequestRejected as exc:
+        return ctx.failed(StageFailure(stage=exc.stage, error=str(exc)), "error",
+                          f"the server rejected a request of stage {exc.stage}")  # fmt: skip
+    except (EndpointError, UserError, RunStoreError):
+        raise
+    except Exception as exc:  # a defect on this item: recorded, retried on resume, run goes on
+        error = f"{type(exc).__name__}: {' '.join(str(exc).split())[:500]}"
+        return ctx.failed(StageFailure(stage="solve", error=error), "error",
+                          "solving the item raised an error")  # fmt: skip
 
 
 async def run_items(
-    items: Sequence[HasId],
-    solve: Callable[[Any], Awaitable[dict[str, Any]]],
+    items: list[Any],
+    solve: Callable[[Any], Any],
     store: RunStore,
     *,
-    concurrency: int = 16,
+    workers: int,
     show_progress: bool = True,
-) -> int:
-    """Solve the items not yet in ``store``; return how many were solved now.
+    total: int | None = None,
+) -> None:
+    """Solve ``items`` with ``workers`` tasks pulling from one queue (memory stays bounded by
+    the workers, not the items), appending each result as soon as it exists."""
+    pending = iter(items)
 
-    ``solve`` returns a record with at least ``status``; the id is added here. An exception
-    (e.g. the endpoint is gone for good) stops the run: finished items stay recorded and a rerun
-    resumes with the rest, so nothing is lost and nothing is recorded twice.
-    """
-    done = store.completed_ids()
-    todo = [item for item in items if str(item.id) not in done]
-    gate = asyncio.Semaphore(concurrency)
+    async def worker() -> None:
+        for item in pending:  # a shared iterator: each item is taken by exactly one worker
+            store.append(await solve(item))
+            progress.advance(bar)
 
-    async def one(item: HasId) -> None:
-        async with gate:
-            record = await solve(item)
-        store.append({"id": str(item.id), **record})
-        progress.advance(bar)
-
+    total = total or len(items)
     with Progress(
-        "[progress.description]{task.description}",
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        disable=not show_progress,
-        transient=True,
-    ) as progress:
-        bar = progress.add_task("items", total=len(items), completed=len(items) - len(todo))
-        tasks = [asyncio.create_task(one(item)) for item in todo]
+        "[progress.description]{task.description}", BarColumn(), MofNCompleteColumn(),
+        TimeElapsedColumn(), disable=not show_progress, transient=True, console=console,
+    ) as progress:  # fmt: skip
+        bar = progress.add_task("items", total=total, completed=total - len(items))
+        tasks = [asyncio.create_task(worker()) for _ in range(max(1, min(workers, len(items))))]
         try:
             await asyncio.gather(*tasks)
         finally:
@@ -56,4 +126,157 @@ async def run_items(
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
             store.close()
-    return len(todo)
+
+
+def usage_since(client: EvalClient, before: dict[str, StageUsage]) -> dict[str, dict[str, Any]]:
+    """Per-stage usage of the client since the snapshot ``before``."""
+    out = {}
+    for stage, now in client.usage.items():
+        then = before.get(stage, StageUsage()).as_dict()
+        delta = {k: round(v - then[k], 6) for k, v in now.as_dict().items()}
+        if any(delta.values()):
+            out[stage] = delta
+    return out
+
+
+# ---- studies -----------------------------------------------------------------------------------
+
+
+class Evaluators:
+    """Clients opened on demand, one per distinct evaluator, closed after their last run."""
+
+    def __init__(self, open_client: OpenClient, remaining: list[str]):
+        self.open_client = open_client
+        self.remaining = remaining  # evaluator key of every run still to come, in order
+        self.stack = contextlib.AsyncExitStack()
+        self.open: dict[str, tuple[EvalClient, contextlib.AsyncExitStack]] = {}
+
+    async def client(self, key: str, ev: EvaluatorConfig, run_dir: Path) -> EvalClient:
+        if key not in self.open:
+            stack = contextlib.AsyncExitStack()
+            client = await stack.enter_async_context(self.open_client(ev, run_dir))
+            self.open[key] = (client, stack)
+        return self.open[key][0]
+
+    async def done_with(self, key: str) -> None:
+        self.remaining.pop(0)
+        if key in self.open and key not in self.remaining:
+            _, stack = self.open.pop(key)
+            await stack.aclose()
+
+    async def aclose(self) -> None:
+        for _, stack in self.open.values():
+            await stack.aclose()
+        self.open.clear()
+
+
+def study_root(study: Study, request: RunRequest, items: list) -> Path:
+    if request.run.run_dir:
+        return Path(request.run.run_dir)
+    identity = {
+        "study": study.name,
+        "items": items_digest(items),
+        "evaluator": evaluator_identity(request.evaluator),
+        "options": request.options.model_dump(mode="json"),
+    }
+    return Path("runs") / f"{study.name}-{fingerprint(identity)}"
+
+
+def execute(
+    study: Study,
+    request: RunRequest,
+    *,
+    no_cache: bool = False,
+    quiet: bool = False,
+    open_client: OpenClient | None = None,
+) -> dict[str, RunOutcome]:
+    """Run (or resume) every run of ``study``; print and write its tables; return the outcomes.
+
+    ``open_client(evaluator, run_dir)`` opens the client of an evaluator (default: connect to
+    the endpoint or start vLLM; tests pass a scripted client here).
+    """
+    items = study.load(request.options)
+    root = study_root(study, request, items)
+    plans = study.plan(request, root)
+    cache = None if no_cache else request.run.cache
+    opener = open_client or (lambda ev, run_dir: open_evaluator(ev, run_dir, cache))
+    sigterm_as_interrupt()
+    outcomes = asyncio.run(_execute(study, request, items, plans, root, opener, quiet))
+    combined = study.combine(outcomes, request.options)
+    if len(plans) > 1 or combined is not None:
+        atomic_write_json(root / STUDY_FILE, {
+            "study": study.name, "options": request.options.model_dump(mode="json"),
+            "runs": [p.key for p in plans], "combined": combined,
+        })  # fmt: skip
+    if combined is not None:
+        study.render_combined(combined, Console())
+    return outcomes
+
+
+async def _execute(study, request, items, plans, root, opener, quiet) -> dict[str, RunOutcome]:
+    keys = [evaluator_key(p.evaluator or request.evaluator) for p in plans]
+    evaluators = Evaluators(opener, list(keys))
+    resources: dict[str, Any] = {}
+    outcomes: dict[str, RunOutcome] = {}
+    try:
+        for plan, key in zip(plans, keys, strict=True):
+            run_items_ = plan.items(outcomes) if plan.items else items
+            outcomes[plan.key] = await _run_one(
+                study, request, plan, key, run_items_, root, evaluators, resources, quiet
+            )
+            await evaluators.done_with(key)
+    finally:
+        await evaluators.aclose()
+    return outcomes
+
+
+async def _run_one(study, request, plan: RunPlan, key, items, root, evaluators, resources, quiet):
+    fw: Framework = plan.framework or study
+    ev = plan.evaluator or request.evaluator
+    store = RunStore(root / plan.key if plan.key else root)
+    store.open(
+        framework=fw.name, task=plan.task, config=run_identity(fw, plan.options, ev, items),
+        options=plan.options.model_dump(mode="json"), models=model_record(ev),
+        prompts=fw.prompt_ids(plan.options), items=len(items),
+    )  # fmt: skip
+    console.print(f"run directory: {store.dir}")
+    ids = [str(i.id) for i in items]
+    pending = store.pending(ids)
+    todo = [i for i in items if str(i.id) in pending]
+    started, usage = time.time(), {}
+    if todo:  # nothing missing: no model is started, no resource loaded
+        client = await evaluators.client(key, ev, store.dir)
+        resource_key = f"{fw.name}:{plan.options.model_dump_json()}"
+        if resource_key not in resources:
+            run_request = RunRequest(ev, request.run, plan.options)
+            resources[resource_key] = await asyncio.to_thread(fw.setup, run_request, root)
+        before = copy.deepcopy(client.usage)
+        max_reasks = getattr(plan.options, "max_reasks", 2)
+
+        async def solve(item):
+            ctx = ItemContext(str(item.id), client, plan.options, resources[resource_key],
+                              store.dir, max_reasks)  # fmt: skip
+            return await solve_item(fw, item, ctx)
+
+        await run_items(todo, solve, store, workers=ev.concurrency, show_progress=not quiet,
+                        total=len(items))  # fmt: skip
+        usage = usage_since(client, before)
+    results = store.results(ids)
+    tables = fw.aggregate(results, plan.options)
+    summary = summarise(fw.name, plan.task, len(items), results)
+    summary |= {"usage_this_invocation": usage,
+                "seconds_this_invocation": round(time.time() - started, 3)}  # fmt: skip
+    store.write_summary(summary)
+    name = fw.tables_file(plan.options)
+    if tables is not None and name:
+        atomic_write_json(store.dir / name, tables)
+    print_summary(summary, Console())
+    if tables is not None:
+        fw.render(tables, Console())
+    return RunOutcome(store.dir, results, tables, summary, fw)
+
+
+@contextlib.asynccontextmanager
+async def fixed_client(client: EvalClient) -> AsyncIterator[EvalClient]:
+    """An already-open client as an ``open_client`` result (it stays open afterwards)."""
+    yield client

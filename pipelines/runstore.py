@@ -2,7 +2,12 @@
 
 Restarting the same command on the same directory resumes: items with a recorded result are
 skipped. A process killed mid-write leaves at most a torn last line, which is cut off on the next
-open (that item simply runs again), so every item ends with exactly one result.
+open (that item simply runs again), so every item ends with exactly one result. An item recorded
+as ``error`` (a rejected request, a crashed solver) is tried again on resume; its new record
+supersedes the old one.
+
+results.jsonl is read once per invocation (``open`` keeps the records); the torn-tail repair
+seeks from the end instead of reading the file.
 """
 
 from __future__ import annotations
@@ -17,12 +22,15 @@ import time
 from pathlib import Path
 from typing import Any
 
+from pydantic import ValidationError
+
+from pipelines.results import STATUSES, ItemResult
+
 MANIFEST = "manifest.json"
 RESULTS = "results.jsonl"
 SUMMARY = "summary.json"
-
-# Every per-item record has one of these; none is ever dropped from a denominator silently.
-STATUSES = ("ok", "unparseable", "abstained", "undefined", "error")
+# 2: typed records (status, score, explanation, details, usage, failure) and the framework name.
+FORMAT_VERSION = 2
 
 
 class RunStoreError(RuntimeError):
@@ -63,29 +71,68 @@ def package_version() -> str:
         return "unknown"
 
 
+def read_manifest(path: Path) -> dict[str, Any]:
+    """A run's manifest, refused with one line when missing, unreadable or of another format."""
+    if not path.is_file():
+        raise RunStoreError(f"{path.parent}: not a run directory (no {MANIFEST})")
+    try:
+        manifest = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise RunStoreError(f"{path}: unreadable manifest: {exc}") from exc
+    version = manifest.get("format_version", 1)
+    if version != FORMAT_VERSION:
+        raise RunStoreError(
+            f"{path}: run directory of format version {version}; this groundcover reads version "
+            f"{FORMAT_VERSION} (rerun into a new --run-dir)"
+        )
+    return manifest
+
+
+def read_results(path: Path) -> dict[str, ItemResult]:
+    """Records by id, validated; a torn last line is not a record; a later record of an id
+    (the retry of an ``error``) supersedes the earlier one."""
+    records: dict[str, ItemResult] = {}
+    if not path.exists():
+        return records
+    with open(path, encoding="utf-8") as handle:
+        for lineno, line in enumerate(handle, 1):
+            if not line.endswith("\n"):
+                break  # torn tail: not a finished record
+            try:
+                record = ItemResult.model_validate_json(line)
+            except ValidationError as exc:
+                raise RunStoreError(
+                    f"{path}:{lineno}: corrupt record: {_first_error(exc)}"
+                ) from exc
+            records.pop(record.id, None)  # keep file order of the surviving record
+            records[record.id] = record
+    return records
+
+
+def _first_error(exc: ValidationError) -> str:
+    error = exc.errors()[0]
+    where = ".".join(str(p) for p in error["loc"]) or "record"
+    return f"{where}: {error['msg']}"
+
+
 class RunStore:
     def __init__(self, run_dir: Path | str):
         self.dir = Path(run_dir)
         self.manifest_path = self.dir / MANIFEST
         self.results_path = self.dir / RESULTS
         self.summary_path = self.dir / SUMMARY
+        self.records: dict[str, ItemResult] = {}
         self._fd: int | None = None
 
     # ---- manifest ----------------------------------------------------------------------------
 
-    def open(
-        self,
-        *,
-        task: str,
-        config: dict[str, Any],
-        models: dict[str, Any],
-        prompts: dict[str, str],
-    ) -> dict[str, Any]:
-        """Create the run, or resume it if the directory holds the same task and config."""
+    def open(self, *, framework: str, task: str, config: dict[str, Any], **provenance: Any):
+        """Create the run, or resume it if the directory holds the same task and config; read
+        the recorded results once. ``provenance``: options, models, prompts... (not identity)."""
         self.dir.mkdir(parents=True, exist_ok=True)
         config_fp = fingerprint({"task": task, "config": config})
         if self.manifest_path.exists():
-            manifest = self.manifest()
+            manifest = read_manifest(self.manifest_path)
             if manifest.get("config_fingerprint") != config_fp:
                 raise RunStoreError(
                     f"{self.manifest_path}: this run directory holds a different task or config "
@@ -95,12 +142,13 @@ class RunStore:
             manifest.setdefault("resumed_at", []).append(time.time())
         else:
             manifest = {
+                "format_version": FORMAT_VERSION,
+                "framework": framework,
                 "task": task,
                 "command": sys.argv,
                 "config": config,
                 "config_fingerprint": config_fp,
-                "models": models,
-                "prompts": prompts,
+                **provenance,
                 "package_version": package_version(),
                 "git_revision": git_revision(),
                 "python": sys.version.split()[0],
@@ -109,55 +157,58 @@ class RunStore:
             }
         atomic_write_json(self.manifest_path, manifest)
         self._repair_tail()
+        self.records = read_results(self.results_path)
         return manifest
 
     def manifest(self) -> dict[str, Any]:
-        try:
-            return json.loads(self.manifest_path.read_text())
-        except (OSError, json.JSONDecodeError) as exc:
-            raise RunStoreError(f"{self.manifest_path}: unreadable manifest: {exc}") from exc
+        return read_manifest(self.manifest_path)
 
     # ---- results -----------------------------------------------------------------------------
 
-    def _repair_tail(self) -> None:
-        """Cut a torn last line left by a process killed mid-append."""
+    def _repair_tail(self, block: int = 1 << 16) -> None:
+        """Cut a torn last line left by a process killed mid-append, reading only the tail."""
         if not self.results_path.exists():
             return
-        data = self.results_path.read_bytes()
-        if data and not data.endswith(b"\n"):
-            with open(self.results_path, "r+b") as handle:
-                handle.truncate(data.rfind(b"\n") + 1)
+        with open(self.results_path, "r+b") as handle:
+            end = handle.seek(0, os.SEEK_END)
+            if end == 0:
+                return
+            handle.seek(end - 1)
+            if handle.read(1) == b"\n":
+                return
+            position = end
+            while position > 0:
+                start = max(0, position - block)
+                handle.seek(start)
+                chunk = handle.read(position - start)
+                newline = chunk.rfind(b"\n")
+                if newline >= 0:
+                    handle.truncate(start + newline + 1)
+                    return
+                position = start
+            handle.truncate(0)
 
-    def results(self) -> list[dict[str, Any]]:
-        """Recorded results in order; the first record of an id wins (defensive; never expected)."""
-        if not self.results_path.exists():
-            return []
-        seen: dict[str, dict[str, Any]] = {}
-        with open(self.results_path, encoding="utf-8") as handle:
-            for lineno, line in enumerate(handle, 1):
-                if not line.endswith("\n"):
-                    break  # torn tail: not a finished record
-                try:
-                    record = json.loads(line)
-                except json.JSONDecodeError as exc:
-                    raise RunStoreError(
-                        f"{self.results_path}:{lineno}: corrupt record: {exc}"
-                    ) from exc
-                seen.setdefault(str(record["id"]), record)
-        return list(seen.values())
+    def pending(self, ids: list[str]) -> set[str]:
+        """Ids without a final record: never recorded, or recorded as ``error`` (retried)."""
+        return {i for i in ids if i not in self.records or self.records[i].status == "error"}
 
-    def completed_ids(self) -> set[str]:
-        return {str(r["id"]) for r in self.results()}
+    def results(self, ids: list[str] | None = None) -> list[ItemResult]:
+        """Recorded results, in the order of ``ids`` when given (else file order)."""
+        if ids is None:
+            return list(self.records.values())
+        return [self.records[i] for i in ids if i in self.records]
 
-    def append(self, record: dict[str, Any]) -> None:
+    def append(self, result: ItemResult) -> None:
         """One write() of one whole line on an O_APPEND descriptor: no interleaving, no torn
         records from concurrent writers; a kill can only tear the line being written."""
-        if record.get("status") not in STATUSES:
-            raise ValueError(f"record {record.get('id')!r}: status must be one of {STATUSES}")
-        line = json.dumps(record, ensure_ascii=False, default=str) + "\n"
+        if not isinstance(result, ItemResult):
+            raise TypeError(f"record {result!r}: the run store takes ItemResult records")
+        line = result.model_dump_json() + "\n"
         if self._fd is None:
             self._fd = os.open(self.results_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         os.write(self._fd, line.encode())
+        self.records.pop(result.id, None)
+        self.records[result.id] = result
 
     def write_summary(self, summary: dict[str, Any]) -> None:
         atomic_write_json(self.summary_path, summary)
@@ -169,8 +220,8 @@ class RunStore:
             self._fd = None
 
 
-def status_counts(records: list[dict[str, Any]]) -> dict[str, int]:
+def status_counts(records: list[ItemResult]) -> dict[str, int]:
     counts = dict.fromkeys(STATUSES, 0)
     for record in records:
-        counts[record["status"]] += 1
+        counts[record.status] += 1
     return counts

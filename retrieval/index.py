@@ -10,7 +10,9 @@ the caller's expectations (embedding model, chunking), refusing mismatches with 
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Any, Literal
 
@@ -39,7 +41,9 @@ class SearchIndex:
         self.manifest = manifest
         self.n = manifest["counts"]["chunks"]
         self.offsets = np.load(path / "chunk_offsets.npy", mmap_mode="r")
-        self._chunks = open(path / "chunks.jsonl", "rb")  # noqa: SIM115 - random access
+        # pread on one descriptor: random access that is safe from several threads at once
+        self._fd = os.open(path / "chunks.jsonl", os.O_RDONLY)
+        self._size = os.fstat(self._fd).st_size
         self.bm25 = self.tokenizer = self.faiss = self.embeddings = self._encoder = None
 
     # ---- loading ---------------------------------------------------------------------------
@@ -102,16 +106,32 @@ class SearchIndex:
     # ---- chunks ----------------------------------------------------------------------------
 
     def chunk(self, row: int) -> dict[str, Any]:
-        self._chunks.seek(int(self.offsets[row]))
-        return json.loads(self._chunks.readline())
+        start = int(self.offsets[row])
+        stop = int(self.offsets[row + 1]) if row + 1 < self.n else self._size
+        return json.loads(os.pread(self._fd, stop - start, start))
+
+    @cached_property
+    def doc_rows(self) -> dict[str, range]:
+        """Rows of each document's chunks (contiguous: chunks are written document by document);
+        one pass over chunks.jsonl, on first use."""
+        spans: dict[str, range] = {}
+        with open(self.path / "chunks.jsonl", "rb") as handle:
+            for row, line in enumerate(handle):
+                doc = json.loads(line)["doc_id"]
+                first = spans[doc].start if doc in spans else row
+                spans[doc] = range(first, row + 1)
+        return spans
+
+    def hit(self, row: int, score: float) -> Hit:
+        c = self.chunk(row)
+        return Hit(row, c["id"], c["doc_id"], score, c["text"], c["title"])
 
     def _hits(self, rows: np.ndarray, scores: np.ndarray) -> list[Hit]:
         out = []
         for row, score in zip(rows, scores, strict=True):
             if row < 0:  # faiss pads with -1 when fewer than k results exist
                 continue
-            c = self.chunk(int(row))
-            out.append(Hit(int(row), c["id"], c["doc_id"], float(score), c["text"], c["title"]))
+            out.append(self.hit(int(row), float(score)))
         return out
 
     # ---- first-stage search ----------------------------------------------------------------
@@ -123,6 +143,25 @@ class SearchIndex:
         k = min(k, self.n)
         rows, scores = self.bm25.retrieve(ids, k=k, show_progress=False, n_threads=1)
         return np.asarray(rows), np.asarray(scores)
+
+    def bm25_within(self, query: str, docs: list[str]) -> list[Hit]:
+        """Every chunk of ``docs`` ranked by BM25 against ``query`` (ties in document then chunk
+        order); the collection's statistics, not just these documents'."""
+        if self.bm25 is None:
+            raise IndexError_(f"{self.path}: built without BM25")
+        rows = np.asarray([r for d in docs for r in self.doc_rows.get(d, ())], dtype=np.int64)
+        if rows.size == 0:
+            return []
+        ids = self.tokenizer.tokenize([query], update_vocab=False, return_as="ids",
+                                      show_progress=False)[0]  # fmt: skip
+        known = [int(i) for i in ids if int(i) in self._known_ids]
+        scores = self.bm25.get_scores(known)[rows] if known else np.zeros(rows.size)
+        order = np.argsort(-scores, kind="stable")
+        return [self.hit(int(rows[i]), float(scores[i])) for i in order]
+
+    @cached_property
+    def _known_ids(self) -> set[int]:
+        return set(self.bm25.vocab_dict.values())
 
     def encode(self, queries: list[str]) -> np.ndarray:
         if self.faiss is None:
@@ -179,7 +218,7 @@ class SearchIndex:
         return results
 
     def close(self) -> None:
-        self._chunks.close()
+        os.close(self._fd)
 
 
 def check_expectations(manifest: dict, expect: dict, path: Path) -> None:

@@ -16,6 +16,7 @@ import argparse
 import json
 import random
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -116,7 +117,8 @@ def bench_ann(n: int) -> None:
 
 
 def bench_nli(tmp: Path, pairs_n: int) -> None:
-    from serving.tiny import build_tiny_classifier
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests.support
+    from tests.support.tiny import build_tiny_classifier
 
     model = build_tiny_classifier(tmp / "nli")  # random weights: speed only
     rng = random.Random(0)

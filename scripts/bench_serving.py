@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -21,7 +22,6 @@ import openai
 from serving.cache import ResponseCache
 from serving.client import EvalClient
 from serving.launcher import ServerSpec, VLLMServer
-from serving.tiny import build_tiny_llama
 
 
 def prompts(tag: str, n: int) -> list[list[dict]]:
@@ -106,6 +106,9 @@ def main() -> None:
         if args.endpoint:
             asyncio.run(bench(args.endpoint, args.model, args, workdir))
             return
+        sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests.support
+        from tests.support.tiny import build_tiny_llama
+
         model_dir = build_tiny_llama(workdir / "tiny-llama")
         with VLLMServer(ServerSpec(model=str(model_dir)), workdir / "serve.log") as server:
             asyncio.run(bench(server.base_url, server.served_name, args, workdir))

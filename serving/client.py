@@ -36,7 +36,20 @@ RETRYABLE = (
 
 
 class EndpointError(RuntimeError):
-    """The endpoint kept failing after every retry, or rejected the request outright."""
+    """The endpoint kept failing after every retry, or refuses every request (auth, unknown
+    model): a run cannot go on, but what it finished is kept and a rerun resumes."""
+
+
+class RequestRejected(EndpointError):
+    """The server refused this one request as malformed (400 / 413 / 422, e.g. a prompt longer
+    than the context window): the item it belongs to fails, the run goes on."""
+
+    def __init__(self, message: str, stage: str = "request"):
+        super().__init__(message)
+        self.stage = stage
+
+
+ITEM_LEVEL_STATUS = (400, 413, 422)
 
 
 @dataclass
@@ -187,6 +200,7 @@ class EvalClient:
         base_url: str,
         model: str,
         *,
+        adapter: str | None = None,
         api_key: str = "EMPTY",
         concurrency: int = 16,
         timeout: float = 300.0,
@@ -198,7 +212,8 @@ class EvalClient:
         vllm_extensions: bool = True,
     ):
         self.base_url = base_url
-        self.model = model
+        self.model = model  # the base model's served name
+        self.adapter = adapter  # when set, every request goes to this LoRA adapter
         self.cache = cache
         self.default_params = dict(default_params or {})
         self.vllm_extensions = vllm_extensions  # choice-constrained decoding via extra_body
@@ -228,8 +243,9 @@ class EvalClient:
         """One chat completion, from the cache when the same request was answered before.
 
         ``meter`` (optional) receives the same per-stage accounting as the client, e.g. per item.
+        ``adapter`` overrides the client's adapter for this request.
         """
-        model = adapter or self.model
+        model = adapter or self.adapter or self.model
         body = {**self.default_params, **params}
         usage = self.usage.setdefault(stage, StageUsage())
         key = cache_key(
@@ -241,12 +257,13 @@ class EvalClient:
                 "template": template,
             }
         )
-        raw = self.cache.get(key) if self.cache is not None else None
+        # SQLite work runs in a thread: a commit never stalls the other requests in flight.
+        raw = await asyncio.to_thread(self.cache.get, key) if self.cache is not None else None
         cached = raw is not None
         if raw is None:
-            raw = await self._request(model, messages, body, usage)
+            raw = await self._request(model, messages, body, usage, stage=stage, template=template)
             if self.cache is not None:
-                self.cache.put(key, raw)
+                await asyncio.to_thread(self.cache.put, key, raw)
         else:
             usage.cache_hits += 1
         result = self._result(raw, cached, usage)
@@ -260,8 +277,17 @@ class EvalClient:
         return result
 
     async def _request(
-        self, model: str, messages: list[dict[str, Any]], body: dict[str, Any], usage: StageUsage
+        self,
+        model: str,
+        messages: list[dict[str, Any]],
+        body: dict[str, Any],
+        usage: StageUsage,
+        *,
+        stage: str,
+        template: str | None,
     ) -> dict[str, Any]:
+        """The network part of ``chat``: one completion as a plain dict (test doubles replace
+        only this, so caching, accounting and parsing stay the real code)."""
         known = {k: v for k, v in body.items() if k != "extra_body"}
         for attempt in range(self.max_retries + 1):
             started = time.perf_counter()
@@ -290,9 +316,12 @@ class EvalClient:
                 usage.retries += 1
                 delay = min(self.max_backoff, self.backoff * 2**attempt)
                 await asyncio.sleep(delay * (0.5 + random.random()))
-            except openai.APIStatusError as exc:  # 4xx: the request itself is wrong
+            except openai.APIStatusError as exc:  # 4xx: no retry can help
                 usage.failures += 1
-                raise EndpointError(f"{self.base_url}: {exc.status_code} {exc.message}") from exc
+                message = f"{self.base_url}: {exc.status_code} {_one_line(exc)}"
+                if exc.status_code in ITEM_LEVEL_STATUS:
+                    raise RequestRejected(message, stage) from exc
+                raise EndpointError(message) from exc
         raise AssertionError("unreachable")
 
     @staticmethod
@@ -456,6 +485,14 @@ class EvalClient:
         raise AssertionError("unreachable")
 
     # ---- bookkeeping -----------------------------------------------------------------------
+
+    async def served_models(self) -> list[str] | None:
+        """Names the endpoint serves (base models and adapters); None if it does not say."""
+        try:
+            page = await self._openai.models.list()
+        except openai.OpenAIError:
+            return None
+        return [m.id for m in page.data]
 
     def usage_report(self) -> dict[str, dict[str, Any]]:
         return {stage: usage.as_dict() for stage, usage in self.usage.items()}

@@ -1,11 +1,14 @@
 """Named evaluator models and LoRA adapters, addressed by one string.
 
 A model string is either a preset name (``gpt-oss-20b``), ``embedded``, a local model directory,
-or a hub id. ``PRESET:ADAPTER`` addresses a LoRA adapter served on top of that base model.
+or a hub id. ``MODEL:ADAPTER`` addresses a LoRA adapter served on top of that base model.
+``ModelRef`` resolves such a string (plus an optional endpoint and adapter) once, and says which
+name requests must carry.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 from pydantic import BaseModel, Field
@@ -128,3 +131,62 @@ def model_source(preset: ModelPreset) -> str:
 
         return str(embedded_model_dir())
     return preset.hub_id
+
+
+@dataclass(frozen=True)
+class ModelRef:
+    """One resolved model address: base model, where it is served, and the adapter asked for.
+
+    ``endpoint`` None means we start the server ourselves, so the base model must be a preset, a
+    directory or a hub id, and requests carry the preset's served name. At an endpoint the model
+    string is sent as given. With an adapter, every request goes to the adapter instead.
+    """
+
+    model: str
+    endpoint: str | None = None
+    adapter: str | None = None
+
+    @classmethod
+    def parse(cls, spec: str, endpoint: str | None = None, adapter: str | None = None) -> ModelRef:
+        """``MODEL`` or ``MODEL:ADAPTER``; an explicit ``adapter`` must agree with the suffix."""
+        model, suffix = spec, None
+        if not Path(spec).exists() and ":" in spec:
+            head, _, tail = spec.rpartition(":")
+            if head and tail and "/" not in tail:
+                model, suffix = head, tail
+        if suffix and adapter and suffix != adapter:
+            raise UnknownModelError(
+                f"model {spec!r} names adapter {suffix!r} but --adapter says {adapter!r}"
+            )
+        return cls(model=model, endpoint=endpoint, adapter=adapter or suffix)
+
+    @property
+    def preset(self) -> ModelPreset | None:
+        """The preset (or ad-hoc preset for a directory / hub id); None for an unknown name
+        at an endpoint, which is fine: the endpoint knows its own models."""
+        try:
+            return resolve(self.model)
+        except UnknownModelError:
+            if self.endpoint:
+                return None
+            raise
+
+    @property
+    def base_name(self) -> str:
+        """The name requests for the base model carry."""
+        return self.model if self.endpoint else resolve(self.model).name
+
+    @property
+    def request_name(self) -> str:
+        """The name every request carries: the adapter's when one is asked for."""
+        return self.adapter or self.base_name
+
+    def describe(self) -> dict:
+        preset = self.preset
+        return {
+            "model": self.model,
+            "hub_id": preset.hub_id if preset else None,
+            "endpoint": self.endpoint or "started for this run",
+            "adapter": self.adapter,
+            "request_model": self.request_name,
+        }

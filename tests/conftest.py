@@ -36,14 +36,14 @@ def require_engine() -> None:
 
 @pytest.fixture(scope="session")
 def tiny_model(tmp_path_factory) -> Path:
-    from serving.tiny import build_tiny_llama
+    from tests.support.tiny import build_tiny_llama
 
     return build_tiny_llama(tmp_path_factory.mktemp("models") / "tiny-llama")
 
 
 @pytest.fixture(scope="session")
 def tiny_lora(tiny_model, tmp_path_factory) -> Path:
-    from serving.tiny import build_tiny_lora
+    from tests.support.tiny import build_tiny_lora
 
     return build_tiny_lora(tiny_model, tmp_path_factory.mktemp("adapters") / ADAPTER)
 

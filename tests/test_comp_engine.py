@@ -178,7 +178,7 @@ def test_meta_eval_wikicontradict_on_real_rows(vllm_server, tmp_path):
 
 
 async def test_nli_method_with_cross_encoder_backend(vllm_server, tmp_path):
-    from serving.tiny import build_tiny_classifier
+    from tests.support.tiny import build_tiny_classifier
 
     checkpoint = build_tiny_classifier(tmp_path / "nli")
     config = ComprehensivenessConfig(

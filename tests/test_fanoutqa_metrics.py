@@ -109,7 +109,7 @@ def test_eval_fanoutqa_end_to_end(vllm_server, tmp_path):
     from typer.testing import CliRunner
 
     from pipelines.cli import app
-    from serving.tiny import build_tiny_classifier
+    from tests.support.tiny import build_tiny_classifier
 
     questions = json.loads(DEV.read_text())[:2]
     write_articles(questions, tmp_path / "articles.jsonl")

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from retrieval.nli import CANONICAL, NliModelError, NliScorer, canonical_columns
-from serving.tiny import build_tiny_classifier
+from tests.support.tiny import build_tiny_classifier
 
 PAIRS = [
     ("The river is long and wide and flows north.", "The river flows."),

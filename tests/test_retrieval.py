@@ -229,7 +229,7 @@ def test_hybrid_and_mmr_search(searcher):
 
 
 def test_cross_encoder_reranker(tmp_path, searcher):
-    from serving.tiny import build_tiny_classifier
+    from tests.support.tiny import build_tiny_classifier
 
     model = build_tiny_classifier(tmp_path / "ce", "bert", labels=("relevance",))
     reranker = CrossEncoderReranker(str(model))

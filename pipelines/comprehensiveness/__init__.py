@@ -1,6 +1,16 @@
 """Comprehensiveness metrics (Dejl et al.): NLI-based, Q&A-based and end-to-end."""
 
-from pipelines.comprehensiveness.common import ComprehensivenessConfig, Item
-from pipelines.comprehensiveness.task import evaluate_item
+from pipelines.comprehensiveness.common import ComprehensivenessOptions, Item
+from pipelines.comprehensiveness.framework import (
+    COMPREHENSIVENESS,
+    ELI5,
+    eli5,
+    eval_comprehensiveness,
+    evaluate_item,
+    meta_eval,
+)
 
-__all__ = ["ComprehensivenessConfig", "Item", "evaluate_item"]
+STUDIES = [COMPREHENSIVENESS, ELI5]
+COMMANDS = {"eval comprehensiveness": eval_comprehensiveness, "meta-eval": meta_eval, "eli5": eli5}
+
+__all__ = ["ComprehensivenessOptions", "Item", "evaluate_item", "STUDIES", "COMMANDS"]

@@ -4,18 +4,19 @@ from __future__ import annotations
 
 from typing import Any
 
-from pipelines.comprehensiveness.common import PROMPTS, Context, Item
+from pipelines.comprehensiveness.common import PROMPTS, Item, formats
 from pipelines.comprehensiveness.parsers import parse_coverage
+from pipelines.protocol import ItemContext
 
 
-async def evaluate(ctx: Context, item: Item, contexts: list[str]) -> dict[str, Any]:
+async def evaluate(ctx: ItemContext, item: Item, contexts: list[str]) -> dict[str, Any]:
     numbered = [text for text in contexts if text.strip()]
     parsed = await ctx.ask(
         PROMPTS["coverage"], "coverage", lambda t: parse_coverage(t, len(numbered)),
         "the two lists '[Covered statements]' and '[Uncovered statements]', each line "
         "'- <statement> [<text ids>]'",
         {"query": item.query, "contexts": numbered, "response": item.response},
-        regex=ctx.formats.coverage(len(numbered)), max_tokens=ctx.config.list_max_tokens,
+        regex=formats(ctx.options).coverage(len(numbered)), max_tokens=ctx.options.list_max_tokens,
     )  # fmt: skip
     covered, uncovered = parsed.value
     # Text ids refer to the non-empty contexts in order; map them back to c1..cn.

@@ -41,9 +41,14 @@ class Coverage:
 
     @property
     def score(self) -> float | None:
-        """S = |A_in| / (|A_in| + |A_out|); None when both are empty (undefined, never 0 or 1)."""
-        total = len(self.covered) + len(self.uncovered)
-        return len(self.covered) / total if total else None
+        return comprehensiveness(len(self.covered), len(self.uncovered))
+
+
+def comprehensiveness(n_in: int, n_out: int) -> float | None:
+    """S = |A_in| / (|A_in| + |A_out|), the score of every method; None when both are empty
+    (undefined, never 0 or 1)."""
+    total = n_in + n_out
+    return n_in / total if total else None
 
 
 def build_graph(statements: list[Statement], entailments: list[tuple[str, str]]) -> nx.DiGraph:

@@ -8,16 +8,20 @@ A score that is undefined or unparseable never matches: it stays in the denomina
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+from rich.console import Console
+from rich.table import Table
 from scipy import stats
 
 from pipelines.comprehensiveness.common import Item
 from pipelines.config import UserError, iter_jsonl
+from pipelines.results import ItemResult
 
 LABELS = {"correct": "C", "partially correct": "PC", "incorrect": "I"}
 SINGLE_CONTEXT_RESPONSES = (1, 2)  # answer1/answer2 were generated from one context only
@@ -89,17 +93,21 @@ def _require_strings(path: Path, lineno: int, row: dict, fields: list[str]) -> N
             raise UserError(f"{path}:{lineno}: field {field}: missing or not a string")
 
 
-def lmr_wikicontradict(records: list[dict[str, Any]], resamples: int = 10_000) -> dict[str, Any]:
-    matches = [wc_match(r.get("score"), r["meta"]["label"]) for r in records]
+def _label(record: ItemResult) -> str:
+    return record.details["meta"]["label"]
+
+
+def lmr_wikicontradict(records: list[ItemResult], resamples: int = 10_000) -> dict[str, Any]:
+    matches = [wc_match(r.score, _label(r)) for r in records]
     out: dict[str, Any] = {
         "n": len(matches),
-        "lmr": float(np.mean(matches)),
-        "ci95": bca_interval(matches, resamples).as_dict(),
+        "lmr": float(np.mean(matches)) if matches else None,
+        "ci95": bca_interval(matches, resamples).as_dict() if matches else None,
         "not_scored": _not_scored(records),
         "by_label": {},
     }
     for label in ("C", "PC", "I"):
-        subset = [m for m, r in zip(matches, records, strict=True) if r["meta"]["label"] == label]
+        subset = [m for m, r in zip(matches, records, strict=True) if _label(r) == label]
         if subset:
             out["by_label"][label] = {"n": len(subset), "lmr": float(np.mean(subset))}
     return out
@@ -166,16 +174,17 @@ def cb_pair_scores(scores: dict[str, float | None], response: str) -> tuple[floa
     return strict / (1 + len(CB_CONTEXTS)), lax / (len(CB_CONTEXTS) - 1)
 
 
-def lmr_conflictbank(records: list[dict[str, Any]], resamples: int = 10_000) -> dict[str, Any]:
+def lmr_conflictbank(records: list[ItemResult], resamples: int = 10_000) -> dict[str, Any]:
     grouped: dict[tuple[str, str], dict[str, float | None]] = {}
     for r in records:
-        meta = r["meta"]
+        meta = r.details["meta"]
         grouped.setdefault((meta["sample"], meta["response_kind"]), {})[meta["context_set"]] = (
-            r.get("score")
+            r.score
         )
     complete = {k: v for k, v in grouped.items() if len(v) == 1 + len(CB_CONTEXTS)}
-    if not complete:
-        raise ValueError("no (sample, response) has all five scores")
+    if not complete:  # e.g. a partial run: nothing to report yet, said so
+        return {"n_pairs": 0, "incomplete_pairs": len(grouped), "lmr": None, "ci95": None,
+                "not_scored": _not_scored(records)}  # fmt: skip
     strict, lax = zip(*(cb_pair_scores(v, k[1]) for k, v in sorted(complete.items())), strict=True)
     mean = [(s + x) / 2 for s, x in zip(strict, lax, strict=True)]
     return {
@@ -191,9 +200,25 @@ def lmr_conflictbank(records: list[dict[str, Any]], resamples: int = 10_000) -> 
     }
 
 
-def _not_scored(records: list[dict[str, Any]]) -> dict[str, int]:
+def _not_scored(records: list[ItemResult]) -> dict[str, int]:
     counts: dict[str, int] = {}
     for r in records:
-        if r.get("score") is None:
-            counts[r["status"]] = counts.get(r["status"], 0) + 1
+        if r.score is None:
+            counts[r.status] = counts.get(r.status, 0) + 1
     return counts
+
+
+def print_lmr(result: dict[str, Any], console: Console) -> None:
+    table = Table("measure", "value", title=f"LMR on {result['dataset']} ({result['method']})")
+    ci = result.get("ci95")
+    lmr = "undefined (no complete item yet)" if result["lmr"] is None else f"{result['lmr']:.4f}"
+    if ci:
+        lmr += f"  [{ci['low']:.4f}, {ci['high']:.4f}] ({ci['method']})"
+    table.add_row("LMR", lmr)
+    for key in ("strict", "lax"):
+        if key in result:
+            table.add_row(f"LMR {key}", f"{result[key]:.4f}")
+    for label, entry in result.get("by_label", {}).items():
+        table.add_row(f"label {label}", f"{entry['lmr']:.4f} (n={entry['n']})")
+    table.add_row("not scored", json.dumps(result["not_scored"]))
+    console.print(table)

@@ -6,7 +6,7 @@ import asyncio
 import itertools
 from typing import Any, Protocol
 
-from pipelines.comprehensiveness.common import PROMPTS, Context, Item, StageFailed, source_ids
+from pipelines.comprehensiveness.common import PROMPTS, Item, formats, source_ids
 from pipelines.comprehensiveness.graph import RESPONSE, Statement
 from pipelines.comprehensiveness.parsers import (
     FACTUAL_TYPES,
@@ -14,6 +14,7 @@ from pipelines.comprehensiveness.parsers import (
     parse_statements,
     parse_units,
 )
+from pipelines.protocol import ItemContext
 from serving.client import StageUsage
 
 Pair = tuple[str, str]  # (premise text, hypothesis text)
@@ -24,7 +25,7 @@ class NliJudge(Protocol):
 
     name: str
 
-    async def judge(self, ctx: Context, pairs: list[Pair]) -> list[str]: ...
+    async def judge(self, ctx: ItemContext, pairs: list[Pair]) -> list[str]: ...
 
 
 class LlmNli:
@@ -32,18 +33,13 @@ class LlmNli:
 
     name = "llm"
 
-    async def judge(self, ctx: Context, pairs: list[Pair]) -> list[str]:
+    async def judge(self, ctx: ItemContext, pairs: list[Pair]) -> list[str]:
         template = PROMPTS["nli"]
 
         async def one(pair: Pair) -> str:
-            parsed = await ctx.client.choice(
-                template.messages(premise=pair[0], hypothesis=pair[1]), list(NLI_LABELS),
-                max_reasks=ctx.config.max_reasks, stage="nli", template=template.id,
-                meter=ctx.meter, max_tokens=24,  # room for a label under any tokenizer
-            )  # fmt: skip
-            if not parsed.ok:
-                raise StageFailed("nli", parsed)
-            return parsed.value
+            values = {"premise": pair[0], "hypothesis": pair[1]}
+            # max_tokens: room for a label under any tokenizer
+            return await ctx.choose(template, list(NLI_LABELS), "nli", values, max_tokens=24)
 
         return list(await asyncio.gather(*(one(p) for p in pairs)))
 
@@ -58,7 +54,7 @@ class CrossEncoderNli:
 
         self.scorer = NliScorer(model, device=device)
 
-    async def judge(self, ctx: Context, pairs: list[Pair]) -> list[str]:
+    async def judge(self, ctx: ItemContext, pairs: list[Pair]) -> list[str]:
         labels = await asyncio.to_thread(self.scorer.labels, pairs)
         ctx.meter.setdefault("nli", StageUsage()).calls += len(pairs)
         return labels
@@ -70,33 +66,29 @@ def make_judge(config) -> NliJudge:
     return LlmNli()
 
 
-async def atoms_of(ctx: Context, text: str) -> list[str]:
+async def atoms_of(ctx: ItemContext, text: str) -> list[str]:
     """Extract content units, keep facts and claims, revise them into self-contained atoms."""
     if not text.strip():
         return []
     units = await ctx.ask(
         PROMPTS["extract_atoms"], "extract", parse_units, "bullet lines '- <unit>: <Type>'",
-        {"text": text}, regex=ctx.formats.units, max_tokens=ctx.config.list_max_tokens,
+        {"text": text}, regex=formats(ctx.options).units, max_tokens=ctx.options.list_max_tokens,
     )  # fmt: skip
     factual = [u.text for u in units.value if u.type in FACTUAL_TYPES]
     if not factual:
         return []
     revised = await ctx.ask(
         PROMPTS["revise_atoms"], "revise", parse_statements, "one '* <statement>' per line",
-        {"text": text, "statements": factual}, regex=ctx.formats.statements,
-        max_tokens=ctx.config.list_max_tokens,
+        {"text": text, "statements": factual}, regex=formats(ctx.options).statements,
+        max_tokens=ctx.options.list_max_tokens,
     )  # fmt: skip
     return revised.value
 
 
-async def relevance(ctx: Context, query: str, statement: str) -> float:
-    scored = await ctx.client.label_score(
-        PROMPTS["relevance"].messages(query=query, statement=statement),
-        max_reasks=ctx.config.max_reasks, stage="relevance",
-        template=PROMPTS["relevance"].id, meter=ctx.meter,
-    )  # fmt: skip
-    if scored.status != "ok":
-        raise StageFailed("relevance", error=scored.error)
+async def relevance(ctx: ItemContext, query: str, statement: str) -> float:
+    scored = await ctx.label_score(
+        PROMPTS["relevance"], "relevance", {"query": query, "statement": statement}
+    )
     return scored.score
 
 
@@ -108,7 +100,7 @@ def nli_pairs(response: list[Statement], context: list[Statement]) -> list[tuple
     return pairs
 
 
-async def evaluate(ctx: Context, item: Item, contexts: list[str]) -> dict[str, Any]:
+async def evaluate(ctx: ItemContext, item: Item, contexts: list[str]) -> dict[str, Any]:
     ids = source_ids(contexts)
     sources = [(RESPONSE, item.response), *zip(ids, contexts, strict=True)]
     atom_lists = await asyncio.gather(*(atoms_of(ctx, text) for _, text in sources))
@@ -119,7 +111,7 @@ async def evaluate(ctx: Context, item: Item, contexts: list[str]) -> dict[str, A
         for i, text in enumerate(atoms, 1)
     ]
     scores = await asyncio.gather(*(relevance(ctx, item.query, s.text) for s in candidates))
-    context_atoms = [s for s, r in zip(candidates, scores, strict=True) if r >= ctx.config.t_rel]
+    context_atoms = [s for s, r in zip(candidates, scores, strict=True) if r >= ctx.options.t_rel]
 
     by_id = {s.id: s for s in response_atoms + context_atoms}
     pairs = nli_pairs(response_atoms, context_atoms)
@@ -127,7 +119,7 @@ async def evaluate(ctx: Context, item: Item, contexts: list[str]) -> dict[str, A
     unique = sorted(
         {(by_id[p].text, by_id[h].text) for p, h in pairs if by_id[p].text != by_id[h].text}
     )
-    labels = dict(zip(unique, await ctx.nli.judge(ctx, unique), strict=True))
+    labels = dict(zip(unique, await ctx.resources.judge(ctx, unique), strict=True))
     relations = []
     for premise, hypothesis in pairs:
         texts = (by_id[premise].text, by_id[hypothesis].text)
@@ -143,7 +135,7 @@ async def evaluate(ctx: Context, item: Item, contexts: list[str]) -> dict[str, A
             "relevance": {s.id: round(r, 4) for s, r in zip(candidates, scores, strict=True)},
             "kept_context_atoms": [s.id for s in context_atoms],
             "relations": relations,
-            "nli_backend": ctx.nli.name,
+            "nli_backend": ctx.resources.name,
             "pairs": {
                 "ordered": len(pairs),
                 "judged": len(unique),

@@ -7,7 +7,7 @@ import itertools
 import re
 from typing import Any
 
-from pipelines.comprehensiveness.common import PROMPTS, Context, Item, source_ids
+from pipelines.comprehensiveness.common import PROMPTS, Item, formats, source_ids
 from pipelines.comprehensiveness.graph import RESPONSE, Statement
 from pipelines.comprehensiveness.parsers import (
     AnswerSheet,
@@ -17,6 +17,7 @@ from pipelines.comprehensiveness.parsers import (
     parse_statements,
 )
 from pipelines.comprehensiveness.units import UNITS_TOOL, deterministic_relation
+from pipelines.protocol import ItemContext
 from serving.client import marker_label_scores
 
 LABELS = {str(i): float(i) for i in range(1, 6)}
@@ -41,24 +42,24 @@ def weighted_scores(parsed, marker: str, ints: list[int]) -> tuple[list[float], 
     return [float(i) for i in ints], False
 
 
-async def mine(ctx: Context, query: str, text: str) -> list[str]:
+async def mine(ctx: ItemContext, query: str, text: str) -> list[str]:
     if not text.strip():
         return []
     parsed = await ctx.ask(
         PROMPTS["mine_questions"], "mine", parse_statements, "one '* <question>' per line",
-        {"query": query, "text": text}, regex=ctx.formats.questions,
-        max_tokens=ctx.config.list_max_tokens,
+        {"query": query, "text": text}, regex=formats(ctx.options).questions,
+        max_tokens=ctx.options.list_max_tokens,
     )  # fmt: skip
     return parsed.value
 
 
-async def refine(ctx: Context, query: str, raw: list[str]) -> tuple[list[str], list[dict]]:
+async def refine(ctx: ItemContext, query: str, raw: list[str]) -> tuple[list[str], list[dict]]:
     if not raw:
         return [], []
     parsed = await ctx.ask(
         PROMPTS["refine_questions"], "refine", lambda t: parse_scored_items(t, "Relevance"),
         "lines '* <question> [Relevance: <1-5>]'", {"query": query, "questions": raw},
-        regex=ctx.formats.refined, max_tokens=ctx.config.list_max_tokens, **LOGPROBS,
+        regex=formats(ctx.options).refined, max_tokens=ctx.options.list_max_tokens, **LOGPROBS,
     )  # fmt: skip
     items = parsed.value
     scores, weighted = weighted_scores(parsed, "Relevance", [n for _, n in items])
@@ -68,20 +69,20 @@ async def refine(ctx: Context, query: str, raw: list[str]) -> tuple[list[str], l
     ]
     unique: dict[str, None] = {}
     for entry in scored:
-        if entry["relevance"] >= ctx.config.t_rel:
+        if entry["relevance"] >= ctx.options.t_rel:
             unique.setdefault(entry["question"], None)
     return list(unique), scored
 
 
-async def answer(ctx: Context, questions: list[str], text: str) -> dict[int, list[dict]]:
+async def answer(ctx: ItemContext, questions: list[str], text: str) -> dict[int, list[dict]]:
     """Known answers per question index from one source, with (weighted) confidences."""
     if not text.strip():
         return {}
     parsed = await ctx.ask(
         PROMPTS["answer_questions"], "answer", lambda t: parse_answers(t, questions),
         "for each question its line, then 'A: <answer> [Confidence: <1-5>]' joined by ' | '",
-        {"text": text, "questions": questions}, regex=ctx.formats.answers(questions),
-        max_tokens=ctx.config.list_max_tokens, **LOGPROBS,
+        {"text": text, "questions": questions}, regex=formats(ctx.options).answers(questions),
+        max_tokens=ctx.options.list_max_tokens, **LOGPROBS,
     )  # fmt: skip
     sheet: AnswerSheet = parsed.value
     tokens = parsed.result.token_logprobs if parsed.result else []
@@ -99,23 +100,22 @@ async def answer(ctx: Context, questions: list[str], text: str) -> dict[int, lis
     return out
 
 
-async def compare(ctx: Context, question: str, first: str, second: str) -> dict[str, Any]:
+async def compare(ctx: ItemContext, question: str, first: str, second: str) -> dict[str, Any]:
     """Relation of two answers to one question: deterministic for identical texts and (without
     tools) for comparable quantities; otherwise the model, with the units tool if enabled."""
     if _norm(first) == _norm(second):
         return {"relation": "equivalent", "method": "identical"}
-    if not ctx.config.tools:
+    if not ctx.options.tools:
         relation = deterministic_relation(first, second)
         if relation:
             return {"relation": relation, "method": "units"}
     template = PROMPTS["compare_answers"]
-    values = {"question": question, "first": first, "second": second, "tools": ctx.config.tools}
+    values = {"question": question, "first": first, "second": second, "tools": ctx.options.tools}
     messages = template.messages(**values)
-    if ctx.config.tools:
-        run = await ctx.client.run_tools(
-            messages, [UNITS_TOOL], max_rounds=2, stage="compare", template=template.id,
-            meter=ctx.meter,
-        )  # fmt: skip
+    if ctx.options.tools:
+        run = await ctx.run_tools(
+            messages, [UNITS_TOOL], max_rounds=2, stage="compare", template=template.id
+        )
         try:
             return {
                 "relation": parse_relation(run.final.text),
@@ -126,12 +126,12 @@ async def compare(ctx: Context, question: str, first: str, second: str) -> dict[
             pass  # fall through to the plain re-asking path
     parsed = await ctx.ask(
         template, "compare", parse_relation, "a last line '<answer 1> - <answer 2> [<relation>]'",
-        values, regex=ctx.formats.relation, max_tokens=ctx.config.list_max_tokens,
+        values, regex=formats(ctx.options).relation, max_tokens=ctx.options.list_max_tokens,
     )  # fmt: skip
     return {"relation": parsed.value, "method": "llm"}
 
 
-async def evaluate(ctx: Context, item: Item, contexts: list[str]) -> dict[str, Any]:
+async def evaluate(ctx: ItemContext, item: Item, contexts: list[str]) -> dict[str, Any]:
     ids = source_ids(contexts)
     sources = [(RESPONSE, item.response), *zip(ids, contexts, strict=True)]
     mined = await asyncio.gather(*(mine(ctx, item.query, text) for _, text in sources))
@@ -145,7 +145,7 @@ async def evaluate(ctx: Context, item: Item, contexts: list[str]) -> dict[str, A
     for (src, _), by_question in zip(sources, answered, strict=True):
         for qi, answers in sorted(by_question.items()):
             for k, a in enumerate(answers, 1):
-                kept = a["confidence"] >= ctx.config.t_conf
+                kept = a["confidence"] >= ctx.options.t_conf
                 sid = f"q{qi + 1}.{'r' if src == RESPONSE else src}.{k}"
                 answer_records.append(
                     {"id": sid, "question": qi + 1, "source": src, **a, "kept": kept}

@@ -1,1 +1,7 @@
-"""FanOutQA (Zhu et al.): data loader and metrics equal to the original scorer's."""
+"""FanOutQA (Zhu et al.): three settings, string metrics equal to the original scorer, BLEURT and
+the A-F model judge."""
+
+from pipelines.fanoutqa.framework import FANOUTQA, eval_fanoutqa
+
+STUDIES = [FANOUTQA]
+COMMANDS = {"eval fanoutqa": eval_fanoutqa}

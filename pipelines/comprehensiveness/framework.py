@@ -1,0 +1,307 @@
+"""Comprehensiveness on the runtime: one item through one method to S, the meta-evaluation
+tables (LMR), the ELI5 study, and their commands (`eval comprehensiveness`, `meta-eval`, `eli5`).
+
+Where the score comes from: ``Comprehensiveness.solve`` runs the method (``nli_method``,
+``qa_method`` or ``e2e_method``); the graph methods condense their fact graph in
+``graph.coverage``; every method's S is ``graph.comprehensiveness(|A_in|, |A_out|)``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import functools
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from pydantic import BaseModel, ConfigDict, Field
+from rich.console import Console
+from rich.table import Table
+
+from pipelines.comprehensiveness import e2e_method, meta, nli_method, qa_method
+from pipelines.comprehensiveness.common import (
+    PROMPTS,
+    ComprehensivenessOptions,
+    Item,
+    Method,
+    summarise_contexts,
+)
+from pipelines.comprehensiveness.graph import build_graph, comprehensiveness, coverage, export_graph
+from pipelines.config import SHARED_DATA, EvaluatorConfig, UserError, read_jsonl
+from pipelines.generate import GENERATE, GenerateItem, GenerateOptions
+from pipelines.options import framework_command
+from pipelines.protocol import Framework, ItemContext, RunOutcome, RunPlan, RunRequest, Study
+from pipelines.results import ItemResult
+from serving.client import EvalClient
+
+GRAPH_METHODS = {"nli": nli_method.evaluate, "qa": qa_method.evaluate}
+LMR = {"wikicontradict": meta.lmr_wikicontradict, "conflictbank": meta.lmr_conflictbank}
+WC_DEFAULT = SHARED_DATA / "wikicontradict" / "humaneval-dev.jsonl"
+
+
+class Comprehensiveness(Framework):
+    name = "comprehensiveness"
+    Options = ComprehensivenessOptions
+    prompts = PROMPTS
+    report_only = frozenset({"resamples", "nli_device"})
+
+    def load(self, options: ComprehensivenessOptions) -> list[Item]:
+        if options.input is None:
+            raise UserError("comprehensiveness: no input file given")
+        if options.dataset == "wikicontradict":
+            return meta.wikicontradict_items(options.input, options.limit)
+        if options.dataset == "conflictbank":
+            return meta.conflictbank_items(options.input, limit=options.limit)
+        return read_jsonl(options.input, Item)[: options.limit]
+
+    def plan(self, request: RunRequest, root: Path) -> list[RunPlan]:
+        options = request.options
+        prefix = "comprehensiveness" if options.dataset == "items" else f"meta-{options.dataset}"
+        return [RunPlan("", f"{prefix}-{options.method}", options)]
+
+    def setup(self, request: RunRequest, root: Path) -> Any:
+        """The NLI judge, loaded once per run (a cross-encoder is shared by every item)."""
+        options = request.options
+        return nli_method.make_judge(options) if options.method == "nli" else None
+
+    async def solve(self, item: Item, ctx: ItemContext) -> ItemResult:
+        options: ComprehensivenessOptions = ctx.options
+        ctx.details |= {"method": options.method, "meta": item.meta}
+        contexts = item.contexts
+        if options.summarise:
+            contexts = await summarise_contexts(ctx, item.query, item.contexts)
+            ctx.details["summaries"] = contexts
+        if options.method == "e2e":
+            found = await e2e_method.evaluate(ctx, item, contexts)
+            ctx.details |= found
+            n_in, n_out = len(found["covered"]), len(found["uncovered"])
+        else:
+            n_in, n_out = await graph_method(ctx, item, contexts)
+        score = comprehensiveness(n_in, n_out)
+        if score is None:
+            explanation = "no relevant context statements: the score is undefined"
+            return ctx.result("undefined", None, explanation)
+        explanation = f"{n_in} of {n_in + n_out} relevant context statements are covered"
+        return ctx.result("ok", score, explanation)
+
+    def tables_file(self, options: ComprehensivenessOptions) -> str | None:
+        return None if options.dataset == "items" else "lmr.json"
+
+    def aggregate(
+        self, results: list[ItemResult], options: ComprehensivenessOptions
+    ) -> dict | None:
+        if options.dataset == "items":
+            return None  # plain items: the summary's mean S is the result
+        tables = {"dataset": options.dataset, "method": options.method}
+        return tables | LMR[options.dataset](results, options.resamples)
+
+    def render(self, tables: dict[str, Any], console: Console) -> None:
+        meta.print_lmr(tables, console)
+
+
+async def graph_method(ctx: ItemContext, item: Item, contexts: list[str]) -> tuple[int, int]:
+    """NLI- or Q&A-based: statements and entailments, the condensed fact graph, its coverage."""
+    found = await GRAPH_METHODS[ctx.options.method](ctx, item, contexts)
+    statements = found["statements"]
+    graph = build_graph(statements, found["entailments"])
+    result = coverage(graph)
+    text = {s.id: s.text for s in statements}
+    ctx.details |= {
+        "covered": [{"id": i, "text": text[i]} for i in result.covered],
+        "uncovered": [{"id": i, "text": text[i]} for i in result.uncovered],
+        "basis": [{"id": i, "text": text[i]} for i in result.basis],
+        "statements": [dataclasses.asdict(s) for s in statements],
+        "components": result.components,
+        **found["details"],
+    }
+    if ctx.options.export_graphs:  # file writing off the event loop
+        stem = ctx.run_dir / "graphs" / _safe(item.id)
+        ctx.details["graph_files"] = await asyncio.to_thread(export_graph, graph, result, stem)
+    return len(result.covered), len(result.uncovered)
+
+
+def _safe(name: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_." else "_" for c in name)[:120]
+
+
+COMPREHENSIVENESS = Comprehensiveness()
+
+
+async def evaluate_item(
+    client: EvalClient,
+    item: Item,
+    options: ComprehensivenessOptions,
+    *,
+    nli_judge: Any = None,
+    run_dir: Path = Path("."),
+) -> ItemResult:
+    """One item outside a run (benchmarks, notebooks): the same solve, recorded failures too."""
+    from pipelines.runner import solve_item
+
+    if options.method == "nli" and nli_judge is None:
+        nli_judge = nli_method.make_judge(options)
+    ctx = ItemContext(item.id, client, options, nli_judge, run_dir, options.max_reasks)
+    return await solve_item(COMPREHENSIVENESS, item, ctx)
+
+
+# ---- the ELI5 study: responders answer from background texts, the evaluator scores them ------
+
+
+class Eli5Options(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    input: Path
+    responders: list[str] = Field(default_factory=lambda: ["embedded"], min_length=1)
+    methods: list[Method] = Field(default_factory=lambda: ["qa", "e2e"], min_length=1)
+    metric: ComprehensivenessOptions = Field(default_factory=ComprehensivenessOptions)
+
+
+def responder_config(spec: str, base: EvaluatorConfig) -> tuple[str, EvaluatorConfig]:
+    """'MODEL' (started here) or 'MODEL@URL' (a running endpoint)."""
+    model, _, url = spec.partition("@")
+    name = "".join(c if c.isalnum() or c in "-_." else "_" for c in model)
+    update = {"model": model, "endpoint": url or None, "adapter": None, "adapters": {}}
+    return name, EvaluatorConfig.model_validate(base.model_dump() | update)
+
+
+class Eli5(Study):
+    """Per responder: a generate run (template answer_from_texts), then one comprehensiveness
+    run per method over the answers it gave; combined into the paper's Figure-6 table."""
+
+    name = "eli5"
+    Options = Eli5Options
+
+    def load(self, options: Eli5Options) -> list[GenerateItem]:
+        questions = read_jsonl(options.input, GenerateItem)
+        for q in questions:
+            if not q.contexts:
+                raise UserError(
+                    f"{options.input}: record {q.id!r}: field contexts: background texts needed"
+                )
+        return questions
+
+    def plan(self, request: RunRequest, root: Path) -> list[RunPlan]:
+        options: Eli5Options = request.options
+        questions = {q.id: q for q in self.load(options)}
+        answer_options = GenerateOptions(input=options.input, template="answer_from_texts")
+        plans = []
+        for spec in options.responders:
+            name, responder = responder_config(spec, request.evaluator)
+            plans.append(RunPlan(f"answers-{name}", "eli5-answers", answer_options,
+                                 framework=GENERATE, evaluator=responder))  # fmt: skip
+            answered = functools.partial(_answered_items, questions, f"answers-{name}", name)
+            for method in options.methods:
+                metric = options.metric.model_copy(update={"method": method, "dataset": "items"})
+                plans.append(RunPlan(f"{method}-{name}", f"eli5-{method}", metric,
+                                     framework=COMPREHENSIVENESS, items=answered))  # fmt: skip
+        return plans
+
+    def combine(self, outcomes: dict[str, RunOutcome], options: Eli5Options) -> dict[str, Any]:
+        table: dict[str, dict[str, Any]] = {}
+        for spec in options.responders:
+            name, _ = responder_config(spec, EvaluatorConfig())
+            answers = outcomes.get(f"answers-{name}")
+            if answers is None:
+                continue
+            answered = sum(r.status == "ok" for r in answers.results)
+            row: dict[str, Any] = {"answered": answered, "questions": answers.summary["items"]}
+            for method in options.methods:
+                if f"{method}-{name}" in outcomes:
+                    row[method] = _mean_with_ci(outcomes[f"{method}-{name}"].results)
+            table[name] = row
+        return table
+
+    def render_combined(self, combined: dict[str, Any], console: Console) -> None:
+        methods = sorted({k for row in combined.values() for k in row} - {"answered", "questions"})
+        out = Table("responder", "answered", *methods,
+                    title="ELI5 comprehensiveness (mean S, 95% CI)")  # fmt: skip
+        for name, row in combined.items():
+            cells = []
+            for m in methods:
+                entry = row.get(m, {})
+                if entry.get("mean") is None:
+                    cells.append(f"undefined (n={entry.get('not_scored', 0)})")
+                    continue
+                ci = entry["ci95"]
+                cells.append(f"{entry['mean']:.3f} [{ci['low']:.3f}, {ci['high']:.3f}] "
+                             f"n={entry['n']}")  # fmt: skip
+            out.add_row(name, f"{row['answered']}/{row['questions']}", *cells)
+        console.print(out)
+
+
+def _answered_items(questions: dict[str, GenerateItem], key: str, responder: str,
+                    outcomes: dict[str, RunOutcome]) -> list[Item]:  # fmt: skip
+    return [
+        Item(id=r.id, query=questions[r.id].question, contexts=questions[r.id].contexts,
+             response=r.details["response"], responder=responder)
+        for r in outcomes[key].results if r.status == "ok"
+    ]  # fmt: skip
+
+
+def _mean_with_ci(results: list[ItemResult]) -> dict[str, Any]:
+    scores = [r.score for r in results if r.score is not None]
+    entry: dict[str, Any] = {"n": len(scores), "not_scored": len(results) - len(scores)}
+    if scores:
+        entry["mean"] = sum(scores) / len(scores)
+        entry["ci95"] = meta.bca_interval(scores).as_dict()
+    return entry
+
+
+ELI5 = Eli5()
+
+
+# ---- commands ----------------------------------------------------------------------------------
+
+MethodOpt = Annotated[str | None, typer.Option(help="nli | qa | e2e (default qa)")]
+
+
+@framework_command(COMPREHENSIVENESS)
+def eval_comprehensiveness(
+    input: Annotated[Path, typer.Argument(help="JSONL: id, query, response, contexts")],
+    method: MethodOpt = None,
+    t_rel: Annotated[float | None, typer.Option(help="relevance threshold (3.5)")] = None,
+    t_conf: Annotated[float | None, typer.Option(help="confidence threshold (2)")] = None,
+    summarise: Annotated[bool | None, typer.Option(help="condense contexts first")] = None,
+    nli_backend: Annotated[str | None, typer.Option(help="llm | cross-encoder")] = None,
+    nli_model: Annotated[str | None, typer.Option(help="cross-encoder checkpoint")] = None,
+    tools: Annotated[bool | None, typer.Option(help="comparator may call the units tool")] = None,
+    limit: Annotated[int | None, typer.Option(help="only the first N items")] = None,
+) -> dict[str, Any]:
+    """Comprehensiveness of each response against its contexts (NLI, Q&A or end-to-end)."""
+    return {"input": input, "method": method, "t_rel": t_rel, "t_conf": t_conf,
+            "summarise": summarise, "nli_backend": nli_backend, "nli_model": nli_model,
+            "tools": tools, "limit": limit}  # fmt: skip
+
+
+@framework_command(COMPREHENSIVENESS)
+def meta_eval(
+    dataset: Annotated[str, typer.Argument(help="wikicontradict | conflictbank")],
+    data: Annotated[Path | None, typer.Option(help="data file (wikicontradict: ../shared)")] = None,
+    method: MethodOpt = None,
+    limit: Annotated[int | None, typer.Option(help="only the first N data rows")] = None,
+    resamples: Annotated[int | None, typer.Option(help="bootstrap resamples (10,000)")] = None,
+) -> dict[str, Any]:
+    """Meta-evaluate comprehensiveness: LMR_WC per label (wikicontradict) or strict / lax / mean
+    LMR (conflictbank, paper Figure 7), each with a 95% BCa interval; writes lmr.json."""
+    if dataset not in LMR:
+        raise UserError(f"unknown dataset {dataset!r}: use {' or '.join(LMR)}")
+    if data is None:
+        if dataset != "wikicontradict":
+            raise UserError(f"{dataset} needs --data (the file is not shipped)")
+        data = WC_DEFAULT
+    return {"dataset": dataset, "input": data, "method": method, "limit": limit,
+            "resamples": resamples}  # fmt: skip
+
+
+@framework_command(ELI5)
+def eli5(
+    input: Annotated[Path, typer.Argument(help="JSONL: id, query, contexts (background texts)")],
+    responder: Annotated[
+        list[str] | None, typer.Option(help="answering model: MODEL or MODEL@URL (repeat)")
+    ] = None,
+    method: Annotated[list[str] | None, typer.Option(help="qa / e2e / nli (repeat)")] = None,
+) -> dict[str, Any]:
+    """ELI5-style study: each responder answers from the background texts only, then the
+    evaluator scores every answer's comprehensiveness (paper Figure 6 table)."""
+    return {"input": input, "responders": responder, "methods": method}

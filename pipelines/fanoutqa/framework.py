@@ -1,0 +1,393 @@
+"""FanOutQA on the runtime: closed-book, evidence-provided and open-book answers, string metrics
+equal to the original scorer, BLEURT and the A-F model judge; one run per setting, joined into
+the paper's Table 1.
+
+The article collection is a retrieval index (`index_build`, 1,024-character chunks cut at
+paragraph / sentence boundaries, BM25), built once per collection into the run directory or
+given with ``--index``. Evidence-provided: the decomposition's articles' chunks ranked by BM25
+against the question, as many as fit the context budget. Open-book: ``search`` and ``read`` tools
+over the same index (at most half the budget per read). BM25 statistics are the collection's,
+where the original baseline indexed each question's articles on their own (SPEC §4 ranks with
+BM25 without fixing the statistics; the chunks are the same).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import typer
+from pydantic import BaseModel, ConfigDict, Field
+from rich.console import Console
+from rich.table import Table
+
+from pipelines.config import SHARED_DATA, Strict, UserError, iter_jsonl, read_text
+from pipelines.fanoutqa.metrics import ROUGE_TYPES, aggregate, answer_text, string_metrics
+from pipelines.options import framework_command
+from pipelines.protocol import Framework, ItemContext, RunOutcome, RunPlan, RunRequest
+from pipelines.results import ItemResult, StageFailed
+from serving.client import Tool
+from serving.parsing import ParseError
+from serving.registry import UnknownModelError, resolve
+from serving.templates import load_dir
+
+PROMPTS = load_dir(Path(__file__).parent / "prompts")
+Setting = Literal["closed-book", "evidence", "open-book"]
+CHARS_PER_TOKEN = 4  # budget estimate when the endpoint's tokenizer is not at hand
+JUDGE_PASS = set("BCE")  # SPEC §4: categories B, C and E score 1
+CHUNKING = {"by": "chars", "size": 1024, "overlap": 0}
+DEFAULT_DATA = SHARED_DATA / "fanoutqa" / "fanout-final-dev.json"
+TABLE_COLUMNS = ["loose", "strict", "rouge1", "rouge2", "rougeL", "bleurt", "gpt_judge"]
+# spaCy (normalisation) and BLEURT (torch) leave the event loop, one at a time.
+CPU_WORK = ThreadPoolExecutor(max_workers=1, thread_name_prefix="fanoutqa-cpu")
+
+
+class Question(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    id: str
+    question: str = Field(min_length=1)
+    answer: Any
+    decomposition: list[dict] = Field(default_factory=list)
+    categories: list[str] = Field(default_factory=list)
+
+    def evidence_pageids(self) -> list[int]:
+        ids: list[int] = []
+
+        def walk(subs: list[dict]) -> None:
+            for sub in subs:
+                evidence = sub.get("evidence") or {}
+                if "pageid" in evidence and evidence["pageid"] not in ids:
+                    ids.append(int(evidence["pageid"]))
+                walk(sub.get("decomposition") or [])
+
+        walk(self.decomposition)
+        return ids
+
+
+def load_questions(path: Path, limit: int | None = None) -> list[Question]:
+    try:
+        rows = json.loads(read_text(path))
+    except json.JSONDecodeError as exc:
+        raise UserError(f"{path}: not valid JSON: {exc.msg} (line {exc.lineno})") from exc
+    if not isinstance(rows, list):
+        raise UserError(f"{path}: expected a JSON list of questions")
+    out = []
+    for n, row in enumerate(rows[:limit] if limit else rows):
+        if not isinstance(row, dict) or "answer" not in row:
+            raise UserError(f"{path}: question #{n}: field answer: missing")
+        try:
+            out.append(Question.model_validate(row))
+        except ValueError as exc:
+            raise UserError(f"{path}: question #{n} ({row.get('id')!r}): {exc}") from exc
+    return out
+
+
+class FanoutOptions(Strict):
+    input: Path = DEFAULT_DATA
+    settings: list[Setting] = Field(default_factory=lambda: ["closed-book"], min_length=1)
+    articles: Path | None = Field(None, description="JSONL {pageid, title, text}")
+    index: Path | None = Field(None, description="index of the articles (chars, 1024)")
+    context_tokens: int | None = Field(None, ge=256, description="evidence budget in tokens")
+    judge: bool = False
+    bleurt: Path | None = Field(None, description="BLEURT PyTorch checkpoint (absent if unset)")
+    limit: int | None = Field(None, ge=1, description="only the first N questions")
+
+
+# ---- the article collection as an index --------------------------------------------------------
+
+
+def check_articles(path: Path) -> None:
+    """Every line a JSON object with an integer pageid and a string text (the ids evidence uses)."""
+    for lineno, row in iter_jsonl(path):
+        if not isinstance(row.get("pageid"), int) or not isinstance(row.get("text"), str):
+            raise UserError(f"{path}:{lineno}: need integer pageid and string text")
+
+
+def open_article_index(options: FanoutOptions, root: Path):
+    """The given index, or one built (once) into the study root from ``--articles``."""
+    from index_build.build import BuildError, IndexSpec, build_index
+    from index_build.corpus import CorpusError
+    from retrieval.index import IndexError_, SearchIndex
+
+    path = options.index or root / "articles-index"
+    try:
+        if options.index is None and not (path / "manifest.json").is_file():
+            spec = IndexSpec(chunk_by="chars", chunk_size=1024, dense_model=None)
+            build_index(options.articles, path, spec)
+        return SearchIndex.load(path, expect={"chunking": CHUNKING})
+    except (BuildError, CorpusError, IndexError_) as exc:
+        raise UserError(str(exc)) from exc
+
+
+@dataclass
+class ArticleIndex:
+    """Evidence chunks and the search / read tools, over the index (no article in memory)."""
+
+    index: Any  # retrieval.index.SearchIndex
+
+    def passages(self, query: str, pageids: list[int], budget_chars: int) -> tuple[str, dict]:
+        """The chunks of these articles ranked by BM25 against ``query``, in rank order while
+        they fit ``budget_chars``."""
+        docs = [str(p) for p in pageids]
+        missing = [p for p, d in zip(pageids, docs, strict=True) if d not in self.index.doc_rows]
+        hits = self.index.bm25_within(query, docs)
+        parts = []
+        for hit in hits:
+            piece = f"<document title={hit.title!r}>\n{hit.text}\n</document>"
+            if len(piece) > budget_chars:
+                break
+            parts.append(piece)
+            budget_chars -= len(piece)
+        info = {"chunks": len(hits), "used": len(parts), "missing_pages": missing,
+                "chunk_ids": [h.chunk_id for h in hits[: len(parts)]]}  # fmt: skip
+        return "\n\n".join(parts), info
+
+    def search(self, args: SearchArgs) -> list[dict]:
+        hits = self.index.search([args.query], k=50, mode="bm25")[0]
+        best: dict[str, Any] = {}
+        for hit in hits:
+            if hit.score > 0:
+                best.setdefault(hit.doc_id, hit)
+        return [{"pageid": int(h.doc_id), "title": h.title, "snippet": h.text[:200]}
+                for h in list(best.values())[:5]]  # fmt: skip
+
+    def tools(self, budget_tokens: int) -> list[Tool]:
+        read_chars = budget_tokens * CHARS_PER_TOKEN // 2  # at most half the budget per read
+
+        def read(args: ReadArgs) -> dict:
+            if str(args.pageid) not in self.index.doc_rows:
+                return {"error": f"no article with pageid {args.pageid}"}
+            text, info = self.passages(args.query, [args.pageid], read_chars)
+            return {"pageid": args.pageid, "content": text, "chunks_used": info["used"]}
+
+        return [
+            Tool("search", "Search Wikipedia articles by keywords; returns pageids and titles.",
+                 SearchArgs, self.search),
+            Tool("read", "Read the parts of one article (by pageid) most relevant to a query.",
+                 ReadArgs, read),
+        ]  # fmt: skip
+
+
+class SearchArgs(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    query: str = Field(min_length=1, max_length=300)
+
+
+class ReadArgs(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    pageid: int
+    query: str = Field(min_length=1, max_length=300)
+
+
+# ---- the framework -----------------------------------------------------------------------------
+
+
+@dataclass
+class Resources:
+    articles: ArticleIndex | None
+    bleurt: Any
+
+
+class FanOutQA(Framework):
+    name = "fanoutqa"
+    Options = FanoutOptions
+    prompts = PROMPTS
+
+    def load(self, options: FanoutOptions) -> list[Question]:
+        return load_questions(options.input, options.limit)
+
+    def plan(self, request: RunRequest, root: Path) -> list[RunPlan]:
+        """One run per setting, in ``<root>/<setting>``; each run's options hold only what
+        changes its answers, so adding a setting later resumes the others."""
+        options: FanoutOptions = request.options
+        needs_articles = [s for s in options.settings if s != "closed-book"]
+        if needs_articles and options.articles is None and options.index is None:
+            raise UserError(f"the {needs_articles[0]} setting needs --articles (JSONL of pageid, "
+                            "title, text) or --index")  # fmt: skip
+        if options.bleurt is not None and not (options.bleurt / "config.json").is_file():
+            raise UserError(f"--bleurt {options.bleurt}: no checkpoint (config.json) there")
+        to_build = options.index is None and not (root / "articles-index").is_dir()
+        if options.articles is not None and to_build:
+            check_articles(options.articles)
+        budget = options.context_tokens or max(512, model_window(request) - 1024)
+        plans = []
+        for setting in dict.fromkeys(options.settings):
+            closed = setting == "closed-book"
+            run_options = options.model_copy(update={
+                "settings": [setting], "context_tokens": None if closed else budget,
+                "articles": None if closed else options.articles,
+                "index": None if closed else options.index,
+            })  # fmt: skip
+            plans.append(RunPlan(setting, f"fanoutqa-{setting}", run_options))
+        return plans
+
+    def setup(self, request: RunRequest, root: Path) -> Resources:
+        options: FanoutOptions = request.options
+        articles = None
+        if options.settings[0] != "closed-book":
+            articles = ArticleIndex(open_article_index(options, root))
+        bleurt = None
+        if options.bleurt is not None:
+            from pipelines.fanoutqa.bleurt import Bleurt
+
+            bleurt = Bleurt(str(options.bleurt))
+        return Resources(articles, bleurt)
+
+    async def solve(self, question: Question, ctx: ItemContext) -> ItemResult:
+        options: FanoutOptions = ctx.options
+        setting = options.settings[0]
+        ctx.details["setting"] = setting
+        result = await generate(ctx, question, setting, options.context_tokens)
+        generation = result.text.strip()
+        loop = asyncio.get_running_loop()
+        metrics = await loop.run_in_executor(
+            CPU_WORK, string_metrics, question.answer, generation or None
+        )
+        ctx.details |= {"generation": generation, "metrics": metrics}
+        if ctx.resources.bleurt is not None and generation:
+            scores = await loop.run_in_executor(
+                CPU_WORK, ctx.resources.bleurt.score, [answer_text(question.answer)], [generation]
+            )
+            ctx.details["bleurt"] = scores[0]
+        if options.judge and generation:
+            ctx.details["judge"] = await judge_answer(ctx, question, generation)
+        if not generation:
+            return ctx.result("abstained", 0.0, "the model returned no answer: every metric is 0")
+        explanation = (f"found {metrics['loose']:.0%} of the reference answer strings "
+                       f"({'all' if metrics['strict'] else 'not all'})")  # fmt: skip
+        return ctx.result("ok", metrics["loose"], explanation)
+
+    def tables_file(self, options: FanoutOptions) -> str:
+        return "table1.json"
+
+    def aggregate(self, results: list[ItemResult], options: FanoutOptions) -> dict[str, Any]:
+        return table_row(results)
+
+    def render(self, tables: dict[str, Any], console: Console) -> None:
+        print_table({tables["setting"]: tables}, console)
+
+    def combine(self, outcomes: dict[str, RunOutcome], options: FanoutOptions) -> dict[str, Any]:
+        return {key: outcome.tables for key, outcome in outcomes.items()}
+
+    def render_combined(self, combined: dict[str, Any], console: Console) -> None:
+        print_table(combined, console)
+
+
+def model_window(request: RunRequest) -> int:
+    ev = request.evaluator
+    try:
+        return ev.max_model_len or resolve(ev.model).max_model_len
+    except UnknownModelError:
+        return 4096
+
+
+async def generate(ctx: ItemContext, question: Question, setting: str, budget: int | None):
+    """The setting's answer: the question alone, with evidence, or after a search/read loop."""
+    if setting == "open-book":
+        template = PROMPTS["open_book"]
+        run = await ctx.run_tools(
+            template.messages(question=question.question), ctx.resources.articles.tools(budget),
+            max_rounds=5, stage="answer-open-book", template=template.id,
+        )  # fmt: skip
+        ctx.details["tool_calls"] = [{"name": c["name"], "arguments": c["arguments"]}
+                                     for c in run.calls]  # fmt: skip
+        return run.final
+    if setting == "evidence":
+        context, ctx.details["evidence"] = await asyncio.to_thread(
+            ctx.resources.articles.passages, question.question, question.evidence_pageids(),
+            budget * CHARS_PER_TOKEN,
+        )  # fmt: skip
+        template = PROMPTS["evidence"]
+        messages = template.messages(question=question.question, documents=context)
+    else:
+        template = PROMPTS["closed_book"]
+        messages = template.messages(question=question.question)
+    return await ctx.chat(messages, stage=f"answer-{setting}", template=template.id)
+
+
+def judge_letter(text: str) -> str:
+    """The case letter on the last non-empty line (reasoning may come before it)."""
+    lines = [line.strip().strip("()*.") for line in (text or "").splitlines() if line.strip()]
+    if not lines or lines[-1].upper() not in tuple("ABCDEF"):
+        raise ParseError("expected the case letter A-F alone on the last line")
+    return lines[-1].upper()
+
+
+async def judge_answer(ctx: ItemContext, question: Question, generation: str) -> dict:
+    """The A-F judge; an unreadable verdict is recorded (the string metrics still stand)."""
+    values = {
+        "question": question.question,
+        "reference": json.dumps(question.answer),
+        "answer": generation[:4000],
+    }  # the original trims answers at 4,000 chars
+    try:
+        verdict = await ctx.ask(
+            PROMPTS["judge"], "judge", judge_letter,
+            "your reasoning, then the letter A-F alone on the last line", values,
+            regex=r"[^\[\]]{0,1500}\n[A-F]", max_tokens=768,  # reasoning, then the letter
+        )  # fmt: skip
+    except StageFailed as failure:
+        return {"status": "unparseable", "failure": failure.failure().model_dump()}
+    return {"category": verdict.value, "score": int(verdict.value in JUDGE_PASS)}
+
+
+def table_row(results: list[ItemResult]) -> dict[str, Any]:
+    """Paper Table 1 columns over the recorded questions (an unanswered one scores 0 everywhere;
+    BLEURT and the judge count a missing value as 0, and the table says how many)."""
+    n = len(results)
+    setting = results[0].details.get("setting") if results else None
+    if n == 0:
+        return {"setting": setting, "n": 0} | dict.fromkeys(TABLE_COLUMNS)
+    per = [r.details.get("metrics") or string_metrics(None, None) for r in results]
+    agg = aggregate(per)
+    bleurt = [r.details["bleurt"] for r in results if "bleurt" in r.details]
+    judged = [r.details["judge"]["score"] for r in results if "score" in r.details.get("judge", {})]
+    return {
+        "setting": setting, "n": n, "loose": agg["loose"], "strict": agg["strict"],
+        **{k: agg[k]["f1"] for k in ROUGE_TYPES},
+        "bleurt": sum(bleurt) / n if bleurt else None,
+        "gpt_judge": sum(judged) / n if judged else None,
+        "judge_unparseable": sum(r.details.get("judge", {}).get("status") == "unparseable"
+                                 for r in results),
+        "not_scored": {s: sum(r.status == s for r in results)
+                       for s in ("abstained", "unparseable", "error")},
+    }  # fmt: skip
+
+
+def print_table(rows: dict[str, dict[str, Any]], console: Console) -> None:
+    out = Table("setting", "n", *TABLE_COLUMNS, title="FanOutQA (paper Table 1 columns)")
+    for name, row in rows.items():
+        cells = ["absent" if row.get(c) is None else f"{row[c]:.3f}" for c in TABLE_COLUMNS]
+        out.add_row(name, str(row["n"]), *cells)
+    console.print(out)
+
+
+FANOUTQA = FanOutQA()
+
+
+@framework_command(FANOUTQA)
+def eval_fanoutqa(
+    data: Annotated[
+        Path | None, typer.Option(help="FanOutQA dev/test JSON (../shared dev)")
+    ] = None,
+    setting: Annotated[
+        list[str] | None, typer.Option(help="closed-book | evidence | open-book (repeat)")
+    ] = None,
+    articles: Annotated[Path | None, typer.Option(help="JSONL {pageid, title, text}")] = None,
+    index: Annotated[Path | None, typer.Option(help="index dir of the articles")] = None,
+    context_tokens: Annotated[int | None, typer.Option(help="evidence budget (tokens)")] = None,
+    judge: Annotated[bool | None, typer.Option(help="also run the A-F model judge")] = None,
+    bleurt: Annotated[Path | None, typer.Option(help="BLEURT PyTorch checkpoint path")] = None,
+    limit: Annotated[int | None, typer.Option(help="only the first N questions")] = None,
+) -> dict[str, Any]:
+    """FanOutQA closed-book / evidence-provided / open-book (search + read tools; needs a server
+    with tool calling) answers with loose, strict, ROUGE (equal to the original scorer), BLEURT
+    and the optional A-F model judge; prints the paper's Table 1 columns."""
+    return {"input": data, "settings": setting, "articles": articles, "index": index,
+            "context_tokens": context_tokens, "judge": judge, "bleurt": bleurt,
+            "limit": limit}  # fmt: skip

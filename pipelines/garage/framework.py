@@ -1,0 +1,245 @@
+"""GaRAGe: generate a cited answer per question, judge it, and aggregate the paper's tables.
+
+Per item (SPEC §5): eligibility (No / Minor / Major issues against the human answer), per-sentence
+support against all grounding and against the relevant passages only (unadjusted factuality and
+uRAF), deflection (judge: missing / attempted), attribution P/R/F1 of parsed citations against the
+human answer's citations. Aggregates: Eligibility = share without Major Issue(s); Unadjusted
+Factuality / uRAF = share with every sentence supported or needing no attribution; Factuality =
+eligible and factual; RAF = eligible and uRAF-factual; all on the questions that do not expect a
+deflection. Deflection: true-positive rate on deflection items, false-positive rate on the rest.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from pydantic import Field
+from rich.console import Console
+from rich.table import Table
+
+from pipelines.config import Strict
+from pipelines.garage.data import DIMENSIONS, Record, citations, load_records, quality_band
+from pipelines.options import framework_command
+from pipelines.protocol import Framework, ItemContext
+from pipelines.results import ItemResult
+from serving.templates import load_dir
+
+PROMPTS = load_dir(Path(__file__).parent / "prompts")
+ELIGIBILITY = ["No Issues", "Minor Issue(s)", "Major Issue(s)"]
+SUPPORT = ["supported", "unsupported", "contradictory", "no attribution needed"]
+FACTUAL = {"supported", "no attribution needed"}
+_SENTENCE = re.compile(r"(?<=[.!?])\s+(?=[A-Z0-9\"'(\[])")
+_MARKERS = re.compile(r"\s*(\[\d+(?:\s*,\s*\d+)*\]|【\d+】)")
+
+
+class GarageOptions(Strict):
+    input: Path
+    limit: int | None = Field(None, ge=1, description="only the first N records")
+
+
+def sentences(answer: str) -> list[str]:
+    """Sentences of the answer without citation markers (what the judge checks)."""
+    clean = _MARKERS.sub("", answer or "").strip()
+    return [s.strip() for s in _SENTENCE.split(clean) if s.strip()]
+
+
+def attribution(predicted: set[int], gold: set[int]) -> dict[str, float | None]:
+    """Citation precision / recall / F1; None where the denominator is empty (never a silent 0)."""
+    hits = len(predicted & gold)
+    precision = hits / len(predicted) if predicted else None
+    recall = hits / len(gold) if gold else None
+    f1 = (2 * precision * recall / (precision + recall) if precision and recall
+          else 0.0 if precision is not None and recall is not None else None)  # fmt: skip
+    return {"precision": precision, "recall": recall, "f1": f1}
+
+
+class Garage(Framework):
+    name = "garage"
+    Options = GarageOptions
+    prompts = PROMPTS
+
+    def load(self, options: GarageOptions) -> list[Record]:
+        return load_records(options.input, options.limit)
+
+    async def solve(self, record: Record, ctx: ItemContext) -> ItemResult:
+        """Answer from the numbered passages, then judge. The item's score is its contribution
+        to the headline rate: RAF (eligible and relevance-aware factual) for an answerable
+        question, a deflection for a question that expects one."""
+        template = PROMPTS["answer"]
+        passages = [p.model_dump() for p in record.grounding]
+        result = await ctx.chat(
+            template.messages(question=record.question, question_date=record.question_date,
+                              passages=passages),
+            stage="answer", template=template.id,
+        )  # fmt: skip
+        answer = result.text.strip()
+        ctx.details |= {
+            "answer": answer, "expects_deflection": record.expects_deflection,
+            "dimensions": {name: record.dimension(name) for name in DIMENSIONS},
+            "grounding_quality": quality_band(record.relevant_share),
+        }  # fmt: skip
+        if not answer:
+            return ctx.result("abstained", None, "the model returned no text")
+        deflected = await ctx.choose(PROMPTS["deflection"], ["missing", "attempted"], "deflection",
+                                     {"question": record.question, "answer": answer},
+                                     max_tokens=16) == "missing"  # fmt: skip
+        ctx.details["deflected"] = deflected
+        ctx.details["attribution"] = attribution(citations(answer, len(record.grounding)),
+                                                 record.human_citations)  # fmt: skip
+        if record.expects_deflection:
+            verdict = "deflected, as expected" if deflected else "answered instead of deflecting"
+            return ctx.result("ok", float(deflected), verdict)
+        await judge_answer(ctx, record, answer)
+        d = ctx.details
+        explanation = (f"{d['eligibility']}; {sum(s['all'] in FACTUAL for s in d['sentences'])} of "
+                       f"{len(d['sentences'])} sentences factual against all passages, "
+                       f"{sum(s['relevant'] in FACTUAL for s in d['sentences'])} against the "
+                       f"relevant ones: RAF {int(d['raf'])}")  # fmt: skip
+        return ctx.result("ok", float(d["raf"]), explanation)
+
+    def tables_file(self, options: GarageOptions) -> str:
+        return "tables.json"
+
+    def aggregate(self, results: list[ItemResult], options: GarageOptions) -> dict[str, Any]:
+        return summarise(results) | {"breakdowns": breakdowns(results)}
+
+    def render(self, tables: dict[str, Any], console: Console) -> None:
+        print_tables(tables, console)
+
+
+async def support_labels(ctx: ItemContext, passages: list[str], parts: list[str], stage: str):
+    if not passages:  # nothing to rest on: every claim is unsupported, asked or not
+        return ["unsupported"] * len(parts)
+    return list(await asyncio.gather(*(
+        ctx.choose(PROMPTS["support"], SUPPORT, stage, {"passages": passages, "sentence": s},
+                   max_tokens=16)
+        for s in parts
+    )))  # fmt: skip
+
+
+async def judge_answer(ctx: ItemContext, record: Record, answer: str) -> None:
+    """Eligibility against the human answer; each sentence's support against all passages and
+    against the relevant ones (unadjusted factuality, uRAF); Factuality and RAF follow."""
+    eligibility = await ctx.choose(
+        PROMPTS["eligibility"], ELIGIBILITY, "eligibility",
+        {"question": record.question, "reference": record.answer_generate, "answer": answer},
+        max_tokens=16,
+    )  # fmt: skip
+    parts = sentences(answer)
+    texts = [p.text for p in record.grounding]
+    relevant = [p.text for p, r in zip(record.grounding, record.evidence_relevant, strict=True)
+                if r]  # fmt: skip
+    all_labels, relevant_labels = await asyncio.gather(
+        support_labels(ctx, texts, parts, "support-all"),
+        support_labels(ctx, relevant, parts, "support-relevant"),
+    )
+    factual = bool(parts) and all(label in FACTUAL for label in all_labels)
+    raf_factual = bool(parts) and all(label in FACTUAL for label in relevant_labels)
+    eligible = eligibility != "Major Issue(s)"
+    ctx.details |= {
+        "eligibility": eligibility, "eligible": eligible,
+        "sentences": [{"text": s, "all": a, "relevant": r}
+                      for s, a, r in zip(parts, all_labels, relevant_labels, strict=True)],
+        "unadjusted_factual": factual, "factual": eligible and factual,
+        "uraf_factual": raf_factual, "raf": eligible and raf_factual,
+    }  # fmt: skip
+
+
+# ---- aggregation -------------------------------------------------------------------------------
+
+
+def _rate(values: list[bool]) -> float | None:
+    return sum(values) / len(values) if values else None
+
+
+def _mean(values: list[float | None]) -> float | None:
+    kept = [v for v in values if v is not None]
+    return sum(kept) / len(kept) if kept else None
+
+
+def summarise(records: list[ItemResult]) -> dict[str, Any]:
+    """Table 2 (judge metrics), Table 3 (deflection), Table 4 (attribution) over ``records``.
+
+    Items that are unparseable or abstained are counted (``not_scored``) and stay out of every
+    rate's denominator, which is reported with the rate.
+    """
+    ok = [r.details for r in records if r.status == "ok"]
+    answerable = [r for r in ok if not r["expects_deflection"]]
+    deflection = [r for r in ok if r["expects_deflection"]]
+    attributions = [r["attribution"] for r in answerable]
+    return {
+        "n": len(records),
+        "not_scored": {s: sum(r.status == s for r in records)
+                       for s in ("unparseable", "abstained", "error")},
+        "table2": {
+            "n": len(answerable),
+            "eligibility": _rate([r["eligible"] for r in answerable]),
+            "unadjusted_factuality": _rate([r["unadjusted_factual"] for r in answerable]),
+            "factuality": _rate([r["factual"] for r in answerable]),
+            "uRAF": _rate([r["uraf_factual"] for r in answerable]),
+            "RAF": _rate([r["raf"] for r in answerable]),
+        },
+        "table3": {
+            "n_deflection_items": len(deflection),
+            "true_positive_rate": _rate([r["deflected"] for r in deflection]),
+            "n_answerable_items": len(answerable),
+            "false_positive_rate": _rate([r["deflected"] for r in answerable]),
+        },
+        "table4": {
+            "n": len(attributions),
+            "precision": _mean([a["precision"] for a in attributions]),
+            "recall": _mean([a["recall"] for a in attributions]),
+            "f1": _mean([a["f1"] for a in attributions]),
+        },
+    }  # fmt: skip
+
+
+def breakdowns(records: list[ItemResult]) -> dict[str, dict[str, Any]]:
+    """The same tables per value of each question dimension and per grounding-quality band."""
+    out: dict[str, dict[str, Any]] = {}
+    keys = {name: lambda r, n=name: r.details["dimensions"].get(n) for name in DIMENSIONS}
+    keys["grounding_quality"] = lambda r: r.details["grounding_quality"]
+    for name, key in keys.items():
+        groups: dict[str, list] = {}
+        for r in records:
+            value = key(r)
+            if value is not None:
+                groups.setdefault(value, []).append(r)
+        if groups:
+            out[name] = {value: summarise(group) for value, group in sorted(groups.items())}
+    return out
+
+
+def print_tables(tables: dict[str, Any], console: Console) -> None:
+    def fmt(value):
+        return "-" if value is None else f"{100 * value:.2f}"
+
+    t2, t3, t4 = tables["table2"], tables["table3"], tables["table4"]
+    out = Table("Eligibility", "Unadj. Factuality", "Factuality", "uRAF", "RAF",
+                title=f"GaRAGe Table 2 (n={t2['n']})")  # fmt: skip
+    out.add_row(*(fmt(t2[k]) for k in ("eligibility", "unadjusted_factuality", "factuality",
+                                       "uRAF", "RAF")))  # fmt: skip
+    console.print(out)
+    out = Table("deflection TP", "deflection FP", "attr. P", "attr. R", "attr. F1",
+                title="GaRAGe Tables 3-4")  # fmt: skip
+    out.add_row(fmt(t3["true_positive_rate"]), fmt(t3["false_positive_rate"]),
+                fmt(t4["precision"]), fmt(t4["recall"]), fmt(t4["f1"]))  # fmt: skip
+    console.print(out)
+    console.print(f"not scored: {tables['not_scored']}")
+
+
+GARAGE = Garage()
+
+
+@framework_command(GARAGE)
+def eval_garage(
+    input: Annotated[Path, typer.Argument(help="GaRAGe JSONL (published schema)")],
+    limit: Annotated[int | None, typer.Option(help="only the first N records")] = None,
+) -> dict[str, Any]:
+    """GaRAGe: cited answers judged for eligibility, (relevance-aware) factuality, deflection and
+    attribution; writes tables.json with Tables 2-4 and their breakdowns."""
+    return {"input": input, "limit": limit}

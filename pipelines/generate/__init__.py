@@ -1,0 +1,73 @@
+"""Response generation: one answer per question, optionally from its background texts only.
+
+The simplest framework on the runtime (dataset + solver, no score), and the answer generator the
+ELI5 study builds on (template ``answer_from_texts``).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import typer
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field
+
+from pipelines.config import Strict, read_jsonl
+from pipelines.options import framework_command
+from pipelines.protocol import Framework, ItemContext
+from pipelines.results import ItemResult
+from serving.templates import load_dir
+
+PROMPTS = load_dir(Path(__file__).parent / "prompts")
+
+
+class GenerateItem(BaseModel):
+    model_config = ConfigDict(extra="ignore", coerce_numbers_to_str=True)
+
+    id: str
+    question: str = Field(min_length=1, validation_alias=AliasChoices("question", "query"))
+    contexts: list[str] = Field(default_factory=list)
+
+
+class GenerateOptions(Strict):
+    input: Path
+    template: Literal["answer", "answer_from_texts"] = "answer"
+
+
+class Generate(Framework):
+    name = "generate"
+    Options = GenerateOptions
+    prompts = PROMPTS
+
+    def load(self, options: GenerateOptions) -> list[GenerateItem]:
+        return read_jsonl(options.input, GenerateItem)
+
+    def prompt_ids(self, options: GenerateOptions) -> dict[str, str]:
+        return {options.template: PROMPTS[options.template].id}
+
+    async def solve(self, item: GenerateItem, ctx: ItemContext) -> ItemResult:
+        template = PROMPTS[ctx.options.template]
+        messages = template.messages(question=item.question, query=item.question,
+                                     contexts=item.contexts)  # fmt: skip
+        result = await ctx.chat(messages, stage="generate", template=template.id)
+        text = result.text.strip()
+        ctx.details |= {"response": text, "finish_reason": result.finish_reason,
+                        "truncated": result.finish_reason == "length"}  # fmt: skip
+        if not text:  # an empty answer is an abstention, never an ok empty string
+            return ctx.result("abstained", None, "the model returned no text")
+        return ctx.result("ok", None, f"answered in {result.completion_tokens} tokens")
+
+
+GENERATE = Generate()
+STUDIES = [GENERATE]
+
+
+@framework_command(GENERATE)
+def generate_command(
+    input: Annotated[Path, typer.Argument(help="JSONL: id, question, optional contexts")],
+) -> dict[str, Any]:
+    """Generate an answer per question (from its background texts only, when given)."""
+    return {"input": input}
+
+
+COMMANDS = {"generate": generate_command}

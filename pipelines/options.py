@@ -1,0 +1,161 @@
+"""What every framework command shares, declared once: the evaluator and run options, the
+YAML + flags configuration, and turning expected failures into one line and an exit code.
+
+A framework's command declares only its own options and returns them as overrides of its
+``Options``; ``framework_command`` adds the shared options (one help group) and runs the study.
+
+    @framework_command(GARAGE)
+    def eval_garage(input: Annotated[Path, typer.Argument()], limit: ... = None) -> dict:
+        return {"input": input, "limit": limit}
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from pydantic import Field, create_model
+from rich.console import Console
+
+from pipelines.config import EvaluatorConfig, RunConfig, Strict, UserError, load_config
+from pipelines.protocol import RunRequest, Study
+from pipelines.runstore import RunStoreError
+from serving.client import EndpointError
+from serving.embedded import EmbeddedModelMissing
+from serving.launcher import ServerStartError
+from serving.registry import UnknownModelError
+
+PANEL = "Evaluator and run options (shared by every framework)"
+USER_ERRORS = (UserError, RunStoreError, UnknownModelError, EmbeddedModelMissing)
+RUNTIME_ERRORS = (ServerStartError, EndpointError)
+console = Console(stderr=True)
+
+
+def clean_errors(command: Callable) -> Callable:
+    """One line on stderr and a non-zero exit instead of a traceback for expected failures."""
+
+    @functools.wraps(command)
+    def wrapper(*args, **kwargs):
+        try:
+            return command(*args, **kwargs)
+        except USER_ERRORS as exc:  # bad input or configuration: nothing was written
+            console.print(f"[red]error:[/red] {exc}", highlight=False, soft_wrap=True)
+            raise typer.Exit(2) from None
+        except RUNTIME_ERRORS as exc:
+            console.print(f"[red]error:[/red] {exc}", highlight=False, soft_wrap=True)
+            console.print("finished items are saved; rerun the same command to resume")
+            raise typer.Exit(1) from None
+
+    return wrapper
+
+
+def parse_loras(values: list[str] | None) -> dict[str, str]:
+    out = {}
+    for value in values or []:
+        name, sep, path = value.partition("=")
+        if not sep or not name or not path:
+            raise UserError(f"--lora expects NAME=PATH, got {value!r}")
+        out[name] = path
+    return out
+
+
+def _opt(kind: Any, help: str, *decls: str) -> Any:
+    return Annotated[kind, typer.Option(*decls, help=help, rich_help_panel=PANEL)]
+
+
+# name -> (annotation, default); the order is the order in --help.
+SHARED_OPTIONS: dict[str, tuple[Any, Any]] = {
+    "config": (_opt(Path | None, "YAML config file (flags win)"), None),
+    "model": (_opt(str | None, "evaluator: preset, directory, hub id, or MODEL:ADAPTER"), None),
+    "endpoint": (_opt(str | None, "OpenAI-compatible URL; none: start vLLM here"), None),
+    "adapter": (_opt(str | None, "LoRA adapter every request goes to"), None),
+    "lora": (_opt(list[str] | None, "NAME=PATH of an adapter to serve (repeat)"), None),
+    "run_dir": (_opt(Path | None, "default: runs/<framework>-<fingerprint>"), None),
+    "concurrency": (_opt(int | None, "requests (and items) in flight"), None),
+    "max_tokens": (_opt(int | None, "default completion budget"), None),
+    "temperature": (_opt(float | None, "sampling temperature (default 0)"), None),
+    "no_cache": (_opt(bool, "skip the response cache", "--no-cache"), False),
+    "quiet": (_opt(bool, "no progress bar"), False),
+}
+
+
+@dataclass
+class Shared:
+    config: Path | None = None
+    model: str | None = None
+    endpoint: str | None = None
+    adapter: str | None = None
+    lora: list[str] | None = None
+    run_dir: Path | None = None
+    concurrency: int | None = None
+    max_tokens: int | None = None
+    temperature: float | None = None
+    no_cache: bool = False
+    quiet: bool = False
+
+    def overrides(self) -> dict[str, Any]:
+        """Dotted config keys; None means 'not given' (the YAML file or the default stands)."""
+        return {
+            "evaluator.model": self.model,
+            "evaluator.endpoint": self.endpoint,
+            "evaluator.adapter": self.adapter,
+            "evaluator.adapters": parse_loras(self.lora) or None,
+            "evaluator.concurrency": self.concurrency,
+            "evaluator.max_tokens": self.max_tokens,
+            "evaluator.temperature": self.temperature,
+            "run.run_dir": self.run_dir and str(self.run_dir),
+        }
+
+
+def request_model(study: Study) -> type[Strict]:
+    """The whole configuration of a study's command: evaluator, run, and the study's options
+    under its own name (the YAML file uses the same sections)."""
+    return create_model(
+        f"{study.name.title()}Config",
+        __base__=Strict,
+        evaluator=(EvaluatorConfig, Field(default_factory=EvaluatorConfig)),
+        run=(RunConfig, Field(default_factory=RunConfig)),
+        **{study.name: (study.Options, ...)},
+    )
+
+
+def load_request(study: Study, own: dict[str, Any], shared: Shared) -> RunRequest:
+    overrides = {f"{study.name}.{key}": _plain(value) for key, value in own.items()}
+    cfg = load_config(request_model(study), shared.config, overrides | shared.overrides())
+    return RunRequest(cfg.evaluator, cfg.run, getattr(cfg, study.name))
+
+
+def _plain(value: Any) -> Any:
+    return str(value) if isinstance(value, Path) else value
+
+
+def framework_command(study: Study) -> Callable[[Callable[..., dict]], Callable[..., None]]:
+    """Turn ``fn(**own options) -> overrides`` into a command with the shared options added."""
+
+    def decorate(fn: Callable[..., dict]) -> Callable[..., None]:
+        own = inspect.signature(fn, eval_str=True)
+
+        def command(**kwargs: Any) -> None:
+            from pipelines.runner import execute
+
+            shared = Shared(**{name: kwargs.pop(name) for name in SHARED_OPTIONS})
+            request = load_request(study, fn(**kwargs), shared)
+            execute(study, request, no_cache=shared.no_cache, quiet=shared.quiet)
+
+        shared_params = [
+            inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default,
+                              annotation=annotation)
+            for name, (annotation, default) in SHARED_OPTIONS.items()
+        ]  # fmt: skip
+        params = [p.replace(kind=inspect.Parameter.KEYWORD_ONLY) for p in own.parameters.values()]
+        command.__signature__ = own.replace(parameters=params + shared_params)  # type: ignore
+        command.__annotations__ = {p.name: p.annotation for p in params + shared_params}
+        command.__name__, command.__doc__ = fn.__name__, fn.__doc__
+        return clean_errors(command)
+
+    return decorate

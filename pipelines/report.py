@@ -1,0 +1,120 @@
+"""Summaries of a run, and ``report``: every framework's tables rebuilt from what is on disk.
+
+``report`` makes no model call: it reads a run directory's manifest and results once, finds the
+framework by the name the manifest records, and calls its pure ``aggregate`` with the options
+the run was made with, so a partial or resumed run's tables can be looked at any time.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from pipelines.results import ItemResult
+from pipelines.runstore import MANIFEST, RESULTS, read_manifest, read_results, status_counts
+
+USAGE_KEYS = ("calls", "requests", "cache_hits", "retries", "prompt_tokens", "completion_tokens")
+
+
+def summarise(framework: str, task: str, n_items: int, results: list[ItemResult]) -> dict:
+    """Status counts over every item and the mean score over the scored ones."""
+    summary: dict[str, Any] = {
+        "framework": framework,
+        "task": task,
+        "items": n_items,
+        "recorded": len(results),
+        "partial": len(results) < n_items,
+        "statuses": status_counts(results),
+    }
+    scores = [r.score for r in results if r.score is not None]
+    if scores:  # over items with a defined score; every status is counted above
+        summary["mean_score"] = sum(scores) / len(scores)
+        summary["scored_items"] = len(scores)
+    return summary
+
+
+def recorded_usage(results: list[ItemResult]) -> dict[str, dict[str, float]]:
+    """Model usage per stage summed over the recorded items (what the results cost)."""
+    total: dict[str, dict[str, float]] = {}
+    for result in results:
+        for stage, usage in result.usage.items():
+            into = total.setdefault(stage, dict.fromkeys(USAGE_KEYS, 0))
+            for key in USAGE_KEYS:
+                into[key] += usage.get(key, 0)
+    return total
+
+
+def print_summary(summary: dict[str, Any], out: Console) -> None:
+    title = f"{summary['task']}: {summary['recorded']}/{summary['items']} recorded"
+    if summary.get("partial"):
+        title += " (partial run)"
+    table = Table("status", "items", title=title)
+    for status, count in summary["statuses"].items():
+        if count:
+            table.add_row(status, str(count))
+    out.print(table)
+    if "mean_score" in summary:
+        out.print(f"mean score {summary['mean_score']:.4f} over {summary['scored_items']} "
+                  "scored items")  # fmt: skip
+    for key, title in (("usage_this_invocation", "model usage (this invocation)"),
+                       ("usage_recorded", "model usage (recorded items)")):  # fmt: skip
+        usage = summary.get(key) or {}
+        if usage:
+            stages = Table("stage", *(k.replace("_", " ") for k in USAGE_KEYS), title=title)
+            for stage, u in usage.items():
+                stages.add_row(stage, *(str(round(u.get(k, 0))) for k in USAGE_KEYS))
+            out.print(stages)
+
+
+def report(paths: list[Path], as_json: bool, out: Console) -> None:
+    """Print each run's summary and tables (``as_json``: one JSON object per line instead); a
+    study root also gets the study's combined tables."""
+    from pipelines.registry import study as find_study
+    from pipelines.runner import STUDY_FILE
+
+    for path in paths:
+        study_file = path / STUDY_FILE
+        if (path / MANIFEST).is_file() or not study_file.is_file():
+            _print(load_outcome(path), as_json, out, label=str(path))
+            continue
+        meta = json.loads(study_file.read_text())
+        study = find_study(meta["study"])
+        outcomes = {key: load_outcome(path / key) for key in meta["runs"]
+                    if (path / key / MANIFEST).is_file()}  # fmt: skip
+        for key, outcome in outcomes.items():
+            _print(outcome, as_json, out, label=str(path / key))
+        combined = study.combine(outcomes, study.Options.model_validate(meta["options"]))
+        if combined is None:
+            continue
+        if as_json:
+            print(json.dumps({"study": str(path), "combined": combined}, default=str))
+        else:
+            study.render_combined(combined, out)
+
+
+def load_outcome(run_dir: Path):
+    """A run's outcome rebuilt from disk: summary and tables from manifest and results."""
+    from pipelines.protocol import RunOutcome
+    from pipelines.registry import framework
+
+    manifest = read_manifest(run_dir / MANIFEST)
+    fw = framework(manifest["framework"])
+    options = fw.Options.model_validate(manifest["options"])
+    results = list(read_results(run_dir / RESULTS).values())
+    summary = summarise(fw.name, manifest["task"], manifest["items"], results)
+    summary["usage_recorded"] = recorded_usage(results)
+    return RunOutcome(run_dir, results, fw.aggregate(results, options), summary, fw)
+
+
+def _print(outcome, as_json: bool, out: Console, label: str) -> None:
+    if as_json:  # plain print: rich would wrap long lines inside the JSON
+        payload = {"run": label, "summary": outcome.summary, "tables": outcome.tables}
+        print(json.dumps(payload, default=str))
+        return
+    print_summary(outcome.summary, out)
+    if outcome.tables is not None:
+        outcome.framework.render(outcome.tables, out)

@@ -1,0 +1,66 @@
+"""What every framework records per item, and the one way a model stage gives up.
+
+An ``ItemResult`` is one line of a run's results.jsonl: a status, a score (or None), an
+explanation a person can read, the framework's details, and the model usage of the item. The run
+store validates every record on append, so a framework cannot write a NaN score, an unknown
+status, or an unparseable item without saying which stage failed and what it said.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Literal, get_args
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from serving.client import Parsed
+
+Status = Literal["ok", "unparseable", "abstained", "undefined", "error"]
+STATUSES: tuple[str, ...] = get_args(Status)
+# Statuses that carry no score by definition; "ok" and "abstained" may (an abstention can score 0).
+UNSCORED = ("unparseable", "undefined", "error")
+
+
+class StageFailure(BaseModel):
+    """Why an item has no score: the stage, the last parse or request error, every raw output."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    stage: str
+    error: str
+    outputs: list[str] = Field(default_factory=list)
+
+
+class ItemResult(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    id: str
+    status: Status
+    score: float | None = None
+    explanation: str = Field(min_length=1)
+    details: dict[str, Any] = Field(default_factory=dict)
+    usage: dict[str, dict[str, Any]] = Field(default_factory=dict)
+    failure: StageFailure | None = None
+
+    @model_validator(mode="after")
+    def _consistent(self) -> ItemResult:
+        if self.score is not None and not math.isfinite(self.score):
+            raise ValueError(f"item {self.id!r}: score must be finite, got {self.score}")
+        if self.status in UNSCORED and self.score is not None:
+            raise ValueError(f"item {self.id!r}: a {self.status} item has no score")
+        if self.status in ("unparseable", "error") and self.failure is None:
+            raise ValueError(f"item {self.id!r}: a {self.status} item names its failing stage")
+        return self
+
+
+class StageFailed(Exception):
+    """A stage's output stayed unparseable after the re-asks: the item is recorded as such."""
+
+    def __init__(self, stage: str, parsed: Parsed | None = None, error: str | None = None):
+        self.stage = stage
+        self.error = error or (parsed.error if parsed else None) or "unparseable"
+        self.outputs = list(parsed.outputs) if parsed else []
+        super().__init__(f"{stage}: {self.error}")
+
+    def failure(self) -> StageFailure:
+        return StageFailure(stage=self.stage, error=self.error, outputs=self.outputs)

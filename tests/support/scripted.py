@@ -1,0 +1,143 @@
+"""A test double of the endpoint: replays scripted outputs (and logprobs) per stage.
+
+``ScriptedClient`` is the real ``EvalClient`` with only its network call replaced, so caching,
+accounting, re-asks, label scoring and parsing all run the production code. Each stage has a
+script: a string (always that output), a list (outputs in call order) or a function of the
+prompt. When the client asks for constrained decoding, the scripted output must satisfy the
+constraint (regex or choice) — a script a real server could not produce fails the test.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from serving.client import EvalClient, StageUsage
+
+_MARKER = re.compile(r"(Relevance|Confidence)\s*:\s*(?=[1-5])", re.IGNORECASE)
+
+
+@dataclass
+class Reply:
+    text: str = ""
+    logprobs: list[dict[str, Any]] | None = None  # the response's logprobs.content
+    tool_calls: list[dict[str, Any]] | None = None
+    error: Exception | None = None  # raised instead of answering
+
+
+Script = str | Reply | list[str | Reply] | Callable[[str], str | Reply]
+
+
+@dataclass
+class Call:
+    stage: str
+    model: str
+    prompt: str  # the last user message
+    messages: list[dict[str, Any]]
+    body: dict[str, Any]
+    output: str
+
+
+def label(distribution: dict[str, float]) -> Reply:
+    """A one-token label answer whose top alternatives carry ``distribution``."""
+    top = [{"token": k, "logprob": math.log(p)} for k, p in distribution.items() if p > 0]
+    best = max(top, key=lambda t: t["logprob"])
+    return Reply(best["token"], [{**best, "top_logprobs": top}])
+
+
+def marked(text: str, distributions: list[dict[str, float]]) -> Reply:
+    """``text`` with a token distribution at each '[Relevance|Confidence: n]' digit, in order."""
+    tokens: list[dict[str, Any]] = []
+    last = 0
+    positions = [m.end() for m in _MARKER.finditer(text)]
+    if len(positions) != len(distributions):
+        raise ValueError(f"{len(positions)} markers but {len(distributions)} distributions")
+    for end, distribution in zip(positions, distributions, strict=True):
+        if end > last:
+            tokens.append({"token": text[last:end], "logprob": 0.0, "top_logprobs": []})
+        digit = label(distribution).logprobs[0]
+        if digit["token"] != text[end]:
+            raise ValueError(f"the text says {text[end]} but the distribution's mode is {digit}")
+        tokens.append(digit)
+        last = end + 1
+    tokens.append({"token": text[last:], "logprob": 0.0, "top_logprobs": []})
+    return Reply(text, tokens)
+
+
+def tool_call(name: str, arguments: str, call_id: str = "call-1") -> Reply:
+    return Reply("", tool_calls=[{"id": call_id, "type": "function",
+                                  "function": {"name": name, "arguments": arguments}}])  # fmt: skip
+
+
+def field_of(prompt: str, name: str) -> str:
+    """The value after the last '<name>: ' line of a rendered prompt."""
+    found = re.findall(rf"^\s*{re.escape(name)}:[ \t]*(.*)$", prompt, re.MULTILINE)
+    if not found:
+        raise AssertionError(f"no {name!r} line in prompt:\n{prompt}")
+    return found[-1].strip()
+
+
+def by_text(mapping: dict[str, str | Reply], prompt: str) -> str | Reply:
+    """The reply whose key occurs in the prompt (exactly one key must)."""
+    hits = [key for key in mapping if key in prompt]
+    if len(hits) != 1:
+        raise AssertionError(f"{len(hits)} script keys in prompt {prompt[-300:]!r}: {hits}")
+    return mapping[hits[0]]
+
+
+class ScriptedClient(EvalClient):
+    def __init__(self, scripts: dict[str, Script], *, check_constraints: bool = True,
+                 **kwargs: Any):  # fmt: skip
+        kwargs.setdefault("max_retries", 0)
+        super().__init__("http://scripted.invalid/v1", kwargs.pop("model", "scripted"), **kwargs)
+        self.scripts = {k: list(v) if isinstance(v, list) else v for k, v in scripts.items()}
+        self.check_constraints = check_constraints
+        self.calls: list[Call] = []
+
+    def stage_calls(self, stage: str) -> list[Call]:
+        return [c for c in self.calls if c.stage == stage]
+
+    async def _request(self, model: str, messages: list[dict[str, Any]], body: dict[str, Any],
+                       usage: StageUsage, *, stage: str, template: str | None) -> dict[str, Any]:  # fmt: skip
+        prompt = next(
+            (m["content"] for m in reversed(messages) if m["role"] == "user"), ""
+        )
+        reply = self._next(stage, prompt)
+        self.calls.append(Call(stage, model, prompt, messages, body, reply.text))
+        if reply.error is not None:
+            usage.failures += 1
+            raise reply.error
+        if self.check_constraints:
+            _check_constraint(stage, body, reply.text)
+        usage.requests += 1
+        message: dict[str, Any] = {"role": "assistant", "content": reply.text}
+        if reply.tool_calls:
+            message["tool_calls"] = reply.tool_calls
+        choice: dict[str, Any] = {"index": 0, "message": message, "finish_reason": "stop"}
+        if reply.logprobs is not None:
+            choice["logprobs"] = {"content": reply.logprobs}
+        tokens = {"prompt_tokens": len(prompt.split()), "completion_tokens": len(reply.text.split())}
+        return {"choices": [choice], "usage": tokens, "model": model}
+
+    def _next(self, stage: str, prompt: str) -> Reply:
+        if stage not in self.scripts:
+            raise AssertionError(f"no script for stage {stage!r}; prompt:\n{prompt}")
+        script = self.scripts[stage]
+        if isinstance(script, list):
+            if not script:
+                raise AssertionError(f"stage {stage!r} was called more often than scripted")
+            script = script.pop(0)
+        elif callable(script):
+            script = script(prompt)
+        return Reply(script) if isinstance(script, str) else script
+
+
+def _check_constraint(stage: str, body: dict[str, Any], text: str) -> None:
+    constraint = (body.get("extra_body") or {}).get("structured_outputs") or {}
+    if "regex" in constraint and not re.fullmatch(constraint["regex"], text):
+        raise AssertionError(f"stage {stage}: scripted output breaks the regex: {text!r}")
+    if "choice" in constraint and text not in constraint["choice"]:
+        raise AssertionError(f"stage {stage}: {text!r} is not one of {constraint['choice']}")
