@@ -20,6 +20,12 @@ from pipelines.runstore import MANIFEST, RESULTS, read_manifest, read_results, s
 USAGE_KEYS = ("calls", "requests", "cache_hits", "retries", "prompt_tokens", "completion_tokens")
 
 
+def canonical(results: list[ItemResult]) -> list[ItemResult]:
+    """Results in id order: tables (bootstrap intervals included) are then the same whether
+    computed by the run itself or rebuilt by ``report``, whatever order items finished in."""
+    return sorted(results, key=lambda r: r.id)
+
+
 def summarise(framework: str, task: str, n_items: int, results: list[ItemResult]) -> dict:
     """Status counts over every item and the mean score over the scored ones."""
     summary: dict[str, Any] = {
@@ -104,7 +110,7 @@ def load_outcome(run_dir: Path):
     manifest = read_manifest(run_dir / MANIFEST)
     fw = framework(manifest["framework"])
     options = fw.Options.model_validate(manifest["options"])
-    results = list(read_results(run_dir / RESULTS).values())
+    results = canonical(list(read_results(run_dir / RESULTS).values()))
     summary = summarise(fw.name, manifest["task"], manifest["items"], results)
     summary["usage_recorded"] = recorded_usage(results)
     return RunOutcome(run_dir, results, fw.aggregate(results, options), summary, fw)

@@ -24,7 +24,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedCo
 from pipelines.config import EvaluatorConfig, UserError
 from pipelines.evaluator import model_record, open_evaluator
 from pipelines.protocol import Framework, ItemContext, RunOutcome, RunPlan, RunRequest, Study
-from pipelines.report import print_summary, summarise
+from pipelines.report import canonical, print_summary, summarise
 from pipelines.results import ItemResult, StageFailed, StageFailure
 from pipelines.runstore import RunStore, RunStoreError, atomic_write_json, fingerprint
 from serving.client import EndpointError, EvalClient, RequestRejected, StageUsage
@@ -261,7 +261,7 @@ async def _run_one(study, request, plan: RunPlan, key, items, root, evaluators, 
         await run_items(todo, solve, store, workers=ev.concurrency, show_progress=not quiet,
                         total=len(items))  # fmt: skip
         usage = usage_since(client, before)
-    results = store.results(ids)
+    results = canonical(store.results(ids))
     tables = fw.aggregate(results, plan.options)
     summary = summarise(fw.name, plan.task, len(items), results)
     summary |= {"usage_this_invocation": usage,

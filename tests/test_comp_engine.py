@@ -8,7 +8,7 @@ import pytest
 from typer.testing import CliRunner
 
 from pipelines.cli import app
-from pipelines.comprehensiveness import ComprehensivenessConfig, Item, evaluate_item
+from pipelines.comprehensiveness import ComprehensivenessOptions, Item, evaluate_item
 from pipelines.comprehensiveness.nli_method import LlmNli
 from serving.client import EvalClient
 from tests.conftest import SHARED
@@ -32,20 +32,20 @@ def client_for(server) -> EvalClient:
 
 
 def check_score(record):
-    assert record["status"] in {"ok", "undefined"}, record.get("error")
-    n_in, n_out = len(record["covered"]), len(record["uncovered"])
-    if record["status"] == "ok":
-        assert record["score"] == pytest.approx(n_in / (n_in + n_out))
+    assert record.status in {"ok", "undefined"}, record.failure
+    n_in, n_out = len(record.details["covered"]), len(record.details["uncovered"])
+    if record.status == "ok":
+        assert record.score == pytest.approx(n_in / (n_in + n_out))
     else:
-        assert record["score"] is None and n_in + n_out == 0
+        assert record.score is None and n_in + n_out == 0
 
 
 async def test_nli_method(vllm_server, tmp_path):
-    config = ComprehensivenessConfig(method="nli", **SMALL)
+    config = ComprehensivenessOptions(method="nli", **SMALL)
     async with client_for(vllm_server) as client:
-        record = await evaluate_item(client, ITEM, config, nli_judge=LlmNli(), graph_dir=tmp_path)
+        record = await evaluate_item(client, ITEM, config, nli_judge=LlmNli(), run_dir=tmp_path)
     check_score(record)
-    details = record["details"]
+    details = record.details
     kept = details["kept_context_atoms"]
     n_r = len(details["atoms"]["response"])
     assert details["pairs"]["ordered"] == 2 * n_r * len(kept) + len(kept) * (len(kept) - 1)
@@ -58,17 +58,17 @@ async def test_nli_method(vllm_server, tmp_path):
     for atom_id, score in details["relevance"].items():
         assert (atom_id in kept) == (score >= config.t_rel)
         assert 1.0 <= score <= 5.0
-    assert {"extract", "relevance"} <= set(record["usage"])
-    if record["statements"]:
-        assert json.loads((tmp_path / "tower.json").read_text())["nodes"]
+    assert {"extract", "relevance"} <= set(record.usage)
+    if details["statements"]:
+        assert json.loads((tmp_path / "graphs" / "tower.json").read_text())["nodes"]
 
 
 async def test_qa_method(vllm_server, tmp_path):
-    config = ComprehensivenessConfig(method="qa", t_rel=1.0, t_conf=1.0, **SMALL)
+    config = ComprehensivenessOptions(method="qa", t_rel=1.0, t_conf=1.0, **SMALL)
     async with client_for(vllm_server) as client:
-        record = await evaluate_item(client, ITEM, config, graph_dir=tmp_path)
+        record = await evaluate_item(client, ITEM, config, run_dir=tmp_path)
     check_score(record)
-    details = record["details"]
+    details = record.details
     source_of = {a["id"]: a["source"] for a in details["answers"]}
     for comparison in details["comparisons"]:
         pair = (source_of[comparison["first"]], source_of[comparison["second"]])
@@ -87,35 +87,35 @@ async def test_qa_method(vllm_server, tmp_path):
 async def test_unconstrained_garbage_is_recorded_unparseable_never_scored(vllm_server, method):
     # Without format-constrained decoding the random model cannot follow the formats: the item
     # is recorded with the failing stage and every raw output, and no score.
-    config = ComprehensivenessConfig(method=method, max_reasks=1, **SMALL)
+    config = ComprehensivenessOptions(method=method, max_reasks=1, **SMALL)
     client = EvalClient(
         vllm_server.base_url, vllm_server.served_name, default_params={"temperature": 0.0},
         vllm_extensions=False,
     )  # fmt: skip
     async with client:
         record = await evaluate_item(client, ITEM, config)
-    assert record["status"] == "unparseable"
-    assert record["score"] is None
-    assert record["failed_stage"] in {"extract", "mine", "coverage"}
-    assert len(record["outputs"]) == 2  # first answer + one re-ask
-    assert record["usage"][record["failed_stage"]]["calls"] >= 2
+    assert record.status == "unparseable"
+    assert record.score is None
+    assert record.failure.stage in {"extract", "mine", "coverage"}
+    assert len(record.failure.outputs) == 2  # first answer + one re-ask
+    assert record.usage[record.failure.stage]["calls"] >= 2
 
 
 async def test_e2e_method(vllm_server):
-    config = ComprehensivenessConfig(method="e2e", **SMALL)
+    config = ComprehensivenessOptions(method="e2e", **SMALL)
     async with client_for(vllm_server) as client:
         record = await evaluate_item(client, ITEM, config)
     check_score(record)
-    for statement in record["covered"] + record["uncovered"]:
+    for statement in record.details["covered"] + record.details["uncovered"]:
         assert set(statement["sources"]) <= {"c1", "c2"} and statement["sources"]
-    assert record["usage"]["coverage"]["calls"] == 1
+    assert record.usage["coverage"]["calls"] == 1
 
 
 def test_cli_runs_resumes_and_exports(vllm_server, tmp_path):
     data = tmp_path / "items.jsonl"
     data.write_text(json.dumps(ITEM.model_dump()) + "\n")
     cfg = tmp_path / "c.yaml"
-    cfg.write_text("metric:\n" + "".join(f"  {k}: {v}\n" for k, v in SMALL.items()))
+    cfg.write_text("comprehensiveness:\n" + "".join(f"  {k}: {v}\n" for k, v in SMALL.items()))
     args = [
         "eval", "comprehensiveness", str(data), "--method", "nli", "--config", str(cfg),
         "--endpoint", vllm_server.base_url, "--model", vllm_server.served_name,
@@ -134,7 +134,8 @@ def test_cli_runs_resumes_and_exports(vllm_server, tmp_path):
     assert len((tmp_path / "run" / "results.jsonl").read_text().splitlines()) == 1
     manifest = json.loads((tmp_path / "run" / "manifest.json").read_text())
     assert manifest["prompts"]["extract_atoms"].startswith("extract_atoms@v1#")
-    assert manifest["config"]["metric"]["method"] == "nli"
+    assert manifest["options"]["method"] == "nli"
+    assert manifest["framework"] == "comprehensiveness"
 
 
 WC = SHARED / "data" / "wikicontradict" / "humaneval-dev.jsonl"
@@ -143,7 +144,7 @@ WC = SHARED / "data" / "wikicontradict" / "humaneval-dev.jsonl"
 @pytest.mark.skipif(not WC.is_file(), reason=f"shared data not found at {WC}")
 def test_meta_eval_wikicontradict_on_real_rows(vllm_server, tmp_path):
     cfg = tmp_path / "c.yaml"
-    cfg.write_text("metric:\n" + "".join(f"  {k}: {v}\n" for k, v in SMALL.items()))
+    cfg.write_text("comprehensiveness:\n" + "".join(f"  {k}: {v}\n" for k, v in SMALL.items()))
     result = CliRunner().invoke(
         app,
         [
@@ -181,16 +182,16 @@ async def test_nli_method_with_cross_encoder_backend(vllm_server, tmp_path):
     from tests.support.tiny import build_tiny_classifier
 
     checkpoint = build_tiny_classifier(tmp_path / "nli")
-    config = ComprehensivenessConfig(
+    config = ComprehensivenessOptions(
         method="nli", nli_backend="cross-encoder", nli_model=str(checkpoint), t_rel=1.0, **SMALL
     )
     async with client_for(vllm_server) as client:
         record = await evaluate_item(client, ITEM, config)
     check_score(record)
-    assert record["details"]["nli_backend"] == "cross-encoder"
+    assert record.details["nli_backend"] == "cross-encoder"
     assert "nli" not in client.usage  # no LLM call judged a pair
-    judged = record["details"]["pairs"]["judged"]
-    assert record["usage"].get("nli", {}).get("calls", 0) == judged
+    judged = record.details["pairs"]["judged"]
+    assert record.usage.get("nli", {}).get("calls", 0) == judged
 
 
 def test_eli5_study_table(vllm_server, tmp_path):
@@ -202,8 +203,8 @@ def test_eli5_study_table(vllm_server, tmp_path):
     data.write_text("".join(json.dumps(r) + "\n" for r in rows))
     cfg = tmp_path / "c.yaml"
     cfg.write_text(
-        "evaluator:\n  max_tokens: 48\nmetric:\n"
-        + "".join(f"  {k}: {v}\n" for k, v in SMALL.items())
+        "evaluator:\n  max_tokens: 48\neli5:\n  metric:\n"
+        + "".join(f"    {k}: {v}\n" for k, v in SMALL.items())
     )
     url = vllm_server.base_url
     result = CliRunner().invoke(
@@ -228,9 +229,15 @@ def test_eli5_study_table(vllm_server, tmp_path):
         catch_exceptions=False,
     )
     assert result.exit_code == 0, result.output
-    table = json.loads((tmp_path / "run" / "eli5.json").read_text())
+    study = json.loads((tmp_path / "run" / "study.json").read_text())
+    assert study["runs"] == [f"answers-{vllm_server.served_name}", f"e2e-{vllm_server.served_name}"]
+    table = study["combined"]
     row = table[vllm_server.served_name]
     assert row["questions"] == 2
     assert row["e2e"]["n"] + row["e2e"]["not_scored"] == row["answered"]
     answers = tmp_path / "run" / f"answers-{vllm_server.served_name}" / "results.jsonl"
     assert len(answers.read_text().splitlines()) == 2
+    # report rebuilds the study table from the runs on disk, equal to what the study printed.
+    report = CliRunner().invoke(app, ["report", str(tmp_path / "run"), "--json"])
+    lines = [json.loads(line) for line in report.output.splitlines()]
+    assert lines[-1] == {"study": str(tmp_path / "run"), "combined": table}

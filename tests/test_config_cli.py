@@ -34,7 +34,10 @@ def test_every_command_has_help():
         ["eli5"],
         ["eval"],
         ["eval", "comprehensiveness"],
+        ["eval", "garage"],
+        ["eval", "fanoutqa"],
         ["meta-eval"],
+        ["index"],
     ]
     for command in commands:
         result = run([*command, "--help"])
@@ -135,3 +138,47 @@ def test_models_lists_presets():
         "icat-claims",
     ):
         assert name in output
+
+
+@pytest.mark.parametrize(
+    "command", [["generate"], ["eval", "comprehensiveness"], ["eval", "garage"],
+                ["eval", "fanoutqa"], ["meta-eval"], ["eli5"]],
+)  # fmt: skip
+def test_shared_options_appear_once_in_one_group(command):
+    from pipelines.options import SHARED_OPTIONS
+
+    output = run([*command, "--help"]).output
+    panel = output.index("Evaluator and run")
+    for option in SHARED_OPTIONS:
+        flag = "--" + option.replace("_", "-")
+        assert output.count(f"{flag} ") == 1, (command, flag)
+        assert output.index(f"{flag} ") > panel, (command, flag)
+
+
+def test_binary_input_file_is_one_line_error(tmp_path):
+    path = tmp_path / "q.jsonl"
+    path.write_bytes(b'{"id": "a", "question": "ok?"}\n\xff\xfe\x00garbage\n')
+    result = run(["generate", str(path), "--run-dir", str(tmp_path / "r")])
+    assert result.exit_code == 2
+    assert "q.jsonl:2: not UTF-8 text" in result.output
+    assert len(result.output.strip().splitlines()) == 1
+    assert not (tmp_path / "r").exists()
+
+
+def test_adapter_that_is_not_served_is_refused_before_anything_starts(tmp_path, questions):
+    for args in (["--adapter", "claims"], ["--model", "embedded:claims"]):
+        result = run(["generate", str(questions), *args, "--run-dir", str(tmp_path / "r")])
+        assert result.exit_code == 2, args
+        assert "adapter 'claims' is not served by this run: add --lora" in result.output
+        assert not (tmp_path / "r").exists()
+
+
+def test_model_adapter_address_parses_into_model_and_adapter():
+    ev = EvaluatorConfig(model="Qwen2.5-7B-Instruct:claims", endpoint="http://127.0.0.1:1/v1")
+    assert (ev.model, ev.adapter) == ("Qwen2.5-7B-Instruct", "claims")
+
+
+def test_report_refuses_what_is_not_a_run(tmp_path):
+    result = run(["report", str(tmp_path)])
+    assert result.exit_code == 2
+    assert "not a run directory" in result.output

@@ -37,7 +37,7 @@ def test_main_job_on_embedded_model_starts_and_stops_its_own_server(tmp_path):
     # Format-constrained decoding makes even the 135M model's output parseable.
     assert {r["status"] for r in records} <= {"ok", "undefined"}
     for record in records:
-        assert record["method"] == "qa"
+        assert record["details"]["method"] == "qa"
         assert record["usage"]["mine"]["calls"] == 3  # response + two contexts
     manifest = json.loads((run_dir / "manifest.json").read_text())
     assert manifest["models"]["hub_id"] == "HuggingFaceTB/SmolLM2-135M-Instruct"

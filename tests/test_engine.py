@@ -161,3 +161,51 @@ async def test_bad_request_fails_at_once_with_the_server_message(vllm_server):
         with pytest.raises(EndpointError, match="404|does not exist"):
             await client.chat(prompts(1)[0], adapter="no-such-adapter", stage="t")
         assert client.usage["t"].retries == 0
+
+
+def test_adapter_reaches_the_server_through_every_command(vllm_server, tmp_path):
+    # --adapter (or MODEL:ADAPTER) must send every request of a run to the LoRA adapter: the
+    # answers equal what the adapter gives directly and differ from the base model's.
+    import json
+
+    from typer.testing import CliRunner
+
+    from pipelines.cli import app
+
+    questions = tmp_path / "q.jsonl"
+    texts = [f"question number {i} about the river" for i in range(4)]
+    questions.write_text("".join(json.dumps({"id": str(i), "question": t}) + "\n"
+                                 for i, t in enumerate(texts)))  # fmt: skip
+
+    def generate(run: str, *model_args: str) -> dict[str, str]:
+        args = ["generate", str(questions), "--endpoint", vllm_server.base_url, *model_args,
+                "--max-tokens", "16", "--run-dir", str(tmp_path / run), "--quiet", "--no-cache"]
+        result = CliRunner().invoke(app, args, catch_exceptions=False)
+        assert result.exit_code == 0, result.output
+        lines = (tmp_path / run / "results.jsonl").read_text().splitlines()
+        return {r["id"]: r["details"]["response"] for r in map(json.loads, lines)}
+
+    name = vllm_server.served_name
+    base = generate("base", "--model", name)
+    tuned = generate("tuned", "--model", name, "--adapter", ADAPTER)
+    assert generate("addressed", "--model", f"{name}:{ADAPTER}") == tuned
+    assert sum(base[k] != tuned[k] for k in base) >= 3
+    manifest = json.loads((tmp_path / "tuned" / "manifest.json").read_text())
+    assert manifest["config"]["adapter"] == ADAPTER
+
+    async def direct() -> list[str]:
+        from pipelines.generate import PROMPTS
+
+        async with make_client(vllm_server, adapter=ADAPTER) as client:
+            out = []
+            for text in texts:
+                messages = PROMPTS["answer"].messages(question=text, query=text, contexts=[])
+                out.append((await client.chat(messages, max_tokens=16)).text.strip())
+            return out
+
+    assert [tuned[str(i)] for i in range(4)] == asyncio.run(direct())
+    missing = CliRunner().invoke(app, ["generate", str(questions), "--endpoint",
+                                       vllm_server.base_url, "--model", name, "--adapter", "nope",
+                                       "--run-dir", str(tmp_path / "x"), "--quiet"])  # fmt: skip
+    assert missing.exit_code == 2
+    assert "adapter 'nope' is not served at" in missing.output

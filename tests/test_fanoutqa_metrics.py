@@ -124,43 +124,43 @@ def test_eval_fanoutqa_end_to_end(vllm_server, tmp_path):
     ]  # fmt: skip
     result = CliRunner().invoke(app, args, catch_exceptions=False)
     assert result.exit_code == 0, result.output
+    gold = {q["id"]: q["answer"] for q in questions}
     for setting in ("closed-book", "evidence", "open-book"):
         records = [
             json.loads(x)
             for x in (tmp_path / "run" / setting / "results.jsonl").read_text().splitlines()
         ]
-        assert sorted(r["id"] for r in records) == sorted(q["id"] for q in questions)
-        for record, q in zip(
-            sorted(records, key=lambda r: r["id"]),
-            sorted(questions, key=lambda q: q["id"]),
-            strict=True,
-        ):
-            expected = string_metrics(q["answer"], record["generation"] or None)
-            assert record["metrics"]["loose"] == expected["loose"]
-            assert record["judge"].get("category") in set("ABCDEF") or record["judge"]["status"]
+        assert sorted(r["id"] for r in records) == sorted(gold)
+        for record in records:
+            details = record["details"]
+            expected = string_metrics(gold[record["id"]], details["generation"] or None)
+            assert details["metrics"]["loose"] == expected["loose"]
+            assert record["score"] == expected["loose"]
+            if details["generation"]:
+                judge = details["judge"]
+                assert judge.get("category") in set("ABCDEF") or judge["status"] == "unparseable"
         table = json.loads((tmp_path / "run" / setting / "table1.json").read_text())
         from pipelines.fanoutqa.bleurt import Bleurt
         from pipelines.fanoutqa.metrics import answer_text
 
-        gold = {q["id"]: q["answer"] for q in questions}
-        answered = [r for r in records if r["generation"]]
+        answered = [r for r in records if r["details"]["generation"]]
         direct = Bleurt(str(bleurt)).score([answer_text(gold[r["id"]]) for r in answered],
-                                           [r["generation"] for r in answered])  # fmt: skip
+                                           [r["details"]["generation"] for r in answered])  # fmt: skip
         assert table["bleurt"] == pytest.approx(sum(direct) / len(questions), abs=1e-6)
-        assert 0.0 <= table["loose"] <= 1.0
+        assert table["loose"] == pytest.approx(sum(r["score"] for r in records) / len(records))
     evidence = [
-        json.loads(x)
+        json.loads(x)["details"]["evidence"]
         for x in (tmp_path / "run" / "evidence" / "results.jsonl").read_text().splitlines()
     ]
-    assert all(
-        r["evidence"]["used"] >= 1 and r["evidence"]["missing_pages"] == [] for r in evidence
-    )
-    assert all(r["evidence"]["used"] <= r["evidence"]["chunks"] for r in evidence)
+    assert all(e["used"] >= 1 and e["missing_pages"] == [] for e in evidence)
+    assert all(e["used"] <= e["chunks"] for e in evidence)
+    # The articles were indexed once, into the study root, and both article settings used it.
+    assert (tmp_path / "run" / "articles-index" / "manifest.json").is_file()
 
 
 def test_fanoutqa_input_errors(tmp_path):
     from pipelines.config import UserError
-    from pipelines.fanoutqa.task import Articles, load_questions
+    from pipelines.fanoutqa.framework import check_articles, load_questions
 
     bad = tmp_path / "q.json"
     bad.write_text('{"not": "a list"}')
@@ -172,16 +172,17 @@ def test_fanoutqa_input_errors(tmp_path):
     arts = tmp_path / "a.jsonl"
     arts.write_text('{"pageid": "12", "text": "x"}\n')
     with pytest.raises(UserError, match="a.jsonl:1: need integer pageid"):
-        Articles(arts)
+        check_articles(arts)
 
 
 @pytest.mark.skipif(not DEV.is_file(), reason=f"FanOutQA dev set not found at {DEV}")
 def test_open_book_tools_search_and_read(tmp_path):
-    from pipelines.fanoutqa.task import Articles
+    from pipelines.fanoutqa.framework import ArticleIndex, FanoutOptions, open_article_index
 
     questions = json.loads(DEV.read_text())[:3]
     write_articles(questions, tmp_path / "a.jsonl")
-    search, read = Articles(tmp_path / "a.jsonl").tools(budget_tokens=100)
+    index = open_article_index(FanoutOptions(articles=tmp_path / "a.jsonl"), tmp_path)
+    search, read = ArticleIndex(index).tools(budget_tokens=100)
     found = json.loads(search.call({"query": "1998 MLB draft first picks"}))
     assert found[0]["title"] == "1998 Major League Baseball draft"
     page = json.loads(read.call({"pageid": found[0]["pageid"], "query": "first picks"}))
@@ -192,11 +193,16 @@ def test_open_book_tools_search_and_read(tmp_path):
 
 
 def test_table_row_counts_unanswered_and_reports_bleurt_absent():
-    from pipelines.fanoutqa.task import Question, table_row
+    from pipelines.fanoutqa.framework import table_row
+    from pipelines.results import ItemResult
 
-    questions = [Question(id="a", question="q?", answer="Paris"),
-                 Question(id="b", question="r?", answer=["x", "y"])]  # fmt: skip
-    records = [{"id": "a", "generation": "Paris.", "metrics": string_metrics("Paris", "Paris.")}]
-    row = table_row(records, questions)
+    def result(status, gold, generation):
+        metrics = string_metrics(gold, generation)
+        details = {"setting": "closed-book", "generation": generation or "", "metrics": metrics}
+        return ItemResult(id=str(gold), status=status, score=metrics["loose"], explanation="x",
+                          details=details)  # fmt: skip
+
+    row = table_row([result("ok", "Paris", "Paris."), result("abstained", ["x", "y"], None)])
     assert row["loose"] == 0.5 and row["strict"] == 0.5  # the unanswered question scores 0
     assert row["bleurt"] is None and row["gpt_judge"] is None
+    assert row["not_scored"]["abstained"] == 1 and row["setting"] == "closed-book"

@@ -10,7 +10,8 @@ from typer.testing import CliRunner
 
 from pipelines.config import UserError
 from pipelines.garage.data import citations, load_records, quality_band
-from pipelines.garage.task import attribution, breakdowns, sentences, summarise
+from pipelines.garage.framework import attribution, breakdowns, sentences, summarise
+from pipelines.results import StageFailure, ItemResult
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples" / "garage.jsonl"
 
@@ -50,14 +51,20 @@ def test_quality_bands():
     ]  # fmt: skip
 
 
-def record(expects, deflected, eligible=True, factual=True, raf=True, dims=None, status="ok"):
-    r = {"status": status, "expects_deflection": expects, "deflected": deflected,
+def record(expects, deflected, eligible=True, factual=True, raf=True, dims=None):
+    d = {"expects_deflection": expects, "deflected": deflected,
          "dimensions": dims or {"domain": "Arts"}, "grounding_quality": ">66%",
          "attribution": {"precision": 1.0, "recall": 0.5, "f1": 2 / 3}}  # fmt: skip
     if not expects:
-        r |= {"eligible": eligible, "unadjusted_factual": factual, "factual": eligible and factual,
+        d |= {"eligible": eligible, "unadjusted_factual": factual, "factual": eligible and factual,
               "uraf_factual": raf, "raf": eligible and raf}  # fmt: skip
-    return r
+    score = float(deflected) if expects else float(eligible and raf)
+    return ItemResult(id="x", status="ok", score=score, explanation="by hand", details=d)
+
+
+UNPARSEABLE = ItemResult(id="u", status="unparseable", explanation="judge",
+                         details={"expects_deflection": False},
+                         failure=StageFailure(stage="eligibility", error="no label"))  # fmt: skip
 
 
 def test_summary_by_hand():
@@ -66,7 +73,7 @@ def test_summary_by_hand():
         record(False, True, eligible=False, factual=True, raf=True),
         record(False, False, eligible=True, factual=False, raf=False),
         record(True, True), record(True, False),
-        {"status": "unparseable", "expects_deflection": False},
+        UNPARSEABLE,
     ]  # fmt: skip
     summary = summarise(records)
     t2 = summary["table2"]
@@ -82,7 +89,7 @@ def test_summary_by_hand():
         "false_positive_rate": pytest.approx(1 / 3),
     }
     assert summary["table4"]["recall"] == 0.5
-    assert summary["not_scored"] == {"unparseable": 1, "abstained": 0}
+    assert summary["not_scored"] == {"unparseable": 1, "abstained": 0, "error": 0}
 
 
 def test_breakdowns_group_by_dimension_and_quality():
@@ -132,18 +139,16 @@ def test_eval_garage_end_to_end(vllm_server, tmp_path):
     assert set(results) == {"g1", "g2"}
     answerable = results["g1"]
     if answerable["status"] == "ok":
-        assert answerable["eligibility"] in {"No Issues", "Minor Issue(s)", "Major Issue(s)"}
-        for s in answerable["sentences"]:
-            assert s["all"] in {
-                "supported",
-                "unsupported",
-                "contradictory",
-                "no attribution needed",
-            }
-        assert "deflected" in answerable and "attribution" in answerable
+        details = answerable["details"]
+        assert details["eligibility"] in {"No Issues", "Minor Issue(s)", "Major Issue(s)"}
+        for s in details["sentences"]:
+            assert s["all"] in {"supported", "unsupported", "contradictory",
+                                "no attribution needed"}  # fmt: skip
+        assert answerable["score"] == float(details["raf"])
+        assert "deflected" in details and "attribution" in details
     else:
-        assert answerable["status"] == "abstained"
-    assert "eligibility" not in results["g2"]  # deflection items are judged for deflection only
+        assert answerable["status"] in {"abstained", "unparseable"}
+    assert "eligibility" not in results["g2"]["details"]  # deflection items: deflection only
     tables = json.loads((tmp_path / "run" / "tables.json").read_text())
     assert {"table2", "table3", "table4", "breakdowns"} <= set(tables)
     assert tables["n"] == 2

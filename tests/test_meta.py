@@ -16,13 +16,21 @@ from pipelines.comprehensiveness.meta import (
     wikicontradict_items,
 )
 from pipelines.config import UserError
+from pipelines.results import ItemResult, StageFailure
 from tests.conftest import SHARED
 
 WC = SHARED / "data" / "wikicontradict" / "humaneval-dev.jsonl"
 
 
-def rec(score, label, status="ok"):
-    return {"score": score, "status": status, "meta": {"label": label}}
+def scored(score, meta, status=None):
+    status = status or ("ok" if score is not None else "undefined")
+    failure = StageFailure(stage="coverage", error="x") if status == "unparseable" else None
+    return ItemResult(id="i", status=status, score=score, explanation="by hand",
+                      details={"meta": meta}, failure=failure)  # fmt: skip
+
+
+def rec(score, label, status=None):
+    return scored(score, {"label": label}, status)
 
 
 def test_wc_match_rules():
@@ -81,10 +89,9 @@ def test_cb_pair_scores_by_hand():
 def test_lmr_conflictbank_by_hand():
     def records(sample, kind, scores):
         return [
-            {"score": v, "status": "ok" if v is not None else "undefined",
-             "meta": {"sample": sample, "response_kind": kind, "context_set": k}}
+            scored(v, {"sample": sample, "response_kind": kind, "context_set": k})
             for k, v in scores.items()
-        ]  # fmt: skip
+        ]
 
     rs = records("1", "RD", {"all": 0.25, "D": 1.0, "C1": 0.0, "C2": 0.0, "C3": 0.0})
     rs += records("1", "RC", {"all": 1.0, "D": 1.0, "C1": 0.0, "C2": 0.5, "C3": None})

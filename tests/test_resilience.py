@@ -93,6 +93,10 @@ def test_sigkilled_run_resumes_with_exactly_one_result_per_item(vllm_server, tmp
     first.wait(30)
     done_before = count_lines(results)
     assert 10 <= done_before < len(ids), "the kill must land mid-run"
+    partial = report_json(run_dir)
+    assert partial["summary"]["recorded"] == done_before and partial["summary"]["partial"]
+    assert partial["summary"]["statuses"]["ok"] + partial["summary"]["statuses"]["abstained"] \
+        == done_before  # fmt: skip
 
     second = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
     assert second.returncode == 0, second.stdout + second.stderr
@@ -104,6 +108,21 @@ def test_sigkilled_run_resumes_with_exactly_one_result_per_item(vllm_server, tmp
     assert summary["usage_this_invocation"]["generate"]["requests"] == len(ids) - done_before
     manifest = json.loads((run_dir / "manifest.json").read_text())
     assert len(manifest["resumed_at"]) == 1
+    finished = report_json(run_dir)["summary"]
+    own = {k: v for k, v in summary.items() if not k.endswith("_this_invocation")}
+    assert {k: v for k, v in finished.items() if k != "usage_recorded"} == own
+    # Usage summed over the records: every item was answered by exactly one request.
+    assert finished["usage_recorded"]["generate"]["requests"] == len(ids)
+
+
+def report_json(run_dir: Path) -> dict:
+    from typer.testing import CliRunner
+
+    from pipelines.cli import app
+
+    result = CliRunner().invoke(app, ["report", str(run_dir), "--json"], catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    return json.loads(result.output)
 
 
 def test_serve_command_starts_on_loopback_and_stops_its_process_group(tiny_model, tmp_path):

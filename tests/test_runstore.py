@@ -2,45 +2,80 @@ import json
 
 import pytest
 
-from pipelines.runstore import RunStore, RunStoreError, status_counts
+from pipelines.results import ItemResult, StageFailure
+from pipelines.runstore import FORMAT_VERSION, RunStore, RunStoreError, read_results, status_counts
 
 CONFIG = {"model": "m", "temperature": 0}
 
 
 def open_store(path, config=CONFIG):
     store = RunStore(path)
-    store.open(task="t", config=config, models={"model": "m"}, prompts={"p": "p@v1#x"})
+    store.open(framework="f", task="t", config=config, models={"model": "m"},
+               prompts={"p": "p@v1#x"})  # fmt: skip
     return store
 
 
-def test_manifest_records_provenance(tmp_path):
+def ok(item_id, score=1.0):
+    return ItemResult(id=item_id, status="ok", score=score, explanation="fine")
+
+
+def failed(item_id, status):
+    failure = StageFailure(stage="s", error="boom")
+    return ItemResult(id=item_id, status=status, explanation="failed", failure=failure)
+
+
+def test_manifest_records_provenance_and_format(tmp_path):
     open_store(tmp_path / "run")
     manifest = json.loads((tmp_path / "run" / "manifest.json").read_text())
     for key in ("command", "config", "models", "prompts", "package_version", "git_revision"):
         assert key in manifest
     assert manifest["prompts"] == {"p": "p@v1#x"}
+    assert manifest["format_version"] == FORMAT_VERSION and manifest["framework"] == "f"
+
+
+def test_other_format_version_is_refused_in_one_line(tmp_path):
+    open_store(tmp_path / "run")
+    path = tmp_path / "run" / "manifest.json"
+    path.write_text(json.dumps(json.loads(path.read_text()) | {"format_version": 1}))
+    with pytest.raises(RunStoreError, match="format version 1; this groundcover reads version"):
+        open_store(tmp_path / "run")
 
 
 def test_resume_keeps_results_and_refuses_other_config(tmp_path):
     store = open_store(tmp_path / "run")
-    store.append({"id": "a", "status": "ok"})
+    store.append(ok("a"))
     store.close()
     again = open_store(tmp_path / "run")
-    assert again.completed_ids() == {"a"}
+    assert again.pending(["a", "b"]) == {"b"}
     assert "resumed_at" in again.manifest()
     with pytest.raises(RunStoreError, match="different task or config"):
         open_store(tmp_path / "run", {"model": "other"})
 
 
+def test_error_items_are_retried_and_the_retry_supersedes(tmp_path):
+    store = open_store(tmp_path / "run")
+    store.append(failed("a", "error"))
+    store.append(failed("b", "unparseable"))  # final: the model was asked, it stays recorded
+    store.close()
+    store = open_store(tmp_path / "run")
+    assert store.pending(["a", "b"]) == {"a"}
+    store.append(ok("a", 0.5))
+    store.close()
+    records = read_results(store.results_path)
+    assert [r.id for r in records.values()] == ["b", "a"]
+    assert records["a"].status == "ok" and records["a"].score == 0.5
+
+
 def test_torn_tail_is_cut_and_item_reruns(tmp_path):
     store = open_store(tmp_path / "run")
-    store.append({"id": "a", "status": "ok"})
+    store.append(ok("a"))
     store.close()
     with open(store.results_path, "a") as handle:
-        handle.write('{"id": "b", "stat')  # killed mid-write
-    assert store.completed_ids() == {"a"}
+        handle.write('{"id": "b", "stat' + "x" * 100_000)  # killed mid-write, longer than a block
+    assert set(read_results(store.results_path)) == {"a"}
     store = open_store(tmp_path / "run")  # resume repairs the file
-    store.append({"id": "b", "status": "ok"})
+    assert store.pending(["a", "b"]) == {"b"}
+    store.append(ok("b"))
     store.close()
     lines = store.results_path.read_text().splitlines()
     assert [json.loads(line)["id"] for line in lines] == ["a", "b"]
@@ -48,24 +83,39 @@ def test_torn_tail_is_cut_and_item_reruns(tmp_path):
 
 def test_corrupt_middle_line_is_an_error_naming_file_and_line(tmp_path):
     store = open_store(tmp_path / "run")
-    store.results_path.write_text(
-        '{"id": "a", "status": "ok"}\nGARBAGE\n{"id": "b", "status": "ok"}\n'
-    )
+    good = ok("a").model_dump_json()
+    store.results_path.write_text(f"{good}\nGARBAGE\n{good}\n")
     with pytest.raises(RunStoreError, match=r"results.jsonl:2: corrupt record"):
-        store.results()
+        open_store(tmp_path / "run")
 
 
 def test_every_status_is_counted_none_dropped(tmp_path):
     store = open_store(tmp_path / "run")
-    for i, status in enumerate(["ok", "unparseable", "abstained", "undefined", "ok"]):
-        store.append({"id": str(i), "status": status})
+    records = [ok("0"), failed("1", "unparseable"), failed("2", "error"), ok("4"),
+               ItemResult(id="3", status="undefined", explanation="nothing to cover"),
+               ItemResult(id="5", status="abstained", explanation="no answer")]  # fmt: skip
+    for record in records:
+        store.append(record)
     store.close()
     counts = status_counts(store.results())
-    assert counts == {"ok": 2, "unparseable": 1, "abstained": 1, "undefined": 1, "error": 0}
-    assert sum(counts.values()) == 5
+    assert counts == {"ok": 2, "unparseable": 1, "abstained": 1, "undefined": 1, "error": 1}
 
 
-def test_unknown_status_refused(tmp_path):
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ({"status": "fine"}, "status"),
+        ({"status": "ok", "score": float("nan")}, "finite"),
+        ({"status": "undefined", "score": 0.0}, "no score"),
+        ({"status": "unparseable"}, "names its failing stage"),
+    ],
+)
+def test_inconsistent_records_are_refused(fields, message):
+    with pytest.raises(ValueError, match=message):
+        ItemResult(id="x", explanation="e", **fields)
+
+
+def test_store_takes_only_typed_records(tmp_path):
     store = open_store(tmp_path / "run")
-    with pytest.raises(ValueError, match="status must be one of"):
-        store.append({"id": "x", "status": "fine"})
+    with pytest.raises(TypeError, match="ItemResult"):
+        store.append({"id": "x", "status": "ok"})

@@ -35,7 +35,7 @@ Script = str | Reply | list[str | Reply] | Callable[[str], str | Reply]
 class Call:
     stage: str
     model: str
-    prompt: str  # the last user message
+    prompt: str  # the first user message (the rendered template)
     messages: list[dict[str, Any]]
     body: dict[str, Any]
     output: str
@@ -102,9 +102,8 @@ class ScriptedClient(EvalClient):
 
     async def _request(self, model: str, messages: list[dict[str, Any]], body: dict[str, Any],
                        usage: StageUsage, *, stage: str, template: str | None) -> dict[str, Any]:  # fmt: skip
-        prompt = next(
-            (m["content"] for m in reversed(messages) if m["role"] == "user"), ""
-        )
+        # The template's prompt: re-asks and tool results come after it in ``messages``.
+        prompt = next((m["content"] for m in messages if m["role"] == "user"), "")
         reply = self._next(stage, prompt)
         self.calls.append(Call(stage, model, prompt, messages, body, reply.text))
         if reply.error is not None:

@@ -1,0 +1,184 @@
+"""The runtime end to end with scripted outputs: each framework's tables by hand, and `report`
+rebuilding them from a run that was interrupted midway and from the finished run."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from pipelines.cli import app
+from pipelines.comprehensiveness import ComprehensivenessOptions
+from pipelines.comprehensiveness.framework import COMPREHENSIVENESS
+from pipelines.config import EvaluatorConfig, RunConfig
+from pipelines.fanoutqa.framework import FANOUTQA, FanoutOptions
+from pipelines.garage.framework import GARAGE, GarageOptions
+from pipelines.protocol import RunRequest
+from pipelines.runner import execute, fixed_client
+from serving.client import EndpointError
+from tests.support.scripted import Reply, ScriptedClient, by_text, field_of
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+
+
+def run(study, options, client, run_dir: Path, concurrency: int = 4):
+    evaluator = EvaluatorConfig(model="judge", endpoint="http://127.0.0.1:9/v1",
+                                concurrency=concurrency)  # fmt: skip
+    request = RunRequest(evaluator, RunConfig(run_dir=run_dir, cache=None), options)
+    return execute(study, request, quiet=True, open_client=lambda ev, d: fixed_client(client))
+
+
+def report_json(path: Path) -> list[dict]:
+    result = CliRunner().invoke(app, ["report", str(path), "--json"], catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    return [json.loads(line) for line in result.output.splitlines()]
+
+
+# ---- comprehensiveness meta-evaluation: LMR on WikiContradict ---------------------------------
+
+WC_ROW = {
+    "question": "Where was the treaty signed?",
+    "context1_self_contained": "The treaty was signed in Paris.",
+    "context2_self_contained": "Some historians say the treaty was signed in Versailles.",
+    **{f"answer{k}": f"Response number {k}." for k in range(5)},
+    # answer1 is a one-context answer: its Correct becomes Partially correct (SPEC rule).
+    "label0": "Correct", "label1": "Correct", "label2": "Partially correct",
+    "label3": "Incorrect", "label4": "Correct",
+}  # fmt: skip
+COVERED, UNCOVERED = "[Covered statements]", "[Uncovered statements]"
+WC_OUTPUTS = {  # S per response: 1, 1/2, 1, 0, unparseable
+    "Response number 0.": f"x\n{COVERED}\n- Paris [1]\n- Versailles [2]\n{UNCOVERED}\n",
+    "Response number 1.": f"x\n{COVERED}\n- Paris [1]\n{UNCOVERED}\n- Versailles [2]\n",
+    "Response number 2.": f"x\n{COVERED}\n- Paris [1]\n- Versailles [2]\n{UNCOVERED}\n",
+    "Response number 3.": f"x\n{COVERED}\n{UNCOVERED}\n- Paris [1]\n- Versailles [2]\n",
+    "Response number 4.": "I will not use the format.",
+}
+
+
+def wc_client(fail_on: str | None = None) -> ScriptedClient:
+    def coverage(prompt: str) -> Reply | str:
+        response = field_of(prompt, "Answer")
+        if response == fail_on:
+            return Reply(error=EndpointError("http://127.0.0.1:9/v1: connection refused"))
+        return WC_OUTPUTS[response]
+
+    return ScriptedClient({"coverage": coverage}, check_constraints=False)
+
+
+def test_lmr_by_hand_through_an_interrupted_and_resumed_run(tmp_path):
+    data = tmp_path / "wc.jsonl"
+    data.write_text(json.dumps(WC_ROW) + "\n")
+    options = ComprehensivenessOptions(input=data, dataset="wikicontradict", method="e2e",
+                                       resamples=1000)  # fmt: skip
+    run_dir = tmp_path / "run"
+    # The endpoint dies at the fourth response: three items are recorded, the run stops.
+    with pytest.raises(EndpointError):
+        run(COMPREHENSIVENESS, options, wc_client(fail_on="Response number 3."), run_dir, 1)
+    [partial] = report_json(run_dir)
+    assert partial["summary"]["recorded"] == 3 and partial["summary"]["partial"]
+    # Matches: C with S=1 yes; PC with S=1/2 yes; PC with S=1 no -> 2/3.
+    assert partial["tables"]["lmr"] == pytest.approx(2 / 3)
+    assert partial["tables"]["by_label"] == {"C": {"n": 1, "lmr": 1.0},
+                                             "PC": {"n": 2, "lmr": 0.5}}  # fmt: skip
+
+    client = wc_client()
+    outcome = run(COMPREHENSIVENESS, options, client, run_dir)[""]
+    assert len(client.calls) == 1 + 3  # only the missing items: one answer, one unparseable x3
+    # Adds: I with S=0 yes; C unparseable no (stays in the denominator) -> 3/5.
+    lmr = json.loads((run_dir / "lmr.json").read_text())
+    assert lmr["lmr"] == pytest.approx(3 / 5) and lmr["n"] == 5
+    assert lmr["by_label"] == {"C": {"n": 2, "lmr": 0.5}, "PC": {"n": 2, "lmr": 0.5},
+                               "I": {"n": 1, "lmr": 1.0}}  # fmt: skip
+    assert lmr["not_scored"] == {"unparseable": 1}
+    assert outcome.tables == lmr
+    [finished] = report_json(run_dir)
+    assert finished["tables"] == lmr
+    assert finished["summary"]["statuses"] == {"ok": 4, "unparseable": 1, "undefined": 0,
+                                               "abstained": 0, "error": 0}  # fmt: skip
+
+
+# ---- GaRAGe: Tables 2-4 ------------------------------------------------------------------------
+
+G1 = "The Eiffel Tower is 330 metres tall [1]. It was completed in 1889 [2]. Paris has bakeries [3]."
+G2 = "I could not find that revenue in the passages."
+G3 = "The tower is 330 metres tall [1]."
+
+
+def garage_records(tmp_path: Path) -> Path:
+    rows = [json.loads(x) for x in (EXAMPLES / "garage.jsonl").read_text().splitlines()]
+    third = rows[0] | {"id": "g3", "question": "How tall is the Eiffel Tower?"}
+    path = tmp_path / "garage.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in [*rows, third]))
+    return path
+
+
+GARAGE_SCRIPTS = {
+    "answer": lambda p: by_text({"completed?": G1, "ACME": G2, "How tall": G3},
+                                field_of(p, "Question")),  # fmt: skip
+    "deflection": lambda p: "missing" if field_of(p, "Answer") == G2 else "attempted",
+    "eligibility": lambda p: "No Issues" if "1889" in field_of(p, "Model answer")
+    else "Major Issue(s)",
+    "support-all": "supported",
+    # Only passages 1 and 2 are relevant: the bakery sentence rests on passage 3 alone.
+    "support-relevant": lambda p: "unsupported" if "bakeries" in field_of(p, "Sentence")
+    else "supported",
+}
+
+
+def test_garage_tables_by_hand(tmp_path):
+    options = GarageOptions(input=garage_records(tmp_path))
+    outcome = run(GARAGE, options, ScriptedClient(GARAGE_SCRIPTS), tmp_path / "run")[""]
+    scores = {r.id: r.score for r in outcome.results}
+    # g1 eligible, factual on all passages, not on the relevant ones: RAF 0. g2 deflected as
+    # expected: 1. g3 factual both ways but ineligible (Major Issue): RAF 0.
+    assert scores == {"g1": 0.0, "g2": 1.0, "g3": 0.0}
+    tables = json.loads((tmp_path / "run" / "tables.json").read_text())
+    assert tables["table2"] == {"n": 2, "eligibility": 0.5, "unadjusted_factuality": 1.0,
+                                "factuality": 0.5, "uRAF": 0.5, "RAF": 0.0}  # fmt: skip
+    assert tables["table3"] == {"n_deflection_items": 1, "true_positive_rate": 1.0,
+                                "n_answerable_items": 2, "false_positive_rate": 0.0}  # fmt: skip
+    # Citations vs the human ones {1, 2}: g1 {1,2,3} P 2/3 R 1 F1 0.8; g3 {1} P 1 R 1/2 F1 2/3.
+    t4 = tables["table4"]
+    assert (t4["precision"], t4["recall"], t4["f1"]) == pytest.approx((5 / 6, 0.75, 11 / 15))
+    assert tables["breakdowns"]["domain"]["Arts"]["table2"]["n"] == 2
+    [rebuilt] = report_json(tmp_path / "run")
+    assert rebuilt["tables"] == tables
+
+
+# ---- FanOutQA: Table 1 -------------------------------------------------------------------------
+
+FANOUT = [
+    {"id": "f1", "question": "Which French cities host the two largest ports?",
+     "answer": ["Paris", "Lyon"]},
+    {"id": "f2", "question": "When did the tower open?", "answer": "1889"},
+    {"id": "f3", "question": "Is the sky blue?", "answer": True},
+]  # fmt: skip
+FANOUT_SCRIPTS = {
+    "answer-closed-book": lambda p: by_text({"French": "Paris and Marseille.",
+                                             "tower": "It opened in 1889.", "sky": ""}, p),
+    "judge": lambda p: "Only one city matches.\nB" if "Marseille" in p else "no verdict",
+}
+
+
+def test_fanoutqa_table_by_hand(tmp_path):
+    data = tmp_path / "dev.json"
+    data.write_text(json.dumps(FANOUT))
+    options = FanoutOptions(input=data, judge=True)
+    client = ScriptedClient(FANOUT_SCRIPTS, check_constraints=False)
+    outcomes = run(FANOUTQA, options, client, tmp_path / "run")
+    table = outcomes["closed-book"].tables
+    # loose: f1 finds 1 of 2 strings, f2 all, f3 gave no answer -> (0.5 + 1 + 0) / 3.
+    assert table["loose"] == pytest.approx(0.5) and table["strict"] == pytest.approx(1 / 3)
+    # Judge: f1 B (passes), f2 unreadable after re-asks, f3 not judged (no answer); a missing
+    # verdict counts 0 over all questions, as in the original.
+    assert table["gpt_judge"] == pytest.approx(1 / 3) and table["judge_unparseable"] == 1
+    assert table["not_scored"] == {"abstained": 1, "unparseable": 0, "error": 0}
+    assert len(client.stage_calls("judge")) == 1 + 3
+    statuses = {r.id: (r.status, r.score) for r in outcomes["closed-book"].results}
+    assert statuses == {"f1": ("ok", 0.5), "f2": ("ok", 1.0), "f3": ("abstained", 0.0)}
+    study = json.loads((tmp_path / "run" / "study.json").read_text())
+    rebuilt = report_json(tmp_path / "run")
+    assert rebuilt[0]["tables"] == table == study["combined"]["closed-book"]
+    assert rebuilt[-1]["combined"] == study["combined"]
