@@ -178,8 +178,19 @@ def test_adapter_reaches_the_server_through_every_command(vllm_server, tmp_path)
                                  for i, t in enumerate(texts)))  # fmt: skip
 
     def generate(run: str, *model_args: str) -> dict[str, str]:
-        args = ["generate", str(questions), "--endpoint", vllm_server.base_url, *model_args,
-                "--max-tokens", "16", "--run-dir", str(tmp_path / run), "--quiet", "--no-cache"]
+        args = [
+            "generate",
+            str(questions),
+            "--endpoint",
+            vllm_server.base_url,
+            *model_args,
+            "--max-tokens",
+            "16",
+            "--run-dir",
+            str(tmp_path / run),
+            "--quiet",
+            "--no-cache",
+        ]
         result = CliRunner().invoke(app, args, catch_exceptions=False)
         assert result.exit_code == 0, result.output
         lines = (tmp_path / run / "results.jsonl").read_text().splitlines()

@@ -35,30 +35,45 @@ C2 = ["The Eiffel Tower is 300 metres tall without antennas.",
 # ---- NLI-based ---------------------------------------------------------------------------------
 
 NLI_SCRIPTS = {
-    "extract": lambda p: by_text({
-        "I hope this helps": "- The Eiffel Tower is 330 metres tall: Fact\n"
-                             "- I hope this helps: Meta Statement\n",
-        "It opened in 1889": "- The tower is 330 metres tall with antennas: Fact\n"
-                             "- It opened in 1889: Fact\n- Paris has many cafes: Fact\n",
-        "Without antennas": "- It is 300 metres without antennas: Fact\n"
-                            "- It is taller than 250 metres: Fact\n",
-    }, field_of(p, "TEXT")),  # fmt: skip
-    "revise": lambda p: by_text({
-        "I hope this helps": f"* {R1}\n",
-        "It opened in 1889": "".join(f"* {a}\n" for a in C1),
-        "Without antennas": "".join(f"* {a}\n" for a in C2),
-    }, field_of(p, "Background text")),  # fmt: skip
+    "extract": lambda p: by_text(
+        {
+            "I hope this helps": "- The Eiffel Tower is 330 metres tall: Fact\n"
+            "- I hope this helps: Meta Statement\n",
+            "It opened in 1889": "- The tower is 330 metres tall with antennas: Fact\n"
+            "- It opened in 1889: Fact\n- Paris has many cafes: Fact\n",
+            "Without antennas": "- It is 300 metres without antennas: Fact\n"
+            "- It is taller than 250 metres: Fact\n",
+        },
+        field_of(p, "TEXT"),
+    ),  # fmt: skip
+    "revise": lambda p: by_text(
+        {
+            "I hope this helps": f"* {R1}\n",
+            "It opened in 1889": "".join(f"* {a}\n" for a in C1),
+            "Without antennas": "".join(f"* {a}\n" for a in C2),
+        },
+        field_of(p, "Background text"),
+    ),  # fmt: skip
     # relevance: 5 | 0.5*3 + 0.5*4 = 3.5 (kept: the threshold is inclusive) | 1*0.5 + 2*0.3 +
     # 5*0.2 = 2.1 (dropped) | 4*0.6 + 5*0.4 = 4.4 | 4
-    "relevance": lambda p: label({
-        C1[0]: {"5": 1.0}, C1[1]: {"3": 0.5, "4": 0.5}, C1[2]: {"1": 0.5, "2": 0.3, "5": 0.2},
-        C2[0]: {"4": 0.6, "5": 0.4}, C2[1]: {"4": 1.0},
-    }[field_of(p, "Statement")]),  # fmt: skip
+    "relevance": lambda p: label(
+        {
+            C1[0]: {"5": 1.0},
+            C1[1]: {"3": 0.5, "4": 0.5},
+            C1[2]: {"1": 0.5, "2": 0.3, "5": 0.2},
+            C2[0]: {"4": 0.6, "5": 0.4},
+            C2[1]: {"4": 1.0},
+        }[field_of(p, "Statement")]
+    ),  # fmt: skip
     # r1 <-> c1.a1 are equivalent; c1.a1 -> c2.a2 (330 m entails "taller than 250 m"); the
     # rest neutral. Covered: {r1, c1.a1} and c2.a2 (by the path r1 -> c1.a1 -> c2.a2);
     # uncovered: c1.a2 and c2.a1. S = 2 / 4.
-    "nli": lambda p: "entailment" if (field_of(p, "Premise"), field_of(p, "Hypothesis")) in {
-        (R1, C1[0]), (C1[0], R1), (C1[0], C2[1])} else "neutral",  # fmt: skip
+    "nli": lambda p: (
+        "entailment"
+        if (field_of(p, "Premise"), field_of(p, "Hypothesis"))
+        in {(R1, C1[0]), (C1[0], R1), (C1[0], C2[1])}
+        else "neutral"
+    ),  # fmt: skip
 }
 
 
@@ -117,11 +132,14 @@ async def test_unparseable_stage_is_recorded_with_every_output():
 Q1, Q2, Q3 = ("How tall is the Eiffel Tower?", "When did the Eiffel Tower open?",
               "How tall is the Eiffel Tower without antennas?")  # fmt: skip
 QA_SCRIPTS = {
-    "mine": lambda p: by_text({
-        "I hope this helps": f"* {Q1}\n",
-        "It opened in 1889": f"* {Q1}\n* {Q2}\n",
-        "Without antennas": f"* {Q3}\n",
-    }, field_of(p, "Background text")),  # fmt: skip
+    "mine": lambda p: by_text(
+        {
+            "I hope this helps": f"* {Q1}\n",
+            "It opened in 1889": f"* {Q1}\n* {Q2}\n",
+            "Without antennas": f"* {Q3}\n",
+        },
+        field_of(p, "Background text"),
+    ),  # fmt: skip
     # Relevance 5 | 0.6*2 + 0.4*5 = 3.2 (< 3.5: Q2 dropped) | 0.5*4 + 0.25*3 + 0.25*5 = 4.0.
     "refine": marked(
         f"* {Q1} [Relevance: 5]\n* {Q2} [Relevance: 2]\n* {Q3} [Relevance: 4]\n",
@@ -129,21 +147,28 @@ QA_SCRIPTS = {
     ),
     # Confidences (t_conf = 2): an "unknown" answer is no statement; c2's "300 metres" for Q1
     # has 0.5*2 + 0.5*1 = 1.5 and is dropped.
-    "answer": lambda p: by_text({
-        "I hope this helps": marked(
-            f"* {Q1}\nA: 330 metres [Confidence: 5]\n* {Q3}\nA: the full height [Confidence: 3]\n",
-            [{"5": 1.0}, {"3": 1.0}]),
-        "It opened in 1889": marked(
-            f"* {Q1}\nA: 330 metres [Confidence: 4]\n* {Q3}\nA: 324 metres [Confidence: 3]\n",
-            [{"4": 1.0}, {"3": 1.0}]),
-        "Without antennas": marked(
-            f"* {Q1}\nA: 300 metres [Confidence: 2] | A: 1,083 feet [Confidence: 4]\n"
-            f"* {Q3}\nA: 300 metres [Confidence: 5] | A: unknown [Confidence: 1]\n",
-            [{"2": 0.5, "1": 0.5}, {"4": 1.0}, {"5": 1.0}, {"1": 1.0}]),
-    }, field_of(p, "Background text")),  # fmt: skip
+    "answer": lambda p: by_text(
+        {
+            "I hope this helps": marked(
+                f"* {Q1}\nA: 330 metres [Confidence: 5]\n"
+                f"* {Q3}\nA: the full height [Confidence: 3]\n",
+                [{"5": 1.0}, {"3": 1.0}],
+            ),
+            "It opened in 1889": marked(
+                f"* {Q1}\nA: 330 metres [Confidence: 4]\n* {Q3}\nA: 324 metres [Confidence: 3]\n",
+                [{"4": 1.0}, {"3": 1.0}],
+            ),
+            "Without antennas": marked(
+                f"* {Q1}\nA: 300 metres [Confidence: 2] | A: 1,083 feet [Confidence: 4]\n"
+                f"* {Q3}\nA: 300 metres [Confidence: 5] | A: unknown [Confidence: 1]\n",
+                [{"2": 0.5, "1": 0.5}, {"4": 1.0}, {"5": 1.0}, {"1": 1.0}],
+            ),
+        },
+        field_of(p, "Background text"),
+    ),  # fmt: skip
     "compare": lambda p: {
         "the full height - 324 metres": "Both are heights.\nthe full height - 324 metres "
-                                        "[second implies first]",
+        "[second implies first]",
         "the full height - 300 metres": "Different.\nthe full height - 300 metres [neutral]",
     }[field_of(p, "Answer pair")],  # fmt: skip
 }

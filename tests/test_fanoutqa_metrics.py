@@ -144,8 +144,9 @@ def test_eval_fanoutqa_end_to_end(vllm_server, tmp_path):
         from pipelines.fanoutqa.metrics import answer_text
 
         answered = [r for r in records if r["details"]["generation"]]
-        direct = Bleurt(str(bleurt)).score([answer_text(gold[r["id"]]) for r in answered],
-                                           [r["details"]["generation"] for r in answered])  # fmt: skip
+        references = [answer_text(gold[r["id"]]) for r in answered]
+        generations = [r["details"]["generation"] for r in answered]
+        direct = Bleurt(str(bleurt)).score(references, generations)
         assert table["bleurt"] == pytest.approx(sum(direct) / len(questions), abs=1e-6)
         assert table["loose"] == pytest.approx(sum(r["score"] for r in records) / len(records))
     evidence = [

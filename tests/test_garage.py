@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 from pipelines.config import UserError
 from pipelines.garage.data import citations, load_records, quality_band
 from pipelines.garage.framework import attribution, breakdowns, sentences, summarise
-from pipelines.results import StageFailure, ItemResult
+from pipelines.results import ItemResult, StageFailure
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples" / "garage.jsonl"
 

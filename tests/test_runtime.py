@@ -101,7 +101,9 @@ def test_lmr_by_hand_through_an_interrupted_and_resumed_run(tmp_path):
 
 # ---- GaRAGe: Tables 2-4 ------------------------------------------------------------------------
 
-G1 = "The Eiffel Tower is 330 metres tall [1]. It was completed in 1889 [2]. Paris has bakeries [3]."
+G1 = (
+    "The Eiffel Tower is 330 metres tall [1]. It was completed in 1889 [2]. Paris has bakeries [3]."
+)
 G2 = "I could not find that revenue in the passages."
 G3 = "The tower is 330 metres tall [1]."
 
@@ -115,15 +117,18 @@ def garage_records(tmp_path: Path) -> Path:
 
 
 GARAGE_SCRIPTS = {
-    "answer": lambda p: by_text({"completed?": G1, "ACME": G2, "How tall": G3},
-                                field_of(p, "Question")),  # fmt: skip
+    "answer": lambda p: by_text(
+        {"completed?": G1, "ACME": G2, "How tall": G3}, field_of(p, "Question")
+    ),  # fmt: skip
     "deflection": lambda p: "missing" if field_of(p, "Answer") == G2 else "attempted",
-    "eligibility": lambda p: "No Issues" if "1889" in field_of(p, "Model answer")
-    else "Major Issue(s)",
+    "eligibility": lambda p: (
+        "No Issues" if "1889" in field_of(p, "Model answer") else "Major Issue(s)"
+    ),
     "support-all": "supported",
     # Only passages 1 and 2 are relevant: the bakery sentence rests on passage 3 alone.
-    "support-relevant": lambda p: "unsupported" if "bakeries" in field_of(p, "Sentence")
-    else "supported",
+    "support-relevant": lambda p: (
+        "unsupported" if "bakeries" in field_of(p, "Sentence") else "supported"
+    ),
 }
 
 
@@ -156,8 +161,9 @@ FANOUT = [
     {"id": "f3", "question": "Is the sky blue?", "answer": True},
 ]  # fmt: skip
 FANOUT_SCRIPTS = {
-    "answer-closed-book": lambda p: by_text({"French": "Paris and Marseille.",
-                                             "tower": "It opened in 1889.", "sky": ""}, p),
+    "answer-closed-book": lambda p: by_text(
+        {"French": "Paris and Marseille.", "tower": "It opened in 1889.", "sky": ""}, p
+    ),
     "judge": lambda p: "Only one city matches.\nB" if "Marseille" in p else "no verdict",
 }
 

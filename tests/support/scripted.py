@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from serving.client import EvalClient, StageUsage
@@ -100,8 +100,16 @@ class ScriptedClient(EvalClient):
     def stage_calls(self, stage: str) -> list[Call]:
         return [c for c in self.calls if c.stage == stage]
 
-    async def _request(self, model: str, messages: list[dict[str, Any]], body: dict[str, Any],
-                       usage: StageUsage, *, stage: str, template: str | None) -> dict[str, Any]:  # fmt: skip
+    async def _request(
+        self,
+        model: str,
+        messages: list[dict[str, Any]],
+        body: dict[str, Any],
+        usage: StageUsage,
+        *,
+        stage: str,
+        template: str | None,
+    ) -> dict[str, Any]:
         # The template's prompt: re-asks and tool results come after it in ``messages``.
         prompt = next((m["content"] for m in messages if m["role"] == "user"), "")
         reply = self._next(stage, prompt)
@@ -118,7 +126,8 @@ class ScriptedClient(EvalClient):
         choice: dict[str, Any] = {"index": 0, "message": message, "finish_reason": "stop"}
         if reply.logprobs is not None:
             choice["logprobs"] = {"content": reply.logprobs}
-        tokens = {"prompt_tokens": len(prompt.split()), "completion_tokens": len(reply.text.split())}
+        tokens = {"prompt_tokens": len(prompt.split()),
+                  "completion_tokens": len(reply.text.split())}  # fmt: skip
         return {"choices": [choice], "usage": tokens, "model": model}
 
     def _next(self, stage: str, prompt: str) -> Reply:
