@@ -19,7 +19,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from pipelines.comprehensiveness import ComprehensivenessConfig, Item, evaluate_item
+from pipelines.comprehensiveness import ComprehensivenessOptions, Item, evaluate_item
 from serving.client import EvalClient
 from serving.launcher import ServerSpec, VLLMServer
 
@@ -44,28 +44,26 @@ def load_items(rows: int) -> list[Item]:
 
 
 async def bench_method(url, model, items: list[Item], method: str, concurrency: int, t_rel: float):
-    config = ComprehensivenessConfig(method=method, t_rel=t_rel)
+    options = ComprehensivenessOptions(method=method, t_rel=t_rel, export_graphs=False)
     client = EvalClient(url, model, concurrency=concurrency, default_params={"temperature": 0.0})
     async with client:
         started = time.perf_counter()
-        records = await asyncio.gather(*(evaluate_item(client, it, config) for it in items))
+        records = await asyncio.gather(*(evaluate_item(client, it, options) for it in items))
         elapsed = time.perf_counter() - started
-    calls = [sum(u["calls"] for u in r["usage"].values()) for r in records]
-    prompt = [sum(u["prompt_tokens"] for u in r["usage"].values()) for r in records]
-    completion = [sum(u["completion_tokens"] for u in r["usage"].values()) for r in records]
+    calls = [sum(u["calls"] for u in r.usage.values()) for r in records]
+    prompt = [sum(u["prompt_tokens"] for u in r.usage.values()) for r in records]
+    completion = [sum(u["completion_tokens"] for u in r.usage.values()) for r in records]
     row = {
         "method": method,
         "items": len(items),
-        "statuses": {
-            s: sum(r["status"] == s for r in records) for s in {r["status"] for r in records}
-        },
+        "statuses": {s: sum(r.status == s for r in records) for s in {r.status for r in records}},
         "calls/item": statistics.mean(calls),
         "prompt tok/item": statistics.mean(prompt),
         "completion tok/item": statistics.mean(completion),
         "items/min": 60 * len(items) / elapsed,
     }
     if method == "nli":
-        pairs = [r["details"]["pairs"] for r in records if "details" in r]
+        pairs = [r.details["pairs"] for r in records if "pairs" in r.details]
         row["nli pairs (formula)"] = sum(p["formula"] for p in pairs)
         row["nli pairs judged"] = sum(p["judged"] for p in pairs)
     return row
