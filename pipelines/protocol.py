@@ -158,13 +158,19 @@ class ItemContext:
             raise StageFailed(stage, parsed)
         return parsed
 
-    async def choose(self, template: PromptTemplate, choices: list[str], stage: str,
-                     values: dict[str, Any], **params: Any) -> str:  # fmt: skip
-        """One of ``choices`` (constrained on vLLM); ``StageFailed`` when none can be read."""
-        parsed = await self.client.choice(
+    async def choice(self, template: PromptTemplate, choices: list[str], stage: str,
+                     values: dict[str, Any], **params: Any) -> Parsed:  # fmt: skip
+        """One of ``choices`` (constrained on vLLM), or the unparseable record: the caller
+        decides what an unreadable answer means."""
+        return await self.client.choice(
             template.messages(**values), choices, max_reasks=self.max_reasks, stage=stage,
             template=template.id, meter=self.meter, **params,
         )  # fmt: skip
+
+    async def choose(self, template: PromptTemplate, choices: list[str], stage: str,
+                     values: dict[str, Any], **params: Any) -> str:  # fmt: skip
+        """One of ``choices`` (constrained on vLLM); ``StageFailed`` when none can be read."""
+        parsed = await self.choice(template, choices, stage, values, **params)
         if not parsed.ok:
             raise StageFailed(stage, parsed)
         return parsed.value

@@ -89,6 +89,13 @@ class ChatResult:
         logprobs = self.raw["choices"][0].get("logprobs") or {}
         return logprobs.get("content") or []
 
+    @property
+    def sequence_probability(self) -> float | None:
+        """exp of the mean token log-probability of the output (None without logprobs): the
+        probability of a short constrained answer such as a label."""
+        values = [t["logprob"] for t in self.token_logprobs if t.get("logprob") is not None]
+        return math.exp(sum(values) / len(values)) if values else None
+
 
 @dataclass
 class Parsed:

@@ -78,7 +78,7 @@ NLI_SCRIPTS = {
 
 
 async def test_nli_method_exact_score(tmp_path):
-    options = ComprehensivenessOptions(method="nli")
+    options = ComprehensivenessOptions(protocol="spec", method="nli")
     async with ScriptedClient(NLI_SCRIPTS) as client:
         result = await evaluate_item(client, ITEM, options, nli_judge=LlmNli(), run_dir=tmp_path)
     assert result.status == "ok", result.failure
@@ -104,7 +104,7 @@ async def test_nli_method_exact_score(tmp_path):
 async def test_nli_method_nothing_relevant_is_undefined_not_zero():
     scripts = dict(NLI_SCRIPTS, relevance=lambda p: label({"1": 1.0}))
     async with ScriptedClient(scripts) as client:
-        result = await evaluate_item(client, ITEM, ComprehensivenessOptions(method="nli"),
+        result = await evaluate_item(client, ITEM, ComprehensivenessOptions(protocol="spec", method="nli"),
                                      nli_judge=LlmNli())  # fmt: skip
     assert result.status == "undefined" and result.score is None
     assert client.stage_calls("nli") == []  # no context atom survived: no pair to judge
@@ -114,7 +114,7 @@ async def test_unparseable_stage_is_recorded_with_every_output():
     # An endpoint without constrained decoding that never follows the unit format: the stage is
     # asked 1 + max_reasks times, then the item is recorded unparseable with each raw output.
     scripts = dict(NLI_SCRIPTS, extract="Sure! Here are the units you asked for.")
-    options = ComprehensivenessOptions(method="nli", max_reasks=2)
+    options = ComprehensivenessOptions(protocol="spec", method="nli", max_reasks=2)
     async with ScriptedClient(scripts, vllm_extensions=False) as client:
         result = await evaluate_item(client, ITEM, options, nli_judge=LlmNli())
     assert result.status == "unparseable" and result.score is None
@@ -180,7 +180,7 @@ async def test_qa_method_exact_score(tmp_path):
     # Q3 (q2): c1 "324 metres" vs c2 "300 metres" differ (pint) -> contradictory; r "the full
     # height" is compared by the model: 324 m implies it (an edge into the response only), 300 m
     # is neutral -> both context answers uncovered. S = 1 / 3.
-    options = ComprehensivenessOptions(method="qa")
+    options = ComprehensivenessOptions(protocol="spec", method="qa")
     async with ScriptedClient(QA_SCRIPTS) as client:
         result = await evaluate_item(client, ITEM, options, run_dir=tmp_path)
     assert result.status == "ok", result.failure
@@ -215,7 +215,7 @@ async def test_qa_confidence_falls_back_to_stated_integers_without_logprobs():
     scripts["answer"] = lambda p: Reply(QA_SCRIPTS["answer"](p).text)
     scripts["refine"] = Reply(QA_SCRIPTS["refine"].text)
     async with ScriptedClient(scripts) as client:
-        result = await evaluate_item(client, ITEM, ComprehensivenessOptions(method="qa"))
+        result = await evaluate_item(client, ITEM, ComprehensivenessOptions(protocol="spec", method="qa"))
     d = result.details
     assert [q["relevance"] for q in d["refined_questions"]] == [5.0, 2.0, 4.0]
     assert not any(q["weighted"] for q in d["refined_questions"])
@@ -235,7 +235,7 @@ async def test_e2e_method_exact_score_and_source_ids():
               "- It is 300 metres tall without antennas [2]\n- It opened in 1889 [1]\n"
               "- It opened in 1889 [1]\n")  # fmt: skip
     async with ScriptedClient({"coverage": output}) as client:
-        result = await evaluate_item(client, item, ComprehensivenessOptions(method="e2e"))
+        result = await evaluate_item(client, item, ComprehensivenessOptions(protocol="spec", method="e2e"))
     assert result.status == "ok" and result.score == pytest.approx(1 / 3)  # repeats count once
     assert [s["sources"] for s in result.details["uncovered"]] == [["c3"], ["c1"]]
     assert "Background text #2: Without antennas" in client.calls[0].prompt
@@ -245,6 +245,6 @@ async def test_e2e_source_id_out_of_range_is_reasked_then_scored():
     bad = "x\n[Covered statements]\n- A [3]\n[Uncovered statements]\n"
     good = "x\n[Covered statements]\n[Uncovered statements]\n- B [2]\n"
     async with ScriptedClient({"coverage": [bad, good]}, check_constraints=False) as client:
-        result = await evaluate_item(client, ITEM, ComprehensivenessOptions(method="e2e"))
+        result = await evaluate_item(client, ITEM, ComprehensivenessOptions(protocol="spec", method="e2e"))
     assert result.status == "ok" and result.score == 0.0  # nothing covered: 0, defined
     assert "out of range 1..2" in client.calls[1].messages[-1]["content"]

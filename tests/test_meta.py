@@ -46,7 +46,7 @@ def test_lmr_wc_by_hand():
         rec(0.5, "PC"), rec(0.0, "PC"), rec(None, "PC", "undefined"),  # 1, 0, 0
         rec(0.0, "I"), rec(None, "I", "unparseable"),  # 1, 0
     ]  # fmt: skip
-    result = lmr_wikicontradict(records, resamples=2000)
+    result = lmr_wikicontradict(records, resamples=2000, protocol="spec")
     assert result["lmr"] == pytest.approx(3 / 7)
     assert result["n"] == 7  # failures stay in the denominator
     assert result["by_label"]["C"] == {"n": 2, "lmr": 0.5}

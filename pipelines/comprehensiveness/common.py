@@ -15,6 +15,10 @@ from serving.templates import load_dir
 PROMPTS = load_dir(Path(__file__).parent / "prompts")
 Method = Literal["nli", "qa", "e2e"]
 Dataset = Literal["items", "wikicontradict", "conflictbank"]
+# paper: the rules of the authors' code that produced the paper's numbers (SPEC §1 "Reference
+# behaviour"); spec: a plain reading of the paper (ordered NLI pairs each an edge, no
+# response-response comparison, unreadable stages recorded unparseable). README compares them.
+Protocol = Literal["paper", "spec"]
 
 
 class Item(BaseModel):
@@ -40,11 +44,14 @@ class ComprehensivenessOptions(BaseModel):
     limit: int | None = Field(None, ge=1, description="only the first N data rows")
     resamples: int = Field(10_000, ge=100, description="bootstrap resamples of LMR intervals")
     method: Method = "qa"
+    protocol: Protocol = Field("paper", description="paper (authors' code) | spec")
     t_rel: float = Field(
         3.5, ge=1, le=5, description="keep context atoms/questions scoring >= this"
     )
     t_conf: float = Field(2.0, ge=1, le=5, description="keep answers with confidence >= this")
-    summarise: bool = Field(False, description="condense each context to the query first")
+    summarise: bool | None = Field(
+        None, description="condense each context to the query first (default: on in paper)"
+    )
     nli_backend: Literal["llm", "cross-encoder"] = "llm"
     nli_model: str | None = Field(
         None, description="NLI checkpoint (name or path) for cross-encoder"
@@ -62,6 +69,11 @@ class ComprehensivenessOptions(BaseModel):
         if self.nli_backend == "cross-encoder" and not self.nli_model:
             raise ValueError("nli_backend cross-encoder needs nli_model (checkpoint name or path)")
         return self
+
+
+def summarises(options: ComprehensivenessOptions) -> bool:
+    """The reference summarises before every method; the spec protocol only when asked."""
+    return options.protocol == "paper" if options.summarise is None else options.summarise
 
 
 def formats(options: ComprehensivenessOptions) -> Formats:

@@ -1,4 +1,5 @@
-"""End-to-end comprehensiveness: one call returns covered and uncovered statements (SPEC §1)."""
+"""End-to-end comprehensiveness: one call returns covered and uncovered statements (SPEC §1).
+Each listed statement is one cluster; the paper protocol counts a repeated one as listed."""
 
 from __future__ import annotations
 
@@ -11,8 +12,9 @@ from pipelines.protocol import ItemContext
 
 async def evaluate(ctx: ItemContext, item: Item, contexts: list[str]) -> dict[str, Any]:
     numbered = [text for text in contexts if text.strip()]
+    paper = ctx.options.protocol == "paper"
     parsed = await ctx.ask(
-        PROMPTS["coverage"], "coverage", lambda t: parse_coverage(t, len(numbered)),
+        PROMPTS["coverage"], "coverage", lambda t: parse_coverage(t, len(numbered), paper),
         "the two lists '[Covered statements]' and '[Uncovered statements]', each line "
         "'- <statement> [<text ids>]'",
         {"query": item.query, "contexts": numbered, "response": item.response},

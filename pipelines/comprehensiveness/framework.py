@@ -26,6 +26,7 @@ from pipelines.comprehensiveness.common import (
     Item,
     Method,
     summarise_contexts,
+    summarises,
 )
 from pipelines.comprehensiveness.graph import build_graph, comprehensiveness, coverage, export_graph
 from pipelines.config import SHARED_DATA, EvaluatorConfig, UserError, read_jsonl
@@ -67,9 +68,9 @@ class Comprehensiveness(Framework):
 
     async def solve(self, item: Item, ctx: ItemContext) -> ItemResult:
         options: ComprehensivenessOptions = ctx.options
-        ctx.details |= {"method": options.method, "meta": item.meta}
+        ctx.details |= {"method": options.method, "protocol": options.protocol, "meta": item.meta}
         contexts = item.contexts
-        if options.summarise:
+        if summarises(options):
             contexts = await summarise_contexts(ctx, item.query, item.contexts)
             ctx.details["summaries"] = contexts
         if options.method == "e2e":
@@ -94,7 +95,9 @@ class Comprehensiveness(Framework):
         if options.dataset == "items":
             return None  # plain items: the summary's mean S is the result
         tables = {"dataset": options.dataset, "method": options.method}
-        return tables | LMR[options.dataset](results, options.resamples)
+        if options.dataset == "wikicontradict":
+            return tables | meta.lmr_wikicontradict(results, options.resamples, options.protocol)
+        return tables | meta.lmr_conflictbank(results, options.resamples)
 
     def render(self, tables: dict[str, Any], console: Console) -> None:
         meta.print_lmr(tables, console)
@@ -262,7 +265,10 @@ def eval_comprehensiveness(
     method: MethodOpt = None,
     t_rel: Annotated[float | None, typer.Option(help="relevance threshold (3.5)")] = None,
     t_conf: Annotated[float | None, typer.Option(help="confidence threshold (2)")] = None,
-    summarise: Annotated[bool | None, typer.Option(help="condense contexts first")] = None,
+    protocol: Annotated[str | None, typer.Option(help="paper (default) | spec")] = None,
+    summarise: Annotated[
+        bool | None, typer.Option(help="condense contexts first (paper: on)")
+    ] = None,
     nli_backend: Annotated[str | None, typer.Option(help="llm | cross-encoder")] = None,
     nli_model: Annotated[str | None, typer.Option(help="cross-encoder checkpoint")] = None,
     tools: Annotated[bool | None, typer.Option(help="comparator may call the units tool")] = None,
@@ -270,8 +276,8 @@ def eval_comprehensiveness(
 ) -> dict[str, Any]:
     """Comprehensiveness of each response against its contexts (NLI, Q&A or end-to-end)."""
     return {"input": input, "method": method, "t_rel": t_rel, "t_conf": t_conf,
-            "summarise": summarise, "nli_backend": nli_backend, "nli_model": nli_model,
-            "tools": tools, "limit": limit}  # fmt: skip
+            "protocol": protocol, "summarise": summarise, "nli_backend": nli_backend,
+            "nli_model": nli_model, "tools": tools, "limit": limit}  # fmt: skip
 
 
 @framework_command(COMPREHENSIVENESS)

@@ -51,6 +51,45 @@ def comprehensiveness(n_in: int, n_out: int) -> float | None:
     return n_in / total if total else None
 
 
+@dataclass(frozen=True)
+class Judgement:
+    """One judged direction of a pair: premise -> hypothesis, its label and that label's
+    probability (exp of the mean log-probability of the label's tokens)."""
+
+    premise: str
+    hypothesis: str
+    label: str
+    probability: float
+
+
+def edges_from_judgements(
+    pairs: list[tuple[Judgement, Judgement]],
+) -> tuple[list[tuple[str, str]], list[dict[str, Any]]]:
+    """The paper protocol's rule (the authors' code): one relation per unordered pair.
+
+    Each pair comes as (preferred, other): both directions judged, ``preferred`` being the one a
+    tie goes to (response -> context; for contexts c_i, c_j with i < j, c_j -> c_i). Both saying
+    entailment is an equivalence (edges both ways). Otherwise the more probable direction is kept
+    whatever its label, so a confident neutral overrules a less confident entailment; only a kept
+    entailment becomes an edge. Returns the edges and, per pair, what was kept and why.
+    """
+    edges: list[tuple[str, str]] = []
+    kept: list[dict[str, Any]] = []
+    for preferred, other in pairs:
+        if preferred.label == other.label == "entailment":
+            edges += [(preferred.premise, preferred.hypothesis), (other.premise, other.hypothesis)]
+            kept.append({"pair": [preferred.premise, preferred.hypothesis],
+                         "relation": "equivalence"})  # fmt: skip
+            continue
+        winner = other if other.probability > preferred.probability else preferred
+        if winner.label == "entailment":
+            edges.append((winner.premise, winner.hypothesis))
+        kept.append({"pair": [preferred.premise, preferred.hypothesis],
+                     "kept": [winner.premise, winner.hypothesis], "relation": winner.label,
+                     "probability": winner.probability})  # fmt: skip
+    return edges, kept
+
+
 def build_graph(statements: list[Statement], entailments: list[tuple[str, str]]) -> nx.DiGraph:
     graph = nx.DiGraph()
     for statement in statements:

@@ -58,10 +58,25 @@ def bca_interval(values: Sequence[float], resamples: int = 10_000, seed: int = 0
 # ---- WikiContradict --------------------------------------------------------------------------
 
 
+PAPER_SEED = 42  # the reference's bootstrap seed
+EPSILON = 1e-5  # the reference's thresholds: C if S > 1 - eps, PC if S > eps, else I
+
+
 def wc_match(score: float | None, label: str) -> int:
+    """spec: exact S = 1 / 0 < S < 1 / S = 0; no score never matches."""
     if score is None:
         return 0
     return int({"C": score == 1.0, "PC": 0.0 < score < 1.0, "I": score == 0.0}[label])
+
+
+def wc_predicted(score: float) -> str:
+    """paper: the label the reference predicts from S."""
+    return "C" if score > 1 - EPSILON else "PC" if score > EPSILON else "I"
+
+
+def paper_score(record: ItemResult) -> float | None:
+    """The reference returns 0 where nothing relevant is left: undefined counts as S = 0."""
+    return 0.0 if record.status == "undefined" else record.score
 
 
 def wikicontradict_items(path: Path, limit: int | None = None) -> list[Item]:
@@ -97,15 +112,29 @@ def _label(record: ItemResult) -> str:
     return record.details["meta"]["label"]
 
 
-def lmr_wikicontradict(records: list[ItemResult], resamples: int = 10_000) -> dict[str, Any]:
-    matches = [wc_match(r.score, _label(r)) for r in records]
+def lmr_wikicontradict(
+    records: list[ItemResult], resamples: int = 10_000, protocol: str = "paper"
+) -> dict[str, Any]:
+    """LMR_WC over every record; a record without a score stays in the denominator (the paper
+    protocol scores an undefined one 0 first, as the reference does, and counts them)."""
+    if protocol == "paper":
+        scores = [paper_score(r) for r in records]
+        matches = [int(s is not None and wc_predicted(s) == _label(r))
+                   for s, r in zip(scores, records, strict=True)]  # fmt: skip
+        seed = PAPER_SEED
+    else:
+        matches = [wc_match(r.score, _label(r)) for r in records]
+        seed = 0
     out: dict[str, Any] = {
         "n": len(matches),
+        "protocol": protocol,
         "lmr": float(np.mean(matches)) if matches else None,
-        "ci95": bca_interval(matches, resamples).as_dict() if matches else None,
+        "ci95": bca_interval(matches, resamples, seed).as_dict() if matches else None,
         "not_scored": _not_scored(records),
         "by_label": {},
     }
+    if protocol == "paper":
+        out["undefined_scored_as_zero"] = sum(r.status == "undefined" for r in records)
     for label in ("C", "PC", "I"):
         subset = [m for m, r in zip(matches, records, strict=True) if _label(r) == label]
         if subset:
@@ -221,4 +250,6 @@ def print_lmr(result: dict[str, Any], console: Console) -> None:
     for label, entry in result.get("by_label", {}).items():
         table.add_row(f"label {label}", f"{entry['lmr']:.4f} (n={entry['n']})")
     table.add_row("not scored", json.dumps(result["not_scored"]))
+    if "undefined_scored_as_zero" in result:
+        table.add_row("undefined, scored 0 (paper)", str(result["undefined_scored_as_zero"]))
     console.print(table)

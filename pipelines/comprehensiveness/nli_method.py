@@ -7,7 +7,12 @@ import itertools
 from typing import Any, Protocol
 
 from pipelines.comprehensiveness.common import PROMPTS, Item, formats, source_ids
-from pipelines.comprehensiveness.graph import RESPONSE, Statement
+from pipelines.comprehensiveness.graph import (
+    RESPONSE,
+    Judgement,
+    Statement,
+    edges_from_judgements,
+)
 from pipelines.comprehensiveness.parsers import (
     FACTUAL_TYPES,
     NLI_LABELS,
@@ -15,31 +20,45 @@ from pipelines.comprehensiveness.parsers import (
     parse_units,
 )
 from pipelines.protocol import ItemContext
+from pipelines.results import StageFailed
 from serving.client import StageUsage
 
 Pair = tuple[str, str]  # (premise text, hypothesis text)
 
 
+Labelled = tuple[str, float]  # (label, its probability)
+
+
 class NliJudge(Protocol):
-    """Labels (entailment | contradiction | neutral) for (premise, hypothesis) pairs."""
+    """(label, probability) for (premise, hypothesis) pairs; label one of NLI_LABELS."""
 
     name: str
 
-    async def judge(self, ctx: ItemContext, pairs: list[Pair]) -> list[str]: ...
+    async def judge(self, ctx: ItemContext, pairs: list[Pair]) -> list[Labelled]: ...
 
 
 class LlmNli:
-    """The paper's choice: the evaluator LLM labels each pair (constrained to the three labels)."""
+    """The paper's choice: the evaluator LLM labels each pair (constrained to the three labels);
+    the probability is that of the label's tokens. An unreadable label is neutral with
+    probability 1 in the paper protocol (as in the authors' code) and fails the item in spec."""
 
     name = "llm"
 
-    async def judge(self, ctx: ItemContext, pairs: list[Pair]) -> list[str]:
+    async def judge(self, ctx: ItemContext, pairs: list[Pair]) -> list[Labelled]:
         template = PROMPTS["nli"]
 
-        async def one(pair: Pair) -> str:
+        async def one(pair: Pair) -> Labelled:
             values = {"premise": pair[0], "hypothesis": pair[1]}
             # max_tokens: room for a label under any tokenizer
-            return await ctx.choose(template, list(NLI_LABELS), "nli", values, max_tokens=24)
+            parsed = await ctx.choice(template, list(NLI_LABELS), "nli", values, max_tokens=24,
+                                      logprobs=True)  # fmt: skip
+            if parsed.ok:
+                probability = parsed.result.sequence_probability
+                return parsed.value, 1.0 if probability is None else probability
+            if ctx.options.protocol == "spec":
+                raise StageFailed("nli", parsed)
+            ctx.details["nli_unreadable"] = ctx.details.get("nli_unreadable", 0) + 1
+            return "neutral", 1.0
 
         return list(await asyncio.gather(*(one(p) for p in pairs)))
 
@@ -54,10 +73,12 @@ class CrossEncoderNli:
 
         self.scorer = NliScorer(model, device=device)
 
-    async def judge(self, ctx: ItemContext, pairs: list[Pair]) -> list[str]:
-        labels = await asyncio.to_thread(self.scorer.labels, pairs)
+    async def judge(self, ctx: ItemContext, pairs: list[Pair]) -> list[Labelled]:
+        from retrieval.nli import CANONICAL
+
+        probs = await asyncio.to_thread(self.scorer.probabilities, pairs)
         ctx.meter.setdefault("nli", StageUsage()).calls += len(pairs)
-        return labels
+        return [(CANONICAL[row.argmax()], float(row.max())) for row in probs]
 
 
 def make_judge(config) -> NliJudge:
@@ -100,6 +121,17 @@ def nli_pairs(response: list[Statement], context: list[Statement]) -> list[tuple
     return pairs
 
 
+def unordered_pairs(
+    response: list[Statement], context: list[Statement], relations: list[dict[str, Any]]
+) -> list[tuple[Judgement, Judgement]]:
+    """Both judged directions of each unordered pair, the tie-winning direction first:
+    response -> context, and c_j -> c_i for context atoms i < j in id order."""
+    judged = {(r["premise"], r["hypothesis"]): Judgement(**r) for r in relations}
+    out = [(judged[r.id, c.id], judged[c.id, r.id]) for c in context for r in response]
+    out += [(judged[b.id, a.id], judged[a.id, b.id]) for a, b in itertools.combinations(context, 2)]
+    return out
+
+
 async def evaluate(ctx: ItemContext, item: Item, contexts: list[str]) -> dict[str, Any]:
     ids = source_ids(contexts)
     sources = [(RESPONSE, item.response), *zip(ids, contexts, strict=True)]
@@ -123,18 +155,26 @@ async def evaluate(ctx: ItemContext, item: Item, contexts: list[str]) -> dict[st
     relations = []
     for premise, hypothesis in pairs:
         texts = (by_id[premise].text, by_id[hypothesis].text)
-        label = "entailment" if texts[0] == texts[1] else labels[texts]
-        relations.append({"premise": premise, "hypothesis": hypothesis, "label": label})
+        label, probability = ("entailment", 1.0) if texts[0] == texts[1] else labels[texts]
+        relations.append({"premise": premise, "hypothesis": hypothesis, "label": label,
+                          "probability": probability})  # fmt: skip
+    if ctx.options.protocol == "paper":
+        entailments, kept = edges_from_judgements(
+            unordered_pairs(response_atoms, context_atoms, relations)
+        )
+    else:  # spec: every ordered entailment is an edge
+        entailments = [(r["premise"], r["hypothesis"]) for r in relations
+                       if r["label"] == "entailment"]  # fmt: skip
+        kept = None
     return {
         "statements": response_atoms + context_atoms,
-        "entailments": [
-            (r["premise"], r["hypothesis"]) for r in relations if r["label"] == "entailment"
-        ],
+        "entailments": entailments,
         "details": {
             "atoms": {src: atoms for (src, _), atoms in zip(sources, atom_lists, strict=True)},
             "relevance": {s.id: round(r, 4) for s, r in zip(candidates, scores, strict=True)},
             "kept_context_atoms": [s.id for s in context_atoms],
             "relations": relations,
+            **({"kept_relations": kept} if kept is not None else {}),
             "nli_backend": ctx.resources.name,
             "pairs": {
                 "ordered": len(pairs),

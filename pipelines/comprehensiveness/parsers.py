@@ -159,10 +159,12 @@ _SOURCES = re.compile(r"\[\s*(\d+(?:\s*,\s*\d+)*)\s*\]\s*\.?\s*$")
 
 
 def parse_coverage(
-    text: str, n_texts: int
+    text: str, n_texts: int, keep_duplicates: bool = False
 ) -> tuple[list[CoverageStatement], list[CoverageStatement]]:
     """End-to-end output: '[Covered statements]' and '[Uncovered statements]' bullet lists, each
-    statement tagged with the ids of its background texts. Ids outside 1..n are an error."""
+    statement tagged with the ids of its background texts. Ids outside 1..n are an error. A
+    repeated statement is one statement, unless ``keep_duplicates`` (the reference counts it
+    as listed)."""
     lower = (text or "").lower()
     start_c = lower.rfind("[covered statements]")
     start_u = lower.rfind("[uncovered statements]")
@@ -174,8 +176,8 @@ def parse_coverage(
         uncovered_part, covered_part = text[start_u:start_c], text[start_c:]
 
     def section(part: str) -> list[CoverageStatement]:
-        out: dict[str, CoverageStatement] = {}  # a repeated statement is one statement
-        for item in bullets(part):
+        out: dict[str, CoverageStatement] = {}
+        for n, item in enumerate(bullets(part)):
             match = _SOURCES.search(item)
             if not match:
                 raise ParseError(f"statement without source ids like [1, 3]: {item[:60]!r}")
@@ -183,7 +185,8 @@ def parse_coverage(
             if any(not 1 <= i <= n_texts for i in ids):
                 raise ParseError(f"source id out of range 1..{n_texts} in {item[:60]!r}")
             statement = item[: match.start()].strip()
-            out.setdefault(_norm(statement), CoverageStatement(statement, ids))
+            key = f"{n}:{statement}" if keep_duplicates else _norm(statement)
+            out.setdefault(key, CoverageStatement(statement, ids))
         return list(out.values())
 
     return section(covered_part), section(uncovered_part)
