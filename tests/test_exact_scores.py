@@ -104,8 +104,8 @@ async def test_nli_method_exact_score(tmp_path):
 async def test_nli_method_nothing_relevant_is_undefined_not_zero():
     scripts = dict(NLI_SCRIPTS, relevance=lambda p: label({"1": 1.0}))
     async with ScriptedClient(scripts) as client:
-        result = await evaluate_item(client, ITEM, ComprehensivenessOptions(protocol="spec", method="nli"),
-                                     nli_judge=LlmNli())  # fmt: skip
+        options = ComprehensivenessOptions(protocol="spec", method="nli")
+        result = await evaluate_item(client, ITEM, options, nli_judge=LlmNli())
     assert result.status == "undefined" and result.score is None
     assert client.stage_calls("nli") == []  # no context atom survived: no pair to judge
 
@@ -215,7 +215,9 @@ async def test_qa_confidence_falls_back_to_stated_integers_without_logprobs():
     scripts["answer"] = lambda p: Reply(QA_SCRIPTS["answer"](p).text)
     scripts["refine"] = Reply(QA_SCRIPTS["refine"].text)
     async with ScriptedClient(scripts) as client:
-        result = await evaluate_item(client, ITEM, ComprehensivenessOptions(protocol="spec", method="qa"))
+        result = await evaluate_item(
+            client, ITEM, ComprehensivenessOptions(protocol="spec", method="qa")
+        )
     d = result.details
     assert [q["relevance"] for q in d["refined_questions"]] == [5.0, 2.0, 4.0]
     assert not any(q["weighted"] for q in d["refined_questions"])
@@ -235,7 +237,9 @@ async def test_e2e_method_exact_score_and_source_ids():
               "- It is 300 metres tall without antennas [2]\n- It opened in 1889 [1]\n"
               "- It opened in 1889 [1]\n")  # fmt: skip
     async with ScriptedClient({"coverage": output}) as client:
-        result = await evaluate_item(client, item, ComprehensivenessOptions(protocol="spec", method="e2e"))
+        result = await evaluate_item(
+            client, item, ComprehensivenessOptions(protocol="spec", method="e2e")
+        )
     assert result.status == "ok" and result.score == pytest.approx(1 / 3)  # repeats count once
     assert [s["sources"] for s in result.details["uncovered"]] == [["c3"], ["c1"]]
     assert "Background text #2: Without antennas" in client.calls[0].prompt
@@ -245,6 +249,8 @@ async def test_e2e_source_id_out_of_range_is_reasked_then_scored():
     bad = "x\n[Covered statements]\n- A [3]\n[Uncovered statements]\n"
     good = "x\n[Covered statements]\n[Uncovered statements]\n- B [2]\n"
     async with ScriptedClient({"coverage": [bad, good]}, check_constraints=False) as client:
-        result = await evaluate_item(client, ITEM, ComprehensivenessOptions(protocol="spec", method="e2e"))
+        result = await evaluate_item(
+            client, ITEM, ComprehensivenessOptions(protocol="spec", method="e2e")
+        )
     assert result.status == "ok" and result.score == 0.0  # nothing covered: 0, defined
     assert "out of range 1..2" in client.calls[1].messages[-1]["content"]

@@ -70,8 +70,9 @@ def wc_client(fail_on: str | None = None) -> ScriptedClient:
 def test_lmr_by_hand_through_an_interrupted_and_resumed_run(tmp_path):
     data = tmp_path / "wc.jsonl"
     data.write_text(json.dumps(WC_ROW) + "\n")
-    options = ComprehensivenessOptions(input=data, dataset="wikicontradict", method="e2e", protocol="spec",
-                                       resamples=1000)  # fmt: skip
+    options = ComprehensivenessOptions(
+        input=data, dataset="wikicontradict", method="e2e", protocol="spec", resamples=1000
+    )
     run_dir = tmp_path / "run"
     # The endpoint dies at the fourth response: three items are recorded, the run stops.
     with pytest.raises(EndpointError):

@@ -101,11 +101,12 @@ class AnswerSheet:
 _ANSWER = re.compile(r"A:\s*(.*?)\s*\[\s*Confidence\s*:\s*([1-5])\s*\]", re.IGNORECASE)
 
 
-def parse_answers(text: str, questions: list[str]) -> AnswerSheet:
+def parse_answers(text: str, questions: list[str], require_all: bool = True) -> AnswerSheet:
     """Answers per question index: a question line, then ``A: x [Confidence: n] | A: ...``.
 
     Questions are matched by text (case- and punctuation-insensitive). "unknown" answers (the
-    source is silent) are kept and flagged. Every question must have an answer line.
+    source is silent) are kept and flagged. Every question must have an answer line, unless not
+    ``require_all`` (the reference skips a missing question; an output answering none fails).
     """
     keys = {_norm(q): i for i, q in enumerate(questions)}
     result: dict[int, list[Answer]] = {}
@@ -127,7 +128,7 @@ def parse_answers(text: str, questions: list[str]) -> AnswerSheet:
                 )
             position += 1
     missing = [questions[i] for i in range(len(questions)) if i not in result]
-    if missing:
+    if missing and (require_all or not result):
         raise ParseError(f"no answer line for {len(missing)} question(s), e.g. {missing[0]!r}")
     return AnswerSheet(result, position)
 

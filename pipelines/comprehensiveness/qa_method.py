@@ -79,7 +79,8 @@ async def answer(ctx: ItemContext, questions: list[str], text: str) -> dict[int,
     if not text.strip():
         return {}
     parsed = await ctx.ask(
-        PROMPTS["answer_questions"], "answer", lambda t: parse_answers(t, questions),
+        PROMPTS["answer_questions"], "answer",
+        lambda t: parse_answers(t, questions, require_all=ctx.options.protocol == "spec"),
         "for each question its line, then 'A: <answer> [Confidence: <1-5>]' joined by ' | '",
         {"text": text, "questions": questions}, regex=formats(ctx.options).answers(questions),
         max_tokens=ctx.options.list_max_tokens, **LOGPROBS,
@@ -101,11 +102,17 @@ async def answer(ctx: ItemContext, questions: list[str], text: str) -> dict[int,
 
 
 async def compare(ctx: ItemContext, question: str, first: str, second: str) -> dict[str, Any]:
-    """Relation of two answers to one question: deterministic for identical texts and (without
-    tools) for comparable quantities; otherwise the model, with the units tool if enabled."""
-    if _norm(first) == _norm(second):
+    """Relation of two answers to one question: deterministic for identical texts (paper: equal
+    after lower-casing and trimming; spec: also ignoring punctuation) and, in the spec protocol
+    without tools, for comparable quantities; otherwise the model, with the units tool if on."""
+    paper = ctx.options.protocol == "paper"
+    if paper:
+        same = first.strip().lower() == second.strip().lower()
+    else:
+        same = _norm(first) == _norm(second)
+    if same:
         return {"relation": "equivalent", "method": "identical"}
-    if not ctx.options.tools:
+    if not ctx.options.tools and not paper:
         relation = deterministic_relation(first, second)
         if relation:
             return {"relation": relation, "method": "units"}
@@ -159,8 +166,8 @@ async def evaluate(ctx: ItemContext, item: Item, contexts: list[str]) -> dict[st
     jobs = []
     for qi, group in sorted(per_question.items()):
         for a, b in itertools.combinations(group, 2):
-            if a.source == RESPONSE and b.source == RESPONSE:
-                continue  # response-response relations play no part in coverage
+            if a.source == b.source == RESPONSE and ctx.options.protocol == "spec":
+                continue  # spec: response-response relations are not compared
             jobs.append((qi, a, b))
     outcomes = await asyncio.gather(
         *(compare(ctx, questions[qi], a.text, b.text) for qi, a, b in jobs)
