@@ -287,6 +287,7 @@ def meta_eval(
     method: MethodOpt = None,
     limit: Annotated[int | None, typer.Option(help="only the first N data rows")] = None,
     resamples: Annotated[int | None, typer.Option(help="bootstrap resamples (10,000)")] = None,
+    protocol: Annotated[str | None, typer.Option(help="paper (default) | spec")] = None,
 ) -> dict[str, Any]:
     """Meta-evaluate comprehensiveness: LMR_WC per label (wikicontradict) or strict / lax / mean
     LMR (conflictbank, paper Figure 7), each with a 95% BCa interval; writes lmr.json."""
@@ -297,7 +298,7 @@ def meta_eval(
             raise UserError(f"{dataset} needs --data (the file is not shipped)")
         data = WC_DEFAULT
     return {"dataset": dataset, "input": data, "method": method, "limit": limit,
-            "resamples": resamples}  # fmt: skip
+            "resamples": resamples, "protocol": protocol}  # fmt: skip
 
 
 @framework_command(ELI5)
