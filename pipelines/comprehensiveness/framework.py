@@ -37,7 +37,7 @@ from pipelines.results import ItemResult
 from serving.client import EvalClient
 
 GRAPH_METHODS = {"nli": nli_method.evaluate, "qa": qa_method.evaluate}
-LMR = {"wikicontradict": meta.lmr_wikicontradict, "conflictbank": meta.lmr_conflictbank}
+META_DATASETS = ("wikicontradict", "conflictbank")
 WC_DEFAULT = SHARED_DATA / "wikicontradict" / "humaneval-dev.jsonl"
 
 
@@ -291,8 +291,8 @@ def meta_eval(
 ) -> dict[str, Any]:
     """Meta-evaluate comprehensiveness: LMR_WC per label (wikicontradict) or strict / lax / mean
     LMR (conflictbank, paper Figure 7), each with a 95% BCa interval; writes lmr.json."""
-    if dataset not in LMR:
-        raise UserError(f"unknown dataset {dataset!r}: use {' or '.join(LMR)}")
+    if dataset not in META_DATASETS:
+        raise UserError(f"unknown dataset {dataset!r}: use {' or '.join(META_DATASETS)}")
     if data is None:
         if dataset != "wikicontradict":
             raise UserError(f"{dataset} needs --data (the file is not shipped)")
