@@ -136,7 +136,9 @@ def test_eval_crux_by_hand(tmp_path, rate):
     if not rate:  # counted 0: Z covers Q0 and Q1 through p2
         assert record.score == pytest.approx(2 / 3) and client.calls == []
         return
-    assert len(client.calls) == 3
+    # the two answers without a digit are re-asked twice each, then counted 0 and as unreadable
+    assert len(client.calls) == 1 + 2 * 3
+    assert d["unreadable"] == 2 and "2 ratings unreadable" in record.explanation
     # rated: p4 answers Q2 -> all three answerable questions covered.
     assert record.score == 1.0
     # Den: words 4 + 2 = 6 vs P** 3 + 5 = 8, both covering everything: (8/6) ** 0.5.

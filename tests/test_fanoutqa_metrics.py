@@ -207,3 +207,20 @@ def test_table_row_counts_unanswered_and_reports_bleurt_absent():
     assert row["loose"] == 0.5 and row["strict"] == 0.5  # the unanswered question scores 0
     assert row["bleurt"] is None and row["gpt_judge"] is None
     assert row["not_scored"]["abstained"] == 1 and row["setting"] == "closed-book"
+
+
+def test_an_answer_over_spacys_limit_is_scored_in_pieces(monkeypatch):
+    from pipelines.fanoutqa import metrics
+
+    assert metrics.pieces("aa bb cc", 5) == ["aa bb", "cc"]
+    assert metrics.pieces("abcdefg h", 3) == ["abc", "def", "g h"]  # no space: cut anyway
+    # spaCy's limit scaled down (1M chars -> 2,000) so the test stays fast; same code path
+    monkeypatch.setattr(metrics.spacy_pipeline(), "max_length", 2_000)
+    monkeypatch.setattr(metrics, "SPACY_CHUNK", 1_000)
+    metrics.normalize.cache_clear()
+    text = "word " * 1_000 + "Lyon and Paris"  # 5,014 chars: one spaCy call would raise
+    assert " ".join(metrics.pieces(text, 1_000)) == text
+    match = match_answer(["Paris", "Lyon"], text)
+    assert match.found and match.score == 1.0
+    assert not match_answer(["Marseille"], text).found
+    metrics.normalize.cache_clear()

@@ -65,11 +65,19 @@ class Resources:
 
 
 async def rate(ctx: ItemContext, question: str, text: str, stage: str = "rate") -> tuple[int, str]:
-    """The judge at temperature 0 with a few output tokens; the first digit is the rating."""
+    """The judge at temperature 0 with a few output tokens; the first digit is the rating. An
+    answer without one (or with 6-9 on the 0-5 scale) is re-asked; still none -> -1, counted 0
+    as the authors count it, and counted in ``details["unreadable"]`` (never silently)."""
     template = PROMPTS["rate"]
-    result = await ctx.chat(template.messages(question=question, text=text), stage=stage,
-                            template=template.id, temperature=0.0, max_tokens=8)  # fmt: skip
-    return metrics.parse_rating(result.text), result.text
+    parsed = await ctx.client.parsed(
+        template.messages(question=question, text=text), metrics.read_rating,
+        "a rating from 0 to 5", ctx.max_reasks, stage=stage, template=template.id,
+        meter=ctx.meter, temperature=0.0, max_tokens=8,
+    )  # fmt: skip
+    if not parsed.ok:
+        ctx.details["unreadable"] = ctx.details.get("unreadable", 0) + 1
+        return -1, parsed.outputs[-1]
+    return parsed.value, parsed.outputs[-1]
 
 
 class Crux(Framework):
@@ -141,8 +149,10 @@ class Crux(Framework):
         answer = await self._answer(ctx, item, topic.query, [texts.get(p, "") for p in context])
         if answer is not None:
             await self._rate_answer(ctx, topic, answer, questions, oracle_cov, oracle_tokens)
+        unreadable = ctx.details.get("unreadable", 0)
+        note = f"; {unreadable} ratings unreadable after re-asks (counted 0)" if unreadable else ""
         return ctx.result("ok", cov, f"{round((cov or 0) * len(questions))} of {len(questions)} "
-                          f"answerable sub-questions covered by the top {depth}")  # fmt: skip
+                          f"answerable sub-questions covered by the top {depth}{note}")  # fmt: skip
 
     async def _answer(self, ctx: ItemContext, item: TopicItem, query: str,
                       context: list[str]) -> str | None:  # fmt: skip
@@ -187,6 +197,7 @@ class Crux(Framework):
             "rated_now": sum(len(r.details.get("rated", [])) for r in results),
             "counted_zero": 0 if options.rate else sum(r.details.get("unrated", 0)
                                                        for r in results),
+            "unreadable_ratings": sum(r.details.get("unreadable", 0) for r in results),
         }  # fmt: skip
 
     def figures(self, tables: dict[str, Any] | None) -> list[tuple[str, dict[str, Any]]]:
@@ -204,8 +215,15 @@ class Crux(Framework):
         for key in ("cov", "alpha_ndcg", "den", "cov_y", "den_y"):
             value = tables[key]
             table.add_row(key, "-" if value is None else f"{value:.4f}")
-        for key in ("topics", "undefined_topics", "unrated_pairs", "rated_now", "counted_zero"):
-            table.add_row(key, str(tables[key]))
+        for key in (
+            "topics",
+            "undefined_topics",
+            "unrated_pairs",
+            "rated_now",
+            "counted_zero",
+            "unreadable_ratings",
+        ):
+            table.add_row(key, str(tables.get(key, 0)))
         console.print(table)
 
 

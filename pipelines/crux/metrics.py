@@ -23,6 +23,15 @@ def parse_rating(text: str) -> int:
     return int(match.group()) if match else -1
 
 
+def read_rating(text: str) -> int:
+    """``parse_rating`` for a live judge: no digit, or a first digit above 5, is a parse error
+    (re-asked before it becomes the authors' -1)."""
+    value = parse_rating(text)
+    if not 0 <= value <= 5:
+        raise ValueError("no rating 0-5 (the first digit of the answer is the rating)")
+    return value
+
+
 def answerable(ratings: Ratings, n_questions: int, eta: int = ETA) -> list[int]:
     """Sub-questions some passage answers (rating >= eta): the only ones kept."""
     return [q for q in range(n_questions) if any(r[q] >= eta for r in ratings.values())]

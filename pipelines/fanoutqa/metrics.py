@@ -27,13 +27,36 @@ def spacy_pipeline():
     return spacy.load(SPACY_PACKAGE)
 
 
+SPACY_CHUNK = 100_000  # spaCy refuses texts over 1M chars; 100k pieces keep its memory small
+
+
+def lemmas(text: str) -> str:
+    return " ".join(token.lemma_ for token in spacy_pipeline()(text))
+
+
+def pieces(text: str, size: int) -> list[str]:
+    """``text`` cut at whitespace into pieces of at most ``size`` chars (a longer run without
+    whitespace is cut where it must). A text that fits is one piece: the original scorer's path,
+    which only differs from ours where the original raises (answers over 1M chars)."""
+    out = []
+    while len(text) > size:
+        cut = text.rfind(" ", 0, size + 1)
+        if cut <= 0:
+            out.append(text[:size])
+            text = text[size:]
+        else:  # the space itself is dropped: " ".join(pieces) gives the text back
+            out.append(text[:cut])
+            text = text[cut + 1 :]
+    return [*out, text]
+
+
 @lru_cache(maxsize=65536)
 def normalize(text: str) -> str:
     import ftfy
 
     text = ftfy.fix_text(str(text).lower())
     text = re.sub(r"(\d+,)+\d+(\.\d+)?", lambda m: m[0].replace(",", ""), text)
-    text = " ".join(token.lemma_ for token in spacy_pipeline()(text))
+    text = " ".join(lemmas(piece) for piece in pieces(text, SPACY_CHUNK))
     text = re.sub(r"[,.?!:;]", "", text)
     return re.sub(r"\s+", " ", text)
 

@@ -10,6 +10,12 @@ from __future__ import annotations
 
 import random
 
+
+def huge(text: str, size: int = 50_000) -> str:
+    """``text`` repeated to about ``size`` characters."""
+    return text * (size // len(text) + 1)
+
+
 NEAR_VALID = [
     "- A fact: Fact\n", "* A statement.\n", "* Is it so? [Relevance: 5]\n",
     "A: yes [Confidence: 4]\n", "x\na - b [equivalent]\n", "entailment", "neutral",
@@ -31,7 +37,7 @@ FAMILIES = {
                                          '{"topic_id": 99, "evidence": [-1]}', "- a [0]\n"]),
     "ten_on_five": lambda r: r.choice(["10", "Rating: 10/10", "[Relevance: 10]"]),
     "duplicates": lambda r: r.choice(NEAR_VALID) * r.randint(2, 5),
-    "huge": lambda r: (r.choice(NEAR_VALID) or "x") * (50_000 // max(1, len(r.choice(NEAR_VALID)))),
+    "huge": lambda r: huge(r.choice(NEAR_VALID)),
     "html": lambda r: r.choice(["<script>alert(1)</script>", "</script><b>x</b>",
                                  "<img src=x onerror=alert(1)>"]) + r.choice(NEAR_VALID),
     "nested_json": lambda r: r.choice(['{"a": {"b": {"c": [1, {"d": 2}]}}}',

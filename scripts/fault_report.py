@@ -1,0 +1,114 @@
+"""The fault-injection table: adversarial model outputs replayed through every framework.
+
+For each case (a framework, or a method x protocol of comprehensiveness) and seed, the pool of
+adversarial outputs (tests/support/adversarial.py: 14 families) is mixed with well-formed answers
+and replayed through the real runtime with the scripted client. Printed: outputs sent per family,
+items by status, failures recorded inside scored items, escaped exceptions (must be 0), lost
+items (must be 0) and other problems (NaN, out of range, bad denominators; must be 0).
+
+    python scripts/fault_report.py --per-kind 1000
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import logging
+import os
+import shutil
+import sys
+import tempfile
+from collections import Counter
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from tests.support.adversarial import FAMILIES  # noqa: E402
+from tests.support.faults import DEFINED, Replay, cases, replay, stage_kind  # noqa: E402
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seeds", type=int, default=3, help="replays per case at least")
+    parser.add_argument(
+        "--per-kind",
+        type=int,
+        default=1000,
+        help="then more seeds until every stage family got this many",
+    )
+    args = parser.parse_args()
+    logging.disable(logging.WARNING)
+    totals = {case.name: Replay() for case in cases()}
+    with tempfile.TemporaryDirectory() as tmp, open(os.devnull, "w") as quiet:
+        seed = 0
+        while True:
+            seed += 1
+            short = short_kinds(totals, args.per_kind)
+            todo = [
+                c for c in cases() if seed <= args.seeds or kinds_of(totals[c.name], c.name) & short
+            ]
+            if not todo:
+                break
+            for case in todo:
+                with contextlib.redirect_stdout(quiet), contextlib.redirect_stderr(quiet):
+                    totals[case.name].merge(replay(case, seed, Path(tmp) / case.name / str(seed)))
+                shutil.rmtree(Path(tmp) / case.name / str(seed))
+    rows = list(totals.items())
+    print_tables(rows)
+    bad = sum(len(r.escaped) + r.lost + len(r.problems) for _, r in rows)
+    return 1 if bad else 0
+
+
+def kinds_of(replayed: Replay, name: str) -> set[str]:
+    return {stage_kind(name, stage) for stage in replayed.stages}
+
+
+def short_kinds(totals: dict[str, Replay], target: int) -> set[str]:
+    kinds: Counter[str] = Counter()
+    for name, r in totals.items():
+        for stage, n in r.stages.items():
+            kinds[stage_kind(name, stage)] += n
+    return {kind for kind, n in kinds.items() if n < target}
+
+
+def print_tables(rows: list[tuple[str, Replay]]) -> None:
+    head = ["case", "calls", "adversarial", *DEFINED, "error", "recorded", "escaped", "lost",
+            "problems"]  # fmt: skip
+    lines = [head]
+    for name, r in rows:
+        lines.append([name, r.calls, sum(r.families.values()),
+                      *(r.statuses[s] for s in DEFINED), r.statuses["error"], r.recorded,
+                      len(r.escaped), r.lost, len(r.problems)])  # fmt: skip
+    total = Replay()
+    for _, r in rows:
+        total.merge(r)
+    lines.append(["all", total.calls, sum(total.families.values()),
+                  *(total.statuses[s] for s in DEFINED), total.statuses["error"], total.recorded,
+                  len(total.escaped), total.lost, len(total.problems)])  # fmt: skip
+    show(lines)
+    print()
+    families: Counter[str] = total.families
+    show([["output family", "sent"], *([f, families[f]] for f in FAMILIES)])
+    print()
+    kinds: Counter[str] = Counter()
+    for name, r in rows:
+        for stage, n in r.stages.items():
+            kinds[stage_kind(name, stage)] += n
+    show([["stage family", "adversarial outputs"], *sorted(kinds.items())])
+    for name, r in rows:
+        for message in [*r.escaped, *r.problems][:5]:
+            print(f"{name}: {message}")
+
+
+def show(lines: list[list]) -> None:
+    widths = [max(len(str(line[i])) for line in lines) for i in range(len(lines[0]))]
+    for n, line in enumerate(lines):
+        print(" | ".join(str(v).rjust(w) if i else str(v).ljust(w)
+                         for i, (v, w) in enumerate(zip(line, widths, strict=True))))  # fmt: skip
+        if n == 0:
+            print("-+-".join("-" * w for w in widths))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
