@@ -95,7 +95,8 @@ def write_chunks(corpus: Path, out: Path, spec: IndexSpec) -> tuple[int, int]:
         nonlocal documents
         for doc in read_corpus(corpus):
             if doc.id in seen_docs:
-                raise BuildError(f"{corpus}: duplicate document id {doc.id!r}")
+                where = f"{corpus}:{doc.line}" if doc.line else str(corpus)
+                raise BuildError(f"{where}: record {doc.id!r}: duplicate id")
             seen_docs.add(doc.id)
             documents += 1
             yield doc

@@ -21,6 +21,7 @@ class Document:
     id: str
     text: str
     title: str = ""
+    line: int | None = None  # where it starts in a line-based corpus file (for errors)
 
 
 def corpus_format(path: Path) -> str:
@@ -34,31 +35,38 @@ def corpus_format(path: Path) -> str:
     raise CorpusError(f"{path}: unknown corpus format (use .jsonl, .tsv or .trec)")
 
 
-def _open(path: Path):
+def _open(path: Path, binary: bool = False):
     if path.name.endswith(".gz"):
         import gzip
 
-        return gzip.open(path, "rt", encoding="utf-8")
-    return open(path, encoding="utf-8")
+        return gzip.open(path, "rb") if binary else gzip.open(path, "rt", encoding="utf-8")
+    return open(path, "rb") if binary else open(path, encoding="utf-8")
 
 
 def read_jsonl(path: Path) -> Iterator[Document]:
     """``id`` plus ``contents``, or ``title`` + ``text`` (also ``pageid`` / ``_id`` as the id)."""
-    with _open(path) as handle:
-        for lineno, line in enumerate(handle, 1):
+    with _open(path, binary=True) as handle:
+        for lineno, raw in enumerate(handle, 1):
+            try:
+                line = raw.decode("utf-8-sig" if lineno == 1 else "utf-8")
+            except UnicodeDecodeError as exc:
+                raise CorpusError(f"{path}:{lineno}: not UTF-8 text (byte {exc.start})") from exc
             if not line.strip():
                 continue
             try:
                 row = json.loads(line)
             except json.JSONDecodeError as exc:
                 raise CorpusError(f"{path}:{lineno}: not valid JSON: {exc.msg}") from exc
+            if not isinstance(row, dict):
+                raise CorpusError(f"{path}:{lineno}: record must be a JSON object")
             doc_id = next((row[k] for k in ("id", "_id", "docid", "pageid") if k in row), None)
+            if doc_id is None:
+                raise CorpusError(f"{path}:{lineno}: field id: missing (id, _id, docid or pageid)")
             text = row.get("contents", row.get("text"))
-            if doc_id is None or not isinstance(text, str):
-                raise CorpusError(
-                    f"{path}:{lineno}: need an id field and 'contents' or 'text' (got {list(row)})"
-                )
-            yield Document(str(doc_id), text, str(row.get("title") or ""))
+            if not isinstance(text, str):
+                raise CorpusError(f"{path}:{lineno}: record {str(doc_id)!r}: field contents: "
+                                  "missing or not a string ('contents' or 'text')")  # fmt: skip
+            yield Document(str(doc_id), text, str(row.get("title") or ""), lineno)
 
 
 def read_tsv(path: Path) -> Iterator[Document]:
@@ -69,9 +77,9 @@ def read_tsv(path: Path) -> Iterator[Document]:
             if not row:
                 continue
             if len(row) == 2:
-                yield Document(row[0], row[1])
+                yield Document(row[0], row[1], line=lineno)
             elif len(row) == 3:
-                yield Document(row[0], row[2], row[1])
+                yield Document(row[0], row[2], row[1], lineno)
             else:
                 raise CorpusError(f"{path}:{lineno}: expected 2 or 3 tab-separated fields")
 
@@ -116,7 +124,17 @@ def read_corpus(path: Path | str) -> Iterator[Document]:
     path = Path(path)
     if not path.is_file():
         raise CorpusError(f"corpus file not found: {path}")
-    return READERS[corpus_format(path)](path)
+    return _decoded(path, READERS[corpus_format(path)](path))
+
+
+def _decoded(path: Path, documents: Iterator[Document]) -> Iterator[Document]:
+    """The TSV and TREC readers decode as they go: bad bytes become one clear error."""
+    try:
+        yield from documents
+    except UnicodeDecodeError as exc:
+        raise CorpusError(
+            f"{path}: not UTF-8 text: is this a {corpus_format(path)} corpus?"
+        ) from exc
 
 
 def fingerprint(path: Path | str) -> str:

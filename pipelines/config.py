@@ -8,10 +8,18 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Annotated, Any, TypeVar
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from serving.embedded import cache_root
 from serving.registry import ModelRef, UnknownModelError
@@ -23,6 +31,15 @@ SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 
 class UserError(ValueError):
     """Bad configuration or input: printed as one line, exit code 2, nothing written."""
+
+
+def _number_as_id(value: Any) -> Any:
+    return str(value) if isinstance(value, int) and not isinstance(value, bool) else value
+
+
+# A record id: a string, or an integer taken as its decimal string (many datasets number their
+# records). Text fields stay strict: a number where a question or response belongs is an error.
+RecordId = Annotated[str, BeforeValidator(_number_as_id)]
 
 
 class Strict(BaseModel):

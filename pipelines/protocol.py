@@ -69,6 +69,10 @@ class Study:
     def load(self, options: Any) -> list[Any]:
         raise NotImplementedError
 
+    def check_inputs(self, options: Any) -> None:
+        """Read the input files besides the items (``load``) and stop with one ``UserError``
+        if any is malformed -- before the run directory exists, so nothing is written."""
+
     def plan(self, request: RunRequest, root: Path) -> list[RunPlan]:
         """The runs of the study, each in ``root / key``."""
         raise NotImplementedError

@@ -196,6 +196,7 @@ def execute(
     the endpoint or start vLLM; tests pass a scripted client here).
     """
     items = study.load(request.options)
+    study.check_inputs(request.options)
     root = study_root(study, request, items)
     plans = study.plan(request, root)
     cache = None if no_cache else request.run.cache

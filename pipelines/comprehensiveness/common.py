@@ -9,6 +9,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from pipelines.comprehensiveness.formats import Formats
+from pipelines.config import RecordId
 from pipelines.protocol import ItemContext
 from serving.client import Parsed, marker_label_scores
 from serving.templates import load_dir
@@ -25,9 +26,9 @@ Protocol = Literal["paper", "spec"]
 class Item(BaseModel):
     """One evaluated response: the user query, the response, the background texts."""
 
-    model_config = ConfigDict(extra="allow", coerce_numbers_to_str=True)
+    model_config = ConfigDict(extra="allow")
 
-    id: str
+    id: RecordId
     query: str = Field(min_length=1)
     response: str
     contexts: list[str] = Field(min_length=1)

@@ -100,6 +100,8 @@ def wikicontradict_items(path: Path, limit: int | None = None) -> list[Item]:
                     label=label, original_label=raw_label, model=row.get("model"),
                 )
             )  # fmt: skip
+    if not items:
+        raise UserError(f"{path}: no records")
     return items
 
 

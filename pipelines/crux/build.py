@@ -59,8 +59,10 @@ def read_records(path: Path) -> list[Record]:
             or not all(isinstance(d, str) and d.strip() for d in documents)
         ):
             raise UserError(f"{where}: field documents: needs a list of non-empty strings")
-        if rid in seen or ":" in rid or "#" in rid:
-            raise UserError(f"{where}: field id: duplicate, or contains ':' or '#'")
+        if rid in seen:
+            raise UserError(f"{where}: duplicate id")
+        if ":" in rid or "#" in rid:  # they separate the parts of a passage id
+            raise UserError(f"{where}: field id: contains ':' or '#'")
         seen.add(rid)
         records.append(Record(id=rid, summary=row["summary"], documents=documents))
     if not records:

@@ -22,10 +22,11 @@ class Topic(BaseModel):
     questions: list[str]
 
 
-def _text(row: dict, field: str, where: str) -> str:
+def _text(row: dict, field: str, where: str, record: str | None = None) -> str:
     value = row.get(field)
     if isinstance(value, bool) or not isinstance(value, str | int) or not str(value).strip():
-        raise UserError(f"{where}: field {field}: missing or not a string")
+        named = f" record {record!r}:" if record else ""
+        raise UserError(f"{where}:{named} field {field}: missing or not a string")
     return str(value).strip()
 
 
@@ -50,10 +51,15 @@ def load_passages(path: Path, topics: dict[str, Topic]) -> dict[str, dict[str, s
     out: dict[str, dict[str, str]] = {t: {} for t in topics}
     for lineno, row in iter_jsonl(path):
         where = f"{path}:{lineno}"
-        pid, tid = _text(row, "id", where), _text(row, "topic", where)
+        pid = _text(row, "id", where)
+        tid = _text(row, "topic", where, pid)
         if tid not in topics:
             raise UserError(f"{where}: record {pid!r}: field topic: unknown topic {tid!r}")
-        out[tid][pid] = _text(row, "text", where)
+        if pid in out[tid]:
+            raise UserError(f"{where}: record {pid!r}: duplicate passage id in topic {tid!r}")
+        out[tid][pid] = _text(row, "text", where, pid)
+    if not any(out.values()):
+        raise UserError(f"{path}: no records")
     return out
 
 
@@ -64,7 +70,8 @@ def load_ratings(path: Path | None, topics: dict[str, Topic]) -> dict[str, dict[
         return out
     for lineno, row in iter_jsonl(path):
         where = f"{path}:{lineno}"
-        tid, pid = _text(row, "topic", where), _text(row, "passage_id", where)
+        pid = _text(row, "passage_id", where)
+        tid = _text(row, "topic", where, pid)
         if tid not in topics:
             raise UserError(f"{where}: record {pid!r}: field topic: unknown topic {tid!r}")
         question, rating = row.get("question"), row.get("rating")
@@ -74,6 +81,8 @@ def load_ratings(path: Path | None, topics: dict[str, Topic]) -> dict[str, dict[
         if isinstance(rating, bool) or not isinstance(rating, int) or not -1 <= rating <= 5:
             raise UserError(f"{where}: record {pid!r}: field rating: not an integer -1..5")
         out[tid].setdefault(pid, [-1] * n)[question] = rating
+    if not any(out.values()):  # a ratings file was named: an empty one is a mistake
+        raise UserError(f"{path}: no records")
     return out
 
 
@@ -82,7 +91,11 @@ def load_run(path: Path, topics: dict[str, Topic]) -> dict[str, list[str]]:
     if not path.is_file():
         raise UserError(f"input file not found: {path}")
     ranked: dict[str, list[tuple[int, int, str]]] = {}
-    for lineno, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+    for lineno, raw in enumerate(path.read_bytes().splitlines(), 1):
+        try:
+            line = raw.decode("utf-8-sig" if lineno == 1 else "utf-8")
+        except UnicodeDecodeError:
+            raise UserError(f"{path}:{lineno}: not UTF-8 text: is this a TREC run?") from None
         if not line.strip():
             continue
         parts = line.split()

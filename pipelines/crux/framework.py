@@ -100,6 +100,13 @@ class Crux(Framework):
             index.close()
         return [TopicItem(id=t, ranked=list(dict.fromkeys(docs))) for t, docs in run.items()]
 
+    def check_inputs(self, options: CruxOptions) -> None:
+        topics = data.load_topics(options.topics)
+        data.load_passages(options.passages, topics)
+        data.load_ratings(options.ratings, topics)
+        if options.answers:
+            data.load_answers(options.answers, topics)
+
     def setup(self, request, root: Path) -> Resources:
         return Resources(request.options)
 

@@ -21,11 +21,18 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import typer
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from rich.console import Console
 from rich.table import Table
 
-from pipelines.config import SHARED_DATA, Strict, UserError, iter_jsonl, read_text
+from pipelines.config import (
+    SHARED_DATA,
+    Strict,
+    UserError,
+    describe_validation,
+    iter_jsonl,
+    read_text,
+)
 from pipelines.fanoutqa.metrics import ROUGE_TYPES, aggregate, answer_text, string_metrics
 from pipelines.options import framework_command
 from pipelines.protocol import Framework, ItemContext, RunOutcome, RunPlan, RunRequest
@@ -76,14 +83,24 @@ def load_questions(path: Path, limit: int | None = None) -> list[Question]:
         raise UserError(f"{path}: not valid JSON: {exc.msg} (line {exc.lineno})") from exc
     if not isinstance(rows, list):
         raise UserError(f"{path}: expected a JSON list of questions")
-    out = []
+    out: list[Question] = []
+    seen: set[str] = set()
     for n, row in enumerate(rows[:limit] if limit else rows):
-        if not isinstance(row, dict) or "answer" not in row:
-            raise UserError(f"{path}: question #{n}: field answer: missing")
+        if not isinstance(row, dict):
+            raise UserError(f"{path}: question #{n}: not a JSON object")
+        record = f"{path}: question #{n} ({row.get('id')!r})"
+        if "answer" not in row:
+            raise UserError(f"{record}: field answer: missing")
         try:
-            out.append(Question.model_validate(row))
-        except ValueError as exc:
-            raise UserError(f"{path}: question #{n} ({row.get('id')!r}): {exc}") from exc
+            question = Question.model_validate(row)
+        except ValidationError as exc:
+            raise UserError(f"{record}: {describe_validation(exc)}") from exc
+        if question.id in seen:
+            raise UserError(f"{record}: field id: duplicate")
+        seen.add(question.id)
+        out.append(question)
+    if not out:
+        raise UserError(f"{path}: no questions")
     return out
 
 

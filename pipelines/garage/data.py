@@ -16,7 +16,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from pipelines.config import UserError, describe_validation, iter_jsonl
+from pipelines.config import RecordId, UserError, describe_validation, iter_jsonl
 
 QUALITY_LABELS = ("ANSWER-THE-QUESTION", "RELATED-INFORMATION", "OUTDATED", "UNKNOWN")
 DIMENSIONS = {  # breakdown name -> accepted field names, first present wins
@@ -58,9 +58,9 @@ def _relevant(value: Any) -> bool:
 
 
 class Record(BaseModel):
-    model_config = ConfigDict(extra="allow", coerce_numbers_to_str=True)
+    model_config = ConfigDict(extra="allow")
 
-    id: str
+    id: RecordId
     question: str = Field(min_length=1)
     question_date: str | None = None
     grounding: list[Passage]

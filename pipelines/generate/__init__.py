@@ -12,7 +12,7 @@ from typing import Annotated, Any, Literal
 import typer
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field
 
-from pipelines.config import Strict, read_jsonl
+from pipelines.config import RecordId, Strict, read_jsonl
 from pipelines.options import framework_command
 from pipelines.protocol import Framework, ItemContext
 from pipelines.results import ItemResult
@@ -22,9 +22,9 @@ PROMPTS = load_dir(Path(__file__).parent / "prompts")
 
 
 class GenerateItem(BaseModel):
-    model_config = ConfigDict(extra="ignore", coerce_numbers_to_str=True)
+    model_config = ConfigDict(extra="ignore")
 
-    id: str
+    id: RecordId
     question: str = Field(min_length=1, validation_alias=AliasChoices("question", "query"))
     contexts: list[str] = Field(default_factory=list)
 

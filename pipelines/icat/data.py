@@ -121,14 +121,17 @@ def load_qrels(path: Path, wanted: set[str]) -> tuple[dict[str, dict[str, set[st
     """query id -> doc id -> subtopic ids judged relevant; and where each doc was named."""
     qrels: dict[str, dict[str, set[str]]] = {}
     where: dict[tuple[str, str], int] = {}
+    rows = 0
     for lineno, row in iter_jsonl(path):
+        rows += 1
         values = {f: _id(row.get(f)) for f in ("query_id", "doc_id", "subtopic_id")}
+        record = f"{path}:{lineno}: record {values['query_id'] or '?'}/{values['doc_id'] or '?'}"
         for field, value in values.items():
             if value is None:
-                raise UserError(f"{path}:{lineno}: field {field}: missing")
+                raise UserError(f"{record}: field {field}: missing")
         relevance = row.get("relevance")
         if isinstance(relevance, bool) or not isinstance(relevance, int | float):
-            raise UserError(f"{path}:{lineno}: field relevance: not a number")
+            raise UserError(f"{record}: field relevance: not a number")
         qid, doc = values["query_id"], values["doc_id"]
         if qid not in wanted:
             continue
@@ -137,6 +140,8 @@ def load_qrels(path: Path, wanted: set[str]) -> tuple[dict[str, dict[str, set[st
         where.setdefault((qid, doc), lineno)  # type: ignore[arg-type]
         if relevance > 0:
             docs[doc].add(values["subtopic_id"])  # type: ignore[index,arg-type]
+    if not rows:
+        raise UserError(f"{path}: no records")
     return qrels, where
 
 
@@ -153,16 +158,19 @@ def load_snippets(path: Path) -> dict[str, list[Snippet]]:
         claim = _text(row.get("claim"))
         if claim is None:
             raise UserError(f"{path}:{lineno}: field claim: missing or not a string")
+        record = f"{path}:{lineno}: record {claim[:40]!r}"
         raw = row.get("snippets")
         if not isinstance(raw, list):
-            raise UserError(f"{path}:{lineno}: field snippets: not a list")
+            raise UserError(f"{record}: field snippets: not a list")
         snippets = []
         for n, entry in enumerate(raw):
             text = _text(entry.get("text")) if isinstance(entry, dict) else _text(entry)
             if text is None:
-                raise UserError(f"{path}:{lineno}: field snippets[{n}]: no text")
+                raise UserError(f"{record}: field snippets[{n}]: no text")
             ident = entry if isinstance(entry, dict) else {}
             snippets.append(Snippet(text=text, id=_id(ident.get("id")) or f"{lineno}#{n}",
                                     doc_id=_id(ident.get("doc_id"))))  # fmt: skip
         out[" ".join(claim.split())] = snippets
+    if not out:
+        raise UserError(f"{path}: no records")
     return out

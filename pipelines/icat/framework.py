@@ -212,6 +212,12 @@ class Icat(Framework):
         need = bool({"m", "s"} & set(options.variants))
         return data.load_responses(options.input, queries, need)[: options.limit]
 
+    def check_inputs(self, options: IcatOptions) -> None:
+        if options.snippets is not None:
+            data.load_snippets(options.snippets)
+        if "m" in options.variants and options.qrels is not None:
+            data.load_qrels(options.qrels, set())
+
     def setup(self, request, root: Path) -> Resources:
         options: IcatOptions = request.options
         ev = request.evaluator
