@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -60,8 +61,13 @@ def serve(
     max_model_len: Annotated[int | None, typer.Option()] = None,
     engine_arg: Annotated[list[str] | None, typer.Option(help="extra vLLM flag")] = None,
     timeout: Annotated[float, typer.Option(help="seconds to wait for health")] = 900.0,
+    api_key_env: Annotated[
+        str | None, typer.Option(help="variable holding the API key (needed off loopback)")
+    ] = None,
 ) -> None:
-    """Start the vLLM OpenAI-compatible server for MODEL (plus adapters) and wait."""
+    """Start the vLLM OpenAI-compatible server for MODEL (plus adapters) and wait. It binds
+    127.0.0.1 unless --host says otherwise; another address needs an API key, which clients
+    send as a Bearer token (evaluator option api_key_env, OPENAI_API_KEY by default)."""
     preset = resolve(model)
     adapters = parse_loras(lora)
     for name, path in adapters.items():
@@ -78,7 +84,12 @@ def serve(
         port=port,
         max_model_len=max_model_len,
         extra_args=list(engine_arg or []),
+        api_key=api_key_from(api_key_env),
     )
+    try:
+        spec.check_exposure()
+    except ServerStartError as exc:
+        raise UserError(str(exc)) from exc
     server = VLLMServer(spec, run_dir / "serve.log")
     sigterm_as_interrupt()
     console.print(f"starting {preset.name} ({server.device}); log: {server.log_path}")
@@ -93,6 +104,15 @@ def serve(
         console.print("stopping")
     finally:
         server.stop()
+
+
+def api_key_from(variable: str | None) -> str | None:
+    if variable is None:
+        return None
+    key = os.environ.get(variable, "")
+    if not key:
+        raise UserError(f"--api-key-env {variable}: the variable is not set or empty")
+    return key
 
 
 # ---- registry and prompts --------------------------------------------------------------------

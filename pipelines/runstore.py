@@ -12,6 +12,7 @@ seeks from the end instead of reading the file.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
@@ -38,9 +39,18 @@ class RunStoreError(RuntimeError):
 
 
 def atomic_write_json(path: Path, value: Any) -> None:
+    """Write a temporary file and rename it over ``path``: readers see the old or the new file,
+    never half of one; when the disk is full the old file stays and the temporary one goes."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(value, indent=2, ensure_ascii=False, default=str) + "\n")
-    os.replace(tmp, path)
+    try:
+        tmp.write_text(json.dumps(value, indent=2, ensure_ascii=False, default=str) + "\n")
+        os.replace(tmp, path)
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        raise RunStoreError(f"{path}: cannot write ({exc.strerror or exc}); {KEPT}") from exc
+
+
+KEPT = "what was recorded is intact: free space, then run the same command to resume"
 
 
 def fingerprint(config: dict[str, Any]) -> str:
@@ -203,10 +213,18 @@ class RunStore:
         records from concurrent writers; a kill can only tear the line being written."""
         if not isinstance(result, ItemResult):
             raise TypeError(f"record {result!r}: the run store takes ItemResult records")
-        line = result.model_dump_json() + "\n"
+        data = (result.model_dump_json() + "\n").encode()
         if self._fd is None:
             self._fd = os.open(self.results_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-        os.write(self._fd, line.encode())
+        end = os.fstat(self._fd).st_size
+        try:
+            if os.write(self._fd, data) != len(data):  # a full disk can take part of the line
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        except OSError as exc:
+            os.ftruncate(self._fd, end)  # the file ends with a whole record again
+            raise RunStoreError(
+                f"{self.results_path}: cannot record {result.id!r} ({exc.strerror or exc}); {KEPT}"
+            ) from exc
         self.records.pop(result.id, None)
         self.records[result.id] = result
 

@@ -4,7 +4,10 @@ For each case (a framework, or a method x protocol of comprehensiveness) and see
 adversarial outputs (tests/support/adversarial.py: 14 families) is mixed with well-formed answers
 and replayed through the real runtime with the scripted client. Printed: outputs sent per family,
 items by status, failures recorded inside scored items, escaped exceptions (must be 0), lost
-items (must be 0) and other problems (NaN, out of range, bad denominators; must be 0).
+items (must be 0) and other problems (NaN, out of range, bad denominators; must be 0). Then the
+malformed-input cases per file format: refused cleanly (exit 2, one line naming the file, nothing
+written), escaped, or wrote files (both must be 0). Kills, dead servers and a full disk are
+tests/test_outages.py (real vLLM, real tmpfs).
 
     python scripts/fault_report.py --per-kind 1000
 """
@@ -56,8 +59,51 @@ def main() -> int:
                 shutil.rmtree(Path(tmp) / case.name / str(seed))
     rows = list(totals.items())
     print_tables(rows)
+    print()
+    refused = malformed_inputs()
     bad = sum(len(r.escaped) + r.lost + len(r.problems) for _, r in rows)
-    return 1 if bad else 0
+    return 1 if bad or refused else 0
+
+
+def malformed_inputs() -> int:
+    """The malformed-input cases of tests/test_malformed_inputs.py through the CLI: how many
+    per file format stopped cleanly (exit 2, one line naming the file, nothing written)."""
+    from typer.testing import CliRunner
+
+    from pipelines.cli import app
+    from tests.test_malformed_inputs import CASES, COMMANDS, GOOD, NO_SERVER, OWN_OUTPUT, snapshot
+
+    table: dict[str, Counter[str]] = {}
+    here = Path.cwd()
+    for bad in CASES:
+        with tempfile.TemporaryDirectory() as tmp:
+            root = Path(tmp)
+            for name, text in GOOD.items():
+                (root / name).write_text(text)
+            (root / bad.file).write_bytes(bad.bytes())
+            args = COMMANDS[bad.file]
+            if args[0] not in OWN_OUTPUT:
+                args = [*args, "--run-dir", "run", *NO_SERVER]
+            os.chdir(root)
+            try:
+                before = snapshot(root)
+                result = CliRunner().invoke(app, args)
+                lines = result.output.strip().splitlines()
+                clean = (result.exit_code == 2 and len(lines) == 1 and bad.file in lines[0]
+                         and bad.expect in lines[0])  # fmt: skip
+                outcome = ("wrote files" if snapshot(root) != before
+                           else "refused cleanly" if clean else "escaped")  # fmt: skip
+            finally:
+                os.chdir(here)
+        table.setdefault(bad.file, Counter())[outcome] += 1
+    columns = ["refused cleanly", "escaped", "wrote files"]
+    lines = [["input file", "cases", *columns]]
+    for name, counts in table.items():
+        lines.append([name, sum(counts.values()), *(counts[c] for c in columns)])
+    total = sum((c for c in table.values()), Counter())
+    lines.append(["all", sum(total.values()), *(total[c] for c in columns)])
+    show(lines)
+    return total["escaped"] + total["wrote files"]
 
 
 def kinds_of(replayed: Replay, name: str) -> set[str]:

