@@ -8,7 +8,7 @@ import json
 import re
 import sys
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 
@@ -21,7 +21,7 @@ class Document:
     id: str
     text: str
     title: str = ""
-    line: int | None = None  # where it starts in a line-based corpus file (for errors)
+    line: int | None = field(default=None, compare=False)  # where it starts (for errors)
 
 
 def corpus_format(path: Path) -> str:

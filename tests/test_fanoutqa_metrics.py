@@ -168,7 +168,7 @@ def test_fanoutqa_input_errors(tmp_path):
     with pytest.raises(UserError, match="expected a JSON list"):
         load_questions(bad)
     bad.write_text('[{"id": "x", "question": "q?"}]')
-    with pytest.raises(UserError, match="question #0: field answer"):
+    with pytest.raises(UserError, match="question #0 \('x'\): field answer"):
         load_questions(bad)
     arts = tmp_path / "a.jsonl"
     arts.write_text('{"pageid": "12", "text": "x"}\n')

@@ -77,7 +77,7 @@ def test_corpus_formats(tmp_path):
 @pytest.mark.parametrize(
     ("name", "content", "message"),
     [
-        ("x.jsonl", '{"id": 1}\n', "need an id field"),
+        ("x.jsonl", '{"id": 1}\n', "x.jsonl:1: record .1.: field contents: missing"),
         ("x.jsonl", "{oops\n", "x.jsonl:1: not valid JSON"),
         ("x.tsv", "a\tb\tc\td\n", "x.tsv:1: expected 2 or 3"),
         ("x.trec", "<DOC><TEXT>no docno</TEXT></DOC>", "without <DOCNO>"),
@@ -291,7 +291,7 @@ def test_damaged_indexes_are_refused(index_dir, tmp_path):
 def test_failed_build_leaves_nothing(tmp_path):
     corpus = tmp_path / "c.jsonl"
     corpus.write_text('{"id": "a", "contents": "x y"}\n{"id": "a", "contents": "dup"}\n')
-    with pytest.raises(BuildError, match="duplicate document id"):
+    with pytest.raises(BuildError, match="c.jsonl:2: record .a.: duplicate id"):
         build_index(corpus, tmp_path / "idx", IndexSpec(dense_model=None))
     assert not (tmp_path / "idx").exists() and not (tmp_path / "idx.partial").exists()
 
