@@ -168,10 +168,15 @@ async def evaluate_item(
     options: ComprehensivenessOptions,
     *,
     nli_judge: Any = None,
-    run_dir: Path = Path("."),
+    run_dir: Path | None = None,
 ) -> ItemResult:
-    """One item outside a run (benchmarks, notebooks): the same solve, recorded failures too."""
+    """One item outside a run (benchmarks, notebooks): the same solve, recorded failures too.
+    Graph files are written under ``run_dir`` only when one is given."""
     from pipelines.runner import solve_item
+
+    if run_dir is None:
+        options = options.model_copy(update={"export_graphs": False})
+        run_dir = Path(".")
 
     if options.method == "nli" and nli_judge is None:
         nli_judge = nli_method.make_judge(options)
