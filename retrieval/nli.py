@@ -7,7 +7,10 @@ then returned in the caller's order.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Protocol
 
 import numpy as np
 
@@ -37,6 +40,27 @@ def canonical_columns(id2label: dict) -> list[int]:
     return [found[label] for label in CANONICAL]
 
 
+def plan_batches(
+    tokenizer, pairs: Sequence[tuple[str, str]], batch_size: int, max_length: int,
+    dynamic_padding: bool = True,
+) -> list[np.ndarray]:  # fmt: skip
+    """The batches (row indices into ``pairs``) a scorer runs: longest pairs first, so each
+    batch pads to few tokens. Any executor that scores these batches (``NliScorer`` here, Ray
+    actors in ``retrieval.nli_ray``) gets the same numbers."""
+    if not pairs:
+        return []
+    order = np.arange(len(pairs))
+    if dynamic_padding:
+        lengths = [
+            len(ids) for ids in tokenizer(
+                [p for p, _ in pairs], [h for _, h in pairs], truncation=True,
+                max_length=max_length,
+            )["input_ids"]
+        ]  # fmt: skip
+        order = np.argsort(lengths, kind="stable")[::-1]
+    return [order[i : i + batch_size] for i in range(0, len(order), batch_size)]
+
+
 class NliScorer:
     def __init__(
         self,
@@ -63,31 +87,29 @@ class NliScorer:
         self.columns = canonical_columns(self.model.config.id2label)
 
     def probabilities(self, pairs: Sequence[tuple[str, str]]) -> np.ndarray:
-        """(n, 3) probabilities in CANONICAL order, rows in the order of ``pairs``."""
-        out = np.zeros((len(pairs), len(CANONICAL)), dtype=np.float32)
-        if not pairs:
-            return out
-        lengths = [
-            len(ids) for ids in self.tokenizer(
-                [p for p, _ in pairs], [h for _, h in pairs], truncation=True,
-                max_length=self.max_length,
-            )["input_ids"]
-        ]  # fmt: skip
-        order = np.argsort(lengths, kind="stable")[::-1]  # longest first: fewest padded tokens
-        if not self.dynamic_padding:
-            order = np.arange(len(pairs))
-        for start in range(0, len(order), self.batch_size):
-            rows = order[start : start + self.batch_size]
-            batch = self.tokenizer(
-                [pairs[i][0] for i in rows], [pairs[i][1] for i in rows],
-                padding="longest" if self.dynamic_padding else "max_length",
-                truncation=True, max_length=self.max_length, return_tensors="pt",
-            ).to(self.device)  # fmt: skip
-            with self.torch.inference_mode():
-                logits = self.model(**batch).logits.float()
-            probs = self.torch.softmax(logits, dim=-1)[:, self.columns]
-            out[rows] = probs.cpu().numpy()
-        return out
+        """(n, 3) probabilities in CANONICAL order, rows in the order of ``pairs``; a repeated
+        pair is scored once."""
+        unique = list(dict.fromkeys(pairs))
+        scored = np.zeros((len(unique), len(CANONICAL)), dtype=np.float32)
+        for rows in self.plan(unique):
+            scored[rows] = self.score_batch([unique[i] for i in rows])
+        index = {pair: k for k, pair in enumerate(unique)}
+        return scored[[index[p] for p in pairs]].reshape(len(pairs), len(CANONICAL))
+
+    def plan(self, pairs: Sequence[tuple[str, str]]) -> list[np.ndarray]:
+        return plan_batches(self.tokenizer, pairs, self.batch_size, self.max_length,
+                            self.dynamic_padding)  # fmt: skip
+
+    def score_batch(self, pairs: Sequence[tuple[str, str]]) -> np.ndarray:
+        """One forward pass: (len(pairs), 3) probabilities in CANONICAL order."""
+        batch = self.tokenizer(
+            [p for p, _ in pairs], [h for _, h in pairs],
+            padding="longest" if self.dynamic_padding else "max_length",
+            truncation=True, max_length=self.max_length, return_tensors="pt",
+        ).to(self.device)  # fmt: skip
+        with self.torch.inference_mode():
+            logits = self.model(**batch).logits.float()
+        return self.torch.softmax(logits, dim=-1)[:, self.columns].cpu().numpy()
 
     def labels(self, pairs: Sequence[tuple[str, str]]) -> list[str]:
         return [CANONICAL[i] for i in self.probabilities(pairs).argmax(axis=1)]
@@ -102,3 +124,61 @@ class NliScorer:
         if threshold is None:
             return bool((probs.argmax(axis=1) == 0).any())
         return bool((probs[:, 0] >= threshold).any())
+
+
+class PairScorer(Protocol):
+    """``NliScorer``, ``retrieval.nli_ray.RayNliScorer`` or any (n, 3) CANONICAL scorer."""
+
+    def probabilities(self, pairs: Sequence[tuple[str, str]]) -> np.ndarray: ...
+
+
+class NliBatcher:
+    """Collects (premise, hypothesis) pairs from concurrent callers (the items in flight) and
+    scores them together in batches of up to ``max_pairs`` in one worker thread; identical pairs
+    are scored once; an error reaches every waiting caller."""
+
+    def __init__(self, model: PairScorer, max_pairs: int = 512, wait: float = 0.005):
+        self.model, self.max_pairs, self.wait = model, max_pairs, wait
+        self.pending: list[tuple[list[tuple[str, str]], asyncio.Future]] = []
+        self.worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="nli")
+        self.flushing: asyncio.Task | None = None
+        self.batches = 0
+
+    async def rows(self, pairs: list[tuple[str, str]]) -> np.ndarray:
+        """(len(pairs), 3) probabilities in CANONICAL order."""
+        if not pairs:
+            return np.zeros((0, len(CANONICAL)), dtype=np.float32)
+        future = asyncio.get_running_loop().create_future()
+        self.pending.append((pairs, future))
+        if self.flushing is None or self.flushing.done():
+            self.flushing = asyncio.create_task(self._flush())
+        return await future
+
+    async def entailment(self, pairs: list[tuple[str, str]]) -> list[float]:
+        return [float(row[0]) for row in await self.rows(pairs)]
+
+    async def _flush(self) -> None:
+        await asyncio.sleep(self.wait)  # let the other items in flight add their pairs
+        loop = asyncio.get_running_loop()
+        while self.pending:
+            taken, size = [], 0
+            while self.pending and (not taken or size + len(self.pending[0][0]) <= self.max_pairs):
+                pairs, future = self.pending.pop(0)
+                taken.append((pairs, future))
+                size += len(pairs)
+            unique = list(dict.fromkeys(p for pairs, _ in taken for p in pairs))
+            try:
+                probs = await loop.run_in_executor(self.worker, self.model.probabilities, unique)
+            except Exception as exc:  # every waiting item gets the error, none hangs
+                for _, future in taken:
+                    if not future.done():
+                        future.set_exception(exc)
+                continue
+            self.batches += 1
+            row = {pair: k for k, pair in enumerate(unique)}
+            for pairs, future in taken:
+                if not future.done():
+                    future.set_result(np.asarray(probs)[[row[p] for p in pairs]])
+
+    def close(self) -> None:
+        self.worker.shutdown(wait=False, cancel_futures=True)

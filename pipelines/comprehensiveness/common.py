@@ -59,6 +59,12 @@ class ComprehensivenessOptions(BaseModel):
         None, description="NLI checkpoint (name or path) for cross-encoder"
     )
     nli_device: str = "cpu"
+    nli_actors: int = Field(0, ge=0, le=4096, description="cross-encoder on N Ray Data actors")
+    ray_address: str | None = Field(None, description="Ray cluster to join (default: local)")
+    prune_below: float | None = Field(
+        None, ge=-1, le=1, description="skip NLI pairs with cosine similarity below this (spec)"
+    )
+    prune_model: str = Field("default", description="sentence-transformers model for pruning")
     tools: bool = Field(False, description="comparator may call the units tool (server tool calls)")
     max_reasks: int = Field(2, ge=0, le=5)
     list_max_tokens: int = Field(2048, ge=64, description="max tokens for list-producing stages")
@@ -70,6 +76,10 @@ class ComprehensivenessOptions(BaseModel):
     def _nli_model_needed(self) -> ComprehensivenessOptions:
         if self.nli_backend == "cross-encoder" and not self.nli_model:
             raise ValueError("nli_backend cross-encoder needs nli_model (checkpoint name or path)")
+        if self.nli_actors and self.nli_backend != "cross-encoder":
+            raise ValueError("nli_actors: Ray actors run the cross-encoder (--nli-backend)")
+        if self.prune_below is not None and self.protocol == "paper":
+            raise ValueError("prune_below: pruning is off in the paper protocol (use spec)")
         return self
 
 

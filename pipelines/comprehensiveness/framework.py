@@ -51,7 +51,7 @@ class Comprehensiveness(Framework):
     name = "comprehensiveness"
     Options = ComprehensivenessOptions
     prompts = PROMPTS
-    report_only = frozenset({"resamples", "nli_device"})
+    report_only = frozenset({"resamples", "nli_device", "nli_actors", "ray_address"})
 
     def load(self, options: ComprehensivenessOptions) -> list[Item]:
         if options.input is None:
@@ -328,13 +328,23 @@ def eval_comprehensiveness(
     ] = None,
     nli_backend: Annotated[str | None, typer.Option(help="llm | cross-encoder")] = None,
     nli_model: Annotated[str | None, typer.Option(help="cross-encoder checkpoint")] = None,
+    nli_actors: Annotated[
+        int | None, typer.Option(help="cross-encoder on N Ray Data actors (0: here)")
+    ] = None,
+    ray_address: Annotated[str | None, typer.Option(help="Ray cluster (default: local)")] = None,
+    prune_below: Annotated[
+        float | None, typer.Option(help="skip NLI pairs below this cosine (spec only)")
+    ] = None,
+    prune_model: Annotated[str | None, typer.Option(help="embedder for pruning")] = None,
     tools: Annotated[bool | None, typer.Option(help="comparator may call the units tool")] = None,
     limit: Annotated[int | None, typer.Option(help="only the first N items")] = None,
 ) -> dict[str, Any]:
     """Comprehensiveness of each response against its contexts (NLI, Q&A or end-to-end)."""
     return {"input": input, "method": method, "t_rel": t_rel, "t_conf": t_conf,
             "protocol": protocol, "summarise": summarise, "nli_backend": nli_backend,
-            "nli_model": nli_model, "tools": tools, "limit": limit}  # fmt: skip
+            "nli_model": nli_model, "nli_actors": nli_actors, "ray_address": ray_address,
+            "prune_below": prune_below, "prune_model": prune_model, "tools": tools,
+            "limit": limit}  # fmt: skip
 
 
 ProtocolOpt = Annotated[str | None, typer.Option(help="paper (default) | spec")]

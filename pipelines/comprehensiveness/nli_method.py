@@ -73,27 +73,42 @@ class LlmNli:
 
 
 class CrossEncoderNli:
-    """A DeBERTa-style NLI cross-encoder (retrieval.nli) in a worker thread."""
+    """A DeBERTa-style NLI cross-encoder (``retrieval.nli``). The pairs of every item in flight
+    are pooled and scored together (``NliBatcher``), in this process or on ``actors`` Ray Data
+    actors (``retrieval.nli_ray``: the same batches, the same labels)."""
 
     name = "cross-encoder"
 
-    def __init__(self, model: str, device: str = "cpu"):
-        from retrieval.nli import NliScorer
+    def __init__(self, model: str, device: str = "cpu", actors: int = 0,
+                 address: str | None = None):  # fmt: skip
+        from retrieval.nli import NliBatcher, NliScorer
 
-        self.scorer = NliScorer(model, device=device)
+        if actors:
+            from retrieval.nli_ray import RayNliScorer
+
+            scorer = RayNliScorer(model, actors=actors, device=device, address=address)
+            self.batcher = NliBatcher(scorer, max_pairs=4096, wait=0.05)  # big pools for Ray
+        else:
+            self.batcher = NliBatcher(NliScorer(model, device=device))
 
     async def judge(self, ctx: ItemContext, pairs: list[Pair]) -> list[Labelled]:
         from retrieval.nli import CANONICAL
 
-        probs = await asyncio.to_thread(self.scorer.probabilities, pairs)
+        probs = await self.batcher.rows(pairs)
         ctx.meter.setdefault("nli", StageUsage()).calls += len(pairs)
         return [(CANONICAL[row.argmax()], float(row.max())) for row in probs]
 
 
 def make_judge(config) -> NliJudge:
+    judge: NliJudge = LlmNli()
     if config.nli_backend == "cross-encoder":
-        return CrossEncoderNli(config.nli_model, config.nli_device)
-    return LlmNli()
+        judge = CrossEncoderNli(config.nli_model, config.nli_device, config.nli_actors,
+                                config.ray_address)  # fmt: skip
+    if config.prune_below is not None:
+        from pipelines.comprehensiveness.pruning import PrunedJudge, Pruner
+
+        judge = PrunedJudge(judge, Pruner(config.prune_below, config.prune_model))
+    return judge
 
 
 async def atoms_of(ctx: ItemContext, text: str) -> list[str]:

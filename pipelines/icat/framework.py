@@ -47,6 +47,8 @@ class IcatOptions(Strict):
     nli_model: str = Field(description="NLI cross-encoder (DeBERTa-v3 MNLI/FEVER/ANLI)")
     nli_device: str = "cpu"
     nli_batch: int = Field(32, ge=1)
+    nli_actors: int = Field(0, ge=0, le=4096, description="NLI on N Ray Data actors (0: here)")
+    ray_address: str | None = Field(None, description="Ray cluster to join (default: local)")
     threshold: float = Field(scoring.THRESHOLD, gt=0, lt=1, description="P(entailment) >")
     extractor: str | None = Field(None, description="adapter that extracts the claims")
     max_aspects: int = Field(10, ge=1, le=50)
@@ -205,7 +207,7 @@ class Icat(Framework):
     name = "icat"
     Options = IcatOptions
     prompts = PROMPTS
-    report_only = frozenset({"nli_device", "nli_batch"})
+    report_only = frozenset({"nli_device", "nli_batch", "nli_actors", "ray_address"})
 
     def load(self, options: IcatOptions) -> list[data.Response]:
         queries = data.load_queries(options.queries)
@@ -252,6 +254,12 @@ class Icat(Framework):
         from retrieval.nli import NliModelError, NliScorer
 
         try:
+            if options.nli_actors:  # the same batches on Ray Data actors: the same numbers
+                from retrieval.nli_ray import RayNliScorer
+
+                return RayNliScorer(options.nli_model, actors=options.nli_actors,
+                                    device=options.nli_device, batch_size=options.nli_batch,
+                                    address=options.ray_address)  # fmt: skip
             return NliScorer(options.nli_model, device=options.nli_device,
                              batch_size=options.nli_batch)  # fmt: skip
         except (OSError, NliModelError) as exc:
@@ -418,13 +426,16 @@ def eval_icat(
     retrieval: Annotated[str | None, typer.Option(help="dense | bm25 | hybrid")] = None,
     extractor: Annotated[str | None, typer.Option(help="claim-extractor adapter name")] = None,
     limit: Annotated[int | None, typer.Option(help="only the first N responses")] = None,
+    nli_actors: Annotated[int | None, typer.Option(help="NLI on N Ray Data actors")] = None,
+    ray_address: Annotated[str | None, typer.Option(help="Ray cluster (default: local)")] = None,
 ) -> dict[str, Any]:
     """ICAT: factuality (claims grounded by retrieval + NLI) and aspect coverage of each
     response, ICAT-M / ICAT-S / ICAT-A and ICAT_β; writes icat.json (paper Table 3 layout)."""
     return {"input": input, "queries": queries, "nli_model": nli_model, "index": index,
             "snippets": snippets, "qrels": qrels, "k": k, "retrieval": retrieval,
-            "extractor": extractor, "limit": limit,
-            "variants": _split(variant), "betas": _split(beta, float)}  # fmt: skip
+            "extractor": extractor, "limit": limit, "nli_actors": nli_actors,
+            "ray_address": ray_address, "variants": _split(variant),
+            "betas": _split(beta, float)}  # fmt: skip
 
 
 def _split(text: str | None, cast=str) -> list | None:

@@ -16,59 +16,13 @@ import numpy as np
 
 from pipelines.icat.data import Snippet
 from pipelines.icat.scoring import THRESHOLD, first_entailing
+from retrieval.nli import NliBatcher
 
 
 class EntailmentModel(Protocol):
     """What NLI grounding needs: (n, 3) probabilities, entailment first (``retrieval.nli``)."""
 
     def probabilities(self, pairs: list[tuple[str, str]]) -> np.ndarray: ...
-
-
-class NliBatcher:
-    """Collects (premise, hypothesis) pairs from concurrent callers and scores them in batches
-    of up to ``max_pairs`` in one worker thread; identical pairs are scored once."""
-
-    def __init__(self, model: EntailmentModel, max_pairs: int = 512, wait: float = 0.005):
-        self.model, self.max_pairs, self.wait = model, max_pairs, wait
-        self.pending: list[tuple[list[tuple[str, str]], asyncio.Future]] = []
-        self.worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="nli")
-        self.flushing: asyncio.Task | None = None
-        self.batches = 0
-
-    async def entailment(self, pairs: list[tuple[str, str]]) -> list[float]:
-        if not pairs:
-            return []
-        future = asyncio.get_running_loop().create_future()
-        self.pending.append((pairs, future))
-        if self.flushing is None or self.flushing.done():
-            self.flushing = asyncio.create_task(self._flush())
-        return await future
-
-    async def _flush(self) -> None:
-        await asyncio.sleep(self.wait)  # let the other items in flight add their pairs
-        loop = asyncio.get_running_loop()
-        while self.pending:
-            taken, size = [], 0
-            while self.pending and (not taken or size + len(self.pending[0][0]) <= self.max_pairs):
-                pairs, future = self.pending.pop(0)
-                taken.append((pairs, future))
-                size += len(pairs)
-            unique = list(dict.fromkeys(p for pairs, _ in taken for p in pairs))
-            try:
-                probs = await loop.run_in_executor(self.worker, self.model.probabilities, unique)
-            except Exception as exc:  # every waiting item gets the error, none hangs
-                for _, future in taken:
-                    if not future.done():
-                        future.set_exception(exc)
-                continue
-            self.batches += 1
-            score = {pair: float(row[0]) for pair, row in zip(unique, probs, strict=True)}
-            for pairs, future in taken:
-                if not future.done():
-                    future.set_result([score[p] for p in pairs])
-
-    def close(self) -> None:
-        self.worker.shutdown(wait=False, cancel_futures=True)
 
 
 @dataclass
