@@ -64,6 +64,10 @@ def serve(
     api_key_env: Annotated[
         str | None, typer.Option(help="variable holding the API key (needed off loopback)")
     ] = None,
+    replicas: Annotated[int, typer.Option(help="replicas behind one URL (Ray Serve LLM)")] = 1,
+    ray_address: Annotated[
+        str | None, typer.Option(help="Ray cluster for the replicas (default: local)")
+    ] = None,
 ) -> None:
     """Start the vLLM OpenAI-compatible server for MODEL (plus adapters) and wait. It binds
     127.0.0.1 unless --host says otherwise; another address needs an API key, which clients
@@ -90,6 +94,9 @@ def serve(
         spec.check_exposure()
     except ServerStartError as exc:
         raise UserError(str(exc)) from exc
+    if replicas > 1 or ray_address:
+        serve_replicas(spec, replicas, ray_address, timeout)
+        return
     server = VLLMServer(spec, run_dir / "serve.log")
     sigterm_as_interrupt()
     console.print(f"starting {preset.name} ({server.device}); log: {server.log_path}")
@@ -104,6 +111,28 @@ def serve(
         console.print("stopping")
     finally:
         server.stop()
+
+
+def serve_replicas(spec: ServerSpec, replicas: int, address: str | None, timeout: float) -> None:
+    from serving.ray_serve import RayReplicas
+
+    if replicas < 1:
+        raise UserError("--replicas must be at least 1")
+    try:
+        app = RayReplicas(spec, replicas, address=address, port=spec.port or None)
+    except ServerStartError as exc:
+        raise UserError(str(exc)) from exc
+    sigterm_as_interrupt()
+    console.print(f"starting {replicas} replicas of {spec.preset.name} on Ray Serve")
+    try:
+        app.start(timeout)
+        console.print(f"serving {app.served_name} at {app.base_url}  (Ctrl-C stops)")
+        while True:
+            time.sleep(1.0)
+    except KeyboardInterrupt:
+        console.print("stopping")
+    finally:
+        app.stop()
 
 
 def api_key_from(variable: str | None) -> str | None:

@@ -52,6 +52,8 @@ class EvaluatorConfig(Strict):
     adapter: str | None = Field(None, description="LoRA adapter every request is sent to")
     adapters: dict[str, str] = Field(default_factory=dict, description="NAME: PATH to serve")
     api_key_env: str = "OPENAI_API_KEY"
+    replicas: int = Field(1, ge=1, le=1024, description="model replicas (Ray Serve) if started")
+    ray_address: str | None = Field(None, description="Ray cluster for replicas (default: local)")
     concurrency: int = Field(16, ge=1, le=4096)
     timeout: float = Field(300.0, gt=0)
     max_retries: int = Field(8, ge=0)

@@ -30,6 +30,15 @@ def sampling_defaults(cfg: EvaluatorConfig) -> dict:
     return defaults
 
 
+def start_server(spec: ServerSpec, cfg: EvaluatorConfig, run_dir: Path):
+    """One vLLM server, or ``cfg.replicas`` of them behind one Ray Serve LLM app."""
+    if cfg.replicas > 1 or cfg.ray_address:
+        from serving.ray_serve import RayReplicas
+
+        return RayReplicas(spec, cfg.replicas, address=cfg.ray_address).start()
+    return VLLMServer(spec, run_dir / "serve.log").start()
+
+
 @contextlib.asynccontextmanager
 async def open_evaluator(
     cfg: EvaluatorConfig, run_dir: Path, cache_path: Path | None
@@ -43,7 +52,7 @@ async def open_evaluator(
             preset = resolve(cfg.model)
             loras = [lora_adapter(n, p, preset.name, cfg.model) for n, p in cfg.adapters.items()]
             spec = ServerSpec(model=cfg.model, loras=loras, max_model_len=cfg.max_model_len)
-            server = VLLMServer(spec, run_dir / "serve.log").start()
+            server = start_server(spec, cfg, run_dir)
             base_url = server.base_url
         client = EvalClient(
             base_url,

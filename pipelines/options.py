@@ -81,6 +81,11 @@ SHARED_OPTIONS: dict[str, tuple[Any, Any]] = {
     "adapter": (_opt(str | None, "LoRA adapter every request goes to"), None),
     "lora": (_opt(list[str] | None, "NAME=PATH of an adapter to serve (repeat)"), None),
     "run_dir": (_opt(Path | None, "default: runs/<framework>-<fingerprint>"), None),
+    "replicas": (_opt(int | None, "model replicas behind one URL (Ray Serve LLM)"), None),
+    "ray_address": (
+        _opt(str | None, "Ray cluster for replicas and NLI actors (default: local)"),
+        None,
+    ),
     "concurrency": (_opt(int | None, "requests (and items) in flight"), None),
     "max_tokens": (_opt(int | None, "default completion budget"), None),
     "temperature": (_opt(float | None, "sampling temperature (default 0)"), None),
@@ -97,6 +102,8 @@ class Shared:
     adapter: str | None = None
     lora: list[str] | None = None
     run_dir: Path | None = None
+    replicas: int | None = None
+    ray_address: str | None = None
     concurrency: int | None = None
     max_tokens: int | None = None
     temperature: float | None = None
@@ -110,6 +117,8 @@ class Shared:
             "evaluator.endpoint": self.endpoint,
             "evaluator.adapter": self.adapter,
             "evaluator.adapters": parse_loras(self.lora) or None,
+            "evaluator.replicas": self.replicas,
+            "evaluator.ray_address": self.ray_address,
             "evaluator.concurrency": self.concurrency,
             "evaluator.max_tokens": self.max_tokens,
             "evaluator.temperature": self.temperature,

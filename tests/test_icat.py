@@ -121,7 +121,7 @@ class StandInIcat(Icat):
     def __init__(self, table):
         self.stand_in = TableNli(table)
 
-    def nli(self, options):
+    def nli(self, options, ray_address=None):
         return self.stand_in
 
 

@@ -60,7 +60,6 @@ class ComprehensivenessOptions(BaseModel):
     )
     nli_device: str = "cpu"
     nli_actors: int = Field(0, ge=0, le=4096, description="cross-encoder on N Ray Data actors")
-    ray_address: str | None = Field(None, description="Ray cluster to join (default: local)")
     prune_below: float | None = Field(
         None, ge=-1, le=1, description="skip NLI pairs with cosine similarity below this (spec)"
     )

@@ -51,7 +51,7 @@ class Comprehensiveness(Framework):
     name = "comprehensiveness"
     Options = ComprehensivenessOptions
     prompts = PROMPTS
-    report_only = frozenset({"resamples", "nli_device", "nli_actors", "ray_address"})
+    report_only = frozenset({"resamples", "nli_device", "nli_actors"})
 
     def load(self, options: ComprehensivenessOptions) -> list[Item]:
         if options.input is None:
@@ -70,7 +70,9 @@ class Comprehensiveness(Framework):
     def setup(self, request: RunRequest, root: Path) -> Any:
         """The NLI judge, loaded once per run (a cross-encoder is shared by every item)."""
         options = request.options
-        return nli_method.make_judge(options) if options.method == "nli" else None
+        if options.method != "nli":
+            return None
+        return nli_method.make_judge(options, request.evaluator.ray_address)
 
     async def solve(self, item: Item, ctx: ItemContext) -> ItemResult:
         options: ComprehensivenessOptions = ctx.options
@@ -331,7 +333,6 @@ def eval_comprehensiveness(
     nli_actors: Annotated[
         int | None, typer.Option(help="cross-encoder on N Ray Data actors (0: here)")
     ] = None,
-    ray_address: Annotated[str | None, typer.Option(help="Ray cluster (default: local)")] = None,
     prune_below: Annotated[
         float | None, typer.Option(help="skip NLI pairs below this cosine (spec only)")
     ] = None,
@@ -342,9 +343,8 @@ def eval_comprehensiveness(
     """Comprehensiveness of each response against its contexts (NLI, Q&A or end-to-end)."""
     return {"input": input, "method": method, "t_rel": t_rel, "t_conf": t_conf,
             "protocol": protocol, "summarise": summarise, "nli_backend": nli_backend,
-            "nli_model": nli_model, "nli_actors": nli_actors, "ray_address": ray_address,
-            "prune_below": prune_below, "prune_model": prune_model, "tools": tools,
-            "limit": limit}  # fmt: skip
+            "nli_model": nli_model, "nli_actors": nli_actors, "prune_below": prune_below,
+            "prune_model": prune_model, "tools": tools, "limit": limit}  # fmt: skip
 
 
 ProtocolOpt = Annotated[str | None, typer.Option(help="paper (default) | spec")]

@@ -99,11 +99,11 @@ class CrossEncoderNli:
         return [(CANONICAL[row.argmax()], float(row.max())) for row in probs]
 
 
-def make_judge(config) -> NliJudge:
+def make_judge(config, ray_address: str | None = None) -> NliJudge:
     judge: NliJudge = LlmNli()
     if config.nli_backend == "cross-encoder":
         judge = CrossEncoderNli(config.nli_model, config.nli_device, config.nli_actors,
-                                config.ray_address)  # fmt: skip
+                                ray_address)  # fmt: skip
     if config.prune_below is not None:
         from pipelines.comprehensiveness.pruning import PrunedJudge, Pruner
 

@@ -48,7 +48,6 @@ class IcatOptions(Strict):
     nli_device: str = "cpu"
     nli_batch: int = Field(32, ge=1)
     nli_actors: int = Field(0, ge=0, le=4096, description="NLI on N Ray Data actors (0: here)")
-    ray_address: str | None = Field(None, description="Ray cluster to join (default: local)")
     threshold: float = Field(scoring.THRESHOLD, gt=0, lt=1, description="P(entailment) >")
     extractor: str | None = Field(None, description="adapter that extracts the claims")
     max_aspects: int = Field(10, ge=1, le=50)
@@ -207,7 +206,7 @@ class Icat(Framework):
     name = "icat"
     Options = IcatOptions
     prompts = PROMPTS
-    report_only = frozenset({"nli_device", "nli_batch", "nli_actors", "ray_address"})
+    report_only = frozenset({"nli_device", "nli_batch", "nli_actors"})
 
     def load(self, options: IcatOptions) -> list[data.Response]:
         queries = data.load_queries(options.queries)
@@ -245,11 +244,12 @@ class Icat(Framework):
                     if doc not in index.doc_rows:
                         raise UserError(f"{options.qrels}:{lineno}: record {qid!r}: field doc_id: "
                                         f"{doc!r} is not in the index {options.index}")  # fmt: skip
-        grounder = Grounder(NliBatcher(self.nli(options)), options.k, index, options.retrieval,
-                            web, options.threshold)  # fmt: skip
+        nli = NliBatcher(self.nli(options, ev.ray_address))
+        grounder = Grounder(nli, options.k, index, options.retrieval, web,
+                            options.threshold)  # fmt: skip
         return Resources(grounder, qrels)
 
-    def nli(self, options: IcatOptions) -> EntailmentModel:
+    def nli(self, options: IcatOptions, ray_address: str | None = None) -> EntailmentModel:
         """The NLI cross-encoder (``retrieval.nli``), loaded once per run."""
         from retrieval.nli import NliModelError, NliScorer
 
@@ -259,7 +259,7 @@ class Icat(Framework):
 
                 return RayNliScorer(options.nli_model, actors=options.nli_actors,
                                     device=options.nli_device, batch_size=options.nli_batch,
-                                    address=options.ray_address)  # fmt: skip
+                                    address=ray_address)  # fmt: skip
             return NliScorer(options.nli_model, device=options.nli_device,
                              batch_size=options.nli_batch)  # fmt: skip
         except (OSError, NliModelError) as exc:
@@ -427,14 +427,13 @@ def eval_icat(
     extractor: Annotated[str | None, typer.Option(help="claim-extractor adapter name")] = None,
     limit: Annotated[int | None, typer.Option(help="only the first N responses")] = None,
     nli_actors: Annotated[int | None, typer.Option(help="NLI on N Ray Data actors")] = None,
-    ray_address: Annotated[str | None, typer.Option(help="Ray cluster (default: local)")] = None,
 ) -> dict[str, Any]:
     """ICAT: factuality (claims grounded by retrieval + NLI) and aspect coverage of each
     response, ICAT-M / ICAT-S / ICAT-A and ICAT_β; writes icat.json (paper Table 3 layout)."""
     return {"input": input, "queries": queries, "nli_model": nli_model, "index": index,
             "snippets": snippets, "qrels": qrels, "k": k, "retrieval": retrieval,
             "extractor": extractor, "limit": limit, "nli_actors": nli_actors,
-            "ray_address": ray_address, "variants": _split(variant),
+            "variants": _split(variant),
             "betas": _split(beta, float)}  # fmt: skip
 
 

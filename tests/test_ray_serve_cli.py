@@ -1,0 +1,51 @@
+"""`--replicas 2` on an evaluation that starts its own server: the run deploys a Ray Serve LLM app
+with two replicas, sends every request through it, and stops it (and its Ray) at the end."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import require_engine
+
+pytestmark = pytest.mark.engine
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_generate_with_two_replicas_started_by_the_run(tiny_model, tmp_path):
+    require_engine()
+    pytest.importorskip("ray.serve.llm", reason="needs ray[serve] (the engine extra)")
+    questions, run_dir = tmp_path / "q.jsonl", tmp_path / "run"
+    ids = [f"q{i}" for i in range(12)]
+    questions.write_text("".join(json.dumps({"id": i, "question": f"Why {i}?"}) + "\n"
+                                 for i in ids))  # fmt: skip
+    command = [sys.executable, "-m", "pipelines.cli", "generate", str(questions),
+               "--model", str(tiny_model), "--replicas", "2", "--run-dir", str(run_dir),
+               "--max-tokens", "16", "--no-cache", "--quiet"]  # fmt: skip
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    records = [json.loads(line) for line in (run_dir / "results.jsonl").read_text().splitlines()]
+    assert sorted(r["id"] for r in records) == sorted(ids)
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["usage_this_invocation"]["generate"]["requests"] == len(ids)
+    assert not ray_workers_after(30), "the run left Ray processes behind"
+
+
+def ray_workers_after(seconds: float) -> list[int]:
+    """Ray worker processes still alive after ``seconds`` (shutdown is asynchronous)."""
+    import psutil
+
+    deadline = time.monotonic() + seconds
+    while True:
+        alive = [p.pid for p in psutil.process_iter(["cmdline"])
+                 if (p.info["cmdline"] or [""])[0].startswith("ray::")]  # fmt: skip
+        if not alive or time.monotonic() > deadline:
+            return alive
+        time.sleep(1)
