@@ -90,6 +90,11 @@ class EvaluatorConfig(Strict):
                 f"adapter {self.adapter!r} is not served by this run: add --lora "
                 f"{self.adapter}=PATH (or use --endpoint of a server that has it)"
             )
+        if self.replicas > 1 and self.endpoint:
+            raise ValueError("replicas: the run starts replicas only without --endpoint")
+        if self.replicas > 1 and self.adapters:
+            raise ValueError("replicas: LoRA adapters are not served through Ray Serve replicas "
+                             "yet; serve them with one plain server")  # fmt: skip
         if not self.endpoint:  # we start the server: its adapters must fit the base model
             from serving.registry import lora_adapter, resolve
 

@@ -186,3 +186,18 @@ def test_report_refuses_what_is_not_a_run(tmp_path):
     result = run(["report", str(tmp_path)])
     assert result.exit_code == 2
     assert "not a run directory" in result.output
+
+
+def test_replicas_are_checked_before_anything_starts(tmp_path, questions):
+    for args, message in (
+        (["--replicas", "2", "--endpoint", "http://127.0.0.1:9/v1"], "only without --endpoint"),
+        (["--replicas", "2", "--lora", f"x={tmp_path}"], "no adapter_config.json"),
+    ):
+        result = run(["generate", str(questions), *args, "--run-dir", str(tmp_path / "r")])
+        assert result.exit_code == 2 and message in result.output, result.output
+        assert not (tmp_path / "r").exists()
+    adapter = tmp_path / "adapter"
+    adapter.mkdir()
+    (adapter / "adapter_config.json").write_text('{"base_model_name_or_path": "x", "r": 8}')
+    with pytest.raises(ValueError, match="not served through Ray Serve replicas"):
+        EvaluatorConfig(replicas=2, adapters={"a": str(adapter)})

@@ -1,0 +1,231 @@
+"""Scale-out on Ray, measured side by side in one run.
+
+1. NLI pairs/s: the cross-encoder here vs on Ray Data with 1 and 2 actors (same pairs, same
+   batches; each Ray call includes starting its actors and loading the model in them).
+2. LLM pairwise calls/s: the NLI prompt of the comprehensiveness method over real sentence pairs,
+   through a Ray Serve LLM app with 1 vs 2 replicas; and, on the 2-replica app, our client's
+   prompt+completion tokens/s vs the plain openai async client sending the same prompts at the
+   same concurrency (the server's ceiling as a load generator sees it).
+3. Cross-item scheduling: comprehensiveness (NLI method, spec) items/min with items in flight
+   together vs one item at a time, on the same 2 replicas.
+4. Pruning: the same items exhaustive vs --prune-below T (same cache, so the atoms are the same):
+   NLI calls saved and edge recall against the exhaustive graph of the same judge.
+
+Default model: the embedded SmolLM2 (weak, but a real LM: its prompts and outputs have real
+lengths); NLI: a tiny random DeBERTa-v2 (speed only).
+
+    python scripts/bench_scale.py --pairs 4096 --llm-pairs 96 --items 6
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+WC = ROOT.parent / "shared" / "data" / "wikicontradict" / "humaneval-dev.jsonl"
+
+
+def sentences(limit: int = 400) -> list[str]:
+    """Real sentences: WikiContradict contexts when ../shared is here, else the examples."""
+    rows = WC.read_text().splitlines() if WC.is_file() else []
+    texts = [t for line in rows for k in ("context1_self_contained", "context2_self_contained")
+             if (t := json.loads(line).get(k))]  # fmt: skip
+    if not texts:
+        texts = [c for line in (ROOT / "examples/comprehensiveness.jsonl").read_text().splitlines()
+                 for c in json.loads(line)["contexts"]]  # fmt: skip
+    out = [s.strip() + "." for t in texts for s in t.split(". ") if len(s.split()) >= 5]
+    return out[:limit]
+
+
+def pairs_of(n: int, seed: int = 0) -> list[tuple[str, str]]:
+    rng = random.Random(seed)
+    pool = sentences()
+    return [(rng.choice(pool), rng.choice(pool)) for _ in range(n)]
+
+
+# ---- 1. NLI -------------------------------------------------------------------------------------
+
+
+def bench_nli(tmp: Path, n: int) -> None:
+    from retrieval.nli import NliScorer
+    from retrieval.nli_ray import RayNliScorer, connect
+    from tests.support.tiny import build_tiny_classifier
+
+    model = str(build_tiny_classifier(tmp / "tiny-nli"))
+    pairs = pairs_of(n)
+    connect(num_cpus=4)
+    started = time.perf_counter()
+    local = NliScorer(model).probabilities(pairs)
+    rates = {"local": n / (time.perf_counter() - started)}
+    for actors in (1, 2):
+        scorer = RayNliScorer(model, actors=actors)
+        scorer.probabilities(pairs[:64])  # Ray Data's own warm-up (first execution plans)
+        started = time.perf_counter()
+        remote = scorer.probabilities(pairs)
+        rates[f"ray {actors} actor(s)"] = n / (time.perf_counter() - started)
+        assert (remote.argmax(1) == local.argmax(1)).all()
+    import ray
+
+    ray.shutdown()
+    print(f"1. NLI, {n} pairs (tiny DeBERTa-v2): " + ", ".join(
+        f"{k} {v:,.0f} pairs/s" for k, v in rates.items()))  # fmt: skip
+    print(f"   ray 2 / 1 actors: {rates['ray 2 actor(s)'] / rates['ray 1 actor(s)']:.2f}x;"
+          f" ray 2 actors / local: {rates['ray 2 actor(s)'] / rates['local']:.2f}x")  # fmt: skip
+
+
+# ---- 2.-4. LLM replicas -------------------------------------------------------------------------
+
+
+def nli_messages(n: int) -> list[list[dict]]:
+    from pipelines.comprehensiveness.common import PROMPTS
+
+    return [PROMPTS["nli"].messages(premise=p, hypothesis=h) for p, h in pairs_of(n, seed=1)]
+
+
+async def ours(url: str, model: str, batch: list[list[dict]], concurrency: int) -> dict:
+    from serving.client import EvalClient
+
+    params = {"temperature": 0.0, "max_tokens": 24}
+    async with EvalClient(url, model, concurrency=concurrency, default_params=params) as client:
+        started = time.perf_counter()
+        await asyncio.gather(*(client.chat(m, stage="nli") for m in batch))
+        elapsed = time.perf_counter() - started
+        usage = client.usage["nli"]
+    tokens = usage.prompt_tokens + usage.completion_tokens
+    return {"calls/s": len(batch) / elapsed, "tokens/s": tokens / elapsed}
+
+
+async def plain(url: str, model: str, batch: list[list[dict]], concurrency: int) -> dict:
+    import openai
+
+    client = openai.AsyncOpenAI(base_url=url, api_key="EMPTY", max_retries=0)
+    gate = asyncio.Semaphore(concurrency)
+    tokens = 0
+
+    async def one(messages):
+        nonlocal tokens
+        async with gate:
+            answer = await client.chat.completions.create(
+                model=model, messages=messages, max_tokens=24, temperature=0.0)  # fmt: skip
+            tokens += answer.usage.prompt_tokens + answer.usage.completion_tokens
+
+    started = time.perf_counter()
+    await asyncio.gather(*(one(m) for m in batch))
+    elapsed = time.perf_counter() - started
+    await client.close()
+    return {"calls/s": len(batch) / elapsed, "tokens/s": tokens / elapsed}
+
+
+def items(n: int):
+    from pipelines.comprehensiveness import Item
+
+    rows = [json.loads(line) for line in WC.read_text().splitlines()[:n]] if WC.is_file() else []
+    if not rows:
+        return [Item(**json.loads(line)) for line in
+                (ROOT / "examples/comprehensiveness.jsonl").read_text().splitlines()]  # fmt: skip
+    return [Item(id=f"wc{k}", query=r["question"], response=r["answer3"],
+                 contexts=[r["context1_self_contained"], r["context2_self_contained"]])
+            for k, r in enumerate(rows)]  # fmt: skip
+
+
+async def run_items(url: str, model: str, todo, options, concurrent: bool, cache=None,
+                    judge=None) -> tuple[float, list]:  # fmt: skip
+    from pipelines.comprehensiveness import evaluate_item
+    from serving.client import EvalClient
+
+    async with EvalClient(url, model, concurrency=16, cache=cache,
+                          default_params={"temperature": 0.0}) as client:  # fmt: skip
+        started = time.perf_counter()
+        if concurrent:
+            records = await asyncio.gather(*(evaluate_item(client, it, options, nli_judge=judge)
+                                             for it in todo))  # fmt: skip
+        else:
+            records = [await evaluate_item(client, it, options, nli_judge=judge) for it in todo]
+        return time.perf_counter() - started, records
+
+
+def bench_llm(tmp: Path, args) -> None:
+    from pipelines.comprehensiveness import ComprehensivenessOptions
+    from pipelines.comprehensiveness.nli_method import LlmNli
+    from pipelines.comprehensiveness.pruning import PrunedJudge, Pruner, edge_recall
+    from serving.cache import ResponseCache
+    from serving.launcher import ServerSpec
+    from serving.ray_serve import RayReplicas
+
+    batch = nli_messages(args.llm_pairs)
+    rates = {}
+    for n in (1, 2):
+        with RayReplicas(ServerSpec(model=args.model), replicas=n) as app:
+            asyncio.run(ours(app.base_url, app.served_name, batch[:8], 8))  # warm-up
+            runs = [asyncio.run(ours(app.base_url, app.served_name, batch, args.concurrency))
+                    for _ in range(args.rounds)]  # fmt: skip
+            rates[n] = statistics.median(r["calls/s"] for r in runs)
+            if n == 1:
+                continue
+            ceiling = [asyncio.run(plain(app.base_url, app.served_name, batch, args.concurrency))
+                       for _ in range(args.rounds)]  # fmt: skip
+            mine, top = (statistics.median(r["tokens/s"] for r in x) for x in (runs, ceiling))
+            todo = items(args.items)
+            options = ComprehensivenessOptions(method="nli", protocol="spec", t_rel=1.0,
+                                               export_graphs=False)  # fmt: skip
+            together, _ = asyncio.run(run_items(app.base_url, app.served_name, todo, options,
+                                                True))  # fmt: skip
+            alone, _ = asyncio.run(run_items(app.base_url, app.served_name, todo, options,
+                                             False))  # fmt: skip
+            cache = ResponseCache(tmp / "prune.sqlite")
+            _, full = asyncio.run(run_items(app.base_url, app.served_name, todo, options, True,
+                                            cache, LlmNli()))  # fmt: skip
+            pruned = {}
+            for threshold in args.prune:
+                judge = PrunedJudge(LlmNli(), Pruner(threshold))
+                pruned_options = options.model_copy(update={"prune_below": threshold})
+                _, found = asyncio.run(run_items(app.base_url, app.served_name, todo,
+                                                 pruned_options, True, cache, judge))  # fmt: skip
+                pruned[threshold] = edge_recall([r.model_dump() for r in full],
+                                                [r.model_dump() for r in found])  # fmt: skip
+            cache.close()
+    print(f"2. LLM pairwise calls ({args.llm_pairs} NLI prompts, {args.model}, concurrency "
+          f"{args.concurrency}, median of {args.rounds}): 1 replica {rates[1]:.1f}, 2 replicas "
+          f"{rates[2]:.1f} calls/s = {rates[2] / rates[1]:.2f}x")  # fmt: skip
+    print(f"   2 replicas, tokens/s: ours {mine:,.0f} vs plain openai client {top:,.0f} "
+          f"= {mine / top:.2f} of the ceiling")  # fmt: skip
+    print(f"3. cross-item scheduling ({len(todo)} items, NLI method, spec, 2 replicas): "
+          f"{60 * len(todo) / together:.2f} vs {60 * len(todo) / alone:.2f} items/min one at a "
+          f"time = {alone / together:.2f}x")  # fmt: skip
+    for threshold, found in pruned.items():
+        saved = found["pairs_skipped"] / max(1, found["pairs_exhaustive"])
+        recall = "n/a" if found["recall"] is None else f"{found['recall']:.2f}"
+        print(f"4. pruning below {threshold}: {found['pairs_judged']} of "
+              f"{found['pairs_exhaustive']} pairs judged ({saved:.0%} saved), edge recall "
+              f"{recall} ({found['kept']} of {found['edges']} edges)")  # fmt: skip
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--pairs", type=int, default=4096)
+    parser.add_argument("--llm-pairs", type=int, default=96)
+    parser.add_argument("--items", type=int, default=6)
+    parser.add_argument("--concurrency", type=int, default=16)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--model", default="embedded")
+    parser.add_argument("--prune", type=float, nargs="*", default=[0.2, 0.4])
+    parser.add_argument("--skip", nargs="*", default=[], choices=["nli", "llm"])
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        if "nli" not in args.skip:
+            bench_nli(Path(tmp), args.pairs)
+        if "llm" not in args.skip:
+            bench_llm(Path(tmp), args)
+
+
+if __name__ == "__main__":
+    main()
