@@ -14,7 +14,7 @@
 Default model: the embedded SmolLM2 (weak, but a real LM: its prompts and outputs have real
 lengths); NLI: a tiny random DeBERTa-v2 (speed only).
 
-    python scripts/bench_scale.py --pairs 4096 --llm-pairs 96 --items 6
+    python scripts/bench_scale.py --pairs 32768 --llm-pairs 96 --items 2
 """
 
 from __future__ import annotations
@@ -154,10 +154,6 @@ async def run_items(url: str, model: str, todo, options, concurrent: bool, cache
 
 
 def bench_llm(tmp: Path, args) -> None:
-    from pipelines.comprehensiveness import ComprehensivenessOptions
-    from pipelines.comprehensiveness.nli_method import LlmNli
-    from pipelines.comprehensiveness.pruning import PrunedJudge, Pruner, edge_recall
-    from serving.cache import ResponseCache
     from serving.launcher import ServerSpec
     from serving.ray_serve import RayReplicas
 
@@ -165,55 +161,61 @@ def bench_llm(tmp: Path, args) -> None:
     rates = {}
     for n in (1, 2):
         with RayReplicas(ServerSpec(model=args.model), replicas=n) as app:
-            asyncio.run(ours(app.base_url, app.served_name, batch[:8], 8))  # warm-up
-            runs = [asyncio.run(ours(app.base_url, app.served_name, batch, args.concurrency))
+            url, model = app.base_url, app.served_name
+            asyncio.run(ours(url, model, batch[:8], 8))  # warm-up
+            runs = [asyncio.run(ours(url, model, batch, args.concurrency))
                     for _ in range(args.rounds)]  # fmt: skip
             rates[n] = statistics.median(r["calls/s"] for r in runs)
+            print(f"2. LLM pairwise calls ({args.llm_pairs} NLI prompts, {args.model}, "
+                  f"concurrency {args.concurrency}, median of {args.rounds}): {n} replica(s) "
+                  f"{rates[n]:.1f} calls/s", flush=True)  # fmt: skip
             if n == 1:
                 continue
-            ceiling = [asyncio.run(plain(app.base_url, app.served_name, batch, args.concurrency))
+            print(f"   2 / 1 replicas: {rates[2] / rates[1]:.2f}x", flush=True)
+            ceiling = [asyncio.run(plain(url, model, batch, args.concurrency))
                        for _ in range(args.rounds)]  # fmt: skip
             mine, top = (statistics.median(r["tokens/s"] for r in x) for x in (runs, ceiling))
-            todo = items(args.items)
-            options = ComprehensivenessOptions(method="nli", protocol="spec", t_rel=1.0,
-                                               export_graphs=False)  # fmt: skip
-            together, _ = asyncio.run(run_items(app.base_url, app.served_name, todo, options,
-                                                True))  # fmt: skip
-            alone, _ = asyncio.run(run_items(app.base_url, app.served_name, todo, options,
-                                             False))  # fmt: skip
-            cache = ResponseCache(tmp / "prune.sqlite")
-            _, full = asyncio.run(run_items(app.base_url, app.served_name, todo, options, True,
-                                            cache, LlmNli()))  # fmt: skip
-            pruned = {}
-            for threshold in args.prune:
-                judge = PrunedJudge(LlmNli(), Pruner(threshold))
-                pruned_options = options.model_copy(update={"prune_below": threshold})
-                _, found = asyncio.run(run_items(app.base_url, app.served_name, todo,
-                                                 pruned_options, True, cache, judge))  # fmt: skip
-                pruned[threshold] = edge_recall([r.model_dump() for r in full],
-                                                [r.model_dump() for r in found])  # fmt: skip
-            cache.close()
-    print(f"2. LLM pairwise calls ({args.llm_pairs} NLI prompts, {args.model}, concurrency "
-          f"{args.concurrency}, median of {args.rounds}): 1 replica {rates[1]:.1f}, 2 replicas "
-          f"{rates[2]:.1f} calls/s = {rates[2] / rates[1]:.2f}x")  # fmt: skip
-    print(f"   2 replicas, tokens/s: ours {mine:,.0f} vs plain openai client {top:,.0f} "
-          f"= {mine / top:.2f} of the ceiling")  # fmt: skip
+            print(f"   2 replicas, tokens/s: ours {mine:,.0f} vs plain openai client {top:,.0f} "
+                  f"= {mine / top:.2f} of the ceiling", flush=True)  # fmt: skip
+            if args.items:
+                bench_items(url, model, tmp, args)
+
+
+def bench_items(url: str, model: str, tmp: Path, args) -> None:
+    from pipelines.comprehensiveness import ComprehensivenessOptions
+    from pipelines.comprehensiveness.nli_method import LlmNli
+    from pipelines.comprehensiveness.pruning import PrunedJudge, Pruner, edge_recall
+    from serving.cache import ResponseCache
+
+    todo = items(args.items)
+    options = ComprehensivenessOptions(method="nli", protocol="spec", t_rel=args.t_rel,
+                                       export_graphs=False)  # fmt: skip
+    together, _ = asyncio.run(run_items(url, model, todo, options, True))
+    alone, _ = asyncio.run(run_items(url, model, todo, options, False))
     print(f"3. cross-item scheduling ({len(todo)} items, NLI method, spec, 2 replicas): "
           f"{60 * len(todo) / together:.2f} vs {60 * len(todo) / alone:.2f} items/min one at a "
-          f"time = {alone / together:.2f}x")  # fmt: skip
-    for threshold, found in pruned.items():
-        saved = found["pairs_skipped"] / max(1, found["pairs_exhaustive"])
-        recall = "n/a" if found["recall"] is None else f"{found['recall']:.2f}"
-        print(f"4. pruning below {threshold}: {found['pairs_judged']} of "
-              f"{found['pairs_exhaustive']} pairs judged ({saved:.0%} saved), edge recall "
-              f"{recall} ({found['kept']} of {found['edges']} edges)")  # fmt: skip
+          f"time = {alone / together:.2f}x", flush=True)  # fmt: skip
+    cache = ResponseCache(tmp / "prune.sqlite")
+    _, full = asyncio.run(run_items(url, model, todo, options, True, cache, LlmNli()))
+    for threshold in args.prune:
+        judge = PrunedJudge(LlmNli(), Pruner(threshold))
+        pruned_options = options.model_copy(update={"prune_below": threshold})
+        _, found = asyncio.run(run_items(url, model, todo, pruned_options, True, cache, judge))
+        result = edge_recall([r.model_dump() for r in full], [r.model_dump() for r in found])
+        saved = result["pairs_skipped"] / max(1, result["pairs_exhaustive"])
+        recall = "n/a" if result["recall"] is None else f"{result['recall']:.2f}"
+        print(f"4. pruning below {threshold}: {result['pairs_judged']} of "
+              f"{result['pairs_exhaustive']} pairs judged ({saved:.0%} saved), edge recall "
+              f"{recall} ({result['kept']} of {result['edges']} edges)", flush=True)  # fmt: skip
+    cache.close()
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--pairs", type=int, default=4096)
     parser.add_argument("--llm-pairs", type=int, default=96)
-    parser.add_argument("--items", type=int, default=6)
+    parser.add_argument("--items", type=int, default=2)
+    parser.add_argument("--t-rel", type=float, default=3.5)
     parser.add_argument("--concurrency", type=int, default=16)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--model", default="embedded")
