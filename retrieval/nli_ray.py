@@ -61,7 +61,9 @@ class RayNliScorer:
         connect(address, num_cpus=None if address else max(2, actors + 1))
         self.model, self.actors, self.device = model, actors, device
         self.batch_size, self.max_length = batch_size, max_length
-        self.dynamic_padding, self.gpus_per_actor = dynamic_padding, gpus_per_actor
+        # one GPU per actor when the model runs on CUDA (--nli-device cuda), unless told
+        self.dynamic_padding = dynamic_padding
+        self.gpus_per_actor = gpus_per_actor or (1 if device.startswith("cuda") else 0)
         self.tokenizer = AutoTokenizer.from_pretrained(model)  # to plan; the model stays remote
         self.executions = 0
 

@@ -159,7 +159,7 @@ def bench_llm(tmp: Path, args) -> None:
 
     batch = nli_messages(args.llm_pairs)
     rates = {}
-    for n in (1, 2):
+    for n in args.replicas:
         with RayReplicas(ServerSpec(model=args.model), replicas=n) as app:
             url, model = app.base_url, app.served_name
             asyncio.run(ours(url, model, batch[:8], 8))  # warm-up
@@ -169,9 +169,10 @@ def bench_llm(tmp: Path, args) -> None:
             print(f"2. LLM pairwise calls ({args.llm_pairs} NLI prompts, {args.model}, "
                   f"concurrency {args.concurrency}, median of {args.rounds}): {n} replica(s) "
                   f"{rates[n]:.1f} calls/s", flush=True)  # fmt: skip
-            if n == 1:
+            if n != 2:
                 continue
-            print(f"   2 / 1 replicas: {rates[2] / rates[1]:.2f}x", flush=True)
+            if 1 in rates:
+                print(f"   2 / 1 replicas: {rates[2] / rates[1]:.2f}x", flush=True)
             ceiling = [asyncio.run(plain(url, model, batch, args.concurrency))
                        for _ in range(args.rounds)]  # fmt: skip
             mine, top = (statistics.median(r["tokens/s"] for r in x) for x in (runs, ceiling))
@@ -216,6 +217,7 @@ def main() -> None:
     parser.add_argument("--llm-pairs", type=int, default=96)
     parser.add_argument("--items", type=int, default=2)
     parser.add_argument("--t-rel", type=float, default=3.5)
+    parser.add_argument("--replicas", type=int, nargs="*", default=[1, 2])
     parser.add_argument("--concurrency", type=int, default=16)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--model", default="embedded")
