@@ -126,7 +126,11 @@ def serve_replicas(spec: ServerSpec, replicas: int, address: str | None, timeout
     console.print(f"starting {replicas} replicas of {spec.preset.name} on Ray Serve")
     try:
         app.start(timeout)
-        console.print(f"serving {app.served_name} at {app.base_url}  (Ctrl-C stops)")
+        names = ", ".join([app.served_name, *(app.adapter_prefix + a.name for a in spec.loras)])
+        console.print(f"serving {names} at {app.base_url}  (Ctrl-C stops)")
+        if spec.loras:
+            console.print(f"evaluations reach the adapters with --endpoint {app.base_url} "
+                          f"--adapter-prefix {app.adapter_prefix}")  # fmt: skip
         while True:
             time.sleep(1.0)
     except KeyboardInterrupt:

@@ -51,6 +51,8 @@ class EvaluatorConfig(Strict):
     endpoint: str | None = Field(None, description="OpenAI-compatible base URL; none: start vLLM")
     adapter: str | None = Field(None, description="LoRA adapter every request is sent to")
     adapters: dict[str, str] = Field(default_factory=dict, description="NAME: PATH to serve")
+    adapter_prefix: str = Field("", description="what an --endpoint puts before adapter names "
+                                "(a Ray Serve LLM app routes BASE:ADAPTER)")  # fmt: skip
     api_key_env: str = "OPENAI_API_KEY"
     replicas: int = Field(1, ge=1, le=1024, description="model replicas (Ray Serve) if started")
     ray_address: str | None = Field(None, description="Ray cluster for replicas (default: local)")
@@ -92,9 +94,8 @@ class EvaluatorConfig(Strict):
             )
         if self.replicas > 1 and self.endpoint:
             raise ValueError("replicas: the run starts replicas only without --endpoint")
-        if self.replicas > 1 and self.adapters:
-            raise ValueError("replicas: LoRA adapters are not served through Ray Serve replicas "
-                             "yet; serve them with one plain server")  # fmt: skip
+        if self.adapter_prefix and not self.endpoint:
+            raise ValueError("adapter_prefix: only for an --endpoint (a server we start knows)")
         if not self.endpoint:  # we start the server: its adapters must fit the base model
             from serving.registry import lora_adapter, resolve
 

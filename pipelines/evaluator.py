@@ -47,17 +47,18 @@ async def open_evaluator(
     cache = ResponseCache(cache_path) if cache_path else None
     server = None
     try:
-        base_url = cfg.endpoint
+        base_url, adapter_prefix = cfg.endpoint, cfg.adapter_prefix
         if base_url is None:
             preset = resolve(cfg.model)
             loras = [lora_adapter(n, p, preset.name, cfg.model) for n, p in cfg.adapters.items()]
             spec = ServerSpec(model=cfg.model, loras=loras, max_model_len=cfg.max_model_len)
             server = start_server(spec, cfg, run_dir)
-            base_url = server.base_url
+            base_url, adapter_prefix = server.base_url, server.adapter_prefix
         client = EvalClient(
             base_url,
             ref.base_name,
             adapter=ref.adapter,
+            adapter_prefix=adapter_prefix,
             api_key=cfg.api_key(),
             concurrency=cfg.concurrency,
             timeout=cfg.timeout,
@@ -67,7 +68,7 @@ async def open_evaluator(
             vllm_extensions=cfg.vllm_extensions,
         )
         async with client:
-            if ref.adapter:
+            if ref.adapter and not adapter_prefix:  # Serve lists no multiplexed adapter
                 served = await client.served_models()
                 if served is not None and ref.adapter not in served:
                     raise UserError(

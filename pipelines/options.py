@@ -80,6 +80,10 @@ SHARED_OPTIONS: dict[str, tuple[Any, Any]] = {
     "endpoint": (_opt(str | None, "OpenAI-compatible URL; none: start vLLM here"), None),
     "adapter": (_opt(str | None, "LoRA adapter every request goes to"), None),
     "lora": (_opt(list[str] | None, "NAME=PATH of an adapter to serve (repeat)"), None),
+    "adapter_prefix": (
+        _opt(str | None, "prefix of adapter names at an endpoint ('BASE:' for a Ray Serve app)"),
+        None,
+    ),
     "run_dir": (_opt(Path | None, "default: runs/<framework>-<fingerprint>"), None),
     "replicas": (_opt(int | None, "model replicas behind one URL (Ray Serve LLM)"), None),
     "ray_address": (
@@ -101,6 +105,7 @@ class Shared:
     endpoint: str | None = None
     adapter: str | None = None
     lora: list[str] | None = None
+    adapter_prefix: str | None = None
     run_dir: Path | None = None
     replicas: int | None = None
     ray_address: str | None = None
@@ -117,6 +122,7 @@ class Shared:
             "evaluator.endpoint": self.endpoint,
             "evaluator.adapter": self.adapter,
             "evaluator.adapters": parse_loras(self.lora) or None,
+            "evaluator.adapter_prefix": self.adapter_prefix,
             "evaluator.replicas": self.replicas,
             "evaluator.ray_address": self.ray_address,
             "evaluator.concurrency": self.concurrency,

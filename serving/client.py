@@ -228,6 +228,7 @@ class EvalClient:
         model: str,
         *,
         adapter: str | None = None,
+        adapter_prefix: str = "",
         api_key: str = "EMPTY",
         concurrency: int = 16,
         timeout: float = 300.0,
@@ -241,6 +242,9 @@ class EvalClient:
         self.base_url = base_url
         self.model = model  # the base model's served name
         self.adapter = adapter  # when set, every request goes to this LoRA adapter
+        # Ray Serve LLM routes adapters as BASE:ADAPTER; a plain vLLM server by the bare name.
+        # The cache keys the bare name, so both kinds of server share cached answers.
+        self.adapter_prefix = adapter_prefix
         self.cache = cache
         self.default_params = dict(default_params or {})
         self.vllm_extensions = vllm_extensions  # choice-constrained decoding via extra_body
@@ -288,7 +292,8 @@ class EvalClient:
         raw = await asyncio.to_thread(self.cache.get, key) if self.cache is not None else None
         cached = raw is not None
         if raw is None:
-            raw = await self._request(model, messages, body, usage, stage=stage, template=template)
+            served = model if model == self.model else self.adapter_prefix + model
+            raw = await self._request(served, messages, body, usage, stage=stage, template=template)
             if self.cache is not None:
                 await asyncio.to_thread(self.cache.put, key, raw)
         else:

@@ -134,6 +134,8 @@ class VLLMServer:
     def served_name(self) -> str:
         return self.spec.preset.name
 
+    adapter_prefix = ""  # adapters are served under their own names (--lora-modules)
+
     def command(self) -> list[str]:
         preset = self.spec.preset
         args = [

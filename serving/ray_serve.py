@@ -9,20 +9,31 @@ restarts a replica that dies. ``address`` joins an existing cluster (``ray start
 without it a local Ray is started with enough logical CPUs for the controller, the proxy and the
 replicas.
 
-Not yet: LoRA adapters through Serve (``LoraConfig``) and an API key on the Serve proxy -- the app
-binds loopback only.
+LoRA adapters go through Serve's multiplexing: a request for ``BASE:ADAPTER`` is routed to a
+replica that has the adapter loaded (or loads it there, ``serving.ray_lora``), so the served name
+of an adapter is ``adapter_model(name)``, not the bare name a plain vLLM server uses.
+
+Not yet: an API key on the Serve proxy -- the app binds loopback only.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import time
 from typing import Any
 
 import httpx
 
-from serving.launcher import CPU_ENV, ServerSpec, ServerStartError, engine_device, is_loopback
+from serving.launcher import (
+    CPU_ENV,
+    ServerSpec,
+    ServerStartError,
+    engine_device,
+    is_loopback,
+    lora_rank_for,
+)
 from serving.registry import model_source
 
 APP = "groundcover"
@@ -48,6 +59,15 @@ def llm_config(spec: ServerSpec, replicas: int, device: str) -> Any:
         engine["tensor_parallel_size"] = preset.tensor_parallel_size
         bundles = [{"GPU": 1, "CPU": 1}] * preset.tensor_parallel_size
     env = (CPU_ENV if device == "cpu" else {}) | spec.env
+    adapters: dict[str, Any] = {}
+    if spec.loras:  # every replica can load every adapter; Serve decides which one does
+        from serving.ray_lora import ADAPTERS_ENV, AdapterServer
+
+        engine |= {"enable_lora": True, "max_lora_rank": lora_rank_for(spec.loras),
+                   "max_loras": len(spec.loras)}  # fmt: skip
+        env = env | {ADAPTERS_ENV: json.dumps({a.name: a.path for a in spec.loras})}
+        adapters = {"server_cls": AdapterServer,
+                    "lora_config": {"max_num_adapters_per_replica": len(spec.loras)}}  # fmt: skip
     return LLMConfig(
         model_loading_config={"model_id": preset.name, "model_source": model_source(preset)},
         deployment_config={"num_replicas": replicas, "max_ongoing_requests": 256},
@@ -55,6 +75,7 @@ def llm_config(spec: ServerSpec, replicas: int, device: str) -> Any:
         engine_kwargs=engine,
         runtime_env={"env_vars": env},
         log_engine_metrics=False,
+        **adapters,
     )
 
 
@@ -70,9 +91,6 @@ class RayReplicas:
 
     def __init__(self, spec: ServerSpec, replicas: int, *, address: str | None = None,
                  port: int | None = None):  # fmt: skip
-        if spec.loras:
-            raise ServerStartError("LoRA adapters are not served through Ray Serve replicas yet;"
-                                   " serve them with one plain server (no --replicas)")  # fmt: skip
         if not is_loopback(spec.host):
             raise ServerStartError("the Ray Serve app binds loopback only (it has no API key)")
         from serving.launcher import free_port
@@ -89,6 +107,11 @@ class RayReplicas:
     @property
     def served_name(self) -> str:
         return self.spec.preset.name
+
+    @property
+    def adapter_prefix(self) -> str:
+        """What turns an adapter's name into the model name Serve routes: ``BASE:ADAPTER``."""
+        return f"{self.served_name}:"
 
     def start(self, timeout: float = 900.0) -> RayReplicas:
         import ray
@@ -120,14 +143,16 @@ class RayReplicas:
         raise ServerStartError(f"Ray Serve app not ready after {timeout:.0f}s")
 
     def replica_pids(self) -> list[int]:
-        """Process ids of the model replicas (each runs its engine in-process on CPU)."""
+        """Process ids of the model replicas (each runs its engine in-process on CPU); the
+        deployment is named after its server class (``LLMServer``, or ``AdapterServer`` when
+        adapters are served)."""
         import ray
 
         pids = []
         for entry in ray.util.list_named_actors(all_namespaces=True):
             name = entry["name"] if isinstance(entry, dict) else entry
             namespace = entry.get("namespace", "serve") if isinstance(entry, dict) else "serve"
-            if "SERVE_REPLICA" in name and "LLMServer" in name:
+            if "SERVE_REPLICA" in name and ("LLMServer" in name or "AdapterServer" in name):
                 actor = ray.get_actor(name, namespace=namespace)
                 pids.append(ray.get(actor.__ray_call__.remote(lambda _self: os.getpid())))
         return sorted(pids)

@@ -196,8 +196,5 @@ def test_replicas_are_checked_before_anything_starts(tmp_path, questions):
         result = run(["generate", str(questions), *args, "--run-dir", str(tmp_path / "r")])
         assert result.exit_code == 2 and message in result.output, result.output
         assert not (tmp_path / "r").exists()
-    adapter = tmp_path / "adapter"
-    adapter.mkdir()
-    (adapter / "adapter_config.json").write_text('{"base_model_name_or_path": "x", "r": 8}')
-    with pytest.raises(ValueError, match="not served through Ray Serve replicas"):
-        EvaluatorConfig(replicas=2, adapters={"a": str(adapter)})
+    with pytest.raises(ValueError, match="only for an --endpoint"):
+        EvaluatorConfig(adapter_prefix="embedded:")

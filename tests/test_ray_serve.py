@@ -1,6 +1,7 @@
 """Ray Serve LLM: two tiny-Llama replicas behind one OpenAI-compatible URL on loopback -- both
-replicas serve, answers equal a plain single server's (temperature 0, no cache), and a replica
-SIGKILLed mid-run costs nothing: the run ends with one record per item."""
+replicas serve, answers equal a plain single server's (temperature 0, no cache) for the base model
+and for a LoRA adapter served through Serve's multiplexing, and a replica SIGKILLed mid-run costs
+nothing: the run ends with one record per item."""
 
 from __future__ import annotations
 
@@ -15,29 +16,34 @@ from pathlib import Path
 
 import pytest
 
-from serving.client import EvalClient
+from serving.client import EndpointError, EvalClient
 from serving.launcher import ServerSpec
-from tests.conftest import TEST_SERVER_ENV, require_engine
+from serving.registry import LoraAdapter
+from tests.conftest import ADAPTER, TEST_SERVER_ENV, require_engine
 
 pytestmark = pytest.mark.engine
 ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
-def replicas(tiny_model):
+def replicas(tiny_model, tiny_lora):
     require_engine()
     pytest.importorskip("ray.serve.llm", reason="needs ray[serve] (the engine extra)")
     from serving.ray_serve import RayReplicas
 
-    app = RayReplicas(ServerSpec(model=str(tiny_model), env=TEST_SERVER_ENV), replicas=2)
-    with app:
+    adapter = LoraAdapter(name=ADAPTER, path=str(tiny_lora), base=tiny_model.name, rank=8)
+    spec = ServerSpec(model=str(tiny_model), loras=[adapter], env=TEST_SERVER_ENV)
+    with RayReplicas(spec, replicas=2) as app:
         yield app
 
 
-async def answers(base_url: str, model: str, prompts: list[str], concurrency: int) -> list[str]:
+async def answers(base_url: str, model: str, prompts: list[str], concurrency: int,
+                  adapter: str | None = None, prefix: str = "") -> list[str]:  # fmt: skip
     async with EvalClient(
         base_url,
         model,
+        adapter=adapter,
+        adapter_prefix=prefix,
         concurrency=concurrency,
         max_retries=4,
         default_params={"temperature": 0.0, "max_tokens": 16},
@@ -71,6 +77,42 @@ def test_two_replicas_both_serve_and_answer_like_one_plain_server(replicas, vllm
     mine = asyncio.run(answers(replicas.base_url, replicas.served_name, some, concurrency=1))
     plain = asyncio.run(answers(vllm_server.base_url, vllm_server.served_name, some, 1))
     assert mine == plain
+
+
+def test_an_adapter_through_serve_answers_like_the_plain_servers_adapter(replicas, vllm_server):
+    prompts = [f"Describe thing {i}." for i in range(8)]
+    url, name, prefix = replicas.base_url, replicas.served_name, replicas.adapter_prefix
+    assert prefix == f"{name}:"  # Serve routes BASE:ADAPTER to a replica that loads it
+    tuned = asyncio.run(answers(url, name, prompts, 1, adapter=ADAPTER, prefix=prefix))
+    plain = asyncio.run(answers(vllm_server.base_url, vllm_server.served_name, prompts, 1,
+                                adapter=ADAPTER))  # fmt: skip
+    base = asyncio.run(answers(url, name, prompts, 1))
+    assert tuned == plain  # the same adapter weights, greedy
+    assert tuned != base  # and really the adapter, not the base model
+    with pytest.raises(EndpointError, match="404.*no-such-adapter' does not exist here"):
+        asyncio.run(answers(url, name, prompts[:1], 1, adapter="no-such-adapter", prefix=prefix))
+
+
+def test_a_run_reaches_the_adapter_of_a_serve_app_by_its_prefix(replicas, vllm_server, tmp_path):
+    questions = tmp_path / "q.jsonl"
+    questions.write_text("".join(json.dumps({"id": f"q{i}", "question": f"Why {i}?"}) + "\n"
+                                 for i in range(4)))  # fmt: skip
+
+    def generate(url: str, name: str, *extra: str) -> dict[str, str]:
+        run_dir = tmp_path / f"run{len(list(tmp_path.iterdir()))}"
+        command = [sys.executable, "-m", "pipelines.cli", "generate", str(questions),
+                   "--endpoint", url, "--model", name, "--adapter", ADAPTER, *extra,
+                   "--run-dir", str(run_dir), "--max-tokens", "16", "--concurrency", "1",
+                   "--no-cache", "--quiet"]  # fmt: skip
+        done = subprocess.run(command, env=dict(os.environ, PYTHONPATH=str(ROOT)),
+                              capture_output=True, text=True, timeout=600)  # fmt: skip
+        assert done.returncode == 0, done.stderr[-3000:]
+        lines = (run_dir / "results.jsonl").read_text().splitlines()
+        return {r["id"]: r["details"]["response"] for r in map(json.loads, lines)}
+
+    served = generate(replicas.base_url, replicas.served_name,
+                      "--adapter-prefix", replicas.adapter_prefix)  # fmt: skip
+    assert served == generate(vllm_server.base_url, vllm_server.served_name)
 
 
 def test_a_replica_killed_mid_run_costs_no_item(replicas, tmp_path):

@@ -1,5 +1,6 @@
 """`--replicas 2` on an evaluation that starts its own server: the run deploys a Ray Serve LLM app
-with two replicas, sends every request through it, and stops it (and its Ray) at the end."""
+with two replicas (and its LoRA adapter), sends every request through it, and stops it (and its
+Ray) at the end."""
 
 from __future__ import annotations
 
@@ -12,13 +13,14 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import require_engine
+from tests.conftest import ADAPTER, require_engine
 
 pytestmark = pytest.mark.engine
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def test_generate_with_two_replicas_started_by_the_run(tiny_model, tmp_path):
+def test_generate_with_two_replicas_started_by_the_run(tiny_model, tiny_lora, vllm_server,
+                                                       tmp_path):  # fmt: skip
     require_engine()
     pytest.importorskip("ray.serve.llm", reason="needs ray[serve] (the engine extra)")
     questions, run_dir = tmp_path / "q.jsonl", tmp_path / "run"
@@ -27,6 +29,7 @@ def test_generate_with_two_replicas_started_by_the_run(tiny_model, tmp_path):
                                  for i in ids))  # fmt: skip
     command = [sys.executable, "-m", "pipelines.cli", "generate", str(questions),
                "--model", str(tiny_model), "--replicas", "2", "--run-dir", str(run_dir),
+               "--lora", f"{ADAPTER}={tiny_lora}", "--adapter", ADAPTER, "--concurrency", "1",
                "--max-tokens", "16", "--no-cache", "--quiet"]  # fmt: skip
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=900)
@@ -36,6 +39,18 @@ def test_generate_with_two_replicas_started_by_the_run(tiny_model, tmp_path):
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["usage_this_invocation"]["generate"]["requests"] == len(ids)
     assert not ray_workers_after(30), "the run left Ray processes behind"
+    # every answer is the adapter's: the same run against the plain server's adapter agrees
+    plain_dir = tmp_path / "plain"
+    command = [sys.executable, "-m", "pipelines.cli", "generate", str(questions),
+               "--endpoint", vllm_server.base_url, "--model", vllm_server.served_name,
+               "--adapter", ADAPTER, "--run-dir", str(plain_dir), "--max-tokens", "16",
+               "--concurrency", "1", "--no-cache", "--quiet"]  # fmt: skip
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    plain = {json.loads(line)["id"]: json.loads(line) for line in
+             (plain_dir / "results.jsonl").read_text().splitlines()}  # fmt: skip
+    assert {r["id"]: r["details"]["response"] for r in records} == {
+        i: r["details"]["response"] for i, r in plain.items()}  # fmt: skip
 
 
 def ray_workers_after(seconds: float) -> list[int]:
