@@ -46,6 +46,7 @@ async def open_evaluator(
     ref = cfg.ref()
     cache = ResponseCache(cache_path) if cache_path else None
     server = None
+    gone = None
     try:
         base_url, adapter_prefix = cfg.endpoint, cfg.adapter_prefix
         if base_url is None:
@@ -53,7 +54,7 @@ async def open_evaluator(
             loras = [lora_adapter(n, p, preset.name, cfg.model) for n, p in cfg.adapters.items()]
             spec = ServerSpec(model=cfg.model, loras=loras, max_model_len=cfg.max_model_len)
             server = start_server(spec, cfg, run_dir)
-            base_url, adapter_prefix = server.base_url, server.adapter_prefix
+            base_url, adapter_prefix, gone = server.base_url, server.adapter_prefix, server.gone
         client = EvalClient(
             base_url,
             ref.base_name,
@@ -66,6 +67,7 @@ async def open_evaluator(
             cache=cache,
             default_params=sampling_defaults(cfg),
             vllm_extensions=cfg.vllm_extensions,
+            gone=gone,
         )
         async with client:
             if ref.adapter and not adapter_prefix:  # Serve lists no multiplexed adapter

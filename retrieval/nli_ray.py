@@ -1,23 +1,36 @@
 """NLI over a Ray Data actor pool: the same batches as ``NliScorer``, scored by N actors that each
 hold one copy of the model (one GPU each on GPU nodes).
 
-The driver deduplicates the pairs and plans the batches exactly as the local scorer does
+The caller deduplicates the pairs and plans the batches exactly as the local scorer does
 (``plan_batches``: length-sorted, same size), so every batch has the same padding and the actors
 compute what the local path computes; results are joined back by batch number into the caller's
 order. Each ``probabilities`` call is one Ray Data execution (actors start, load the model, score
 every batch, stop): call it with many pairs at once -- ``NliBatcher`` pools the pairs of all
-items in flight.
+items in flight. Ray Data restarts an actor that dies and retries its batch.
+
+The Ray driver is a child process, not the run's: Ray ends a driver process without an exception
+when its node's raylet dies (at once) or the cluster's GCS stays gone (after 60 s). Here that
+ends only the child; the run raises ``ClusterGone`` -- one error line, a resumable run directory.
+Requests and answers cross the pipe as JSON and raw float32 bytes.
 """
 
 from __future__ import annotations
 
+import contextlib
+import json
+import multiprocessing
 import os
+import time
 from collections.abc import Sequence
+from multiprocessing.connection import Connection
 from typing import Any
 
 import numpy as np
 
 from retrieval.nli import CANONICAL, NliScorer, plan_batches
+from serving.ray_cluster import ClusterGone, connect, while_cluster_lives
+
+__all__ = ["RayNliScorer", "connect"]
 
 
 class _BatchScorer:
@@ -36,18 +49,53 @@ class _BatchScorer:
                 "worker": np.full(len(probs), os.getpid())}  # fmt: skip
 
 
-def connect(address: str | None = None, num_cpus: int | None = None) -> None:
-    """Join the cluster at ``address`` (or ``auto``), or start a local Ray once."""
-    import ray
+def _execute(batches: list[dict[str, Any]], settings: dict[str, Any]) -> tuple[list, set[int]]:
+    """One Ray Data execution over the planned batches: (probabilities per batch, actor pids)."""
+    import ray.data
 
-    if ray.is_initialized():
+    actors = settings["actors"]
+    dataset = ray.data.from_items(batches, override_num_blocks=min(len(batches), 4 * actors))
+    results = dataset.map_batches(
+        _BatchScorer, batch_size=1, concurrency=actors, num_cpus=1,
+        num_gpus=settings["gpus_per_actor"], batch_format="numpy",
+        fn_constructor_kwargs=settings["model"],
+    ).take_all()  # fmt: skip
+    scored: list[bytes | None] = [None] * len(batches)
+    for row in results:
+        scored[int(row["batch"])] = bytes(row["probs"])
+    missing = sum(s is None for s in scored)
+    if missing:  # Ray retries failed tasks itself; a batch that never came back is an error
+        raise RuntimeError(f"Ray Data returned no result for {missing} NLI batches")
+    return scored, {int(row["worker"]) for row in results}
+
+
+def _driver(conn: Connection, address: str | None, num_cpus: int, settings: dict) -> None:
+    """The child process: joins Ray, then answers one request per pooled call until told to stop."""
+
+    def reply(message: dict[str, Any], payload: bytes = b"") -> None:
+        conn.send_bytes(json.dumps(message).encode())
+        conn.send_bytes(payload)
+
+    try:
+        connect(address, num_cpus=num_cpus)
+    except Exception as exc:
+        reply({"error": f"cannot join Ray at {address or 'a local instance'}: {exc}"})
         return
-    kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False,
-                              "ignore_reinit_error": True}  # fmt: skip
-    if address:
-        ray.init(address=address, **kwargs)
-    else:
-        ray.init(num_cpus=num_cpus, **kwargs)
+    reply({"ready": True})
+    while True:
+        request = json.loads(conn.recv_bytes())
+        if request.get("stop"):
+            break
+        try:
+            batches = request["batches"]
+            scored, workers = while_cluster_lives(lambda: _execute(batches, settings))  # noqa: B023
+        except ClusterGone as exc:
+            reply({"gone": str(exc)})
+            break
+        except Exception as exc:
+            reply({"error": f"{type(exc).__name__}: {' '.join(str(exc).split())[:500]}"})
+            continue
+        reply({"sizes": [len(s) for s in scored], "workers": sorted(workers)}, b"".join(scored))
 
 
 class RayNliScorer:
@@ -55,17 +103,30 @@ class RayNliScorer:
 
     def __init__(self, model: str, *, actors: int = 2, device: str = "cpu", batch_size: int = 32,
                  max_length: int = 512, dynamic_padding: bool = True, gpus_per_actor: float = 0,
-                 address: str | None = None):  # fmt: skip
+                 address: str | None = None, start_timeout: float = 300.0):  # fmt: skip
         from transformers import AutoTokenizer
 
-        connect(address, num_cpus=None if address else max(2, actors + 1))
-        self.model, self.actors, self.device = model, actors, device
+        self.model, self.actors, self.device, self.address = model, actors, device, address
         self.batch_size, self.max_length = batch_size, max_length
-        # one GPU per actor when the model runs on CUDA (--nli-device cuda), unless told
         self.dynamic_padding = dynamic_padding
+        # one GPU per actor when the model runs on CUDA (--nli-device cuda), unless told
         self.gpus_per_actor = gpus_per_actor or (1 if device.startswith("cuda") else 0)
         self.tokenizer = AutoTokenizer.from_pretrained(model)  # to plan; the model stays remote
-        self.executions = 0
+        self.executions, self.workers = 0, set()
+        settings = {"actors": actors, "gpus_per_actor": self.gpus_per_actor,
+                    "model": {"model": model, "device": device, "max_length": max_length,
+                              "dynamic_padding": dynamic_padding}}  # fmt: skip
+        context = multiprocessing.get_context("spawn")  # a fresh interpreter: no inherited Ray
+        self.conn, child = context.Pipe()
+        self.process = context.Process(
+            target=_driver, args=(child, address, max(2, actors + 1), settings),
+            name="groundcover-ray-nli", daemon=True,
+        )  # fmt: skip
+        self.process.start()
+        child.close()
+        answer, _ = self._receive(start_timeout)
+        if "error" in answer:
+            raise ClusterGone(answer["error"])
 
     def probabilities(self, pairs: Sequence[tuple[str, str]]) -> np.ndarray:
         out = np.zeros((len(pairs), len(CANONICAL)), dtype=np.float32)
@@ -83,26 +144,45 @@ class RayNliScorer:
         return out
 
     def _run(self, unique: list[tuple[str, str]], batches: list[np.ndarray]) -> list[np.ndarray]:
-        import ray.data
-
         items = [{"batch": n, "premises": [unique[i][0] for i in members],
                   "hypotheses": [unique[i][1] for i in members]}
                  for n, members in enumerate(batches)]  # fmt: skip
-        dataset = ray.data.from_items(items, override_num_blocks=min(len(items), 4 * self.actors))
-        results = dataset.map_batches(
-            _BatchScorer, batch_size=1, concurrency=self.actors, num_cpus=1,
-            num_gpus=self.gpus_per_actor, batch_format="numpy",
-            fn_constructor_kwargs={"model": self.model, "device": self.device,
-                                   "max_length": self.max_length,
-                                   "dynamic_padding": self.dynamic_padding},
-        ).take_all()  # fmt: skip
+        with contextlib.suppress(OSError):  # a child that is gone: _receive says why
+            self.conn.send_bytes(json.dumps({"batches": items}).encode())
+        answer, payload = self._receive(None)
+        if "gone" in answer:
+            raise ClusterGone(answer["gone"])
+        if "error" in answer:
+            raise RuntimeError(f"NLI on Ray: {answer['error']}")
         self.executions += 1
-        self.workers = {int(row["worker"]) for row in results}  # which actors did the work
-        scored: list[np.ndarray | None] = [None] * len(batches)
-        for row in results:
-            n = int(row["batch"])
-            scored[n] = np.frombuffer(row["probs"], dtype=np.float32).reshape(-1, len(CANONICAL))
-        missing = [n for n, s in enumerate(scored) if s is None]
-        if missing:  # Ray retries failed tasks itself; a batch that never came back is an error
-            raise RuntimeError(f"Ray Data returned no result for {len(missing)} NLI batches")
-        return scored  # type: ignore[return-value]
+        self.workers = set(answer["workers"])  # which actors did the work
+        flat = np.frombuffer(payload, dtype=np.float32).reshape(-1, len(CANONICAL))
+        return np.split(flat, np.cumsum([size // (4 * len(CANONICAL))
+                                         for size in answer["sizes"]])[:-1])  # fmt: skip
+
+    def _receive(self, timeout: float | None) -> tuple[dict[str, Any], bytes]:
+        """The child's next answer; ``ClusterGone`` when it died without one (Ray ended it)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while not self.conn.poll(0.5):
+            if not self.process.is_alive():
+                break
+            if deadline is not None and time.monotonic() > deadline:
+                self.close()
+                raise ClusterGone(f"Ray at {self.address or 'a local instance'} did not start "
+                                  f"within {timeout:.0f}s")  # fmt: skip
+        try:
+            return json.loads(self.conn.recv_bytes()), self.conn.recv_bytes()
+        except (EOFError, OSError):
+            code = self.process.exitcode
+            raise ClusterGone(f"the Ray cluster at {self.address or 'a local instance'} is gone "
+                              f"(its driver process ended, exit code {code}); the run directory "
+                              "is resumable") from None  # fmt: skip
+
+    def close(self) -> None:
+        if self.process.is_alive():
+            with contextlib.suppress(OSError):
+                self.conn.send_bytes(json.dumps({"stop": True}).encode())
+                self.process.join(30)
+        if self.process.is_alive():
+            self.process.terminate()
+            self.process.join(10)

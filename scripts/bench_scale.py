@@ -4,8 +4,9 @@
    batches; each Ray call includes starting its actors and loading the model in them).
 2. LLM pairwise calls/s: the NLI prompt of the comprehensiveness method over real sentence pairs,
    through a Ray Serve LLM app with 1 vs 2 replicas; and, on the 2-replica app, our client's
-   prompt+completion tokens/s vs the plain openai async client sending the same prompts at the
-   same concurrency (the server's ceiling as a load generator sees it).
+   prompt+completion tokens/s vs vLLM's own benchmark client (``vllm bench serve``, custom
+   dataset of the same prompts, same concurrency, 24-token budget) and the plain openai async
+   client: how close the pipeline comes to the server's ceiling.
 3. Cross-item scheduling: comprehensiveness (NLI method, spec) items/min with items in flight
    together vs one item at a time, on the same 2 replicas.
 4. Pruning: the same items exhaustive vs --prune-below T (same cache, so the atoms are the same):
@@ -24,6 +25,7 @@ import asyncio
 import json
 import random
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -57,12 +59,11 @@ def pairs_of(n: int, seed: int = 0) -> list[tuple[str, str]]:
 
 def bench_nli(tmp: Path, n: int) -> None:
     from retrieval.nli import NliScorer
-    from retrieval.nli_ray import RayNliScorer, connect
+    from retrieval.nli_ray import RayNliScorer
     from tests.support.tiny import build_tiny_classifier
 
     model = str(build_tiny_classifier(tmp / "tiny-nli"))
     pairs = pairs_of(n)
-    connect(num_cpus=4)
     started = time.perf_counter()
     local = NliScorer(model).probabilities(pairs)
     rates = {"local": n / (time.perf_counter() - started)}
@@ -73,9 +74,7 @@ def bench_nli(tmp: Path, n: int) -> None:
         remote = scorer.probabilities(pairs)
         rates[f"ray {actors} actor(s)"] = n / (time.perf_counter() - started)
         assert (remote.argmax(1) == local.argmax(1)).all()
-    import ray
-
-    ray.shutdown()
+        scorer.close()  # its Ray driver process and local Ray with it
     print(f"1. NLI, {n} pairs (tiny DeBERTa-v2): " + ", ".join(
         f"{k} {v:,.0f} pairs/s" for k, v in rates.items()))  # fmt: skip
     print(f"   ray 2 / 1 actors: {rates['ray 2 actor(s)'] / rates['ray 1 actor(s)']:.2f}x;"
@@ -125,6 +124,28 @@ async def plain(url: str, model: str, batch: list[list[dict]], concurrency: int)
     return {"calls/s": len(batch) / elapsed, "tokens/s": tokens / elapsed}
 
 
+def vllm_bench(url: str, model: str, tokenizer: str, batch: list[list[dict]], concurrency: int,
+               tmp: Path) -> dict:  # fmt: skip
+    """vLLM's own benchmark client (``vllm bench serve``) sending the same prompts to the same
+    server. Run as a module: the ``vllm`` command of the CPU wheel cannot find its own version."""
+    prompts = tmp / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt": m[-1]["content"]}) + "\n" for m in batch))
+    code = ("import sys; from vllm.benchmarks.serve import add_cli_args, main; "
+            "from vllm.utils.argparse_utils import FlexibleArgumentParser as P; "
+            "p = P(); add_cli_args(p); main(p.parse_args(sys.argv[1:]))")  # fmt: skip
+    base = url.removesuffix("/v1")
+    args = ["--backend", "openai-chat", "--base-url", base, "--endpoint", "/v1/chat/completions",
+            "--model", model, "--tokenizer", tokenizer, "--dataset-name", "custom",
+            "--dataset-path", str(prompts), "--skip-chat-template", "--custom-output-len", "24",
+            "--num-prompts", str(len(batch)), "--max-concurrency", str(concurrency),
+            "--temperature", "0", "--disable-tqdm", "--save-result", "--result-dir", str(tmp),
+            "--result-filename", "vllm-bench.json"]  # fmt: skip
+    subprocess.run([sys.executable, "-c", code, *args], check=True, capture_output=True,
+                   timeout=1800)  # fmt: skip
+    result = json.loads((tmp / "vllm-bench.json").read_text())
+    return {"calls/s": result["request_throughput"], "tokens/s": result["total_token_throughput"]}
+
+
 def items(n: int):
     from pipelines.comprehensiveness import Item
 
@@ -156,6 +177,7 @@ async def run_items(url: str, model: str, todo, options, concurrent: bool, cache
 def bench_llm(tmp: Path, args) -> None:
     from serving.launcher import ServerSpec
     from serving.ray_serve import RayReplicas
+    from serving.registry import model_source, resolve
 
     batch = nli_messages(args.llm_pairs)
     rates = {}
@@ -173,11 +195,16 @@ def bench_llm(tmp: Path, args) -> None:
                 continue
             if 1 in rates:
                 print(f"   2 / 1 replicas: {rates[2] / rates[1]:.2f}x", flush=True)
+            tokenizer = model_source(resolve(args.model))
             ceiling = [asyncio.run(plain(url, model, batch, args.concurrency))
                        for _ in range(args.rounds)]  # fmt: skip
-            mine, top = (statistics.median(r["tokens/s"] for r in x) for x in (runs, ceiling))
-            print(f"   2 replicas, tokens/s: ours {mine:,.0f} vs plain openai client {top:,.0f} "
-                  f"= {mine / top:.2f} of the ceiling", flush=True)  # fmt: skip
+            theirs = [vllm_bench(url, model, tokenizer, batch, args.concurrency, tmp)
+                      for _ in range(args.rounds)]  # fmt: skip
+            mine, top, vllm = (statistics.median(r["tokens/s"] for r in x)
+                               for x in (runs, ceiling, theirs))  # fmt: skip
+            print(f"   2 replicas, prompt+completion tokens/s: ours {mine:,.0f}, plain openai "
+                  f"client {top:,.0f}, vLLM's benchmark client {vllm:,.0f}: ours = "
+                  f"{mine / vllm:.2f} of vLLM's ({mine / top:.2f} of plain)")  # fmt: skip
             if args.items:
                 bench_items(url, model, tmp, args)
 

@@ -238,8 +238,10 @@ class EvalClient:
         cache: ResponseCache | None = None,
         default_params: dict[str, Any] | None = None,
         vllm_extensions: bool = True,
+        gone: Callable[[], str | None] | None = None,
     ):
         self.base_url = base_url
+        self.gone = gone  # says why the server cannot come back (a lost Ray cluster): no retry
         self.model = model  # the base model's served name
         self.adapter = adapter  # when set, every request goes to this LoRA adapter
         # Ray Serve LLM routes adapters as BASE:ADAPTER; a plain vLLM server by the bare name.
@@ -340,10 +342,11 @@ class EvalClient:
                 usage.seconds += time.perf_counter() - started
                 return response.model_dump(exclude_unset=True)
             except RETRYABLE as exc:
-                if attempt == self.max_retries:
+                reason = self.gone() if self.gone is not None else None
+                if attempt == self.max_retries or reason:
                     usage.failures += 1
                     raise EndpointError(
-                        f"{self.base_url}: gave up after {attempt + 1} attempts: {exc}"
+                        f"{self.base_url}: gave up after {attempt + 1} attempts: {reason or exc}"
                     ) from exc
                 usage.retries += 1
                 delay = min(self.max_backoff, self.backoff * 2**attempt)

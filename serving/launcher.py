@@ -136,6 +136,9 @@ class VLLMServer:
 
     adapter_prefix = ""  # adapters are served under their own names (--lora-modules)
 
+    def gone(self) -> str | None:  # a restarted server comes back: retries decide
+        return None
+
     def command(self) -> list[str]:
         preset = self.spec.preset
         args = [

@@ -34,6 +34,7 @@ from serving.launcher import (
     is_loopback,
     lora_rank_for,
 )
+from serving.ray_cluster import cluster_gone, connect
 from serving.registry import model_source
 
 APP = "groundcover"
@@ -120,11 +121,8 @@ class RayReplicas:
 
         config = llm_config(self.spec, self.replicas, self.device)  # converts the model first
         if not ray.is_initialized():
-            kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False}
-            if self.address:
-                ray.init(address=self.address, **kwargs)
-            else:  # controller + proxy + router + replicas each hold a logical CPU
-                ray.init(num_cpus=max(8, 2 * self.replicas + 4), **kwargs)
+            # controller + proxy + router + replicas each hold a logical CPU of a local Ray
+            connect(self.address, num_cpus=max(8, 2 * self.replicas + 4))
             self.started_ray = True
         serve.start(http_options={"host": "127.0.0.1", "port": self.port})
         serve.run(build_openai_app({"llm_configs": [config]}), name=APP, blocking=False)
@@ -141,6 +139,11 @@ class RayReplicas:
             time.sleep(1.0)
         self.stop()
         raise ServerStartError(f"Ray Serve app not ready after {timeout:.0f}s")
+
+    def gone(self) -> str | None:
+        """Why the app cannot come back (its cluster is unreachable), for the client to stop
+        retrying before Ray ends this process; None while the cluster answers."""
+        return cluster_gone(timeout=0.5)
 
     def replica_pids(self) -> list[int]:
         """Process ids of the model replicas (each runs its engine in-process on CPU); the

@@ -3,6 +3,7 @@ and probabilities on the same pairs (tiny DeBERTa-v2, two CPU actors, real Ray).
 
 from __future__ import annotations
 
+import contextlib
 import random
 
 import numpy as np
@@ -27,12 +28,8 @@ def tiny_nli(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def ray_local():
-    ray = pytest.importorskip("ray")
-    from retrieval.nli_ray import connect
-
-    connect(num_cpus=4)
-    yield ray
-    ray.shutdown()
+    """Ray installed: each ``RayNliScorer`` starts its own local Ray in its driver process."""
+    return pytest.importorskip("ray")
 
 
 def test_ray_data_nli_equals_the_local_scorer(tiny_nli, ray_local):
@@ -143,3 +140,110 @@ def test_comprehensiveness_cross_encoder_on_ray_actors_equals_local(tiny_nli, ra
         assert [r["probability"] for r in here] == pytest.approx(
             [r["probability"] for r in there], abs=1e-6)  # fmt: skip
         assert (record.status, record.score) == (remote[item_id].status, remote[item_id].score)
+
+
+# ---- faults on Ray ------------------------------------------------------------------------------
+
+
+def test_an_nli_actor_killed_mid_batch_costs_nothing(tiny_nli, ray_local):
+    """Ray Data restarts a SIGKILLed actor and retries its batch: every pair is scored, and the
+    probabilities are still the local scorer's."""
+    import os
+    import signal
+    import threading
+    import time
+
+    import psutil
+
+    from retrieval.nli_ray import RayNliScorer
+
+    premises, hypotheses = sentences(600, 3), sentences(600, 4)
+    pairs = [(premises[i] * 4, hypotheses[(i * 11) % 600]) for i in range(600)]  # long premises
+    local = NliScorer(tiny_nli, batch_size=32).probabilities(pairs)
+    scorer, outcome = RayNliScorer(tiny_nli, actors=2, batch_size=32), {}
+    work = threading.Thread(target=lambda: outcome.update(probs=scorer.probabilities(pairs)))
+    work.start()
+    victim = None
+    while work.is_alive() and victim is None:
+        for proc in psutil.process_iter(["cmdline", "create_time"]):
+            title = (proc.info["cmdline"] or [""])[0]
+            if "_BatchScorer" in title and time.time() - proc.info["create_time"] > 2.0:
+                victim = proc.pid  # an actor that has loaded its model and is scoring
+                break
+        time.sleep(0.05)
+    assert victim is not None and work.is_alive(), "the scoring ended before an actor was killed"
+    os.kill(victim, signal.SIGKILL)
+    work.join(300)
+    assert not work.is_alive()
+    np.testing.assert_allclose(outcome["probs"], local, rtol=0, atol=1e-6)
+    assert victim not in scorer.workers or len(scorer.workers) > 2  # others finished its work
+
+
+def test_the_cluster_gone_mid_run_ends_with_one_error_and_resumes(tiny_nli, tmp_path):
+    """A run whose NLI is on a Ray cluster that dies mid-run: one `error:` line and exit 1 well
+    before Ray's own silent exit (60 s), whole records only, and the same run resumed without Ray
+    ends with every item once."""
+    import json
+    import os
+    import signal
+    import socket
+    import subprocess
+    import sys
+    import tempfile
+    import time
+    from pathlib import Path
+
+    from serving.launcher import free_port
+    from tests.test_exact_scores import ITEM
+
+    root = Path(__file__).resolve().parents[1]
+    ray_dir = tempfile.mkdtemp(prefix="rg", dir="/tmp")  # Ray's socket paths must stay short
+    port = free_port()
+    head = subprocess.Popen(
+        [str(Path(sys.executable).with_name("ray")), "start", "--head", "--block",
+         f"--port={port}", "--num-cpus=2", "--include-dashboard=false",
+         "--disable-usage-stats", f"--temp-dir={ray_dir}"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                time.sleep(0.5)
+        items, run_dir = tmp_path / "items.jsonl", tmp_path / "run"
+        ids = [f"t{k:03d}" for k in range(200)]
+        items.write_text("".join(json.dumps(ITEM.model_dump() | {"id": i}) + "\n" for i in ids))
+        env = dict(os.environ, PYTHONPATH=str(root))
+        command = [sys.executable, "-m", "tests.support.ray_gone", str(items), str(run_dir),
+                   tiny_nli]  # fmt: skip
+        run = subprocess.Popen([*command, f"127.0.0.1:{port}"], env=env, text=True,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
+        results = run_dir / "results.jsonl"
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline and run.poll() is None:
+            if results.is_file() and results.read_bytes().count(b"\n") >= 8:
+                break
+            time.sleep(0.05)
+        os.killpg(head.pid, signal.SIGKILL)  # the head: GCS, raylet, and the actors with them
+        killed = time.monotonic()
+        out, err = run.communicate(timeout=180)
+        assert run.returncode == 1, err[-3000:]
+        errors = [line for line in err.splitlines() if line.startswith("error:")]
+        assert len(errors) == 1 and "Ray cluster" in errors[0] and "gone" in errors[0], err[-3000:]
+        assert time.monotonic() - killed < 55  # ours, not Ray's exit after 60 s
+        done = [json.loads(line) for line in results.read_text().splitlines()]
+        assert 0 < len(done) < len(ids)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(head.pid, signal.SIGKILL)
+        head.wait(30)
+    resumed = subprocess.run([*command, "local"], env=env, text=True, capture_output=True,
+                             timeout=600)  # fmt: skip
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    records = [json.loads(line) for line in results.read_text().splitlines()]
+    assert sorted(r["id"] for r in records) == ids  # every item, none twice
+    # the same item 200 times: one status and score, whether its NLI ran on Ray or here
+    assert len({(r["status"], r["score"]) for r in records}) == 1

@@ -1,0 +1,48 @@
+"""A comprehensiveness run (scripted LLM, NLI method) whose cross-encoder scores on a Ray cluster,
+run the way the CLI runs a command (``clean_errors``: one line and an exit code). For the
+cluster-gone test, which kills the cluster under it.
+
+    python -m tests.support.ray_gone ITEMS RUN_DIR NLI_MODEL ADDRESS|local
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import typer
+
+
+def main(items: str, run_dir: str, nli_model: str, address: str) -> None:
+    from pipelines.comprehensiveness import ComprehensivenessOptions
+    from pipelines.comprehensiveness.framework import COMPREHENSIVENESS
+    from pipelines.config import EvaluatorConfig, RunConfig
+    from pipelines.options import clean_errors
+    from pipelines.protocol import RunRequest
+    from pipelines.runner import execute, fixed_client
+    from tests.support.scripted import ScriptedClient
+    from tests.test_exact_scores import NLI_SCRIPTS
+
+    on_ray = address != "local"
+    options = ComprehensivenessOptions(input=Path(items), method="nli", protocol="spec",
+                                       nli_backend="cross-encoder", nli_model=nli_model,
+                                       nli_actors=int(on_ray), export_graphs=False)  # fmt: skip
+    evaluator = EvaluatorConfig(model="judge", endpoint="http://127.0.0.1:9/v1", concurrency=8,
+                                ray_address=address if on_ray else None)  # fmt: skip
+    client = ScriptedClient({k: v for k, v in NLI_SCRIPTS.items() if k != "nli"})
+    request = RunRequest(evaluator, RunConfig(run_dir=Path(run_dir), cache=None), options)
+
+    @clean_errors
+    def run() -> None:
+        execute(
+            COMPREHENSIVENESS, request, quiet=True, open_client=lambda ev, d: fixed_client(client)
+        )
+
+    try:
+        run()
+    except typer.Exit as exit_:
+        sys.exit(exit_.exit_code)
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:5])
