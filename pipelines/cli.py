@@ -131,8 +131,9 @@ def serve_replicas(spec: ServerSpec, replicas: int, address: str | None, timeout
         if spec.loras:
             console.print(f"evaluations reach the adapters with --endpoint {app.base_url} "
                           f"--adapter-prefix {app.adapter_prefix}")  # fmt: skip
-        while True:
+        while app.alive():
             time.sleep(1.0)
+        raise ServerStartError(f"the Ray Serve app ended: {app.gone()}")
     except KeyboardInterrupt:
         console.print("stopping")
     finally:

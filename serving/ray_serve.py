@@ -5,13 +5,14 @@
 GPUs with a TP preset -- and one CPU bundle each on CPU-only machines, with the CPU engine flags the
 plain launcher uses). The app answers at ``http://127.0.0.1:PORT/v1`` like a single vLLM server,
 so the evaluator client stays the one request path; Serve routes each request to a replica and
-restarts a replica that dies. ``address`` joins an existing cluster (``ray start --head``);
+restarts a replica that dies. The app's Ray driver is a child process (``_host``), so a lost
+cluster ends that child, not the run. ``address`` joins an existing cluster (``ray start --head``);
 without it a local Ray is started with enough logical CPUs for the controller, the proxy and the
 replicas.
 
 LoRA adapters go through Serve's multiplexing: a request for ``BASE:ADAPTER`` is routed to a
 replica that has the adapter loaded (or loads it there, ``serving.ray_lora``), so the served name
-of an adapter is ``adapter_model(name)``, not the bare name a plain vLLM server uses.
+of an adapter is ``adapter_prefix + name``, not the bare name a plain vLLM server uses.
 
 Not yet: an API key on the Serve proxy -- the app binds loopback only.
 """
@@ -20,8 +21,11 @@ from __future__ import annotations
 
 import contextlib
 import json
+import multiprocessing
 import os
+import socket
 import time
+from multiprocessing.connection import Connection
 from typing import Any
 
 import httpx
@@ -34,7 +38,7 @@ from serving.launcher import (
     is_loopback,
     lora_rank_for,
 )
-from serving.ray_cluster import cluster_gone, connect
+from serving.ray_cluster import connect
 from serving.registry import model_source
 
 APP = "groundcover"
@@ -87,8 +91,74 @@ def _bytes(text: str) -> int:
     )
 
 
+def _host(conn: Connection, spec: ServerSpec, replicas: int, address: str | None, port: int,
+          device: str, timeout: float) -> None:  # fmt: skip
+    """The app's Ray driver, in a child process: deploys, reports, answers, and on "stop"
+    deletes the app and leaves Ray. Messages are JSON."""
+    import ray
+    from ray import serve
+    from ray.serve.llm import build_openai_app
+
+    def say(message: dict[str, Any]) -> None:
+        conn.send_bytes(json.dumps(message).encode())
+
+    try:
+        # controller + proxy + router + replicas each hold a logical CPU of a local Ray
+        connect(address, num_cpus=max(8, 2 * replicas + 4))
+        serve.start(http_options={"host": "127.0.0.1", "port": port})
+        config = llm_config(spec, replicas, device)
+        serve.run(build_openai_app({"llm_configs": [config]}), name=APP, blocking=False)
+        _wait_ready(f"http://127.0.0.1:{port}/v1", spec.preset.name, timeout)
+    except Exception as exc:
+        say({"error": f"{type(exc).__name__}: {' '.join(str(exc).split())[:500]}"})
+        return
+    say({"ready": True, "gcs": ray.get_runtime_context().gcs_address})
+    while True:
+        request = json.loads(conn.recv_bytes())
+        if request.get("stop"):
+            break
+        if request.get("pids"):
+            say({"pids": _replica_pids()})
+    with contextlib.suppress(Exception):
+        serve.delete(APP)
+    with contextlib.suppress(Exception):
+        serve.shutdown()
+    ray.shutdown()
+
+
+def _wait_ready(base_url: str, name: str, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with contextlib.suppress(httpx.HTTPError, ValueError):
+            models = httpx.get(f"{base_url}/models", timeout=5).json()
+            if any(m.get("id") == name for m in models.get("data", [])):
+                return
+        time.sleep(1.0)
+    raise ServerStartError(f"Ray Serve app not ready after {timeout:.0f}s")
+
+
+def _replica_pids() -> list[int]:
+    """Process ids of the model replicas (each runs its engine in-process on CPU); the
+    deployment is named after its server class (``LLMServer``, or ``AdapterServer`` when
+    adapters are served)."""
+    import ray
+
+    pids = []
+    for entry in ray.util.list_named_actors(all_namespaces=True):
+        name = entry["name"] if isinstance(entry, dict) else entry
+        namespace = entry.get("namespace", "serve") if isinstance(entry, dict) else "serve"
+        if "SERVE_REPLICA" in name and ("LLMServer" in name or "AdapterServer" in name):
+            actor = ray.get_actor(name, namespace=namespace)
+            pids.append(ray.get(actor.__ray_call__.remote(lambda _self: os.getpid())))
+    return sorted(pids)
+
+
 class RayReplicas:
-    """Start, use (``base_url``, ``served_name``), stop; a context manager like VLLMServer."""
+    """Start, use (``base_url``, ``served_name``), stop; a context manager like VLLMServer.
+
+    The app's Ray driver is a child process, as a plain server is: Ray ends a driver without an
+    exception when its raylet or the cluster's GCS dies, and the run must outlive that to say so
+    in one line (``gone``) and stop cleanly."""
 
     def __init__(self, spec: ServerSpec, replicas: int, *, address: str | None = None,
                  port: int | None = None):  # fmt: skip
@@ -99,7 +169,8 @@ class RayReplicas:
         self.spec, self.replicas, self.address = spec, replicas, address
         self.port = port or spec.port or free_port()
         self.device = engine_device() if spec.device == "auto" else spec.device
-        self.started_ray = False
+        self.process: Any = None
+        self.gcs: str | None = None
 
     @property
     def base_url(self) -> str:
@@ -115,64 +186,74 @@ class RayReplicas:
         return f"{self.served_name}:"
 
     def start(self, timeout: float = 900.0) -> RayReplicas:
-        import ray
-        from ray import serve
-        from ray.serve.llm import build_openai_app
-
-        config = llm_config(self.spec, self.replicas, self.device)  # converts the model first
-        if not ray.is_initialized():
-            # controller + proxy + router + replicas each hold a logical CPU of a local Ray
-            connect(self.address, num_cpus=max(8, 2 * self.replicas + 4))
-            self.started_ray = True
-        serve.start(http_options={"host": "127.0.0.1", "port": self.port})
-        serve.run(build_openai_app({"llm_configs": [config]}), name=APP, blocking=False)
-        self._wait_ready(timeout)
+        model_source(self.spec.preset)  # converts the embedded model here, once
+        context = multiprocessing.get_context("spawn")  # a fresh interpreter: no inherited Ray
+        self.conn, child = context.Pipe()
+        self.process = context.Process(
+            target=_host, name="groundcover-ray-serve", daemon=True,
+            args=(child, self.spec, self.replicas, self.address, self.port, self.device, timeout),
+        )  # fmt: skip
+        self.process.start()
+        child.close()
+        answer = self._receive(timeout + 120)
+        if "ready" not in answer:
+            self.stop()
+            raise ServerStartError(f"Ray Serve app: {answer.get('error', 'no answer')}")
+        self.gcs = answer["gcs"]
         return self
 
-    def _wait_ready(self, timeout: float) -> None:
+    def _receive(self, timeout: float) -> dict[str, Any]:
         deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            with contextlib.suppress(httpx.HTTPError, ValueError):
-                models = httpx.get(f"{self.base_url}/models", timeout=5).json()
-                if any(m.get("id") == self.served_name for m in models.get("data", [])):
-                    return
-            time.sleep(1.0)
-        self.stop()
-        raise ServerStartError(f"Ray Serve app not ready after {timeout:.0f}s")
+        while not self.conn.poll(0.5):
+            if not self.process.is_alive() or time.monotonic() > deadline:
+                return {"error": self._ended()}
+        try:
+            return json.loads(self.conn.recv_bytes())
+        except (EOFError, OSError):
+            return {"error": self._ended()}
+
+    def _ended(self) -> str:
+        code = self.process.exitcode
+        return "its Ray driver process " + ("is not answering" if code is None else
+                                            f"ended (exit code {code})")  # fmt: skip
 
     def gone(self) -> str | None:
-        """Why the app cannot come back (its cluster is unreachable), for the client to stop
-        retrying before Ray ends this process; None while the cluster answers."""
-        return cluster_gone(timeout=0.5)
+        """Why the app cannot come back (its driver ended, or its cluster is unreachable), for
+        the client to stop retrying at once; None while both live."""
+        if self.process is None:
+            return None
+        if not self.process.is_alive():
+            return f"the Ray Serve app is gone: {self._ended()}"
+        host, _, port = (self.gcs or "").rpartition(":")
+        try:
+            socket.create_connection((host, int(port)), timeout=0.5).close()
+        except (OSError, ValueError) as exc:
+            return f"the Ray cluster at {self.gcs} is gone ({getattr(exc, 'strerror', exc)})"
+        return None
+
+    def alive(self) -> bool:
+        return self.process is not None and self.process.is_alive()
 
     def replica_pids(self) -> list[int]:
-        """Process ids of the model replicas (each runs its engine in-process on CPU); the
-        deployment is named after its server class (``LLMServer``, or ``AdapterServer`` when
-        adapters are served)."""
-        import ray
-
-        pids = []
-        for entry in ray.util.list_named_actors(all_namespaces=True):
-            name = entry["name"] if isinstance(entry, dict) else entry
-            namespace = entry.get("namespace", "serve") if isinstance(entry, dict) else "serve"
-            if "SERVE_REPLICA" in name and ("LLMServer" in name or "AdapterServer" in name):
-                actor = ray.get_actor(name, namespace=namespace)
-                pids.append(ray.get(actor.__ray_call__.remote(lambda _self: os.getpid())))
-        return sorted(pids)
+        with contextlib.suppress(OSError):
+            self.conn.send_bytes(json.dumps({"pids": True}).encode())
+        return self._receive(120).get("pids", [])
 
     def stop(self) -> None:
-        import ray
-        from ray import serve
-
-        if not ray.is_initialized():
+        if self.process is None:
             return
-        with contextlib.suppress(Exception):
-            serve.delete(APP)
-        with contextlib.suppress(Exception):
-            serve.shutdown()
-        if self.started_ray:
-            ray.shutdown()
-            self.started_ray = False
+        if self.process.is_alive() and self.gone() is None:  # delete the app, leave Ray
+            with contextlib.suppress(OSError):
+                self.conn.send_bytes(json.dumps({"stop": True}).encode())
+            self.process.join(60)
+        if self.process.is_alive():  # a lost cluster: nothing to tidy, Ray calls would hang
+            self.process.terminate()
+            self.process.join(5)
+        if self.process.is_alive():
+            self.process.kill()
+            self.process.join(5)
+        self.conn.close()
+        self.process = None
 
     def __enter__(self) -> RayReplicas:
         return self.start()
