@@ -20,6 +20,7 @@ import contextlib
 import json
 import multiprocessing
 import os
+import signal
 import time
 from collections.abc import Sequence
 from multiprocessing.connection import Connection
@@ -79,6 +80,7 @@ def _driver(conn: Connection, address: str | None, num_cpus: int, settings: dict
         conn.send_bytes(json.dumps(message).encode())
         conn.send_bytes(payload)
 
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the run; it stops us in order
     try:
         connect(address, num_cpus=num_cpus)
     except Exception as exc:
@@ -86,7 +88,10 @@ def _driver(conn: Connection, address: str | None, num_cpus: int, settings: dict
         return
     reply({"ready": True})
     while True:
-        request = json.loads(conn.recv_bytes())
+        try:
+            request = json.loads(conn.recv_bytes())
+        except EOFError:  # the run is gone
+            break
         if request.get("stop"):
             break
         try:

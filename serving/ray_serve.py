@@ -23,6 +23,7 @@ import contextlib
 import json
 import multiprocessing
 import os
+import signal
 import socket
 import time
 from multiprocessing.connection import Connection
@@ -102,6 +103,7 @@ def _host(conn: Connection, spec: ServerSpec, replicas: int, address: str | None
     def say(message: dict[str, Any]) -> None:
         conn.send_bytes(json.dumps(message).encode())
 
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the run; it stops us in order
     try:
         # controller + proxy + router + replicas each hold a logical CPU of a local Ray
         connect(address, num_cpus=max(8, 2 * replicas + 4))
@@ -114,7 +116,10 @@ def _host(conn: Connection, spec: ServerSpec, replicas: int, address: str | None
         return
     say({"ready": True, "gcs": ray.get_runtime_context().gcs_address})
     while True:
-        request = json.loads(conn.recv_bytes())
+        try:
+            request = json.loads(conn.recv_bytes())
+        except EOFError:  # the run is gone (even SIGKILLed): take the app down with it
+            break
         if request.get("stop"):
             break
         if request.get("pids"):
