@@ -52,19 +52,23 @@ def use_saved_token(address: str) -> None:
         auth.maybe_enable_token_auth_if_token_available(warn_if_disabled=False)
 
 
+def unreachable(gcs_address: str, timeout: float = 1.0) -> str | None:
+    """Why the cluster whose GCS listens at ``host:port`` is unreachable; None while it answers."""
+    host, _, port = gcs_address.rpartition(":")
+    try:
+        socket.create_connection((host, int(port)), timeout=timeout).close()
+    except (OSError, ValueError) as exc:
+        return f"the Ray cluster at {gcs_address} is gone ({getattr(exc, 'strerror', None) or exc})"
+    return None
+
+
 def cluster_gone(timeout: float = 1.0) -> str | None:
-    """Why the cluster this process joined is unreachable, or None while it answers."""
+    """``unreachable`` for the cluster this process joined (None when it joined none)."""
     import ray
 
     if not ray.is_initialized():
         return None
-    address = ray.get_runtime_context().gcs_address
-    host, _, port = address.rpartition(":")
-    try:
-        socket.create_connection((host, int(port)), timeout=timeout).close()
-    except OSError as exc:
-        return f"the Ray cluster at {address} is gone ({exc.strerror or exc})"
-    return None
+    return unreachable(ray.get_runtime_context().gcs_address, timeout)
 
 
 def while_cluster_lives(work: Callable[[], T], grace: float = 5.0, poll: float = 0.5) -> T:

@@ -24,7 +24,6 @@ import json
 import multiprocessing
 import os
 import signal
-import socket
 import time
 from multiprocessing.connection import Connection
 from typing import Any
@@ -39,7 +38,7 @@ from serving.launcher import (
     is_loopback,
     lora_rank_for,
 )
-from serving.ray_cluster import connect
+from serving.ray_cluster import connect, unreachable
 from serving.registry import model_source
 
 APP = "groundcover"
@@ -229,12 +228,7 @@ class RayReplicas:
             return None
         if not self.process.is_alive():
             return f"the Ray Serve app is gone: {self._ended()}"
-        host, _, port = (self.gcs or "").rpartition(":")
-        try:
-            socket.create_connection((host, int(port)), timeout=0.5).close()
-        except (OSError, ValueError) as exc:
-            return f"the Ray cluster at {self.gcs} is gone ({getattr(exc, 'strerror', exc)})"
-        return None
+        return unreachable(self.gcs, timeout=0.5) if self.gcs else None
 
     def alive(self) -> bool:
         return self.process is not None and self.process.is_alive()

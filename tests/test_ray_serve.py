@@ -20,6 +20,7 @@ from serving.client import EndpointError, EvalClient
 from serving.launcher import ServerSpec
 from serving.registry import LoraAdapter
 from tests.conftest import ADAPTER, TEST_SERVER_ENV, require_engine
+from tests.support.ray_head import wait_for_records
 
 pytestmark = pytest.mark.engine
 ROOT = Path(__file__).resolve().parents[1]
@@ -127,11 +128,7 @@ def test_a_replica_killed_mid_run_costs_no_item(replicas, tmp_path):
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     proc = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     results = run_dir / "results.jsonl"
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline and proc.poll() is None:
-        if results.is_file() and results.read_bytes().count(b"\n") >= 10:
-            break
-        time.sleep(0.02)
+    wait_for_records(results, 10, proc, timeout=300)
     victim = replicas.replica_pids()[0]
     os.kill(victim, signal.SIGKILL)  # Serve notices and starts a new replica
     output, _ = proc.communicate(timeout=900)

@@ -4,7 +4,6 @@ Ray) at the end."""
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import subprocess
@@ -73,19 +72,9 @@ def test_the_cluster_gone_under_a_run_with_replicas(tiny_model, tmp_path):
     require_engine()
     pytest.importorskip("ray.serve.llm", reason="needs ray[serve] (the engine extra)")
     import signal
-    import socket
-    import tempfile
 
-    from serving.launcher import free_port
+    from tests.support.ray_head import ray_head, wait_for_records
 
-    ray_dir = tempfile.mkdtemp(prefix="rg", dir="/tmp")  # Ray's socket paths must stay short
-    port = free_port()
-    head = subprocess.Popen(
-        [str(Path(sys.executable).with_name("ray")), "start", "--head", "--block",
-         f"--port={port}", "--num-cpus=8", "--include-dashboard=false",
-         "--disable-usage-stats", f"--temp-dir={ray_dir}"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
-    )  # fmt: skip
     questions, run_dir = tmp_path / "q.jsonl", tmp_path / "run"
     ids = [f"q{i:03d}" for i in range(200)]
     questions.write_text("".join(json.dumps({"id": i, "question": f"Why {i}?"}) + "\n"
@@ -95,22 +84,11 @@ def test_the_cluster_gone_under_a_run_with_replicas(tiny_model, tmp_path):
                "--concurrency", "2", "--no-cache", "--quiet"]  # fmt: skip
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     results = run_dir / "results.jsonl"
-    try:
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=1).close()
-                break
-            except OSError:
-                time.sleep(0.5)
-        on_ray = [*command, "--ray-address", f"127.0.0.1:{port}"]
+    with ray_head(num_cpus=8) as head:
+        on_ray = [*command, "--ray-address", f"127.0.0.1:{head.port}"]
         run = subprocess.Popen(on_ray, env=env, text=True, stdout=subprocess.PIPE,
                                stderr=subprocess.PIPE)  # fmt: skip
-        deadline = time.monotonic() + 600
-        while time.monotonic() < deadline and run.poll() is None:
-            if results.is_file() and results.read_bytes().count(b"\n") >= 5:
-                break
-            time.sleep(0.05)
+        wait_for_records(results, 5, run, timeout=600)
         os.killpg(head.pid, signal.SIGKILL)  # GCS, raylet, proxy and replicas with it
         killed = time.monotonic()
         _, err = run.communicate(timeout=300)
@@ -120,10 +98,6 @@ def test_the_cluster_gone_under_a_run_with_replicas(tiny_model, tmp_path):
         assert time.monotonic() - killed < 55, "ours, not Ray's exit after 60 s"
         done = [json.loads(line) for line in results.read_text().splitlines()]
         assert 0 < len(done) < len(ids)
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(head.pid, signal.SIGKILL)
-        head.wait(30)
     resumed = subprocess.run(command, env=env, capture_output=True, text=True, timeout=900)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     records = [json.loads(line) for line in results.read_text().splitlines()]

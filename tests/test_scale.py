@@ -3,7 +3,6 @@ and probabilities on the same pairs (tiny DeBERTa-v2, two CPU actors, real Ray).
 
 from __future__ import annotations
 
-import contextlib
 import random
 
 import numpy as np
@@ -186,47 +185,26 @@ def test_the_cluster_gone_mid_run_ends_with_one_error_and_resumes(tiny_nli, tmp_
     import json
     import os
     import signal
-    import socket
     import subprocess
     import sys
-    import tempfile
     import time
     from pathlib import Path
 
-    from serving.launcher import free_port
+    from tests.support.ray_head import ray_head, wait_for_records
     from tests.test_exact_scores import ITEM
 
     root = Path(__file__).resolve().parents[1]
-    ray_dir = tempfile.mkdtemp(prefix="rg", dir="/tmp")  # Ray's socket paths must stay short
-    port = free_port()
-    head = subprocess.Popen(
-        [str(Path(sys.executable).with_name("ray")), "start", "--head", "--block",
-         f"--port={port}", "--num-cpus=2", "--include-dashboard=false",
-         "--disable-usage-stats", f"--temp-dir={ray_dir}"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
-    )  # fmt: skip
-    try:
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=1).close()
-                break
-            except OSError:
-                time.sleep(0.5)
-        items, run_dir = tmp_path / "items.jsonl", tmp_path / "run"
-        ids = [f"t{k:03d}" for k in range(200)]
-        items.write_text("".join(json.dumps(ITEM.model_dump() | {"id": i}) + "\n" for i in ids))
-        env = dict(os.environ, PYTHONPATH=str(root))
-        command = [sys.executable, "-m", "tests.support.ray_gone", str(items), str(run_dir),
-                   tiny_nli]  # fmt: skip
-        run = subprocess.Popen([*command, f"127.0.0.1:{port}"], env=env, text=True,
+    items, run_dir = tmp_path / "items.jsonl", tmp_path / "run"
+    ids = [f"t{k:03d}" for k in range(200)]
+    items.write_text("".join(json.dumps(ITEM.model_dump() | {"id": i}) + "\n" for i in ids))
+    env = dict(os.environ, PYTHONPATH=str(root))
+    command = [sys.executable, "-m", "tests.support.ray_gone", str(items), str(run_dir),
+               tiny_nli]  # fmt: skip
+    results = run_dir / "results.jsonl"
+    with ray_head(num_cpus=2) as head:
+        run = subprocess.Popen([*command, f"127.0.0.1:{head.port}"], env=env, text=True,
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
-        results = run_dir / "results.jsonl"
-        deadline = time.monotonic() + 300
-        while time.monotonic() < deadline and run.poll() is None:
-            if results.is_file() and results.read_bytes().count(b"\n") >= 8:
-                break
-            time.sleep(0.05)
+        wait_for_records(results, 8, run, timeout=300)
         os.killpg(head.pid, signal.SIGKILL)  # the head: GCS, raylet, and the actors with them
         killed = time.monotonic()
         out, err = run.communicate(timeout=180)
@@ -236,10 +214,6 @@ def test_the_cluster_gone_mid_run_ends_with_one_error_and_resumes(tiny_nli, tmp_
         assert time.monotonic() - killed < 55  # ours, not Ray's exit after 60 s
         done = [json.loads(line) for line in results.read_text().splitlines()]
         assert 0 < len(done) < len(ids)
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(head.pid, signal.SIGKILL)
-        head.wait(30)
     resumed = subprocess.run([*command, "local"], env=env, text=True, capture_output=True,
                              timeout=600)  # fmt: skip
     assert resumed.returncode == 0, resumed.stderr[-3000:]
