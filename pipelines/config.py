@@ -5,8 +5,11 @@ Every problem is reported as one line naming the file, record and field, before 
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+from array import array
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Annotated, Any, TypeVar
 
@@ -21,6 +24,7 @@ from pydantic import (
     model_validator,
 )
 
+from pipelines.lines import JsonlView
 from serving.embedded import cache_root
 from serving.registry import ModelRef, UnknownModelError
 
@@ -162,12 +166,20 @@ def read_text(path: Path) -> str:
 
 def iter_jsonl(path: Path, limit: int | None = None):
     """(line number, object) for each non-empty line; a bad line stops with one clear error."""
+    for lineno, _, raw in _jsonl_lines(path, limit):
+        yield lineno, raw
+
+
+def _jsonl_lines(path: Path, limit: int | None = None):
+    """(line number, byte offset, object) for each non-empty line."""
     if not path.is_file():
         raise UserError(f"input file not found: {path}")
+    offset = 0
     with open(path, "rb") as handle:
         for lineno, raw_line in enumerate(handle, 1):
             if limit is not None and lineno > limit:
                 return
+            start, offset = offset, offset + len(raw_line)
             try:  # a leading BOM is tolerated; bytes that are not UTF-8 are one clear error
                 line = raw_line.decode("utf-8-sig" if lineno == 1 else "utf-8")
             except UnicodeDecodeError as exc:
@@ -182,14 +194,36 @@ def iter_jsonl(path: Path, limit: int | None = None):
                 raise UserError(f"{path}:{lineno}: not valid JSON: {exc.msg}") from exc
             if not isinstance(raw, dict):
                 raise UserError(f"{path}:{lineno}: record must be a JSON object")
-            yield lineno, raw
+            yield lineno, start, raw
 
 
-def read_jsonl(path: Path, record: type[M], id_field: str = "id") -> list[M]:
-    """Validate every record up front; the first bad one stops everything with one clear line."""
-    items: list[M] = []
+def items_digest(items: Iterable[Any]) -> str:
+    """Content hash of the items themselves (not the file): resumes only on the same inputs."""
+    known = getattr(items, "digest", None)
+    if known is not None:
+        return known
+    digest = hashlib.sha256()
+    for item in items:
+        _hash_item(digest, item)
+    return digest.hexdigest()[:16]
+
+
+def _hash_item(digest: Any, item: BaseModel) -> None:
+    digest.update(json.dumps(item.model_dump(), sort_keys=True, default=str).encode())
+
+
+def read_jsonl(
+    path: Path, record: type[M], id_field: str = "id", limit: int | None = None
+) -> JsonlView[M]:
+    """Validate every record up front; the first bad one stops everything with one clear line.
+
+    The first ``limit`` records are kept as byte offsets and parsed again when used, so a
+    100,000-item file costs a few bytes per item while it runs, not its text; the view's
+    ``digest`` (see ``items_digest``) is computed in the same pass."""
+    offsets, lines, ids = array("q"), array("q"), []
     seen: set[str] = set()
-    for lineno, raw in iter_jsonl(path):
+    digest = hashlib.sha256()
+    for lineno, offset, raw in _jsonl_lines(path):
         raw.setdefault(id_field, str(lineno))
         try:
             item = record.model_validate(raw)
@@ -201,7 +235,19 @@ def read_jsonl(path: Path, record: type[M], id_field: str = "id") -> list[M]:
         if key in seen:
             raise UserError(f"{path}:{lineno}: record {key!r}: duplicate {id_field}")
         seen.add(key)
-        items.append(item)
-    if not items:
+        if limit is None or len(offsets) < limit:
+            offsets.append(offset)
+            lines.append(lineno)
+            ids.append(key)
+            _hash_item(digest, item)
+    if not seen:
         raise UserError(f"{path}: no records")
-    return items
+
+    def parse(lineno: int, line: bytes) -> M:
+        raw = json.loads(line.decode("utf-8-sig"))
+        raw.setdefault(id_field, str(lineno))
+        return record.model_validate(raw)
+
+    view = JsonlView(path, offsets, parse, frozen=True, positions=lines)
+    view.digest, view.ids = digest.hexdigest()[:16], ids
+    return view

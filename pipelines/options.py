@@ -23,6 +23,7 @@ from pydantic import Field, create_model
 from rich.console import Console
 
 from pipelines.config import EvaluatorConfig, RunConfig, Strict, UserError, load_config
+from pipelines.lines import FileChanged
 from pipelines.protocol import RunRequest, Study
 from pipelines.runstore import RunStoreError
 from serving.client import EndpointError
@@ -31,7 +32,7 @@ from serving.launcher import ServerStartError
 from serving.registry import UnknownModelError
 
 PANEL = "Evaluator and run options (shared by every framework)"
-USER_ERRORS = (UserError, RunStoreError, UnknownModelError, EmbeddedModelMissing)
+USER_ERRORS = (UserError, RunStoreError, UnknownModelError, EmbeddedModelMissing, FileChanged)
 RUNTIME_ERRORS = (ServerStartError, EndpointError)
 console = Console(stderr=True)
 

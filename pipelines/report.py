@@ -15,15 +15,9 @@ from rich.console import Console
 from rich.table import Table
 
 from pipelines.results import ItemResult
-from pipelines.runstore import MANIFEST, RESULTS, read_manifest, read_results, status_counts
+from pipelines.runstore import MANIFEST, RESULTS, read_manifest, results_by_id, status_counts
 
 USAGE_KEYS = ("calls", "requests", "cache_hits", "retries", "prompt_tokens", "completion_tokens")
-
-
-def canonical(results: list[ItemResult]) -> list[ItemResult]:
-    """Results in id order: tables (bootstrap intervals included) are then the same whether
-    computed by the run itself or rebuilt by ``report``, whatever order items finished in."""
-    return sorted(results, key=lambda r: r.id)
 
 
 def summarise(framework: str, task: str, n_items: int, results: list[ItemResult]) -> dict:
@@ -110,7 +104,7 @@ def load_outcome(run_dir: Path):
     manifest = read_manifest(run_dir / MANIFEST)
     fw = framework(manifest["framework"])
     options = fw.Options.model_validate(manifest["options"])
-    results = canonical(list(read_results(run_dir / RESULTS).values()))
+    results = results_by_id(run_dir / RESULTS)
     summary = summarise(fw.name, manifest["task"], manifest["items"], results)
     summary["usage_recorded"] = recorded_usage(results)
     return RunOutcome(run_dir, results, fw.aggregate(results, options), summary, fw)

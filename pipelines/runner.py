@@ -10,21 +10,20 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import copy
-import hashlib
-import json
 import signal
 import time
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import AsyncIterator, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
 
-from pipelines.config import EvaluatorConfig, UserError
+from pipelines.config import EvaluatorConfig, UserError, items_digest
 from pipelines.evaluator import model_record, open_evaluator
+from pipelines.lines import JsonlView
 from pipelines.protocol import Framework, ItemContext, RunOutcome, RunPlan, RunRequest, Study
-from pipelines.report import canonical, print_summary, summarise
+from pipelines.report import print_summary, summarise
 from pipelines.results import ItemResult, StageFailed, StageFailure
 from pipelines.runstore import RunStore, RunStoreError, atomic_write_json, fingerprint
 from serving.client import EndpointError, EvalClient, RequestRejected, StageUsage
@@ -32,14 +31,6 @@ from serving.client import EndpointError, EvalClient, RequestRejected, StageUsag
 STUDY_FILE = "study.json"
 OpenClient = Callable[[EvaluatorConfig, Path], contextlib.AbstractAsyncContextManager[EvalClient]]
 console = Console(stderr=True)
-
-
-def items_digest(items: Iterable[Any]) -> str:
-    """Content hash of the items themselves (not the file): resumes only on the same inputs."""
-    digest = hashlib.sha256()
-    for item in items:
-        digest.update(json.dumps(item.model_dump(), sort_keys=True, default=str).encode())
-    return digest.hexdigest()[:16]
 
 
 def evaluator_identity(ev: EvaluatorConfig) -> dict[str, Any]:
@@ -126,6 +117,19 @@ async def run_items(
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
             store.close()
+
+
+def item_ids(items: Sequence[Any]) -> list[str]:
+    """Every item's id, without parsing items a reader keeps on disk."""
+    known = getattr(items, "ids", None)
+    return list(known) if known is not None else [str(i.id) for i in items]
+
+
+def select(items: Sequence[Any], indices: list[int]) -> Sequence[Any]:
+    """The items at ``indices``; a file-backed view stays one (items parsed when taken)."""
+    if isinstance(items, JsonlView):
+        return items.take(indices)
+    return [items[k] for k in indices]
 
 
 def usage_since(client: EvalClient, before: dict[str, StageUsage]) -> dict[str, dict[str, Any]]:
@@ -241,9 +245,9 @@ async def _run_one(study, request, plan: RunPlan, key, items, root, evaluators, 
         prompts=fw.prompt_ids(plan.options), items=len(items),
     )  # fmt: skip
     console.print(f"run directory: {store.dir}")
-    ids = [str(i.id) for i in items]
+    ids = item_ids(items)
     pending = store.pending(ids)
-    todo = [i for i in items if str(i.id) in pending]
+    todo = select(items, [k for k, i in enumerate(ids) if i in pending])
     started, usage = time.time(), {}
     if todo:  # nothing missing: no model is started, no resource loaded
         client = await evaluators.client(key, ev, store.dir)
@@ -262,7 +266,8 @@ async def _run_one(study, request, plan: RunPlan, key, items, root, evaluators, 
         await run_items(todo, solve, store, workers=ev.concurrency, show_progress=not quiet,
                         total=len(items))  # fmt: skip
         usage = usage_since(client, before)
-    results = canonical(store.results(ids))
+    # id order: tables (bootstrap intervals too) equal what `report` rebuilds from disk
+    results = store.results(sorted(ids))
     tables = fw.aggregate(results, plan.options)
     summary = summarise(fw.name, plan.task, len(items), results)
     summary |= {"usage_this_invocation": usage,

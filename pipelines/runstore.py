@@ -6,8 +6,9 @@ open (that item simply runs again), so every item ends with exactly one result. 
 as ``error`` (a rejected request, a crashed solver) is tried again on resume; its new record
 supersedes the old one.
 
-results.jsonl is read once per invocation (``open`` keeps the records); the torn-tail repair
-seeks from the end instead of reading the file.
+results.jsonl is read once per invocation: ``open`` validates every record but keeps only its
+byte offset and status, and ``results`` reads records back when they are used, so a 100,000-item
+run does not hold its records in memory. The torn-tail repair seeks from the end.
 """
 
 from __future__ import annotations
@@ -20,11 +21,13 @@ import platform
 import subprocess
 import sys
 import time
+from array import array
 from pathlib import Path
 from typing import Any
 
 from pydantic import ValidationError
 
+from pipelines.lines import JsonlView
 from pipelines.results import STATUSES, ItemResult
 
 MANIFEST = "manifest.json"
@@ -119,6 +122,40 @@ def read_results(path: Path) -> dict[str, ItemResult]:
     return records
 
 
+def index_results(path: Path) -> dict[str, tuple[int, str]]:
+    """(byte offset, status) of each id's surviving record, every record validated as in
+    ``read_results`` but none kept."""
+    index: dict[str, tuple[int, str]] = {}
+    if not path.exists():
+        return index
+    offset = 0
+    with open(path, "rb") as handle:
+        for lineno, line in enumerate(handle, 1):
+            if not line.endswith(b"\n"):
+                break  # torn tail: not a finished record
+            try:
+                record = ItemResult.model_validate_json(line)
+            except ValidationError as exc:
+                raise RunStoreError(
+                    f"{path}:{lineno}: corrupt record: {_first_error(exc)}"
+                ) from exc
+            index.pop(record.id, None)  # keep file order of the surviving record
+            index[record.id] = (offset, record.status)
+            offset += len(line)
+    return index
+
+
+def results_by_id(path: Path) -> JsonlView[ItemResult]:
+    """A run's surviving records in id order (how tables are computed, whatever order items
+    finished in), read when used."""
+    index = index_results(path)
+    return JsonlView(path, array("q", (index[i][0] for i in sorted(index))), _parse_record)
+
+
+def _parse_record(_: int, line: bytes) -> ItemResult:
+    return ItemResult.model_validate_json(line)
+
+
 def _first_error(exc: ValidationError) -> str:
     error = exc.errors()[0]
     where = ".".join(str(p) for p in error["loc"]) or "record"
@@ -131,7 +168,7 @@ class RunStore:
         self.manifest_path = self.dir / MANIFEST
         self.results_path = self.dir / RESULTS
         self.summary_path = self.dir / SUMMARY
-        self.records: dict[str, ItemResult] = {}
+        self.index: dict[str, tuple[int, str]] = {}  # id -> (offset, status) of its record
         self._fd: int | None = None
 
     # ---- manifest ----------------------------------------------------------------------------
@@ -167,7 +204,7 @@ class RunStore:
             }
         atomic_write_json(self.manifest_path, manifest)
         self._repair_tail()
-        self.records = read_results(self.results_path)
+        self.index = index_results(self.results_path)
         return manifest
 
     def manifest(self) -> dict[str, Any]:
@@ -200,13 +237,14 @@ class RunStore:
 
     def pending(self, ids: list[str]) -> set[str]:
         """Ids without a final record: never recorded, or recorded as ``error`` (retried)."""
-        return {i for i in ids if i not in self.records or self.records[i].status == "error"}
+        return {i for i in ids if i not in self.index or self.index[i][1] == "error"}
 
-    def results(self, ids: list[str] | None = None) -> list[ItemResult]:
-        """Recorded results, in the order of ``ids`` when given (else file order)."""
-        if ids is None:
-            return list(self.records.values())
-        return [self.records[i] for i in ids if i in self.records]
+    def results(self, ids: list[str] | None = None) -> JsonlView[ItemResult]:
+        """Recorded results, in the order of ``ids`` when given (else file order), each read
+        from the file when used."""
+        keys = self.index if ids is None else [i for i in ids if i in self.index]
+        offsets = array("q", (self.index[i][0] for i in keys))
+        return JsonlView(self.results_path, offsets, _parse_record)
 
     def append(self, result: ItemResult) -> None:
         """One write() of one whole line on an O_APPEND descriptor: no interleaving, no torn
@@ -225,8 +263,8 @@ class RunStore:
             raise RunStoreError(
                 f"{self.results_path}: cannot record {result.id!r} ({exc.strerror or exc}); {KEPT}"
             ) from exc
-        self.records.pop(result.id, None)
-        self.records[result.id] = result
+        self.index.pop(result.id, None)
+        self.index[result.id] = (end, result.status)
 
     def write_summary(self, summary: dict[str, Any]) -> None:
         atomic_write_json(self.summary_path, summary)

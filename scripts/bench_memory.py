@@ -39,7 +39,8 @@ def one_run(size: int, tmp: Path) -> None:
         for k in range(size):
             out.write(json.dumps({"id": f"q{k}", "question": f"Question {k}? " + FILLER * 18})
                       + "\n")  # fmt: skip
-    client = ScriptedClient({"generate": lambda prompt: "An answer. " + FILLER * 3})
+    client = ScriptedClient({"generate": lambda prompt: "An answer. " + FILLER * 3},
+                            keep_calls=False)  # fmt: skip
     evaluator = EvaluatorConfig(model="judge", endpoint="http://127.0.0.1:9/v1", concurrency=64)
     request = RunRequest(evaluator, RunConfig(run_dir=tmp / "run", cache=None),
                          GenerateOptions(input=items))  # fmt: skip

@@ -6,8 +6,9 @@ import pytest
 from typer.testing import CliRunner
 
 from pipelines.cli import app
-from pipelines.config import EvaluatorConfig, UserError, load_config, read_jsonl
+from pipelines.config import EvaluatorConfig, UserError, items_digest, load_config, read_jsonl
 from pipelines.generate import GenerateItem
+from pipelines.lines import FileChanged
 
 runner = CliRunner()
 
@@ -198,3 +199,36 @@ def test_replicas_are_checked_before_anything_starts(tmp_path, questions):
         assert not (tmp_path / "r").exists()
     with pytest.raises(ValueError, match="only for an --endpoint"):
         EvaluatorConfig(adapter_prefix="embedded:")
+
+
+def test_items_read_on_use_equal_an_eager_read(tmp_path):
+    """Items kept as byte offsets parse to what reading every line at once gives, with the
+    same content digest (the run identity), also for a limit and a subset."""
+    path = tmp_path / "items.jsonl"
+    lines = ['\ufeff{"id": "q1", "question": "a?"}', "", '{"question": "b?", "contexts": ["x"]}',
+             '{"id": 7, "query": "c?"}']  # fmt: skip
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    eager = [GenerateItem(id="q1", question="a?"),
+             GenerateItem(id="3", question="b?", contexts=["x"]),  # id: its line number
+             GenerateItem(id="7", question="c?")]  # fmt: skip
+    view = read_jsonl(path, GenerateItem)
+    assert list(view) == eager and view[2] == eager[2] and view.ids == ["q1", "3", "7"]
+    assert view.digest == items_digest(list(eager))
+    limited = read_jsonl(path, GenerateItem, limit=2)
+    assert list(limited) == eager[:2] and items_digest(limited) == items_digest(eager[:2])
+    taken = view.take([2, 0])
+    assert list(taken) == [eager[2], eager[0]] and taken.ids == ["7", "q1"]
+    assert items_digest(taken) == items_digest([eager[2], eager[0]])
+    path.write_text(path.read_text() + '{"id": "q1", "question": "again"}\n')
+    with pytest.raises(UserError, match=r"items.jsonl:5: record 'q1': duplicate id"):
+        read_jsonl(path, GenerateItem, limit=1)  # records past the limit are still checked
+
+
+def test_items_file_changed_after_validation_is_refused(tmp_path):
+    path = tmp_path / "items.jsonl"
+    path.write_text('{"id": "a", "question": "q?"}\n{"id": "b", "question": "r?"}\n')
+    view = read_jsonl(path, GenerateItem)
+    assert view[1].question == "r?"
+    path.write_text('{"id": "a", "question": "q?"}\n{"id": "b", "question": "s?"}\n')
+    with pytest.raises(FileChanged, match=r"items.jsonl: changed while the run was reading it"):
+        view[1]

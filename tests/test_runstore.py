@@ -3,7 +3,14 @@ import json
 import pytest
 
 from pipelines.results import ItemResult, StageFailure
-from pipelines.runstore import FORMAT_VERSION, RunStore, RunStoreError, read_results, status_counts
+from pipelines.runstore import (
+    FORMAT_VERSION,
+    RunStore,
+    RunStoreError,
+    read_results,
+    results_by_id,
+    status_counts,
+)
 
 CONFIG = {"model": "m", "temperature": 0}
 
@@ -119,3 +126,20 @@ def test_store_takes_only_typed_records(tmp_path):
     store = open_store(tmp_path / "run")
     with pytest.raises(TypeError, match="ItemResult"):
         store.append({"id": "x", "status": "ok"})
+
+
+def test_results_are_read_back_from_disk_as_recorded(tmp_path):
+    """The store keeps each record's offset, not the record: what it gives back is the last
+    record of each id, in the order asked for, also after reopening."""
+    store = open_store(tmp_path / "run")
+    for record in (ok("b", 0.5), failed("a", "error"), ok("c"), ok("a", 0.25)):  # a retried
+        store.append(record)
+    wanted = [ok("a", 0.25), ok("b", 0.5), ok("c")]
+    assert list(store.results(["a", "b", "c", "missing"])) == wanted
+    store.close()
+    again = open_store(tmp_path / "run")
+    view = again.results(["c", "a"])
+    assert len(view) == 2 and view[1] == ok("a", 0.25) and list(view[:1]) == [ok("c")]
+    assert list(again.results()) == [ok("b", 0.5), ok("c"), ok("a", 0.25)]  # file order
+    assert list(results_by_id(tmp_path / "run" / "results.jsonl")) == wanted
+    assert all(not isinstance(v, ItemResult) for v in again.index.values())

@@ -276,3 +276,32 @@ def test_fanoutqa_table_by_hand(tmp_path):
     rebuilt = report_json(tmp_path / "run")
     assert rebuilt[0]["tables"] == table == study["combined"]["closed-book"]
     assert rebuilt[-1]["combined"] == study["combined"]
+
+
+# ---- items kept on disk --------------------------------------------------------------------------
+
+
+def test_items_file_changed_mid_run_stops_it_and_restoring_it_resumes(tmp_path):
+    """Items are parsed again when a worker takes them: a file edited under a running run stops
+    it (what finished stays recorded) instead of answering other questions under the old id."""
+    from pipelines.generate import GENERATE, GenerateOptions
+    from pipelines.lines import FileChanged
+
+    items = tmp_path / "items.jsonl"
+    original = "".join(json.dumps({"id": f"q{k}", "question": f"Q{k}?"}) + "\n" for k in range(4))
+    items.write_text(original)
+
+    def answer_then_edit(prompt: str) -> str:
+        items.write_text(original.replace("Q3?", "Something else?"))
+        return "An answer."
+
+    options = GenerateOptions(input=items)
+    with pytest.raises(FileChanged, match="items.jsonl: changed while the run was reading it"):
+        run(GENERATE, options, ScriptedClient({"generate": answer_then_edit}), tmp_path / "r", 1)
+    lines = (tmp_path / "r" / "results.jsonl").read_text().splitlines(keepends=True)
+    assert len(lines) == 1 and lines[0].endswith("\n") and json.loads(lines[0])["id"] == "q0"
+    items.write_text(original)
+    client = ScriptedClient({"generate": "Another answer."})
+    outcome = run(GENERATE, options, client, tmp_path / "r", 1)[""]
+    assert [r.id for r in outcome.results] == ["q0", "q1", "q2", "q3"]
+    assert len(client.calls) == 3  # only what was missing

@@ -60,7 +60,7 @@ class Comprehensiveness(Framework):
             return meta.wikicontradict_items(options.input, options.limit)
         if options.dataset == "conflictbank":
             return meta.conflictbank_items(options.input, options.limit, options.protocol)
-        return read_jsonl(options.input, Item)[: options.limit]
+        return read_jsonl(options.input, Item, limit=options.limit)
 
     def plan(self, request: RunRequest, root: Path) -> list[RunPlan]:
         options = request.options

@@ -106,12 +106,13 @@ def by_text(mapping: dict[str, str | Reply], prompt: str) -> str | Reply:
 
 class ScriptedClient(EvalClient):
     def __init__(self, scripts: dict[str, Script], *, check_constraints: bool = True,
-                 **kwargs: Any):  # fmt: skip
+                 keep_calls: bool = True, **kwargs: Any):  # fmt: skip
         kwargs.setdefault("max_retries", 0)
         super().__init__("http://scripted.invalid/v1", kwargs.pop("model", "scripted"), **kwargs)
         self.scripts = {k: list(v) if isinstance(v, list) else v for k, v in scripts.items()}
         self.check_constraints = check_constraints
         self.calls: list[Call] = []
+        self.keep_calls = keep_calls  # off in memory benchmarks: the log is the double's cost
 
     def stage_calls(self, stage: str) -> list[Call]:
         return [c for c in self.calls if c.stage == stage]
@@ -129,7 +130,8 @@ class ScriptedClient(EvalClient):
         # The template's prompt: re-asks and tool results come after it in ``messages``.
         prompt = next((m["content"] for m in messages if m["role"] == "user"), "")
         reply = self._next(stage, prompt)
-        self.calls.append(Call(stage, model, prompt, messages, body, reply.text))
+        if self.keep_calls:
+            self.calls.append(Call(stage, model, prompt, messages, body, reply.text))
         if reply.error is not None:
             usage.failures += 1
             raise reply.error
