@@ -54,6 +54,8 @@ class JsonlView(Sequence[T]):
             return self._read(handle, index)
 
     def __iter__(self) -> Iterator[T]:
+        if not self.offsets:  # nothing recorded yet: the file may not exist
+            return
         with open(self.path, "rb") as handle:
             for k in range(len(self.offsets)):
                 yield self._read(handle, k)

@@ -132,6 +132,7 @@ def test_results_are_read_back_from_disk_as_recorded(tmp_path):
     """The store keeps each record's offset, not the record: what it gives back is the last
     record of each id, in the order asked for, also after reopening."""
     store = open_store(tmp_path / "run")
+    assert list(store.results(["a"])) == [] and not store.results()  # no file yet
     for record in (ok("b", 0.5), failed("a", "error"), ok("c"), ok("a", 0.25)):  # a retried
         store.append(record)
     wanted = [ok("a", 0.25), ok("b", 0.5), ok("c")]
