@@ -11,25 +11,19 @@ items in flight. Ray Data restarts an actor that dies and retries its batch.
 The Ray driver is a child process, not the run's: Ray ends a driver process without an exception
 when its node's raylet dies (at once) or the cluster's GCS stays gone (after 60 s). Here that
 ends only the child; the run raises ``ClusterGone`` -- one error line, a resumable run directory.
-Requests and answers cross the pipe as JSON and raw float32 bytes.
+Requests and answers cross the pipe (``DriverChild``) as JSON and raw float32 bytes.
 """
 
 from __future__ import annotations
 
-import contextlib
-import json
-import multiprocessing
 import os
-import signal
-import time
 from collections.abc import Sequence
-from multiprocessing.connection import Connection
 from typing import Any
 
 import numpy as np
 
 from retrieval.nli import CANONICAL, NliScorer, plan_batches
-from serving.ray_cluster import ClusterGone, connect, while_cluster_lives
+from serving.ray_cluster import Channel, ClusterGone, DriverChild, connect, while_cluster_lives
 
 __all__ = ["RayNliScorer", "connect"]
 
@@ -73,37 +67,26 @@ def _execute(batches: list[dict[str, Any]], settings: dict[str, Any]) -> tuple[l
     return scored, {int(row["worker"]) for row in results}
 
 
-def _driver(conn: Connection, address: str | None, num_cpus: int, settings: dict) -> None:
+def _driver(channel: Channel, address: str | None, num_cpus: int, settings: dict) -> None:
     """The child process: joins Ray, then answers one request per pooled call until told to stop."""
-
-    def reply(message: dict[str, Any], payload: bytes = b"") -> None:
-        conn.send_bytes(json.dumps(message).encode())
-        conn.send_bytes(payload)
-
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the run; it stops us in order
     try:
         connect(address, num_cpus=num_cpus)
     except Exception as exc:
-        reply({"error": f"cannot join Ray at {address or 'a local instance'}: {exc}"})
+        channel.say({"error": f"cannot join Ray at {address or 'a local instance'}: {exc}"})
         return
-    reply({"ready": True})
-    while True:
-        try:
-            request = json.loads(conn.recv_bytes())
-        except EOFError:  # the run is gone
-            break
-        if request.get("stop"):
-            break
+    channel.say({"ready": True})
+    for request in channel.requests():
         try:
             batches = request["batches"]
             scored, workers = while_cluster_lives(lambda: _execute(batches, settings))  # noqa: B023
         except ClusterGone as exc:
-            reply({"gone": str(exc)})
-            break
+            channel.say({"gone": str(exc)})
+            return
         except Exception as exc:
-            reply({"error": f"{type(exc).__name__}: {' '.join(str(exc).split())[:500]}"})
+            channel.say({"error": f"{type(exc).__name__}: {' '.join(str(exc).split())[:500]}"})
             continue
-        reply({"sizes": [len(s) for s in scored], "workers": sorted(workers)}, b"".join(scored))
+        channel.say({"sizes": [len(s) for s in scored], "workers": sorted(workers)},
+                    b"".join(scored))  # fmt: skip
 
 
 class RayNliScorer:
@@ -124,14 +107,8 @@ class RayNliScorer:
         settings = {"actors": actors, "gpus_per_actor": self.gpus_per_actor,
                     "model": {"model": model, "device": device, "max_length": max_length,
                               "dynamic_padding": dynamic_padding}}  # fmt: skip
-        context = multiprocessing.get_context("spawn")  # a fresh interpreter: no inherited Ray
-        self.conn, child = context.Pipe()
-        self.process = context.Process(
-            target=_driver, args=(child, address, max(2, actors + 1), settings),
-            name="groundcover-ray-nli", daemon=True,
-        )  # fmt: skip
-        self.process.start()
-        child.close()
+        self.child = DriverChild(_driver, (address, max(2, actors + 1), settings),
+                                 "groundcover-ray-nli")  # fmt: skip
         answer, _ = self._receive(start_timeout)
         if "error" in answer:
             raise ClusterGone(answer["error"])
@@ -155,8 +132,7 @@ class RayNliScorer:
         items = [{"batch": n, "premises": [unique[i][0] for i in members],
                   "hypotheses": [unique[i][1] for i in members]}
                  for n, members in enumerate(batches)]  # fmt: skip
-        with contextlib.suppress(OSError):  # a child that is gone: _receive says why
-            self.conn.send_bytes(json.dumps({"batches": items}).encode())
+        self.child.send({"batches": items})
         answer, payload = self._receive(None)
         if "gone" in answer:
             raise ClusterGone(answer["gone"])
@@ -170,27 +146,15 @@ class RayNliScorer:
 
     def _receive(self, timeout: float | None) -> tuple[dict[str, Any], bytes]:
         """The child's next answer; ``ClusterGone`` when it died without one (Ray ended it)."""
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while not self.conn.poll(0.5):
-            if not self.process.is_alive():
-                break
-            if deadline is not None and time.monotonic() > deadline:
-                self.close()
-                raise ClusterGone(f"Ray at {self.address or 'a local instance'} did not start "
-                                  f"within {timeout:.0f}s")  # fmt: skip
-        try:
-            return json.loads(self.conn.recv_bytes()), self.conn.recv_bytes()
-        except (EOFError, OSError):
-            code = self.process.exitcode
-            raise ClusterGone(f"the Ray cluster at {self.address or 'a local instance'} is gone "
-                              f"(its driver process ended, exit code {code}); the run directory "
-                              "is resumable") from None  # fmt: skip
+        answer = self.child.receive(timeout)
+        where = self.address or "a local instance"
+        if answer is not None:
+            return answer
+        if self.child.alive():
+            self.close()
+            raise ClusterGone(f"Ray at {where} did not start within {timeout:.0f}s")
+        raise ClusterGone(f"the Ray cluster at {where} is gone ({self.child.ended()}); the run "
+                          "directory is resumable")  # fmt: skip
 
     def close(self) -> None:
-        if self.process.is_alive():
-            with contextlib.suppress(OSError):
-                self.conn.send_bytes(json.dumps({"stop": True}).encode())
-                self.process.join(30)
-        if self.process.is_alive():
-            self.process.terminate()
-            self.process.join(10)
+        self.child.stop(tidy=True, wait=30)

@@ -5,15 +5,22 @@ store (GCS) stops answering, with no exception to catch. So whatever waits on th
 Ray Data NLI execution, the retries of a request to a Serve app -- asks ``cluster_gone()`` and
 raises ``ClusterGone`` first: an ``EndpointError``, so the run stops the way it does for a dead
 server (one ``error:`` line, whole records only, and the same command resumes later).
+
+Both Ray drivers (the NLI scorer's, the Serve app's) run in a ``DriverChild``, so what Ray ends
+is that child, never the run.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
+import multiprocessing
+import signal
 import socket
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from multiprocessing.connection import Connection
 from typing import Any, TypeVar
 
 from serving.client import EndpointError
@@ -99,3 +106,91 @@ def while_cluster_lives(work: Callable[[], T], grace: float = 5.0, poll: float =
     if "error" in outcome:
         raise outcome["error"]
     return outcome["value"]
+
+
+# ---- a Ray driver in a child process -----------------------------------------------------------
+
+
+class Channel:
+    """The child's end of a ``DriverChild`` pipe: JSON messages, each with raw bytes after it."""
+
+    def __init__(self, conn: Connection):
+        self.conn = conn
+
+    def say(self, message: dict[str, Any], payload: bytes = b"") -> None:
+        self.conn.send_bytes(json.dumps(message).encode())
+        self.conn.send_bytes(payload)
+
+    def requests(self) -> Iterator[dict[str, Any]]:
+        """The parent's requests until it says stop or goes away (even SIGKILLed)."""
+        while True:
+            try:
+                request = json.loads(self.conn.recv_bytes())
+            except (EOFError, OSError):
+                return
+            if request.get("stop"):
+                return
+            yield request
+
+
+def _child_main(target: Callable[..., None], conn: Connection, args: tuple) -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the run; it stops us in order
+    target(Channel(conn), *args)
+
+
+class DriverChild:
+    """A Ray driver in a fresh (spawned) child process, ``target(channel, *args)``.
+
+    Ray ends a driver process without an exception when its node's raylet dies or the cluster's
+    GCS stays unreachable for 60 s; in a child that ends only the child, and the run can say so
+    in one line. The child ignores Ctrl-C (the run stops it in order) and leaves when the pipe
+    closes, so even a SIGKILLed run leaves no driver behind."""
+
+    def __init__(self, target: Callable[..., None], args: tuple, name: str):
+        context = multiprocessing.get_context("spawn")  # a fresh interpreter: no inherited Ray
+        self.conn, child = context.Pipe()
+        self.process = context.Process(target=_child_main, args=(target, child, args),
+                                       name=name, daemon=True)  # fmt: skip
+        self.process.start()
+        child.close()
+
+    def send(self, message: dict[str, Any]) -> None:
+        with contextlib.suppress(OSError):  # a child that is gone: ``receive`` says so
+            self.conn.send_bytes(json.dumps(message).encode())
+
+    def receive(self, timeout: float | None) -> tuple[dict[str, Any], bytes] | None:
+        """The child's next message and its bytes; None when it ended without one or said
+        nothing within ``timeout`` seconds (None: wait as long as it lives)."""
+        if self.conn.closed:
+            return None
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while not self.conn.poll(0.5):
+            if not self.process.is_alive():
+                break
+            if deadline is not None and time.monotonic() > deadline:
+                return None
+        try:
+            return json.loads(self.conn.recv_bytes()), self.conn.recv_bytes()
+        except (EOFError, OSError):  # the pipe closed: the child is ending, let it finish
+            self.process.join(5)
+            return None
+
+    def alive(self) -> bool:
+        return self.process.is_alive()
+
+    def ended(self) -> str:
+        code = self.process.exitcode
+        return "its Ray driver process " + ("is not answering" if code is None else
+                                            f"ended (exit code {code})")  # fmt: skip
+
+    def stop(self, *, tidy: bool, wait: float) -> None:
+        """Ask the child to stop (``tidy``: it may still reach its cluster) and wait ``wait``
+        seconds for it; then terminate, then kill."""
+        if tidy and self.process.is_alive():
+            self.send({"stop": True})
+            self.process.join(wait)
+        for end in (self.process.terminate, self.process.kill):
+            if self.process.is_alive():
+                end()
+                self.process.join(5)
+        self.conn.close()

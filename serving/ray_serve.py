@@ -14,18 +14,21 @@ LoRA adapters go through Serve's multiplexing: a request for ``BASE:ADAPTER`` is
 replica that has the adapter loaded (or loads it there, ``serving.ray_lora``), so the served name
 of an adapter is ``adapter_prefix + name``, not the bare name a plain vLLM server uses.
 
-Not yet: an API key on the Serve proxy -- the app binds loopback only.
+An API key (``spec.api_key``; required off loopback) is checked by Serve's HTTP proxy: Serve
+calls ``RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH`` in each proxy for Starlette middlewares, and
+ours (``proxy_middlewares``) refuses a request without ``Authorization: Bearer KEY``. The proxy
+reads both variables from its node's environment: a local Ray started here inherits them; a
+cluster's nodes need them exported before ``ray start``. Either way the app is probed without the
+key before it is reported ready, and an app that answers is stopped, not used.
 """
 
 from __future__ import annotations
 
 import contextlib
+import hmac
 import json
-import multiprocessing
 import os
-import signal
 import time
-from multiprocessing.connection import Connection
 from typing import Any
 
 import httpx
@@ -34,14 +37,47 @@ from serving.launcher import (
     CPU_ENV,
     ServerSpec,
     ServerStartError,
+    connect_host,
     engine_device,
-    is_loopback,
     lora_rank_for,
 )
-from serving.ray_cluster import connect, unreachable
+from serving.ray_cluster import Channel, DriverChild, connect, unreachable
 from serving.registry import model_source
 
 APP = "groundcover"
+KEY_ENV = "GROUNDCOVER_SERVE_API_KEY"
+CALLBACK_ENV = "RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH"
+CALLBACK = "serving.ray_serve:proxy_middlewares"
+
+
+def proxy_middlewares() -> list[Any]:
+    """Serve's proxy callback: the key check when the proxy's environment holds a key."""
+    from starlette.middleware import Middleware
+
+    key = os.environ.get(KEY_ENV, "")
+    return [Middleware(BearerKey, key=key)] if key else []
+
+
+class BearerKey:
+    """ASGI middleware: HTTP requests need ``Authorization: Bearer KEY`` (401 otherwise); the
+    proxy's own ``/-/`` health routes stay open."""
+
+    def __init__(self, app: Any, key: str):
+        self.app, self.expected = app, f"Bearer {key}".encode()
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] != "http" or scope["path"].startswith("/-/") or self._keyed(scope):
+            await self.app(scope, receive, send)
+            return
+        error = {"message": "missing or wrong API key", "type": "authentication_error"}
+        body = json.dumps({"error": error | {"code": 401}}).encode()
+        headers = [(b"content-type", b"application/json"), (b"www-authenticate", b"Bearer")]
+        await send({"type": "http.response.start", "status": 401, "headers": headers})
+        await send({"type": "http.response.body", "body": body})
+
+    def _keyed(self, scope: dict) -> bool:
+        given = dict(scope.get("headers") or []).get(b"authorization", b"")
+        return hmac.compare_digest(given, self.expected)
 
 
 def llm_config(spec: ServerSpec, replicas: int, device: str) -> Any:
@@ -91,38 +127,40 @@ def _bytes(text: str) -> int:
     )
 
 
-def _host(conn: Connection, spec: ServerSpec, replicas: int, address: str | None, port: int,
+def _host(channel: Channel, spec: ServerSpec, replicas: int, address: str | None, port: int,
           device: str, timeout: float) -> None:  # fmt: skip
-    """The app's Ray driver, in a child process: deploys, reports, answers, and on "stop"
-    deletes the app and leaves Ray. Messages are JSON."""
+    """The app's Ray driver, in a child process: deploys, reports, answers, and when the run
+    says stop (or is gone) deletes the app and leaves Ray."""
     import ray
     from ray import serve
     from ray.serve.llm import build_openai_app
 
-    def say(message: dict[str, Any]) -> None:
-        conn.send_bytes(json.dumps(message).encode())
-
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the run; it stops us in order
+    if spec.api_key:  # a local Ray started below hands these to its Serve proxy
+        os.environ |= {KEY_ENV: spec.api_key, CALLBACK_ENV: CALLBACK}
+    base_url, deployed = f"http://{connect_host(spec.host)}:{port}/v1", False
     try:
         # controller + proxy + router + replicas each hold a logical CPU of a local Ray
         connect(address, num_cpus=max(8, 2 * replicas + 4))
-        serve.start(http_options={"host": "127.0.0.1", "port": port})
+        serve.start(http_options={"host": spec.host, "port": port})
         config = llm_config(spec, replicas, device)
+        deployed = True
         serve.run(build_openai_app({"llm_configs": [config]}), name=APP, blocking=False)
-        _wait_ready(f"http://127.0.0.1:{port}/v1", spec.preset.name, timeout)
+        _wait_ready(base_url, spec.preset.name, timeout, spec.api_key)
+        if spec.api_key:
+            _check_key_asked(base_url)
     except Exception as exc:
-        say({"error": f"{type(exc).__name__}: {' '.join(str(exc).split())[:500]}"})
+        if deployed:  # not left behind on a cluster (it may serve without its key)
+            _take_down(serve, ray)
+        channel.say({"error": f"{type(exc).__name__}: {' '.join(str(exc).split())[:500]}"})
         return
-    say({"ready": True, "gcs": ray.get_runtime_context().gcs_address})
-    while True:
-        try:
-            request = json.loads(conn.recv_bytes())
-        except EOFError:  # the run is gone (even SIGKILLed): take the app down with it
-            break
-        if request.get("stop"):
-            break
+    channel.say({"ready": True, "gcs": ray.get_runtime_context().gcs_address})
+    for request in channel.requests():
         if request.get("pids"):
-            say({"pids": _replica_pids()})
+            channel.say({"pids": _replica_pids()})
+    _take_down(serve, ray)
+
+
+def _take_down(serve: Any, ray: Any) -> None:
     with contextlib.suppress(Exception):
         serve.delete(APP)
     with contextlib.suppress(Exception):
@@ -130,15 +168,27 @@ def _host(conn: Connection, spec: ServerSpec, replicas: int, address: str | None
     ray.shutdown()
 
 
-def _wait_ready(base_url: str, name: str, timeout: float) -> None:
+def _wait_ready(base_url: str, name: str, timeout: float, key: str | None = None) -> None:
     deadline = time.monotonic() + timeout
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
     while time.monotonic() < deadline:
         with contextlib.suppress(httpx.HTTPError, ValueError):
-            models = httpx.get(f"{base_url}/models", timeout=5).json()
+            models = httpx.get(f"{base_url}/models", headers=headers, timeout=5).json()
             if any(m.get("id") == name for m in models.get("data", [])):
                 return
         time.sleep(1.0)
     raise ServerStartError(f"Ray Serve app not ready after {timeout:.0f}s")
+
+
+def _check_key_asked(base_url: str) -> None:
+    """The app must refuse a request without the key: a cluster whose nodes were started
+    without the proxy callback would otherwise serve anyone who can reach the port."""
+    status = httpx.get(f"{base_url}/models", timeout=10).status_code
+    if status != 401:
+        raise ServerStartError(
+            f"the Serve proxy answered {status} without the API key: start the cluster's nodes "
+            f"with {CALLBACK_ENV}={CALLBACK} and {KEY_ENV} exported"
+        )
 
 
 def _replica_pids() -> list[int]:
@@ -166,19 +216,18 @@ class RayReplicas:
 
     def __init__(self, spec: ServerSpec, replicas: int, *, address: str | None = None,
                  port: int | None = None):  # fmt: skip
-        if not is_loopback(spec.host):
-            raise ServerStartError("the Ray Serve app binds loopback only (it has no API key)")
+        spec.check_exposure()  # off loopback only with a key
         from serving.launcher import free_port
 
         self.spec, self.replicas, self.address = spec, replicas, address
         self.port = port or spec.port or free_port()
         self.device = engine_device() if spec.device == "auto" else spec.device
-        self.process: Any = None
+        self.child: DriverChild | None = None
         self.gcs: str | None = None
 
     @property
     def base_url(self) -> str:
-        return f"http://127.0.0.1:{self.port}/v1"
+        return f"http://{connect_host(self.spec.host)}:{self.port}/v1"
 
     @property
     def served_name(self) -> str:
@@ -191,14 +240,8 @@ class RayReplicas:
 
     def start(self, timeout: float = 900.0) -> RayReplicas:
         model_source(self.spec.preset)  # converts the embedded model here, once
-        context = multiprocessing.get_context("spawn")  # a fresh interpreter: no inherited Ray
-        self.conn, child = context.Pipe()
-        self.process = context.Process(
-            target=_host, name="groundcover-ray-serve", daemon=True,
-            args=(child, self.spec, self.replicas, self.address, self.port, self.device, timeout),
-        )  # fmt: skip
-        self.process.start()
-        child.close()
+        args = (self.spec, self.replicas, self.address, self.port, self.device, timeout)
+        self.child = DriverChild(_host, args, "groundcover-ray-serve")
         answer = self._receive(timeout + 120)
         if "ready" not in answer:
             self.stop()
@@ -207,52 +250,32 @@ class RayReplicas:
         return self
 
     def _receive(self, timeout: float) -> dict[str, Any]:
-        deadline = time.monotonic() + timeout
-        while not self.conn.poll(0.5):
-            if not self.process.is_alive() or time.monotonic() > deadline:
-                return {"error": self._ended()}
-        try:
-            return json.loads(self.conn.recv_bytes())
-        except (EOFError, OSError):
-            return {"error": self._ended()}
-
-    def _ended(self) -> str:
-        code = self.process.exitcode
-        return "its Ray driver process " + ("is not answering" if code is None else
-                                            f"ended (exit code {code})")  # fmt: skip
+        answer = self.child.receive(timeout)
+        return {"error": self.child.ended()} if answer is None else answer[0]
 
     def gone(self) -> str | None:
         """Why the app cannot come back (its driver ended, or its cluster is unreachable), for
         the client to stop retrying at once; None while both live."""
-        if self.process is None:
+        if self.child is None:
             return None
-        if not self.process.is_alive():
-            return f"the Ray Serve app is gone: {self._ended()}"
+        if not self.child.alive():
+            return f"the Ray Serve app is gone: {self.child.ended()}"
         return unreachable(self.gcs, timeout=0.5) if self.gcs else None
 
     def alive(self) -> bool:
-        return self.process is not None and self.process.is_alive()
+        return self.child is not None and self.child.alive()
 
     def replica_pids(self) -> list[int]:
-        with contextlib.suppress(OSError):
-            self.conn.send_bytes(json.dumps({"pids": True}).encode())
+        self.child.send({"pids": True})
         return self._receive(120).get("pids", [])
 
     def stop(self) -> None:
-        if self.process is None:
+        """Delete the app and leave Ray; a lost cluster has nothing to tidy (Ray calls would
+        hang until Ray's own 60 s exit), so then the driver is only ended."""
+        if self.child is None:
             return
-        if self.process.is_alive() and self.gone() is None:  # delete the app, leave Ray
-            with contextlib.suppress(OSError):
-                self.conn.send_bytes(json.dumps({"stop": True}).encode())
-            self.process.join(60)
-        if self.process.is_alive():  # a lost cluster: nothing to tidy, Ray calls would hang
-            self.process.terminate()
-            self.process.join(5)
-        if self.process.is_alive():
-            self.process.kill()
-            self.process.join(5)
-        self.conn.close()
-        self.process = None
+        self.child.stop(tidy=self.gone() is None, wait=60)
+        self.child = None
 
     def __enter__(self) -> RayReplicas:
         return self.start()

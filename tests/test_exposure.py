@@ -36,6 +36,13 @@ def test_loopback_is_the_default_and_anything_else_needs_a_key(tmp_path):
     assert result.exit_code == 2 and "GC_TEST_UNSET_KEY: the variable is not set" in result.output
 
 
+def test_replicas_off_loopback_need_a_key():
+    from serving.ray_serve import RayReplicas
+
+    with pytest.raises(ServerStartError, match="give it an API key"):
+        RayReplicas(ServerSpec(model="embedded", host="0.0.0.0"), 2)
+
+
 @pytest.mark.engine
 def test_a_server_off_loopback_refuses_requests_without_the_key(tiny_model, tmp_path):
     require_engine()

@@ -1,7 +1,8 @@
-"""Ray Serve LLM: two tiny-Llama replicas behind one OpenAI-compatible URL on loopback -- both
-replicas serve, answers equal a plain single server's (temperature 0, no cache) for the base model
-and for a LoRA adapter served through Serve's multiplexing, and a replica SIGKILLed mid-run costs
-nothing: the run ends with one record per item."""
+"""Ray Serve LLM: two tiny-Llama replicas behind one OpenAI-compatible URL -- both replicas
+serve, answers equal a plain single server's (temperature 0, no cache) for the base model and for
+a LoRA adapter served through Serve's multiplexing, and a replica SIGKILLed mid-run costs nothing:
+the run ends with one record per item. The app binds every interface, so it asks for a key: a
+request without it is refused by Serve's proxy, our client and runs send it."""
 
 from __future__ import annotations
 
@@ -24,6 +25,8 @@ from tests.support.ray_head import wait_for_records
 
 pytestmark = pytest.mark.engine
 ROOT = Path(__file__).resolve().parents[1]
+KEY = "serve-key-51c2"
+KEYED = dict(os.environ, PYTHONPATH=str(ROOT), OPENAI_API_KEY=KEY)  # what runs send as Bearer
 
 
 @pytest.fixture(scope="module")
@@ -33,7 +36,8 @@ def replicas(tiny_model, tiny_lora):
     from serving.ray_serve import RayReplicas
 
     adapter = LoraAdapter(name=ADAPTER, path=str(tiny_lora), base=tiny_model.name, rank=8)
-    spec = ServerSpec(model=str(tiny_model), loras=[adapter], env=TEST_SERVER_ENV)
+    spec = ServerSpec(model=str(tiny_model), loras=[adapter], env=TEST_SERVER_ENV,
+                      host="0.0.0.0", api_key=KEY)  # fmt: skip
     with RayReplicas(spec, replicas=2) as app:
         yield app
 
@@ -45,6 +49,7 @@ async def answers(base_url: str, model: str, prompts: list[str], concurrency: in
         model,
         adapter=adapter,
         adapter_prefix=prefix,
+        api_key=KEY,  # the plain test server ignores it
         concurrency=concurrency,
         max_retries=4,
         default_params={"temperature": 0.0, "max_tokens": 16},
@@ -80,6 +85,29 @@ def test_two_replicas_both_serve_and_answer_like_one_plain_server(replicas, vllm
     assert mine == plain
 
 
+def test_the_app_refuses_requests_without_its_key(replicas):
+    import httpx
+
+    url = replicas.base_url
+    assert url.startswith("http://127.0.0.1:")  # bound to every interface, reached on loopback
+    body = {"model": replicas.served_name, "max_tokens": 4,
+            "messages": [{"role": "user", "content": "hi"}]}  # fmt: skip
+    for headers in ({}, {"Authorization": "Bearer nope"}, {"Authorization": KEY}):
+        assert httpx.post(f"{url}/chat/completions", json=body, headers=headers,
+                          timeout=60).status_code == 401  # fmt: skip
+        assert httpx.get(f"{url}/models", headers=headers, timeout=60).status_code == 401
+    keyed = {"Authorization": f"Bearer {KEY}"}
+    models = httpx.get(f"{url}/models", headers=keyed, timeout=60).json()
+    assert replicas.served_name in [m["id"] for m in models["data"]]
+
+    async def unkeyed() -> None:
+        async with EvalClient(url, replicas.served_name, max_retries=0) as client:
+            await client.chat(body["messages"], stage="probe", max_tokens=4)
+
+    with pytest.raises(EndpointError, match="401"):
+        asyncio.run(unkeyed())
+
+
 def test_an_adapter_through_serve_answers_like_the_plain_servers_adapter(replicas, vllm_server):
     prompts = [f"Describe thing {i}." for i in range(8)]
     url, name, prefix = replicas.base_url, replicas.served_name, replicas.adapter_prefix
@@ -105,8 +133,7 @@ def test_a_run_reaches_the_adapter_of_a_serve_app_by_its_prefix(replicas, vllm_s
                    "--endpoint", url, "--model", name, "--adapter", ADAPTER, *extra,
                    "--run-dir", str(run_dir), "--max-tokens", "16", "--concurrency", "1",
                    "--no-cache", "--quiet"]  # fmt: skip
-        done = subprocess.run(command, env=dict(os.environ, PYTHONPATH=str(ROOT)),
-                              capture_output=True, text=True, timeout=600)  # fmt: skip
+        done = subprocess.run(command, env=KEYED, capture_output=True, text=True, timeout=600)
         assert done.returncode == 0, done.stderr[-3000:]
         lines = (run_dir / "results.jsonl").read_text().splitlines()
         return {r["id"]: r["details"]["response"] for r in map(json.loads, lines)}
@@ -125,8 +152,7 @@ def test_a_replica_killed_mid_run_costs_no_item(replicas, tmp_path):
                "--endpoint", replicas.base_url, "--model", replicas.served_name,
                "--run-dir", str(run_dir), "--max-tokens", "24", "--concurrency", "8",
                "--no-cache", "--quiet"]  # fmt: skip
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
-    proc = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    proc = subprocess.Popen(command, env=KEYED, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     results = run_dir / "results.jsonl"
     wait_for_records(results, 10, proc, timeout=300)
     victim = replicas.replica_pids()[0]

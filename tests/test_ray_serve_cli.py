@@ -102,3 +102,31 @@ def test_the_cluster_gone_under_a_run_with_replicas(tiny_model, tmp_path):
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     records = [json.loads(line) for line in results.read_text().splitlines()]
     assert sorted(r["id"] for r in records) == ids  # every item, none twice
+
+
+def test_a_cluster_whose_proxy_does_not_ask_for_the_key_is_not_served(tiny_model, tmp_path):
+    """`serve --host 0.0.0.0 --api-key-env` on a cluster started without our proxy callback:
+    the app answers without the key, so it is taken down and `serve` ends with one `error:`
+    line naming what the nodes need -- nothing is left serving without a key."""
+    require_engine()
+    pytest.importorskip("ray.serve.llm", reason="needs ray[serve] (the engine extra)")
+    import httpx
+
+    from serving.launcher import free_port
+    from serving.ray_serve import CALLBACK_ENV, KEY_ENV
+    from tests.support.ray_head import ray_head
+
+    port = free_port()
+    env = dict(os.environ, PYTHONPATH=str(ROOT), GC_SERVE_KEY="k-2b7e")
+    with ray_head(num_cpus=8) as head:  # started without the two variables
+        command = [sys.executable, "-m", "pipelines.cli", "serve", str(tiny_model),
+                   "--replicas", "1", "--ray-address", f"127.0.0.1:{head.port}",
+                   "--host", "0.0.0.0", "--api-key-env", "GC_SERVE_KEY", "--port", str(port),
+                   "--run-dir", str(tmp_path)]  # fmt: skip
+        done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=900)
+        errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
+        assert done.returncode != 0 and len(errors) == 1, done.stderr[-3000:]
+        assert "without the API key" in errors[0] and CALLBACK_ENV in errors[0]
+        assert KEY_ENV in errors[0]
+        with pytest.raises(httpx.HTTPError):  # the proxy went with the app
+            httpx.get(f"http://127.0.0.1:{port}/v1/models", timeout=10).raise_for_status()
