@@ -221,3 +221,48 @@ def test_the_cluster_gone_mid_run_ends_with_one_error_and_resumes(tiny_nli, tmp_
     assert sorted(r["id"] for r in records) == ids  # every item, none twice
     # the same item 200 times: one status and score, whether its NLI ran on Ray or here
     assert len({(r["status"], r["score"]) for r in records}) == 1
+
+
+def test_a_run_submitted_as_a_ray_job_scores_on_the_cluster(tiny_nli, tmp_path):
+    """`ray job submit` as the README shows it: the run is the job's entrypoint on the head,
+    joins the cluster with `--ray-address auto`, scores its NLI pairs on the cluster's actors,
+    and records what the same run records here without Ray."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from tests.support.ray_head import ray_head
+    from tests.test_exact_scores import ITEM
+
+    root = Path(__file__).resolve().parents[1]
+    items = tmp_path / "items.jsonl"
+    items.write_text("".join(json.dumps(ITEM.model_dump() | {"id": f"t{k}"}) + "\n"
+                             for k in range(6)))  # fmt: skip
+    run = [sys.executable, "-m", "tests.support.ray_gone", str(items)]
+    ray = str(Path(sys.executable).with_name("ray"))
+    # Ray 2.60's job CLI sends the token `ray start` saved only in token mode
+    env = dict(os.environ, PYTHONPATH=str(root), RAY_AUTH_MODE="token")
+    with ray_head(num_cpus=4, dashboard=True) as head:
+        entrypoint = [f"PYTHONPATH={root}", *run, str(tmp_path / "job"), tiny_nli, "auto"]
+        done = subprocess.run([ray, "job", "submit", "--address", head.dashboard, "--",
+                               *entrypoint], env=env, capture_output=True, text=True,
+                              timeout=900)  # fmt: skip
+        assert done.returncode == 0 and "succeeded" in done.stdout + done.stderr, (
+            done.stdout[-2000:] + done.stderr[-2000:])  # fmt: skip
+        listed = subprocess.run([ray, "list", "actors", "--address", head.dashboard, "--format",
+                                 "json", "--limit", "1000"], env=env, capture_output=True,
+                                text=True, timeout=120)  # fmt: skip
+        classes = [a["class_name"] for a in json.loads(listed.stdout)]
+        assert any("_BatchScorer" in c for c in classes), classes  # the NLI ran on the cluster
+    here = subprocess.run([*run, str(tmp_path / "here"), tiny_nli, "local"], env=env,
+                          capture_output=True, text=True, timeout=600)  # fmt: skip
+    assert here.returncode == 0, here.stderr[-3000:]
+
+    def records(run_dir: str) -> dict[str, tuple]:
+        lines = (tmp_path / run_dir / "results.jsonl").read_text().splitlines()
+        return {r["id"]: (r["status"], r["score"], [x["label"] for x in r["details"]["relations"]])
+                for r in map(json.loads, lines)}  # fmt: skip
+
+    assert records("job") == records("here") and len(records("job")) == 6

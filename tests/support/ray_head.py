@@ -19,26 +19,32 @@ from serving.launcher import free_port
 
 
 @contextlib.contextmanager
-def ray_head(num_cpus: int) -> Iterator[subprocess.Popen]:
-    """``ray start --head --block`` in its own session; yields the process (``.port`` set).
-    Kill it with ``os.killpg(head.pid, SIGKILL)``: GCS, raylet and workers go with it."""
+def ray_head(num_cpus: int, dashboard: bool = False) -> Iterator[subprocess.Popen]:
+    """``ray start --head --block`` in its own session; yields the process (``.port`` set, and
+    ``.dashboard`` -- the job submission URL, on loopback -- with ``dashboard``). Kill it with
+    ``os.killpg(head.pid, SIGKILL)``: GCS, raylet and workers go with it."""
     ray_dir = tempfile.mkdtemp(prefix="rg", dir="/tmp")  # Ray's socket paths must stay short
-    port = free_port()
+    port, dashboard_port = free_port(), free_port()
+    flags = (["--include-dashboard=true", "--dashboard-host=127.0.0.1",
+              f"--dashboard-port={dashboard_port}"] if dashboard
+             else ["--include-dashboard=false"])  # fmt: skip
     head = subprocess.Popen(
         [str(Path(sys.executable).with_name("ray")), "start", "--head", "--block",
-         f"--port={port}", f"--num-cpus={num_cpus}", "--include-dashboard=false",
+         f"--port={port}", f"--num-cpus={num_cpus}", *flags,
          "--disable-usage-stats", f"--temp-dir={ray_dir}"],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
     )  # fmt: skip
     head.port = port  # type: ignore[attr-defined]
+    head.dashboard = f"http://127.0.0.1:{dashboard_port}"  # type: ignore[attr-defined]
     try:
         deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=1).close()
-                break
-            except OSError:
-                time.sleep(0.5)
+        for listening in [port] + ([dashboard_port] if dashboard else []):
+            while time.monotonic() < deadline:
+                try:
+                    socket.create_connection(("127.0.0.1", listening), timeout=1).close()
+                    break
+                except OSError:
+                    time.sleep(0.5)
         yield head
     finally:
         with contextlib.suppress(ProcessLookupError):
