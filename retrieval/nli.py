@@ -137,8 +137,11 @@ class NliBatcher:
     scores them together in batches of up to ``max_pairs`` in one worker thread; identical pairs
     are scored once; an error reaches every waiting caller."""
 
-    def __init__(self, model: PairScorer, max_pairs: int = 512, wait: float = 0.005):
-        self.model, self.max_pairs, self.wait = model, max_pairs, wait
+    def __init__(self, model: PairScorer, max_pairs: int | None = None, wait: float | None = None):
+        # a scorer with a fixed cost per call (Ray actors start per call) asks for bigger pools
+        self.model = model
+        self.max_pairs = max_pairs or getattr(model, "pool_pairs", 512)
+        self.wait = getattr(model, "pool_wait", 0.005) if wait is None else wait
         self.pending: list[tuple[list[tuple[str, str]], asyncio.Future]] = []
         self.worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="nli")
         self.flushing: asyncio.Task | None = None

@@ -54,8 +54,8 @@ def _execute(batches: list[dict[str, Any]], settings: dict[str, Any]) -> tuple[l
     per_task = max(1, min(16, len(batches) // (4 * actors)))
     dataset = ray.data.from_items(batches, override_num_blocks=min(len(batches), 4 * actors))
     results = dataset.map_batches(
-        _BatchScorer, batch_size=per_task, concurrency=actors, num_cpus=1,
-        num_gpus=settings["gpus_per_actor"], batch_format="numpy",
+        _BatchScorer, batch_size=per_task, compute=ray.data.ActorPoolStrategy(size=actors),
+        num_cpus=1, num_gpus=settings["gpus_per_actor"], batch_format="numpy",
         fn_constructor_kwargs=settings["model"],
     ).take_all()  # fmt: skip
     scored: list[bytes | None] = [None] * len(batches)
@@ -91,6 +91,10 @@ def _driver(channel: Channel, address: str | None, num_cpus: int, settings: dict
 
 class RayNliScorer:
     """``probabilities(pairs)`` like ``NliScorer``, computed by ``actors`` Ray Data actors."""
+
+    # Each call starts its actors (seconds: scripts/bench_scale.py measures it), so an
+    # ``NliBatcher`` takes every pair waiting when a call ends, up to this many, into the next.
+    pool_pairs, pool_wait = 1 << 16, 0.05
 
     def __init__(self, model: str, *, actors: int = 2, device: str = "cpu", batch_size: int = 32,
                  max_length: int = 512, dynamic_padding: bool = True, gpus_per_actor: float = 0,

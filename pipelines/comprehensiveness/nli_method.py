@@ -87,7 +87,7 @@ class CrossEncoderNli:
             from retrieval.nli_ray import RayNliScorer
 
             scorer = RayNliScorer(model, actors=actors, device=device, address=address)
-            self.batcher = NliBatcher(scorer, max_pairs=4096, wait=0.05)  # big pools for Ray
+            self.batcher = NliBatcher(scorer)  # pools as big as the scorer asks for
         else:
             self.batcher = NliBatcher(NliScorer(model, device=device))
 
