@@ -102,29 +102,17 @@ def read_manifest(path: Path) -> dict[str, Any]:
 
 
 def read_results(path: Path) -> dict[str, ItemResult]:
-    """Records by id, validated; a torn last line is not a record; a later record of an id
-    (the retry of an ``error``) supersedes the earlier one."""
-    records: dict[str, ItemResult] = {}
-    if not path.exists():
-        return records
-    with open(path, encoding="utf-8") as handle:
-        for lineno, line in enumerate(handle, 1):
-            if not line.endswith("\n"):
-                break  # torn tail: not a finished record
-            try:
-                record = ItemResult.model_validate_json(line)
-            except ValidationError as exc:
-                raise RunStoreError(
-                    f"{path}:{lineno}: corrupt record: {_first_error(exc)}"
-                ) from exc
-            records.pop(record.id, None)  # keep file order of the surviving record
-            records[record.id] = record
-    return records
+    """Records by id, in file order, every one in memory (runs and tables read them on use:
+    ``index_results``, ``results_by_id``)."""
+    index = index_results(path)
+    offsets = array("q", (offset for offset, _ in index.values()))
+    return {record.id: record for record in JsonlView(path, offsets, _parse_record)}
 
 
 def index_results(path: Path) -> dict[str, tuple[int, str]]:
-    """(byte offset, status) of each id's surviving record, every record validated as in
-    ``read_results`` but none kept."""
+    """(byte offset, status) of each id's surviving record, every record validated but none
+    kept; a torn last line is not a record; a later record of an id (the retry of an
+    ``error``) supersedes the earlier one."""
     index: dict[str, tuple[int, str]] = {}
     if not path.exists():
         return index

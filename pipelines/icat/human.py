@@ -134,13 +134,12 @@ def meta_eval_icat(
     """Correlation of ICAT coverage (and ICAT_β) with human coverage, per variant: Pearson,
     Spearman, Kendall with p-values and paired BCa intervals (paper Table 2); writes
     icat-human.json into the run directory."""
-    from pipelines.runstore import MANIFEST, RESULTS, read_manifest, read_results
+    from pipelines.runstore import MANIFEST, RESULTS, read_manifest, results_by_id
 
     manifest = read_manifest(run_dir / MANIFEST)
     if manifest.get("framework") != "icat":
         raise UserError(f"{run_dir}: not an ICAT run (framework {manifest.get('framework')!r})")
-    records = sorted(read_results(run_dir / RESULTS).values(), key=lambda r: r.id)
-    results = [r.model_dump(mode="json") for r in records]
+    results = [r.model_dump(mode="json") for r in results_by_id(run_dir / RESULTS)]
     options = manifest["options"]
     table = human_table(results, load_human(human), options["betas"], options["variants"],
                         resamples)  # fmt: skip

@@ -1,6 +1,6 @@
 """A comprehensiveness run (scripted LLM, NLI method) whose cross-encoder scores on a Ray cluster,
 run the way the CLI runs a command (``clean_errors``: one line and an exit code). For the
-cluster-gone test, which kills the cluster under it.
+cluster-gone test, which kills the cluster under it, and the Ray job test, which submits it.
 
     python -m tests.support.ray_gone ITEMS RUN_DIR NLI_MODEL ADDRESS|local
 """
