@@ -61,7 +61,29 @@ def plan_batches(
     return [order[i : i + batch_size] for i in range(0, len(order), batch_size)]
 
 
-class NliScorer:
+class NliDecisions:
+    """Labels and the supported-claim test from ``probabilities`` alone, so the local scorer and
+    the Ray one (``retrieval.nli_ray.RayNliScorer``) decide alike."""
+
+    def probabilities(self, pairs: Sequence[tuple[str, str]]) -> np.ndarray:
+        raise NotImplementedError
+
+    def labels(self, pairs: Sequence[tuple[str, str]]) -> list[str]:
+        return [CANONICAL[i] for i in self.probabilities(pairs).argmax(axis=1)]
+
+    def supported(
+        self, claim: str, passages: Sequence[str], threshold: float | None = None
+    ) -> bool:
+        """Is the claim entailed by at least one passage (argmax, or P(entail) >= threshold)?"""
+        if not passages:
+            return False
+        probs = self.probabilities([(p, claim) for p in passages])
+        if threshold is None:
+            return bool((probs.argmax(axis=1) == 0).any())
+        return bool((probs[:, 0] >= threshold).any())
+
+
+class NliScorer(NliDecisions):
     def __init__(
         self,
         model: str,
@@ -110,20 +132,6 @@ class NliScorer:
         with self.torch.inference_mode():
             logits = self.model(**batch).logits.float()
         return self.torch.softmax(logits, dim=-1)[:, self.columns].cpu().numpy()
-
-    def labels(self, pairs: Sequence[tuple[str, str]]) -> list[str]:
-        return [CANONICAL[i] for i in self.probabilities(pairs).argmax(axis=1)]
-
-    def supported(
-        self, claim: str, passages: Sequence[str], threshold: float | None = None
-    ) -> bool:
-        """Is the claim entailed by at least one passage (argmax, or P(entail) >= threshold)?"""
-        if not passages:
-            return False
-        probs = self.probabilities([(p, claim) for p in passages])
-        if threshold is None:
-            return bool((probs.argmax(axis=1) == 0).any())
-        return bool((probs[:, 0] >= threshold).any())
 
 
 class PairScorer(Protocol):

@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from retrieval.nli import CANONICAL, NliScorer, plan_batches
+from retrieval.nli import CANONICAL, NliDecisions, NliScorer, plan_batches
 from serving.ray_cluster import Channel, ClusterGone, DriverChild, connect, while_cluster_lives
 
 __all__ = ["RayNliScorer", "connect"]
@@ -89,7 +89,7 @@ def _driver(channel: Channel, address: str | None, num_cpus: int, settings: dict
                     b"".join(scored))  # fmt: skip
 
 
-class RayNliScorer:
+class RayNliScorer(NliDecisions):
     """``probabilities(pairs)`` like ``NliScorer``, computed by ``actors`` Ray Data actors."""
 
     # Each call starts its actors (seconds: scripts/bench_scale.py measures it), so an

@@ -150,21 +150,24 @@ def _host(channel: Channel, spec: ServerSpec, replicas: int, address: str | None
             _check_key_asked(base_url)
     except Exception as exc:
         if deployed:  # not left behind on a cluster (it may serve without its key)
-            _take_down(serve, ray)
+            _take_down(serve, ray, address)
         channel.say({"error": f"{type(exc).__name__}: {' '.join(str(exc).split())[:500]}"})
         return
     channel.say({"ready": True, "gcs": ray.get_runtime_context().gcs_address})
     for request in channel.requests():
         if request.get("pids"):
             channel.say({"pids": _replica_pids()})
-    _take_down(serve, ray)
+    _take_down(serve, ray, address)
 
 
-def _take_down(serve: Any, ray: Any) -> None:
+def _take_down(serve: Any, ray: Any, address: str | None) -> None:
+    """Delete our app; stop Serve itself only on the Ray we started (on a shared cluster that
+    would take other people's apps down with ours)."""
     with contextlib.suppress(Exception):
         serve.delete(APP)
-    with contextlib.suppress(Exception):
-        serve.shutdown()
+    if address is None:
+        with contextlib.suppress(Exception):
+            serve.shutdown()
     ray.shutdown()
 
 

@@ -128,5 +128,5 @@ def test_a_cluster_whose_proxy_does_not_ask_for_the_key_is_not_served(tiny_model
         assert done.returncode != 0 and len(errors) == 1, done.stderr[-3000:]
         assert "without the API key" in errors[0] and CALLBACK_ENV in errors[0]
         assert KEY_ENV in errors[0]
-        with pytest.raises(httpx.HTTPError):  # the proxy went with the app
+        with pytest.raises(httpx.HTTPError):  # the app is gone (Serve stays for others' apps)
             httpx.get(f"http://127.0.0.1:{port}/v1/models", timeout=10).raise_for_status()

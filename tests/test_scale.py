@@ -31,20 +31,29 @@ def ray_local():
     return pytest.importorskip("ray")
 
 
-def test_ray_data_nli_equals_the_local_scorer(tiny_nli, ray_local):
+def test_ray_data_nli_equals_the_local_scorer(tiny_nli, ray_local, monkeypatch):
     from retrieval.nli_ray import RayNliScorer
 
+    # Ray Data hands out tasks as soon as one actor is up; on a loaded machine that one can finish
+    # them all before the other has loaded its model. Wait for both, to see both score.
+    monkeypatch.setenv("RAY_DATA_DEFAULT_WAIT_FOR_MIN_ACTORS_S", "300")
     premises, hypotheses = sentences(40, 1), sentences(40, 2)
     pairs = [(premises[i], hypotheses[(i * 7) % 40]) for i in range(40)]
     pairs += pairs[:9]  # repeated pairs: scored once, answered in place
-    local = NliScorer(tiny_nli, batch_size=8).probabilities(pairs)
-    scorer = RayNliScorer(tiny_nli, actors=2, batch_size=8)
+    local = NliScorer(tiny_nli, batch_size=4).probabilities(pairs)
+    scorer = RayNliScorer(tiny_nli, actors=2, batch_size=4)  # 10 batches, 2 in flight per actor
     remote = scorer.probabilities(pairs)
     assert remote.shape == (len(pairs), len(CANONICAL))
     assert [CANONICAL[i] for i in remote.argmax(1)] == [CANONICAL[i] for i in local.argmax(1)]
     np.testing.assert_allclose(remote, local, rtol=0, atol=1e-6)
     assert len(scorer.workers) == 2  # both actors scored batches
     assert scorer.probabilities([]).shape == (0, 3)
+    here = NliScorer(tiny_nli, batch_size=8)  # the same decisions through the same API
+    assert scorer.labels(pairs[:12]) == here.labels(pairs[:12])
+    claim, passages = hypotheses[0], premises[:6]
+    for threshold in (None, 0.2, 0.5):
+        assert scorer.supported(claim, passages, threshold) == here.supported(
+            claim, passages, threshold)  # fmt: skip
 
 
 # ---- opt-in candidate pruning of the pairwise NLI stage ---------------------------------------
@@ -231,6 +240,7 @@ def test_a_run_submitted_as_a_ray_job_scores_on_the_cluster(tiny_nli, tmp_path):
     import os
     import subprocess
     import sys
+    import time
     from pathlib import Path
 
     from tests.support.ray_head import ray_head
@@ -246,9 +256,13 @@ def test_a_run_submitted_as_a_ray_job_scores_on_the_cluster(tiny_nli, tmp_path):
     env = dict(os.environ, PYTHONPATH=str(root), RAY_AUTH_MODE="token")
     with ray_head(num_cpus=4, dashboard=True) as head:
         entrypoint = [f"PYTHONPATH={root}", *run, str(tmp_path / "job"), tiny_nli, "auto"]
-        done = subprocess.run([ray, "job", "submit", "--address", head.dashboard, "--",
-                               *entrypoint], env=env, capture_output=True, text=True,
-                              timeout=900)  # fmt: skip
+        submit = [ray, "job", "submit", "--address", head.dashboard, "--", *entrypoint]
+        deadline = time.monotonic() + 120
+        while True:  # the head's job agent registers a little after the dashboard listens
+            done = subprocess.run(submit, env=env, capture_output=True, text=True, timeout=900)
+            if "No available agent" not in done.stderr or time.monotonic() > deadline:
+                break
+            time.sleep(2)
         assert done.returncode == 0 and "succeeded" in done.stdout + done.stderr, (
             done.stdout[-2000:] + done.stderr[-2000:])  # fmt: skip
         listed = subprocess.run([ray, "list", "actors", "--address", head.dashboard, "--format",
