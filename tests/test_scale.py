@@ -257,14 +257,14 @@ def test_a_run_submitted_as_a_ray_job_scores_on_the_cluster(tiny_nli, tmp_path):
     with ray_head(num_cpus=4, dashboard=True) as head:
         entrypoint = [f"PYTHONPATH={root}", *run, str(tmp_path / "job"), tiny_nli, "auto"]
         submit = [ray, "job", "submit", "--address", head.dashboard, "--", *entrypoint]
-        deadline = time.monotonic() + 120
-        while True:  # the head's job agent registers a little after the dashboard listens
+        deadline = time.monotonic() + 240
+        while True:  # the head's job agent registers a while after the dashboard listens
             done = subprocess.run(submit, env=env, capture_output=True, text=True, timeout=900)
-            if "No available agent" not in done.stderr or time.monotonic() > deadline:
+            said = done.stdout + done.stderr
+            if "No available agent" not in said or time.monotonic() > deadline:
                 break
             time.sleep(2)
-        assert done.returncode == 0 and "succeeded" in done.stdout + done.stderr, (
-            done.stdout[-2000:] + done.stderr[-2000:])  # fmt: skip
+        assert done.returncode == 0 and "succeeded" in said, said[-4000:]
         listed = subprocess.run([ray, "list", "actors", "--address", head.dashboard, "--format",
                                  "json", "--limit", "1000"], env=env, capture_output=True,
                                 text=True, timeout=120)  # fmt: skip

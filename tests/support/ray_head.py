@@ -25,8 +25,11 @@ def ray_head(num_cpus: int, dashboard: bool = False) -> Iterator[subprocess.Pope
     ``os.killpg(head.pid, SIGKILL)``: GCS, raylet and workers go with it."""
     ray_dir = tempfile.mkdtemp(prefix="rg", dir="/tmp")  # Ray's socket paths must stay short
     port, dashboard_port = free_port(), free_port()
+    # with the dashboard, its job agent's own port too: the default (52365) may belong to
+    # another Ray on this machine, and jobs then find "no available agent"
     flags = (["--include-dashboard=true", "--dashboard-host=127.0.0.1",
-              f"--dashboard-port={dashboard_port}"] if dashboard
+              f"--dashboard-port={dashboard_port}",
+              f"--dashboard-agent-listen-port={free_port()}"] if dashboard
              else ["--include-dashboard=false"])  # fmt: skip
     head = subprocess.Popen(
         [str(Path(sys.executable).with_name("ray")), "start", "--head", "--block",
