@@ -24,7 +24,7 @@ from pydantic import (
     model_validator,
 )
 
-from pipelines.lines import JsonlView
+from pipelines.lines import JsonlView, stamp
 from serving.embedded import cache_root
 from serving.registry import ModelRef, UnknownModelError
 
@@ -223,6 +223,7 @@ def read_jsonl(
     offsets, lines, ids = array("q"), array("q"), []
     seen: set[str] = set()
     digest = hashlib.sha256()
+    validated = stamp(path) if path.is_file() else None  # before reading: a change while we do
     for lineno, offset, raw in _jsonl_lines(path):
         raw.setdefault(id_field, str(lineno))
         try:
@@ -248,6 +249,6 @@ def read_jsonl(
         raw.setdefault(id_field, str(lineno))
         return record.model_validate(raw)
 
-    view = JsonlView(path, offsets, parse, frozen=True, positions=lines)
-    view.digest, view.ids = digest.hexdigest()[:16], ids
+    view = JsonlView(path, offsets, parse, positions=lines, stamp=validated, ids=ids)
+    view.digest = digest.hexdigest()[:16]
     return view

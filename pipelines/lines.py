@@ -27,18 +27,19 @@ def stamp(path: Path) -> tuple[int, int]:
 
 class JsonlView(Sequence[T]):
     """The lines of ``path`` that start at ``offsets``, each parsed by ``parse(position,
-    line)`` on access. With ``frozen`` (the items file), a file that changed since it was
-    validated is refused rather than read as something else."""
+    line)`` on access. Given the file's ``stamp`` as it was validated (the items file), a file
+    that changed since is refused rather than read as something else."""
 
-    def __init__(self, path: Path, offsets: array, parse: Callable[[int, bytes], T],
-                 *, frozen: bool = False, positions: array | None = None):  # fmt: skip
+    def __init__(self, path: Path, offsets: array, parse: Callable[[int, bytes], T], *,
+                 positions: array | None = None, stamp: tuple[int, int] | None = None,
+                 ids: list[str] | None = None):  # fmt: skip
         self.path = Path(path)
         self.offsets = offsets
         self.positions = positions if positions is not None else array("q", range(len(offsets)))
         self.parse = parse
-        self.stamp = stamp(self.path) if frozen else None
+        self.stamp = stamp
+        self.ids = ids  # their ids, when the reader knows them
         self.digest: str | None = None  # of exactly these records, when the reader knows it
-        self.ids: list[str] | None = None  # their ids, when the reader knows them
 
     def __len__(self) -> int:
         return len(self.offsets)
@@ -62,12 +63,11 @@ class JsonlView(Sequence[T]):
 
     def take(self, indices: Sequence[int]) -> JsonlView[T]:
         """The records at ``indices`` (in that order), still read on access."""
-        view = object.__new__(JsonlView)
-        view.path, view.parse, view.stamp, view.digest = self.path, self.parse, self.stamp, None
-        view.ids = None if self.ids is None else [self.ids[k] for k in indices]
-        view.offsets = array("q", (self.offsets[k] for k in indices))
-        view.positions = array("q", (self.positions[k] for k in indices))
-        return view
+        return JsonlView(
+            self.path, array("q", (self.offsets[k] for k in indices)), self.parse,
+            positions=array("q", (self.positions[k] for k in indices)), stamp=self.stamp,
+            ids=None if self.ids is None else [self.ids[k] for k in indices],
+        )  # fmt: skip
 
     def _read(self, handle, k: int) -> T:
         self._check()  # per record: a run takes items over hours

@@ -101,14 +101,6 @@ def read_manifest(path: Path) -> dict[str, Any]:
     return manifest
 
 
-def read_results(path: Path) -> dict[str, ItemResult]:
-    """Records by id, in file order, every one in memory (runs and tables read them on use:
-    ``index_results``, ``results_by_id``)."""
-    index = index_results(path)
-    offsets = array("q", (offset for offset, _ in index.values()))
-    return {record.id: record for record in JsonlView(path, offsets, _parse_record)}
-
-
 def index_results(path: Path) -> dict[str, tuple[int, str]]:
     """(byte offset, status) of each id's surviving record, every record validated but none
     kept; a torn last line is not a record; a later record of an id (the retry of an

@@ -21,6 +21,7 @@ from serving.client import EndpointError, EvalClient
 from serving.launcher import ServerSpec
 from serving.registry import LoraAdapter
 from tests.conftest import ADAPTER, TEST_SERVER_ENV, require_engine
+from tests.support.questions import questions_file
 from tests.support.ray_head import wait_for_records
 
 pytestmark = pytest.mark.engine
@@ -124,8 +125,7 @@ def test_an_adapter_through_serve_answers_like_the_plain_servers_adapter(replica
 
 def test_a_run_reaches_the_adapter_of_a_serve_app_by_its_prefix(replicas, vllm_server, tmp_path):
     questions = tmp_path / "q.jsonl"
-    questions.write_text("".join(json.dumps({"id": f"q{i}", "question": f"Why {i}?"}) + "\n"
-                                 for i in range(4)))  # fmt: skip
+    questions_file(questions, [f"q{i}" for i in range(4)], "Why {}?")
 
     def generate(url: str, name: str, *extra: str) -> dict[str, str]:
         run_dir = tmp_path / f"run{len(list(tmp_path.iterdir()))}"
@@ -146,8 +146,7 @@ def test_a_run_reaches_the_adapter_of_a_serve_app_by_its_prefix(replicas, vllm_s
 def test_a_replica_killed_mid_run_costs_no_item(replicas, tmp_path):
     questions, run_dir = tmp_path / "q.jsonl", tmp_path / "run"
     ids = [f"q{i:03d}" for i in range(60)]
-    questions.write_text("".join(json.dumps({"id": i, "question": f"What about {i}?"}) + "\n"
-                                 for i in ids))  # fmt: skip
+    questions_file(questions, ids, "What about {}?")
     command = [sys.executable, "-m", "pipelines.cli", "generate", str(questions),
                "--endpoint", replicas.base_url, "--model", replicas.served_name,
                "--run-dir", str(run_dir), "--max-tokens", "24", "--concurrency", "8",

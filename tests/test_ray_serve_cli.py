@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import ADAPTER, require_engine
+from tests.support.questions import questions_file
 
 pytestmark = pytest.mark.engine
 ROOT = Path(__file__).resolve().parents[1]
@@ -25,8 +26,7 @@ def test_generate_with_two_replicas_started_by_the_run(tiny_model, tiny_lora, vl
     pytest.importorskip("ray.serve.llm", reason="needs ray[serve] (the engine extra)")
     questions, run_dir = tmp_path / "q.jsonl", tmp_path / "run"
     ids = [f"q{i}" for i in range(12)]
-    questions.write_text("".join(json.dumps({"id": i, "question": f"Why {i}?"}) + "\n"
-                                 for i in ids))  # fmt: skip
+    questions_file(questions, ids)
     command = [sys.executable, "-m", "pipelines.cli", "generate", str(questions),
                "--model", str(tiny_model), "--replicas", "2", "--run-dir", str(run_dir),
                "--lora", f"{ADAPTER}={tiny_lora}", "--adapter", ADAPTER, "--concurrency", "1",
@@ -77,8 +77,7 @@ def test_the_cluster_gone_under_a_run_with_replicas(tiny_model, tmp_path):
 
     questions, run_dir = tmp_path / "q.jsonl", tmp_path / "run"
     ids = [f"q{i:03d}" for i in range(200)]
-    questions.write_text("".join(json.dumps({"id": i, "question": f"Why {i}?"}) + "\n"
-                                 for i in ids))  # fmt: skip
+    questions_file(questions, ids)
     command = [sys.executable, "-m", "pipelines.cli", "generate", str(questions),
                "--model", str(tiny_model), "--run-dir", str(run_dir), "--max-tokens", "24",
                "--concurrency", "2", "--no-cache", "--quiet"]  # fmt: skip
