@@ -21,7 +21,7 @@ import shutil
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
@@ -171,6 +171,7 @@ def embed_range(model, out: str, start: int, stop: int, batch: int, device: str)
 
 def build_embeddings(out: Path, spec: IndexSpec, n_chunks: int) -> dict:
     model_path = resolve_model(spec.dense_model)
+    assert model_path is not None  # only called for an index with a dense part
     bounds = np.linspace(0, n_chunks, spec.shards + 1).astype(int)
     ranges = [(int(a), int(b)) for a, b in zip(bounds[:-1], bounds[1:], strict=True) if b > a]
     args = (model_path, str(out))
@@ -200,7 +201,7 @@ def build_embeddings(out: Path, spec: IndexSpec, n_chunks: int) -> dict:
             "normalized": True, "shards": len(ranges), "ray": spec.ray}  # fmt: skip
 
 
-def build_faiss(vectors: np.ndarray, spec: IndexSpec) -> tuple[object, dict]:
+def build_faiss(vectors: np.ndarray, spec: IndexSpec) -> tuple[Any, dict]:
     import faiss
 
     n, dim = vectors.shape
@@ -211,6 +212,7 @@ def build_faiss(vectors: np.ndarray, spec: IndexSpec) -> tuple[object, dict]:
         spec = spec.model_copy(update=auto)
     metric = faiss.METRIC_INNER_PRODUCT  # vectors are normalised: inner product = cosine
     params: dict = {"kind": spec.faiss, "metric": "inner_product"}
+    index: Any  # faiss's index classes share no typed base with these attributes
     if spec.faiss == "flat":
         index = faiss.IndexFlatIP(dim)
     elif spec.faiss == "hnsw":

@@ -57,6 +57,8 @@ def read_jsonl(path: Path) -> Iterator[Document]:
                 row = json.loads(line)
             except json.JSONDecodeError as exc:
                 raise CorpusError(f"{path}:{lineno}: not valid JSON: {exc.msg}") from exc
+            except RecursionError:  # deeper than the parser's stack: bad input, not a crash
+                raise CorpusError(f"{path}:{lineno}: JSON nested too deeply") from None
             if not isinstance(row, dict):
                 raise CorpusError(f"{path}:{lineno}: record must be a JSON object")
             doc_id = next((row[k] for k in ("id", "_id", "docid", "pageid") if k in row), None)

@@ -140,6 +140,23 @@ def serve_replicas(spec: ServerSpec, replicas: int, address: str | None, timeout
         app.stop()
 
 
+def authorised(header: str | None, key: str) -> bool:
+    """``Bearer KEY``, or HTTP Basic with KEY as the password (what a browser sends)."""
+    import base64
+    import binascii
+    import hmac
+
+    scheme, _, value = (header or "").partition(" ")
+    if scheme.lower() == "basic":
+        try:
+            value = base64.b64decode(value, validate=True).decode().partition(":")[2]
+        except (binascii.Error, UnicodeDecodeError):
+            return False
+    elif scheme.lower() != "bearer":
+        return False
+    return hmac.compare_digest(value.strip().encode(), key.encode())
+
+
 def api_key_from(variable: str | None) -> str | None:
     if variable is None:
         return None
@@ -272,7 +289,7 @@ def index_search_command(
     try:
         searcher = SearchIndex.load(index)
         reranker = CrossEncoderReranker(rerank_model) if rerank_model else None
-        results = searcher.search(query, k=k, mode=mode, mmr=mmr, reranker=reranker)
+        results = searcher.search(query, k=k, mode=mode, mmr=mmr, reranker=reranker)  # type: ignore[arg-type]
     except IndexError_ as exc:
         raise UserError(str(exc)) from exc
     for q, hits in zip(query, results, strict=True):
@@ -319,15 +336,32 @@ def view(
     run_dir: Annotated[list[Path], typer.Argument(help="run directories")],
     port: Annotated[int, typer.Option(help="0 picks a free port")] = 8765,
     host: Annotated[str, typer.Option(help="bind address")] = "127.0.0.1",
+    api_key_env: Annotated[
+        str | None, typer.Option(help="variable holding the key (needed off loopback)")
+    ] = None,
 ) -> None:
     """Serve the HTML report of the runs at http://127.0.0.1:PORT/ until Ctrl-C (rebuilt on
-    every request, so a running evaluation shows its progress). Opens nothing else."""
+    every request, so a running evaluation shows its progress). Opens nothing else. Another
+    --host needs a key, as `serve` does: a browser gives it as the password of the login it
+    is asked for (any user name), a client as a Bearer token."""
     import http.server
 
     from pipelines.report_html import render
+    from serving.launcher import is_loopback
+
+    key = api_key_from(api_key_env)
+    if key is None and not is_loopback(host):
+        raise UserError(f"--host {host} shows the runs beyond this machine: give it a key "
+                        "(--api-key-env NAME, the key in that variable)")  # fmt: skip
 
     class Page(http.server.BaseHTTPRequestHandler):
         def do_GET(self) -> None:  # noqa: N802 - the stdlib's name
+            if key is not None and not authorised(self.headers.get("Authorization"), key):
+                self.send_response(401)
+                self.send_header("WWW-Authenticate", 'Basic realm="groundcover"')
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+                return
             body = render(run_dir).encode()
             self.send_response(200)
             self.send_header("Content-Type", "text/html; charset=utf-8")

@@ -87,10 +87,14 @@ class EvaluatorConfig(Strict):
     def _address(self) -> EvaluatorConfig:
         """Resolve MODEL:ADAPTER once; an adapter we serve ourselves must be given a path."""
         try:
-            ref = ModelRef.parse(self.model, self.endpoint, self.adapter)
+            ref = ModelRef.parse(self.model, self.endpoint, self.adapter, served=self.adapters)
         except UnknownModelError as exc:
             raise ValueError(str(exc)) from exc
         self.model, self.adapter = ref.model, ref.adapter
+        if not self.endpoint and not self.adapter and ":" in self.model:
+            head, _, tail = self.model.rpartition(":")
+            if not _resolves(self.model) and _resolves(head):  # MODEL:ADAPTER we do not serve
+                self.adapter = tail
         if self.adapter and not self.endpoint and self.adapter not in self.adapters:
             raise ValueError(
                 f"adapter {self.adapter!r} is not served by this run: add --lora "
@@ -120,6 +124,16 @@ class RunConfig(Strict):
     cache: Path | None = Field(default_factory=lambda: cache_root() / "responses.sqlite")
 
 
+def _resolves(model: str) -> bool:
+    from serving.registry import resolve
+
+    try:
+        resolve(model)
+    except UnknownModelError:
+        return False
+    return True
+
+
 def load_config(model: type[M], yaml_path: Path | None, overrides: dict[str, Any]) -> M:
     """YAML file first, then flags that were given (None means 'not given')."""
     data: dict[str, Any] = {}
@@ -131,6 +145,8 @@ def load_config(model: type[M], yaml_path: Path | None, overrides: dict[str, Any
             data = yaml.safe_load(read_text(yaml_path)) or {}
         except yaml.YAMLError as exc:
             raise UserError(f"{yaml_path}: not valid YAML: {' '.join(str(exc).split())}") from exc
+        except RecursionError:
+            raise UserError(f"{yaml_path}: YAML nested too deeply") from None
         if not isinstance(data, dict):
             raise UserError(f"{yaml_path}: top level must be a mapping")
     for dotted, value in overrides.items():
@@ -192,9 +208,20 @@ def _jsonl_lines(path: Path, limit: int | None = None):
                 raw = json.loads(line)
             except json.JSONDecodeError as exc:
                 raise UserError(f"{path}:{lineno}: not valid JSON: {exc.msg}") from exc
+            except RecursionError:  # deeper than the parser's stack: bad input, not a crash
+                raise UserError(f"{path}:{lineno}: JSON nested too deeply") from None
             if not isinstance(raw, dict):
                 raise UserError(f"{path}:{lineno}: record must be a JSON object")
             yield lineno, start, raw
+
+
+def file_sha256(path: Path) -> str:
+    """A file's content digest (an input besides the items that changes scores)."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
 
 
 def items_digest(items: Iterable[Any]) -> str:

@@ -1,15 +1,20 @@
-"""Connect a run to its evaluator: a given endpoint, or a vLLM server started for the run.
+"""Connect a run's roles to their models: a given endpoint, or a vLLM server started for the run.
 
 The model address (preset / directory / hub id, endpoint, adapter) is resolved once, in
 ``EvaluatorConfig.ref()``; here it becomes a client whose every request goes to the adapter when
-one is asked for, after checking that the server really has it.
+one is asked for, after checking that the server really has it. Roles that need a local model
+share ``Servers``: one vLLM server (or Ray Serve app) per distinct base model, serving every
+adapter any role asks of that base, started when its first client opens and stopped when its
+last one closes.
 """
 
 from __future__ import annotations
 
 import contextlib
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from pipelines.config import EvaluatorConfig, UserError
 from serving.cache import ResponseCache
@@ -30,56 +35,119 @@ def sampling_defaults(cfg: EvaluatorConfig) -> dict:
     return defaults
 
 
-def start_server(spec: ServerSpec, cfg: EvaluatorConfig, run_dir: Path):
+def start_server(spec: ServerSpec, cfg: EvaluatorConfig, log: Path):
     """One vLLM server, or ``cfg.replicas`` of them behind one Ray Serve LLM app."""
     if cfg.replicas > 1 or cfg.ray_address:
         from serving.ray_serve import RayReplicas
 
         return RayReplicas(spec, cfg.replicas, address=cfg.ray_address).start()
-    return VLLMServer(spec, run_dir / "serve.log").start()
+    return VLLMServer(spec, log).start()
+
+
+def server_key(cfg: EvaluatorConfig) -> tuple[Any, ...]:
+    """Evaluators with the same key are served by one server (adapters of one base share it)."""
+    return resolve(cfg.model).name, cfg.model, cfg.replicas, cfg.ray_address, cfg.max_model_len
+
+
+@dataclass
+class Served:
+    base_url: str
+    adapter_prefix: str
+    gone: Any
+
+
+class Servers:
+    """The local servers of one invocation, one per distinct base model."""
+
+    def __init__(self, evaluators: list[EvaluatorConfig]):
+        self.adapters: dict[tuple, dict[str, str]] = {}
+        for ev in evaluators:
+            if ev.endpoint is not None:
+                continue
+            into = self.adapters.setdefault(server_key(ev), {})
+            for name, path in ev.adapters.items():
+                if into.setdefault(name, path) != path:
+                    raise UserError(f"adapter {name!r} is given two paths: {into[name]}, {path}")
+        self.running: dict[tuple, tuple[Any, int]] = {}  # key -> (server, clients using it)
+
+    @contextlib.asynccontextmanager
+    async def use(self, cfg: EvaluatorConfig, run_dir: Path) -> AsyncIterator[Served]:
+        key = server_key(cfg)
+        if key not in self.running:
+            adapters = self.adapters.get(key) or dict(cfg.adapters)
+            base = resolve(cfg.model).name
+            loras = [lora_adapter(n, p, base, cfg.model) for n, p in adapters.items()]
+            spec = ServerSpec(model=cfg.model, loras=loras, max_model_len=cfg.max_model_len)
+            log = "serve.log" if len(self.adapters) <= 1 else f"serve-{_safe(base)}.log"
+            self.running[key] = (start_server(spec, cfg, run_dir / log), 0)
+        server, users = self.running[key]
+        self.running[key] = (server, users + 1)
+        try:
+            yield Served(server.base_url, server.adapter_prefix, server.gone)
+        finally:
+            server, users = self.running[key]
+            if users == 1:
+                del self.running[key]
+                server.stop()
+            else:
+                self.running[key] = (server, users - 1)
+
+
+def _safe(name: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_." else "_" for c in name)[:80]
 
 
 @contextlib.asynccontextmanager
 async def open_evaluator(
-    cfg: EvaluatorConfig, run_dir: Path, cache_path: Path | None
+    cfg: EvaluatorConfig, run_dir: Path, cache_path: Path | None, servers: Servers | None = None
 ) -> AsyncIterator[EvalClient]:
     ref = cfg.ref()
     cache = ResponseCache(cache_path) if cache_path else None
-    server = None
-    gone = None
     try:
-        base_url, adapter_prefix = cfg.endpoint, cfg.adapter_prefix
-        if base_url is None:
-            preset = resolve(cfg.model)
-            loras = [lora_adapter(n, p, preset.name, cfg.model) for n, p in cfg.adapters.items()]
-            spec = ServerSpec(model=cfg.model, loras=loras, max_model_len=cfg.max_model_len)
-            server = start_server(spec, cfg, run_dir)
-            base_url, adapter_prefix, gone = server.base_url, server.adapter_prefix, server.gone
-        client = EvalClient(
-            base_url,
-            ref.base_name,
-            adapter=ref.adapter,
-            adapter_prefix=adapter_prefix,
-            api_key=cfg.api_key(),
-            concurrency=cfg.concurrency,
-            timeout=cfg.timeout,
-            max_retries=cfg.max_retries,
-            cache=cache,
-            default_params=sampling_defaults(cfg),
-            vllm_extensions=cfg.vllm_extensions,
-            gone=gone,
-        )
-        async with client:
-            if ref.adapter and not adapter_prefix:  # Serve lists no multiplexed adapter
-                served = await client.served_models()
-                if served is not None and ref.adapter not in served:
-                    raise UserError(
-                        f"adapter {ref.adapter!r} is not served at {base_url} "
-                        f"(it serves: {', '.join(served)})"
-                    )
-            yield client
+        async with contextlib.AsyncExitStack() as stack:
+            base_url, adapter_prefix, gone = cfg.endpoint, cfg.adapter_prefix, None
+            if base_url is None:
+                pool = servers or Servers([cfg])
+                served = await stack.enter_async_context(pool.use(cfg, run_dir))
+                base_url, adapter_prefix, gone = served.base_url, served.adapter_prefix, served.gone
+            client = EvalClient(
+                base_url,
+                ref.base_name,
+                adapter=ref.adapter,
+                adapter_prefix=adapter_prefix,
+                api_key=cfg.api_key(),
+                concurrency=cfg.concurrency,
+                timeout=cfg.timeout,
+                max_retries=cfg.max_retries,
+                cache=cache,
+                default_params=sampling_defaults(cfg),
+                vllm_extensions=cfg.vllm_extensions,
+                gone=gone,
+            )
+            async with client:
+                await check_served(client, cfg, base_url, adapter_prefix)
+                yield client
     finally:
-        if server is not None:
-            server.stop()
         if cache is not None:
             cache.close()
+
+
+async def check_served(client: EvalClient, cfg: EvaluatorConfig, base_url: str,
+                       adapter_prefix: str) -> None:  # fmt: skip
+    """At an endpoint: ``NAME:TAG`` the server lists only as ``TAG`` is an adapter; an asked
+    adapter the server does not list stops the run in one line (Serve lists none)."""
+    if adapter_prefix:
+        return
+    if cfg.endpoint and ":" in client.model and not client.adapter:
+        served = await client.served_models()
+        split = cfg.ref().split_at(served or [])
+        if split.adapter:
+            client.model, client.adapter = split.model, split.adapter
+        return
+    if client.adapter:
+        served = await client.served_models()
+        if served is not None and client.adapter not in served:
+            raise UserError(
+                f"adapter {client.adapter!r} is not served at {base_url} "
+                f"(it serves: {', '.join(served)})"
+            )

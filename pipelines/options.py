@@ -25,6 +25,7 @@ from rich.console import Console
 from pipelines.config import EvaluatorConfig, RunConfig, Strict, UserError, load_config
 from pipelines.lines import FileChanged
 from pipelines.protocol import RunRequest, Study
+from pipelines.roles import RoleSpec, parse_role_options
 from pipelines.runstore import RunStoreError
 from serving.client import EndpointError
 from serving.embedded import EmbeddedModelMissing
@@ -80,6 +81,10 @@ SHARED_OPTIONS: dict[str, tuple[Any, Any]] = {
     "model": (_opt(str | None, "evaluator: preset, directory, hub id, or MODEL:ADAPTER"), None),
     "endpoint": (_opt(str | None, "OpenAI-compatible URL; none: start vLLM here"), None),
     "adapter": (_opt(str | None, "LoRA adapter every request goes to"), None),
+    "role": (
+        _opt(list[str] | None, "ROLE=MODEL[@URL][:ADAPTER]: another model for one role (repeat)"),
+        None,
+    ),
     "lora": (_opt(list[str] | None, "NAME=PATH of an adapter to serve (repeat)"), None),
     "adapter_prefix": (
         _opt(str | None, "prefix of adapter names at an endpoint ('BASE:' for a Ray Serve app)"),
@@ -105,6 +110,7 @@ class Shared:
     model: str | None = None
     endpoint: str | None = None
     adapter: str | None = None
+    role: list[str] | None = None
     lora: list[str] | None = None
     adapter_prefix: str | None = None
     run_dir: Path | None = None
@@ -118,7 +124,8 @@ class Shared:
 
     def overrides(self) -> dict[str, Any]:
         """Dotted config keys; None means 'not given' (the YAML file or the default stands)."""
-        return {
+        roles = {f"roles.{r}": spec for r, spec in parse_role_options(self.role).items()}
+        return roles | {
             "evaluator.model": self.model,
             "evaluator.endpoint": self.endpoint,
             "evaluator.adapter": self.adapter,
@@ -136,19 +143,22 @@ class Shared:
 def request_model(study: Study) -> type[Strict]:
     """The whole configuration of a study's command: evaluator, run, and the study's options
     under its own name (the YAML file uses the same sections)."""
-    return create_model(
-        f"{study.name.title()}Config",
-        __base__=Strict,
-        evaluator=(EvaluatorConfig, Field(default_factory=EvaluatorConfig)),
-        run=(RunConfig, Field(default_factory=RunConfig)),
-        **{study.name: (study.Options, ...)},
-    )
+    fields: dict[str, Any] = {
+        "evaluator": (EvaluatorConfig, Field(default_factory=EvaluatorConfig)),
+        "roles": (dict[str, RoleSpec], Field(default_factory=dict)),
+        "run": (RunConfig, Field(default_factory=RunConfig)),
+        study.name: (study.Options, ...),
+    }
+    return create_model(f"{study.name.title()}Config", __base__=Strict, **fields)
 
 
 def load_request(study: Study, own: dict[str, Any], shared: Shared) -> RunRequest:
-    overrides = {f"{study.name}.{key}": _plain(value) for key, value in own.items()}
-    cfg = load_config(request_model(study), shared.config, overrides | shared.overrides())
-    return RunRequest(cfg.evaluator, cfg.run, getattr(cfg, study.name))
+    """The command's configuration; a command's ``roles.<role>`` keys (``--extractor``) set a
+    role like ``--role`` does, which wins over them."""
+    overrides = {key if key.startswith("roles.") else f"{study.name}.{key}": _plain(value)
+                 for key, value in own.items()}  # fmt: skip
+    cfg: Any = load_config(request_model(study), shared.config, overrides | shared.overrides())
+    return RunRequest(cfg.evaluator, cfg.run, getattr(cfg, study.name), dict(cfg.roles))
 
 
 def _plain(value: Any) -> Any:

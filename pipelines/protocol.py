@@ -2,16 +2,20 @@
 
 A framework (in the spirit of inspect_ai's Task = dataset + solver + scorer) declares
 
-- ``Options``: a pydantic model of its own options (they identify the run, except the names in
-  ``report_only``, which only change how tables are computed);
+- ``Options``: a pydantic model of its own options, a ``FrameworkOptions`` (they identify the
+  run, except the names in ``report_only``, which only change how tables are computed);
+- ``roles`` and ``stage_roles``: the models it asks (the system under evaluation, its judges)
+  and the role of each stage; ``roles_used(options)`` the roles a run with these options needs,
+  so a run scoring answers made elsewhere starts no answering model;
 - ``prompts``: its versioned templates, recorded by id in every manifest;
 - ``load(options)``: the items, each with an ``id``, validated before anything is written;
 - ``setup(request, root)``: shared resources (NLI judge, BLEURT, indexes), built once per
   invocation and only when some item still needs solving;
 - ``solve(item, ctx)``: async, one item to one ``ItemResult``; a stage that stays unparseable
   raises ``StageFailed`` and the runtime records the item as such;
-- ``aggregate(results, options)``: the framework's tables from the results alone (pure; `report`
-  calls it on what is on disk, also for a partial run) and ``render`` to print them.
+- ``aggregate(results, options)``: the framework's tables from the results alone, parsed once
+  and in id order (pure; `report` calls it on what is on disk, also for a partial run) and
+  ``render`` to print them.
 
 A study (FanOutQA settings, ELI5 responders x methods) is declared, not hand-looped: ``plan``
 lists its runs (each a sub-directory, maybe another framework, evaluator or derived items) and
@@ -20,27 +24,43 @@ lists its runs (each a sub-directory, maybe another framework, evaluator or deri
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 from rich.console import Console
 
-from pipelines.config import EvaluatorConfig, RunConfig
+from pipelines.config import EvaluatorConfig, RunConfig, Strict, UserError
 from pipelines.results import ItemResult, StageFailed, StageFailure, Status
+from pipelines.roles import RoleSpec, role_evaluator
 from serving.client import ChatResult, EvalClient, LabelScore, Parsed, StageUsage, Tool, ToolRun
 from serving.templates import REASK, PromptTemplate
 
 
+class FrameworkOptions(Strict):
+    """What every framework's options have: the runtime reads these, typed."""
+
+    max_reasks: int = Field(2, ge=0, le=5, description="re-asks of an unparseable stage")
+
+
 @dataclass
 class RunRequest:
-    """What a command asks for: the evaluator, run-directory options, the study's own options."""
+    """What a command asks for: the default evaluator, per-role replacements, run-directory
+    options, the study's own options."""
 
     evaluator: EvaluatorConfig
     run: RunConfig
     options: Any
+    roles: dict[str, RoleSpec] = field(default_factory=dict)
+
+    def role(self, name: str) -> EvaluatorConfig:
+        """The evaluator of one role: ``--role``/``roles:`` if given, else the default."""
+        try:
+            return role_evaluator(self.evaluator, self.roles.get(name))
+        except ValueError as exc:  # pydantic's ValidationError is one
+            raise UserError(f"role {name}: {' '.join(str(exc).split())[:300]}") from exc
 
 
 @dataclass
@@ -58,15 +78,23 @@ class RunPlan:
     task: str  # the manifest's task name, e.g. "fanoutqa-evidence"
     options: Any  # this run's options
     framework: Framework | None = None  # None: the study itself
-    evaluator: EvaluatorConfig | None = None  # None: the request's evaluator
+    roles: dict[str, EvaluatorConfig] = field(default_factory=dict)  # else the request's
     items: Callable[[dict[str, RunOutcome]], list[Any]] | None = None  # None: the study's items
 
 
 class Study:
     name: ClassVar[str]
     Options: ClassVar[type[BaseModel]]
+    # role -> what it does (the models a user can set with --role ROLE=...)
+    roles: ClassVar[dict[str, str]] = {"judge": "every model stage"}
 
-    def load(self, options: Any) -> list[Any]:
+    def check_roles(self, names: list[str]) -> None:
+        unknown = [n for n in names if n not in self.roles]
+        if unknown:
+            raise UserError(f"--role {unknown[0]}: {self.name} has the roles "
+                            f"{', '.join(self.roles)}")  # fmt: skip
+
+    def load(self, options: Any) -> Sequence[Any]:
         raise NotImplementedError
 
     def check_inputs(self, options: Any) -> None:
@@ -86,8 +114,24 @@ class Study:
 
 
 class Framework(Study):
+    Options: ClassVar[type[FrameworkOptions]]
     prompts: ClassVar[dict[str, PromptTemplate]] = {}
     report_only: ClassVar[frozenset[str]] = frozenset()
+    # stage -> role; "prefix*" matches every stage that starts with prefix. A stage that is not
+    # a model call (a cross-encoder) maps to the name of its backend, e.g. "nli".
+    stage_roles: ClassVar[dict[str, str]] = {"*": "judge"}
+
+    def roles_used(self, options: Any) -> list[str]:
+        """The roles a run with ``options`` asks (only these are opened, and identify it)."""
+        return list(self.roles)
+
+    def role_of(self, stage: str) -> str:
+        if stage in self.stage_roles:
+            return self.stage_roles[stage]
+        for pattern, role in self.stage_roles.items():
+            if pattern.endswith("*") and stage.startswith(pattern[:-1]):
+                return role
+        raise KeyError(f"{self.name}: stage {stage!r} has no declared role")
 
     def plan(self, request: RunRequest, root: Path) -> list[RunPlan]:
         return [RunPlan("", self.name, request.options)]
@@ -123,23 +167,57 @@ class Framework(Study):
 
 @dataclass
 class ItemContext:
-    """One item's view of the runtime: the client with per-item accounting, the run's options
-    and shared resources, and ``details`` that are recorded even when a stage fails."""
+    """One item's view of the runtime: the model of each role (a stage reaches its role's
+    client, with per-item accounting), the run's options and shared resources, and ``details``
+    that are recorded even when a stage fails. Frameworks ask through the stage methods only."""
 
     item_id: str
-    client: EvalClient
+    clients: EvalClient | Mapping[str, EvalClient]  # one client: every role
     options: Any
     resources: Any = None
     run_dir: Path = Path(".")
     max_reasks: int = 2
-    meter: dict[str, StageUsage] = field(default_factory=dict)
+    framework: Framework | None = None  # its stage_roles route each stage
     details: dict[str, Any] = field(default_factory=dict)
+    meter: dict[str, StageUsage] = field(default_factory=dict)
+
+    def _client(self, stage: str) -> EvalClient:
+        if isinstance(self.clients, EvalClient):
+            return self.clients
+        role = self.framework.role_of(stage) if self.framework else "judge"
+        if role not in self.clients:  # a defect: roles_used() misses a role solve() asks
+            raise KeyError(f"stage {stage!r} asks role {role!r}, which this run did not open")
+        return self.clients[role]
 
     async def chat(self, messages: list[dict], *, stage: str, template: str | None = None,
                    **params: Any) -> ChatResult:  # fmt: skip
-        return await self.client.chat(
+        return await self._client(stage).chat(
             messages, stage=stage, template=template, meter=self.meter, **params
         )
+
+    async def attempt(
+        self,
+        template: PromptTemplate,
+        stage: str,
+        parse: Callable[[str], Any],
+        expected: str,
+        values: dict[str, Any],
+        *,
+        regex: str | None = None,
+        max_reasks: int | None = None,
+        **params: Any,
+    ) -> Parsed:
+        """One stage: render, constrain to ``regex`` (vLLM), parse, re-ask with the parse error,
+        account; an output that stays unparseable comes back as such (the caller decides)."""
+        client = self._client(stage)
+        if regex and client.vllm_extensions:
+            extra = dict(params.pop("extra_body", None) or {})
+            params["extra_body"] = extra | {"structured_outputs": {"regex": regex}}
+        return await client.parsed(
+            template.messages(**values), parse, expected,
+            self.max_reasks if max_reasks is None else max_reasks,
+            stage=stage, template=template.id, meter=self.meter, **params,
+        )  # fmt: skip
 
     async def ask(
         self,
@@ -153,25 +231,22 @@ class ItemContext:
         max_reasks: int | None = None,
         **params: Any,
     ) -> Parsed:
-        """One stage: render, constrain to ``regex`` (vLLM), parse, re-ask with the parse error,
-        account; ``StageFailed`` when the output stays unparseable."""
-        if regex and self.client.vllm_extensions:
-            extra = dict(params.pop("extra_body", None) or {})
-            params["extra_body"] = extra | {"structured_outputs": {"regex": regex}}
-        parsed = await self.client.parsed(
-            template.messages(**values), parse, expected,
-            self.max_reasks if max_reasks is None else max_reasks,
-            stage=stage, template=template.id, meter=self.meter, **params,
-        )  # fmt: skip
+        """``attempt``, with ``StageFailed`` when the output stays unparseable."""
+        parsed = await self.attempt(template, stage, parse, expected, values, regex=regex,
+                                    max_reasks=max_reasks, **params)  # fmt: skip
         if not parsed.ok:
             raise StageFailed(stage, parsed)
         return parsed
+
+    def account(self, stage: str, calls: int) -> None:
+        """Work of a stage that is no model request (a cross-encoder's pairs), in the usage."""
+        self.meter.setdefault(stage, StageUsage()).calls += calls
 
     async def choice(self, template: PromptTemplate, choices: list[str], stage: str,
                      values: dict[str, Any], **params: Any) -> Parsed:  # fmt: skip
         """One of ``choices`` (constrained on vLLM), or the unparseable record: the caller
         decides what an unreadable answer means."""
-        return await self.client.choice(
+        return await self._client(stage).choice(
             template.messages(**values), choices, max_reasks=self.max_reasks, stage=stage,
             template=template.id, meter=self.meter, **params,
         )  # fmt: skip
@@ -186,7 +261,7 @@ class ItemContext:
 
     async def label_score(self, template: PromptTemplate, stage: str, values: dict[str, Any],
                           **params: Any) -> LabelScore:  # fmt: skip
-        scored = await self.client.label_score(
+        scored = await self._client(stage).label_score(
             template.messages(**values), max_reasks=self.max_reasks, stage=stage,
             template=template.id, meter=self.meter, **params,
         )  # fmt: skip
@@ -196,7 +271,7 @@ class ItemContext:
 
     async def run_tools(self, messages: list[dict], tools: list[Tool], *, stage: str,
                         template: str | None = None, **params: Any) -> ToolRun:  # fmt: skip
-        return await self.client.run_tools(
+        return await self._client(stage).run_tools(
             messages, tools, stage=stage, template=template, meter=self.meter, **params
         )
 

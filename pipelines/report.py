@@ -48,6 +48,22 @@ def recorded_usage(results: list[ItemResult]) -> dict[str, dict[str, float]]:
     return total
 
 
+def usage_by_role(fw: Any, usage: dict[str, dict[str, Any]],
+                  roles: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:  # fmt: skip
+    """Per-stage usage summed per role (the framework's stage_roles), each with its model."""
+    out: dict[str, dict[str, Any]] = {}
+    for stage, u in usage.items():
+        try:
+            role = fw.role_of(stage)
+        except KeyError:  # a stage an older version recorded
+            role = "unknown"
+        into = out.setdefault(role, {"model": (roles.get(role) or {}).get("request_model"),
+                                     **dict.fromkeys(USAGE_KEYS, 0)})  # fmt: skip
+        for key in USAGE_KEYS:
+            into[key] += u.get(key, 0)
+    return out
+
+
 def print_summary(summary: dict[str, Any], out: Console) -> None:
     title = f"{summary['task']}: {summary['recorded']}/{summary['items']} recorded"
     if summary.get("partial"):
@@ -68,6 +84,17 @@ def print_summary(summary: dict[str, Any], out: Console) -> None:
             for stage, u in usage.items():
                 stages.add_row(stage, *(str(round(u.get(k, 0))) for k in USAGE_KEYS))
             out.print(stages)
+    by_role = summary.get("usage_by_role") or {}
+    if by_role:
+        roles = Table("role", "model", *(k.replace("_", " ") for k in USAGE_KEYS),
+                      title="model usage by role")  # fmt: skip
+        for role, u in by_role.items():
+            roles.add_row(role, str(u.get("model") or "-"),
+                          *(str(round(u.get(k, 0))) for k in USAGE_KEYS))  # fmt: skip
+        out.print(roles)
+    for pair in summary.get("self_judging") or []:
+        out.print(f"self-judging: the {pair['judge']} role is the {pair['system']} model "
+                  f"{pair['model']}")  # fmt: skip
 
 
 def report(paths: list[Path], as_json: bool, out: Console) -> None:
@@ -104,9 +131,12 @@ def load_outcome(run_dir: Path):
     manifest = read_manifest(run_dir / MANIFEST)
     fw = framework(manifest["framework"])
     options = fw.Options.model_validate(manifest["options"])
-    results = results_by_id(run_dir / RESULTS)
+    results = list(results_by_id(run_dir / RESULTS))  # parsed once: tables make many passes
     summary = summarise(fw.name, manifest["task"], manifest["items"], results)
     summary["usage_recorded"] = recorded_usage(results)
+    summary["usage_by_role"] = usage_by_role(fw, summary["usage_recorded"],
+                                             manifest.get("roles") or {})  # fmt: skip
+    summary["self_judging"] = manifest.get("self_judging") or []
     return RunOutcome(run_dir, results, fw.aggregate(results, options), summary, fw)
 
 

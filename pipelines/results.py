@@ -9,6 +9,7 @@ status, or an unparseable item without saying which stage failed and what it sai
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Iterable
 from typing import Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -51,6 +52,19 @@ class ItemResult(BaseModel):
         if self.status in ("unparseable", "error") and self.failure is None:
             raise ValueError(f"item {self.id!r}: a {self.status} item names its failing stage")
         return self
+
+
+def not_scored(
+    records: Iterable[ItemResult], score: Callable[[ItemResult], float | None] | None = None
+) -> dict[str, int]:
+    """The one definition of "not scored" in every framework's tables: per status, how many
+    records the table gives no score (``score(record)``, by default the record's own, is
+    None). Statuses without such a record are left out. They stay counted, never dropped."""
+    counts: dict[str, int] = {}
+    for record in records:
+        if (record.score if score is None else score(record)) is None:
+            counts[record.status] = counts.get(record.status, 0) + 1
+    return counts
 
 
 class StageFailed(Exception):

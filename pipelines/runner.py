@@ -20,13 +20,15 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
 
 from pipelines.config import EvaluatorConfig, UserError, items_digest
-from pipelines.evaluator import model_record, open_evaluator
+from pipelines.evaluator import Servers, model_record, open_evaluator
 from pipelines.lines import JsonlView
 from pipelines.protocol import Framework, ItemContext, RunOutcome, RunPlan, RunRequest, Study
-from pipelines.report import print_summary, summarise
+from pipelines.report import print_summary, summarise, usage_by_role
 from pipelines.results import ItemResult, StageFailed, StageFailure
+from pipelines.roles import self_judging
 from pipelines.runstore import RunStore, RunStoreError, atomic_write_json, fingerprint
 from serving.client import EndpointError, EvalClient, RequestRejected, StageUsage
+from serving.launcher import ServerStartError
 
 STUDY_FILE = "study.json"
 OpenClient = Callable[[EvaluatorConfig, Path], contextlib.AbstractAsyncContextManager[EvalClient]]
@@ -44,14 +46,41 @@ def evaluator_key(ev: EvaluatorConfig) -> str:
     return fingerprint(ev.model_dump(mode="json"))
 
 
-def run_identity(fw: Framework, options: Any, ev: EvaluatorConfig, items: list) -> dict[str, Any]:
+def plan_roles(fw: Framework, plan: RunPlan, request: RunRequest) -> dict[str, EvaluatorConfig]:
+    """The evaluator of every role a run uses: the plan's, else ``--role``, else the default."""
+    return {role: plan.roles.get(role) or request.role(role)
+            for role in fw.roles_used(plan.options)}  # fmt: skip
+
+
+def lead_evaluator(roles: dict[str, EvaluatorConfig], default: EvaluatorConfig) -> EvaluatorConfig:
+    """The first role's evaluator (the default when a run asks no model)."""
+    return next(iter(roles.values()), default)
+
+
+def run_identity(
+    fw: Framework, options: Any, roles: dict[str, EvaluatorConfig], default: EvaluatorConfig,
+    items: Sequence[Any],
+) -> dict[str, Any]:  # fmt: skip
+    """What a run's answers depend on. The first role's evaluator is written flat (so a run with
+    one model keeps the identity it always had); every other role whose model differs is
+    listed under ``roles``."""
+    lead = evaluator_identity(lead_evaluator(roles, default))
+    others = {role: evaluator_identity(ev) for role, ev in roles.items()
+              if evaluator_identity(ev) != lead}  # fmt: skip
     return {
         "items_sha256": items_digest(items),
         "items": len(items),
-        **evaluator_identity(ev),
+        **lead,
+        **({"roles": others} if others else {}),
         "prompts": fw.prompt_ids(options),
         "options": fw.identity(options),
     }
+
+
+def role_records(fw: Framework, roles: dict[str, EvaluatorConfig]) -> dict[str, dict[str, Any]]:
+    """Per role: the model record and the stages it answers (for the manifest and reports)."""
+    stages = {role: sorted(s for s, r in fw.stage_roles.items() if r == role) for role in roles}
+    return {role: model_record(ev) | {"stages": stages[role]} for role, ev in roles.items()}
 
 
 def sigterm_as_interrupt() -> None:
@@ -77,7 +106,7 @@ async def solve_item(fw: Framework, item: Any, ctx: ItemContext) -> ItemResult:
     except RequestRejected as exc:
         return ctx.failed(StageFailure(stage=exc.stage, error=str(exc)), "error",
                           f"the server rejected a request of stage {exc.stage}")  # fmt: skip
-    except (EndpointError, UserError, RunStoreError):
+    except (EndpointError, UserError, RunStoreError, ServerStartError):
         raise
     except Exception as exc:  # a defect on this item: recorded, retried on resume, run goes on
         error = f"{type(exc).__name__}: {' '.join(str(exc).split())[:500]}"
@@ -86,7 +115,7 @@ async def solve_item(fw: Framework, item: Any, ctx: ItemContext) -> ItemResult:
 
 
 async def run_items(
-    items: list[Any],
+    items: Sequence[Any],
     solve: Callable[[Any], Any],
     store: RunStore,
     *,
@@ -149,10 +178,9 @@ def usage_since(client: EvalClient, before: dict[str, StageUsage]) -> dict[str, 
 class Evaluators:
     """Clients opened on demand, one per distinct evaluator, closed after their last run."""
 
-    def __init__(self, open_client: OpenClient, remaining: list[str]):
+    def __init__(self, open_client: OpenClient, remaining: list[set[str]]):
         self.open_client = open_client
-        self.remaining = remaining  # evaluator key of every run still to come, in order
-        self.stack = contextlib.AsyncExitStack()
+        self.remaining = remaining  # evaluator keys of every run still to come, in order
         self.open: dict[str, tuple[EvalClient, contextlib.AsyncExitStack]] = {}
 
     async def client(self, key: str, ev: EvaluatorConfig, run_dir: Path) -> EvalClient:
@@ -162,9 +190,10 @@ class Evaluators:
             self.open[key] = (client, stack)
         return self.open[key][0]
 
-    async def done_with(self, key: str) -> None:
+    async def done_with_run(self) -> None:
         self.remaining.pop(0)
-        if key in self.open and key not in self.remaining:
+        later = set().union(*self.remaining)
+        for key in [k for k in self.open if k not in later]:
             _, stack = self.open.pop(key)
             await stack.aclose()
 
@@ -174,7 +203,7 @@ class Evaluators:
         self.open.clear()
 
 
-def study_root(study: Study, request: RunRequest, items: list) -> Path:
+def study_root(study: Study, request: RunRequest, items: Sequence[Any]) -> Path:
     if request.run.run_dir:
         return Path(request.run.run_dir)
     identity = {
@@ -183,6 +212,8 @@ def study_root(study: Study, request: RunRequest, items: list) -> Path:
         "evaluator": evaluator_identity(request.evaluator),
         "options": request.options.model_dump(mode="json"),
     }
+    if request.roles:  # a run with other models per role is another run
+        identity["roles"] = {r: s.model_dump(mode="json") for r, s in sorted(request.roles.items())}
     return Path("runs") / f"{study.name}-{fingerprint(identity)}"
 
 
@@ -199,14 +230,18 @@ def execute(
     ``open_client(evaluator, run_dir)`` opens the client of an evaluator (default: connect to
     the endpoint or start vLLM; tests pass a scripted client here).
     """
+    study.check_roles(list(request.roles))
     items = study.load(request.options)
     study.check_inputs(request.options)
     root = study_root(study, request, items)
     plans = study.plan(request, root)
+    roles = [plan_roles(p.framework or study, p, request) for p in plans]  # type: ignore[arg-type]
     cache = None if no_cache else request.run.cache
-    opener = open_client or (lambda ev, run_dir: open_evaluator(ev, run_dir, cache))
+    if open_client is None:
+        servers = Servers([ev for found in roles for ev in found.values()])
+        open_client = lambda ev, run_dir: open_evaluator(ev, run_dir, cache, servers)  # noqa: E731
     sigterm_as_interrupt()
-    outcomes = asyncio.run(_execute(study, request, items, plans, root, opener, quiet))
+    outcomes = asyncio.run(_execute(study, request, items, plans, roles, root, open_client, quiet))
     combined = study.combine(outcomes, request.options)
     if len(plans) > 1 or combined is not None:
         atomic_write_json(root / STUDY_FILE, {
@@ -218,59 +253,85 @@ def execute(
     return outcomes
 
 
-async def _execute(study, request, items, plans, root, opener, quiet) -> dict[str, RunOutcome]:
-    keys = [evaluator_key(p.evaluator or request.evaluator) for p in plans]
-    evaluators = Evaluators(opener, list(keys))
+async def _execute(study, request, items, plans, roles, root, opener, quiet):
+    keys = [{evaluator_key(ev) for ev in found.values()} for found in roles]
+    evaluators = Evaluators(opener, keys)
     resources: dict[str, Any] = {}
     outcomes: dict[str, RunOutcome] = {}
     try:
-        for plan, key in zip(plans, keys, strict=True):
+        for plan, plan_roles_ in zip(plans, roles, strict=True):
             run_items_ = plan.items(outcomes) if plan.items else items
             outcomes[plan.key] = await _run_one(
-                study, request, plan, key, run_items_, root, evaluators, resources, quiet
+                study, request, plan, plan_roles_, run_items_, root, evaluators, resources, quiet
             )
-            await evaluators.done_with(key)
+            await evaluators.done_with_run()
     finally:
         await evaluators.aclose()
     return outcomes
 
 
-async def _run_one(study, request, plan: RunPlan, key, items, root, evaluators, resources, quiet):
+async def _open_roles(evaluators: Evaluators, roles: dict[str, EvaluatorConfig], run_dir: Path):
+    """One client per distinct evaluator; roles that resolve to the same one share it."""
+    return {role: await evaluators.client(evaluator_key(ev), ev, run_dir)
+            for role, ev in roles.items()}  # fmt: skip
+
+
+def _usage_since(clients: dict[str, EvalClient], before: dict[int, dict[str, StageUsage]]):
+    usage: dict[str, dict[str, Any]] = {}
+    for client in {id(c): c for c in clients.values()}.values():
+        for stage, delta in usage_since(client, before[id(client)]).items():
+            into = usage.setdefault(stage, dict.fromkeys(delta, 0))
+            for k, v in delta.items():
+                into[k] = round(into.get(k, 0) + v, 6)
+    return usage
+
+
+async def _run_one(study, request, plan: RunPlan, roles, items, root, evaluators, resources, quiet):
     fw: Framework = plan.framework or study
-    ev = plan.evaluator or request.evaluator
+    lead = lead_evaluator(roles, request.evaluator)
+    judged_by_itself = self_judging(roles)
     store = RunStore(root / plan.key if plan.key else root)
     store.open(
-        framework=fw.name, task=plan.task, config=run_identity(fw, plan.options, ev, items),
-        options=plan.options.model_dump(mode="json"), models=model_record(ev),
+        framework=fw.name, task=plan.task,
+        config=run_identity(fw, plan.options, roles, request.evaluator, items),
+        options=plan.options.model_dump(mode="json"), models=model_record(lead),
+        roles=role_records(fw, roles), self_judging=judged_by_itself,
         prompts=fw.prompt_ids(plan.options), items=len(items),
     )  # fmt: skip
     console.print(f"run directory: {store.dir}")
+    for pair in judged_by_itself:
+        console.print(
+            f"note: the {pair['judge']} role uses the {pair['system']} model {pair['model']} "
+            f"(self-judging); --role {pair['judge']}=MODEL sets another"
+        )
     ids = item_ids(items)
     pending = store.pending(ids)
     todo = select(items, [k for k, i in enumerate(ids) if i in pending])
     started, usage = time.time(), {}
     if todo:  # nothing missing: no model is started, no resource loaded
-        client = await evaluators.client(key, ev, store.dir)
+        clients = await _open_roles(evaluators, roles, store.dir)
         resource_key = f"{fw.name}:{plan.options.model_dump_json()}"
         if resource_key not in resources:
-            run_request = RunRequest(ev, request.run, plan.options)
+            run_request = RunRequest(lead, request.run, plan.options, request.roles)
             resources[resource_key] = await asyncio.to_thread(fw.setup, run_request, root)
-        before = copy.deepcopy(client.usage)
-        max_reasks = getattr(plan.options, "max_reasks", 2)
+        before = {id(c): copy.deepcopy(c.usage) for c in clients.values()}
+        max_reasks = plan.options.max_reasks
 
         async def solve(item):
-            ctx = ItemContext(str(item.id), client, plan.options, resources[resource_key],
-                              store.dir, max_reasks)  # fmt: skip
+            ctx = ItemContext(str(item.id), clients, plan.options, resources[resource_key],
+                              store.dir, max_reasks, fw)  # fmt: skip
             return await solve_item(fw, item, ctx)
 
-        await run_items(todo, solve, store, workers=ev.concurrency, show_progress=not quiet,
+        await run_items(todo, solve, store, workers=lead.concurrency, show_progress=not quiet,
                         total=len(items))  # fmt: skip
-        usage = usage_since(client, before)
-    # id order: tables (bootstrap intervals too) equal what `report` rebuilds from disk
-    results = store.results(sorted(ids))
+        usage = _usage_since(clients, before)
+    # parsed once, in id order: tables (bootstrap intervals too) equal what `report` rebuilds
+    results = list(store.results(sorted(ids)))
     tables = fw.aggregate(results, plan.options)
     summary = summarise(fw.name, plan.task, len(items), results)
     summary |= {"usage_this_invocation": usage,
+                "usage_by_role": usage_by_role(fw, usage, store.manifest().get("roles", {})),
+                "self_judging": judged_by_itself,
                 "seconds_this_invocation": round(time.time() - started, 3)}  # fmt: skip
     store.write_summary(summary)
     name = fw.tables_file(plan.options)

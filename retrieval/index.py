@@ -44,7 +44,12 @@ class SearchIndex:
         # pread on one descriptor: random access that is safe from several threads at once
         self._fd = os.open(path / "chunks.jsonl", os.O_RDONLY)
         self._size = os.fstat(self._fd).st_size
-        self.bm25 = self.tokenizer = self.faiss = self.embeddings = self._encoder = None
+        # optional parts, present when the index has them (faiss and bm25s are untyped)
+        self.bm25: Any = None
+        self.tokenizer: Any = None
+        self.faiss: Any = None
+        self.embeddings: Any = None
+        self._encoder: Any = None
 
     # ---- loading ---------------------------------------------------------------------------
 
@@ -99,7 +104,8 @@ class SearchIndex:
                                   f"manifest {self.n}")  # fmt: skip
             params = self.manifest["faiss"]
             if "efSearch" in params:
-                faiss.downcast_index(self.faiss).hnsw.efSearch = params["efSearch"]
+                graph: Any = faiss.downcast_index(self.faiss)
+                graph.hnsw.efSearch = params["efSearch"]
             if "nprobe" in params:
                 faiss.extract_index_ivf(self.faiss).nprobe = params["nprobe"]
 
@@ -208,7 +214,7 @@ class SearchIndex:
             r, s = rows[qi], scores[qi]
             keep = r >= 0
             r, s = r[keep], s[keep]
-            if query_vectors is not None:
+            if query_vectors is not None and mmr is not None:
                 r, s = mmr_select(query_vectors[qi], np.asarray(self.embeddings[r]), r, s,
                                   k=len(r), lam=mmr)  # fmt: skip
             hits = self._hits(r, s)

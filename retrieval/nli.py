@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -148,7 +148,7 @@ class NliBatcher:
     def __init__(self, model: PairScorer, max_pairs: int | None = None, wait: float | None = None):
         # a scorer with a fixed cost per call (Ray actors start per call) asks for bigger pools
         self.model = model
-        self.max_pairs = max_pairs or getattr(model, "pool_pairs", 512)
+        self.max_pairs: int = max_pairs or int(getattr(model, "pool_pairs", 512))
         self.wait = getattr(model, "pool_wait", 0.005) if wait is None else wait
         self.pending: list[tuple[list[tuple[str, str]], asyncio.Future]] = []
         self.worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="nli")
@@ -172,7 +172,8 @@ class NliBatcher:
         await asyncio.sleep(self.wait)  # let the other items in flight add their pairs
         loop = asyncio.get_running_loop()
         while self.pending:
-            taken, size = [], 0
+            taken: list[tuple[list[Any], asyncio.Future]] = []
+            size = 0
             while self.pending and (not taken or size + len(self.pending[0][0]) <= self.max_pairs):
                 pairs, future = self.pending.pop(0)
                 taken.append((pairs, future))

@@ -107,7 +107,7 @@ class RayNliScorer(NliDecisions):
         # one GPU per actor when the model runs on CUDA (--nli-device cuda), unless told
         self.gpus_per_actor = gpus_per_actor or (1 if device.startswith("cuda") else 0)
         self.tokenizer = AutoTokenizer.from_pretrained(model)  # to plan; the model stays remote
-        self.executions, self.workers = 0, set()
+        self.executions, self.workers = 0, set[str]()
         settings = {"actors": actors, "gpus_per_actor": self.gpus_per_actor,
                     "model": {"model": model, "device": device, "max_length": max_length,
                               "dynamic_padding": dynamic_padding}}  # fmt: skip

@@ -158,7 +158,7 @@ def label_score_from_logprobs(
                 probs[label] = probs.get(label, 0.0) + math.exp(alt["logprob"])
         mass = sum(probs.values())
         distribution = {k: v / mass for k, v in probs.items()}
-        score = sum(value(k) * p for k, p in distribution.items())  # type: ignore[operator]
+        score = sum((value(k) or 0.0) * p for k, p in distribution.items())  # labels only
         return LabelScore("ok", score, distribution, mass, text)
     return LabelScore("unparseable", output=text, error=f"no label of {list(labels)} in output")
 
@@ -192,7 +192,7 @@ class Tool:
     name: str
     description: str
     parameters: type[BaseModel]
-    function: Callable[[BaseModel], Any]
+    function: Callable[[Any], Any]  # takes a validated instance of ``parameters``
 
     def spec(self) -> dict[str, Any]:
         return {
@@ -332,7 +332,7 @@ class EvalClient:
                     try:
                         response = await self._openai.chat.completions.create(
                             model=model,
-                            messages=messages,
+                            messages=messages,  # type: ignore[arg-type]
                             extra_body=body.get("extra_body"),
                             **known,
                         )

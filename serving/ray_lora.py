@@ -45,7 +45,7 @@ class PathAdapterLoader(LoraModelLoader):
 class AdapterServer(LLMServer):
     """Serve LLM's server with the path loader."""
 
-    async def __init__(self, llm_config: Any, *, engine_cls: Any = None,
+    async def __init__(self, llm_config: Any, *, engine_cls: Any = None,  # type: ignore[misc]
                        model_downloader: Any = None):  # fmt: skip
         await super().__init__(llm_config, engine_cls=engine_cls,
                                model_downloader=model_downloader or PathAdapterLoader)  # fmt: skip

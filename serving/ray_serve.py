@@ -200,13 +200,14 @@ def _replica_pids() -> list[int]:
     adapters are served)."""
     import ray
 
-    pids = []
+    pids: list[int] = []
     for entry in ray.util.list_named_actors(all_namespaces=True):
         name = entry["name"] if isinstance(entry, dict) else entry
         namespace = entry.get("namespace", "serve") if isinstance(entry, dict) else "serve"
         if "SERVE_REPLICA" in name and ("LLMServer" in name or "AdapterServer" in name):
             actor = ray.get_actor(name, namespace=namespace)
-            pids.append(ray.get(actor.__ray_call__.remote(lambda _self: os.getpid())))
+            pid: Any = ray.get(actor.__ray_call__.remote(lambda _self: os.getpid()))
+            pids.append(int(pid))
     return sorted(pids)
 
 
@@ -253,6 +254,7 @@ class RayReplicas:
         return self
 
     def _receive(self, timeout: float) -> dict[str, Any]:
+        assert self.child is not None, "the app's driver was never started"
         answer = self.child.receive(timeout)
         return {"error": self.child.ended()} if answer is None else answer[0]
 
@@ -269,6 +271,7 @@ class RayReplicas:
         return self.child is not None and self.child.alive()
 
     def replica_pids(self) -> list[int]:
+        assert self.child is not None, "the app's driver was never started"
         self.child.send({"pids": True})
         return self._receive(120).get("pids", [])
 

@@ -8,6 +8,7 @@ name requests must carry.
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -118,6 +119,13 @@ def lora_adapter(name: str, path: str, base: str, served: str | None = None) -> 
     return LoraAdapter(name=name, path=path, base=base, rank=rank)
 
 
+def known_adapter(name: str, served: Collection[str] = (), explicit: str | None = None) -> bool:
+    """An adapter name this installation knows: served by the run, registered, or a preset."""
+    from serving.adapters import registered
+
+    return name == explicit or name in served or name in ADAPTER_PRESETS or bool(registered(name))
+
+
 def resolve(model: str) -> ModelPreset:
     """Preset by name, or an ad-hoc preset for a local directory / hub id."""
     if model in PRESETS:
@@ -159,18 +167,36 @@ class ModelRef:
     adapter: str | None = None
 
     @classmethod
-    def parse(cls, spec: str, endpoint: str | None = None, adapter: str | None = None) -> ModelRef:
-        """``MODEL`` or ``MODEL:ADAPTER``; an explicit ``adapter`` must agree with the suffix."""
+    def parse(
+        cls,
+        spec: str,
+        endpoint: str | None = None,
+        adapter: str | None = None,
+        served: Collection[str] = (),
+    ) -> ModelRef:
+        """``MODEL`` or ``MODEL:ADAPTER``; an explicit ``adapter`` must agree with the suffix.
+
+        A name with a colon is a model (``llama3:8b`` at an endpoint) unless the part after
+        the colon is an adapter we know: one this run serves (``served``), one registered with
+        ``finetune claims register``, an adapter preset, or the explicit ``adapter``."""
         model, suffix = spec, None
         if not Path(spec).exists() and ":" in spec:
             head, _, tail = spec.rpartition(":")
-            if head and tail and "/" not in tail:
+            if head and tail and "/" not in tail and known_adapter(tail, served, adapter):
                 model, suffix = head, tail
         if suffix and adapter and suffix != adapter:
             raise UnknownModelError(
                 f"model {spec!r} names adapter {suffix!r} but --adapter says {adapter!r}"
             )
         return cls(model=model, endpoint=endpoint, adapter=adapter or suffix)
+
+    def split_at(self, served: Collection[str]) -> ModelRef:
+        """At an endpoint, ``NAME:TAG`` that the endpoint lists only as ``TAG`` beside
+        ``NAME`` is base ``NAME`` with adapter ``TAG``; anything else stays as it is."""
+        head, colon, tail = self.model.rpartition(":")
+        if self.adapter or not colon or self.model in served or tail not in served:
+            return self
+        return ModelRef(head, self.endpoint, tail)
 
     @property
     def preset(self) -> ModelPreset | None:

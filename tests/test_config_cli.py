@@ -178,9 +178,29 @@ def test_adapter_that_is_not_served_is_refused_before_anything_starts(tmp_path, 
         assert not (tmp_path / "r").exists()
 
 
-def test_model_adapter_address_parses_into_model_and_adapter():
-    ev = EvaluatorConfig(model="Qwen2.5-7B-Instruct:claims", endpoint="http://127.0.0.1:1/v1")
+def test_a_colon_names_an_adapter_only_when_that_adapter_is_known(tmp_path):
+    import json
+
+    from serving.adapters import register
+    from serving.registry import ModelRef
+
+    url = "http://127.0.0.1:1/v1"
+    # An endpoint's model named with a colon (ollama style) is a model, not model + adapter.
+    ev = EvaluatorConfig(model="llama3:8b", endpoint=url)
+    assert (ev.model, ev.adapter) == ("llama3:8b", None)
+    # The adapter named explicitly, or registered here, makes the suffix an adapter.
+    ev = EvaluatorConfig(model="Qwen2.5-7B-Instruct:claims", endpoint=url, adapter="claims")
     assert (ev.model, ev.adapter) == ("Qwen2.5-7B-Instruct", "claims")
+    source = tmp_path / "adapter"
+    source.mkdir()
+    (source / "adapter_config.json").write_text(json.dumps({"r": 8}))
+    register("known-claims", source)
+    ev = EvaluatorConfig(model="Qwen2.5-7B-Instruct:known-claims", endpoint=url)
+    assert (ev.model, ev.adapter) == ("Qwen2.5-7B-Instruct", "known-claims")
+    # At an endpoint, what the server lists decides (checked when the client opens).
+    ref = ModelRef("base:tag", url)
+    assert ref.split_at(["base", "tag"]) == ModelRef("base", url, "tag")
+    assert ref.split_at(["base:tag", "tag"]) == ref and ref.split_at(["base"]) == ref
 
 
 def test_report_refuses_what_is_not_a_run(tmp_path):

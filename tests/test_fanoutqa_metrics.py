@@ -206,7 +206,8 @@ def test_table_row_counts_unanswered_and_reports_bleurt_absent():
     row = table_row([result("ok", "Paris", "Paris."), result("abstained", ["x", "y"], None)])
     assert row["loose"] == 0.5 and row["strict"] == 0.5  # the unanswered question scores 0
     assert row["bleurt"] is None and row["gpt_judge"] is None
-    assert row["not_scored"]["abstained"] == 1 and row["setting"] == "closed-book"
+    # the unanswered question is scored (0 everywhere, as the original): counted, not "not scored"
+    assert row["unanswered"] == 1 and row["not_scored"] == {} and row["setting"] == "closed-book"
 
 
 def test_an_answer_over_spacys_limit_is_scored_in_pieces(monkeypatch):

@@ -89,7 +89,7 @@ def test_summary_by_hand():
         "false_positive_rate": pytest.approx(1 / 3),
     }
     assert summary["table4"]["recall"] == 0.5
-    assert summary["not_scored"] == {"unparseable": 1, "abstained": 0, "error": 0}
+    assert summary["not_scored"] == {"unparseable": 1}
 
 
 def test_breakdowns_group_by_dimension_and_quality():

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pipelines.config import UserError
+from pipelines.config import EvaluatorConfig, RunConfig, UserError
 from pipelines.icat import IcatOptions
 from pipelines.icat.data import load_queries
 from pipelines.icat.framework import Icat, parse_aspects, parse_claims
@@ -20,6 +20,9 @@ from pipelines.icat.scoring import (
     macro_average,
     parse_alignment,
 )
+from pipelines.protocol import RunRequest
+from pipelines.roles import RoleSpec
+from pipelines.runner import execute, fixed_client
 from serving.parsing import ParseError
 from tests.conftest import SHARED
 from tests.support.scripted import ScriptedClient, by_text, field_of
@@ -178,12 +181,22 @@ def test_icat_m_s_a_and_beta_sweep_by_hand(tmp_path):
                           qrels=paths["qrels"], snippets=paths["snippets"], nli_model="stand-in",
                           variants=["m", "s", "a"], betas=[1.0, 2.0])  # fmt: skip
     client = ScriptedClient(SCRIPTS)
+    extractor = ScriptedClient(SCRIPTS, adapter="claims-lora")
     framework = StandInIcat(P_ENTAIL)
-    options = options.model_copy(update={"extractor": "claims-lora"})
-    outcome = run(framework, options, client, tmp_path / "run")[""]
-    # Claims come from the extractor adapter; every other stage from the evaluator model.
-    assert {c.model for c in client.stage_calls("claims")} == {"claims-lora"}
-    assert {c.model for c in client.calls if c.stage != "claims"} == {"scripted"}
+    evaluator = EvaluatorConfig(model="scripted", endpoint="http://127.0.0.1:9/v1")
+    request = RunRequest(evaluator, RunConfig(run_dir=tmp_path / "run", cache=None), options,
+                         roles={"extract": RoleSpec(adapter="claims-lora")})  # fmt: skip
+    by_adapter = {None: client, "claims-lora": extractor}
+
+    def open_client(ev, run_dir):
+        return fixed_client(by_adapter[ev.adapter])
+
+    outcome = execute(framework, request, quiet=True, open_client=open_client)[""]
+    # Claims come from the extractor adapter (the extract role); every other stage from the
+    # evaluator model (the judge role).
+    assert {c.model for c in extractor.calls} == {"claims-lora"} and extractor.calls
+    assert {c.stage for c in extractor.calls} == {"claims"}
+    assert {c.model for c in client.calls} == {"scripted"} and not client.stage_calls("claims")
     records = {r.id: r for r in outcome.results}
     a1 = records["A:q1"]
     # C1: s1 0.3, s2 0.7 -> grounded by s2 (rank 1, doc d1), not the more probable s3.

@@ -97,7 +97,10 @@ def test_icat_all_variants_on_real_parts_resume_after_sigkill(vllm_server, icat_
             for found in details["variants"].values():
                 assert set(found["icat"]) == {"1.0", "2.0"}
     manifest = json.loads((run_dir / "manifest.json").read_text())
-    assert manifest["options"]["extractor"] == ADAPTER
+    # Two roles on one server: claims from the adapter, aspects and alignment from the base.
+    assert manifest["roles"]["extract"]["adapter"] == ADAPTER
+    assert manifest["roles"]["judge"]["adapter"] is None
+    assert manifest["roles"]["extract"]["stages"] == ["claims"]
     statuses = [r["status"] for r in records]
     assert "ok" in statuses, sorted((r["status"], r.get("failure")) for r in records)
     table = json.loads((run_dir / "icat.json").read_text())

@@ -17,6 +17,7 @@ from pipelines.comprehensiveness.meta import (
     wc_match,
     wikicontradict_items,
 )
+from pipelines.comprehensiveness.rules import rules_for
 from pipelines.config import UserError
 from pipelines.results import ItemResult, StageFailure
 from tests.conftest import SHARED
@@ -48,7 +49,7 @@ def test_lmr_wc_by_hand():
         rec(0.5, "PC"), rec(0.0, "PC"), rec(None, "PC", "undefined"),  # 1, 0, 0
         rec(0.0, "I"), rec(None, "I", "unparseable"),  # 1, 0
     ]  # fmt: skip
-    result = lmr_wikicontradict(records, resamples=2000, protocol="spec")
+    result = lmr_wikicontradict(records, resamples=2000, rules=rules_for("spec"))
     assert result["lmr"] == pytest.approx(3 / 7)
     assert result["n"] == 7  # failures stay in the denominator
     assert result["by_label"]["C"] == {"n": 2, "lmr": 0.5}
@@ -97,7 +98,7 @@ def test_lmr_conflictbank_spec_by_hand():
 
     rs = records("1", "RD", {"all": 0.25, "D": 1.0, "C1": 0.0, "C2": 0.0, "C3": 0.0})
     rs += records("1", "RC", {"all": 1.0, "D": 1.0, "C1": 0.0, "C2": 0.5, "C3": None})
-    result = lmr_conflictbank(rs, resamples=1000, protocol="spec")
+    result = lmr_conflictbank(rs, resamples=1000, rules=rules_for("spec"))
     # RD: strict 1, lax 1. RC: strict = (0 + 0 + 0 + 0 + 0)/5 = 0; lax: C_X > D? none -> 0.
     assert result["strict"] == pytest.approx(0.5)
     assert result["lax"] == pytest.approx(0.5)
@@ -232,7 +233,7 @@ def test_conflictbank_loader_paper_one_joint_item_per_claim(tmp_path):
 def test_conflictbank_loader_spec_runs_each_text_alone(tmp_path):
     path = tmp_path / "cb.jsonl"
     path.write_text(json.dumps(cb_row()) + "\n")
-    by_id = {i.id: i for i in conflictbank_items(path, protocol="spec")}
+    by_id = {i.id: i for i in conflictbank_items(path, rules=rules_for("spec"))}
     assert len(by_id) == 10  # 2 claims x (all + 4 single texts)
     assert len(by_id["1:RD:all"].contexts) == 4
     assert by_id["1:RC:C2"].contexts == ["In 2031 B founded X."]

@@ -16,6 +16,7 @@ from pipelines.comprehensiveness.meta import lmr_wikicontradict
 from pipelines.comprehensiveness.nli_method import LlmNli
 from pipelines.comprehensiveness.parsers import parse_answers
 from pipelines.comprehensiveness.qa_method import relation_by_probability
+from pipelines.comprehensiveness.rules import rules_for
 from pipelines.comprehensiveness.units import compare_quantities
 from pipelines.protocol import ItemContext
 from pipelines.results import ItemResult, StageFailure
@@ -331,10 +332,10 @@ def test_paper_lmr_thresholds_and_undefined_as_zero():
         wc(5e-6, "I"),  # below 1e-5: I in the paper; spec: 0 < S < 1 is PC
         wc(0.5, "PC"),  # both match
     ]
-    paper = lmr_wikicontradict(records, resamples=1000, protocol="paper")
+    paper = lmr_wikicontradict(records, resamples=1000, rules=rules_for("paper"))
     assert paper["lmr"] == 1.0 and paper["undefined_scored_as_zero"] == 1
     assert paper["ci95"]["method"].startswith("degenerate")
-    spec = lmr_wikicontradict(records, resamples=1000, protocol="spec")
+    spec = lmr_wikicontradict(records, resamples=1000, rules=rules_for("spec"))
     assert spec["lmr"] == 0.25 and "undefined_scored_as_zero" not in spec
 
 
@@ -342,8 +343,9 @@ def test_eli5_mean_counts_undefined_answers_as_zero_in_paper():
     failed = ItemResult(id="u", status="unparseable", explanation="by hand",
                         failure=StageFailure(stage="coverage", error="x"))  # fmt: skip
     records = [wc(0.5, "-"), wc(None, "-"), failed]
-    paper = _mean_with_ci(records, "paper")
-    assert (paper["n"], paper["mean"], paper["not_scored"]) == (2, 0.25, 1)
+    paper = _mean_with_ci(records, rules_for("paper"))
+    assert (paper["n"], paper["mean"], paper["not_scored"]) == (2, 0.25, {"unparseable": 1})
     assert paper["undefined_scored_as_zero"] == 1
-    spec = _mean_with_ci(records, "spec")
-    assert (spec["n"], spec["mean"], spec["not_scored"]) == (1, 0.5, 2)
+    spec = _mean_with_ci(records, rules_for("spec"))
+    assert (spec["n"], spec["mean"]) == (1, 0.5)
+    assert spec["not_scored"] == {"undefined": 1, "unparseable": 1}

@@ -9,18 +9,15 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from pipelines.comprehensiveness.formats import Formats
+from pipelines.comprehensiveness.rules import Protocol, Rules, rules_for
 from pipelines.config import RecordId
-from pipelines.protocol import ItemContext
+from pipelines.protocol import FrameworkOptions, ItemContext
 from serving.client import Parsed, marker_label_scores
 from serving.templates import load_dir
 
 PROMPTS = load_dir(Path(__file__).parent / "prompts")
 Method = Literal["nli", "qa", "e2e"]
 Dataset = Literal["items", "wikicontradict", "conflictbank"]
-# paper: the rules of the authors' code that produced the paper's numbers (SPEC §1 "Reference
-# behaviour"); spec: a plain reading of the paper (ordered NLI pairs each an edge, no
-# response-response comparison, unreadable stages recorded unparseable). README compares them.
-Protocol = Literal["paper", "spec"]
 
 
 class Item(BaseModel):
@@ -38,9 +35,7 @@ class Item(BaseModel):
         return dict(self.model_extra or {})
 
 
-class ComprehensivenessOptions(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
+class ComprehensivenessOptions(FrameworkOptions):
     input: Path | None = Field(None, description="items JSONL, or the meta-evaluation data file")
     dataset: Dataset = Field("items", description="items | wikicontradict | conflictbank")
     limit: int | None = Field(None, ge=1, description="only the first N data rows")
@@ -65,7 +60,6 @@ class ComprehensivenessOptions(BaseModel):
     )
     prune_model: str = Field("default", description="sentence-transformers model for pruning")
     tools: bool = Field(False, description="comparator may call the units tool (server tool calls)")
-    max_reasks: int = Field(2, ge=0, le=5)
     list_max_tokens: int = Field(2048, ge=64, description="max tokens for list-producing stages")
     list_max_items: int = Field(25, ge=1, le=200, description="most items per list (vLLM)")
     line_max_chars: int = Field(200, ge=20, le=2000, description="longest list line (vLLM)")
@@ -77,18 +71,14 @@ class ComprehensivenessOptions(BaseModel):
             raise ValueError("nli_backend cross-encoder needs nli_model (checkpoint name or path)")
         if self.nli_actors and self.nli_backend != "cross-encoder":
             raise ValueError("nli_actors: Ray actors run the cross-encoder (--nli-backend)")
-        if self.prune_below is not None and self.protocol == "paper":
+        if self.prune_below is not None and not self.rules.pruning_allowed:
             raise ValueError("prune_below: pruning is off in the paper protocol (use spec)")
         return self
 
-
-def paper(options: ComprehensivenessOptions) -> bool:
-    return options.protocol == "paper"
-
-
-def summarises(options: ComprehensivenessOptions) -> bool:
-    """The reference summarises before every method; the spec protocol only when asked."""
-    return options.protocol == "paper" if options.summarise is None else options.summarise
+    @property
+    def rules(self) -> Rules:
+        """The rules ``protocol`` (and ``summarise``) choose; one object per combination."""
+        return rules_for(self.protocol, self.summarise)
 
 
 LABELS = {str(i): float(i) for i in range(1, 6)}

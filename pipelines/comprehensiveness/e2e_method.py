@@ -5,16 +5,17 @@ from __future__ import annotations
 
 from typing import Any
 
-from pipelines.comprehensiveness.common import PROMPTS, Item, formats, paper
+from pipelines.comprehensiveness.common import PROMPTS, Item, formats
 from pipelines.comprehensiveness.parsers import parse_coverage
 from pipelines.protocol import ItemContext
 
 
 async def evaluate(ctx: ItemContext, item: Item, contexts: list[str]) -> dict[str, Any]:
     numbered = [text for text in contexts if text.strip()]
-    is_paper = paper(ctx.options)
+    repeats_listed = ctx.options.rules.e2e_repeats_listed
     parsed = await ctx.ask(
-        PROMPTS["coverage"], "coverage", lambda t: parse_coverage(t, len(numbered), is_paper),
+        PROMPTS["coverage"], "coverage",
+        lambda t: parse_coverage(t, len(numbered), repeats_listed),
         "the two lists '[Covered statements]' and '[Uncovered statements]', each line "
         "'- <statement> [<text ids>]'",
         {"query": item.query, "contexts": numbered, "response": item.response},

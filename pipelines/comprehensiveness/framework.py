@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import functools
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -26,7 +27,6 @@ from pipelines.comprehensiveness.common import (
     Item,
     Method,
     summarise_contexts,
-    summarises,
 )
 from pipelines.comprehensiveness.graph import (
     build_graph,
@@ -36,11 +36,13 @@ from pipelines.comprehensiveness.graph import (
     export_graph,
     source_counts,
 )
+from pipelines.comprehensiveness.rules import Rules
 from pipelines.config import SHARED_DATA, EvaluatorConfig, UserError, read_jsonl
 from pipelines.generate import GENERATE, GenerateItem, GenerateOptions
 from pipelines.options import framework_command
 from pipelines.protocol import Framework, ItemContext, RunOutcome, RunPlan, RunRequest, Study
-from pipelines.results import ItemResult
+from pipelines.results import ItemResult, not_scored
+from pipelines.roles import RoleSpec, role_evaluator
 from serving.client import EvalClient
 
 GRAPH_METHODS = {"nli": nli_method.evaluate, "qa": qa_method.evaluate}
@@ -52,14 +54,16 @@ class Comprehensiveness(Framework):
     Options = ComprehensivenessOptions
     prompts = PROMPTS
     report_only = frozenset({"resamples", "nli_device", "nli_actors"})
+    roles = {"judge": "every stage: atoms / questions, relevance, NLI or comparison, E2E"}
+    stage_roles = {nli_method.CROSS_ENCODER_STAGE: "nli", "*": "judge"}
 
-    def load(self, options: ComprehensivenessOptions) -> list[Item]:
+    def load(self, options: ComprehensivenessOptions) -> Sequence[Item]:
         if options.input is None:
             raise UserError("comprehensiveness: no input file given")
         if options.dataset == "wikicontradict":
             return meta.wikicontradict_items(options.input, options.limit)
         if options.dataset == "conflictbank":
-            return meta.conflictbank_items(options.input, options.limit, options.protocol)
+            return meta.conflictbank_items(options.input, options.limit, options.rules)
         return read_jsonl(options.input, Item, limit=options.limit)
 
     def plan(self, request: RunRequest, root: Path) -> list[RunPlan]:
@@ -78,7 +82,7 @@ class Comprehensiveness(Framework):
         options: ComprehensivenessOptions = ctx.options
         ctx.details |= {"method": options.method, "protocol": options.protocol, "meta": item.meta}
         contexts = item.contexts
-        if summarises(options):
+        if options.rules.summarisation:
             contexts = await summarise_contexts(ctx, item.query, item.contexts)
             ctx.details["summaries"] = contexts
         if options.method == "e2e":
@@ -108,8 +112,8 @@ class Comprehensiveness(Framework):
             return None  # plain items: the summary's mean S is the result
         tables = {"dataset": options.dataset, "method": options.method}
         if options.dataset == "wikicontradict":
-            return tables | meta.lmr_wikicontradict(results, options.resamples, options.protocol)
-        return tables | meta.lmr_conflictbank(results, options.resamples, options.protocol)
+            return tables | meta.lmr_wikicontradict(results, options.resamples, options.rules)
+        return tables | meta.lmr_conflictbank(results, options.resamples, options.rules)
 
     def render(self, tables: dict[str, Any], console: Console) -> None:
         meta.print_lmr(tables, console)
@@ -182,7 +186,9 @@ async def evaluate_item(
 
     if options.method == "nli" and nli_judge is None:
         nli_judge = nli_method.make_judge(options)
-    ctx = ItemContext(item.id, client, options, nli_judge, run_dir, options.max_reasks)
+    ctx = ItemContext(
+        item.id, client, options, nli_judge, run_dir, options.max_reasks, COMPREHENSIVENESS
+    )
     return await solve_item(COMPREHENSIVENESS, item, ctx)
 
 
@@ -193,17 +199,25 @@ class Eli5Options(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     input: Path
-    responders: list[str] = Field(default_factory=lambda: ["embedded"], min_length=1)
-    methods: list[Method] = Field(default_factory=lambda: ["qa", "e2e"], min_length=1)
+    responders: list[str] = Field(default_factory=list, description="default: the answer role")
+    methods: list[Method] = Field(default=["qa", "e2e"], min_length=1)
     metric: ComprehensivenessOptions = Field(default_factory=ComprehensivenessOptions)
 
 
 def responder_config(spec: str, base: EvaluatorConfig) -> tuple[str, EvaluatorConfig]:
-    """'MODEL' (started here) or 'MODEL@URL' (a running endpoint)."""
-    model, _, url = spec.partition("@")
-    name = "".join(c if c.isalnum() or c in "-_." else "_" for c in model)
-    update = {"model": model, "endpoint": url or None, "adapter": None, "adapters": {}}
-    return name, EvaluatorConfig.model_validate(base.model_dump() | update)
+    """'MODEL', 'MODEL@URL' or any role spec: the responder's evaluator, and its name as a
+    directory name."""
+    try:
+        evaluator = role_evaluator(base, RoleSpec.model_validate(spec))
+    except ValueError as exc:
+        raise UserError(f"model {spec!r}: {' '.join(str(exc).split())[:300]}") from exc
+    return model_name(evaluator), evaluator
+
+
+def model_name(ev: EvaluatorConfig) -> str:
+    """A model (and adapter) as a directory name."""
+    name = f"{ev.model}:{ev.adapter}" if ev.adapter else ev.model
+    return "".join(c if c.isalnum() or c in "-_." else "_" for c in name)
 
 
 class Eli5(Study):
@@ -212,8 +226,17 @@ class Eli5(Study):
 
     name = "eli5"
     Options = Eli5Options
+    roles = {"answer": "the responders (--responder repeats it)",
+             "judge": "scores every answer's comprehensiveness"}  # fmt: skip
 
-    def load(self, options: Eli5Options) -> list[GenerateItem]:
+    def responders(self, request: RunRequest) -> list[tuple[str, EvaluatorConfig]]:
+        specs = request.options.responders
+        if not specs:
+            answer = request.role("answer")
+            return [(model_name(answer), answer)]
+        return [responder_config(spec, request.evaluator) for spec in specs]
+
+    def load(self, options: Eli5Options) -> Sequence[GenerateItem]:
         questions = read_jsonl(options.input, GenerateItem)
         for q in questions:
             if not q.contexts:
@@ -227,10 +250,9 @@ class Eli5(Study):
         questions = {q.id: q for q in self.load(options)}
         answer_options = GenerateOptions(input=options.input, template="answer_from_texts")
         plans = []
-        for spec in options.responders:
-            name, responder = responder_config(spec, request.evaluator)
+        for name, responder in self.responders(request):
             plans.append(RunPlan(f"answers-{name}", "eli5-answers", answer_options,
-                                 framework=GENERATE, evaluator=responder))  # fmt: skip
+                                 framework=GENERATE, roles={"answer": responder}))  # fmt: skip
             answered = functools.partial(_answered_items, questions, f"answers-{name}", name)
             for method in options.methods:
                 metric = options.metric.model_copy(update={"method": method, "dataset": "items"})
@@ -240,17 +262,16 @@ class Eli5(Study):
 
     def combine(self, outcomes: dict[str, RunOutcome], options: Eli5Options) -> dict[str, Any]:
         table: dict[str, dict[str, Any]] = {}
-        for spec in options.responders:
-            name, _ = responder_config(spec, EvaluatorConfig())
-            answers = outcomes.get(f"answers-{name}")
-            if answers is None:
+        for key, answers in outcomes.items():
+            if not key.startswith("answers-"):
                 continue
+            name = key.removeprefix("answers-")
             answered = sum(r.status == "ok" for r in answers.results)
             row: dict[str, Any] = {"answered": answered, "questions": answers.summary["items"]}
             for method in options.methods:
                 if f"{method}-{name}" in outcomes:
                     results = outcomes[f"{method}-{name}"].results
-                    row[method] = _mean_with_ci(results, options.metric.protocol)
+                    row[method] = _mean_with_ci(results, options.metric.rules)
                     if method in _eli5_paper(name):
                         row[method]["paper"] = _eli5_paper(name)[method]
             table[name] = row
@@ -265,7 +286,8 @@ class Eli5(Study):
             for m in methods:
                 entry = row.get(m, {})
                 if entry.get("mean") is None:
-                    cells.append(f"undefined (n={entry.get('not_scored', 0)})")
+                    unscored = sum(entry.get("not_scored", {}).values())
+                    cells.append(f"undefined ({unscored} not scored)")
                     continue
                 ci = entry["ci95"]
                 paper = f" ({entry['paper']:g})" if "paper" in entry else ""
@@ -284,20 +306,21 @@ def _answered_items(questions: dict[str, GenerateItem], key: str, responder: str
     ]  # fmt: skip
 
 
-def _mean_with_ci(results: list[ItemResult], protocol: str = "paper") -> dict[str, Any]:
+def _mean_with_ci(results: list[ItemResult], rules: Rules = meta.PAPER) -> dict[str, Any]:
     """Mean S with a BCa interval. paper: an undefined answer (nothing relevant in its texts)
     counts as S = 0, as the reference scores it, and is counted; other unscored ones are left
     out and counted."""
-    undefined_as_zero = protocol == "paper"
-    scored = [meta.paper_score(r) if undefined_as_zero else r.score for r in results]
-    scores = [s for s in scored if s is not None]
-    entry: dict[str, Any] = {"n": len(scores), "not_scored": len(results) - len(scores)}
-    if undefined_as_zero:
+
+    def score(r: ItemResult) -> float | None:
+        return meta.table_score(r, rules)
+
+    scores = [s for s in map(score, results) if s is not None]
+    entry: dict[str, Any] = {"n": len(scores), "not_scored": not_scored(results, score)}
+    if rules.undefined_scored_zero:
         entry["undefined_scored_as_zero"] = sum(r.status == "undefined" for r in results)
     if scores:
         entry["mean"] = sum(scores) / len(scores)
-        seed = meta.PAPER_SEED if undefined_as_zero else 0
-        entry["ci95"] = meta.bca_interval(scores, seed=seed).as_dict()
+        entry["ci95"] = meta.bca_interval(scores, seed=rules.bootstrap_seed).as_dict()
     return entry
 
 

@@ -21,8 +21,9 @@ from rich.table import Table
 from scipy import stats
 
 from pipelines.comprehensiveness.common import Item
+from pipelines.comprehensiveness.rules import Rules, rules_for
 from pipelines.config import UserError, iter_jsonl
-from pipelines.results import ItemResult
+from pipelines.results import ItemResult, not_scored
 
 LABELS = {"correct": "C", "partially correct": "PC", "incorrect": "I"}
 SINGLE_CONTEXT_RESPONSES = (1, 2)  # answer1/answer2 were generated from one context only
@@ -59,7 +60,7 @@ def bca_interval(values: Sequence[float], resamples: int = 10_000, seed: int = 0
 # ---- WikiContradict --------------------------------------------------------------------------
 
 
-PAPER_SEED = 42  # the reference's bootstrap seed
+PAPER = rules_for("paper")
 EPSILON = 1e-5  # the reference's thresholds: C if S > 1 - eps, PC if S > eps, else I
 
 
@@ -78,6 +79,11 @@ def wc_predicted(score: float) -> str:
 def paper_score(record: ItemResult) -> float | None:
     """The reference returns 0 where nothing relevant is left: undefined counts as S = 0."""
     return 0.0 if record.status == "undefined" else record.score
+
+
+def table_score(record: ItemResult, rules: Rules) -> float | None:
+    """A record's S in the tables: undefined scores 0 where the rules say so."""
+    return paper_score(record) if rules.undefined_scored_zero else record.score
 
 
 def wikicontradict_items(path: Path, limit: int | None = None) -> list[Item]:
@@ -116,21 +122,21 @@ def _label(record: ItemResult) -> str:
 
 
 def lmr_wikicontradict(
-    records: list[ItemResult], resamples: int = 10_000, protocol: str = "paper"
+    records: list[ItemResult], resamples: int = 10_000, rules: Rules = PAPER
 ) -> dict[str, Any]:
     """LMR_WC over every record; a record without a score stays in the denominator (the paper
     protocol scores an undefined one 0 first, as the reference does, and counts them)."""
-    matches = wc_matches(records, protocol)
-    seed = PAPER_SEED if protocol == "paper" else 0
+    matches = wc_matches(records, rules)
+    seed = rules.bootstrap_seed
     out: dict[str, Any] = {
         "n": len(matches),
-        "protocol": protocol,
+        "protocol": rules.protocol,
         "lmr": float(np.mean(matches)) if matches else None,
         "ci95": bca_interval(matches, resamples, seed).as_dict() if matches else None,
-        "not_scored": _not_scored(records),
+        "not_scored": not_scored(records),
         "by_label": {},
     }
-    if protocol == "paper":
+    if rules.undefined_scored_zero:
         out["undefined_scored_as_zero"] = sum(r.status == "undefined" for r in records)
     for label in ("C", "PC", "I"):
         subset = [m for m, r in zip(matches, records, strict=True) if _label(r) == label]
@@ -177,7 +183,7 @@ def cb_sample(n_rows: int, size: int | None) -> list[int]:
     return [int(i) for i in order[: size or CB_SAMPLE]]
 
 
-def conflictbank_items(path: Path, limit: int | None = None, protocol: str = "paper") -> list[Item]:
+def conflictbank_items(path: Path, limit: int | None = None, rules: Rules = PAPER) -> list[Item]:
     """Items for the sampled rows (``limit`` rows, default 500). paper: one item per claim
     (default and misinformation-conflict) against all four evidence texts in one run. spec: per
     claim one item against all four ("all") and one per evidence text alone (S_X by plain reading).
@@ -200,7 +206,7 @@ def conflictbank_items(path: Path, limit: int | None = None, protocol: str = "pa
         for kind, field in CB_RESPONSES.items():
             common = {"query": row[CB_QUESTION], "response": row[field], "sample": str(lineno),
                       "response_kind": kind, "roles": list(CB_ROLES)}  # fmt: skip
-            if protocol == "paper":
+            if rules.conflictbank_one_run_per_claim:
                 items.append(Item(id=f"{lineno}:{kind}", contexts=contexts, **common))
                 continue
             for ctx_set in ("all", *CB_ROLES):
@@ -259,15 +265,15 @@ def cb_pair_scores(scores: dict[str, float | None], response: str) -> tuple[floa
     return strict / (1 + len(CB_ROLES)), lax / (len(CB_ROLES) - 1)
 
 
-def cb_terms(records: list[ItemResult], protocol: str = "paper") -> dict[str, Any]:
+def cb_terms(records: list[ItemResult], rules: Rules = PAPER) -> dict[str, Any]:
     """Per claim: (id, strict, lax); a record without a score or source counts stays in with
     terms from what it has (an unparseable claim scores 0, and is counted as not scored)."""
-    if protocol == "paper":
+    if rules.conflictbank_one_run_per_claim:
         terms, one_source, no_default = [], 0, 0
         for r in records:
             meta = r.details["meta"]
             sources = _role_counts(r, meta["roles"])
-            strict, lax, n = cb_claim_terms(paper_score(r), sources, meta["response_kind"])
+            strict, lax, n = cb_claim_terms(table_score(r, rules), sources, meta["response_kind"])
             one_source += n == 1
             no_default += not sources["D"]["nodes"]
             terms.append((r.id, strict, lax))
@@ -292,15 +298,15 @@ def _role_counts(record: ItemResult, roles: list[str]) -> dict[str, dict[str, in
 
 
 def lmr_conflictbank(
-    records: list[ItemResult], resamples: int = 10_000, protocol: str = "paper"
+    records: list[ItemResult], resamples: int = 10_000, rules: Rules = PAPER
 ) -> dict[str, Any]:
     """Strict, lax and their mean per claim, averaged, each with a BCa interval."""
-    found = cb_terms(records, protocol)
+    found = cb_terms(records, rules)
     terms = found["terms"]
-    seed = PAPER_SEED if protocol == "paper" else 0
-    out: dict[str, Any] = {"protocol": protocol, "n_claims": len(terms),
-                           "not_scored": _not_scored(records)}  # fmt: skip
-    if protocol == "paper":
+    seed = rules.bootstrap_seed
+    out: dict[str, Any] = {"protocol": rules.protocol, "n_claims": len(terms),
+                           "not_scored": not_scored(records)}  # fmt: skip
+    if rules.conflictbank_one_run_per_claim:
         out["undefined_scored_as_zero"] = sum(r.status == "undefined" for r in records)
         out["single_source_lax"] = found["single_source_lax"]
         out["default_source_without_nodes"] = found["default_source_without_nodes"]
@@ -331,16 +337,20 @@ def lmr_conflictbank(
 # ---- both datasets ---------------------------------------------------------------------------
 
 
-def wc_matches(records: list[ItemResult], protocol: str = "paper") -> list[int]:
+def wc_matches(records: list[ItemResult], rules: Rules = PAPER) -> list[int]:
     """1 per WikiContradict record whose score matches its label, else 0."""
-    if protocol == "paper":
-        return [int((s := paper_score(r)) is not None and wc_predicted(s) == _label(r))
-                for r in records]  # fmt: skip
-    return [wc_match(r.score, _label(r)) for r in records]
+    scores = [table_score(r, rules) for r in records]
+    if rules.wikicontradict_thresholds:
+        return [int(s is not None and wc_predicted(s) == _label(r))
+                for s, r in zip(scores, records, strict=True)]  # fmt: skip
+    return [wc_match(s, _label(r)) for s, r in zip(scores, records, strict=True)]
 
 
 def combined_lmr(
-    wc: Sequence[float], cb: Sequence[float], resamples: int = 10_000, seed: int = PAPER_SEED
+    wc: Sequence[float],
+    cb: Sequence[float],
+    resamples: int = 10_000,
+    seed: int = PAPER.bootstrap_seed,
 ) -> dict[str, Any]:
     """Figure 5: the mean of the WikiContradict LMR and the ConflictBank mean LMR, with a BCa
     interval from an unpaired bootstrap (each dataset resampled on its own)."""
@@ -356,14 +366,6 @@ def combined_lmr(
     ci = result.confidence_interval
     interval = Interval(float(ci.low), float(ci.high), f"BCa unpaired, {resamples} resamples")
     return {"lmr": value, "ci95": interval.as_dict()}
-
-
-def _not_scored(records: list[ItemResult]) -> dict[str, int]:
-    counts: dict[str, int] = {}
-    for r in records:
-        if r.score is None:
-            counts[r.status] = counts.get(r.status, 0) + 1
-    return counts
 
 
 def print_lmr(result: dict[str, Any], console: Console) -> None:

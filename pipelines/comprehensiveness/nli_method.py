@@ -11,7 +11,6 @@ from pipelines.comprehensiveness.common import (
     PROMPTS,
     Item,
     formats,
-    paper,
     source_ids,
     weighted_scores,
 )
@@ -30,9 +29,9 @@ from pipelines.comprehensiveness.parsers import (
 )
 from pipelines.protocol import ItemContext
 from pipelines.results import StageFailed
-from serving.client import StageUsage
 
 Pair = tuple[str, str]  # (premise text, hypothesis text)
+CROSS_ENCODER_STAGE = "nli-cross-encoder"  # pairs a cross-encoder judged (role "nli", no LLM)
 
 
 Labelled = tuple[str, float]  # (label, its probability)
@@ -62,9 +61,9 @@ class LlmNli:
             parsed = await ctx.choice(template, list(NLI_LABELS), "nli", values, max_tokens=24,
                                       logprobs=True)  # fmt: skip
             if parsed.ok:
-                probability = parsed.result.sequence_probability
+                probability = parsed.result.sequence_probability if parsed.result else None
                 return parsed.value, 1.0 if probability is None else probability
-            if not paper(ctx.options):
+            if not ctx.options.rules.nli_unreadable_is_neutral:
                 raise StageFailed("nli", parsed)
             ctx.details["nli_unreadable"] = ctx.details.get("nli_unreadable", 0) + 1
             return "neutral", 1.0
@@ -95,7 +94,7 @@ class CrossEncoderNli:
         from retrieval.nli import CANONICAL
 
         probs = await self.batcher.rows(pairs)
-        ctx.meter.setdefault("nli", StageUsage()).calls += len(pairs)
+        ctx.account(CROSS_ENCODER_STAGE, len(pairs))
         return [(CANONICAL[row.argmax()], float(row.max())) for row in probs]
 
 
@@ -135,6 +134,7 @@ async def relevance(ctx: ItemContext, query: str, statement: str) -> float:
     scored = await ctx.label_score(
         PROMPTS["relevance"], "relevance", {"query": query, "statement": statement}
     )
+    assert scored.score is not None  # label_score raised StageFailed otherwise
     return scored.score
 
 
@@ -184,7 +184,7 @@ async def evaluate(ctx: ItemContext, item: Item, contexts: list[str]) -> dict[st
         for (src, _), atoms in zip(sources[1:], atom_lists[1:], strict=True)
         for i, text in enumerate(atoms, 1)
     ]
-    if paper(ctx.options):
+    if ctx.options.rules.relevance_per_source:
         per_source = await asyncio.gather(
             *(source_relevance(ctx, item.query, atoms) for atoms in atom_lists[1:])
         )
@@ -200,13 +200,13 @@ async def evaluate(ctx: ItemContext, item: Item, contexts: list[str]) -> dict[st
         {(by_id[p].text, by_id[h].text) for p, h in pairs if by_id[p].text != by_id[h].text}
     )
     labels = dict(zip(unique, await ctx.resources.judge(ctx, unique), strict=True))
-    relations = []
+    relations: list[dict[str, Any]] = []
     for premise, hypothesis in pairs:
         texts = (by_id[premise].text, by_id[hypothesis].text)
         label, probability = ("entailment", 1.0) if texts[0] == texts[1] else labels[texts]
         relations.append({"premise": premise, "hypothesis": hypothesis, "label": label,
                           "probability": probability})  # fmt: skip
-    if paper(ctx.options):
+    if ctx.options.rules.nli_edges_one_per_pair:
         entailments, kept = edges_from_judgements(
             unordered_pairs(response_atoms, context_atoms, relations)
         )

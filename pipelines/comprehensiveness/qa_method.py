@@ -15,7 +15,6 @@ from pipelines.comprehensiveness.common import (
     PROMPTS,
     Item,
     formats,
-    paper,
     source_ids,
     weighted_scores,
 )
@@ -28,6 +27,7 @@ from pipelines.comprehensiveness.parsers import (
     parse_scored_items,
     parse_statements,
 )
+from pipelines.comprehensiveness.rules import Rules
 from pipelines.comprehensiveness.units import deterministic_relation, relation_of, units_tool
 from pipelines.protocol import ItemContext
 from serving.client import marker_label_scores
@@ -64,7 +64,8 @@ async def refine(ctx: ItemContext, query: str, raw: list[str]) -> tuple[list[str
     items = parsed.value
     # paper: every integer among the top alternatives weighs in, as in the reference
     ints = [n for _, n in items]
-    scores, weighted = weighted_scores(parsed, "Relevance", ints, any_integer=paper(ctx.options))
+    any_integer = ctx.options.rules.relevance_any_integer
+    scores, weighted = weighted_scores(parsed, "Relevance", ints, any_integer=any_integer)
     scored = [
         {"question": q, "relevance": round(s, 4), "weighted": weighted}
         for (q, _), s in zip(items, scores, strict=True)
@@ -82,7 +83,9 @@ async def answer(ctx: ItemContext, questions: list[str], text: str) -> dict[int,
         return {}
     parsed = await ctx.ask(
         PROMPTS["answer_questions"], "answer",
-        lambda t: parse_answers(t, questions, require_all=not paper(ctx.options)),
+        lambda t: parse_answers(
+            t, questions, require_all=not ctx.options.rules.qa_answer_sheet_skips_missing
+        ),
         "for each question its line, then 'A: <answer> [Confidence: <1-5>]' joined by ' | '",
         {"text": text, "questions": questions}, regex=formats(ctx.options).answers(questions),
         max_tokens=ctx.options.list_max_tokens, **LOGPROBS,
@@ -96,7 +99,8 @@ async def answer(ctx: ItemContext, questions: list[str], text: str) -> dict[int,
         for a in group:
             if a.unknown:
                 continue
-            conf = markers[a.position].score if weighted else float(a.confidence)
+            marked = markers[a.position].score if weighted else None
+            conf = float(a.confidence) if marked is None else marked
             out.setdefault(qi, []).append(
                 {"text": a.text, "confidence": round(conf, 4), "weighted": weighted}
             )
@@ -109,15 +113,15 @@ async def compare(ctx: ItemContext, question: str, first: str, second: str) -> d
     without tools, for comparable quantities; otherwise the model, with the units tool if on.
     paper: a units-tool result decides the label, and the model's label is the most probable
     of the five at the label's first token."""
-    is_paper = paper(ctx.options)
+    rules: Rules = ctx.options.rules
     same = (
         first.strip().lower() == second.strip().lower()
-        if is_paper
+        if rules.qa_identical_case_only
         else _norm(first) == _norm(second)
     )
     if same:
         return {"relation": "equivalent", "method": "identical"}
-    if not ctx.options.tools and not is_paper:
+    if not ctx.options.tools and rules.qa_units_without_call:
         relation = deterministic_relation(first, second)
         if relation:
             return {"relation": relation, "method": "units"}
@@ -125,10 +129,11 @@ async def compare(ctx: ItemContext, question: str, first: str, second: str) -> d
     values = {"question": question, "first": first, "second": second, "tools": ctx.options.tools}
     if ctx.options.tools:
         run = await ctx.run_tools(
-            template.messages(**values), [units_tool(relative=is_paper)], max_rounds=2,
+            template.messages(**values), [units_tool(relative=rules.units_tool_decides)],
+            max_rounds=2,
             stage="compare", template=template.id,
         )  # fmt: skip
-        decided = _tool_decision(run.calls) if is_paper else None
+        decided = _tool_decision(run.calls) if rules.units_tool_decides else None
         if decided:
             return {"relation": decided, "method": "tool", "tool_calls": run.calls}
         try:
@@ -139,9 +144,9 @@ async def compare(ctx: ItemContext, question: str, first: str, second: str) -> d
     parsed = await ctx.ask(
         template, "compare", parse_relation, "a last line '<answer 1> - <answer 2> [<relation>]'",
         values, regex=formats(ctx.options).relation, max_tokens=ctx.options.list_max_tokens,
-        **(LOGPROBS if is_paper else {}),
+        **(LOGPROBS if rules.qa_label_by_probability else {}),
     )  # fmt: skip
-    if not is_paper:
+    if not rules.qa_label_by_probability:
         return {"relation": parsed.value, "method": "llm"}
     tokens = parsed.result.token_logprobs if parsed.result else []
     relation, probabilities = relation_by_probability(tokens, parsed.value)
@@ -225,17 +230,20 @@ async def evaluate(ctx: ItemContext, item: Item, contexts: list[str]) -> dict[st
     comparisons = []
     jobs = []
     for qi, group in sorted(per_question.items()):
-        for a, b in itertools.combinations(group, 2):
-            if a.source == b.source == RESPONSE and not paper(ctx.options):
+        for first, second in itertools.combinations(group, 2):
+            if (
+                first.source == second.source == RESPONSE
+                and not ctx.options.rules.qa_response_pairs
+            ):
                 continue  # spec: response-response relations are not compared
-            jobs.append((qi, a, b))
+            jobs.append((qi, first, second))
     outcomes = await asyncio.gather(
-        *(compare(ctx, questions[qi], a.text, b.text) for qi, a, b in jobs)
+        *(compare(ctx, questions[qi], s.text, t.text) for qi, s, t in jobs)
     )
     entailments = []
-    for (qi, a, b), outcome in zip(jobs, outcomes, strict=True):
-        comparisons.append({"question": qi + 1, "first": a.id, "second": b.id, **outcome})
-        pair = (a.id, b.id)
+    for (qi, first, second), outcome in zip(jobs, outcomes, strict=True):
+        comparisons.append({"question": qi + 1, "first": first.id, "second": second.id, **outcome})
+        pair = (first.id, second.id)
         entailments += [(pair[i], pair[j]) for i, j in EDGES[outcome["relation"]]]
     return {
         "statements": statements,

@@ -7,6 +7,7 @@ the study root, so an interrupted grid resumes cell by cell (and item by item in
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -45,7 +46,7 @@ class ReproduceOptions(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     models: list[str] = Field(min_length=1, description="MODEL or MODEL@URL, one per grid row")
-    methods: list[Method] = Field(default_factory=lambda: ["nli", "qa", "e2e"], min_length=1)
+    methods: list[Method] = Field(default=["nli", "qa", "e2e"], min_length=1)
     wikicontradict: Path | None = WC_DEFAULT
     conflictbank: Path | None = None
     metric: ComprehensivenessOptions = Field(default_factory=ComprehensivenessOptions)
@@ -61,6 +62,10 @@ def _cell_options(
 ) -> ComprehensivenessOptions:
     update = {"dataset": dataset, "input": _datasets(options)[dataset]}
     return options.metric.model_copy(update=update | ({"method": method} if method else {}))
+
+
+def _items_of(items: dict[str, Any], dataset: str, outcomes: dict[str, RunOutcome]) -> Any:
+    return items[dataset]
 
 
 def _cell(model: str, method: str, dataset: str) -> str:
@@ -87,9 +92,10 @@ class Reproduce(Study):
             for method in options.methods:
                 for dataset in _datasets(options):
                     cell = _cell_options(options, dataset, method)
+                    cell_items = functools.partial(_items_of, items, dataset)
                     plans.append(RunPlan(_cell(name, method, dataset), f"meta-{dataset}-{method}",
-                                         cell, framework=COMPREHENSIVENESS, evaluator=evaluator,
-                                         items=lambda _, d=dataset: items[d]))  # fmt: skip
+                                         cell, framework=COMPREHENSIVENESS,
+                                         roles={"judge": evaluator}, items=cell_items))  # fmt: skip
         return plans
 
     def combine(self, outcomes: dict[str, RunOutcome], options: ReproduceOptions) -> dict:
@@ -107,8 +113,9 @@ class Reproduce(Study):
                     row["conflictbank"] = _entry(cb.tables) | {
                         "strict": cb.tables["strict"], "lax": cb.tables["lax"]}  # fmt: skip
                 if "wikicontradict" in row and "conflictbank" in row:
-                    wc_values = meta.wc_matches(wc.results, protocol)  # type: ignore[union-attr]
-                    terms = meta.cb_terms(cb.results, protocol)["terms"]  # type: ignore[union-attr]
+                    rules = options.metric.rules
+                    wc_values = meta.wc_matches(wc.results, rules)  # type: ignore[union-attr]
+                    terms = meta.cb_terms(cb.results, rules)["terms"]  # type: ignore[union-attr]
                     cb_values = [(strict + lax) / 2 for _, strict, lax in terms]
                     row["average"] = meta.combined_lmr(wc_values, cb_values, resamples)
                 for column in ("wikicontradict", "conflictbank", "average"):

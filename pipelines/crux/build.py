@@ -25,15 +25,24 @@ from pipelines.config import Strict, UserError, iter_jsonl
 from pipelines.crux import metrics
 from pipelines.crux.framework import PROMPTS, rate
 from pipelines.options import framework_command
-from pipelines.protocol import Framework, ItemContext, RunOutcome, RunPlan, RunRequest, Study
+from pipelines.protocol import (
+    Framework,
+    FrameworkOptions,
+    ItemContext,
+    RunOutcome,
+    RunPlan,
+    RunRequest,
+    Study,
+)
 from pipelines.results import ItemResult
 from pipelines.runstore import atomic_write_json
 from serving.parsing import ParseError, bullet_list
 
 LONG_DOC, PIECE = 1024, 512  # words
+BUILD_ROLES = {"writer": "the query, sub-questions and passages", "rate": "answerability ratings"}
 
 
-class BuildOptions(Strict):
+class BuildOptions(FrameworkOptions):
     input: Path = Field(description='JSONL: {"id", "summary", "documents": [...]}')
     questions: int = Field(10, ge=1, le=50, description="sub-questions per topic (DUC: 15)")
     limit: int | None = Field(None, ge=1)
@@ -91,6 +100,9 @@ class Build(Framework):
     name = "crux-build"
     Options = BuildOptions
     prompts = PROMPTS
+    roles = BUILD_ROLES
+    stage_roles = {"query": "writer", "subquestions": "writer", "passages": "writer",
+                   "rate": "rate"}  # fmt: skip
 
     def load(self, options: BuildOptions) -> list[Record]:
         return read_records(options.input)[: options.limit]
@@ -133,6 +145,7 @@ class Build(Framework):
 class BuildStudy(Study):
     name = "crux-build-data"
     Options = BuildOptions
+    roles = BUILD_ROLES
 
     def load(self, options: BuildOptions) -> list[Record]:
         return BUILD.load(options)

@@ -20,14 +20,14 @@ from rich.table import Table
 from pipelines.config import Strict
 from pipelines.crux import data, metrics
 from pipelines.options import framework_command
-from pipelines.protocol import Framework, ItemContext
-from pipelines.results import ItemResult
+from pipelines.protocol import Framework, FrameworkOptions, ItemContext
+from pipelines.results import ItemResult, not_scored
 from serving.templates import load_dir
 
 PROMPTS = load_dir(Path(__file__).parent / "prompts")
 
 
-class CruxOptions(Strict):
+class CruxOptions(FrameworkOptions):
     input: Path | None = Field(None, description="TREC run file")
     index: Path | None = Field(None, description="or: retrieve in place from this index")
     mode: Literal["bm25", "dense", "hybrid"] = "bm25"
@@ -68,11 +68,9 @@ async def rate(ctx: ItemContext, question: str, text: str, stage: str = "rate") 
     """The judge at temperature 0 with a few output tokens; the first digit is the rating. An
     answer without one (or with 6-9 on the 0-5 scale) is re-asked; still none -> -1, counted 0
     as the authors count it, and counted in ``details["unreadable"]`` (never silently)."""
-    template = PROMPTS["rate"]
-    parsed = await ctx.client.parsed(
-        template.messages(question=question, text=text), metrics.read_rating,
-        "a rating from 0 to 5", ctx.max_reasks, stage=stage, template=template.id,
-        meter=ctx.meter, temperature=0.0, max_tokens=8,
+    parsed = await ctx.attempt(
+        PROMPTS["rate"], stage, metrics.read_rating, "a rating from 0 to 5",
+        {"question": question, "text": text}, temperature=0.0, max_tokens=8,
     )  # fmt: skip
     if not parsed.ok:
         ctx.details["unreadable"] = ctx.details.get("unreadable", 0) + 1
@@ -84,7 +82,15 @@ class Crux(Framework):
     name = "crux"
     Options = CruxOptions
     prompts = PROMPTS
-    report_only = frozenset({"tokenizer"})
+    roles = {
+        "rate": "answerability of passages and answers (the paper: a 70B rater)",
+        "generate": "the RAG answer from Z (--generate; the paper: an 8B generator)",
+    }
+    stage_roles = {"rate": "rate", "rate_answer": "rate", "answer": "generate"}
+
+    def roles_used(self, options: CruxOptions) -> list[str]:
+        rates = options.rate or options.generate or options.answers is not None
+        return ["rate"] * rates + ["generate"] * options.generate
 
     def load(self, options: CruxOptions) -> list[TopicItem]:
         topics = data.load_topics(options.topics)
@@ -198,6 +204,7 @@ class Crux(Framework):
         return {
             "topics": len(results),
             "undefined_topics": sum(r.status == "undefined" for r in results),
+            "not_scored": not_scored(results),
             "cov": mean("cov"), "alpha_ndcg": mean("alpha_ndcg"), "den": mean("den"),
             "cov_y": mean("cov_y"), "den_y": mean("den_y"),
             "unrated_pairs": sum(r.details.get("unrated", 0) for r in results),

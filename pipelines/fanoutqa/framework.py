@@ -27,16 +27,24 @@ from rich.table import Table
 
 from pipelines.config import (
     SHARED_DATA,
-    Strict,
+    EvaluatorConfig,
     UserError,
     describe_validation,
+    file_sha256,
     iter_jsonl,
     read_text,
 )
 from pipelines.fanoutqa.metrics import ROUGE_TYPES, aggregate, answer_text, string_metrics
 from pipelines.options import framework_command
-from pipelines.protocol import Framework, ItemContext, RunOutcome, RunPlan, RunRequest
-from pipelines.results import ItemResult, StageFailed
+from pipelines.protocol import (
+    Framework,
+    FrameworkOptions,
+    ItemContext,
+    RunOutcome,
+    RunPlan,
+    RunRequest,
+)
+from pipelines.results import ItemResult, StageFailed, not_scored
 from serving.client import Tool
 from serving.parsing import ParseError
 from serving.registry import UnknownModelError, resolve
@@ -76,11 +84,18 @@ class Question(BaseModel):
         return ids
 
 
-def load_questions(path: Path, limit: int | None = None) -> list[Question]:
+def load_json(path: Path) -> Any:
+    """A whole JSON file, or one line naming what is wrong with it."""
     try:
-        rows = json.loads(read_text(path))
+        return json.loads(read_text(path))
     except json.JSONDecodeError as exc:
         raise UserError(f"{path}: not valid JSON: {exc.msg} (line {exc.lineno})") from exc
+    except RecursionError:
+        raise UserError(f"{path}: JSON nested too deeply") from None
+
+
+def load_questions(path: Path, limit: int | None = None) -> list[Question]:
+    rows = load_json(path)
     if not isinstance(rows, list):
         raise UserError(f"{path}: expected a JSON list of questions")
     out: list[Question] = []
@@ -104,9 +119,34 @@ def load_questions(path: Path, limit: int | None = None) -> list[Question]:
     return out
 
 
-class FanoutOptions(Strict):
+def load_answers(path: Path, questions: list[Question]) -> dict[str, str]:
+    """The official submission format: a JSON list of {"id", "answer"}. A question without an
+    answer scores 0 everywhere, as the official scorer counts it; an answer whose id is no
+    question of ours is not scored (the scorer ignores it too), but none matching is an error."""
+    rows = load_json(path)
+    if not isinstance(rows, list):
+        raise UserError(f'{path}: expected a JSON list of {{"id", "answer"}} objects')
+    answers: dict[str, str] = {}
+    for n, row in enumerate(rows):
+        record = f"{path}: answer #{n}"
+        if not isinstance(row, dict):
+            raise UserError(f"{record}: not a JSON object")
+        record += f" ({row.get('id')!r})"
+        for name in ("id", "answer"):
+            if not isinstance(row.get(name), str):
+                raise UserError(f"{record}: field {name}: missing or not a string")
+        if row["id"] in answers:
+            raise UserError(f"{record}: field id: duplicate")
+        answers[row["id"]] = row["answer"]
+    if questions and answers and not set(answers) & {q.id for q in questions}:
+        raise UserError(f"{path}: no answer id is a question id of the questions file")
+    return answers
+
+
+class FanoutOptions(FrameworkOptions):
     input: Path = DEFAULT_DATA
-    settings: list[Setting] = Field(default_factory=lambda: ["closed-book"], min_length=1)
+    answers: Path | None = Field(None, description='answers made elsewhere: [{"id", "answer"}]')
+    settings: list[Setting] = Field(default=["closed-book"], min_length=1)
     articles: Path | None = Field(None, description="JSONL {pageid, title, text}")
     index: Path | None = Field(None, description="index of the articles (chars, 1024)")
     context_tokens: int | None = Field(None, ge=256, description="evidence budget in tokens")
@@ -134,6 +174,7 @@ def open_article_index(options: FanoutOptions, root: Path):
     path = options.index or root / "articles-index"
     try:
         if options.index is None and not (path / "manifest.json").is_file():
+            assert options.articles is not None  # plan() refused a setting without either
             spec = IndexSpec(chunk_by="chars", chunk_size=1024, dense_model=None)
             build_index(options.articles, path, spec)
         return SearchIndex.load(path, expect={"chunking": CHUNKING})
@@ -208,20 +249,43 @@ class ReadArgs(BaseModel):
 class Resources:
     articles: ArticleIndex | None
     bleurt: Any
+    answers: dict[str, str] | None = None  # made elsewhere (--answers)
 
 
 class FanOutQA(Framework):
     name = "fanoutqa"
     Options = FanoutOptions
     prompts = PROMPTS
+    roles = {"answer": "the benchmarked model (none with --answers)",
+             "judge": "the A-F judge (--judge)"}  # fmt: skip
+    stage_roles = {"answer-*": "answer", "judge": "judge"}
+
+    def roles_used(self, options: FanoutOptions) -> list[str]:
+        return ["answer"] * (options.answers is None) + ["judge"] * options.judge
+
+    def identity(self, options: FanoutOptions) -> dict[str, Any]:
+        found = super().identity(options)
+        if options.answers is not None:  # the answers are the input that is scored
+            found["answers_sha256"] = file_sha256(options.answers)
+        return found
 
     def load(self, options: FanoutOptions) -> list[Question]:
         return load_questions(options.input, options.limit)
 
+    def check_inputs(self, options: FanoutOptions) -> None:
+        if options.answers is not None:
+            load_answers(options.answers, self.load(options))
+
     def plan(self, request: RunRequest, root: Path) -> list[RunPlan]:
         """One run per setting, in ``<root>/<setting>``; each run's options hold only what
-        changes its answers, so adding a setting later resumes the others."""
+        changes its answers, so adding a setting later resumes the others. Answers made
+        elsewhere (``--answers``) are one run, ``<root>/answers``, and no model answers."""
         options: FanoutOptions = request.options
+        if options.answers is not None:
+            if options.settings != ["closed-book"]:
+                raise UserError("--answers scores answers made elsewhere: drop --setting")
+            run_options = options.model_copy(update={"settings": ["closed-book"]})
+            return [RunPlan("answers", "fanoutqa-answers", run_options)]
         needs_articles = [s for s in options.settings if s != "closed-book"]
         if needs_articles and options.articles is None and options.index is None:
             raise UserError(f"the {needs_articles[0]} setting needs --articles (JSONL of pageid, "
@@ -231,7 +295,7 @@ class FanOutQA(Framework):
         to_build = options.index is None and not (root / "articles-index").is_dir()
         if options.articles is not None and to_build:
             check_articles(options.articles)
-        budget = options.context_tokens or max(512, model_window(request) - 1024)
+        budget = options.context_tokens or max(512, model_window(request.role("answer")) - 1024)
         plans = []
         for setting in dict.fromkeys(options.settings):
             closed = setting == "closed-book"
@@ -253,14 +317,30 @@ class FanOutQA(Framework):
             from pipelines.fanoutqa.bleurt import Bleurt
 
             bleurt = Bleurt(str(options.bleurt))
-        return Resources(articles, bleurt)
+        answers = None
+        if options.answers is not None:
+            answers = load_answers(options.answers, [])
+        return Resources(articles, bleurt, answers)
 
     async def solve(self, question: Question, ctx: ItemContext) -> ItemResult:
         options: FanoutOptions = ctx.options
-        setting = options.settings[0]
-        ctx.details["setting"] = setting
-        result = await generate(ctx, question, setting, options.context_tokens)
-        generation = result.text.strip()
+        if ctx.resources.answers is not None:
+            ctx.details["setting"] = "answers"
+            given = ctx.resources.answers.get(question.id)
+            if given is None:  # the official scorer counts it 0 in every column
+                metrics = string_metrics(question.answer, None)
+                ctx.details |= {"missing_answer": True, "metrics": metrics}
+                return ctx.result(
+                    "abstained",
+                    0.0,
+                    "the submission has no answer for this "
+                    "question: every metric is 0, as the official scorer counts it",
+                )
+            generation = given.strip()
+        else:
+            ctx.details["setting"] = options.settings[0]
+            result = await generate(ctx, question, options.settings[0], options.context_tokens)
+            generation = result.text.strip()
         loop = asyncio.get_running_loop()
         metrics = await loop.run_in_executor(
             CPU_WORK, string_metrics, question.answer, generation or None
@@ -303,8 +383,7 @@ class FanOutQA(Framework):
         print_table(combined, console)
 
 
-def model_window(request: RunRequest) -> int:
-    ev = request.evaluator
+def model_window(ev: EvaluatorConfig) -> int:
     try:
         return ev.max_model_len or resolve(ev.model).max_model_len
     except UnknownModelError:
@@ -323,6 +402,7 @@ async def generate(ctx: ItemContext, question: Question, setting: str, budget: i
                                      for c in run.calls]  # fmt: skip
         return run.final
     if setting == "evidence":
+        assert budget is not None  # plan() sets it for every setting but closed-book
         context, ctx.details["evidence"] = await asyncio.to_thread(
             ctx.resources.articles.passages, question.question, question.evidence_pageids(),
             budget * CHARS_PER_TOKEN,
@@ -379,8 +459,8 @@ def table_row(results: list[ItemResult]) -> dict[str, Any]:
         "gpt_judge": sum(judged) / n if judged else None,
         "judge_unparseable": sum(r.details.get("judge", {}).get("status") == "unparseable"
                                  for r in results),
-        "not_scored": {s: sum(r.status == s for r in results)
-                       for s in ("abstained", "unparseable", "error")},
+        "unanswered": sum(r.status == "abstained" for r in results),  # scored 0, as the original
+        "not_scored": not_scored(results),
     }  # fmt: skip
 
 
@@ -409,10 +489,15 @@ def eval_fanoutqa(
     judge: Annotated[bool | None, typer.Option(help="also run the A-F model judge")] = None,
     bleurt: Annotated[Path | None, typer.Option(help="BLEURT PyTorch checkpoint path")] = None,
     limit: Annotated[int | None, typer.Option(help="only the first N questions")] = None,
+    answers: Annotated[
+        Path | None, typer.Option(help='score answers made elsewhere: [{"id", "answer"}] JSON')
+    ] = None,
 ) -> dict[str, Any]:
     """FanOutQA closed-book / evidence-provided / open-book (search + read tools; needs a server
     with tool calling) answers with loose, strict, ROUGE (equal to the original scorer), BLEURT
-    and the optional A-F model judge; prints the paper's Table 1 columns."""
-    return {"input": data, "settings": setting, "articles": articles, "index": index,
+    and the optional A-F model judge; prints the paper's Table 1 columns. With --answers (the
+    official submission format) no model answers: the given answers are scored."""
+    return {"input": data, "answers": answers, "settings": setting, "articles": articles,
+            "index": index,
             "context_tokens": context_tokens, "judge": judge, "bleurt": bleurt,
             "limit": limit}  # fmt: skip

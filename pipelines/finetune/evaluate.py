@@ -15,21 +15,29 @@ from pydantic import BaseModel, Field, model_validator
 from rich.console import Console
 from rich.table import Table
 
-from pipelines.config import Strict, UserError, iter_jsonl
+from pipelines.config import UserError, iter_jsonl
 from pipelines.icat.framework import extract_claims, parse_claims
 from pipelines.options import framework_command
-from pipelines.protocol import Framework, ItemContext, RunOutcome, RunPlan, RunRequest, Study
+from pipelines.protocol import (
+    Framework,
+    FrameworkOptions,
+    ItemContext,
+    RunOutcome,
+    RunPlan,
+    RunRequest,
+    Study,
+)
 from pipelines.results import ItemResult
+from pipelines.roles import RoleSpec, role_evaluator
 
 
-class EvalOptions(Strict):
+class EvalOptions(FrameworkOptions):
     input: Path = Field(description="validation.jsonl from `finetune claims data`")
     extractor: str | None = Field(None, description="adapter (None: the base model alone)")
     matcher: Literal["exact", "nli"] = "exact"
     nli_model: str | None = None
     nli_device: str = "cpu"
     limit: int | None = Field(None, ge=1)
-    max_reasks: int = Field(2, ge=0, le=5)
     list_max_items: int = Field(60, ge=1, le=500)
     line_max_chars: int = Field(300, ge=20, le=2000)
 
@@ -93,6 +101,8 @@ def prf(matched_pred: int, n_pred: int, matched_gold: int, n_gold: int) -> dict[
 class ClaimsEval(Framework):
     name = "finetune-eval"
     Options = EvalOptions
+    roles = {"extract": "the claim extractor under test (base model or adapter)"}
+    stage_roles = {"claims": "extract"}
 
     def load(self, options: EvalOptions) -> list[Example]:
         return read_validation(options.input)[: options.limit]
@@ -145,16 +155,22 @@ class Compare(Study):
 
     name = "finetune-compare"
     Options = CompareOptions
+    roles = ClaimsEval.roles
 
     def load(self, options: CompareOptions) -> list[Example]:
         return CLAIMS_EVAL.load(options.metric)
 
     def plan(self, request: RunRequest, root: Path) -> list[RunPlan]:
         metric = request.options.metric
+        model = request.role("extract")
         base = metric.model_copy(update={"extractor": None})
-        plans = [RunPlan("base", "claims-eval-base", base, framework=CLAIMS_EVAL)]
+        without = model.model_copy(update={"adapter": None})
+        plans = [RunPlan("base", "claims-eval-base", base, framework=CLAIMS_EVAL,
+                         roles={"extract": without})]  # fmt: skip
         if metric.extractor:
-            plans.append(RunPlan("adapter", "claims-eval-adapter", metric, framework=CLAIMS_EVAL))
+            adapter = role_evaluator(model, RoleSpec(adapter=metric.extractor))
+            plans.append(RunPlan("adapter", "claims-eval-adapter", metric, framework=CLAIMS_EVAL,
+                                 roles={"extract": adapter}))  # fmt: skip
         return plans
 
     def combine(self, outcomes: dict[str, RunOutcome], options: CompareOptions) -> dict:

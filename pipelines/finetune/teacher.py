@@ -21,12 +21,20 @@ import typer
 from pydantic import BaseModel, Field
 from rich.console import Console
 
-from pipelines.config import Strict, UserError, iter_jsonl
+from pipelines.config import UserError, iter_jsonl
 from pipelines.finetune.examples import TEMPLATE as CLAIMS_TEMPLATE
 from pipelines.finetune.examples import chat_example
 from pipelines.icat.framework import parse_claims
 from pipelines.options import framework_command
-from pipelines.protocol import Framework, ItemContext, RunOutcome, RunPlan, RunRequest, Study
+from pipelines.protocol import (
+    Framework,
+    FrameworkOptions,
+    ItemContext,
+    RunOutcome,
+    RunPlan,
+    RunRequest,
+    Study,
+)
 from pipelines.results import ItemResult
 from pipelines.runstore import atomic_write_json
 from serving.parsing import bullet_list
@@ -34,9 +42,10 @@ from serving.templates import load_dir
 
 PROMPTS = load_dir(Path(__file__).parent / "prompts")
 TOPICS_PER_CALL = 20
+TEACHER_ROLES = {"teacher": "topics, entities, paragraphs and their claims"}
 
 
-class TeacherOptions(Strict):
+class TeacherOptions(FrameworkOptions):
     topics: Path | None = Field(None, description="topics file (JSONL 'topic' or one per line)")
     n_topics: int = Field(200, ge=1, le=10_000)
     entities: int = Field(5, ge=1, le=50, description="entities per topic")
@@ -81,6 +90,8 @@ class TopicBatches(Framework):
     name = "finetune-topics"
     Options = TeacherOptions
     prompts = PROMPTS
+    roles = TEACHER_ROLES
+    stage_roles = {"*": "teacher"}
 
     async def solve(self, item: Topic, ctx: ItemContext) -> ItemResult:
         n = min(TOPICS_PER_CALL, ctx.options.n_topics)
@@ -99,6 +110,8 @@ class TopicExamples(Framework):
     name = "finetune-examples"
     Options = TeacherOptions
     prompts = PROMPTS | {"extract_claims": CLAIMS_TEMPLATE}
+    roles = TEACHER_ROLES
+    stage_roles = {"*": "teacher"}
 
     async def solve(self, item: Topic, ctx: ItemContext) -> ItemResult:
         options: TeacherOptions = ctx.options
@@ -134,6 +147,7 @@ class TopicExamples(Framework):
 class TeacherData(Study):
     name = "finetune-data"
     Options = TeacherOptions
+    roles = TEACHER_ROLES
 
     def load(self, options: TeacherOptions) -> list[Topic]:
         if options.topics is not None:

@@ -154,7 +154,8 @@ def train(options: TrainOptions, progress: bool = True) -> dict[str, Any]:
                         if "num_tokens" in e), None),  # fmt: skip
         "versions": {p: version(p) for p in ("trl", "peft", "transformers", "torch")},
     }  # fmt: skip
-    if card["final_loss"] is not None and not math.isfinite(card["final_loss"]):
+    final = card["final_loss"]
+    if final is not None and not math.isfinite(float(final)):  # type: ignore[arg-type]
         raise UserError(f"training diverged (final loss {card['final_loss']}): lower the rate")
     (options.out / "card.json").write_text(json.dumps(card, indent=1))
     return card

@@ -1,10 +1,12 @@
 """GaRAGe records (SPEC §5), validated with clear errors; the data file itself is not shipped.
 
-Fields: question, question_date, grounding [{text, age, date, provider}], evidence_relevant
-(per passage: bool / 0-1 / "relevant"-"irrelevant"), evidence_correct (per passage:
-ANSWER-THE-QUESTION / RELATED-INFORMATION / OUTDATED / UNKNOWN), evidence_cited (passage
-numbers, 1-based, cited by the human answer), answer_generate (human answer with [n] markers),
-and question dimensions (time-sensitivity, complexity, popularity, category/domain).
+Fields: sample_id (the record's id), question, question_date, grounding [{text, age, date,
+provider}], evidence_relevant (per passage: YES/NO, bool, 0-1 or "relevant"-"irrelevant"),
+evidence_correct (per passage: ANSWER-THE-QUESTION / RELATED-INFORMATION / OUTDATED / UNKNOWN),
+evidence_cited (per passage YES/NO tags as published, or the cited passage numbers, 1-based),
+answer_generate (human answer with [n] markers), and the question dimensions as published
+(question_sensitive + question_type for time-sensitivity, question_complexity,
+question_popularity, question_category, question_tag for web vs enterprise).
 A question expects a deflection when no passage is relevant, unless `deflection` says otherwise.
 """
 
@@ -20,12 +22,14 @@ from pipelines.config import RecordId, UserError, describe_validation, iter_json
 
 QUALITY_LABELS = ("ANSWER-THE-QUESTION", "RELATED-INFORMATION", "OUTDATED", "UNKNOWN")
 DIMENSIONS = {  # breakdown name -> accepted field names, first present wins
-    "time_sensitivity": ("time_sensitivity", "temporal", "recency"),
-    "complexity": ("complexity", "question_type"),
-    "popularity": ("popularity",),
-    "domain": ("domain", "category"),
-    "source": ("source", "grounding_source"),
+    "time_sensitivity": ("time_sensitivity", "temporal", "recency", "question_type"),
+    "complexity": ("complexity", "question_complexity"),
+    "popularity": ("popularity", "question_popularity"),
+    "domain": ("domain", "category", "question_category"),
+    "source": ("source", "grounding_source", "question_tag"),
 }
+_YES = ("yes", "true", "1", "relevant", "cited")
+_NO = ("no", "false", "0", "irrelevant", "not cited", "")
 _MARKER = re.compile(r"\[(\d+(?:\s*,\s*\d+)*)\]|【(\d+)】")
 
 
@@ -43,18 +47,22 @@ def _relevant(value: Any) -> bool:
         return value
     if isinstance(value, (int, float)):
         return value != 0
-    if isinstance(value, str) and value.strip().lower() in (
-        "relevant",
-        "irrelevant",
-        "1",
-        "0",
-        "true",
-        "false",
-        "yes",
-        "no",
-    ):
-        return value.strip().lower() in ("relevant", "1", "true", "yes")
+    if isinstance(value, str) and value.strip().lower() in _YES + _NO:
+        return value.strip().lower() in _YES
     raise ValueError(f"relevance label {value!r} is not relevant/irrelevant")
+
+
+def _cited_numbers(value: Any) -> Any:
+    """Per-passage tags (YES/NO, booleans) as published -> the cited passage numbers."""
+    if isinstance(value, list) and any(isinstance(v, (str, bool)) for v in value):
+        out = []
+        for n, tag in enumerate(value, 1):
+            if isinstance(tag, str) and tag.strip().lower() not in _YES + _NO:
+                raise ValueError(f"citation tag {tag!r} is not YES/NO")
+            if (tag.strip().lower() in _YES) if isinstance(tag, str) else bool(tag):
+                out.append(n)
+        return out
+    return value
 
 
 class Record(BaseModel):
@@ -76,6 +84,20 @@ class Record(BaseModel):
         if not isinstance(value, list):
             raise ValueError("must be a list with one label per grounding passage")
         return [_relevant(v) for v in value]
+
+    @model_validator(mode="before")
+    @classmethod
+    def _published(cls, row: Any) -> Any:
+        if isinstance(row, dict) and "evidence_cited" in row:
+            cited = row["evidence_cited"]
+            if isinstance(cited, list) and any(isinstance(v, (str, bool)) for v in cited):
+                passages = len(row.get("grounding") or [])
+                if len(cited) != passages:
+                    raise ValueError(
+                        f"evidence_cited has {len(cited)} tags for {passages} grounding passages"
+                    )
+                row = row | {"evidence_cited": _cited_numbers(cited)}
+        return row
 
     @field_validator("evidence_correct", mode="before")
     @classmethod
@@ -115,16 +137,44 @@ class Record(BaseModel):
         return sum(self.evidence_relevant) / len(self.grounding) if self.grounding else 0.0
 
     def dimension(self, name: str) -> str | None:
-        extra = self.model_extra or {}
-        nested = extra.get("dimensions") if isinstance(extra.get("dimensions"), dict) else {}
+        extra: dict[str, Any] = self.model_extra or {}
+        found = extra.get("dimensions")
+        nested: dict[str, Any] = found if isinstance(found, dict) else {}
+        sensitive = extra.get("question_sensitive")
+        if name == "time_sensitivity" and str(sensitive).strip().lower() in ("no", "false", "0"):
+            return "Static"  # published: question_type is set for time-sensitive ones only
         for key in DIMENSIONS[name]:
             for source in (extra, nested):
                 if source.get(key) not in (None, ""):
                     return str(source[key])
         if name == "source":  # private vs web from the passages' providers
             providers = {str(p.provider).lower() for p in self.grounding if p.provider}
-            return "private" if any("private" in p for p in providers) else "web"
+            private = any("private" in p or p == "ent" for p in providers)
+            return "private" if private else "web"
         return None
+
+
+def load_answers(path: Path, records: list[Record]) -> dict[str, str]:
+    """Answers made elsewhere: JSONL ``{"sample_id", "answer"}`` with the benchmark's citation
+    markers. An answer for no record of ours is not scored; none matching is an error."""
+    answers: dict[str, str] = {}
+    for lineno, row in iter_jsonl(path):
+        sample = row.get("sample_id")
+        record = f"{path}:{lineno}: record {sample!r}"
+        if isinstance(sample, int) and not isinstance(sample, bool):
+            sample = str(sample)
+        if not isinstance(sample, str) or not sample:
+            raise UserError(f"{record}: field sample_id: missing or not a string")
+        if not isinstance(row.get("answer"), str):
+            raise UserError(f"{record}: field answer: missing or not a string")
+        if sample in answers:
+            raise UserError(f"{record}: field sample_id: duplicate")
+        answers[sample] = row["answer"]
+    if not answers:
+        raise UserError(f"{path}: no answers")
+    if records and not set(answers) & {r.id for r in records}:
+        raise UserError(f"{path}: no sample_id is a record of the benchmark file")
+    return answers
 
 
 def citations(text: str, n_passages: int | None = None) -> set[int]:
@@ -147,7 +197,7 @@ def quality_band(share: float) -> str:
 def load_records(path: Path, limit: int | None = None) -> list[Record]:
     out, seen = [], set()
     for lineno, row in iter_jsonl(path, limit):
-        row.setdefault("id", str(lineno))
+        row.setdefault("id", row.get("sample_id", str(lineno)))
         try:
             record = Record.model_validate(row)
         except ValidationError as exc:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -21,11 +22,18 @@ from pydantic import Field
 from rich.console import Console
 from rich.table import Table
 
-from pipelines.config import Strict
-from pipelines.garage.data import DIMENSIONS, Record, citations, load_records, quality_band
+from pipelines.config import file_sha256
+from pipelines.garage.data import (
+    DIMENSIONS,
+    Record,
+    citations,
+    load_answers,
+    load_records,
+    quality_band,
+)
 from pipelines.options import framework_command
-from pipelines.protocol import Framework, ItemContext
-from pipelines.results import ItemResult
+from pipelines.protocol import Framework, FrameworkOptions, ItemContext
+from pipelines.results import ItemResult, not_scored
 from serving.templates import load_dir
 
 PROMPTS = load_dir(Path(__file__).parent / "prompts")
@@ -36,8 +44,9 @@ _SENTENCE = re.compile(r"(?<=[.!?])\s+(?=[A-Z0-9\"'(\[])")
 _MARKERS = re.compile(r"\s*(\[\d+(?:\s*,\s*\d+)*\]|【\d+】)")
 
 
-class GarageOptions(Strict):
+class GarageOptions(FrameworkOptions):
     input: Path
+    answers: Path | None = Field(None, description="answers made elsewhere (JSONL)")
     limit: int | None = Field(None, ge=1, description="only the first N records")
 
 
@@ -61,27 +70,50 @@ class Garage(Framework):
     name = "garage"
     Options = GarageOptions
     prompts = PROMPTS
+    roles = {"answer": "the benchmarked model (none with --answers)",
+             "judge": "eligibility, per-sentence support, deflection"}  # fmt: skip
+    stage_roles = {"answer": "answer", "*": "judge"}
+
+    def roles_used(self, options: GarageOptions) -> list[str]:
+        return ["answer", "judge"] if options.answers is None else ["judge"]
+
+    def identity(self, options: GarageOptions) -> dict[str, Any]:
+        found = super().identity(options)
+        if options.answers is not None:  # the answers are the input that is scored
+            found["answers_sha256"] = file_sha256(options.answers)
+        return found
 
     def load(self, options: GarageOptions) -> list[Record]:
         return load_records(options.input, options.limit)
 
+    def check_inputs(self, options: GarageOptions) -> None:
+        if options.answers is not None:
+            load_answers(options.answers, self.load(options))
+
+    def setup(self, request, root: Path) -> dict[str, str] | None:
+        answers = request.options.answers
+        return None if answers is None else load_answers(answers, [])
+
     async def solve(self, record: Record, ctx: ItemContext) -> ItemResult:
-        """Answer from the numbered passages, then judge. The item's score is its contribution
-        to the headline rate: RAF (eligible and relevance-aware factual) for an answerable
-        question, a deflection for a question that expects one."""
-        template = PROMPTS["answer"]
-        passages = [p.model_dump() for p in record.grounding]
-        result = await ctx.chat(
-            template.messages(question=record.question, question_date=record.question_date,
-                              passages=passages),
-            stage="answer", template=template.id,
-        )  # fmt: skip
-        answer = result.text.strip()
+        """Answer from the numbered passages (or take the answer made elsewhere), then judge.
+        The item's score is its contribution to the headline rate: RAF (eligible and
+        relevance-aware factual) for an answerable question, a deflection for a question that
+        expects one."""
         ctx.details |= {
-            "answer": answer, "expects_deflection": record.expects_deflection,
+            "expects_deflection": record.expects_deflection,
             "dimensions": {name: record.dimension(name) for name in DIMENSIONS},
             "grounding_quality": quality_band(record.relevant_share),
-        }  # fmt: skip
+        }
+        if ctx.resources is not None:  # answers made elsewhere
+            given = ctx.resources.get(record.id)
+            if given is None:
+                ctx.details["missing_answer"] = True
+                return ctx.result("abstained", None, "the answers file has no answer for this "
+                                  "sample_id: not scored, counted")  # fmt: skip
+            answer = given.strip()
+        else:
+            answer = await generate_answer(ctx, record)
+        ctx.details["answer"] = answer
         if not answer:
             return ctx.result("abstained", None, "the model returned no text")
         deflected = await ctx.choose(PROMPTS["deflection"], ["missing", "attempted"], "deflection",
@@ -119,6 +151,18 @@ class Garage(Framework):
         spec = {"kind": "bars", "labels": list(table2), "values": list(table2.values()),
                 "ylabel": "share of answerable questions"}  # fmt: skip
         return [("GaRAGe Table 2", spec)]
+
+
+async def generate_answer(ctx: ItemContext, record: Record) -> str:
+    """The answering model's answer from the numbered passages, with [n] citations."""
+    template = PROMPTS["answer"]
+    passages = [p.model_dump() for p in record.grounding]
+    result = await ctx.chat(
+        template.messages(question=record.question, question_date=record.question_date,
+                          passages=passages),
+        stage="answer", template=template.id,
+    )  # fmt: skip
+    return result.text.strip()
 
 
 async def support_labels(ctx: ItemContext, passages: list[str], parts: list[str], stage: str):
@@ -183,8 +227,7 @@ def summarise(records: list[ItemResult]) -> dict[str, Any]:
     attributions = [r["attribution"] for r in answerable]
     return {
         "n": len(records),
-        "not_scored": {s: sum(r.status == s for r in records)
-                       for s in ("unparseable", "abstained", "error")},
+        "not_scored": not_scored(records),
         "table2": {
             "n": len(answerable),
             "eligibility": _rate([r["eligible"] for r in answerable]),
@@ -211,7 +254,11 @@ def summarise(records: list[ItemResult]) -> dict[str, Any]:
 def breakdowns(records: list[ItemResult]) -> dict[str, dict[str, Any]]:
     """The same tables per value of each question dimension and per grounding-quality band."""
     out: dict[str, dict[str, Any]] = {}
-    keys = {name: lambda r, n=name: r.details["dimensions"].get(n) for name in DIMENSIONS}
+
+    def dimension(name: str) -> Callable[[ItemResult], Any]:
+        return lambda r: r.details["dimensions"].get(name)
+
+    keys = {name: dimension(name) for name in DIMENSIONS}
     keys["grounding_quality"] = lambda r: r.details["grounding_quality"]
     for name, key in keys.items():
         groups: dict[str, list] = {}
@@ -249,7 +296,11 @@ GARAGE = Garage()
 def eval_garage(
     input: Annotated[Path, typer.Argument(help="GaRAGe JSONL (published schema)")],
     limit: Annotated[int | None, typer.Option(help="only the first N records")] = None,
+    answers: Annotated[
+        Path | None, typer.Option(help='score answers made elsewhere: {"sample_id", "answer"}')
+    ] = None,
 ) -> dict[str, Any]:
     """GaRAGe: cited answers judged for eligibility, (relevance-aware) factuality, deflection and
-    attribution; writes tables.json with Tables 2-4 and their breakdowns."""
-    return {"input": input, "limit": limit}
+    attribution; writes tables.json with Tables 2-4 and their breakdowns. With --answers no
+    model answers: the given answers (with the benchmark's [n] markers) are judged."""
+    return {"input": input, "limit": limit, "answers": answers}

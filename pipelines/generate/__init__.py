@@ -6,15 +6,16 @@ ELI5 study builds on (template ``answer_from_texts``).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import typer
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field
 
-from pipelines.config import RecordId, Strict, read_jsonl
+from pipelines.config import RecordId, read_jsonl
 from pipelines.options import framework_command
-from pipelines.protocol import Framework, ItemContext
+from pipelines.protocol import Framework, FrameworkOptions, ItemContext
 from pipelines.results import ItemResult
 from serving.templates import load_dir
 
@@ -29,7 +30,7 @@ class GenerateItem(BaseModel):
     contexts: list[str] = Field(default_factory=list)
 
 
-class GenerateOptions(Strict):
+class GenerateOptions(FrameworkOptions):
     input: Path
     template: Literal["answer", "answer_from_texts"] = "answer"
 
@@ -38,8 +39,10 @@ class Generate(Framework):
     name = "generate"
     Options = GenerateOptions
     prompts = PROMPTS
+    roles = {"answer": "writes the answers"}
+    stage_roles = {"generate": "answer"}
 
-    def load(self, options: GenerateOptions) -> list[GenerateItem]:
+    def load(self, options: GenerateOptions) -> Sequence[GenerateItem]:
         return read_jsonl(options.input, GenerateItem)
 
     def prompt_ids(self, options: GenerateOptions) -> dict[str, str]:

@@ -71,6 +71,8 @@ def load_queries(path: Path) -> dict[str, Query]:
             raise UserError(f"{where}: field subtopics: not a list")
         subtopics = []
         for n, entry in enumerate(raw, 1):
+            sid: str | None
+            text: str | None
             if isinstance(entry, str):
                 sid, text = str(n), _text(entry)
             elif isinstance(entry, dict):
@@ -135,11 +137,12 @@ def load_qrels(path: Path, wanted: set[str]) -> tuple[dict[str, dict[str, set[st
         qid, doc = values["query_id"], values["doc_id"]
         if qid not in wanted:
             continue
-        docs = qrels.setdefault(qid, {})  # type: ignore[arg-type]
-        docs.setdefault(doc, set())  # type: ignore[arg-type]
-        where.setdefault((qid, doc), lineno)  # type: ignore[arg-type]
+        assert qid is not None and doc is not None  # checked above
+        docs = qrels.setdefault(qid, {})
+        docs.setdefault(doc, set())
+        where.setdefault((qid, doc), lineno)
         if relevance > 0:
-            docs[doc].add(values["subtopic_id"])  # type: ignore[index,arg-type]
+            docs[doc].add(values["subtopic_id"])  # type: ignore[arg-type]
     if not rows:
         raise UserError(f"{path}: no records")
     return qrels, where

@@ -20,27 +20,28 @@ from pydantic import Field, model_validator
 from rich.console import Console
 from rich.table import Table
 
-from pipelines.config import Strict, UserError
+from pipelines.config import UserError
 from pipelines.icat import data, scoring
 from pipelines.icat.grounding import ClaimGrounding, EntailmentModel, Grounder, NliBatcher
 from pipelines.options import framework_command
-from pipelines.protocol import Framework, ItemContext
-from pipelines.results import ItemResult
+from pipelines.protocol import Framework, FrameworkOptions, ItemContext
+from pipelines.results import ItemResult, not_scored
 from serving.parsing import ParseError
 from serving.templates import load_dir
 
 PROMPTS = load_dir(Path(__file__).parent / "prompts")
+NLI_STAGE = "nli-cross-encoder"  # snippet-claim pairs the NLI model judged (no LLM call)
 Variant = Literal["m", "s", "a"]
 NAMES = {"m": "ICAT-M", "s": "ICAT-S", "a": "ICAT-A"}
 
 
-class IcatOptions(Strict):
+class IcatOptions(FrameworkOptions):
     input: Path = Field(description="responses JSONL: query_id, response (id, system)")
     queries: Path = Field(description="queries JSONL: query_id, query, subtopics")
     qrels: Path | None = Field(None, description="qrels JSONL (ICAT-M)")
     index: Path | None = Field(None, description="corpus index built by `index build`")
     snippets: Path | None = Field(None, description="web snippets per claim (JSONL)")
-    variants: list[Variant] = Field(default_factory=lambda: ["s", "a"], min_length=1)
+    variants: list[Variant] = Field(default=["s", "a"], min_length=1)
     betas: list[float] = Field(default_factory=lambda: [1.0], min_length=1)
     k: int = Field(10, ge=1, le=1000, description="snippets per claim")
     retrieval: Literal["dense", "bm25", "hybrid"] = "dense"
@@ -49,9 +50,7 @@ class IcatOptions(Strict):
     nli_batch: int = Field(32, ge=1)
     nli_actors: int = Field(0, ge=0, le=4096, description="NLI on N Ray Data actors (0: here)")
     threshold: float = Field(scoring.THRESHOLD, gt=0, lt=1, description="P(entailment) >")
-    extractor: str | None = Field(None, description="adapter that extracts the claims")
     max_aspects: int = Field(10, ge=1, le=50)
-    max_reasks: int = Field(2, ge=0, le=5)
     list_max_items: int = Field(60, ge=1, le=500, description="most claims per response (vLLM)")
     line_max_chars: int = Field(300, ge=20, le=2000)
     limit: int | None = Field(None, ge=1)
@@ -108,10 +107,9 @@ async def extract_claims(ctx: ItemContext, response: str) -> list[str]:
     if not response.strip():
         return []
     options: IcatOptions = ctx.options
-    adapter = {"adapter": options.extractor} if options.extractor else {}
     parsed = await ctx.ask(
         PROMPTS["extract_claims"], "claims", parse_claims, "one '- <claim>' per line, or None",
-        {"response": response}, regex=claims_regex(options), **adapter,
+        {"response": response}, regex=claims_regex(options),
     )  # fmt: skip
     return parsed.value
 
@@ -193,7 +191,7 @@ def covered_m(
     query_qrels = qrels.get(item.query_id, {})
     covered_ids = scoring.covered_by_qrels((g.supporting_doc for g in grounding), query_qrels)
     covered = [s.id for s in item.subtopics if s.id in covered_ids]
-    via = {s: sorted({g.supporting_doc for g in grounding if g.grounded
+    via = {s: sorted({g.supporting_doc or "" for g in grounding if g.grounded
                       and s in query_qrels.get(g.supporting_doc or "", set())})
            for s in covered}  # fmt: skip
     return covered, {"aspects": [s.id for s in item.subtopics], "covered": covered, "via": via}
@@ -207,6 +205,12 @@ class Icat(Framework):
     Options = IcatOptions
     prompts = PROMPTS
     report_only = frozenset({"nli_device", "nli_batch", "nli_actors"})
+    roles = {"extract": "the claims of a response (--extractor NAME: an adapter on --model)",
+             "judge": "ICAT-A's aspects and ICAT-S/A's alignment"}  # fmt: skip
+    stage_roles = {"claims": "extract", NLI_STAGE: "nli", "aspects": "judge", "align_*": "judge"}
+
+    def roles_used(self, options: IcatOptions) -> list[str]:
+        return ["extract"] + ["judge"] * bool({"s", "a"} & set(options.variants))
 
     def load(self, options: IcatOptions) -> list[data.Response]:
         queries = data.load_queries(options.queries)
@@ -222,9 +226,6 @@ class Icat(Framework):
     def setup(self, request, root: Path) -> Resources:
         options: IcatOptions = request.options
         ev = request.evaluator
-        if options.extractor and ev.endpoint is None and options.extractor not in ev.adapters:
-            raise UserError(f"extractor adapter {options.extractor!r} is not served: "
-                            f"add --lora {options.extractor}=PATH")  # fmt: skip
         index = web = None
         if options.index is not None:
             from retrieval.index import IndexError_, SearchIndex
@@ -278,7 +279,7 @@ class Icat(Framework):
         started = time.perf_counter()
         grounding = await ctx.resources.grounder.ground(claims)
         seconds["grounding"] = round(time.perf_counter() - started, 4)
-        ctx.meter.setdefault("nli", _nli_usage()).calls += sum(len(g.snippets) for g in grounding)
+        ctx.account(NLI_STAGE, sum(len(g.snippets) for g in grounding))
         ctx.details["grounding"] = [g.record() for g in grounding]
         grounded = [g.claim for g in grounding if g.grounded]
         s_fact = len(grounded) / len(claims)
@@ -340,12 +341,6 @@ class Icat(Framework):
         return [("ICAT_β sweep", spec)]
 
 
-def _nli_usage():
-    from serving.client import StageUsage
-
-    return StageUsage()
-
-
 def _per_query(values: list[tuple[str, float | None]]) -> list[float | None]:
     """One value per query: the mean of its items' defined values (None if none is defined)."""
     by_query: dict[str, list[float]] = {}
@@ -383,6 +378,7 @@ def table3(results: list[ItemResult], options: IcatOptions) -> dict[str, Any]:
             "statuses": {
                 s: sum(r.status == s for r in records) for s in sorted({r.status for r in records})
             },  # fmt: skip
+            "not_scored": not_scored(records),
             "s_fact": _column(records, lambda r: r.details.get("s_fact")),
         }
         for v in options.variants:
@@ -424,7 +420,9 @@ def eval_icat(
     beta: Annotated[str | None, typer.Option(help="e.g. 0.5,1,2 (default 1)")] = None,
     k: Annotated[int | None, typer.Option(help="snippets per claim (10)")] = None,
     retrieval: Annotated[str | None, typer.Option(help="dense | bm25 | hybrid")] = None,
-    extractor: Annotated[str | None, typer.Option(help="claim-extractor adapter name")] = None,
+    extractor: Annotated[
+        str | None, typer.Option(help="claim-extractor adapter on --model (= --role extract=:NAME)")
+    ] = None,
     limit: Annotated[int | None, typer.Option(help="only the first N responses")] = None,
     nli_actors: Annotated[int | None, typer.Option(help="NLI on N Ray Data actors")] = None,
 ) -> dict[str, Any]:
@@ -432,7 +430,8 @@ def eval_icat(
     response, ICAT-M / ICAT-S / ICAT-A and ICAT_β; writes icat.json (paper Table 3 layout)."""
     return {"input": input, "queries": queries, "nli_model": nli_model, "index": index,
             "snippets": snippets, "qrels": qrels, "k": k, "retrieval": retrieval,
-            "extractor": extractor, "limit": limit, "nli_actors": nli_actors,
+            "roles.extract": extractor and {"adapter": extractor},
+            "limit": limit, "nli_actors": nli_actors,
             "variants": _split(variant),
             "betas": _split(beta, float)}  # fmt: skip
 

@@ -8,6 +8,7 @@ NLI runs batched across every item in flight: concurrent items hand their pairs 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -22,7 +23,7 @@ from retrieval.nli import NliBatcher
 class EntailmentModel(Protocol):
     """What NLI grounding needs: (n, 3) probabilities, entailment first (``retrieval.nli``)."""
 
-    def probabilities(self, pairs: list[tuple[str, str]]) -> np.ndarray: ...
+    def probabilities(self, pairs: Sequence[tuple[str, str]]) -> np.ndarray: ...
 
 
 @dataclass

@@ -56,7 +56,7 @@ def correlate(x: list[float], y: list[float], resamples: int, seed: int = 0) -> 
             out[name] = None
             continue
         result = function(x, y)
-        entry = {"r": float(result.statistic), "p": float(result.pvalue)}
+        entry: dict[str, Any] = {"r": float(result.statistic), "p": float(result.pvalue)}
         try:  # a resample can be constant: its NaN and the warnings about it are expected
             with warnings.catch_warnings(), np.errstate(all="ignore"):
                 warnings.simplefilter("ignore")

@@ -1,0 +1,119 @@
+"""Model roles: which model plays which part of a framework.
+
+A framework declares its roles and the role of each stage that asks a model
+(``Framework.roles``, ``Framework.stage_roles``). ``--model/--endpoint/--adapter`` are every
+role's default; ``--role ROLE=MODEL[@URL][:ADAPTER]`` (repeatable) and the YAML ``roles:``
+section replace the model of one role. The system under evaluation (``answer``, ``generate``)
+and its judges are different roles: a run whose judge resolves to the answering model says so.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import model_validator
+
+from pipelines.config import EvaluatorConfig, Strict, UserError
+
+# Roles that write the output under evaluation; every other role judges or extracts.
+SYSTEM_ROLES = ("answer", "generate")
+
+
+class RoleSpec(Strict):
+    """One role's model. Without ``model`` the role keeps the default model (``adapter``
+    alone: an adapter on it, as ``--extractor NAME``); with ``model`` and no ``endpoint`` the
+    run starts that model itself."""
+
+    model: str | None = None
+    endpoint: str | None = None
+    adapter: str | None = None
+    api_key_env: str | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _from_text(cls, value: Any) -> Any:
+        return parse_spec(value) if isinstance(value, str) else value
+
+
+def parse_spec(text: str) -> dict[str, str | None]:
+    """``MODEL``, ``MODEL@URL``, ``MODEL:ADAPTER@URL``, ``MODEL@URL:ADAPTER`` or ``:ADAPTER``.
+
+    After a URL, ``:NAME`` is an adapter unless it is a port (digits) or part of the path.
+    Before the URL, ``MODEL:TAG`` stays whole here: it names an adapter only if that adapter
+    is served or registered (``ModelRef.parse``), so ``llama3:8b`` at an endpoint is a model.
+    """
+    text = text.strip()
+    if not text:
+        raise ValueError("empty model spec")
+    model, at, url = text.partition("@")
+    adapter = None
+    if at:
+        head, colon, tail = url.rpartition(":")
+        if colon and tail and "/" not in tail and not tail.isdigit() and "//" in head:
+            url, adapter = head, tail
+        if not url.startswith(("http://", "https://")):
+            raise ValueError(f"{text!r}: after @ comes an http(s) URL")
+    if model.startswith(":"):  # ':ADAPTER': an adapter on the default model
+        return {"adapter": model[1:] or None, "endpoint": url or None}
+    return {"model": model or None, "endpoint": url or None, "adapter": adapter}
+
+
+def parse_role_options(values: list[str] | None) -> dict[str, str]:
+    """``--role ROLE=SPEC`` (repeatable) -> {role: spec}; the spec is checked with the config."""
+    out: dict[str, str] = {}
+    for value in values or []:
+        role, sep, spec = value.partition("=")
+        role = role.strip()
+        if not sep or not role or not spec.strip():
+            raise UserError(f"--role expects ROLE=MODEL[@URL][:ADAPTER], got {value!r}")
+        if role in out:
+            raise UserError(f"--role {role}: given twice")
+        out[role] = spec.strip()
+    return out
+
+
+def role_evaluator(default: EvaluatorConfig, spec: RoleSpec | None) -> EvaluatorConfig:
+    """The evaluator of one role: the default one, with the spec's model (and where it is
+    served) in place of the default's. Sampling, concurrency and timeouts stay shared."""
+    if spec is None:
+        return default
+    base = default.model_dump()
+    if spec.model is None:  # an adapter (or endpoint) for the default model
+        update: dict[str, Any] = {"adapter": spec.adapter}
+        if spec.endpoint:
+            update |= {"endpoint": spec.endpoint, "replicas": 1, "adapter_prefix": ""}
+    else:
+        # Another model: served at its URL, or started here with only the adapter it asks for
+        # among the --lora adapters (the default's other adapters belong to the default base).
+        adapters = {k: v for k, v in default.adapters.items() if spec.model.endswith(f":{k}")}
+        if spec.adapter and spec.adapter in default.adapters:
+            adapters[spec.adapter] = default.adapters[spec.adapter]
+        update = {"model": spec.model, "endpoint": spec.endpoint, "adapter": spec.adapter,
+                  "adapters": {} if spec.endpoint else adapters, "adapter_prefix": "",
+                  "replicas": 1 if spec.endpoint else default.replicas}  # fmt: skip
+    if spec.api_key_env:
+        update["api_key_env"] = spec.api_key_env
+    return EvaluatorConfig.model_validate(base | update)
+
+
+def same_model(a: EvaluatorConfig, b: EvaluatorConfig) -> bool:
+    """Whether two roles resolve to the same model (base and adapter; where it is served
+    does not make it another model)."""
+    return model_identity(a) == model_identity(b)
+
+
+def model_identity(ev: EvaluatorConfig) -> tuple[str, str | None]:
+    preset = ev.ref().preset
+    return (preset.hub_id if preset is not None else ev.model), ev.adapter
+
+
+def self_judging(roles: dict[str, EvaluatorConfig]) -> list[dict[str, str]]:
+    """Pairs (system role, judging role) that resolve to the same model."""
+    found = []
+    for system in SYSTEM_ROLES:
+        if system not in roles:
+            continue
+        for role, ev in roles.items():
+            if role not in SYSTEM_ROLES and same_model(roles[system], ev):
+                found.append({"system": system, "judge": role, "model": ev.ref().request_name})
+    return found

@@ -1,0 +1,286 @@
+"""The runtime contract between frameworks and the runtime: records parsed once for the tables,
+stages asked only through ItemContext, options that change scores in the run identity, one
+definition of "not scored", comprehensiveness rules in one object, max_reasks declared, and
+hostile input (deep nesting) refused in one line."""
+
+from __future__ import annotations
+
+import ast
+import os
+import re
+import subprocess
+import sys
+import time
+from dataclasses import FrozenInstanceError
+from pathlib import Path
+
+import httpx
+import pytest
+from typer.testing import CliRunner
+
+from pipelines.cli import app
+from pipelines.results import ItemResult, StageFailure, not_scored
+
+ROOT = Path(__file__).resolve().parents[1]
+FRAMEWORK_PACKAGES = [p for p in (ROOT / "pipelines").iterdir()
+                      if p.is_dir() and (p / "__init__.py").is_file()]  # fmt: skip
+
+
+def cli(args: list[str]):
+    return CliRunner().invoke(app, args)
+
+
+# ---- aggregate gets the records parsed once ------------------------------------------------------
+
+
+def crux_record(i: int, status: str = "ok") -> ItemResult:
+    details = {"cov": 0.5, "alpha_ndcg": 0.4, "den": 0.9, "unrated": 1, "rated": []}
+    return ItemResult(id=f"t{i}", status=status, score=0.5, explanation="by hand",
+                      details=details)  # fmt: skip
+
+
+def test_tables_parse_each_record_once(tmp_path, monkeypatch):
+    """CRUX's aggregate makes many passes over the records; each record is read once."""
+    import pipelines.runstore as runstore
+    from pipelines.crux.framework import CruxOptions
+    from pipelines.report import load_outcome
+
+    store = runstore.RunStore(tmp_path)
+    options = CruxOptions(input=tmp_path / "run.trec", topics=tmp_path / "t.jsonl",
+                          passages=tmp_path / "p.jsonl")  # fmt: skip
+    store.open(framework="crux", task="crux", config={}, options=options.model_dump(mode="json"),
+               items=3)  # fmt: skip
+    for i in range(3):
+        store.append(crux_record(i))
+    store.close()
+    parsed = []
+    original = runstore._parse_record
+    monkeypatch.setattr(runstore, "_parse_record", lambda *a: parsed.append(1) or original(*a))
+    outcome = load_outcome(tmp_path)
+    assert outcome.tables["cov"] == 0.5 and outcome.tables["topics"] == 3
+    assert len(parsed) == 3
+
+
+# ---- frameworks ask through ItemContext only ----------------------------------------------------
+
+
+def _context_internals(path: Path) -> list[str]:
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        on_ctx = isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name)
+        if on_ctx and node.value.id == "ctx" and node.attr in ("meter", "client", "clients"):
+            found.append(f"{path.relative_to(ROOT)}:{node.lineno}: ctx.{node.attr}")
+    return found
+
+
+def test_no_framework_touches_the_client_or_the_meter():
+    offenders = [hit for package in FRAMEWORK_PACKAGES for path in package.rglob("*.py")
+                 for hit in _context_internals(path)]  # fmt: skip
+    assert offenders == []
+
+
+async def test_attempt_returns_what_ask_raises_and_account_counts():
+    from pipelines.protocol import ItemContext
+    from pipelines.results import StageFailed
+    from serving.templates import REASK
+    from tests.support.scripted import ScriptedClient
+
+    client = ScriptedClient({"rate": ["x", "y", "z", "w"]})
+    ctx = ItemContext("i", client, None, max_reasks=1)
+    parsed = await ctx.attempt(REASK, "rate", int, "a number", {"error": "e", "expected": "n"})
+    assert parsed.status == "unparseable" and parsed.outputs == ["x", "y"]
+    with pytest.raises(StageFailed):
+        await ctx.ask(REASK, "rate", int, "a number", {"error": "e", "expected": "n"})
+    ctx.account("nli-cross-encoder", 7)
+    ctx.account("nli-cross-encoder", 3)
+    assert ctx.usage()["nli-cross-encoder"]["calls"] == 10
+    assert ctx.usage()["rate"]["calls"] == 4
+
+
+# ---- options that change scores identify the run -------------------------------------------------
+
+
+def test_crux_tokenizer_is_part_of_the_run_identity(tmp_path):
+    from pipelines.crux.framework import CRUX, CruxOptions
+
+    base = {"input": tmp_path / "r", "topics": tmp_path / "t", "passages": tmp_path / "p"}
+    words = CRUX.identity(CruxOptions(**base))
+    llama = CRUX.identity(CruxOptions(**base, tokenizer="meta-llama/Llama-3.1-70B-Instruct"))
+    assert words != llama
+
+
+# ---- one definition of "not scored" -------------------------------------------------------------
+
+FAILURE = StageFailure(stage="s", error="e")
+
+
+def mixed(details: dict) -> list[ItemResult]:
+    return [
+        ItemResult(id="a", status="ok", score=1.0, explanation="x", details=details),
+        ItemResult(id="b", status="abstained", score=0.0, explanation="x", details=details),
+        ItemResult(id="c", status="abstained", score=None, explanation="x", details=details),
+        ItemResult(id="d", status="undefined", explanation="x", details=details),
+        ItemResult(id="e", status="unparseable", explanation="x", details=details,
+                   failure=FAILURE),  # fmt: skip
+        ItemResult(id="f", status="error", explanation="x", details=details, failure=FAILURE),
+    ]
+
+
+def test_not_scored_is_one_definition():
+    records = mixed({})
+    assert not_scored(records) == {"abstained": 1, "undefined": 1, "unparseable": 1, "error": 1}
+    assert not_scored(records, lambda r: 0.0 if r.status == "undefined" else r.score) == {
+        "abstained": 1, "unparseable": 1, "error": 1,
+    }  # fmt: skip
+
+
+def test_every_frameworks_table_counts_not_scored_the_same_way(tmp_path):
+    from pipelines.crux.framework import CRUX, CruxOptions
+    from pipelines.fanoutqa.framework import table_row
+    from pipelines.garage.framework import summarise
+    from pipelines.icat.framework import IcatOptions, table3
+
+    garage = {"expects_deflection": True, "deflected": True, "attribution": {
+        "precision": None, "recall": None, "f1": None}}  # fmt: skip
+    records = mixed({"setting": "closed-book", "query_id": "q", "system": "s"} | garage)
+    expected = not_scored(records)
+    assert table_row(records)["not_scored"] == expected
+    assert summarise(records)["not_scored"] == expected
+    crux = CruxOptions(input=tmp_path / "r", topics=tmp_path / "t", passages=tmp_path / "p")
+    assert CRUX.aggregate(records, crux)["not_scored"] == expected
+    icat = IcatOptions(input=tmp_path / "r", queries=tmp_path / "q", snippets=tmp_path / "s",
+                       nli_model="x")  # fmt: skip
+    assert table3(records, icat)["s"]["not_scored"] == expected
+
+
+# ---- comprehensiveness rules live in one object -------------------------------------------------
+
+
+def test_comprehensiveness_rules_are_one_frozen_object_per_protocol():
+    from pipelines.comprehensiveness import ComprehensivenessOptions
+    from pipelines.comprehensiveness.rules import rules_for
+
+    paper = ComprehensivenessOptions(protocol="paper")
+    assert paper.rules is ComprehensivenessOptions(protocol="paper").rules is rules_for("paper")
+    with pytest.raises(FrozenInstanceError):
+        paper.rules.summarisation = False  # type: ignore[misc]
+    spec = ComprehensivenessOptions(protocol="spec").rules
+    differing = {k for k, v in paper.rules.as_dict().items() if spec.as_dict()[k] != v}
+    assert differing == set(paper.rules.as_dict())  # every rule is one the protocols choose
+    assert ComprehensivenessOptions(protocol="spec", summarise=True).rules.summarisation
+
+
+def test_no_comprehensiveness_code_asks_the_protocol_by_name():
+    pattern = re.compile(r"protocol\s*[!=]=|\bpaper\(|\bsummarises\(|is_paper")
+    package = ROOT / "pipelines" / "comprehensiveness"
+    hits = [f"{path.name}:{n}" for path in package.glob("*.py") if path.name != "rules.py"
+            for n, line in enumerate(path.read_text().splitlines(), 1)
+            if pattern.search(line)]  # fmt: skip
+    assert hits == []
+
+
+def test_readme_protocol_table_names_every_rule():
+    from pipelines.comprehensiveness.rules import Rules
+
+    readme = (ROOT / "README.md").read_text()
+    table = readme[readme.index("| rule (field of `Rules`) |") :]
+    table = table[: table.index("\n\n")]
+    for name in Rules.__dataclass_fields__:
+        if name != "protocol":
+            assert f"`{name}`" in table, name
+
+
+# ---- max_reasks is a declared option ----------------------------------------------------------
+
+
+def test_every_framework_declares_max_reasks():
+    from pipelines.protocol import Framework, FrameworkOptions
+    from pipelines.registry import studies
+
+    frameworks = [s for s in studies().values() if isinstance(s, Framework)]
+    assert len(frameworks) >= 9
+    for fw in frameworks:
+        assert issubclass(fw.Options, FrameworkOptions), fw.name
+        assert "max_reasks" in fw.Options.model_fields, fw.name
+
+
+def test_max_reasks_from_yaml_reaches_the_stage(tmp_path):
+    """GaRAGe had no max_reasks: the YAML key was refused; now it bounds the re-asks."""
+    from pipelines.garage.framework import GARAGE
+    from pipelines.options import Shared, load_request
+    from pipelines.runner import execute, fixed_client
+    from tests.support.scripted import ScriptedClient
+
+    config = tmp_path / "c.yaml"
+    config.write_text("garage:\n  max_reasks: 0\nevaluator:\n  endpoint: http://127.0.0.1:9/v1\n"
+                      "  model: m\n")  # fmt: skip
+    records = ROOT / "examples" / "garage.jsonl"
+    request = load_request(GARAGE, {"input": records, "limit": 1},
+                           Shared(config=config, run_dir=tmp_path / "run"))  # fmt: skip
+    assert request.options.max_reasks == 0
+    client = ScriptedClient({"answer": "It is 330 m tall [1].", "deflection": "attempted",
+                             "eligibility": "not a label"}, check_constraints=False)  # fmt: skip
+    request.run.cache = None
+    [outcome] = execute(GARAGE, request, quiet=True,
+                        open_client=lambda ev, d: fixed_client(client)).values()  # fmt: skip
+    assert outcome.results[0].status == "unparseable"
+    assert len(client.stage_calls("eligibility")) == 1  # no re-ask
+
+
+# ---- hostile input: one line, exit 2 ------------------------------------------------------------
+
+
+def test_deeply_nested_inputs_are_one_line(tmp_path):
+    deep = "[" * 200_000 + "]" * 200_000
+    jsonl = tmp_path / "deep.jsonl"
+    jsonl.write_text('{"id": "a", "question": "q", "deep": ' + deep + "}\n")
+    result = cli(["generate", str(jsonl), "--run-dir", str(tmp_path / "r")])
+    assert result.exit_code == 2 and "deep.jsonl:1: JSON nested too deeply" in result.output
+    assert len(result.output.strip().splitlines()) == 1 and not (tmp_path / "r").exists()
+    fanout = tmp_path / "deep.json"
+    fanout.write_text(deep)
+    result = cli(["eval", "fanoutqa", "--data", str(fanout), "--run-dir", str(tmp_path / "r")])
+    assert result.exit_code == 2 and "JSON nested too deeply" in result.output
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text('{"id": "d", "contents": ' + deep + "}\n")
+    result = cli(["index", "build", str(corpus), str(tmp_path / "idx")])
+    assert result.exit_code == 2 and "JSON nested too deeply" in result.output
+    config = tmp_path / "deep.yaml"
+    config.write_text("a: " + "[" * 100_000 + "]" * 100_000 + "\n")
+    result = cli(["generate", str(jsonl), "--config", str(config)])
+    assert result.exit_code == 2 and len(result.output.strip().splitlines()) == 1
+
+
+# ---- view off loopback needs a key ------------------------------------------------------------
+
+
+def test_view_off_loopback_needs_a_key(tmp_path):
+    run_dir = tmp_path / "run"
+    from pipelines.runstore import RunStore
+
+    store = RunStore(run_dir)
+    store.open(framework="generate", task="generate", config={}, options={"input": "x"},
+               models={}, prompts={}, items=0)  # fmt: skip
+    result = cli(["view", str(run_dir), "--host", "0.0.0.0", "--port", "0"])
+    assert result.exit_code == 2 and "--api-key-env" in result.output
+    env = os.environ | {"VIEW_KEY": "s3cret"}
+    process = subprocess.Popen(
+        [sys.executable, "-m", "pipelines.cli", "view", str(run_dir), "--host", "0.0.0.0",
+         "--port", "0", "--api-key-env", "VIEW_KEY"],
+        stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT,
+    )  # fmt: skip
+    try:
+        line = ""
+        deadline = time.time() + 60
+        while "report at" not in line and time.time() < deadline:
+            line += process.stderr.readline()  # type: ignore[union-attr]
+        port = int(re.search(r":(\d+)/", line).group(1))  # type: ignore[union-attr]
+        url = f"http://127.0.0.1:{port}/"
+        assert httpx.get(url).status_code == 401
+        assert httpx.get(url, headers={"Authorization": "Bearer wrong"}).status_code == 401
+        assert httpx.get(url, headers={"Authorization": "Bearer s3cret"}).status_code == 200
+        assert httpx.get(url, auth=("anyone", "s3cret")).status_code == 200  # a browser's login
+    finally:
+        process.terminate()
+        process.wait(10)
+

@@ -1,0 +1,328 @@
+"""Model roles with scripted clients, one per role: each stage's requests reach its role's model,
+scores follow the judge (not the answerer), outputs made elsewhere are scored without an
+answering model, and a judge that is the answering model is said so."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from pipelines.cli import app
+from pipelines.config import EvaluatorConfig, RunConfig, UserError
+from pipelines.crux.framework import CRUX, CruxOptions
+from pipelines.fanoutqa.framework import FANOUTQA, FanoutOptions
+from pipelines.garage.framework import GARAGE, GarageOptions
+from pipelines.protocol import RunRequest
+from pipelines.roles import RoleSpec, parse_role_options, parse_spec, role_evaluator
+from pipelines.runner import execute, fixed_client
+from tests.support.scripted import ScriptedClient, by_text
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+ANSWERER = "http://answerer.invalid/v1"
+GRADER = "http://grader.invalid/v1"
+
+
+def request_for(options, run_dir: Path, **roles: str) -> RunRequest:
+    default = EvaluatorConfig(model="answerer", endpoint=ANSWERER, concurrency=2)
+    specs = {role: RoleSpec.model_validate(spec) for role, spec in roles.items()}
+    return RunRequest(default, RunConfig(run_dir=run_dir, cache=None), options, specs)
+
+
+def run_with(study, request, clients: dict[str, ScriptedClient], opened: list[str] | None = None):
+    """Run with one scripted client per model name; ``opened`` records which were opened."""
+
+    def open_client(ev, run_dir):
+        if opened is not None:
+            opened.append(ev.model)
+        return fixed_client(clients[ev.model])
+
+    return execute(study, request, quiet=True, open_client=open_client)
+
+
+def report_json(path: Path) -> list[dict]:
+    result = CliRunner().invoke(app, ["report", str(path), "--json"], catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    return [json.loads(line) for line in result.output.splitlines()]
+
+
+# ---- role specs ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("gpt-oss-20b", {"model": "gpt-oss-20b", "endpoint": None, "adapter": None}),
+        ("m@http://gpu:8000/v1", {"model": "m", "endpoint": "http://gpu:8000/v1", "adapter": None}),
+        ("m@http://gpu:8000", {"model": "m", "endpoint": "http://gpu:8000", "adapter": None}),
+        ("m@http://gpu:8000/v1:claims",
+         {"model": "m", "endpoint": "http://gpu:8000/v1", "adapter": "claims"}),
+        ("m:claims@http://gpu/v1", {"model": "m:claims", "endpoint": "http://gpu/v1",
+                                    "adapter": None}),  # the colon is resolved by the config
+        (":claims", {"adapter": "claims", "endpoint": None}),
+    ],
+)  # fmt: skip
+def test_role_spec_grammar(text, expected):
+    assert parse_spec(text) == expected
+
+
+def test_role_options_are_checked():
+    assert parse_role_options(["judge=m@http://x/v1"]) == {"judge": "m@http://x/v1"}
+    for bad in (["judge"], ["=m"], ["judge="], ["judge=a", "judge=b"]):
+        with pytest.raises(UserError):
+            parse_role_options(bad)
+    with pytest.raises(ValueError, match="http"):
+        parse_spec("m@gpu:8000")
+
+
+def test_a_role_replaces_only_the_model():
+    default = EvaluatorConfig(model="answerer", endpoint=ANSWERER, concurrency=7, temperature=0.3)
+    judge = role_evaluator(default, RoleSpec.model_validate(f"grader@{GRADER}"))
+    assert (judge.model, judge.endpoint, judge.adapter) == ("grader", GRADER, None)
+    assert (judge.concurrency, judge.temperature) == (7, 0.3)  # shared settings stay
+    adapter = role_evaluator(default, RoleSpec(adapter="claims"))
+    assert (adapter.model, adapter.endpoint, adapter.adapter) == ("answerer", ANSWERER, "claims")
+    assert role_evaluator(default, None) is default
+
+
+def test_an_unknown_role_is_refused_in_one_line(tmp_path):
+    questions = tmp_path / "q.jsonl"
+    questions.write_text('{"id": "a", "question": "Why?"}\n')
+    result = CliRunner().invoke(
+        app, ["generate", str(questions), "--role", "judge=x@http://127.0.0.1:9/v1",
+              "--run-dir", str(tmp_path / "r")],
+    )  # fmt: skip
+    assert result.exit_code == 2
+    assert "--role judge: generate has the roles answer" in result.output
+    assert len(result.output.strip().splitlines()) == 1
+    assert not (tmp_path / "r").exists()
+
+
+# ---- FanOutQA: answerer and judge ---------------------------------------------------------------
+
+FANOUT = [
+    {"id": "f1", "question": "Which French cities host the two largest ports?",
+     "answer": ["Marseille", "Le Havre"]},
+    {"id": "f2", "question": "When did the tower open?", "answer": "1889"},
+]  # fmt: skip
+ANSWERS = {"French": "Marseille and Paris.", "tower": "It opened in 1887."}
+
+
+def fanout_clients() -> dict[str, ScriptedClient]:
+    # The answering model would grade its own answers F; the judge grades f1 B, f2 D.
+    answerer = ScriptedClient(
+        {"answer-closed-book": lambda p: by_text(ANSWERS, p), "judge": "Wrong.\nF"},
+        model="answerer", check_constraints=False,
+    )  # fmt: skip
+    grader = ScriptedClient(
+        {"judge": lambda p: "Partly right.\nB" if "Marseille" in p else "Wrong year.\nD"},
+        model="grader", check_constraints=False,
+    )  # fmt: skip
+    return {"answerer": answerer, "grader": grader}
+
+
+def test_fanoutqa_stages_reach_their_roles_and_the_judge_decides(tmp_path):
+    data = tmp_path / "dev.json"
+    data.write_text(json.dumps(FANOUT))
+    clients = fanout_clients()
+    request = request_for(FanoutOptions(input=data, judge=True), tmp_path / "run",
+                          judge=f"grader@{GRADER}")  # fmt: skip
+    outcome = run_with(FANOUTQA, request, clients)["closed-book"]
+    answerer, grader = clients["answerer"], clients["grader"]
+    assert [c.stage for c in answerer.calls] == ["answer-closed-book"] * 2
+    assert [c.stage for c in grader.calls] == ["judge"] * 2
+    assert {c.model for c in grader.calls} == {"grader"}
+    assert "Marseille and Paris." in grader.stage_calls("judge")[0].prompt + \
+        grader.stage_calls("judge")[1].prompt  # the judge sees the answerer's answer
+    # gpt_judge: f1 B (1), f2 D (0) -> 1/2; had the answerer judged (F, F) it would be 0.
+    assert outcome.tables["gpt_judge"] == pytest.approx(0.5)
+    assert outcome.tables["loose"] == pytest.approx(0.25)  # f1 finds 1 of 2, f2 none
+    manifest = json.loads((outcome.dir / "manifest.json").read_text())
+    assert manifest["roles"]["answer"]["request_model"] == "answerer"
+    assert manifest["roles"]["judge"]["request_model"] == "grader"
+    assert manifest["roles"]["judge"]["stages"] == ["judge"]
+    assert manifest["self_judging"] == []
+    assert manifest["config"]["model"] == "answerer"
+    assert manifest["config"]["roles"]["judge"]["model"] == "grader"
+    by_role = outcome.summary["usage_by_role"]
+    assert (by_role["answer"]["calls"], by_role["answer"]["model"]) == (2, "answerer")
+    assert (by_role["judge"]["calls"], by_role["judge"]["model"]) == (2, "grader")
+    [rebuilt] = report_json(outcome.dir)
+    assert rebuilt["summary"]["usage_by_role"]["judge"]["calls"] == 2
+    assert rebuilt["tables"] == outcome.tables
+
+
+def test_another_judge_is_another_run(tmp_path):
+    data = tmp_path / "dev.json"
+    data.write_text(json.dumps(FANOUT))
+    options = FanoutOptions(input=data, judge=True)
+    run_with(FANOUTQA, request_for(options, tmp_path / "run", judge=f"grader@{GRADER}"),
+             fanout_clients())  # fmt: skip
+    with pytest.raises(Exception, match="different task or config"):
+        run_with(FANOUTQA, request_for(options, tmp_path / "run"), fanout_clients())
+
+
+def test_a_judge_that_is_the_answering_model_is_said_so(tmp_path):
+    data = tmp_path / "dev.json"
+    data.write_text(json.dumps(FANOUT))
+    clients = fanout_clients()
+    outcome = run_with(FANOUTQA, request_for(FanoutOptions(input=data, judge=True),
+                                             tmp_path / "run"), clients)["closed-book"]  # fmt: skip
+    assert outcome.tables["gpt_judge"] == 0.0  # the answerer judged itself: F, F
+    manifest = json.loads((outcome.dir / "manifest.json").read_text())
+    assert manifest["self_judging"] == [
+        {"system": "answer", "judge": "judge", "model": "answerer"}
+    ]
+    result = CliRunner().invoke(app, ["report", str(outcome.dir)], catch_exceptions=False)
+    assert "self-judging: the judge role is the answer model answerer" in " ".join(
+        result.output.split()
+    )
+    from pipelines.report_html import render
+
+    page = render([outcome.dir])
+    assert "self-judging" in page and "answerer" in page
+
+
+def test_fanoutqa_answers_made_elsewhere_start_no_answering_model(tmp_path):
+    data = tmp_path / "dev.json"
+    data.write_text(json.dumps(FANOUT))
+    answers = tmp_path / "submission.json"
+    answers.write_text(json.dumps([
+        {"id": "f1", "answer": "Marseille and Le Havre."},
+        {"id": "nope", "answer": "not a question of ours"},
+    ]))  # fmt: skip
+    clients, opened = fanout_clients(), []
+    options = FanoutOptions(input=data, judge=True, answers=answers)
+    request = request_for(options, tmp_path / "run", judge=f"grader@{GRADER}")
+    outcomes = run_with(FANOUTQA, request, clients, opened)
+    assert list(outcomes) == ["answers"] and opened == ["grader"]
+    assert clients["answerer"].calls == []
+    outcome = outcomes["answers"]
+    statuses = {r.id: (r.status, r.score) for r in outcome.results}
+    # f2 has no answer: 0 in every column, as the official scorer counts it (not judged).
+    assert statuses == {"f1": ("ok", 1.0), "f2": ("abstained", 0.0)}
+    assert outcome.tables["loose"] == 0.5 and outcome.tables["strict"] == 0.5
+    assert outcome.tables["gpt_judge"] == 0.5 and outcome.tables["setting"] == "answers"
+    assert [c.stage for c in clients["grader"].calls] == ["judge"]
+    manifest = json.loads((outcome.dir / "manifest.json").read_text())
+    assert list(manifest["roles"]) == ["judge"] and "answers_sha256" in manifest["config"][
+        "options"
+    ]
+    # Without the judge no model at all is opened.
+    opened.clear()
+    plain = FanoutOptions(input=data, answers=answers)
+    run_with(FANOUTQA, request_for(plain, tmp_path / "run2"), fanout_clients(), opened)
+    assert opened == []
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        ('{"id": "f1"}', "expected a JSON list"),
+        ('[{"id": "f1"}]', "answer #0 ('f1'): field answer: missing or not a string"),
+        ('[{"id": "f1", "answer": "a"}, {"id": "f1", "answer": "b"}]', "field id: duplicate"),
+        ('[{"id": "x", "answer": "a"}]', "no answer id is a question id"),
+    ],
+)
+def test_bad_fanoutqa_answers_are_one_line_and_write_nothing(tmp_path, content, message):
+    data = tmp_path / "dev.json"
+    data.write_text(json.dumps(FANOUT))
+    answers = tmp_path / "answers.json"
+    answers.write_text(content)
+    result = CliRunner().invoke(app, ["eval", "fanoutqa", "--data", str(data), "--answers",
+                                      str(answers), "--run-dir", str(tmp_path / "r")])  # fmt: skip
+    assert result.exit_code == 2, result.output
+    assert message in result.output and len(result.output.strip().splitlines()) == 1
+    assert not (tmp_path / "r").exists()
+
+
+# ---- GaRAGe: answers made elsewhere, one judge ------------------------------------------------
+
+
+def test_garage_answers_made_elsewhere_are_judged_by_the_judge_role(tmp_path):
+    records = tmp_path / "garage.jsonl"
+    rows = [json.loads(line) for line in (EXAMPLES / "garage.jsonl").read_text().splitlines()]
+    for row in rows:  # the published schema names the id sample_id
+        row["sample_id"] = row.pop("id")
+    records.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    answers = tmp_path / "answers.jsonl"
+    answers.write_text(json.dumps({"sample_id": "g1", "answer": "It is 330 m tall [1]. "
+                                   "It was completed in 1889 [2]."}) + "\n")  # fmt: skip
+    grader = ScriptedClient({
+        "deflection": "attempted", "eligibility": "No Issues",
+        "support-all": "supported", "support-relevant": "supported",
+    }, model="grader")  # fmt: skip
+    opened: list[str] = []
+    request = request_for(GarageOptions(input=records, answers=answers), tmp_path / "run",
+                          judge=f"grader@{GRADER}")  # fmt: skip
+    outcome = run_with(GARAGE, request, {"grader": grader}, opened)[""]
+    assert opened == ["grader"]
+    statuses = {r.id: (r.status, r.score) for r in outcome.results}
+    assert statuses == {"g1": ("ok", 1.0), "g2": ("abstained", None)}  # g2: no answer given
+    g1 = next(r for r in outcome.results if r.id == "g1")
+    assert g1.details["attribution"] == {"precision": 1.0, "recall": 1.0, "f1": 1.0}
+    assert outcome.tables["table2"]["RAF"] == 1.0 and outcome.tables["not_scored"] == {
+        "abstained": 1
+    }
+    assert {c.stage for c in grader.calls} == {"deflection", "eligibility", "support-all",
+                                               "support-relevant"}  # fmt: skip
+
+
+def test_garage_reads_the_published_fields():
+    from pipelines.garage.data import Record
+
+    record = Record.model_validate({
+        "id": "s1", "question": "q?", "grounding": [{"text": "a", "provider": "ent"},
+                                                    {"text": "b", "provider": "web"}],
+        "evidence_relevant": ["YES", "NO"], "evidence_cited": ["NO", "YES"],
+        "question_sensitive": "No", "question_type": "", "question_complexity": "Comparison",
+        "question_popularity": "Tail", "question_category": "Finance", "question_tag": "web",
+    })  # fmt: skip
+    assert record.evidence_relevant == [True, False] and record.human_citations == {2}
+    assert record.dimension("time_sensitivity") == "Static"
+    assert record.dimension("complexity") == "Comparison"
+    assert record.dimension("popularity") == "Tail"
+    assert record.dimension("domain") == "Finance" and record.dimension("source") == "web"
+    fast = record.model_copy(update={"question_sensitive": "Yes", "question_type": "Fast-Changing"})
+    fast.model_extra.update(question_sensitive="Yes", question_type="Fast-Changing")
+    assert fast.dimension("time_sensitivity") == "Fast-Changing"
+    with pytest.raises(ValueError, match="3 tags for 2 grounding passages"):
+        Record.model_validate({"id": "s", "question": "q", "grounding": [{"text": "a"},
+                               {"text": "b"}], "evidence_relevant": [1, 0],
+                               "evidence_cited": ["YES", "NO", "NO"]})  # fmt: skip
+
+
+# ---- CRUX: a generator and a rater ---------------------------------------------------------------
+
+
+def test_crux_generator_and_rater_are_different_models(tmp_path):
+    topics = tmp_path / "topics.jsonl"
+    topics.write_text(json.dumps({"topic": "t1", "query": "What about the tower?",
+                                  "questions": ["How tall?", "When built?"]}) + "\n")  # fmt: skip
+    passages = tmp_path / "passages.jsonl"
+    texts = [("p1", "It is 330 m tall."), ("p2", "Built in 1889.")]
+    passages.write_text(
+        "".join(json.dumps({"id": i, "topic": "t1", "text": t}) + "\n" for i, t in texts)
+    )
+    ratings = tmp_path / "ratings.jsonl"
+    ratings.write_text("".join(json.dumps({"topic": "t1", "passage_id": p, "question": q,
+                                           "rating": r}) + "\n"
+                               for p, q, r in [("p1", 0, 5), ("p1", 1, 0), ("p2", 0, 0),
+                                               ("p2", 1, 4)]))  # fmt: skip
+    run = tmp_path / "run.trec"
+    run.write_text("t1 Q0 p1 1 2.0 bm25\nt1 Q0 p2 2 1.0 bm25\n")
+    writer = ScriptedClient({"answer": "The tower is 330 m tall."}, model="writer")
+    # The rater finds the answer covers sub-question 0 only; the writer would rate it 5 on both.
+    rater = ScriptedClient({"rate_answer": lambda p: "5" if "How tall" in p else "1"},
+                           model="rater")  # fmt: skip
+    options = CruxOptions(input=run, topics=topics, passages=passages, ratings=ratings,
+                          generate=True)  # fmt: skip
+    request = request_for(options, tmp_path / "out", generate=f"writer@{ANSWERER}",
+                          rate=f"rater@{GRADER}")  # fmt: skip
+    [outcome] = run_with(CRUX, request, {"writer": writer, "rater": rater}).values()
+    [record] = outcome.results
+    assert [c.stage for c in writer.calls] == ["answer"]
+    assert sorted(c.stage for c in rater.calls) == ["rate_answer", "rate_answer"]
+    assert record.details["cov"] == 1.0 and record.details["cov_y"] == 0.5

@@ -1,0 +1,158 @@
+"""Roles on real vLLM servers: two local base models in one invocation (one server each),
+SIGKILLed and resumed with both roles kept; answers made elsewhere judged by a LoRA adapter
+while no answering model is used."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import ADAPTER, require_engine
+
+pytestmark = pytest.mark.engine
+ROOT = Path(__file__).resolve().parents[1]
+QUESTIONS = [
+    {"id": f"q{n}", "question": f"Which river runs through city number {n}?",
+     "answer": ["Seine", "Loire"], "decomposition": [], "categories": []}
+    for n in range(1, 7)
+]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def tiny_model_b(tmp_path_factory) -> Path:
+    """A second tiny Llama with other random weights: another base model."""
+    from tests.support.tiny import build_tiny_llama
+
+    return build_tiny_llama(tmp_path_factory.mktemp("models-b") / "tiny-llama-b", seed=7)
+
+
+def count_lines(path: Path) -> int:
+    return path.read_bytes().count(b"\n") if path.is_file() else 0
+
+
+def cli(args: list[str]) -> list[str]:
+    return [sys.executable, "-m", "pipelines.cli", *args]
+
+
+def test_two_local_models_in_one_invocation_survive_a_kill(tiny_model, tiny_model_b, tmp_path):
+    require_engine()
+    data = tmp_path / "dev.json"
+    data.write_text(json.dumps(QUESTIONS))
+    config = tmp_path / "c.yaml"  # one judge attempt per item: the random judge rarely parses
+    config.write_text("fanoutqa:\n  max_reasks: 0\n")
+    run_dir = tmp_path / "run"
+    command = cli([
+        "eval", "fanoutqa", "--data", str(data), "--judge", "--model", str(tiny_model),
+        "--role", f"judge={tiny_model_b}", "--max-tokens", "24", "--concurrency", "1",
+        "--config", str(config), "--run-dir", str(run_dir), "--no-cache", "--quiet",
+    ])  # fmt: skip
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    results = run_dir / "closed-book" / "results.jsonl"
+    first = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                             start_new_session=True)  # fmt: skip
+    deadline = time.monotonic() + 600
+    while count_lines(results) < 1 and time.monotonic() < deadline and first.poll() is None:
+        time.sleep(0.01)
+    first.send_signal(signal.SIGKILL)
+    first.wait(30)
+    done_before = count_lines(results)
+    assert 1 <= done_before < len(QUESTIONS), "the kill must land mid-run"
+
+    second = subprocess.run(command, env=env, capture_output=True, text=True, timeout=900)
+    assert second.returncode == 0, second.stdout[-2000:] + second.stderr[-2000:]
+    records = [json.loads(line) for line in results.read_text().splitlines()]
+    assert sorted(r["id"] for r in records) == sorted(q["id"] for q in QUESTIONS)
+    for record in records:
+        assert record["status"] in {"ok", "abstained"}, record
+        if record["status"] == "ok":
+            assert set(record["usage"]) <= {"answer-closed-book", "judge"}
+            assert "judge" in record["details"]
+    manifest = json.loads((run_dir / "closed-book" / "manifest.json").read_text())
+    roles = manifest["roles"]
+    assert roles["answer"]["model"] == str(tiny_model)
+    assert roles["judge"]["model"] == str(tiny_model_b)
+    assert manifest["config"]["roles"]["judge"]["model"] == str(tiny_model_b)
+    assert manifest["self_judging"] == [] and len(manifest["resumed_at"]) == 1
+    # one server per base model, each with its own log
+    logs = sorted(p.name for p in (run_dir / "closed-book").glob("serve-*.log"))
+    assert logs == ["serve-tiny-llama-b.log", "serve-tiny-llama.log"]
+    summary = json.loads((run_dir / "closed-book" / "summary.json").read_text())
+    by_role = summary["usage_by_role"]
+    assert by_role["answer"]["requests"] >= 1 and by_role["judge"]["requests"] >= 1
+    assert by_role["judge"]["model"] == tiny_model_b.name  # the served name of a directory
+
+
+def test_answers_made_elsewhere_judged_by_an_adapter(vllm_server, tmp_path):
+    """FanOutQA and GaRAGe score given answers: only the judge (the LoRA adapter) is asked."""
+    base = [
+        "--endpoint",
+        vllm_server.base_url,
+        "--model",
+        vllm_server.served_name,
+        "--role",
+        f"judge=:{ADAPTER}",
+        "--max-tokens",
+        "16",
+        "--no-cache",
+        "--quiet",
+    ]
+    data = tmp_path / "dev.json"
+    data.write_text(json.dumps(QUESTIONS[:3]))
+    answers = tmp_path / "answers.json"
+    answers.write_text(
+        json.dumps(
+            [
+                {"id": "q1", "answer": "The Seine."},
+                {"id": "q2", "answer": "The Seine and the Loire."},
+            ]
+        )
+    )
+    config = tmp_path / "c.yaml"
+    config.write_text("fanoutqa:\n  max_reasks: 0\n")
+    run_dir = tmp_path / "fanout"
+    done = subprocess.run(cli(["eval", "fanoutqa", "--data", str(data), "--answers", str(answers),
+                               "--judge", "--config", str(config), "--run-dir", str(run_dir),
+                               *base]), capture_output=True, text=True, timeout=600)  # fmt: skip
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    records = {
+        json.loads(line)["id"]: json.loads(line)
+        for line in (run_dir / "answers" / "results.jsonl").read_text().splitlines()
+    }
+    assert records["q1"]["score"] == 0.5 and records["q2"]["score"] == 1.0
+    assert records["q3"]["status"] == "abstained" and records["q3"]["score"] == 0.0
+    assert set(records["q1"]["usage"]) == {"judge"}
+    manifest = json.loads((run_dir / "answers" / "manifest.json").read_text())
+    assert list(manifest["roles"]) == ["judge"]
+    assert manifest["roles"]["judge"]["adapter"] == ADAPTER
+
+    garage = ROOT / "examples" / "garage.jsonl"
+    given = tmp_path / "garage-answers.jsonl"
+    given.write_text(
+        json.dumps({"sample_id": "g1", "answer": "It is 330 m tall [1]."})
+        + "\n"
+        + json.dumps({"sample_id": "g2", "answer": "Not enough grounding."})
+        + "\n"
+    )
+    run_dir = tmp_path / "garage"
+    done = subprocess.run(cli(["eval", "garage", str(garage), "--answers", str(given),
+                               "--run-dir", str(run_dir), *base]),
+                          capture_output=True, text=True, timeout=600)  # fmt: skip
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    records = [json.loads(line) for line in (run_dir / "results.jsonl").read_text().splitlines()]
+    assert sorted(r["id"] for r in records) == ["g1", "g2"]
+    for record in records:
+        assert "answer" not in record["usage"]  # nobody answered here
+        assert record["status"] in {"ok", "unparseable"}
+        assert record["details"]["answer"] in {"It is 330 m tall [1].", "Not enough grounding."}
+    g1 = next(r for r in records if r["id"] == "g1")
+    assert g1["details"]["attribution"]["precision"] == 1.0  # [1] is a human citation
+    manifest = json.loads((run_dir / "manifest.json").read_text())
+    assert list(manifest["roles"]) == ["judge"]
+    assert manifest["roles"]["judge"]["request_model"] == ADAPTER
