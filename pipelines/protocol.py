@@ -150,10 +150,12 @@ class Framework(Study):
         raise NotImplementedError
 
     def tables_file(self, options: Any) -> str | None:
-        """File name the run's tables are written to (None: no tables)."""
+        """File name the run's tables are written to (None: no tables, ``aggregate`` is not
+        called and the records stay on disk)."""
         return None
 
     def aggregate(self, results: list[ItemResult], options: Any) -> dict[str, Any] | None:
+        """The tables, from every record parsed once (in id order)."""
         return None
 
     def render(self, tables: dict[str, Any], console: Console) -> None:

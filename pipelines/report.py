@@ -8,36 +8,49 @@ the run was made with, so a partial or resumed run's tables can be looked at any
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
 from rich.console import Console
 from rich.table import Table
 
-from pipelines.results import ItemResult
-from pipelines.runstore import MANIFEST, RESULTS, read_manifest, results_by_id, status_counts
+from pipelines.results import STATUSES, ItemResult
+from pipelines.runstore import (
+    MANIFEST,
+    RESULTS,
+    STUDY_FILE,
+    read_manifest,
+    results_by_id,
+)
 
 USAGE_KEYS = ("calls", "requests", "cache_hits", "retries", "prompt_tokens", "completion_tokens")
 
 
-def summarise(framework: str, task: str, n_items: int, results: list[ItemResult]) -> dict:
-    """Status counts over every item and the mean score over the scored ones."""
+def summarise(framework: str, task: str, n_items: int, results: Iterable[ItemResult]) -> dict:
+    """Status counts over every item and the mean score over the scored ones, in one pass."""
+    statuses = dict.fromkeys(STATUSES, 0)
+    scores = []
+    for r in results:
+        statuses[r.status] += 1
+        if r.score is not None:
+            scores.append(r.score)
+    recorded = sum(statuses.values())
     summary: dict[str, Any] = {
         "framework": framework,
         "task": task,
         "items": n_items,
-        "recorded": len(results),
-        "partial": len(results) < n_items,
-        "statuses": status_counts(results),
+        "recorded": recorded,
+        "partial": recorded < n_items,
+        "statuses": statuses,
     }
-    scores = [r.score for r in results if r.score is not None]
     if scores:  # over items with a defined score; every status is counted above
         summary["mean_score"] = sum(scores) / len(scores)
         summary["scored_items"] = len(scores)
     return summary
 
 
-def recorded_usage(results: list[ItemResult]) -> dict[str, dict[str, float]]:
+def recorded_usage(results: Iterable[ItemResult]) -> dict[str, dict[str, float]]:
     """Model usage per stage summed over the recorded items (what the results cost)."""
     total: dict[str, dict[str, float]] = {}
     for result in results:
@@ -101,7 +114,6 @@ def report(paths: list[Path], as_json: bool, out: Console) -> None:
     """Print each run's summary and tables (``as_json``: one JSON object per line instead); a
     study root also gets the study's combined tables."""
     from pipelines.registry import study as find_study
-    from pipelines.runner import STUDY_FILE
 
     for path in paths:
         study_file = path / STUDY_FILE
@@ -131,13 +143,28 @@ def load_outcome(run_dir: Path):
     manifest = read_manifest(run_dir / MANIFEST)
     fw = framework(manifest["framework"])
     options = fw.Options.model_validate(manifest["options"])
-    results = list(results_by_id(run_dir / RESULTS))  # parsed once: tables make many passes
+    results = records_for_tables(fw, options, results_by_id(run_dir / RESULTS))
     summary = summarise(fw.name, manifest["task"], manifest["items"], results)
     summary["usage_recorded"] = recorded_usage(results)
     summary["usage_by_role"] = usage_by_role(fw, summary["usage_recorded"],
                                              manifest.get("roles") or {})  # fmt: skip
     summary["self_judging"] = manifest.get("self_judging") or []
-    return RunOutcome(run_dir, results, fw.aggregate(results, options), summary, fw)
+    return RunOutcome(run_dir, results, tables_of(fw, options, results), summary, fw)
+
+
+def records_for_tables(
+    fw: Any, options: Any, records: Sequence[ItemResult]
+) -> Sequence[ItemResult]:
+    """A framework with tables gets its records parsed once, as a list (its aggregate makes
+    many passes); one without keeps them on disk, read when used (a 100,000-item run)."""
+    return list(records) if fw.tables_file(options) is not None else records
+
+
+def tables_of(fw: Any, options: Any, results: Sequence[ItemResult]) -> dict[str, Any] | None:
+    """The framework's tables (None for a framework or options without tables)."""
+    if fw.tables_file(options) is None:
+        return None
+    return fw.aggregate(results, options)
 
 
 def _print(outcome, as_json: bool, out: Console, label: str) -> None:

@@ -23,14 +23,25 @@ from pipelines.config import EvaluatorConfig, UserError, items_digest
 from pipelines.evaluator import Servers, model_record, open_evaluator
 from pipelines.lines import JsonlView
 from pipelines.protocol import Framework, ItemContext, RunOutcome, RunPlan, RunRequest, Study
-from pipelines.report import print_summary, summarise, usage_by_role
+from pipelines.report import (
+    print_summary,
+    records_for_tables,
+    summarise,
+    tables_of,
+    usage_by_role,
+)
 from pipelines.results import ItemResult, StageFailed, StageFailure
 from pipelines.roles import self_judging
-from pipelines.runstore import RunStore, RunStoreError, atomic_write_json, fingerprint
+from pipelines.runstore import (
+    STUDY_FILE,
+    RunStore,
+    RunStoreError,
+    atomic_write_json,
+    fingerprint,
+)
 from serving.client import EndpointError, EvalClient, RequestRejected, StageUsage
 from serving.launcher import ServerStartError
 
-STUDY_FILE = "study.json"
 OpenClient = Callable[[EvaluatorConfig, Path], contextlib.AbstractAsyncContextManager[EvalClient]]
 console = Console(stderr=True)
 
@@ -325,9 +336,9 @@ async def _run_one(study, request, plan: RunPlan, roles, items, root, evaluators
         await run_items(todo, solve, store, workers=lead.concurrency, show_progress=not quiet,
                         total=len(items))  # fmt: skip
         usage = _usage_since(clients, before)
-    # parsed once, in id order: tables (bootstrap intervals too) equal what `report` rebuilds
-    results = list(store.results(sorted(ids)))
-    tables = fw.aggregate(results, plan.options)
+    # in id order: tables (bootstrap intervals too) equal what `report` rebuilds
+    results = records_for_tables(fw, plan.options, store.results(sorted(ids)))
+    tables = tables_of(fw, plan.options, results)
     summary = summarise(fw.name, plan.task, len(items), results)
     summary |= {"usage_this_invocation": usage,
                 "usage_by_role": usage_by_role(fw, usage, store.manifest().get("roles", {})),

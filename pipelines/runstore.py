@@ -33,6 +33,7 @@ from pipelines.results import STATUSES, ItemResult
 MANIFEST = "manifest.json"
 RESULTS = "results.jsonl"
 SUMMARY = "summary.json"
+STUDY_FILE = "study.json"  # a study's root: its runs and combined tables
 # 2: typed records (status, score, explanation, details, usage, failure) and the framework name.
 FORMAT_VERSION = 2
 
