@@ -79,6 +79,9 @@ class RunPlan:
     options: Any  # this run's options
     framework: Framework | None = None  # None: the study itself
     roles: dict[str, EvaluatorConfig] = field(default_factory=dict)  # else the request's
+    # the answering models whose outputs this run scores (made by an earlier run of the study):
+    # a judge that is one of them is self-judging
+    systems: dict[str, EvaluatorConfig] = field(default_factory=dict)
     items: Callable[[dict[str, RunOutcome]], list[Any]] | None = None  # None: the study's items
 
 

@@ -300,7 +300,7 @@ def _usage_since(clients: dict[str, EvalClient], before: dict[int, dict[str, Sta
 async def _run_one(study, request, plan: RunPlan, roles, items, root, evaluators, resources, quiet):
     fw: Framework = plan.framework or study
     lead = lead_evaluator(roles, request.evaluator)
-    judged_by_itself = self_judging(roles)
+    judged_by_itself = self_judging(plan.systems | roles)
     store = RunStore(root / plan.key if plan.key else root)
     store.open(
         framework=fw.name, task=plan.task,

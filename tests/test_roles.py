@@ -326,3 +326,40 @@ def test_crux_generator_and_rater_are_different_models(tmp_path):
     assert [c.stage for c in writer.calls] == ["answer"]
     assert sorted(c.stage for c in rater.calls) == ["rate_answer", "rate_answer"]
     assert record.details["cov"] == 1.0 and record.details["cov_y"] == 0.5
+
+
+# ---- ELI5: the judge of a responder's answers --------------------------------------------------
+
+
+def test_eli5_says_when_the_judge_is_the_responder(tmp_path):
+    from pipelines.comprehensiveness import ComprehensivenessOptions
+    from pipelines.comprehensiveness.framework import ELI5, Eli5Options
+
+    questions = tmp_path / "q.jsonl"
+    questions.write_text(json.dumps({"id": "q1", "query": "Where is the tower?",
+                                     "contexts": ["The tower is in Paris."]}) + "\n")  # fmt: skip
+    coverage = "Done.\n[Covered statements]\n- The tower is in Paris. [1]\n[Uncovered statements]\n"
+
+    def clients() -> dict[str, ScriptedClient]:
+        return {
+            "answerer": ScriptedClient({"generate": "It is in Paris.", "coverage": coverage},
+                                       model="answerer", check_constraints=False),
+            "grader": ScriptedClient({"coverage": coverage}, model="grader",
+                                     check_constraints=False),
+        }  # fmt: skip
+
+    metric = ComprehensivenessOptions(summarise=False, export_graphs=False)
+    options = Eli5Options(input=questions, methods=["e2e"], metric=metric)
+    run_with(ELI5, request_for(options, tmp_path / "same"), clients())
+    manifest = json.loads((tmp_path / "same" / "e2e-answerer" / "manifest.json").read_text())
+    assert manifest["self_judging"] == [
+        {"system": "answer", "judge": "judge", "model": "answerer"}
+    ]
+    found = clients()
+    outcomes = run_with(ELI5, request_for(options, tmp_path / "other", judge=f"grader@{GRADER}"),
+                        found)  # fmt: skip
+    manifest = json.loads((tmp_path / "other" / "e2e-answerer" / "manifest.json").read_text())
+    assert manifest["self_judging"] == [] and manifest["roles"]["judge"]["model"] == "grader"
+    assert [c.stage for c in found["grader"].calls] == ["coverage"]
+    assert [c.stage for c in found["answerer"].calls] == ["generate"]
+    assert outcomes["e2e-answerer"].results[0].score == 1.0

@@ -257,7 +257,8 @@ class Eli5(Study):
             for method in options.methods:
                 metric = options.metric.model_copy(update={"method": method, "dataset": "items"})
                 plans.append(RunPlan(f"{method}-{name}", f"eli5-{method}", metric,
-                                     framework=COMPREHENSIVENESS, items=answered))  # fmt: skip
+                                     framework=COMPREHENSIVENESS, items=answered,
+                                     systems={"answer": responder}))  # fmt: skip
         return plans
 
     def combine(self, outcomes: dict[str, RunOutcome], options: Eli5Options) -> dict[str, Any]:
