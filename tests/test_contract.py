@@ -120,8 +120,9 @@ def mixed(details: dict) -> list[ItemResult]:
         ItemResult(id="b", status="abstained", score=0.0, explanation="x", details=details),
         ItemResult(id="c", status="abstained", score=None, explanation="x", details=details),
         ItemResult(id="d", status="undefined", explanation="x", details=details),
-        ItemResult(id="e", status="unparseable", explanation="x", details=details,
-                   failure=FAILURE),  # fmt: skip
+        ItemResult(
+            id="e", status="unparseable", explanation="x", details=details, failure=FAILURE
+        ),
         ItemResult(id="f", status="error", explanation="x", details=details, failure=FAILURE),
     ]
 
@@ -283,4 +284,3 @@ def test_view_off_loopback_needs_a_key(tmp_path):
     finally:
         process.terminate()
         process.wait(10)
-

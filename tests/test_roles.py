@@ -134,8 +134,10 @@ def test_fanoutqa_stages_reach_their_roles_and_the_judge_decides(tmp_path):
     assert [c.stage for c in answerer.calls] == ["answer-closed-book"] * 2
     assert [c.stage for c in grader.calls] == ["judge"] * 2
     assert {c.model for c in grader.calls} == {"grader"}
-    assert "Marseille and Paris." in grader.stage_calls("judge")[0].prompt + \
-        grader.stage_calls("judge")[1].prompt  # the judge sees the answerer's answer
+    assert (
+        "Marseille and Paris."
+        in grader.stage_calls("judge")[0].prompt + grader.stage_calls("judge")[1].prompt
+    )  # the judge sees the answerer's answer
     # gpt_judge: f1 B (1), f2 D (0) -> 1/2; had the answerer judged (F, F) it would be 0.
     assert outcome.tables["gpt_judge"] == pytest.approx(0.5)
     assert outcome.tables["loose"] == pytest.approx(0.25)  # f1 finds 1 of 2, f2 none
@@ -172,9 +174,7 @@ def test_a_judge_that_is_the_answering_model_is_said_so(tmp_path):
                                              tmp_path / "run"), clients)["closed-book"]  # fmt: skip
     assert outcome.tables["gpt_judge"] == 0.0  # the answerer judged itself: F, F
     manifest = json.loads((outcome.dir / "manifest.json").read_text())
-    assert manifest["self_judging"] == [
-        {"system": "answer", "judge": "judge", "model": "answerer"}
-    ]
+    assert manifest["self_judging"] == [{"system": "answer", "judge": "judge", "model": "answerer"}]
     result = CliRunner().invoke(app, ["report", str(outcome.dir)], catch_exceptions=False)
     assert "self-judging: the judge role is the answer model answerer" in " ".join(
         result.output.split()
@@ -207,9 +207,9 @@ def test_fanoutqa_answers_made_elsewhere_start_no_answering_model(tmp_path):
     assert outcome.tables["gpt_judge"] == 0.5 and outcome.tables["setting"] == "answers"
     assert [c.stage for c in clients["grader"].calls] == ["judge"]
     manifest = json.loads((outcome.dir / "manifest.json").read_text())
-    assert list(manifest["roles"]) == ["judge"] and "answers_sha256" in manifest["config"][
-        "options"
-    ]
+    assert (
+        list(manifest["roles"]) == ["judge"] and "answers_sha256" in manifest["config"]["options"]
+    )
     # Without the judge no model at all is opened.
     opened.clear()
     plain = FanoutOptions(input=data, answers=answers)
@@ -352,9 +352,7 @@ def test_eli5_says_when_the_judge_is_the_responder(tmp_path):
     options = Eli5Options(input=questions, methods=["e2e"], metric=metric)
     run_with(ELI5, request_for(options, tmp_path / "same"), clients())
     manifest = json.loads((tmp_path / "same" / "e2e-answerer" / "manifest.json").read_text())
-    assert manifest["self_judging"] == [
-        {"system": "answer", "judge": "judge", "model": "answerer"}
-    ]
+    assert manifest["self_judging"] == [{"system": "answer", "judge": "judge", "model": "answerer"}]
     found = clients()
     outcomes = run_with(ELI5, request_for(options, tmp_path / "other", judge=f"grader@{GRADER}"),
                         found)  # fmt: skip
