@@ -120,9 +120,7 @@ def mixed(details: dict) -> list[ItemResult]:
         ItemResult(id="b", status="abstained", score=0.0, explanation="x", details=details),
         ItemResult(id="c", status="abstained", score=None, explanation="x", details=details),
         ItemResult(id="d", status="undefined", explanation="x", details=details),
-        ItemResult(
-            id="e", status="unparseable", explanation="x", details=details, failure=FAILURE
-        ),
+        ItemResult(id="e", status="unparseable", explanation="x", details=details, failure=FAILURE),
         ItemResult(id="f", status="error", explanation="x", details=details, failure=FAILURE),
     ]
 
