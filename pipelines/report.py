@@ -97,10 +97,11 @@ def print_summary(summary: dict[str, Any], out: Console) -> None:
             for stage, u in usage.items():
                 stages.add_row(stage, *(str(round(u.get(k, 0))) for k in USAGE_KEYS))
             out.print(stages)
-    by_role = summary.get("usage_by_role") or {}
+    this_invocation = "usage_by_role_this_invocation" in summary
+    by_role = summary.get("usage_by_role_this_invocation", summary.get("usage_by_role")) or {}
     if by_role:
-        roles = Table("role", "model", *(k.replace("_", " ") for k in USAGE_KEYS),
-                      title="model usage by role")  # fmt: skip
+        title = "model usage by role" + (" (this invocation)" if this_invocation else "")
+        roles = Table("role", "model", *(k.replace("_", " ") for k in USAGE_KEYS), title=title)
         for role, u in by_role.items():
             roles.add_row(role, str(u.get("model") or "-"),
                           *(str(round(u.get(k, 0))) for k in USAGE_KEYS))  # fmt: skip

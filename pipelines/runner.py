@@ -341,7 +341,9 @@ async def _run_one(study, request, plan: RunPlan, roles, items, root, evaluators
     tables = tables_of(fw, plan.options, results)
     summary = summarise(fw.name, plan.task, len(items), results)
     summary |= {"usage_this_invocation": usage,
-                "usage_by_role": usage_by_role(fw, usage, store.manifest().get("roles", {})),
+                "usage_by_role_this_invocation": usage_by_role(
+                    fw, usage, store.manifest().get("roles", {})
+                ),
                 "self_judging": judged_by_itself,
                 "seconds_this_invocation": round(time.time() - started, 3)}  # fmt: skip
     store.write_summary(summary)

@@ -84,7 +84,7 @@ def test_two_local_models_in_one_invocation_survive_a_kill(tiny_model, tiny_mode
     logs = sorted(p.name for p in (run_dir / "closed-book").glob("serve-*.log"))
     assert logs == ["serve-tiny-llama-b.log", "serve-tiny-llama.log"]
     summary = json.loads((run_dir / "closed-book" / "summary.json").read_text())
-    by_role = summary["usage_by_role"]
+    by_role = summary["usage_by_role_this_invocation"]
     assert by_role["answer"]["requests"] >= 1 and by_role["judge"]["requests"] >= 1
     assert by_role["judge"]["model"] == tiny_model_b.name  # the served name of a directory
 
