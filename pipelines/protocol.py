@@ -66,7 +66,7 @@ class RunRequest:
 @dataclass
 class RunOutcome:
     dir: Path
-    results: list[ItemResult]
+    results: Sequence[ItemResult]  # a list when the framework has tables, else read on use
     tables: dict[str, Any] | None
     summary: dict[str, Any]
     framework: Framework | None = None

@@ -307,7 +307,7 @@ def _answered_items(questions: dict[str, GenerateItem], key: str, responder: str
     ]  # fmt: skip
 
 
-def _mean_with_ci(results: list[ItemResult], rules: Rules = meta.PAPER) -> dict[str, Any]:
+def _mean_with_ci(results: Sequence[ItemResult], rules: Rules = meta.PAPER) -> dict[str, Any]:
     """Mean S with a BCa interval. paper: an undefined answer (nothing relevant in its texts)
     counts as S = 0, as the reference scores it, and is counted; other unscored ones are left
     out and counted."""

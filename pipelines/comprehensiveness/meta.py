@@ -265,7 +265,7 @@ def cb_pair_scores(scores: dict[str, float | None], response: str) -> tuple[floa
     return strict / (1 + len(CB_ROLES)), lax / (len(CB_ROLES) - 1)
 
 
-def cb_terms(records: list[ItemResult], rules: Rules = PAPER) -> dict[str, Any]:
+def cb_terms(records: Sequence[ItemResult], rules: Rules = PAPER) -> dict[str, Any]:
     """Per claim: (id, strict, lax); a record without a score or source counts stays in with
     terms from what it has (an unparseable claim scores 0, and is counted as not scored)."""
     if rules.conflictbank_one_run_per_claim:
@@ -337,7 +337,7 @@ def lmr_conflictbank(
 # ---- both datasets ---------------------------------------------------------------------------
 
 
-def wc_matches(records: list[ItemResult], rules: Rules = PAPER) -> list[int]:
+def wc_matches(records: Sequence[ItemResult], rules: Rules = PAPER) -> list[int]:
     """1 per WikiContradict record whose score matches its label, else 0."""
     scores = [table_score(r, rules) for r in records]
     if rules.wikicontradict_thresholds:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -162,7 +163,7 @@ class BuildStudy(Study):
                       f"{combined['ratings']} ratings in {combined['dir']}")  # fmt: skip
 
 
-def write_exchange(root: Path, records: list[ItemResult]) -> dict[str, Any]:
+def write_exchange(root: Path, records: Sequence[ItemResult]) -> dict[str, Any]:
     """The exchange files from the finished records (sub-questions kept only if answerable,
     renumbered 0..m-1 in their order)."""
     topics, passages, ratings = [], [], []

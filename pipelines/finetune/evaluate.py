@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -190,7 +191,7 @@ def _fmt(value: float | None) -> str:
     return "-" if value is None else f"{value:.3f}"
 
 
-def summary_row(results: list[ItemResult]) -> dict[str, Any]:
+def summary_row(results: Sequence[ItemResult]) -> dict[str, Any]:
     done = [r for r in results if "predicted" in r.details]
     n_pred = sum(len(r.details["predicted"]) for r in done)
     n_gold = sum(len(r.details["teacher"]) for r in done)

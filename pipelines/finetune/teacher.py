@@ -14,6 +14,7 @@ import asyncio
 import hashlib
 import json
 import random
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -188,7 +189,7 @@ def generated_topics(outcome: RunOutcome, options: TeacherOptions) -> list[Topic
 
 
 def write_dataset(
-    root: Path, records: list[ItemResult], options: TeacherOptions, teacher: Any = None
+    root: Path, records: Sequence[ItemResult], options: TeacherOptions, teacher: Any = None
 ) -> dict:
     """De-duplicate (same paragraph), filter (no claims, overlong paragraph, too many claims),
     split by a seeded hash of the paragraph, and write the files and the card atomically."""
