@@ -82,7 +82,11 @@ SHARED_OPTIONS: dict[str, tuple[Any, Any]] = {
     "endpoint": (_opt(str | None, "OpenAI-compatible URL; none: start vLLM here"), None),
     "adapter": (_opt(str | None, "LoRA adapter every request goes to"), None),
     "role": (
-        _opt(list[str] | None, "ROLE=MODEL[@URL][:ADAPTER]: another model for one role (repeat)"),
+        _opt(
+            list[str] | None,
+            "ROLE=MODEL, ROLE=MODEL@URL, ROLE=MODEL:ADAPTER or ROLE=:ADAPTER: another model for "
+            "one role (repeat; see the framework's roles in the README)",
+        ),
         None,
     ),
     "lora": (_opt(list[str] | None, "NAME=PATH of an adapter to serve (repeat)"), None),
@@ -186,7 +190,9 @@ def framework_command(study: Study) -> Callable[[Callable[..., dict]], Callable[
         params = [p.replace(kind=inspect.Parameter.KEYWORD_ONLY) for p in own.parameters.values()]
         command.__signature__ = own.replace(parameters=params + shared_params)  # type: ignore
         command.__annotations__ = {p.name: p.annotation for p in params + shared_params}
-        command.__name__, command.__doc__ = fn.__name__, fn.__doc__
+        roles = "; ".join(f"{role}: {what}" for role, what in study.roles.items())
+        command.__name__ = fn.__name__
+        command.__doc__ = f"{fn.__doc__ or ''}\n\nRoles (--role ROLE=...): {roles}."
         return clean_errors(command)
 
     return decorate
