@@ -302,5 +302,5 @@ def eval_garage(
 ) -> dict[str, Any]:
     """GaRAGe: cited answers judged for eligibility, (relevance-aware) factuality, deflection and
     attribution; writes tables.json with Tables 2-4 and their breakdowns. With --answers no
-    model answers: the given answers (with the benchmark's [n] markers) are judged."""
+    model answers: the given answers (with the benchmark's numbered citation markers) are judged."""
     return {"input": input, "limit": limit, "answers": answers}
