@@ -32,7 +32,7 @@ from typing import Any, ClassVar
 from pydantic import BaseModel, Field
 from rich.console import Console
 
-from pipelines.config import EvaluatorConfig, RunConfig, Strict, UserError
+from pipelines.config import EvaluatorConfig, RunConfig, Strict, UserError, file_sha256
 from pipelines.results import ItemResult, StageFailed, StageFailure, Status
 from pipelines.roles import RoleSpec, role_evaluator
 from serving.client import ChatResult, EvalClient, LabelScore, Parsed, StageUsage, Tool, ToolRun
@@ -120,6 +120,9 @@ class Framework(Study):
     Options: ClassVar[type[FrameworkOptions]]
     prompts: ClassVar[dict[str, PromptTemplate]] = {}
     report_only: ClassVar[frozenset[str]] = frozenset()
+    # options naming a file whose content is scored (answers made elsewhere): its SHA-256 is
+    # part of the run's identity, not only its path
+    content_options: ClassVar[tuple[str, ...]] = ()
     # stage -> role; "prefix*" matches every stage that starts with prefix. A stage that is not
     # a model call (a cross-encoder) maps to the name of its backend, e.g. "nli".
     stage_roles: ClassVar[dict[str, str]] = {"*": "judge"}
@@ -140,7 +143,12 @@ class Framework(Study):
         return [RunPlan("", self.name, request.options)]
 
     def identity(self, options: Any) -> dict[str, Any]:
-        return options.model_dump(mode="json", exclude=set(self.report_only))
+        found = options.model_dump(mode="json", exclude=set(self.report_only))
+        for name in self.content_options:
+            path = getattr(options, name)
+            if path is not None:
+                found[f"{name}_sha256"] = file_sha256(path)
+        return found
 
     def prompt_ids(self, options: Any) -> dict[str, str]:
         """Ids of the templates a run with ``options`` uses (recorded; part of its identity)."""

@@ -361,3 +361,15 @@ def test_eli5_says_when_the_judge_is_the_responder(tmp_path):
     assert [c.stage for c in found["grader"].calls] == ["coverage"]
     assert [c.stage for c in found["answerer"].calls] == ["generate"]
     assert outcomes["e2e-answerer"].results[0].score == 1.0
+
+
+def test_other_answers_in_the_same_file_are_another_run(tmp_path):
+    data = tmp_path / "dev.json"
+    data.write_text(json.dumps(FANOUT))
+    answers = tmp_path / "submission.json"
+    answers.write_text(json.dumps([{"id": "f1", "answer": "Marseille."}]))
+    options = FanoutOptions(input=data, answers=answers)
+    run_with(FANOUTQA, request_for(options, tmp_path / "run"), fanout_clients())
+    answers.write_text(json.dumps([{"id": "f1", "answer": "Le Havre."}]))
+    with pytest.raises(Exception, match="different task or config"):
+        run_with(FANOUTQA, request_for(options, tmp_path / "run"), fanout_clients())

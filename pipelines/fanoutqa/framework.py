@@ -30,7 +30,6 @@ from pipelines.config import (
     EvaluatorConfig,
     UserError,
     describe_validation,
-    file_sha256,
     iter_jsonl,
     read_text,
 )
@@ -259,15 +258,10 @@ class FanOutQA(Framework):
     roles = {"answer": "the benchmarked model (none with --answers)",
              "judge": "the A-F judge (--judge)"}  # fmt: skip
     stage_roles = {"answer-*": "answer", "judge": "judge"}
+    content_options = ("answers",)
 
     def roles_used(self, options: FanoutOptions) -> list[str]:
         return ["answer"] * (options.answers is None) + ["judge"] * options.judge
-
-    def identity(self, options: FanoutOptions) -> dict[str, Any]:
-        found = super().identity(options)
-        if options.answers is not None:  # the answers are the input that is scored
-            found["answers_sha256"] = file_sha256(options.answers)
-        return found
 
     def load(self, options: FanoutOptions) -> list[Question]:
         return load_questions(options.input, options.limit)

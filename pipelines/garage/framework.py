@@ -22,7 +22,6 @@ from pydantic import Field
 from rich.console import Console
 from rich.table import Table
 
-from pipelines.config import file_sha256
 from pipelines.garage.data import (
     DIMENSIONS,
     Record,
@@ -73,15 +72,10 @@ class Garage(Framework):
     roles = {"answer": "the benchmarked model (none with --answers)",
              "judge": "eligibility, per-sentence support, deflection"}  # fmt: skip
     stage_roles = {"answer": "answer", "*": "judge"}
+    content_options = ("answers",)
 
     def roles_used(self, options: GarageOptions) -> list[str]:
         return ["answer", "judge"] if options.answers is None else ["judge"]
-
-    def identity(self, options: GarageOptions) -> dict[str, Any]:
-        found = super().identity(options)
-        if options.answers is not None:  # the answers are the input that is scored
-            found["answers_sha256"] = file_sha256(options.answers)
-        return found
 
     def load(self, options: GarageOptions) -> list[Record]:
         return load_records(options.input, options.limit)
