@@ -29,8 +29,6 @@ from serving.embedded import cache_root
 from serving.registry import ModelRef, UnknownModelError
 
 M = TypeVar("M", bound=BaseModel)
-# Real evaluation data beside the project (read-only; tests skip when it is absent).
-SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 
 
 class UserError(ValueError):

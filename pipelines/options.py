@@ -192,7 +192,7 @@ def framework_command(study: Study) -> Callable[[Callable[..., dict]], Callable[
         command.__annotations__ = {p.name: p.annotation for p in params + shared_params}
         roles = "; ".join(f"{role}: {what}" for role, what in study.roles.items())
         command.__name__ = fn.__name__
-        command.__doc__ = f"{fn.__doc__ or ''}\n\nRoles (--role ROLE=...): {roles}."
+        command.__doc__ = f"{fn.__doc__ or ''}\n\nRoles (--role=ROLE=MODEL...): {roles}."
         return clean_errors(command)
 
     return decorate

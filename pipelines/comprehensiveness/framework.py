@@ -37,7 +37,7 @@ from pipelines.comprehensiveness.graph import (
     source_counts,
 )
 from pipelines.comprehensiveness.rules import Rules
-from pipelines.config import SHARED_DATA, EvaluatorConfig, UserError, read_jsonl
+from pipelines.config import EvaluatorConfig, UserError, read_jsonl
 from pipelines.generate import GENERATE, GenerateItem, GenerateOptions
 from pipelines.options import framework_command
 from pipelines.protocol import Framework, ItemContext, RunOutcome, RunPlan, RunRequest, Study
@@ -46,7 +46,6 @@ from pipelines.roles import RoleSpec, role_evaluator
 from serving.client import EvalClient
 
 GRAPH_METHODS = {"nli": nli_method.evaluate, "qa": qa_method.evaluate}
-WC_DEFAULT = SHARED_DATA / "wikicontradict" / "humaneval-dev.jsonl"
 
 
 class Comprehensiveness(Framework):
@@ -377,9 +376,7 @@ ResamplesOpt = Annotated[int | None, typer.Option(help="bootstrap resamples (10,
 
 @framework_command(COMPREHENSIVENESS)
 def meta_eval_wikicontradict(
-    data: Annotated[
-        Path | None, typer.Option(help="WikiContradict file (default: ../shared dev)")
-    ] = None,
+    data: Annotated[Path, typer.Option(help="WikiContradict human-evaluation JSONL")],
     method: MethodOpt = None,
     limit: Annotated[int | None, typer.Option(help="only the first N rows")] = None,
     resamples: ResamplesOpt = None,
@@ -387,7 +384,7 @@ def meta_eval_wikicontradict(
 ) -> dict[str, Any]:
     """LMR_WC of comprehensiveness on WikiContradict, per label, with a 95% BCa interval;
     writes lmr.json (paper Figure 3)."""
-    return {"dataset": "wikicontradict", "input": data or WC_DEFAULT, "method": method,
+    return {"dataset": "wikicontradict", "input": data, "method": method,
             "limit": limit, "resamples": resamples, "protocol": protocol}  # fmt: skip
 
 

@@ -20,7 +20,6 @@ from pipelines.comprehensiveness import meta
 from pipelines.comprehensiveness.common import ComprehensivenessOptions, Item, Method
 from pipelines.comprehensiveness.framework import (
     COMPREHENSIVENESS,
-    WC_DEFAULT,
     responder_config,
 )
 from pipelines.config import EvaluatorConfig, UserError
@@ -47,7 +46,7 @@ class ReproduceOptions(BaseModel):
 
     models: list[str] = Field(min_length=1, description="MODEL or MODEL@URL, one per grid row")
     methods: list[Method] = Field(default=["nli", "qa", "e2e"], min_length=1)
-    wikicontradict: Path | None = WC_DEFAULT
+    wikicontradict: Path | None = None
     conflictbank: Path | None = None
     metric: ComprehensivenessOptions = Field(default_factory=ComprehensivenessOptions)
 
@@ -167,7 +166,7 @@ def reproduce_comprehensiveness(
     ],
     method: Annotated[list[str] | None, typer.Option(help="nli / qa / e2e (repeat)")] = None,
     wikicontradict: Annotated[
-        Path | None, typer.Option(help="WikiContradict file (default: ../shared dev set)")
+        Path | None, typer.Option(help="WikiContradict human-evaluation JSONL")
     ] = None,
     conflictbank: Annotated[Path | None, typer.Option(help="CB_qa_v2 JSONL/Parquet")] = None,
     protocol: Annotated[str | None, typer.Option(help="paper (default) | spec")] = None,

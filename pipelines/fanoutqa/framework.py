@@ -26,7 +26,6 @@ from rich.console import Console
 from rich.table import Table
 
 from pipelines.config import (
-    SHARED_DATA,
     EvaluatorConfig,
     UserError,
     describe_validation,
@@ -54,7 +53,6 @@ Setting = Literal["closed-book", "evidence", "open-book"]
 CHARS_PER_TOKEN = 4  # budget estimate when the endpoint's tokenizer is not at hand
 JUDGE_PASS = set("BCE")  # SPEC §4: categories B, C and E score 1
 CHUNKING = {"by": "chars", "size": 1024, "overlap": 0}
-DEFAULT_DATA = SHARED_DATA / "fanoutqa" / "fanout-final-dev.json"
 TABLE_COLUMNS = ["loose", "strict", "rouge1", "rouge2", "rougeL", "bleurt", "gpt_judge"]
 # spaCy (normalisation) and BLEURT (torch) leave the event loop, one at a time.
 CPU_WORK = ThreadPoolExecutor(max_workers=1, thread_name_prefix="fanoutqa-cpu")
@@ -142,8 +140,21 @@ def load_answers(path: Path, questions: list[Question]) -> dict[str, str]:
     return answers
 
 
+def packaged_questions(split: str = "dev") -> Path | None:
+    """The FanOutQA file the ``fanoutqa`` package ships (its Nov-2023 release), if installed."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("fanoutqa")
+    if spec is None or spec.origin is None:
+        return None
+    path = Path(spec.origin).parent / "data" / f"fanout-final-{split}.json"
+    return path if path.is_file() else None
+
+
 class FanoutOptions(FrameworkOptions):
-    input: Path = DEFAULT_DATA
+    input: Path | None = Field(
+        default_factory=packaged_questions, description="questions JSON (default: fanoutqa's dev)"
+    )
     answers: Path | None = Field(None, description='answers made elsewhere: [{"id", "answer"}]')
     settings: list[Setting] = Field(default=["closed-book"], min_length=1)
     articles: Path | None = Field(None, description="JSONL {pageid, title, text}")
@@ -264,6 +275,10 @@ class FanOutQA(Framework):
         return ["answer"] * (options.answers is None) + ["judge"] * options.judge
 
     def load(self, options: FanoutOptions) -> list[Question]:
+        if options.input is None:
+            raise UserError("eval fanoutqa: give --data FILE (the released dev or test JSON); "
+                            "without it the dev set of the `fanoutqa` package is read, which "
+                            "is not installed here")  # fmt: skip
         return load_questions(options.input, options.limit)
 
     def check_inputs(self, options: FanoutOptions) -> None:
@@ -472,7 +487,7 @@ FANOUTQA = FanOutQA()
 @framework_command(FANOUTQA)
 def eval_fanoutqa(
     data: Annotated[
-        Path | None, typer.Option(help="FanOutQA dev/test JSON (../shared dev)")
+        Path | None, typer.Option(help="FanOutQA dev/test JSON (default: fanoutqa's dev set)")
     ] = None,
     setting: Annotated[
         list[str] | None, typer.Option(help="closed-book | evidence | open-book (repeat)")

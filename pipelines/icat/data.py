@@ -1,9 +1,9 @@
 """ICAT's inputs in the authors' formats (SPEC §2), each bad record stopping with one line.
 
 - queries: {"query_id", "query", "subtopics": [...]}; a subtopic is a string (numbered 1..n) or an
-  object with "subtopic_id"/"id" and "text"/"description". Our TREC Web Track topics file
-  (`../shared/data/trec-web/topics.jsonl`: "topic_id", subtopics with "subtopic_id" and
-  "description") is read as is; its subtopic ids have gaps and are kept.
+  object with "subtopic_id"/"id" and "text"/"description". A TREC Web Track topics file
+  ("topic_id", subtopics with "subtopic_id" and "description") is read as is; its subtopic ids
+  have gaps and are kept.
 - responses: {"query_id", "response"}, optional "id" (default: the query id) and "system".
 - qrels: {"query_id", "doc_id", "relevance", "subtopic_id"}; relevance > 0 marks the subtopic.
 - web snippets: {"claim", "snippets": [{"text", "id"?, "doc_id"?}]} -- retrieved per claim
