@@ -89,10 +89,6 @@ class EvaluatorConfig(Strict):
         except UnknownModelError as exc:
             raise ValueError(str(exc)) from exc
         self.model, self.adapter = ref.model, ref.adapter
-        if not self.endpoint and not self.adapter and ":" in self.model:
-            head, _, tail = self.model.rpartition(":")
-            if not _resolves(self.model) and _resolves(head):  # MODEL:ADAPTER we do not serve
-                self.adapter = tail
         if self.adapter and not self.endpoint and self.adapter not in self.adapters:
             raise ValueError(
                 f"adapter {self.adapter!r} is not served by this run: add --lora "
@@ -120,16 +116,6 @@ class EvaluatorConfig(Strict):
 class RunConfig(Strict):
     run_dir: Path | None = Field(None, description="default: runs/<task>-<run fingerprint>")
     cache: Path | None = Field(default_factory=lambda: cache_root() / "responses.sqlite")
-
-
-def _resolves(model: str) -> bool:
-    from serving.registry import resolve
-
-    try:
-        resolve(model)
-    except UnknownModelError:
-        return False
-    return True
 
 
 def load_config(model: type[M], yaml_path: Path | None, overrides: dict[str, Any]) -> M:

@@ -126,6 +126,14 @@ def known_adapter(name: str, served: Collection[str] = (), explicit: str | None 
     return name == explicit or name in served or name in ADAPTER_PRESETS or bool(registered(name))
 
 
+def _resolves(model: str) -> bool:
+    try:
+        resolve(model)
+    except UnknownModelError:
+        return False
+    return True
+
+
 def resolve(model: str) -> ModelPreset:
     """Preset by name, or an ad-hoc preset for a local directory / hub id."""
     if model in PRESETS:
@@ -178,11 +186,14 @@ class ModelRef:
 
         A name with a colon is a model (``llama3:8b`` at an endpoint) unless the part after
         the colon is an adapter we know: one this run serves (``served``), one registered with
-        ``finetune claims register``, an adapter preset, or the explicit ``adapter``."""
+        ``finetune claims register``, an adapter preset, or the explicit ``adapter``. A model we
+        start ourselves cannot have a colon in its name, so there ``MODEL:NAME`` of a model we
+        know is always model and adapter (and the config says when the adapter is not served)."""
         model, suffix = spec, None
         if not Path(spec).exists() and ":" in spec:
             head, _, tail = spec.rpartition(":")
-            if head and tail and "/" not in tail and known_adapter(tail, served, adapter):
+            ours = endpoint is None and _resolves(head) and not _resolves(spec)
+            if head and tail and "/" not in tail and (ours or known_adapter(tail, served, adapter)):
                 model, suffix = head, tail
         if suffix and adapter and suffix != adapter:
             raise UnknownModelError(

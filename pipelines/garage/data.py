@@ -42,27 +42,15 @@ class Passage(BaseModel):
     provider: str | None = None
 
 
-def _relevant(value: Any) -> bool:
+def _relevant(value: Any, what: str = "relevance label") -> bool:
+    """A per-passage YES/NO tag (also bool, 0/1, relevant/irrelevant)."""
     if isinstance(value, bool):
         return value
     if isinstance(value, (int, float)):
         return value != 0
     if isinstance(value, str) and value.strip().lower() in _YES + _NO:
         return value.strip().lower() in _YES
-    raise ValueError(f"relevance label {value!r} is not relevant/irrelevant")
-
-
-def _cited_numbers(value: Any) -> Any:
-    """Per-passage tags (YES/NO, booleans) as published -> the cited passage numbers."""
-    if isinstance(value, list) and any(isinstance(v, (str, bool)) for v in value):
-        out = []
-        for n, tag in enumerate(value, 1):
-            if isinstance(tag, str) and tag.strip().lower() not in _YES + _NO:
-                raise ValueError(f"citation tag {tag!r} is not YES/NO")
-            if (tag.strip().lower() in _YES) if isinstance(tag, str) else bool(tag):
-                out.append(n)
-        return out
-    return value
+    raise ValueError(f"{what} {value!r} is not YES/NO (relevant/irrelevant)")
 
 
 class Record(BaseModel):
@@ -96,7 +84,8 @@ class Record(BaseModel):
                     raise ValueError(
                         f"evidence_cited has {len(cited)} tags for {passages} grounding passages"
                     )
-                row = row | {"evidence_cited": _cited_numbers(cited)}
+                numbers = [n for n, tag in enumerate(cited, 1) if _relevant(tag, "citation tag")]
+                row = row | {"evidence_cited": numbers}
         return row
 
     @field_validator("evidence_correct", mode="before")
