@@ -276,9 +276,8 @@ class FanOutQA(Framework):
 
     def load(self, options: FanoutOptions) -> list[Question]:
         if options.input is None:
-            raise UserError("eval fanoutqa: give --data FILE (the released dev or test JSON); "
-                            "without it the dev set of the `fanoutqa` package is read, which "
-                            "is not installed here")  # fmt: skip
+            raise UserError("eval fanoutqa: give --data FILE, the released dev or test JSON (the "
+                            "default, the `fanoutqa` package's dev set, is not installed here)")  # fmt: skip
         return load_questions(options.input, options.limit)
 
     def check_inputs(self, options: FanoutOptions) -> None:
