@@ -276,8 +276,10 @@ class FanOutQA(Framework):
 
     def load(self, options: FanoutOptions) -> list[Question]:
         if options.input is None:
-            raise UserError("eval fanoutqa: give --data FILE, the released dev or test JSON (the "
-                            "default, the `fanoutqa` package's dev set, is not installed here)")  # fmt: skip
+            raise UserError(
+                "eval fanoutqa: give --data FILE, the released dev or test JSON (the default, "
+                "the `fanoutqa` package's dev set, is not installed here)"
+            )
         return load_questions(options.input, options.limit)
 
     def check_inputs(self, options: FanoutOptions) -> None:
