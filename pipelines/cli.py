@@ -332,6 +332,37 @@ def report(
 
 @app.command()
 @clean_errors
+def compare(
+    run_dir: Annotated[list[Path], typer.Argument(help="two or more runs over the same items")],
+    as_json: Annotated[bool, typer.Option("--json", help="print one JSON object")] = False,
+    html: Annotated[
+        Path | None, typer.Option(help="also write an HTML page: this comparison, then each run")
+    ] = None,
+    top: Annotated[int, typer.Option(help="largest per-item differences printed per pair")] = 10,
+    resamples: Annotated[int, typer.Option(help="bootstrap resamples")] = 10_000,
+    seed: Annotated[int, typer.Option(help="bootstrap seed")] = 0,
+) -> None:
+    """Compare runs item by item: each run's mean with a 95% BCa interval; per pair the paired
+    mean difference with a paired BCa interval, win/tie/loss, sign and Wilcoxon p-values, the
+    largest per-item differences, and items only one run has. Runs of different frameworks or
+    protocols are refused. No model is called."""
+    from pipelines.compare import compare_runs, print_comparison
+
+    if resamples < 100:
+        raise UserError(f"--resamples {resamples}: use at least 100")
+    result = compare_runs(run_dir, resamples, seed)
+    if as_json:
+        typer.echo(json.dumps(result))
+    else:
+        print_comparison(result, Console(), top)
+    if html is not None:
+        from pipelines.report_html import write_html
+
+        Console(stderr=True).print(f"html: {write_html(run_dir, html, result)}")
+
+
+@app.command()
+@clean_errors
 def view(
     run_dir: Annotated[list[Path], typer.Argument(help="run directories")],
     port: Annotated[int, typer.Option(help="0 picks a free port")] = 8765,

@@ -150,6 +150,11 @@ class Framework(Study):
                 found[f"{name}_sha256"] = file_sha256(path)
         return found
 
+    def score_protocol(self, options: Any) -> dict[str, Any]:
+        """The options that change what a score means (a rule set chosen by a flag): runs that
+        differ in them are not compared item by item."""
+        return {}
+
     def prompt_ids(self, options: Any) -> dict[str, str]:
         """Ids of the templates a run with ``options`` uses (recorded; part of its identity)."""
         return {name: t.id for name, t in self.prompts.items()} | {"reask": REASK.id}

@@ -125,16 +125,23 @@ def comparison(runs: list[dict[str, Any]]) -> list[dict[str, Any]] | None:
     return sorted(rows, key=lambda r: (r["spread"] is None, -(r["spread"] or 0), r["id"]))
 
 
-def render(paths: list[Path]) -> str:
+def render(paths: list[Path], compared: dict[str, Any] | None = None) -> str:
+    """The page of ``paths``; with ``compared`` (``compare_runs`` of the same paths) the paired
+    comparison comes first, each item linked to its drill-down below."""
     runs = [run_view(p) for p in paths]
     environment = Environment(autoescape=select_autoescape(default=True, default_for_string=True))
     environment.filters["safe_json"] = _safe_json
     template = environment.from_string(TEMPLATE.read_text(encoding="utf-8"))
-    return template.render(runs=runs, comparison=comparison(runs))
+    return template.render(
+        runs=runs,
+        comparison=comparison(runs),
+        compared=compared,
+        index={str(p): k for k, p in enumerate(paths)},
+    )
 
 
-def write_html(paths: list[Path], out: Path) -> Path:
-    html = render(paths)
+def write_html(paths: list[Path], out: Path, compared: dict[str, Any] | None = None) -> Path:
+    html = render(paths, compared)
     tmp = out.with_name(out.name + ".tmp")
     tmp.write_text(html, encoding="utf-8")
     tmp.replace(out)  # never a half-written page

@@ -56,6 +56,9 @@ class Comprehensiveness(Framework):
     roles = {"judge": "every stage: atoms / questions, relevance, NLI or comparison, E2E"}
     stage_roles = {nli_method.CROSS_ENCODER_STAGE: "nli", "*": "judge"}
 
+    def score_protocol(self, options: ComprehensivenessOptions) -> dict[str, Any]:
+        return {"protocol": options.protocol}
+
     def load(self, options: ComprehensivenessOptions) -> Sequence[Item]:
         if options.input is None:
             raise UserError("comprehensiveness: no input file given")

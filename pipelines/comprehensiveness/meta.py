@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -24,37 +23,10 @@ from pipelines.comprehensiveness.common import Item
 from pipelines.comprehensiveness.rules import Rules, rules_for
 from pipelines.config import UserError, iter_jsonl
 from pipelines.results import ItemResult, not_scored
+from pipelines.stats import Interval, bca_interval
 
 LABELS = {"correct": "C", "partially correct": "PC", "incorrect": "I"}
 SINGLE_CONTEXT_RESPONSES = (1, 2)  # answer1/answer2 were generated from one context only
-
-
-# ---- statistics ------------------------------------------------------------------------------
-
-
-@dataclass
-class Interval:
-    low: float
-    high: float
-    method: str
-
-    def as_dict(self) -> dict[str, Any]:
-        return {"low": self.low, "high": self.high, "method": self.method}
-
-
-def bca_interval(values: Sequence[float], resamples: int = 10_000, seed: int = 0) -> Interval:
-    """95% BCa bootstrap interval of the mean (scipy). Constant data has a zero-width interval."""
-    data = np.asarray(values, dtype=float)
-    if data.size == 0:
-        raise ValueError("no values to bootstrap")
-    if np.all(data == data[0]):  # BCa is undefined without variance
-        return Interval(float(data[0]), float(data[0]), "degenerate (all values equal)")
-    result = stats.bootstrap(
-        (data,), np.mean, confidence_level=0.95, n_resamples=resamples, method="BCa",
-        random_state=np.random.default_rng(seed),
-    )  # fmt: skip
-    ci = result.confidence_interval
-    return Interval(float(ci.low), float(ci.high), f"BCa, {resamples} resamples")
 
 
 # ---- WikiContradict --------------------------------------------------------------------------

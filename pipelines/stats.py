@@ -1,0 +1,87 @@
+"""Intervals and paired tests shared by the frameworks' tables and ``compare`` (scipy)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from scipy import stats
+
+
+@dataclass
+class Interval:
+    low: float
+    high: float
+    method: str
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"low": self.low, "high": self.high, "method": self.method}
+
+
+def bca_interval(values: Sequence[float], resamples: int = 10_000, seed: int = 0) -> Interval:
+    """95% BCa bootstrap interval of the mean (scipy). Constant data has a zero-width interval."""
+    data = np.asarray(values, dtype=float)
+    if data.size == 0:
+        raise ValueError("no values to bootstrap")
+    if np.all(data == data[0]):  # BCa is undefined without variance
+        return Interval(float(data[0]), float(data[0]), "degenerate (all values equal)")
+    result = stats.bootstrap(
+        (data,),
+        np.mean,
+        confidence_level=0.95,
+        n_resamples=resamples,
+        method="BCa",
+        random_state=np.random.default_rng(seed),
+    )
+    ci = result.confidence_interval
+    return Interval(float(ci.low), float(ci.high), f"BCa, {resamples} resamples")
+
+
+@dataclass
+class PairedTest:
+    """Two systems' scores on the same items: the mean difference a - b with its paired BCa
+    interval (resampling items, so the pairs stay together), win / tie / loss, and two tests."""
+
+    n: int
+    mean_difference: float
+    interval: Interval | None  # None below two pairs
+    wins: int
+    ties: int
+    losses: int
+    sign_p: float | None  # exact two-sided binomial test on wins vs losses; None: no untied pair
+    wilcoxon_p: float | None  # Wilcoxon signed-rank, zero differences dropped; None: no untied
+
+    def as_dict(self) -> dict[str, Any]:
+        out = dict(self.__dict__)
+        out["interval"] = self.interval.as_dict() if self.interval else None
+        return out
+
+
+def paired_test(
+    a: Sequence[float],
+    b: Sequence[float],
+    resamples: int = 10_000,
+    seed: int = 0,
+    tie: float = 1e-9,
+) -> PairedTest:
+    """``a[k]`` and ``b[k]`` score the same item. Differences within ``tie`` count as ties."""
+    if len(a) != len(b) or not a:
+        raise ValueError("paired_test needs two equally long, non-empty score lists")
+    d = np.asarray(a, dtype=float) - np.asarray(b, dtype=float)
+    d[np.abs(d) <= tie] = 0.0
+    wins, losses = int((d > 0).sum()), int((d < 0).sum())
+    untied = wins + losses
+    sign_p = float(stats.binomtest(wins, untied, 0.5).pvalue) if untied else None
+    wilcoxon_p = float(stats.wilcoxon(d[d != 0]).pvalue) if untied else None
+    return PairedTest(
+        n=len(d),
+        mean_difference=float(d.mean()),
+        interval=bca_interval(d, resamples, seed) if len(d) > 1 else None,
+        wins=wins,
+        ties=len(d) - untied,
+        losses=losses,
+        sign_p=sign_p,
+        wilcoxon_p=wilcoxon_p,
+    )
