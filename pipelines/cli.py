@@ -312,6 +312,9 @@ def report(
         Path | None, typer.Option(help="also write per-item scores to a file")
     ] = None,
     format: Annotated[str, typer.Option(help="export format: csv | parquet")] = "csv",
+    prices: Annotated[
+        Path | None, typer.Option(help="YAML: model -> $ per million tokens or GPU-hour")
+    ] = None,
 ) -> None:
     """Rebuild and print the summary and tables of runs from what is on disk (no model calls;
     partial runs too); optionally an HTML page (--html) and per-item scores (--export)."""
@@ -319,11 +322,14 @@ def report(
 
     if format not in ("csv", "parquet"):
         raise UserError(f"--format must be csv or parquet, got {format!r}")
-    rebuild(run_dir, as_json, Console())
+    from pipelines.costs import load_prices
+
+    priced = load_prices(prices)
+    rebuild(run_dir, as_json, Console(), priced)
     if html is not None:
         from pipelines.report_html import write_html
 
-        Console(stderr=True).print(f"html: {write_html(run_dir, html)}")
+        Console(stderr=True).print(f"html: {write_html(run_dir, html, prices=priced)}")
     if export is not None:
         from pipelines.report_html import export_scores
 

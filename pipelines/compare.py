@@ -101,11 +101,11 @@ def _mean(values: list[float], resamples: int, seed: int) -> dict[str, Any]:
 
 def compare_pair(a: RunScores, b: RunScores, resamples: int, seed: int) -> dict[str, Any]:
     both = sorted(set(a.scores) & set(b.scores))
+    order = sorted(both, key=lambda i: (-abs(a.scores[i] - b.scores[i]), i))
     deltas = [
         {"id": i, "a": a.scores[i], "b": b.scores[i], "delta": a.scores[i] - b.scores[i]}
-        for i in both
+        for i in order
     ]
-    deltas.sort(key=lambda d: (-abs(d["delta"]), d["id"]))
     test = paired_test([a.scores[i] for i in both], [b.scores[i] for i in both], resamples, seed)
     common = a.recorded & b.recorded
     return {

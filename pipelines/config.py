@@ -116,6 +116,10 @@ class EvaluatorConfig(Strict):
 class RunConfig(Strict):
     run_dir: Path | None = Field(None, description="default: runs/<task>-<run fingerprint>")
     cache: Path | None = Field(default_factory=lambda: cache_root() / "responses.sqlite")
+    # what a run costs, and caps on it (not part of a run's identity: a raised cap resumes it)
+    prices: Path | None = Field(None, description="YAML: model -> $ per million tokens or GPU-hour")
+    max_cost: float | None = Field(None, gt=0, description="admit no item past this many dollars")
+    max_run_tokens: int | None = Field(None, ge=1, description="admit no item past these tokens")
 
 
 def load_config(model: type[M], yaml_path: Path | None, overrides: dict[str, Any]) -> M:

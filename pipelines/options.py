@@ -23,6 +23,7 @@ from pydantic import Field, create_model
 from rich.console import Console
 
 from pipelines.config import EvaluatorConfig, RunConfig, Strict, UserError, load_config
+from pipelines.costs import BudgetReached
 from pipelines.lines import FileChanged
 from pipelines.protocol import RunRequest, Study
 from pipelines.roles import RoleSpec, parse_role_options
@@ -48,6 +49,9 @@ def clean_errors(command: Callable) -> Callable:
         except USER_ERRORS as exc:  # bad input or configuration: nothing was written
             console.print(f"[red]error:[/red] {exc}", highlight=False, soft_wrap=True)
             raise typer.Exit(2) from None
+        except BudgetReached as exc:  # the run is partial on purpose: a distinct exit code
+            console.print(f"stopped: {exc}", highlight=False, soft_wrap=True)
+            raise typer.Exit(3) from None
         except RUNTIME_ERRORS as exc:
             console.print(f"[red]error:[/red] {exc}", highlight=False, soft_wrap=True)
             console.print("finished items are saved; rerun the same command to resume")
@@ -103,6 +107,12 @@ SHARED_OPTIONS: dict[str, tuple[Any, Any]] = {
     "concurrency": (_opt(int | None, "requests (and items) in flight"), None),
     "max_tokens": (_opt(int | None, "default completion budget"), None),
     "temperature": (_opt(float | None, "sampling temperature (default 0)"), None),
+    "prices": (_opt(Path | None, "YAML: model -> $ per million tokens, or per GPU-hour"), None),
+    "max_cost": (_opt(float | None, "dollars: admit no item that could pass this"), None),
+    "max_run_tokens": (
+        _opt(int | None, "tokens of the whole run: admit no item that could pass this"),
+        None,
+    ),
     "no_cache": (_opt(bool, "skip the response cache", "--no-cache"), False),
     "quiet": (_opt(bool, "no progress bar"), False),
 }
@@ -123,6 +133,9 @@ class Shared:
     concurrency: int | None = None
     max_tokens: int | None = None
     temperature: float | None = None
+    prices: Path | None = None
+    max_cost: float | None = None
+    max_run_tokens: int | None = None
     no_cache: bool = False
     quiet: bool = False
 
@@ -141,6 +154,9 @@ class Shared:
             "evaluator.max_tokens": self.max_tokens,
             "evaluator.temperature": self.temperature,
             "run.run_dir": self.run_dir and str(self.run_dir),
+            "run.prices": self.prices and str(self.prices),
+            "run.max_cost": self.max_cost,
+            "run.max_run_tokens": self.max_run_tokens,
         }
 
 

@@ -20,6 +20,7 @@ from pipelines.runstore import (
     MANIFEST,
     RESULTS,
     STUDY_FILE,
+    invocation_seconds,
     read_manifest,
     results_by_id,
 )
@@ -106,12 +107,32 @@ def print_summary(summary: dict[str, Any], out: Console) -> None:
             roles.add_row(role, str(u.get("model") or "-"),
                           *(str(round(u.get(k, 0))) for k in USAGE_KEYS))  # fmt: skip
         out.print(roles)
+    for key, title in (("cost_this_invocation", "cost in $ (this invocation)"),
+                       ("cost_recorded", "cost in $ (recorded items)")):  # fmt: skip
+        if summary.get(key):
+            print_cost(summary[key], title, out)
+    if summary.get("budget_stop"):
+        out.print(f"budget: stopped admitting items ({summary['budget_stop']})")
     for pair in summary.get("self_judging") or []:
         out.print(f"self-judging: the {pair['judge']} role is the {pair['system']} model "
                   f"{pair['model']}")  # fmt: skip
 
 
-def report(paths: list[Path], as_json: bool, out: Console) -> None:
+def print_cost(cost: dict[str, Any], title: str, out: Console) -> None:
+    table = Table("role / stage", "$", title=title)
+    for role, dollars in cost["by_role"].items():
+        table.add_row(f"role {role}", f"{dollars:.4f}")
+    for stage, dollars in cost["by_stage"].items():
+        table.add_row(f"  stage {stage}", f"{dollars:.4f}")
+    table.add_row("total", f"{cost['total']:.4f}")
+    out.print(table)
+    if cost["unpriced"]:
+        out.print(f"no price for {', '.join(cost['unpriced'])}: not in the total")
+
+
+def report(
+    paths: list[Path], as_json: bool, out: Console, prices: dict[str, Any] | None = None
+) -> None:
     """Print each run's summary and tables (``as_json``: one JSON object per line instead); a
     study root also gets the study's combined tables."""
     from pipelines.registry import study as find_study
@@ -119,11 +140,11 @@ def report(paths: list[Path], as_json: bool, out: Console) -> None:
     for path in paths:
         study_file = path / STUDY_FILE
         if (path / MANIFEST).is_file() or not study_file.is_file():
-            _print(load_outcome(path), as_json, out, label=str(path))
+            _print(load_outcome(path, prices), as_json, out, label=str(path))
             continue
         meta = json.loads(study_file.read_text())
         study = find_study(meta["study"])
-        outcomes = {key: load_outcome(path / key) for key in meta["runs"]
+        outcomes = {key: load_outcome(path / key, prices) for key in meta["runs"]
                     if (path / key / MANIFEST).is_file()}  # fmt: skip
         for key, outcome in outcomes.items():
             _print(outcome, as_json, out, label=str(path / key))
@@ -136,8 +157,10 @@ def report(paths: list[Path], as_json: bool, out: Console) -> None:
             study.render_combined(combined, out)
 
 
-def load_outcome(run_dir: Path):
-    """A run's outcome rebuilt from disk: summary and tables from manifest and results."""
+def load_outcome(run_dir: Path, prices: dict[str, Any] | None = None):
+    """A run's outcome rebuilt from disk: summary and tables from manifest and results (and
+    with ``prices``, what the recorded items cost)."""
+    from pipelines.costs import cost_table
     from pipelines.protocol import RunOutcome
     from pipelines.registry import framework
 
@@ -150,6 +173,10 @@ def load_outcome(run_dir: Path):
     summary["usage_by_role"] = usage_by_role(fw, summary["usage_recorded"],
                                              manifest.get("roles") or {})  # fmt: skip
     summary["self_judging"] = manifest.get("self_judging") or []
+    if prices:
+        roles = manifest.get("roles") or {}
+        seconds = invocation_seconds(run_dir)
+        summary["cost_recorded"] = cost_table(fw, summary["usage_recorded"], roles, prices, seconds)
     return RunOutcome(run_dir, results, tables_of(fw, options, results), summary, fw)
 
 

@@ -66,9 +66,9 @@ def terminal_tables(framework, tables: dict[str, Any] | None) -> str | None:
     return console.export_html(inline_styles=True, code_format='<pre class="rich">{code}</pre>')
 
 
-def run_view(path: Path) -> dict[str, Any]:
+def run_view(path: Path, prices: dict[str, Any] | None = None) -> dict[str, Any]:
     manifest = read_manifest(path / MANIFEST)
-    outcome = load_outcome(path)
+    outcome = load_outcome(path, prices)
     items = [r.model_dump(mode="json") for r in outcome.results]
     for item in items:  # the fact graph written by the run, for the drill-down's drawing
         item["graph"] = _graph(path, item.get("details", {}))
@@ -125,10 +125,14 @@ def comparison(runs: list[dict[str, Any]]) -> list[dict[str, Any]] | None:
     return sorted(rows, key=lambda r: (r["spread"] is None, -(r["spread"] or 0), r["id"]))
 
 
-def render(paths: list[Path], compared: dict[str, Any] | None = None) -> str:
+def render(
+    paths: list[Path],
+    compared: dict[str, Any] | None = None,
+    prices: dict[str, Any] | None = None,
+) -> str:
     """The page of ``paths``; with ``compared`` (``compare_runs`` of the same paths) the paired
     comparison comes first, each item linked to its drill-down below."""
-    runs = [run_view(p) for p in paths]
+    runs = [run_view(p, prices) for p in paths]
     environment = Environment(autoescape=select_autoescape(default=True, default_for_string=True))
     environment.filters["safe_json"] = _safe_json
     template = environment.from_string(TEMPLATE.read_text(encoding="utf-8"))
@@ -140,8 +144,13 @@ def render(paths: list[Path], compared: dict[str, Any] | None = None) -> str:
     )
 
 
-def write_html(paths: list[Path], out: Path, compared: dict[str, Any] | None = None) -> Path:
-    html = render(paths, compared)
+def write_html(
+    paths: list[Path],
+    out: Path,
+    compared: dict[str, Any] | None = None,
+    prices: dict[str, Any] | None = None,
+) -> Path:
+    html = render(paths, compared, prices)
     tmp = out.with_name(out.name + ".tmp")
     tmp.write_text(html, encoding="utf-8")
     tmp.replace(out)  # never a half-written page

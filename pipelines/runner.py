@@ -20,11 +20,13 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
 
 from pipelines.config import EvaluatorConfig, UserError, items_digest
+from pipelines.costs import Budget, BudgetReached, ModelPrice, cost_table, load_prices
 from pipelines.evaluator import Servers, model_record, open_evaluator
 from pipelines.lines import JsonlView
 from pipelines.protocol import Framework, ItemContext, RunOutcome, RunPlan, RunRequest, Study
 from pipelines.report import (
     print_summary,
+    recorded_usage,
     records_for_tables,
     summarise,
     tables_of,
@@ -38,6 +40,8 @@ from pipelines.runstore import (
     RunStoreError,
     atomic_write_json,
     fingerprint,
+    invocation_seconds,
+    record_invocation,
 )
 from serving.client import EndpointError, EvalClient, RequestRejected, StageUsage
 from serving.launcher import ServerStartError
@@ -133,14 +137,33 @@ async def run_items(
     workers: int,
     show_progress: bool = True,
     total: int | None = None,
+    budget: Budget | None = None,
 ) -> None:
     """Solve ``items`` with ``workers`` tasks pulling from one queue (memory stays bounded by
-    the workers, not the items), appending each result as soon as it exists."""
+    the workers, not the items), appending each result as soon as it exists. A ``budget``
+    admits each item before it is taken; items in flight always finish."""
     pending = iter(items)
+    budget = budget or Budget(None, None, lambda usage: 0.0)
+    settled = asyncio.Condition()
+
+    async def admitted() -> bool:
+        async with settled:
+            while (verdict := budget.admit(time.time())) is None:
+                await settled.wait()
+        return verdict
 
     async def worker() -> None:
-        for item in pending:  # a shared iterator: each item is taken by exactly one worker
-            store.append(await solve(item))
+        # admission and taking the next item happen with no await between them
+        while await admitted():
+            item = next(pending, None)  # a shared iterator: each item goes to one worker
+            if item is None:
+                budget.release()
+                return
+            result = await solve(item)
+            store.append(result)
+            budget.record(result.usage, new=True)
+            async with settled:
+                settled.notify_all()
             progress.advance(bar)
 
     total = total or len(items)
@@ -247,12 +270,17 @@ def execute(
     root = study_root(study, request, items)
     plans = study.plan(request, root)
     roles = [plan_roles(p.framework or study, p, request) for p in plans]  # type: ignore[arg-type]
+    prices = load_prices(request.run.prices)
+    if request.run.max_cost is not None:
+        check_priced(prices, plans, roles, study)
     cache = None if no_cache else request.run.cache
     if open_client is None:
         servers = Servers([ev for found in roles for ev in found.values()])
         open_client = lambda ev, run_dir: open_evaluator(ev, run_dir, cache, servers)  # noqa: E731
     sigterm_as_interrupt()
-    outcomes = asyncio.run(_execute(study, request, items, plans, roles, root, open_client, quiet))
+    outcomes = asyncio.run(
+        _execute(study, request, items, plans, roles, root, open_client, quiet, prices)
+    )
     combined = study.combine(outcomes, request.options)
     if len(plans) > 1 or combined is not None:
         atomic_write_json(root / STUDY_FILE, {
@@ -264,7 +292,20 @@ def execute(
     return outcomes
 
 
-async def _execute(study, request, items, plans, roles, root, opener, quiet):
+def check_priced(prices: dict[str, ModelPrice], plans, roles, study) -> None:
+    """A dollar cap needs the price of every model a run asks: one line naming the first
+    model without one."""
+    from pipelines.costs import price_of
+
+    for plan, found in zip(plans, roles, strict=True):
+        fw = plan.framework or study
+        for role, record in role_records(fw, found).items():
+            if record["stages"] and price_of(prices, record) is None:
+                raise UserError(f"--max-cost: no price for {record['model']} (role {role}); "
+                                "add it to the --prices file")  # fmt: skip
+
+
+async def _execute(study, request, items, plans, roles, root, opener, quiet, prices):
     keys = [{evaluator_key(ev) for ev in found.values()} for found in roles]
     evaluators = Evaluators(opener, keys)
     resources: dict[str, Any] = {}
@@ -273,8 +314,9 @@ async def _execute(study, request, items, plans, roles, root, opener, quiet):
         for plan, plan_roles_ in zip(plans, roles, strict=True):
             run_items_ = plan.items(outcomes) if plan.items else items
             outcomes[plan.key] = await _run_one(
-                study, request, plan, plan_roles_, run_items_, root, evaluators, resources, quiet
-            )
+                study, request, plan, plan_roles_, run_items_, root, evaluators, resources, quiet,
+                prices,
+            )  # fmt: skip
             await evaluators.done_with_run()
     finally:
         await evaluators.aclose()
@@ -297,16 +339,43 @@ def _usage_since(clients: dict[str, EvalClient], before: dict[int, dict[str, Sta
     return usage
 
 
-async def _run_one(study, request, plan: RunPlan, roles, items, root, evaluators, resources, quiet):
+def open_budget(request: RunRequest, fw: Framework, records, prices, store: RunStore, ids):
+    """The run's caps with what its recorded items already spent (None without a cap)."""
+    run = request.run
+    if run.max_cost is None and run.max_run_tokens is None:
+        return None
+    budget = Budget(
+        run.max_run_tokens, run.max_cost,
+        item_cost=lambda usage: cost_table(fw, usage, records, prices)["total"],
+        hourly_rate=sum(p.hours(1.0) for p in served_prices(records, prices)),
+        clock_start=time.time(), prior_seconds=invocation_seconds(store.dir),
+    )  # fmt: skip
+    pending = store.pending(ids)
+    for record in store.results([i for i in ids if i not in pending]):
+        budget.record(record.usage, new=False)
+    return budget
+
+
+def served_prices(records: dict[str, dict[str, Any]], prices) -> list[ModelPrice]:
+    """The GPU-hour prices of the distinct models the roles use (one server each)."""
+    from pipelines.costs import price_of
+
+    found = {r.get("request_model"): price_of(prices, r) for r in records.values()}
+    return [p for p in found.values() if p is not None and p.gpu_hour is not None]
+
+
+async def _run_one(study, request, plan: RunPlan, roles, items, root, evaluators, resources, quiet,
+                   prices):  # fmt: skip
     fw: Framework = plan.framework or study
     lead = lead_evaluator(roles, request.evaluator)
     judged_by_itself = self_judging(plan.systems | roles)
     store = RunStore(root / plan.key if plan.key else root)
+    records = role_records(fw, roles)
     store.open(
         framework=fw.name, task=plan.task,
         config=run_identity(fw, plan.options, roles, request.evaluator, items),
         options=plan.options.model_dump(mode="json"), models=model_record(lead),
-        roles=role_records(fw, roles), self_judging=judged_by_itself,
+        roles=records, self_judging=judged_by_itself,
         prompts=fw.prompt_ids(plan.options), items=len(items),
     )  # fmt: skip
     console.print(f"run directory: {store.dir}")
@@ -319,6 +388,7 @@ async def _run_one(study, request, plan: RunPlan, roles, items, root, evaluators
     pending = store.pending(ids)
     todo = select(items, [k for k, i in enumerate(ids) if i in pending])
     started, usage = time.time(), {}
+    budget = open_budget(request, fw, records, prices, store, ids)
     if todo:  # nothing missing: no model is started, no resource loaded
         clients = await _open_roles(evaluators, roles, store.dir)
         resource_key = f"{fw.name}:{plan.options.model_dump_json()}"
@@ -333,8 +403,15 @@ async def _run_one(study, request, plan: RunPlan, roles, items, root, evaluators
                               store.dir, max_reasks, fw)  # fmt: skip
             return await solve_item(fw, item, ctx)
 
-        await run_items(todo, solve, store, workers=lead.concurrency, show_progress=not quiet,
-                        total=len(items))  # fmt: skip
+        solving = time.time()
+        if budget is not None:
+            budget.clock_start = solving
+        try:
+            await run_items(todo, solve, store, workers=lead.concurrency,
+                            show_progress=not quiet, total=len(items), budget=budget)  # fmt: skip
+        finally:
+            record_invocation(store.dir, solving, time.time() - solving,
+                              len(ids) - len(store.pending(ids)))  # fmt: skip
         usage = _usage_since(clients, before)
     # in id order: tables (bootstrap intervals too) equal what `report` rebuilds
     results = records_for_tables(fw, plan.options, store.results(sorted(ids)))
@@ -346,6 +423,16 @@ async def _run_one(study, request, plan: RunPlan, roles, items, root, evaluators
                 ),
                 "self_judging": judged_by_itself,
                 "seconds_this_invocation": round(time.time() - started, 3)}  # fmt: skip
+    if prices:
+        summary["cost_this_invocation"] = cost_table(
+            fw, usage, records, prices, summary["seconds_this_invocation"]
+        )
+        summary["cost_recorded"] = cost_table(
+            fw, recorded_usage(results), records, prices, invocation_seconds(store.dir)
+        )
+    remaining = len(store.pending(ids))
+    if budget is not None and budget.stopped and remaining:
+        summary["budget_stop"] = budget.stopped
     store.write_summary(summary)
     name = fw.tables_file(plan.options)
     if tables is not None and name:
@@ -353,6 +440,11 @@ async def _run_one(study, request, plan: RunPlan, roles, items, root, evaluators
     print_summary(summary, Console())
     if tables is not None:
         fw.render(tables, Console())
+    if "budget_stop" in summary:
+        raise BudgetReached(
+            f"{store.dir}: stopped admitting items ({budget.stopped}); {remaining} of "
+            f"{len(items)} items remain: rerun with a higher cap to resume"
+        )
     return RunOutcome(store.dir, results, tables, summary, fw)
 
 

@@ -34,6 +34,7 @@ MANIFEST = "manifest.json"
 RESULTS = "results.jsonl"
 SUMMARY = "summary.json"
 STUDY_FILE = "study.json"  # a study's root: its runs and combined tables
+INVOCATIONS = "invocations.jsonl"  # one line per invocation that solved items: wall time
 # 2: typed records (status, score, explanation, details, usage, failure) and the framework name.
 FORMAT_VERSION = 2
 
@@ -255,6 +256,27 @@ class RunStore:
             os.fsync(self._fd)
             os.close(self._fd)
             self._fd = None
+
+
+def record_invocation(run_dir: Path, started: float, seconds: float, solved: int) -> None:
+    """One line per invocation that had models open (GPU-hour prices charge its wall time)."""
+    line = json.dumps({"started": started, "seconds": round(seconds, 3), "solved": solved})
+    with open(run_dir / INVOCATIONS, "a", encoding="utf-8") as handle:
+        handle.write(line + "\n")
+
+
+def invocation_seconds(run_dir: Path) -> float:
+    """Wall time of every recorded invocation (a torn last line is skipped)."""
+    path = run_dir / INVOCATIONS
+    if not path.is_file():
+        return 0.0
+    total = 0.0
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            total += float(json.loads(line)["seconds"])
+        except (ValueError, KeyError, TypeError):
+            continue
+    return total
 
 
 def status_counts(records: list[ItemResult]) -> dict[str, int]:
