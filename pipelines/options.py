@@ -113,6 +113,14 @@ SHARED_OPTIONS: dict[str, tuple[Any, Any]] = {
         _opt(int | None, "tokens of the whole run: admit no item that could pass this"),
         None,
     ),
+    "dry_run": (
+        _opt(bool, "check inputs, print what each run would still ask; start nothing", "--dry-run"),
+        False,
+    ),
+    "pilot": (
+        _opt(int | None, "solve K missing items for real (kept), then estimate the rest"),
+        None,
+    ),
     "no_cache": (_opt(bool, "skip the response cache", "--no-cache"), False),
     "quiet": (_opt(bool, "no progress bar"), False),
 }
@@ -136,6 +144,8 @@ class Shared:
     prices: Path | None = None
     max_cost: float | None = None
     max_run_tokens: int | None = None
+    dry_run: bool = False
+    pilot: int | None = None
     no_cache: bool = False
     quiet: bool = False
 
@@ -196,7 +206,10 @@ def framework_command(study: Study) -> Callable[[Callable[..., dict]], Callable[
 
             shared = Shared(**{name: kwargs.pop(name) for name in SHARED_OPTIONS})
             request = load_request(study, fn(**kwargs), shared)
-            execute(study, request, no_cache=shared.no_cache, quiet=shared.quiet)
+            if shared.pilot is not None and (shared.pilot < 1 or shared.dry_run):
+                raise UserError("--pilot K needs K >= 1 and no --dry-run (a pilot runs items)")
+            execute(study, request, no_cache=shared.no_cache, quiet=shared.quiet,
+                    dry_run=shared.dry_run, pilot=shared.pilot)  # fmt: skip
 
         shared_params = [
             inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default,

@@ -150,6 +150,12 @@ class Framework(Study):
                 found[f"{name}_sha256"] = file_sha256(path)
         return found
 
+    def known_calls(self, item: Any, options: Any) -> dict[str, int]:
+        """Per stage, the calls this item makes whatever the models answer (re-asks of an
+        unparseable output not counted); stages left out depend on model output and are
+        estimated from recorded items (``--dry-run``)."""
+        return {}
+
     def score_protocol(self, options: Any) -> dict[str, Any]:
         """The options that change what a score means (a rule set chosen by a flag): runs that
         differ in them are not compared item by item."""

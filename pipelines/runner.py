@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import copy
+import json
 import signal
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
@@ -258,11 +259,16 @@ def execute(
     no_cache: bool = False,
     quiet: bool = False,
     open_client: OpenClient | None = None,
+    dry_run: bool = False,
+    pilot: int | None = None,
 ) -> dict[str, RunOutcome]:
     """Run (or resume) every run of ``study``; print and write its tables; return the outcomes.
 
     ``open_client(evaluator, run_dir)`` opens the client of an evaluator (default: connect to
-    the endpoint or start vLLM; tests pass a scripted client here).
+    the endpoint or start vLLM; tests pass a scripted client here). ``dry_run``: check the
+    inputs and print what each run would still ask, starting and writing nothing. ``pilot``:
+    solve that many missing items of each run for real (recorded: the full run resumes from
+    them), then print the estimate of the rest.
     """
     study.check_roles(list(request.roles))
     items = study.load(request.options)
@@ -273,13 +279,17 @@ def execute(
     prices = load_prices(request.run.prices)
     if request.run.max_cost is not None:
         check_priced(prices, plans, roles, study)
+    if dry_run:
+        estimates = print_dry_run(study, request, items, plans, roles, root, prices)
+        return {str(run_dir): RunOutcome(run_dir, [], None, {"estimate": estimate})
+                for run_dir, estimate in estimates}  # fmt: skip
     cache = None if no_cache else request.run.cache
     if open_client is None:
         servers = Servers([ev for found in roles for ev in found.values()])
         open_client = lambda ev, run_dir: open_evaluator(ev, run_dir, cache, servers)  # noqa: E731
     sigterm_as_interrupt()
     outcomes = asyncio.run(
-        _execute(study, request, items, plans, roles, root, open_client, quiet, prices)
+        _execute(study, request, items, plans, roles, root, open_client, quiet, prices, pilot)
     )
     combined = study.combine(outcomes, request.options)
     if len(plans) > 1 or combined is not None:
@@ -305,7 +315,7 @@ def check_priced(prices: dict[str, ModelPrice], plans, roles, study) -> None:
                                 "add it to the --prices file")  # fmt: skip
 
 
-async def _execute(study, request, items, plans, roles, root, opener, quiet, prices):
+async def _execute(study, request, items, plans, roles, root, opener, quiet, prices, pilot):
     keys = [{evaluator_key(ev) for ev in found.values()} for found in roles]
     evaluators = Evaluators(opener, keys)
     resources: dict[str, Any] = {}
@@ -315,7 +325,7 @@ async def _execute(study, request, items, plans, roles, root, opener, quiet, pri
             run_items_ = plan.items(outcomes) if plan.items else items
             outcomes[plan.key] = await _run_one(
                 study, request, plan, plan_roles_, run_items_, root, evaluators, resources, quiet,
-                prices,
+                prices, pilot, len(items),
             )  # fmt: skip
             await evaluators.done_with_run()
     finally:
@@ -365,7 +375,7 @@ def served_prices(records: dict[str, dict[str, Any]], prices) -> list[ModelPrice
 
 
 async def _run_one(study, request, plan: RunPlan, roles, items, root, evaluators, resources, quiet,
-                   prices):  # fmt: skip
+                   prices, pilot, study_items):  # fmt: skip
     fw: Framework = plan.framework or study
     lead = lead_evaluator(roles, request.evaluator)
     judged_by_itself = self_judging(plan.systems | roles)
@@ -386,7 +396,7 @@ async def _run_one(study, request, plan: RunPlan, roles, items, root, evaluators
         )
     ids = item_ids(items)
     pending = store.pending(ids)
-    todo = select(items, [k for k, i in enumerate(ids) if i in pending])
+    todo = select(items, [k for k, i in enumerate(ids) if i in pending][:pilot])
     started, usage = time.time(), {}
     budget = open_budget(request, fw, records, prices, store, ids)
     if todo:  # nothing missing: no model is started, no resource loaded
@@ -410,8 +420,8 @@ async def _run_one(study, request, plan: RunPlan, roles, items, root, evaluators
             await run_items(todo, solve, store, workers=lead.concurrency,
                             show_progress=not quiet, total=len(items), budget=budget)  # fmt: skip
         finally:
-            record_invocation(store.dir, solving, time.time() - solving,
-                              len(ids) - len(store.pending(ids)))  # fmt: skip
+            solved = len(pending) - len(store.pending(ids))
+            record_invocation(store.dir, solving, time.time() - solving, solved)
         usage = _usage_since(clients, before)
     # in id order: tables (bootstrap intervals too) equal what `report` rebuilds
     results = records_for_tables(fw, plan.options, store.results(sorted(ids)))
@@ -433,6 +443,10 @@ async def _run_one(study, request, plan: RunPlan, roles, items, root, evaluators
     remaining = len(store.pending(ids))
     if budget is not None and budget.stopped and remaining:
         summary["budget_stop"] = budget.stopped
+    if pilot is not None:  # what the rest will ask, from every item recorded so far
+        derived = study_items if plan.items is not None else None
+        summary["estimate_of_the_rest"] = _estimate(fw, plan.options, store.dir, items, ids,
+                                                    records, prices, derived)  # fmt: skip
     store.write_summary(summary)
     name = fw.tables_file(plan.options)
     if tables is not None and name:
@@ -440,12 +454,99 @@ async def _run_one(study, request, plan: RunPlan, roles, items, root, evaluators
     print_summary(summary, Console())
     if tables is not None:
         fw.render(tables, Console())
+    if pilot is not None:
+        from pipelines.estimate import print_estimate
+
+        print_estimate(f"after the pilot, {store.dir}", summary["estimate_of_the_rest"], Console())
     if "budget_stop" in summary:
         raise BudgetReached(
             f"{store.dir}: stopped admitting items ({budget.stopped}); {remaining} of "
             f"{len(items)} items remain: rerun with a higher cap to resume"
         )
     return RunOutcome(store.dir, results, tables, summary, fw)
+
+
+# ---- estimates before a run ---------------------------------------------------------------------
+
+
+def _estimate(fw, options, run_dir: Path, items, ids, records, prices, derived_total=None):
+    """The estimate of one run from what its directory holds (nothing is written)."""
+    from pipelines.estimate import estimate_run
+    from pipelines.runstore import RESULTS, index_results
+
+    reader = RunStore(run_dir)  # read only: never opened for writing
+    reader.index = index_results(run_dir / RESULTS)
+    pending = reader.pending(ids)
+    done = [i for i in ids if i not in pending]
+    missing = [k for k, i in enumerate(ids) if i in pending]
+    recorded = list(reader.results(done))
+    n_missing = len(missing)
+    if derived_total is not None:  # its items come from an earlier run: about one per item
+        n_missing = max(n_missing, derived_total - len(done))
+    seconds, solved = _throughput(run_dir)
+    position = {i: k for k, i in enumerate(ids)}
+    return estimate_run(
+        fw, options, select(items, missing) if items else [], n_missing, recorded,
+        select(items, [position[i] for i in done]) if items else None,
+        roles=records, prices=prices, throughput=solved / seconds if seconds and solved else None,
+    )  # fmt: skip
+
+
+def _throughput(run_dir: Path) -> tuple[float, int]:
+    from pipelines.runstore import INVOCATIONS
+
+    path = run_dir / INVOCATIONS
+    seconds, solved = 0.0, 0
+    if path.is_file():
+        for line in path.read_text(encoding="utf-8").splitlines():
+            try:
+                entry = json.loads(line)
+                seconds, solved = seconds + float(entry["seconds"]), solved + int(entry["solved"])
+            except (ValueError, KeyError, TypeError):
+                continue
+    return seconds, solved
+
+
+def dry_run_estimates(study, request, items, plans, roles, root, prices, out: Console):
+    """Per run: (run directory, estimate of what it would still ask). No model, no file; the
+    roles, self-judging and a run directory that holds another run are said on ``out``."""
+    from pipelines.runstore import MANIFEST, read_manifest
+
+    estimates = []
+    for plan, found in zip(plans, roles, strict=True):
+        fw = plan.framework or study
+        run_dir = root / plan.key if plan.key else root
+        derived = plan.items is not None
+        if not derived and (run_dir / MANIFEST).is_file():
+            config = run_identity(fw, plan.options, found, request.evaluator, items)
+            held = read_manifest(run_dir / MANIFEST).get("config_fingerprint")
+            if held != fingerprint({"task": plan.task, "config": config}):
+                out.print(f"{run_dir}: holds a different run; the real run will refuse it "
+                          "(use a new --run-dir)", style="red", soft_wrap=True)  # fmt: skip
+                continue
+        for role, ev in found.items():
+            out.print(f"{run_dir}: role {role}: {ev.ref().request_name}")
+        for pair in self_judging(plan.systems | found):
+            out.print(f"note: the {pair['judge']} role uses the {pair['system']} model "
+                      f"{pair['model']} (self-judging)")  # fmt: skip
+        ids = [] if derived else item_ids(items)
+        estimate = _estimate(fw, plan.options, run_dir, [] if derived else items, ids,
+                             role_records(fw, found), prices,
+                             len(items) if derived else None)  # fmt: skip
+        estimates.append((run_dir, estimate | {"derived": derived}))
+    return estimates
+
+
+def print_dry_run(study, request, items, plans, roles, root, prices) -> list[tuple[Path, dict]]:
+    from pipelines.estimate import print_estimate
+
+    out = Console()
+    out.print("dry run: inputs checked; no model is started and nothing is written")
+    estimates = dry_run_estimates(study, request, items, plans, roles, root, prices, out)
+    for run_dir, estimate in estimates:
+        note = " (items made by an earlier run: about one each)" if estimate["derived"] else ""
+        print_estimate(f"{run_dir}{note}", estimate, out)
+    return estimates
 
 
 @contextlib.asynccontextmanager

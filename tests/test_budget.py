@@ -26,8 +26,15 @@ OUTPUT = "x\n[Covered statements]\n- In Paris [1]\n[Uncovered statements]\n- In 
 
 def items_file(tmp_path: Path) -> Path:
     path = tmp_path / "items.jsonl"
-    rows = [{"id": f"q{k}", "query": f"Where {k}?", "response": f"Paris {k}.",
-             "contexts": ["In Paris.", "In Lyon."]} for k in range(N)]  # fmt: skip
+    rows = [
+        {
+            "id": f"q{k}",
+            "query": f"Where {k}?",
+            "response": f"Paris {k}.",
+            "contexts": ["In Paris.", "In Lyon."],
+        }
+        for k in range(N)
+    ]
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     return path
 
@@ -37,12 +44,14 @@ def client() -> ScriptedClient:
 
 
 def run(tmp_path, run_dir, scripted, **caps):
-    options = ComprehensivenessOptions(input=items_file(tmp_path), method="e2e", summarise=False,
-                                       export_graphs=False)  # fmt: skip
+    options = ComprehensivenessOptions(
+        input=items_file(tmp_path), method="e2e", summarise=False, export_graphs=False
+    )
     evaluator = EvaluatorConfig(model="judge", endpoint="http://127.0.0.1:9/v1", concurrency=3)
     request = RunRequest(evaluator, RunConfig(run_dir=run_dir, cache=None, **caps), options)
-    return execute(COMPREHENSIVENESS, request, quiet=True,
-                   open_client=lambda ev, d: fixed_client(scripted))  # fmt: skip
+    return execute(
+        COMPREHENSIVENESS, request, quiet=True, open_client=lambda ev, d: fixed_client(scripted)
+    )
 
 
 def records(run_dir: Path) -> dict[str, dict]:
@@ -50,8 +59,10 @@ def records(run_dir: Path) -> dict[str, dict]:
 
 
 def item_tokens(run_dir: Path) -> set[int]:
-    return {sum(u["prompt_tokens"] + u["completion_tokens"] for u in r["usage"].values())
-            for r in records(run_dir).values()}  # fmt: skip
+    return {
+        sum(u["prompt_tokens"] + u["completion_tokens"] for u in r["usage"].values())
+        for r in records(run_dir).values()
+    }
 
 
 def test_token_cap_stops_admitting_and_a_raised_cap_finishes_identically(tmp_path):
@@ -138,10 +149,14 @@ def test_gpu_hour_cost_is_shared_over_stages_by_tokens():
         "answer": {"prompt_tokens": 2_000_000, "completion_tokens": 1_000_000},
         "cross-encoder": {"calls": 50},  # no model role: no cost, not "unpriced"
     }
-    roles = {"judge": {"model": "llama-8b", "request_model": "llama-8b"},
-             "answer": {"model": "api-model", "request_model": "api-model"}}  # fmt: skip
-    prices = {"llama-8b": ModelPrice(gpu_hour=2.0, gpus=2),
-              "api-model": ModelPrice(input=0.5, output=1.5)}  # fmt: skip
+    roles = {
+        "judge": {"model": "llama-8b", "request_model": "llama-8b"},
+        "answer": {"model": "api-model", "request_model": "api-model"},
+    }
+    prices = {
+        "llama-8b": ModelPrice(gpu_hour=2.0, gpus=2),
+        "api-model": ModelPrice(input=0.5, output=1.5),
+    }
     cost = cost_table(_Fw(), usage, roles, prices, seconds=1800)
     # served: 0.5 h x 2 GPUs x $2 = $2, split 400 : 1600; API: 2M x 0.5 + 1M x 1.5 per M = $2.5
     assert cost["by_stage"] == {"extract": 0.4, "nli": 1.6, "answer": 2.5}

@@ -59,6 +59,16 @@ class Comprehensiveness(Framework):
     def score_protocol(self, options: ComprehensivenessOptions) -> dict[str, Any]:
         return {"protocol": options.protocol}
 
+    def known_calls(self, item: Item, options: ComprehensivenessOptions) -> dict[str, int]:
+        """A summary per context; E2E: one coverage call; NLI: one extraction per non-empty
+        text, when the texts are the item's own (not summaries)."""
+        known = {"summarise": len(item.contexts)} if options.rules.summarisation else {}
+        if options.method == "e2e":
+            known["coverage"] = 1
+        elif options.method == "nli" and not options.rules.summarisation:
+            known["extract"] = sum(bool(t.strip()) for t in [item.response, *item.contexts])
+        return known
+
     def load(self, options: ComprehensivenessOptions) -> Sequence[Item]:
         if options.input is None:
             raise UserError("comprehensiveness: no input file given")

@@ -274,6 +274,13 @@ class FanOutQA(Framework):
     def roles_used(self, options: FanoutOptions) -> list[str]:
         return ["answer"] * (options.answers is None) + ["judge"] * options.judge
 
+    def known_calls(self, item: Question, options: FanoutOptions) -> dict[str, int]:
+        """One answer per question, except open book (its tool rounds depend on the model)."""
+        setting = options.settings[0]
+        if options.answers is not None or setting == "open-book":
+            return {}
+        return {f"answer-{setting}": 1}
+
     def load(self, options: FanoutOptions) -> list[Question]:
         if options.input is None:
             raise UserError(

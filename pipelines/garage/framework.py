@@ -74,6 +74,9 @@ class Garage(Framework):
     stage_roles = {"answer": "answer", "*": "judge"}
     content_options = ("answers",)
 
+    def known_calls(self, item: Record, options: GarageOptions) -> dict[str, int]:
+        return {"answer": 1} if options.answers is None else {}
+
     def roles_used(self, options: GarageOptions) -> list[str]:
         return ["answer", "judge"] if options.answers is None else ["judge"]
 

@@ -1,0 +1,176 @@
+"""What a run will still ask, before it asks it (``--dry-run``, ``--pilot K``).
+
+Per stage (and its role), over the items a run has not recorded yet:
+
+- **calls known exactly**: what the items fix before any model output
+  (``Framework.known_calls``: one coverage call per item, one summary per context...), re-asks of
+  an unparseable output not counted; items already recorded cost nothing more (the run store is
+  consulted, and it is what a resumed run reads);
+- **calls and tokens estimated** from the items recorded so far (an earlier invocation, or a
+  pilot): the per-item counts of the recorded items, extrapolated to the missing ones, with a
+  95% bootstrap prediction interval for the total (the recorded items resampled, then the
+  missing items drawn from each resample: the uncertainty of the mean and the item-to-item
+  spread both count);
+- dollars (with ``--prices``) and wall time (at the throughput the recorded invocations had).
+
+Nothing here starts a model or writes a file.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from rich.console import Console
+from rich.table import Table
+
+from pipelines.costs import cost_table
+from pipelines.results import ItemResult
+
+RESAMPLES = 2000
+TOKENS = ("prompt_tokens", "completion_tokens")
+
+
+def predict_total(observed: list[float], n: int, seed: int = 0) -> tuple[float, float, float]:
+    """The expected sum of ``n`` more items like ``observed``, and its 95% prediction
+    interval: a bootstrap resample of ``observed`` per round, then ``n`` draws from it (their
+    sum from the resample's mean and spread when ``n`` is large)."""
+    if n == 0:
+        return 0.0, 0.0, 0.0
+    data = np.asarray(observed, dtype=float)
+    rng = np.random.default_rng(seed)
+    boot = data[rng.integers(0, data.size, (RESAMPLES, data.size))]
+    if n * RESAMPLES <= 2_000_000:
+        picks = rng.integers(0, data.size, (RESAMPLES, n))
+        sums = np.take_along_axis(boot, picks, axis=1).sum(axis=1)
+    else:  # the sum of n draws is normal to a very good approximation
+        sums = n * boot.mean(axis=1) + np.sqrt(n) * boot.std(axis=1) * rng.standard_normal(
+            RESAMPLES
+        )
+    low, high = np.percentile(sums, [2.5, 97.5])
+    return float(n * data.mean()), float(max(0.0, low)), float(high)
+
+
+@dataclass
+class StageEstimate:
+    stage: str
+    role: str
+    exact_calls: int  # fixed by the items alone
+    fixed_items: int  # missing items whose calls of this stage are fixed
+    calls: tuple[float, float, float] | None  # estimate (point, low, high) for the rest
+    tokens: dict[str, tuple[float, float, float]] | None  # prompt / completion totals
+
+    def as_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+def _role(fw: Any, stage: str) -> str:
+    try:
+        return fw.role_of(stage)
+    except KeyError:
+        return "unknown"
+
+
+def estimate_run(
+    fw: Any,
+    options: Any,
+    missing: Iterable[Any],
+    n_missing: int,
+    recorded: list[ItemResult],
+    recorded_items: Iterable[Any] | None,
+    *,
+    roles: dict[str, dict[str, Any]],
+    prices: dict[str, Any],
+    throughput: float | None,
+) -> dict[str, Any]:
+    """The estimate of one run for its ``missing`` items, from the ``recorded`` ones (and the
+    items they answer, ``recorded_items``, whose fixed calls tell the re-asks apart)."""
+    exact: dict[str, int] = {}
+    fixed: dict[str, int] = {}
+    for item in missing:
+        for stage, calls in fw.known_calls(item, options).items():
+            exact[stage] = exact.get(stage, 0) + calls
+            fixed[stage] = fixed.get(stage, 0) + 1
+    known_before = [fw.known_calls(i, options) for i in recorded_items or []]
+    stages = list(dict.fromkeys([*exact, *(s for r in recorded for s in r.usage)]))
+    out = []
+    for k, stage in enumerate(stages):
+        per_item = [r.usage.get(stage, {}) for r in recorded]
+        calls = tokens = None
+        if recorded:
+            observed = [u.get("calls", 0) for u in per_item]
+            # items whose calls are fixed: only the re-asks beyond them are estimated
+            pairs = zip(observed, known_before, strict=True) if known_before else []
+            extra = [c - known.get(stage, 0) for c, known in pairs]
+            more = predict_total(extra, fixed.get(stage, 0), seed=k) if extra else (0, 0, 0)
+            rest = predict_total(observed, n_missing - fixed.get(stage, 0), seed=k)
+            calls = (more[0] + rest[0], more[1] + rest[1], more[2] + rest[2])
+            tokens = {t: predict_total([u.get(t, 0) for u in per_item], n_missing, seed=k)
+                      for t in TOKENS}  # fmt: skip
+        out.append(StageEstimate(stage, _role(fw, stage), exact.get(stage, 0),
+                                 fixed.get(stage, 0), calls, tokens))  # fmt: skip
+    result: dict[str, Any] = {
+        "missing": n_missing,
+        "recorded": len(recorded),
+        "stages": [s.as_dict() for s in out],
+        "seconds": n_missing / throughput if throughput else None,
+    }
+    if prices and recorded:
+        result["cost"] = {
+            bound: cost_table(fw, _usage_at(out, i), roles, prices, result["seconds"] or 0.0)
+            for i, bound in enumerate(("estimate", "low", "high"))
+        }
+    return result
+
+
+def _usage_at(stages: list[StageEstimate], i: int) -> dict[str, dict[str, float]]:
+    """Per-stage usage at one bound of the estimates (0 point, 1 low, 2 high)."""
+    return {s.stage: {t: s.tokens[t][i] for t in TOKENS} for s in stages if s.tokens}
+
+
+# ---- printing ----------------------------------------------------------------------------------
+
+
+def _triple(value: tuple[float, float, float] | None, exact: int = 0) -> str:
+    if value is None:
+        return "?"
+    point, low, high = (exact + v for v in value)
+    return f"{point:,.0f} ({low:,.0f}-{high:,.0f})"
+
+
+def _calls(stage: dict[str, Any], missing: int) -> str:
+    """All calls of a stage: exact where the items fix them, plus the estimate of the rest."""
+    exact = stage["exact_calls"]
+    if stage["fixed_items"] == missing and (stage["calls"] is None or stage["calls"][2] == 0):
+        return f"{exact:,} (exact)"
+    if stage["calls"] is None:
+        return f"{exact:,} + ?" if stage["fixed_items"] else "?"
+    return _triple(stage["calls"], exact)
+
+
+def print_estimate(label: str, estimate: dict[str, Any], out: Console) -> None:
+    title = (f"{label}: {estimate['missing']} items to solve, estimated from "
+             f"{estimate['recorded']} recorded")  # fmt: skip
+    table = Table("stage", "role", "calls fixed by the items", "calls (95% PI)",
+                  "prompt tokens", "completion tokens", title=title)  # fmt: skip
+    for s in estimate["stages"]:
+        tokens = s["tokens"] or {}
+        fixed = f"{s['exact_calls']:,} in {s['fixed_items']:,} items" if s["fixed_items"] else "-"
+        table.add_row(s["stage"], s["role"], fixed, _calls(s, estimate["missing"]),
+                      _triple(tokens.get("prompt_tokens")),
+                      _triple(tokens.get("completion_tokens")))  # fmt: skip
+    out.print(table)
+    if not estimate["recorded"] and estimate["missing"]:
+        out.print("no item recorded yet: calls not fixed by the items and every token count are "
+                  "unknown; --pilot K solves K items for real and estimates the rest")  # fmt: skip
+    if estimate.get("cost"):
+        cost = estimate["cost"]
+        out.print(f"cost ${cost['estimate']['total']:.4f} (95% PI ${cost['low']['total']:.4f}-"
+                  f"${cost['high']['total']:.4f})"
+                  + (f"; no price for {', '.join(cost['estimate']['unpriced'])}"
+                     if cost["estimate"]["unpriced"] else ""))  # fmt: skip
+    if estimate["seconds"] is not None:
+        out.print(f"wall time about {estimate['seconds'] / 60:.1f} min at the recorded "
+                  "throughput")  # fmt: skip
