@@ -33,6 +33,12 @@ def _safe_json(value: Any) -> str:
     return text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
 
 
+def score_range(scores: list[float]) -> tuple[float, float]:
+    """The plot's axis: the score's range, [0, 1] for every framework here (wider only if a
+    score is), so a run of all 1.0 is a bar at 1, not a bar in the middle of 0.5-1.5."""
+    return min(0.0, *scores), max(1.0, *scores)
+
+
 def score_plot(scores: list[float]) -> str | None:
     """An inline SVG histogram of the scores (None without scores)."""
     if not scores:
@@ -43,7 +49,9 @@ def score_plot(scores: list[float]) -> str | None:
     import matplotlib.pyplot as plt
 
     figure, axes = plt.subplots(figsize=(5, 2.4), dpi=100)
-    axes.hist(scores, bins=min(20, max(5, len(set(scores)))), color="#4a7ab5")
+    low, high = score_range(scores)
+    axes.hist(scores, bins=20, range=(low, high), color="#4a7ab5")
+    axes.set_xlim(low, high)
     axes.set_xlabel("score")
     axes.set_ylabel("items")
     figure.tight_layout()
@@ -80,6 +88,7 @@ def run_view(path: Path, prices: dict[str, Any] | None = None) -> dict[str, Any]
         (title, plots.draw(spec)) for title, spec in outcome.framework.figures(outcome.tables)
     ]
     return {
+        "headline": headline(outcome, manifest, scores),
         "figures": figures,
         "tables_html": terminal_tables(outcome.framework, outcome.tables),
         "path": str(path),
@@ -90,6 +99,31 @@ def run_view(path: Path, prices: dict[str, Any] | None = None) -> dict[str, Any]
         "usage": summary.get("usage_recorded", {}),
         "plot": score_plot(scores),
         "items": items,
+    }
+
+
+def headline(outcome: Any, manifest: dict[str, Any], scores: list[float]) -> dict[str, Any]:
+    """What a reader looks for first: the mean with its interval, how many items are in it,
+    the statuses, the model of each role and (with prices) the cost."""
+    from pipelines.stats import bca_interval, percentile_interval
+
+    summary = outcome.summary
+    interval = None
+    if len(scores) > 1:  # BCa's jackknife is quadratic: a large run gets the percentile one
+        interval = (bca_interval(scores, 2000) if len(scores) <= 5000
+                    else percentile_interval(scores, 2000)).as_dict()  # fmt: skip
+    roles = manifest.get("roles") or {"judge": manifest.get("models") or {}}
+    cost = summary.get("cost_recorded")
+    return {
+        "mean": summary.get("mean_score"),
+        "interval": interval,
+        "scored": len(scores),
+        "recorded": summary.get("recorded", 0),
+        "items": manifest["items"],
+        "statuses": {s: n for s, n in summary["statuses"].items() if n},
+        "roles": {role: m.get("request_model") or m.get("model") for role, m in roles.items()},
+        "cost": cost["total"] if cost else None,
+        "unpriced": cost["unpriced"] if cost else [],
     }
 
 

@@ -74,3 +74,76 @@ def test_fact_graph_is_drawn_in_the_drill_down(tmp_path):
     # response, one from text 1, two from text 2), edges are the entailments between them.
     assert graph.count("<circle") == 5
     assert ">covered<" in graph and ">uncovered<" in graph and "<line" in graph
+
+
+# Measures the page as laid out in the browser: the test adds it to a copy of the page, the
+# page itself carries no test code. Its results land in the DOM that --dump-dom prints.
+PROBE = """<script>
+window.addEventListener("load", () => {
+  const box = (sel) => { const e = document.querySelector(sel); if (!e) return null;
+    const r = e.getBoundingClientRect(); return {top: r.top, bottom: r.bottom, height: r.height}; };
+  document.body.setAttribute("data-probe", JSON.stringify({
+    viewport: window.innerHeight, scrolled: window.scrollY,
+    headline: box("#run-0 .headline"), compare: box("section.compare"),
+    deltas: document.querySelectorAll(".compare-deltas a").length,
+    manifestOpen: document.querySelector("details.manifest").open,
+  }));
+});
+</script>"""
+
+
+def probe(page: Path, tmp_path: Path, *extra: str) -> tuple[dict, str, list[str]]:
+    import html
+    import json
+    import re
+
+    probed = tmp_path / ("probed-" + page.name)
+    probed.write_text(page.read_text().replace("</body>", PROBE + "</body>"))
+    loaded = chromium(probed.resolve().as_uri(), "--dump-dom", "--window-size=1280,800", *extra)
+    assert loaded.returncode == 0, loaded.stderr[-2000:]
+    found = re.search(r'data-probe="([^"]*)"', loaded.stdout)
+    assert found, "the probe did not run"
+    errors = [line for line in loaded.stderr.splitlines()
+              if ":CONSOLE(" in line and ("rror" in line or "Uncaught" in line)]  # fmt: skip
+    return json.loads(html.unescape(found.group(1))), loaded.stdout, errors
+
+
+def test_headline_is_seen_first_and_the_manifest_is_folded(tmp_path):
+    page = write_html([make_run(tmp_path, "run")], tmp_path / "report.html")
+    measured, dom, errors = probe(page, tmp_path)
+    assert not errors, errors
+    headline = measured["headline"]
+    # the whole headline block lies within the first screen, without scrolling
+    assert measured["scrolled"] == 0 and 0 < headline["top"] < headline["bottom"] <= 800
+    assert not measured["manifestOpen"]
+    block = dom[dom.index('class="headline"') :]
+    block = block[: block.index("</div>")]
+    # items a and b score 0.5 and 1.0 (test_report_html): mean 0.75 over 2 of 2
+    assert "0.7500" in block and "over 2 scored of 2 recorded" in block
+    assert "ok 2" in block and "judge: <b>judge</b>" in block
+
+
+def test_compare_view_is_drawn_above_the_runs(tmp_path):
+    from typer.testing import CliRunner
+
+    from pipelines.cli import app
+    from tests.test_report_html import OUTPUTS
+
+    other = dict(OUTPUTS) | {"Paris.": "x\n[Covered statements]\n- In Paris [1]\n- In Lyon [2]\n"
+                                       "[Uncovered statements]\n"}  # fmt: skip
+    one, two = make_run(tmp_path, "one"), make_run(tmp_path, "two", outputs=other)
+    page = tmp_path / "compare.html"
+    out = CliRunner().invoke(app, ["compare", str(one), str(two), "--html", str(page)])
+    assert out.exit_code == 0, out.output
+    measured, dom, errors = probe(page, tmp_path)
+    assert not errors, errors
+    assert measured["compare"]["top"] < measured["headline"]["top"]
+    assert measured["compare"]["top"] < 800 and measured["deltas"] == 4  # 2 items x 2 runs
+    # following the link of item a in run two opens run two's drill-down of item a
+    opened = chromium(page.resolve().as_uri() + "#item=1:a", "--dump-dom").stdout
+    drill = opened[opened.index('id="drill-1"') :]
+    assert "Item a" in drill and "<li>In Lyon</li>" in drill
+    ARTIFACTS.mkdir(exist_ok=True)
+    shot = ARTIFACTS / "compare.png"
+    taken = chromium(page.resolve().as_uri(), f"--screenshot={shot}", "--window-size=1280,900")
+    assert taken.returncode == 0 and shot.stat().st_size > 10_000

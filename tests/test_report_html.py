@@ -148,3 +148,11 @@ def test_garage_fanoutqa_and_crux_runs_draw_their_figures(tmp_path):
                        ratings=paths["ratings"], rate=False)  # fmt: skip
     run(CRUX, crux, ScriptedClient({}), tmp_path / "c")
     assert "<h3>CRUX context (and answer) metrics</h3>" in render([tmp_path / "c"])
+
+
+def test_score_axis_is_the_scores_range():
+    from pipelines.report_html import score_range
+
+    assert score_range([1.0, 1.0, 1.0]) == (0.0, 1.0)  # not 0.5-1.5 around the one value
+    assert score_range([0.25]) == (0.0, 1.0)
+    assert score_range([-0.5, 1.5]) == (-0.5, 1.5)  # a score outside widens it
