@@ -12,6 +12,8 @@ and are refused. No model is called: only what is on disk is read.
 from __future__ import annotations
 
 import itertools
+import json
+import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -21,7 +23,7 @@ from rich.table import Table
 
 from pipelines.config import UserError
 from pipelines.results import UNSCORED
-from pipelines.runstore import MANIFEST, RESULTS, read_manifest, results_by_id
+from pipelines.runstore import MANIFEST, RESULTS, STUDY_FILE, read_manifest, results_by_id
 from pipelines.stats import bca_interval, paired_test
 
 
@@ -37,6 +39,8 @@ class RunScores:
     items: int
     scores: dict[str, float] = field(default_factory=dict)  # id -> score (scored items)
     unscored: dict[str, str] = field(default_factory=dict)  # id -> status (recorded, no score)
+    repeats: int = 1  # a --repeats root: scores are item means over the repeats
+    between_repeat_sd: float | None = None
 
     @property
     def recorded(self) -> set[str]:
@@ -44,6 +48,35 @@ class RunScores:
 
 
 def load_scores(path: Path) -> RunScores:
+    """A run's scores; a ``--repeats`` root is scored by its item means over the repeats."""
+    if not (path / MANIFEST).is_file() and (path / STUDY_FILE).is_file():
+        meta = json.loads((path / STUDY_FILE).read_text())
+        if meta.get("repeats"):
+            return _repeated(path, [load_scores(path / key) for key in meta["runs"]
+                                    if (path / key / MANIFEST).is_file()])  # fmt: skip
+    return _one_run(path)
+
+
+def _repeated(path: Path, runs: list[RunScores]) -> RunScores:
+    if not runs:
+        raise UserError(f"{path}: no repeat has been recorded yet")
+    first = runs[0]
+    out = RunScores(path, first.framework, first.task, first.protocol, first.roles,
+                    first.items, repeats=len(runs))  # fmt: skip
+    spreads = []
+    for i in sorted(set().union(*(r.recorded for r in runs))):
+        scores = [r.scores[i] for r in runs if i in r.scores]
+        if scores:
+            out.scores[i] = statistics.fmean(scores)
+            if len(scores) > 1:
+                spreads.append(statistics.stdev(scores))
+        else:
+            out.unscored[i] = next(r.unscored[i] for r in runs if i in r.unscored)
+    out.between_repeat_sd = statistics.fmean(spreads) if spreads else None
+    return out
+
+
+def _one_run(path: Path) -> RunScores:
     from pipelines.registry import framework
 
     if not (path / MANIFEST).is_file():
@@ -141,6 +174,8 @@ def compare_runs(paths: list[Path], resamples: int = 10_000, seed: int = 0) -> d
                 "unscored": statuses,
                 "models": {role: m.get("request_model") for role, m in run.roles.items()},
                 "only_here": sorted(run.recorded - everywhere),
+                "repeats": run.repeats,
+                "between_repeat_sd": run.between_repeat_sd,
                 **_mean(list(run.scores.values()), resamples, seed),
             }
         )
@@ -182,6 +217,7 @@ def print_comparison(result: dict[str, Any], out: Console, top: int = 10) -> Non
         "mean",
         "95% BCa",
         "not scored",
+        "repeats (mean SD)",
         title=f"{result['framework']}: runs",
     )
     for run in result["runs"]:
@@ -195,6 +231,7 @@ def print_comparison(result: dict[str, Any], out: Console, top: int = 10) -> Non
             _num(run["mean"]),
             _interval(run["interval"]),
             unscored,
+            f"{run['repeats']} ({_num(run['between_repeat_sd'])})" if run["repeats"] > 1 else "-",
         )
     out.print(runs)
     pairs = Table(

@@ -62,6 +62,7 @@ class EvaluatorConfig(Strict):
     timeout: float = Field(300.0, gt=0)
     max_retries: int = Field(8, ge=0)
     temperature: float = Field(0.0, ge=0.0, le=2.0)
+    seed: int | None = Field(None, ge=0, description="sampling seed sent with every request")
     max_tokens: int = Field(512, ge=1)
     vllm_extensions: bool = Field(True, description="server accepts vLLM's structured_outputs")
     max_model_len: int | None = Field(None, ge=256)
@@ -120,6 +121,7 @@ class RunConfig(Strict):
     prices: Path | None = Field(None, description="YAML: model -> $ per million tokens or GPU-hour")
     max_cost: float | None = Field(None, gt=0, description="admit no item past this many dollars")
     max_run_tokens: int | None = Field(None, ge=1, description="admit no item past these tokens")
+    repeats: int = Field(1, ge=1, le=100, description="judgements per item (temperature > 0)")
 
 
 def load_config(model: type[M], yaml_path: Path | None, overrides: dict[str, Any]) -> M:

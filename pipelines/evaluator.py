@@ -28,7 +28,9 @@ def model_record(cfg: EvaluatorConfig) -> dict:
 
 
 def sampling_defaults(cfg: EvaluatorConfig) -> dict:
-    defaults = {"temperature": cfg.temperature, "max_tokens": cfg.max_tokens}
+    defaults: dict[str, Any] = {"temperature": cfg.temperature, "max_tokens": cfg.max_tokens}
+    if cfg.seed is not None:  # a repeat's seed: part of each request, so of its cache key
+        defaults["seed"] = cfg.seed
     preset = cfg.ref().preset
     if preset is not None:
         defaults |= preset.sampling_defaults()  # e.g. gpt-oss reasoning effort

@@ -113,6 +113,10 @@ SHARED_OPTIONS: dict[str, tuple[Any, Any]] = {
         _opt(int | None, "tokens of the whole run: admit no item that could pass this"),
         None,
     ),
+    "repeats": (
+        _opt(int | None, "K judgements per item, one seed each (needs a temperature above 0)"),
+        None,
+    ),
     "dry_run": (
         _opt(bool, "check inputs, print what each run would still ask; start nothing", "--dry-run"),
         False,
@@ -144,6 +148,7 @@ class Shared:
     prices: Path | None = None
     max_cost: float | None = None
     max_run_tokens: int | None = None
+    repeats: int | None = None
     dry_run: bool = False
     pilot: int | None = None
     no_cache: bool = False
@@ -167,6 +172,7 @@ class Shared:
             "run.prices": self.prices and str(self.prices),
             "run.max_cost": self.max_cost,
             "run.max_run_tokens": self.max_run_tokens,
+            "run.repeats": self.repeats,
         }
 
 

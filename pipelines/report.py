@@ -148,6 +148,15 @@ def report(
                     if (path / key / MANIFEST).is_file()}  # fmt: skip
         for key, outcome in outcomes.items():
             _print(outcome, as_json, out, label=str(path / key))
+        if meta.get("repeats"):
+            from pipelines.repeats import print_repeats, repeats_table
+
+            table = repeats_table(outcomes)
+            if as_json:
+                print(json.dumps({"study": str(path), "repeats": table}, default=str))
+            else:
+                print_repeats(table, out)
+            continue
         combined = study.combine(outcomes, study.Options.model_validate(meta["options"]))
         if combined is None:
             continue

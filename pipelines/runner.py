@@ -25,6 +25,7 @@ from pipelines.costs import Budget, BudgetReached, ModelPrice, cost_table, load_
 from pipelines.evaluator import Servers, model_record, open_evaluator
 from pipelines.lines import JsonlView
 from pipelines.protocol import Framework, ItemContext, RunOutcome, RunPlan, RunRequest, Study
+from pipelines.repeats import print_repeats, repeat_plans, repeats_table
 from pipelines.report import (
     print_summary,
     recorded_usage,
@@ -53,8 +54,11 @@ console = Console(stderr=True)
 
 def evaluator_identity(ev: EvaluatorConfig) -> dict[str, Any]:
     """What of the evaluator changes answers: not concurrency, timeouts or the URL."""
-    return {"model": ev.model, "adapter": ev.adapter, "temperature": ev.temperature,
-            "max_tokens": ev.max_tokens}  # fmt: skip
+    found = {"model": ev.model, "adapter": ev.adapter, "temperature": ev.temperature,
+             "max_tokens": ev.max_tokens}  # fmt: skip
+    if ev.seed is not None:  # only when set: runs without a seed keep their identity
+        found["seed"] = ev.seed
+    return found
 
 
 def evaluator_key(ev: EvaluatorConfig) -> str:
@@ -249,6 +253,8 @@ def study_root(study: Study, request: RunRequest, items: Sequence[Any]) -> Path:
     }
     if request.roles:  # a run with other models per role is another run
         identity["roles"] = {r: s.model_dump(mode="json") for r, s in sorted(request.roles.items())}
+    if request.run.repeats > 1:  # K seeded runs under one root: not the single run's root
+        identity["repeats"] = request.run.repeats
     return Path("runs") / f"{study.name}-{fingerprint(identity)}"
 
 
@@ -275,6 +281,9 @@ def execute(
     study.check_inputs(request.options)
     root = study_root(study, request, items)
     plans = study.plan(request, root)
+    repeats = request.run.repeats > 1
+    if repeats:
+        plans = repeat_plans(study, request, plans)
     roles = [plan_roles(p.framework or study, p, request) for p in plans]  # type: ignore[arg-type]
     prices = load_prices(request.run.prices)
     if request.run.max_cost is not None:
@@ -291,13 +300,16 @@ def execute(
     outcomes = asyncio.run(
         _execute(study, request, items, plans, roles, root, open_client, quiet, prices, pilot)
     )
-    combined = study.combine(outcomes, request.options)
+    combined = repeats_table(outcomes) if repeats else study.combine(outcomes, request.options)
     if len(plans) > 1 or combined is not None:
         atomic_write_json(root / STUDY_FILE, {
             "study": study.name, "options": request.options.model_dump(mode="json"),
             "runs": [p.key for p in plans], "combined": combined,
+            **({"repeats": request.run.repeats} if repeats else {}),
         })  # fmt: skip
-    if combined is not None:
+    if repeats and combined is not None:
+        print_repeats(combined, Console())
+    elif combined is not None:
         study.render_combined(combined, Console())
     return outcomes
 

@@ -28,7 +28,15 @@ class Reply:
     error: Exception | None = None  # raised instead of answering
 
 
-Script = str | Reply | list[str | Reply] | Callable[[str], str | Reply]
+@dataclass
+class Sampled:
+    """A script that also reads the request's sampling parameters (``seed``, ``temperature``):
+    ``fn(prompt, body)``, where body holds what the client sent besides the messages."""
+
+    fn: Callable[[str, dict[str, Any]], str | Reply]
+
+
+Script = str | Reply | list[str | Reply] | Callable[[str], str | Reply] | Sampled
 
 
 @dataclass
@@ -129,7 +137,7 @@ class ScriptedClient(EvalClient):
     ) -> dict[str, Any]:
         # The template's prompt: re-asks and tool results come after it in ``messages``.
         prompt = next((m["content"] for m in messages if m["role"] == "user"), "")
-        reply = self._next(stage, prompt)
+        reply = self._next(stage, prompt, body)
         if self.keep_calls:
             self.calls.append(Call(stage, model, prompt, messages, body, reply.text))
         if reply.error is not None:
@@ -148,7 +156,7 @@ class ScriptedClient(EvalClient):
                   "completion_tokens": len(reply.text.split())}  # fmt: skip
         return {"choices": [choice], "usage": tokens, "model": model}
 
-    def _next(self, stage: str, prompt: str) -> Reply:
+    def _next(self, stage: str, prompt: str, body: dict[str, Any] | None = None) -> Reply:
         if stage not in self.scripts:
             raise AssertionError(f"no script for stage {stage!r}; prompt:\n{prompt}")
         script = self.scripts[stage]
@@ -156,6 +164,8 @@ class ScriptedClient(EvalClient):
             if not script:
                 raise AssertionError(f"stage {stage!r} was called more often than scripted")
             script = script.pop(0)
+        elif isinstance(script, Sampled):
+            script = script.fn(prompt, body or {})
         elif callable(script):
             script = script(prompt)
         return Reply(script) if isinstance(script, str) else script
