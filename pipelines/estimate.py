@@ -153,6 +153,9 @@ def _calls(stage: dict[str, Any], missing: int) -> str:
 def print_estimate(label: str, estimate: dict[str, Any], out: Console) -> None:
     title = (f"{label}: {estimate['missing']} items to solve, estimated from "
              f"{estimate['recorded']} recorded")  # fmt: skip
+    if not estimate["stages"]:
+        out.print(f"{title}: which stages it asks is known once an item is recorded")
+        return
     table = Table("stage", "role", "calls fixed by the items", "calls (95% PI)",
                   "prompt tokens", "completion tokens", title=title)  # fmt: skip
     for s in estimate["stages"]:

@@ -42,6 +42,9 @@ class Generate(Framework):
     roles = {"answer": "writes the answers"}
     stage_roles = {"generate": "answer"}
 
+    def known_calls(self, item: GenerateItem, options: GenerateOptions) -> dict[str, int]:
+        return {"generate": 1}
+
     def load(self, options: GenerateOptions) -> Sequence[GenerateItem]:
         return read_jsonl(options.input, GenerateItem)
 
