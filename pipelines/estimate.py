@@ -57,10 +57,12 @@ def predict_total(observed: list[float], n: int, seed: int = 0) -> tuple[float, 
 class StageEstimate:
     stage: str
     role: str
-    exact_calls: int  # fixed by the items alone
-    fixed_items: int  # missing items whose calls of this stage are fixed
-    calls: tuple[float, float, float] | None  # estimate (point, low, high) for the rest
-    tokens: dict[str, tuple[float, float, float]] | None  # prompt / completion totals
+    cached_calls: int  # of missing items the response cache answers wholly: no request
+    cached_tokens: dict[str, int]  # their prompt / completion tokens, exact
+    exact_calls: int  # fixed by the other missing items alone
+    fixed_items: int  # other missing items whose calls of this stage are fixed
+    calls: tuple[float, ...] | None  # estimate (point, low, high) beyond those
+    tokens: dict[str, tuple[float, ...]] | None  # totals (point, low, high), cached included
 
     def as_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -71,6 +73,10 @@ def _role(fw: Any, stage: str) -> str:
         return fw.role_of(stage)
     except KeyError:
         return "unknown"
+
+
+def _plus(a: tuple[float, ...], b: tuple[float, ...]) -> tuple[float, ...]:
+    return tuple(x + y for x, y in zip(a, b, strict=True))
 
 
 def estimate_run(
@@ -84,40 +90,68 @@ def estimate_run(
     roles: dict[str, dict[str, Any]],
     prices: dict[str, Any],
     throughput: float | None,
+    cached: dict[str, dict[str, dict[str, Any]]] | None = None,
 ) -> dict[str, Any]:
     """The estimate of one run for its ``missing`` items, from the ``recorded`` ones (and the
-    items they answer, ``recorded_items``, whose fixed calls tell the re-asks apart)."""
+    items they answer, ``recorded_items``, whose fixed calls tell the re-asks apart). Missing
+    items the response cache answers wholly (``cached``: id -> usage of the replay) are
+    exact and ask no server."""
+    cached = cached or {}
     exact: dict[str, int] = {}
     fixed: dict[str, int] = {}
     for item in missing:
-        for stage, calls in fw.known_calls(item, options).items():
-            exact[stage] = exact.get(stage, 0) + calls
+        if str(item.id) in cached:
+            continue
+        for stage, n in fw.known_calls(item, options).items():
+            exact[stage] = exact.get(stage, 0) + n
             fixed[stage] = fixed.get(stage, 0) + 1
+    from_cache: dict[str, dict[str, int]] = {}
+    for usage in cached.values():
+        for stage, u in usage.items():
+            into = from_cache.setdefault(stage, dict.fromkeys(("calls", *TOKENS), 0))
+            for key in into:
+                into[key] += u.get(key, 0)
+    n_rest = n_missing - len(cached)
     known_before = [fw.known_calls(i, options) for i in recorded_items or []]
-    stages = list(dict.fromkeys([*exact, *(s for r in recorded for s in r.usage)]))
+    stages = list(dict.fromkeys([*from_cache, *exact, *(s for r in recorded for s in r.usage)]))
     out = []
     for k, stage in enumerate(stages):
         per_item = [r.usage.get(stage, {}) for r in recorded]
-        calls = tokens = None
+        hits = from_cache.get(stage, dict.fromkeys(("calls", *TOKENS), 0))
+        exact_tokens: dict[str, tuple[float, ...]] = {t: (float(hits[t]),) * 3 for t in TOKENS}
+        calls: tuple[float, ...] | None = (0.0, 0.0, 0.0) if n_rest == 0 else None
+        tokens: dict[str, tuple[float, ...]] | None = exact_tokens if n_rest == 0 else None
         if recorded:
             observed = [u.get("calls", 0) for u in per_item]
             # items whose calls are fixed: only the re-asks beyond them are estimated
             pairs = zip(observed, known_before, strict=True) if known_before else []
             extra = [c - known.get(stage, 0) for c, known in pairs]
             more = predict_total(extra, fixed.get(stage, 0), seed=k) if extra else (0, 0, 0)
-            rest = predict_total(observed, n_missing - fixed.get(stage, 0), seed=k)
-            calls = (more[0] + rest[0], more[1] + rest[1], more[2] + rest[2])
-            tokens = {t: predict_total([u.get(t, 0) for u in per_item], n_missing, seed=k)
+            rest = predict_total(observed, n_rest - fixed.get(stage, 0), seed=k)
+            calls = _plus(more, rest)
+            tokens = {t: _plus(exact_tokens[t],
+                               predict_total([u.get(t, 0) for u in per_item], n_rest, seed=k))
                       for t in TOKENS}  # fmt: skip
-        out.append(StageEstimate(stage, _role(fw, stage), exact.get(stage, 0),
-                                 fixed.get(stage, 0), calls, tokens))  # fmt: skip
+        out.append(
+            StageEstimate(
+                stage,
+                _role(fw, stage),
+                hits["calls"],
+                {t: hits[t] for t in TOKENS},
+                exact.get(stage, 0),
+                fixed.get(stage, 0),
+                calls,
+                tokens,
+            )
+        )
     result: dict[str, Any] = {
         "missing": n_missing,
+        "cached_items": len(cached),
         "recorded": len(recorded),
         "stages": [s.as_dict() for s in out],
-        "seconds": n_missing / throughput if throughput else None,
+        "seconds": n_rest / throughput if throughput else None,
     }
-    if prices and recorded:
+    if prices and all(s.tokens for s in out) and out:
         result["cost"] = {
             bound: cost_table(fw, _usage_at(out, i), roles, prices, result["seconds"] or 0.0)
             for i, bound in enumerate(("estimate", "low", "high"))
@@ -130,42 +164,84 @@ def _usage_at(stages: list[StageEstimate], i: int) -> dict[str, dict[str, float]
     return {s.stage: {t: s.tokens[t][i] for t in TOKENS} for s in stages if s.tokens}
 
 
+# ---- the response cache ------------------------------------------------------------------------
+
+
+async def replay_cached(
+    fw: Any, items: Iterable[Any], options: Any, clients: dict[str, Any], resources: Any,
+    max_reasks: int, width: int = 64,
+) -> dict[str, dict[str, dict[str, Any]]]:  # fmt: skip
+    """Per item the response cache answers wholly (every request it makes is cached), the
+    usage of solving it; an item with a request the cache has not seen is left out. Files a
+    framework writes while solving go to a directory deleted afterwards."""
+    import asyncio
+    import tempfile
+    from pathlib import Path
+
+    from pipelines.evaluator import NotCached
+    from pipelines.protocol import ItemContext
+    from pipelines.results import StageFailed
+
+    answered: dict[str, dict[str, dict[str, Any]]] = {}
+    gate = asyncio.Semaphore(width)
+    with tempfile.TemporaryDirectory(prefix="groundcover-dry-") as scratch:
+
+        async def one(item: Any) -> None:
+            ctx = ItemContext(str(item.id), clients, options, resources, Path(scratch),
+                              max_reasks, fw)  # fmt: skip
+            async with gate:
+                try:
+                    await fw.solve(item, ctx)
+                except NotCached:
+                    return
+                except StageFailed:  # cached outputs that stay unparseable: recorded as such
+                    pass
+            answered[str(item.id)] = ctx.usage()
+
+        await asyncio.gather(*(one(item) for item in items))
+    return answered
+
+
 # ---- printing ----------------------------------------------------------------------------------
 
 
-def _triple(value: tuple[float, float, float] | None, exact: int = 0) -> str:
+def _triple(value: tuple[float, ...] | None, exact: int = 0) -> str:
     if value is None:
         return "?"
     point, low, high = (exact + v for v in value)
     return f"{point:,.0f} ({low:,.0f}-{high:,.0f})"
 
 
-def _calls(stage: dict[str, Any], missing: int) -> str:
-    """All calls of a stage: exact where the items fix them, plus the estimate of the rest."""
-    exact = stage["exact_calls"]
-    if stage["fixed_items"] == missing and (stage["calls"] is None or stage["calls"][2] == 0):
-        return f"{exact:,} (exact)"
+def _calls(stage: dict[str, Any], rest: int) -> str:
+    """All calls of a stage: the cache's, those the items fix, and the estimate of the rest."""
+    known = stage["cached_calls"] + stage["exact_calls"]
+    no_more = stage["calls"] is None or stage["calls"][2] == 0  # (re-asks not counted)
+    if stage["fixed_items"] == rest and no_more:
+        return f"{known:,} (exact)"
     if stage["calls"] is None:
-        return f"{exact:,} + ?" if stage["fixed_items"] else "?"
-    return _triple(stage["calls"], exact)
+        return f"{known:,} + ?" if known else "?"
+    return _triple(stage["calls"], known)
 
 
 def print_estimate(label: str, estimate: dict[str, Any], out: Console) -> None:
-    title = (f"{label}: {estimate['missing']} items to solve, estimated from "
-             f"{estimate['recorded']} recorded")  # fmt: skip
+    title = (f"{label}: {estimate['missing']} items to solve"
+             + (f", {estimate['cached_items']} of them answered by the response cache"
+                if estimate.get("cached_items") else "")
+             + f"; estimated from {estimate['recorded']} recorded")  # fmt: skip
     if not estimate["stages"]:
         out.print(f"{title}: which stages it asks is known once an item is recorded")
         return
-    table = Table("stage", "role", "calls fixed by the items", "calls (95% PI)",
-                  "prompt tokens", "completion tokens", title=title)  # fmt: skip
+    rest = estimate["missing"] - estimate.get("cached_items", 0)
+    table = Table("stage", "role", "calls from the cache", "calls fixed by the items",
+                  "calls (95% PI)", "prompt tokens", "completion tokens", title=title)  # fmt: skip
     for s in estimate["stages"]:
         tokens = s["tokens"] or {}
         fixed = f"{s['exact_calls']:,} in {s['fixed_items']:,} items" if s["fixed_items"] else "-"
-        table.add_row(s["stage"], s["role"], fixed, _calls(s, estimate["missing"]),
+        table.add_row(s["stage"], s["role"], f"{s['cached_calls']:,}", fixed, _calls(s, rest),
                       _triple(tokens.get("prompt_tokens")),
                       _triple(tokens.get("completion_tokens")))  # fmt: skip
     out.print(table)
-    if not estimate["recorded"] and estimate["missing"]:
+    if not estimate["recorded"] and rest:
         out.print("no item recorded yet: calls not fixed by the items and every token count are "
                   "unknown; --pilot K solves K items for real and estimates the rest")  # fmt: skip
     if estimate.get("cost"):

@@ -99,11 +99,39 @@ def _safe(name: str) -> str:
     return "".join(c if c.isalnum() or c in "-_." else "_" for c in name)[:80]
 
 
+def client_options(cfg: EvaluatorConfig) -> dict[str, Any]:
+    """What of a client makes its requests (and so their cache keys): the one definition for
+    the real client and the dry run's cache replay."""
+    ref = cfg.ref()
+    return {
+        "model": ref.base_name,
+        "adapter": ref.adapter,
+        "default_params": sampling_defaults(cfg),
+        "vllm_extensions": cfg.vllm_extensions,
+    }
+
+
+class NotCached(Exception):
+    """A dry run's request that the response cache cannot answer."""
+
+
+class CacheReplay(EvalClient):
+    """Answers from the response cache only (a dry run): a request it has not seen raises
+    ``NotCached`` instead of reaching a server."""
+
+    def __init__(self, cfg: EvaluatorConfig, cache: ResponseCache):
+        super().__init__("http://cache-replay.invalid/v1", **client_options(cfg), cache=cache,
+                         max_retries=0)  # fmt: skip
+
+    async def _request(self, model, messages, body, usage, *, stage, template):
+        raise NotCached(stage)
+
+
 @contextlib.asynccontextmanager
 async def open_evaluator(
     cfg: EvaluatorConfig, run_dir: Path, cache_path: Path | None, servers: Servers | None = None
 ) -> AsyncIterator[EvalClient]:
-    ref = cfg.ref()
+    options = client_options(cfg)  # an unknown model stops here, before anything is opened
     cache = ResponseCache(cache_path) if cache_path else None
     try:
         async with contextlib.AsyncExitStack() as stack:
@@ -114,16 +142,13 @@ async def open_evaluator(
                 base_url, adapter_prefix, gone = served.base_url, served.adapter_prefix, served.gone
             client = EvalClient(
                 base_url,
-                ref.base_name,
-                adapter=ref.adapter,
+                **options,
                 adapter_prefix=adapter_prefix,
                 api_key=cfg.api_key(),
                 concurrency=cfg.concurrency,
                 timeout=cfg.timeout,
                 max_retries=cfg.max_retries,
                 cache=cache,
-                default_params=sampling_defaults(cfg),
-                vllm_extensions=cfg.vllm_extensions,
                 gone=gone,
             )
             async with client:

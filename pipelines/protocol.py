@@ -150,6 +150,11 @@ class Framework(Study):
                 found[f"{name}_sha256"] = file_sha256(path)
         return found
 
+    def light_setup(self, options: Any) -> bool:
+        """``setup`` loads no model or index (files at most): a dry run may call it and replay
+        the items against the response cache."""
+        return False
+
     def known_calls(self, item: Any, options: Any) -> dict[str, int]:
         """Per stage, the calls this item makes whatever the models answer (re-asks of an
         unparseable output not counted); stages left out depend on model output and are

@@ -289,7 +289,8 @@ def execute(
     if request.run.max_cost is not None:
         check_priced(prices, plans, roles, study)
     if dry_run:
-        estimates = print_dry_run(study, request, items, plans, roles, root, prices)
+        cache_path = None if no_cache else request.run.cache
+        estimates = print_dry_run(study, request, items, plans, roles, root, prices, cache_path)
         return {str(run_dir): RunOutcome(run_dir, [], None, {"estimate": estimate})
                 for run_dir, estimate in estimates}  # fmt: skip
     cache = None if no_cache else request.run.cache
@@ -481,8 +482,10 @@ async def _run_one(study, request, plan: RunPlan, roles, items, root, evaluators
 # ---- estimates before a run ---------------------------------------------------------------------
 
 
-def _estimate(fw, options, run_dir: Path, items, ids, records, prices, derived_total=None):
-    """The estimate of one run from what its directory holds (nothing is written)."""
+def _estimate(fw, options, run_dir: Path, items, ids, records, prices, derived_total=None,
+              replay=None):  # fmt: skip
+    """The estimate of one run from what its directory holds (nothing is written); with
+    ``replay(missing items)``, the items the response cache answers wholly are exact."""
     from pipelines.estimate import estimate_run
     from pipelines.runstore import RESULTS, index_results
 
@@ -497,10 +500,12 @@ def _estimate(fw, options, run_dir: Path, items, ids, records, prices, derived_t
         n_missing = max(n_missing, derived_total - len(done))
     seconds, solved = _throughput(run_dir)
     position = {i: k for k, i in enumerate(ids)}
+    cached = replay(select(items, missing)) if replay and items and missing else None
     return estimate_run(
         fw, options, select(items, missing) if items else [], n_missing, recorded,
         select(items, [position[i] for i in done]) if items else None,
         roles=records, prices=prices, throughput=solved / seconds if seconds and solved else None,
+        cached=cached,
     )  # fmt: skip
 
 
@@ -519,7 +524,36 @@ def _throughput(run_dir: Path) -> tuple[float, int]:
     return seconds, solved
 
 
-def dry_run_estimates(study, request, items, plans, roles, root, prices, out: Console):
+def cache_replay(fw, plan: RunPlan, found, request: RunRequest, root: Path, cache_path, out):
+    """``replay(items)`` against the response cache, or None (no cache, or a framework whose
+    setup loads models: a dry run starts none)."""
+    from pipelines.estimate import replay_cached
+    from pipelines.evaluator import CacheReplay
+    from serving.cache import ResponseCache
+
+    if cache_path is None or not Path(cache_path).is_file() or not found:
+        return None
+    if not fw.light_setup(plan.options):
+        out.print(f"{fw.name}: its setup loads models, so the response cache is not consulted")
+        return None
+
+    def replay(items):
+        cache = ResponseCache(cache_path)
+        try:
+            clients = {role: CacheReplay(ev, cache) for role, ev in found.items()}
+            lead = RunRequest(lead_evaluator(found, request.evaluator), request.run,
+                              plan.options, request.roles)  # fmt: skip
+            resources = fw.setup(lead, root)
+            return asyncio.run(replay_cached(fw, items, plan.options, clients, resources,
+                                             plan.options.max_reasks))  # fmt: skip
+        finally:
+            cache.close()
+
+    return replay
+
+
+def dry_run_estimates(study, request, items, plans, roles, root, prices, out: Console,
+                      cache_path=None):  # fmt: skip
     """Per run: (run directory, estimate of what it would still ask). No model, no file; the
     roles, self-judging and a run directory that holds another run are said on ``out``."""
     from pipelines.runstore import MANIFEST, read_manifest
@@ -542,19 +576,22 @@ def dry_run_estimates(study, request, items, plans, roles, root, prices, out: Co
             out.print(f"note: the {pair['judge']} role uses the {pair['system']} model "
                       f"{pair['model']} (self-judging)")  # fmt: skip
         ids = [] if derived else item_ids(items)
+        replay = cache_replay(fw, plan, found, request, root, cache_path, out)
         estimate = _estimate(fw, plan.options, run_dir, [] if derived else items, ids,
                              role_records(fw, found), prices,
-                             len(items) if derived else None)  # fmt: skip
+                             len(items) if derived else None, replay)  # fmt: skip
         estimates.append((run_dir, estimate | {"derived": derived}))
     return estimates
 
 
-def print_dry_run(study, request, items, plans, roles, root, prices) -> list[tuple[Path, dict]]:
+def print_dry_run(study, request, items, plans, roles, root, prices,
+                  cache_path) -> list[tuple[Path, dict]]:  # fmt: skip
     from pipelines.estimate import print_estimate
 
     out = Console()
     out.print("dry run: inputs checked; no model is started and nothing is written")
-    estimates = dry_run_estimates(study, request, items, plans, roles, root, prices, out)
+    estimates = dry_run_estimates(study, request, items, plans, roles, root, prices, out,
+                                  cache_path)  # fmt: skip
     for run_dir, estimate in estimates:
         note = " (items made by an earlier run: about one each)" if estimate["derived"] else ""
         print_estimate(f"{run_dir}{note}", estimate, out)

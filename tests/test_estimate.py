@@ -218,3 +218,47 @@ def test_dry_run_says_when_the_run_directory_holds_another_run(tmp_path):
         ],
     )
     assert out.exit_code == 0 and "holds a different run" in out.output
+
+
+def test_dry_run_replays_the_response_cache(tmp_path):
+    from pipelines.evaluator import client_options
+    from serving.cache import ResponseCache
+
+    cache_path = tmp_path / "responses.sqlite"
+    first = write_items(tmp_path / "six.jsonl", 6)
+    req = request(first, tmp_path / "a", summarise=False)
+    req.run = RunConfig(run_dir=tmp_path / "a", cache=cache_path)
+    cache = ResponseCache(cache_path)
+
+    def cached_client(ev, run_dir):
+        # built as the real client is (client_options): the same requests, the same cache keys
+        client = ScriptedClient(
+            {"coverage": scripted(reask_every=3).scripts["coverage"]},
+            check_constraints=False,
+            cache=cache,
+            **client_options(ev),
+        )
+        return fixed_client(client)
+
+    execute(COMPREHENSIVENESS, req, quiet=True, open_client=cached_client)
+    cache.close()
+    recorded = list(results_by_id(tmp_path / "a" / RESULTS))
+    # a new run over the same six items and two more: the six are answered by the cache
+    more = write_items(tmp_path / "eight.jsonl", 8)
+    req = request(more, tmp_path / "b", summarise=False)
+    req.run = RunConfig(run_dir=tmp_path / "b", cache=cache_path)
+    dry = estimate_of(execute(COMPREHENSIVENESS, req, dry_run=True, open_client=_no_model))
+    assert not (tmp_path / "b").exists()
+    assert dry["missing"] == 8 and dry["cached_items"] == 6
+    coverage = stage(dry, "coverage")
+    # q00 and q03 were re-asked: 6 + 2 calls, all in the cache; q06, q07: one call each, fixed
+    assert coverage["cached_calls"] == 8 == sum(r.usage["coverage"]["calls"] for r in recorded)
+    assert (coverage["exact_calls"], coverage["fixed_items"]) == (2, 2)
+    assert coverage["cached_tokens"] == {
+        t: sum(r.usage["coverage"][t] for r in recorded)
+        for t in ("prompt_tokens", "completion_tokens")
+    }
+    # without the cache nothing is answered by it
+    req.run = RunConfig(run_dir=tmp_path / "b", cache=None)
+    dry = estimate_of(execute(COMPREHENSIVENESS, req, dry_run=True, open_client=_no_model))
+    assert dry["cached_items"] == 0 and stage(dry, "coverage")["exact_calls"] == 8

@@ -59,6 +59,9 @@ class Comprehensiveness(Framework):
     def score_protocol(self, options: ComprehensivenessOptions) -> dict[str, Any]:
         return {"protocol": options.protocol}
 
+    def light_setup(self, options: ComprehensivenessOptions) -> bool:
+        return options.method != "nli" or options.nli_backend == "llm"
+
     def known_calls(self, item: Item, options: ComprehensivenessOptions) -> dict[str, int]:
         """A summary per context; E2E: one coverage call; NLI: one extraction per non-empty
         text, when the texts are the item's own (not summaries)."""

@@ -274,6 +274,9 @@ class FanOutQA(Framework):
     def roles_used(self, options: FanoutOptions) -> list[str]:
         return ["answer"] * (options.answers is None) + ["judge"] * options.judge
 
+    def light_setup(self, options: FanoutOptions) -> bool:
+        return options.settings[0] == "closed-book" and options.bleurt is None
+
     def known_calls(self, item: Question, options: FanoutOptions) -> dict[str, int]:
         """One answer per question, except open book (its tool rounds depend on the model)."""
         setting = options.settings[0]

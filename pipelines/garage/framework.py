@@ -74,6 +74,9 @@ class Garage(Framework):
     stage_roles = {"answer": "answer", "*": "judge"}
     content_options = ("answers",)
 
+    def light_setup(self, options: GarageOptions) -> bool:
+        return True  # the answers file at most
+
     def known_calls(self, item: Record, options: GarageOptions) -> dict[str, int]:
         return {"answer": 1} if options.answers is None else {}
 
