@@ -80,3 +80,16 @@ class JsonlView(Sequence[T]):
                 f"{self.path}: changed while the run was reading it (what finished is saved; "
                 "restore the file to resume, or start a new --run-dir)"
             )
+
+
+def item_ids(items: Sequence) -> list[str]:
+    """Every item's id, without parsing items a reader keeps on disk."""
+    known = getattr(items, "ids", None)
+    return list(known) if known is not None else [str(i.id) for i in items]
+
+
+def select(items: Sequence, indices: list[int]) -> Sequence:
+    """The items at ``indices``; a file-backed view stays one (items parsed when taken)."""
+    if isinstance(items, JsonlView):
+        return items.take(indices)
+    return [items[k] for k in indices]

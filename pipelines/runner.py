@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import copy
-import json
 import signal
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
@@ -23,7 +22,16 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedCo
 from pipelines.config import EvaluatorConfig, UserError, items_digest
 from pipelines.costs import Budget, BudgetReached, ModelPrice, cost_table, load_prices
 from pipelines.evaluator import Servers, model_record, open_evaluator
-from pipelines.lines import JsonlView
+from pipelines.identity import (
+    evaluator_identity,
+    evaluator_key,
+    lead_evaluator,
+    plan_roles,
+    role_records,
+    run_identity,
+)
+from pipelines.lines import item_ids, select
+from pipelines.planning import estimate_from_disk, print_dry_run
 from pipelines.protocol import Framework, ItemContext, RunOutcome, RunPlan, RunRequest, Study
 from pipelines.repeats import print_repeats, repeat_plans, repeats_table
 from pipelines.report import (
@@ -50,57 +58,6 @@ from serving.launcher import ServerStartError
 
 OpenClient = Callable[[EvaluatorConfig, Path], contextlib.AbstractAsyncContextManager[EvalClient]]
 console = Console(stderr=True)
-
-
-def evaluator_identity(ev: EvaluatorConfig) -> dict[str, Any]:
-    """What of the evaluator changes answers: not concurrency, timeouts or the URL."""
-    found = {"model": ev.model, "adapter": ev.adapter, "temperature": ev.temperature,
-             "max_tokens": ev.max_tokens}  # fmt: skip
-    if ev.seed is not None:  # only when set: runs without a seed keep their identity
-        found["seed"] = ev.seed
-    return found
-
-
-def evaluator_key(ev: EvaluatorConfig) -> str:
-    """Runs with the same key share one client (and server)."""
-    return fingerprint(ev.model_dump(mode="json"))
-
-
-def plan_roles(fw: Framework, plan: RunPlan, request: RunRequest) -> dict[str, EvaluatorConfig]:
-    """The evaluator of every role a run uses: the plan's, else ``--role``, else the default."""
-    return {role: plan.roles.get(role) or request.role(role)
-            for role in fw.roles_used(plan.options)}  # fmt: skip
-
-
-def lead_evaluator(roles: dict[str, EvaluatorConfig], default: EvaluatorConfig) -> EvaluatorConfig:
-    """The first role's evaluator (the default when a run asks no model)."""
-    return next(iter(roles.values()), default)
-
-
-def run_identity(
-    fw: Framework, options: Any, roles: dict[str, EvaluatorConfig], default: EvaluatorConfig,
-    items: Sequence[Any],
-) -> dict[str, Any]:  # fmt: skip
-    """What a run's answers depend on. The first role's evaluator is written flat (so a run with
-    one model keeps the identity it always had); every other role whose model differs is
-    listed under ``roles``."""
-    lead = evaluator_identity(lead_evaluator(roles, default))
-    others = {role: evaluator_identity(ev) for role, ev in roles.items()
-              if evaluator_identity(ev) != lead}  # fmt: skip
-    return {
-        "items_sha256": items_digest(items),
-        "items": len(items),
-        **lead,
-        **({"roles": others} if others else {}),
-        "prompts": fw.prompt_ids(options),
-        "options": fw.identity(options),
-    }
-
-
-def role_records(fw: Framework, roles: dict[str, EvaluatorConfig]) -> dict[str, dict[str, Any]]:
-    """Per role: the model record and the stages it answers (for the manifest and reports)."""
-    stages = {role: sorted(s for s, r in fw.stage_roles.items() if r == role) for role in roles}
-    return {role: model_record(ev) | {"stages": stages[role]} for role, ev in roles.items()}
 
 
 def sigterm_as_interrupt() -> None:
@@ -185,19 +142,6 @@ async def run_items(
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
             store.close()
-
-
-def item_ids(items: Sequence[Any]) -> list[str]:
-    """Every item's id, without parsing items a reader keeps on disk."""
-    known = getattr(items, "ids", None)
-    return list(known) if known is not None else [str(i.id) for i in items]
-
-
-def select(items: Sequence[Any], indices: list[int]) -> Sequence[Any]:
-    """The items at ``indices``; a file-backed view stays one (items parsed when taken)."""
-    if isinstance(items, JsonlView):
-        return items.take(indices)
-    return [items[k] for k in indices]
 
 
 def usage_since(client: EvalClient, before: dict[str, StageUsage]) -> dict[str, dict[str, Any]]:
@@ -458,8 +402,9 @@ async def _run_one(study, request, plan: RunPlan, roles, items, root, evaluators
         summary["budget_stop"] = budget.stopped
     if pilot is not None:  # what the rest will ask, from every item recorded so far
         derived = study_items if plan.items is not None else None
-        summary["estimate_of_the_rest"] = _estimate(fw, plan.options, store.dir, items, ids,
-                                                    records, prices, derived)  # fmt: skip
+        summary["estimate_of_the_rest"] = estimate_from_disk(
+            fw, plan.options, store.dir, items, ids, records, prices, derived
+        )
     store.write_summary(summary)
     name = fw.tables_file(plan.options)
     if tables is not None and name:
@@ -477,125 +422,6 @@ async def _run_one(study, request, plan: RunPlan, roles, items, root, evaluators
             f"{len(items)} items remain: rerun with a higher cap to resume"
         )
     return RunOutcome(store.dir, results, tables, summary, fw)
-
-
-# ---- estimates before a run ---------------------------------------------------------------------
-
-
-def _estimate(fw, options, run_dir: Path, items, ids, records, prices, derived_total=None,
-              replay=None):  # fmt: skip
-    """The estimate of one run from what its directory holds (nothing is written); with
-    ``replay(missing items)``, the items the response cache answers wholly are exact."""
-    from pipelines.estimate import estimate_run
-    from pipelines.runstore import RESULTS, index_results
-
-    reader = RunStore(run_dir)  # read only: never opened for writing
-    reader.index = index_results(run_dir / RESULTS)
-    pending = reader.pending(ids)
-    done = [i for i in ids if i not in pending]
-    missing = [k for k, i in enumerate(ids) if i in pending]
-    recorded = list(reader.results(done))
-    n_missing = len(missing)
-    if derived_total is not None:  # its items come from an earlier run: about one per item
-        n_missing = max(n_missing, derived_total - len(done))
-    seconds, solved = _throughput(run_dir)
-    position = {i: k for k, i in enumerate(ids)}
-    cached = replay(select(items, missing)) if replay and items and missing else None
-    return estimate_run(
-        fw, options, select(items, missing) if items else [], n_missing, recorded,
-        select(items, [position[i] for i in done]) if items else None,
-        roles=records, prices=prices, throughput=solved / seconds if seconds and solved else None,
-        cached=cached,
-    )  # fmt: skip
-
-
-def _throughput(run_dir: Path) -> tuple[float, int]:
-    from pipelines.runstore import INVOCATIONS
-
-    path = run_dir / INVOCATIONS
-    seconds, solved = 0.0, 0
-    if path.is_file():
-        for line in path.read_text(encoding="utf-8").splitlines():
-            try:
-                entry = json.loads(line)
-                seconds, solved = seconds + float(entry["seconds"]), solved + int(entry["solved"])
-            except (ValueError, KeyError, TypeError):
-                continue
-    return seconds, solved
-
-
-def cache_replay(fw, plan: RunPlan, found, request: RunRequest, root: Path, cache_path, out):
-    """``replay(items)`` against the response cache, or None (no cache, or a framework whose
-    setup loads models: a dry run starts none)."""
-    from pipelines.estimate import replay_cached
-    from pipelines.evaluator import CacheReplay
-    from serving.cache import ResponseCache
-
-    if cache_path is None or not Path(cache_path).is_file() or not found:
-        return None
-    if not fw.light_setup(plan.options):
-        out.print(f"{fw.name}: its setup loads models, so the response cache is not consulted")
-        return None
-
-    def replay(items):
-        cache = ResponseCache(cache_path)
-        try:
-            clients = {role: CacheReplay(ev, cache) for role, ev in found.items()}
-            lead = RunRequest(lead_evaluator(found, request.evaluator), request.run,
-                              plan.options, request.roles)  # fmt: skip
-            resources = fw.setup(lead, root)
-            return asyncio.run(replay_cached(fw, items, plan.options, clients, resources,
-                                             plan.options.max_reasks))  # fmt: skip
-        finally:
-            cache.close()
-
-    return replay
-
-
-def dry_run_estimates(study, request, items, plans, roles, root, prices, out: Console,
-                      cache_path=None):  # fmt: skip
-    """Per run: (run directory, estimate of what it would still ask). No model, no file; the
-    roles, self-judging and a run directory that holds another run are said on ``out``."""
-    from pipelines.runstore import MANIFEST, read_manifest
-
-    estimates = []
-    for plan, found in zip(plans, roles, strict=True):
-        fw = plan.framework or study
-        run_dir = root / plan.key if plan.key else root
-        derived = plan.items is not None
-        if not derived and (run_dir / MANIFEST).is_file():
-            config = run_identity(fw, plan.options, found, request.evaluator, items)
-            held = read_manifest(run_dir / MANIFEST).get("config_fingerprint")
-            if held != fingerprint({"task": plan.task, "config": config}):
-                out.print(f"{run_dir}: holds a different run; the real run will refuse it "
-                          "(use a new --run-dir)", style="red", soft_wrap=True)  # fmt: skip
-                continue
-        for role, ev in found.items():
-            out.print(f"{run_dir}: role {role}: {ev.ref().request_name}")
-        for pair in self_judging(plan.systems | found):
-            out.print(f"note: the {pair['judge']} role uses the {pair['system']} model "
-                      f"{pair['model']} (self-judging)")  # fmt: skip
-        ids = [] if derived else item_ids(items)
-        replay = cache_replay(fw, plan, found, request, root, cache_path, out)
-        estimate = _estimate(fw, plan.options, run_dir, [] if derived else items, ids,
-                             role_records(fw, found), prices,
-                             len(items) if derived else None, replay)  # fmt: skip
-        estimates.append((run_dir, estimate | {"derived": derived}))
-    return estimates
-
-
-def print_dry_run(study, request, items, plans, roles, root, prices,
-                  cache_path) -> list[tuple[Path, dict]]:  # fmt: skip
-    from pipelines.estimate import print_estimate
-
-    out = Console()
-    out.print("dry run: inputs checked; no model is started and nothing is written")
-    estimates = dry_run_estimates(study, request, items, plans, roles, root, prices, out,
-                                  cache_path)  # fmt: skip
-    for run_dir, estimate in estimates:
-        note = " (items made by an earlier run: about one each)" if estimate["derived"] else ""
-        print_estimate(f"{run_dir}{note}", estimate, out)
-    return estimates
 
 
 @contextlib.asynccontextmanager

@@ -1,0 +1,63 @@
+"""What a run is: the evaluator of each role it uses, and the identity its run directory keeps
+(what its answers depend on), shared by the runner and the dry run."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from pipelines.config import EvaluatorConfig, items_digest
+from pipelines.evaluator import model_record
+from pipelines.protocol import Framework, RunPlan, RunRequest
+from pipelines.runstore import fingerprint
+
+
+def evaluator_identity(ev: EvaluatorConfig) -> dict[str, Any]:
+    """What of the evaluator changes answers: not concurrency, timeouts or the URL."""
+    found = {"model": ev.model, "adapter": ev.adapter, "temperature": ev.temperature,
+             "max_tokens": ev.max_tokens}  # fmt: skip
+    if ev.seed is not None:  # only when set: runs without a seed keep their identity
+        found["seed"] = ev.seed
+    return found
+
+
+def evaluator_key(ev: EvaluatorConfig) -> str:
+    """Runs with the same key share one client (and server)."""
+    return fingerprint(ev.model_dump(mode="json"))
+
+
+def plan_roles(fw: Framework, plan: RunPlan, request: RunRequest) -> dict[str, EvaluatorConfig]:
+    """The evaluator of every role a run uses: the plan's, else ``--role``, else the default."""
+    return {role: plan.roles.get(role) or request.role(role)
+            for role in fw.roles_used(plan.options)}  # fmt: skip
+
+
+def lead_evaluator(roles: dict[str, EvaluatorConfig], default: EvaluatorConfig) -> EvaluatorConfig:
+    """The first role's evaluator (the default when a run asks no model)."""
+    return next(iter(roles.values()), default)
+
+
+def run_identity(
+    fw: Framework, options: Any, roles: dict[str, EvaluatorConfig], default: EvaluatorConfig,
+    items: Sequence[Any],
+) -> dict[str, Any]:  # fmt: skip
+    """What a run's answers depend on. The first role's evaluator is written flat (so a run with
+    one model keeps the identity it always had); every other role whose model differs is
+    listed under ``roles``."""
+    lead = evaluator_identity(lead_evaluator(roles, default))
+    others = {role: evaluator_identity(ev) for role, ev in roles.items()
+              if evaluator_identity(ev) != lead}  # fmt: skip
+    return {
+        "items_sha256": items_digest(items),
+        "items": len(items),
+        **lead,
+        **({"roles": others} if others else {}),
+        "prompts": fw.prompt_ids(options),
+        "options": fw.identity(options),
+    }
+
+
+def role_records(fw: Framework, roles: dict[str, EvaluatorConfig]) -> dict[str, dict[str, Any]]:
+    """Per role: the model record and the stages it answers (for the manifest and reports)."""
+    stages = {role: sorted(s for s, r in fw.stage_roles.items() if r == role) for role in roles}
+    return {role: model_record(ev) | {"stages": stages[role]} for role, ev in roles.items()}
