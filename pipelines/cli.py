@@ -364,7 +364,18 @@ def compare(
     if html is not None:
         from pipelines.report_html import write_html
 
-        Console(stderr=True).print(f"html: {write_html(run_dir, html, result)}")
+        pages = [page for run in result["runs"] for page in run_pages(Path(run["run"]))]
+        Console(stderr=True).print(f"html: {write_html(pages, html, result)}")
+
+
+def run_pages(path: Path) -> list[Path]:
+    """The run directories a compared path stands for (a --repeats root: each repeat)."""
+    from pipelines.runstore import MANIFEST, STUDY_FILE
+
+    if (path / MANIFEST).is_file() or not (path / STUDY_FILE).is_file():
+        return [path]
+    runs = json.loads((path / STUDY_FILE).read_text())["runs"]
+    return [path / key for key in runs if (path / key / MANIFEST).is_file()]
 
 
 @app.command()

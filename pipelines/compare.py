@@ -54,6 +54,10 @@ def load_scores(path: Path) -> RunScores:
         if meta.get("repeats"):
             return _repeated(path, [load_scores(path / key) for key in meta["runs"]
                                     if (path / key / MANIFEST).is_file()])  # fmt: skip
+        if len(meta["runs"]) == 1:  # a study of one run (one FanOutQA setting)
+            return _one_run(path / meta["runs"][0])
+        runs = ", ".join(str(path / key) for key in meta["runs"])
+        raise UserError(f"{path}: a study of several runs; compare one of them: {runs}")
     return _one_run(path)
 
 

@@ -174,8 +174,18 @@ def render(
         runs=runs,
         comparison=comparison(runs),
         compared=compared,
-        index={str(p): k for k, p in enumerate(paths)},
+        index=page_index(paths, compared),
     )
+
+
+def page_index(paths: list[Path], compared: dict[str, Any] | None) -> dict[str, int]:
+    """Where each run is on the page; a compared --repeats root links to its first repeat."""
+    index = {str(p): k for k, p in enumerate(paths)}
+    for run in (compared or {}).get("runs", []):
+        if run["run"] not in index:
+            inside = [k for k, p in enumerate(paths) if Path(run["run"]) in p.parents]
+            index[run["run"]] = inside[0] if inside else 0
+    return index
 
 
 def write_html(

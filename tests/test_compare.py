@@ -148,3 +148,13 @@ def test_html_comparison_links_to_each_runs_drill_down(tmp_path):
     assert deltas.index('href="#item=0:a"') < deltas.index('href="#item=0:b"')
     assert 'href="#item=1:a"' in deltas and "-0.5000" in deltas
     assert "0 / 1 / 1" in view  # win / tie / loss of one - two
+
+
+def test_a_study_root_of_one_run_is_that_run_and_of_several_is_refused(tmp_path):
+    a, b = write_run(tmp_path / "a" / "only", A), write_run(tmp_path / "b", B)
+    (tmp_path / "a" / "study.json").write_text(json.dumps({"study": "x", "runs": ["only"]}))
+    result = compare_runs([tmp_path / "a", b], resamples=200)
+    assert result["runs"][0]["run"] == str(a) and result["pairs"][0]["paired"] == 5
+    (tmp_path / "a" / "study.json").write_text(json.dumps({"study": "x", "runs": ["only", "b"]}))
+    with pytest.raises(UserError, match="a study of several runs; compare one of them"):
+        compare_runs([tmp_path / "a", b])

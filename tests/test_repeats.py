@@ -130,3 +130,18 @@ def test_repeats_are_for_a_study_of_one_run(tmp_path):
     plans = [RunPlan("a", "t", options), RunPlan("b", "t", options)]
     with pytest.raises(UserError, match="makes 2 runs"):
         repeat_plans(COMPREHENSIVENESS, request, plans)
+
+
+def test_compare_page_of_a_repeats_root_shows_each_repeat(tmp_path):
+    root, single = tmp_path / "rep", tmp_path / "single"
+    run(tmp_path, root, Clients())
+    run(tmp_path, single, Clients(), repeats=1)
+    page = tmp_path / "c.html"
+    out = CliRunner().invoke(
+        app, ["compare", str(root), str(single), "--html", str(page), "--resamples", "200"]
+    )
+    assert out.exit_code == 0, out.output
+    html = page.read_text()
+    assert html.count('<section class="run"') == 4  # three repeats and the single run
+    # q0 of the repeats root links to the first repeat's drill-down, of the single run to its own
+    assert 'href="#item=0:q0"' in html and 'href="#item=3:q0"' in html
