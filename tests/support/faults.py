@@ -77,7 +77,7 @@ class AdversarialClient(ScriptedClient):
         super().__init__({}, check_constraints=False)
         self.adversary = adversary
 
-    def _next(self, stage: str, prompt: str) -> Reply:
+    def _next(self, stage: str, prompt: str, body: dict[str, Any] | None = None) -> Reply:
         return self.adversary(stage, prompt)
 
 
