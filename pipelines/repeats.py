@@ -78,13 +78,18 @@ def item_scores(runs: Iterable[Iterable[ItemResult]]) -> dict[str, list[float | 
 def repeats_table(outcomes: dict[str, RunOutcome], resamples: int = 2000) -> dict[str, Any]:
     per_item = item_scores(o.results for o in outcomes.values())
     means, spreads, changed = [], [], 0
-    for scores in per_item.values():
+    rows: dict[str, dict[str, Any]] = {}  # per item: its scores, mean and between-repeat SD
+    for item_id, scores in per_item.items():
         defined = [s for s in scores if s is not None]
+        row: dict[str, Any] = {"scores": scores, "mean": None, "sd": None}
         if defined:
-            means.append(statistics.fmean(defined))
+            row["mean"] = statistics.fmean(defined)
+            means.append(row["mean"])
         if len(defined) > 1:
-            spreads.append(statistics.stdev(defined))
+            row["sd"] = statistics.stdev(defined)
+            spreads.append(row["sd"])
             changed += max(defined) - min(defined) > 1e-9
+        rows[item_id] = row
     interval = bca_interval(means, resamples).as_dict() if len(means) > 1 else None
     return {
         "repeats": len(outcomes),
@@ -96,10 +101,11 @@ def repeats_table(outcomes: dict[str, RunOutcome], resamples: int = 2000) -> dic
         "items_with_two_scores": len(spreads),
         "items_changed": changed,
         "repeat_means": {key: o.summary.get("mean_score") for key, o in outcomes.items()},
+        "per_item": rows,
     }
 
 
-def print_repeats(table: dict[str, Any], out: Console) -> None:
+def print_repeats(table: dict[str, Any], out: Console, top: int = 10) -> None:
     def num(value: float | None) -> str:
         return "-" if value is None else f"{value:.4f}"
 
@@ -117,6 +123,15 @@ def print_repeats(table: dict[str, Any], out: Console) -> None:
     for key, mean in table["repeat_means"].items():
         grid.add_row(f"{key} mean", num(mean))
     out.print(grid)
+    spread = sorted((r["sd"], i) for i, r in table["per_item"].items() if r["sd"])[::-1][:top]
+    if spread:
+        items = Table("item", "scores", "mean", "SD", title="items the judge scored least alike")
+        for sd, item_id in spread:
+            row = table["per_item"][item_id]
+            items.add_row(
+                item_id, " ".join(num(s) for s in row["scores"]), num(row["mean"]), num(sd)
+            )
+        out.print(items)
 
 
 def is_repeats_root(meta: dict[str, Any]) -> bool:

@@ -90,6 +90,9 @@ def test_repeats_record_k_judgements_and_their_spread(tmp_path):
     assert table["repeat_means"] == {
         "repeat-1": pytest.approx(0.875), "repeat-2": 1.0, "repeat-3": pytest.approx(0.875)
     }  # fmt: skip
+    assert table["per_item"]["q0"] == {"scores": [0.5, 1.0, 0.5], "mean": pytest.approx(2 / 3),
+                                       "sd": pytest.approx((1 / 12) ** 0.5)}  # fmt: skip
+    assert table["per_item"]["q1"] == {"scores": [1.0, 1.0, 1.0], "mean": 1.0, "sd": 0.0}
     # each repeat is a whole run with its own manifest: a seeded judge is part of its identity
     manifest = json.loads((root / "repeat-2" / "manifest.json").read_text())
     assert manifest["config"]["seed"] == 2
