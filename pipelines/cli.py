@@ -352,7 +352,7 @@ def compare(
     mean difference with a paired BCa interval, win/tie/loss, sign and Wilcoxon p-values, the
     largest per-item differences, and items only one run has. Runs of different frameworks or
     protocols are refused. No model is called."""
-    from pipelines.compare import compare_runs, print_comparison
+    from pipelines.compare import compare_runs, print_comparison, run_dirs
 
     if resamples < 100:
         raise UserError(f"--resamples {resamples}: use at least 100")
@@ -364,18 +364,8 @@ def compare(
     if html is not None:
         from pipelines.report_html import write_html
 
-        pages = [page for run in result["runs"] for page in run_pages(Path(run["run"]))]
+        pages = [page for run in result["runs"] for page in run_dirs(Path(run["run"]))]
         Console(stderr=True).print(f"html: {write_html(pages, html, result)}")
-
-
-def run_pages(path: Path) -> list[Path]:
-    """The run directories a compared path stands for (a --repeats root: each repeat)."""
-    from pipelines.runstore import MANIFEST, STUDY_FILE
-
-    if (path / MANIFEST).is_file() or not (path / STUDY_FILE).is_file():
-        return [path]
-    runs = json.loads((path / STUDY_FILE).read_text())["runs"]
-    return [path / key for key in runs if (path / key / MANIFEST).is_file()]
 
 
 @app.command()

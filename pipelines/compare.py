@@ -47,18 +47,33 @@ class RunScores:
         return set(self.scores) | set(self.unscored)
 
 
+def _study(path: Path) -> dict[str, Any] | None:
+    """The study file of a study root (None for a run directory)."""
+    if (path / MANIFEST).is_file() or not (path / STUDY_FILE).is_file():
+        return None
+    return json.loads((path / STUDY_FILE).read_text())
+
+
+def run_dirs(path: Path) -> list[Path]:
+    """The recorded run directories a compared path stands for (a study root: its runs)."""
+    meta = _study(path)
+    if meta is None:
+        return [path]
+    return [path / key for key in meta["runs"] if (path / key / MANIFEST).is_file()]
+
+
 def load_scores(path: Path) -> RunScores:
-    """A run's scores; a ``--repeats`` root is scored by its item means over the repeats."""
-    if not (path / MANIFEST).is_file() and (path / STUDY_FILE).is_file():
-        meta = json.loads((path / STUDY_FILE).read_text())
-        if meta.get("repeats"):
-            return _repeated(path, [load_scores(path / key) for key in meta["runs"]
-                                    if (path / key / MANIFEST).is_file()])  # fmt: skip
-        if len(meta["runs"]) == 1:  # a study of one run (one FanOutQA setting)
-            return _one_run(path / meta["runs"][0])
-        runs = ", ".join(str(path / key) for key in meta["runs"])
-        raise UserError(f"{path}: a study of several runs; compare one of them: {runs}")
-    return _one_run(path)
+    """A run's scores; a ``--repeats`` root is scored by its item means over the repeats, a
+    study of one run (one FanOutQA setting) by that run."""
+    meta = _study(path)
+    if meta is None:
+        return _one_run(path)
+    if meta.get("repeats"):
+        return _repeated(path, [_one_run(d) for d in run_dirs(path)])
+    if len(meta["runs"]) == 1:
+        return _one_run(path / meta["runs"][0])
+    runs = ", ".join(str(path / key) for key in meta["runs"])
+    raise UserError(f"{path}: a study of several runs; compare one of them: {runs}")
 
 
 def _repeated(path: Path, runs: list[RunScores]) -> RunScores:

@@ -14,6 +14,7 @@ wall time of the invocations that had the model open, shared out over its stages
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -76,13 +77,6 @@ def price_of(prices: dict[str, ModelPrice], record: dict[str, Any]) -> ModelPric
     return None
 
 
-def _role(fw: Any, stage: str) -> str:
-    try:
-        return fw.role_of(stage)
-    except KeyError:  # a stage an older version recorded
-        return "unknown"
-
-
 def cost_table(
     fw: Any,
     usage: dict[str, dict[str, Any]],
@@ -95,33 +89,29 @@ def cost_table(
     listed under ``unpriced``, never counted as free."""
     by_stage: dict[str, float] = {}
     unpriced: set[str] = set()
-    hourly: dict[str, list[str]] = {}  # served model -> its stages (GPU time is shared)
+    hourly: dict[str, tuple[ModelPrice, list[str]]] = {}  # served model -> price, its stages
     for stage, u in usage.items():
-        role = _role(fw, stage)
+        role = fw.role_of(stage, "unknown")
         record = roles.get(role)
         if record is None:  # not a model stage (a cross-encoder), or an unknown role
             continue
         price = price_of(prices, record)
         if price is None:
             unpriced.add(record.get("request_model") or record.get("model") or role)
-            continue
-        if price.gpu_hour is not None:
-            hourly.setdefault(record.get("request_model") or role, []).append(stage)
-            continue
-        by_stage[stage] = price.tokens(u.get("prompt_tokens", 0), u.get("completion_tokens", 0))
-    for stages in hourly.values():
-        role = _role(fw, stages[0])
-        price = price_of(prices, roles[role])
-        assert price is not None
-        total = price.hours(seconds)
+        elif price.gpu_hour is not None:  # GPU time is shared by the model's stages
+            hourly.setdefault(record.get("request_model") or role, (price, []))[1].append(stage)
+        else:
+            by_stage[stage] = price.tokens(u.get("prompt_tokens", 0), u.get("completion_tokens", 0))
+    for price, stages in hourly.values():
         tokens = {s: usage[s].get("prompt_tokens", 0) + usage[s].get("completion_tokens", 0)
                   for s in stages}  # fmt: skip
         weight = sum(tokens.values())
         for s in stages:
-            by_stage[s] = total * (tokens[s] / weight if weight else 1 / len(stages))
+            share = tokens[s] / weight if weight else 1 / len(stages)
+            by_stage[s] = price.hours(seconds) * share
     by_role: dict[str, float] = {}
     for stage, dollars in by_stage.items():
-        role = _role(fw, stage)
+        role = fw.role_of(stage, "unknown")
         by_role[role] = by_role.get(role, 0.0) + dollars
     return {
         "by_stage": {s: round(v, 6) for s, v in by_stage.items()},
@@ -129,6 +119,23 @@ def cost_table(
         "total": round(sum(by_stage.values()), 6),
         "unpriced": sorted(unpriced),
     }
+
+
+def hourly_rate(roles: dict[str, dict[str, Any]], prices: dict[str, ModelPrice]) -> float:
+    """Dollars per second of the distinct GPU-hour-priced models the roles use (one server
+    each)."""
+    found = {r.get("request_model"): price_of(prices, r) for r in roles.values()}
+    return sum(p.hours(1.0) for p in found.values() if p is not None and p.gpu_hour is not None)
+
+
+def require_prices(runs: list[dict[str, dict[str, Any]]], prices: dict[str, ModelPrice]) -> None:
+    """A dollar cap needs the price of every model the runs (their role records) ask: one
+    line naming the first model without one."""
+    for roles in runs:
+        for role, record in roles.items():
+            if record["stages"] and price_of(prices, record) is None:
+                raise UserError(f"--max-cost: no price for {record['model']} (role {role}); "
+                                "add it to the --prices file")  # fmt: skip
 
 
 # ---- budgets -----------------------------------------------------------------------------------
@@ -148,7 +155,7 @@ class Budget:
 
     max_tokens: int | None
     max_cost: float | None
-    item_cost: Any  # (usage of one item) -> dollars (token prices)
+    item_cost: Callable[[dict[str, dict[str, Any]]], float]  # one item's dollars (tokens)
     hourly_rate: float = 0.0  # $ per second of the models with GPU-hour prices
     spent_tokens: float = 0.0
     spent_cost: float = 0.0

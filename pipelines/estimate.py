@@ -18,8 +18,11 @@ Nothing here starts a model or writes a file.
 
 from __future__ import annotations
 
+import asyncio
+import tempfile
 from collections.abc import Iterable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -27,7 +30,9 @@ from rich.console import Console
 from rich.table import Table
 
 from pipelines.costs import cost_table
-from pipelines.results import ItemResult
+from pipelines.evaluator import NotCached
+from pipelines.protocol import ItemContext
+from pipelines.results import ItemResult, StageFailed
 
 RESAMPLES = 2000
 TOKENS = ("prompt_tokens", "completion_tokens")
@@ -66,13 +71,6 @@ class StageEstimate:
 
     def as_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
-
-
-def _role(fw: Any, stage: str) -> str:
-    try:
-        return fw.role_of(stage)
-    except KeyError:
-        return "unknown"
 
 
 def _plus(a: tuple[float, ...], b: tuple[float, ...]) -> tuple[float, ...]:
@@ -135,7 +133,7 @@ def estimate_run(
         out.append(
             StageEstimate(
                 stage,
-                _role(fw, stage),
+                fw.role_of(stage, "unknown"),
                 hits["calls"],
                 {t: hits[t] for t in TOKENS},
                 exact.get(stage, 0),
@@ -174,14 +172,6 @@ async def replay_cached(
     """Per item the response cache answers wholly (every request it makes is cached), the
     usage of solving it; an item with a request the cache has not seen is left out. Files a
     framework writes while solving go to a directory deleted afterwards."""
-    import asyncio
-    import tempfile
-    from pathlib import Path
-
-    from pipelines.evaluator import NotCached
-    from pipelines.protocol import ItemContext
-    from pipelines.results import StageFailed
-
     answered: dict[str, dict[str, dict[str, Any]]] = {}
     gate = asyncio.Semaphore(width)
     with tempfile.TemporaryDirectory(prefix="groundcover-dry-") as scratch:

@@ -131,12 +131,16 @@ class Framework(Study):
         """The roles a run with ``options`` asks (only these are opened, and identify it)."""
         return list(self.roles)
 
-    def role_of(self, stage: str) -> str:
+    def role_of(self, stage: str, default: str | None = None) -> str:
+        """The role that answers ``stage``; an undeclared stage is ``default`` (for usage an
+        older version recorded) or, without one, a ``KeyError``."""
         if stage in self.stage_roles:
             return self.stage_roles[stage]
         for pattern, role in self.stage_roles.items():
             if pattern.endswith("*") and stage.startswith(pattern[:-1]):
                 return role
+        if default is not None:
+            return default
         raise KeyError(f"{self.name}: stage {stage!r} has no declared role")
 
     def plan(self, request: RunRequest, root: Path) -> list[RunPlan]:

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Iterable
-from pathlib import Path
 from typing import Any
 
 from rich.console import Console
@@ -132,11 +131,3 @@ def print_repeats(table: dict[str, Any], out: Console, top: int = 10) -> None:
                 item_id, " ".join(num(s) for s in row["scores"]), num(row["mean"]), num(sd)
             )
         out.print(items)
-
-
-def is_repeats_root(meta: dict[str, Any]) -> bool:
-    return bool(meta.get("repeats"))
-
-
-def repeat_dirs(root: Path, meta: dict[str, Any]) -> list[Path]:
-    return [root / key for key in meta["runs"]]

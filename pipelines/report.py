@@ -62,15 +62,20 @@ def recorded_usage(results: Iterable[ItemResult]) -> dict[str, dict[str, float]]
     return total
 
 
+def recorded_cost(fw: Any, usage: dict[str, dict[str, Any]], roles: dict[str, dict[str, Any]],
+                  prices: dict[str, Any], run_dir: Path) -> dict[str, Any]:  # fmt: skip
+    """What a run's recorded items cost: their usage, and the GPU time of every invocation."""
+    from pipelines.costs import cost_table
+
+    return cost_table(fw, usage, roles, prices, invocation_seconds(run_dir))
+
+
 def usage_by_role(fw: Any, usage: dict[str, dict[str, Any]],
                   roles: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:  # fmt: skip
     """Per-stage usage summed per role (the framework's stage_roles), each with its model."""
     out: dict[str, dict[str, Any]] = {}
     for stage, u in usage.items():
-        try:
-            role = fw.role_of(stage)
-        except KeyError:  # a stage an older version recorded
-            role = "unknown"
+        role = fw.role_of(stage, "unknown")  # "unknown": a stage an older version recorded
         into = out.setdefault(role, {"model": (roles.get(role) or {}).get("request_model"),
                                      **dict.fromkeys(USAGE_KEYS, 0)})  # fmt: skip
         for key in USAGE_KEYS:
@@ -169,7 +174,6 @@ def report(
 def load_outcome(run_dir: Path, prices: dict[str, Any] | None = None):
     """A run's outcome rebuilt from disk: summary and tables from manifest and results (and
     with ``prices``, what the recorded items cost)."""
-    from pipelines.costs import cost_table
     from pipelines.protocol import RunOutcome
     from pipelines.registry import framework
 
@@ -183,9 +187,9 @@ def load_outcome(run_dir: Path, prices: dict[str, Any] | None = None):
                                              manifest.get("roles") or {})  # fmt: skip
     summary["self_judging"] = manifest.get("self_judging") or []
     if prices:
-        roles = manifest.get("roles") or {}
-        seconds = invocation_seconds(run_dir)
-        summary["cost_recorded"] = cost_table(fw, summary["usage_recorded"], roles, prices, seconds)
+        summary["cost_recorded"] = recorded_cost(
+            fw, summary["usage_recorded"], manifest.get("roles") or {}, prices, run_dir
+        )
     return RunOutcome(run_dir, results, tables_of(fw, options, results), summary, fw)
 
 

@@ -172,7 +172,7 @@ def render(
     template = environment.from_string(TEMPLATE.read_text(encoding="utf-8"))
     return template.render(
         runs=runs,
-        comparison=comparison(runs),
+        comparison=None if compared else comparison(runs),  # the paired view replaces it
         compared=compared,
         index=page_index(paths, compared),
     )

@@ -20,7 +20,15 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
 
 from pipelines.config import EvaluatorConfig, UserError, items_digest
-from pipelines.costs import Budget, BudgetReached, ModelPrice, cost_table, load_prices
+from pipelines.costs import (
+    Budget,
+    BudgetReached,
+    cost_table,
+    hourly_rate,
+    load_prices,
+    require_prices,
+)
+from pipelines.estimate import print_estimate
 from pipelines.evaluator import Servers, model_record, open_evaluator
 from pipelines.identity import (
     evaluator_identity,
@@ -36,6 +44,7 @@ from pipelines.protocol import Framework, ItemContext, RunOutcome, RunPlan, RunR
 from pipelines.repeats import print_repeats, repeat_plans, repeats_table
 from pipelines.report import (
     print_summary,
+    recorded_cost,
     recorded_usage,
     records_for_tables,
     summarise,
@@ -231,13 +240,13 @@ def execute(
     roles = [plan_roles(p.framework or study, p, request) for p in plans]  # type: ignore[arg-type]
     prices = load_prices(request.run.prices)
     if request.run.max_cost is not None:
-        check_priced(prices, plans, roles, study)
-    if dry_run:
-        cache_path = None if no_cache else request.run.cache
-        estimates = print_dry_run(study, request, items, plans, roles, root, prices, cache_path)
+        require_prices([role_records(p.framework or study, found)  # type: ignore[arg-type]
+                        for p, found in zip(plans, roles, strict=True)], prices)  # fmt: skip
+    cache = None if no_cache else request.run.cache
+    if dry_run:  # the outcomes hold only each run's estimate
+        estimates = print_dry_run(study, request, items, plans, roles, root, prices, cache)
         return {str(run_dir): RunOutcome(run_dir, [], None, {"estimate": estimate})
                 for run_dir, estimate in estimates}  # fmt: skip
-    cache = None if no_cache else request.run.cache
     if open_client is None:
         servers = Servers([ev for found in roles for ev in found.values()])
         open_client = lambda ev, run_dir: open_evaluator(ev, run_dir, cache, servers)  # noqa: E731
@@ -257,19 +266,6 @@ def execute(
     elif combined is not None:
         study.render_combined(combined, Console())
     return outcomes
-
-
-def check_priced(prices: dict[str, ModelPrice], plans, roles, study) -> None:
-    """A dollar cap needs the price of every model a run asks: one line naming the first
-    model without one."""
-    from pipelines.costs import price_of
-
-    for plan, found in zip(plans, roles, strict=True):
-        fw = plan.framework or study
-        for role, record in role_records(fw, found).items():
-            if record["stages"] and price_of(prices, record) is None:
-                raise UserError(f"--max-cost: no price for {record['model']} (role {role}); "
-                                "add it to the --prices file")  # fmt: skip
 
 
 async def _execute(study, request, items, plans, roles, root, opener, quiet, prices, pilot):
@@ -314,21 +310,13 @@ def open_budget(request: RunRequest, fw: Framework, records, prices, store: RunS
     budget = Budget(
         run.max_run_tokens, run.max_cost,
         item_cost=lambda usage: cost_table(fw, usage, records, prices)["total"],
-        hourly_rate=sum(p.hours(1.0) for p in served_prices(records, prices)),
+        hourly_rate=hourly_rate(records, prices),
         clock_start=time.time(), prior_seconds=invocation_seconds(store.dir),
     )  # fmt: skip
     pending = store.pending(ids)
     for record in store.results([i for i in ids if i not in pending]):
         budget.record(record.usage, new=False)
     return budget
-
-
-def served_prices(records: dict[str, dict[str, Any]], prices) -> list[ModelPrice]:
-    """The GPU-hour prices of the distinct models the roles use (one server each)."""
-    from pipelines.costs import price_of
-
-    found = {r.get("request_model"): price_of(prices, r) for r in records.values()}
-    return [p for p in found.values() if p is not None and p.gpu_hour is not None]
 
 
 async def _run_one(study, request, plan: RunPlan, roles, items, root, evaluators, resources, quiet,
@@ -354,8 +342,7 @@ async def _run_one(study, request, plan: RunPlan, roles, items, root, evaluators
     ids = item_ids(items)
     pending = store.pending(ids)
     todo = select(items, [k for k, i in enumerate(ids) if i in pending][:pilot])
-    started, usage = time.time(), {}
-    budget = open_budget(request, fw, records, prices, store, ids)
+    started, usage, budget = time.time(), {}, None
     if todo:  # nothing missing: no model is started, no resource loaded
         clients = await _open_roles(evaluators, roles, store.dir)
         resource_key = f"{fw.name}:{plan.options.model_dump_json()}"
@@ -370,6 +357,7 @@ async def _run_one(study, request, plan: RunPlan, roles, items, root, evaluators
                               store.dir, max_reasks, fw)  # fmt: skip
             return await solve_item(fw, item, ctx)
 
+        budget = open_budget(request, fw, records, prices, store, ids)
         solving = time.time()
         if budget is not None:
             budget.clock_start = solving
@@ -394,8 +382,8 @@ async def _run_one(study, request, plan: RunPlan, roles, items, root, evaluators
         summary["cost_this_invocation"] = cost_table(
             fw, usage, records, prices, summary["seconds_this_invocation"]
         )
-        summary["cost_recorded"] = cost_table(
-            fw, recorded_usage(results), records, prices, invocation_seconds(store.dir)
+        summary["cost_recorded"] = recorded_cost(
+            fw, recorded_usage(results), records, prices, store.dir
         )
     remaining = len(store.pending(ids))
     if budget is not None and budget.stopped and remaining:
@@ -413,12 +401,10 @@ async def _run_one(study, request, plan: RunPlan, roles, items, root, evaluators
     if tables is not None:
         fw.render(tables, Console())
     if pilot is not None:
-        from pipelines.estimate import print_estimate
-
         print_estimate(f"after the pilot, {store.dir}", summary["estimate_of_the_rest"], Console())
     if "budget_stop" in summary:
         raise BudgetReached(
-            f"{store.dir}: stopped admitting items ({budget.stopped}); {remaining} of "
+            f"{store.dir}: stopped admitting items ({summary['budget_stop']}); {remaining} of "
             f"{len(items)} items remain: rerun with a higher cap to resume"
         )
     return RunOutcome(store.dir, results, tables, summary, fw)

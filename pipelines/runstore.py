@@ -192,6 +192,13 @@ class RunStore:
     def manifest(self) -> dict[str, Any]:
         return read_manifest(self.manifest_path)
 
+    @classmethod
+    def reading(cls, run_dir: Path | str) -> RunStore:
+        """A run's store as it is on disk, to read only: nothing is repaired or written."""
+        store = cls(run_dir)
+        store.index = index_results(store.results_path)
+        return store
+
     # ---- results -----------------------------------------------------------------------------
 
     def _repair_tail(self, block: int = 1 << 16) -> None:
@@ -265,18 +272,22 @@ def record_invocation(run_dir: Path, started: float, seconds: float, solved: int
         handle.write(line + "\n")
 
 
-def invocation_seconds(run_dir: Path) -> float:
-    """Wall time of every recorded invocation (a torn last line is skipped)."""
+def invocations(run_dir: Path) -> tuple[float, int]:
+    """Wall time and items solved over every recorded invocation (a torn line is skipped)."""
     path = run_dir / INVOCATIONS
-    if not path.is_file():
-        return 0.0
-    total = 0.0
-    for line in path.read_text(encoding="utf-8").splitlines():
-        try:
-            total += float(json.loads(line)["seconds"])
-        except (ValueError, KeyError, TypeError):
-            continue
-    return total
+    seconds, solved = 0.0, 0
+    if path.is_file():
+        for line in path.read_text(encoding="utf-8").splitlines():
+            try:
+                entry = json.loads(line)
+                seconds, solved = seconds + float(entry["seconds"]), solved + int(entry["solved"])
+            except (ValueError, KeyError, TypeError):
+                continue
+    return seconds, solved
+
+
+def invocation_seconds(run_dir: Path) -> float:
+    return invocations(run_dir)[0]
 
 
 def status_counts(records: list[ItemResult]) -> dict[str, int]:

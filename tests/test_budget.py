@@ -138,7 +138,7 @@ def test_bad_prices_file_is_one_line(tmp_path, text, message):
 class _Fw:
     roles = {"judge": "", "answer": ""}
 
-    def role_of(self, stage):
+    def role_of(self, stage, default=None):
         return {"answer": "answer", "cross-encoder": "nli"}.get(stage, "judge")
 
 
