@@ -7,6 +7,7 @@ import pytest
 from scipy import stats
 
 from pipelines.comprehensiveness.meta import (
+    ClaimTerms,
     bca_interval,
     cb_claim_terms,
     cb_pair_scores,
@@ -110,39 +111,62 @@ def counts(nodes, covered):
     return {"nodes": nodes, "covered": covered}
 
 
+def terms(strict, lax, moderate, n):
+    return ClaimTerms(pytest.approx(strict), pytest.approx(lax), pytest.approx(moderate), n)
+
+
 def test_cb_claim_terms_every_source_present_by_hand():
     ideal = {"D": counts(2, 2), "C1": counts(1, 0), "C2": counts(3, 0), "C3": counts(1, 0)}
-    # S = 2/7 in (0, 1); S_D = 1; every S_X = 0 -> 5 hits of 4 + 1; lax 3 of 3.
-    assert cb_claim_terms(2 / 7, ideal, "RD") == (1.0, 1.0, 4)
-    # The same graph for the conflict claim: S in (0,1) only -> 1/5; S_X > S_D never -> 0.
-    assert cb_claim_terms(2 / 7, ideal, "RC") == (pytest.approx(1 / 5), 0.0, 4)
-    # S = 1 is no hit; C2 half covered is neither 0 nor below... 0.5 < 1 is a lax hit.
+    # S = 2/7 in (0, 1) and in (0.2, 0.8); S_D ~ 1; every S_X = 0 -> 5 of 4 + 1 for strict and
+    # moderate; lax 3 of 3.
+    assert cb_claim_terms(2 / 7, ideal, "RD") == terms(1, 1, 1, 4)
+    # The same graph for the conflict claim: only S counts -> 1/5; S_X > S_D never -> 0.
+    assert cb_claim_terms(2 / 7, ideal, "RC") == terms(1 / 5, 0, 1 / 5, 4)
+    # S = 1 is no hit; C2 half covered is neither 0 (strict) nor below 0.2 (moderate), but
+    # 0.5 < S_D is a lax hit.
     mixed = {"D": counts(2, 2), "C1": counts(1, 0), "C2": counts(2, 1), "C3": counts(1, 0)}
-    assert cb_claim_terms(1.0, mixed, "RD") == (pytest.approx(3 / 5), 1.0, 4)
+    assert cb_claim_terms(1.0, mixed, "RD") == terms(3 / 5, 1, 3 / 5, 4)
 
 
 def test_cb_claim_terms_conflict_source_without_node_by_hand():
     # C3 has no node: it is not a source. RD: S in (0,1) yes, S_D = 1 yes, C1 = 0 yes,
     # C2 = 1/2 no -> 3 / (3 + 1); lax: C1 < 1 yes, C2 < 1 yes -> 2 / (3 - 1).
     sources = {"D": counts(1, 1), "C1": counts(2, 0), "C2": counts(2, 1), "C3": counts(0, 0)}
-    assert cb_claim_terms(0.4, sources, "RD") == (pytest.approx(3 / 4), 1.0, 3)
+    assert cb_claim_terms(0.4, sources, "RD") == terms(3 / 4, 1, 3 / 4, 3)
 
 
-def test_cb_claim_terms_default_source_without_node_by_hand():
-    # No default node: S_D compares as 0 and is no source. RC: S = 1 no; C1 = 1 yes, C2 = 1 yes,
-    # C3 = 1/3 no -> 2 / (3 + 1). lax S_X > 0 holds for all three, over sources - 1 = 2: the
-    # reference's formula gives 3/2 here, and we keep it (lmr.json counts such claims).
+def test_cb_claim_terms_default_text_is_a_source_even_without_a_node():
+    # The reference reads the default's count first: D is a source with S_D = 0. RC: S = 1 no;
+    # S_D = 0 yes; C1 ~ 1 yes, C2 ~ 1 yes, C3 = 1/3 no -> 3 / (4 + 1). lax S_X > 0 holds for all
+    # three, over 4 - 1. moderate: S_D < 0.2, C1, C2 > 0.8 -> 3 / 5.
     sources = {"D": counts(0, 0), "C1": counts(1, 1), "C2": counts(2, 2), "C3": counts(3, 1)}
-    assert cb_claim_terms(1.0, sources, "RC") == (pytest.approx(2 / 4), pytest.approx(3 / 2), 3)
-    # For the default claim, S_X < 0 never holds: lax 0; strict: S in (0,1) only.
-    assert cb_claim_terms(0.5, sources, "RD") == (pytest.approx(1 / 4), 0.0, 3)
+    assert cb_claim_terms(1.0, sources, "RC") == terms(3 / 5, 1, 3 / 5, 4)
+    # For the default claim S_D = 0 is no hit and S_X < 0 never holds: only S counts.
+    assert cb_claim_terms(0.5, sources, "RD") == terms(1 / 5, 0, 1 / 5, 4)
+    # Nothing at all: the default alone (n = 1); for the conflict claim S_D = 0 is a hit.
+    assert cb_claim_terms(None, {"D": counts(0, 0)}, "RD") == terms(0, 0, 0, 1)
+    assert cb_claim_terms(None, {}, "RC") == terms(1 / 2, 0, 1 / 2, 1)
 
 
-def test_cb_claim_terms_single_and_no_source():
-    only_conflict = {"D": counts(0, 0), "C1": counts(2, 1)}
-    # RC: S_C1 = 1/2 -> no strict term; lax 1/2 > 0 -> 1 hit over max(1 - 1, 1).
-    assert cb_claim_terms(0.5, only_conflict, "RC") == (pytest.approx(1 / 2), 1.0, 1)
-    assert cb_claim_terms(None, {"D": counts(0, 0)}, "RD") == (0.0, 0.0, 0)
+def test_cb_claim_terms_keep_the_1e9_order_of_full_sources():
+    # S_X = covered / (nodes + 1e-9): two fully covered sources compare by their node counts.
+    fewer_conflict = {"D": counts(2, 2), "C1": counts(1, 1)}
+    # RD: S_C1 = 1/(1+1e-9) < 2/(2+1e-9) = S_D -> a lax hit although both are "1".
+    assert cb_claim_terms(0.5, fewer_conflict, "RD") == terms(2 / 3, 1, 2 / 3, 2)
+    more_conflict = {"D": counts(1, 1), "C1": counts(2, 2)}
+    assert cb_claim_terms(0.5, more_conflict, "RD") == terms(2 / 3, 0, 2 / 3, 2)
+    # RC: S_C1 > S_D with more conflict nodes; both still count as 1 for strict (isclose).
+    assert cb_claim_terms(0.5, more_conflict, "RC") == terms(2 / 3, 1, 2 / 3, 2)
+
+
+def test_cb_claim_terms_moderate_thresholds_by_hand():
+    # S = 0.5 in (0.2, 0.8) but S_D = 3/4 is not > 0.8, C1 = 1/10 < 0.2 and C2 = 1/4 is not.
+    sources = {"D": counts(4, 3), "C1": counts(10, 1), "C2": counts(4, 1)}
+    found = cb_claim_terms(0.5, sources, "RD")
+    assert found.moderate == pytest.approx(2 / 4)
+    assert found.strict == pytest.approx(1 / 4)  # only S: no S_X is 0 or 1
+    assert found.lax == pytest.approx(2 / 2)  # 0.1 and 0.25 < 0.75
+    assert found.main == pytest.approx((2 / 4 + 1 / 4 + 1) / 3)
 
 
 def test_lmr_conflictbank_paper_by_hand():
@@ -154,14 +178,18 @@ def test_lmr_conflictbank_paper_by_hand():
         return r
 
     rd = claim("RD", 0.5, {"c1": counts(1, 1), "c2": counts(1, 0)})  # D, C1 only
-    rc = claim("RC", None, {})  # undefined: scored 0, no source -> strict 0, lax 0
+    rc = claim("RC", None, {})  # undefined: scored 0; the default alone, S_D = 0
     result = lmr_conflictbank([rd, rc], resamples=1000)
-    # rd: strict (1 + 1 + 1) / 3 = 1; lax 1 / max(1, 1) = 1.  rc: 0, 0.
-    assert result["strict"] == pytest.approx(0.5)
-    assert result["lax"] == pytest.approx(0.5)
-    assert result["lmr"] == pytest.approx(0.5)
+    # rd: strict (1 + 1 + 1) / 3, lax 1 / 1, moderate (1 + 1 + 1) / 3.
+    # rc: strict (0 + 1) / 2 (S_D = 0 is a hit), lax 0 / max(0, 1), moderate (0 + 1) / 2.
+    assert result["strict"] == pytest.approx((1 + 1 / 2) / 2)
+    assert result["lax"] == pytest.approx(1 / 2)
+    assert result["lmr"] == pytest.approx(((1 + 1) / 2 + (1 / 2 + 0) / 2) / 2)
+    assert result["moderate"] == pytest.approx((1 + 1 / 2) / 2)
+    assert result["main"] == pytest.approx((1 + (1 / 2 + 0 + 1 / 2) / 3) / 2)
     assert result["undefined_scored_as_zero"] == 1
     assert result["default_source_without_nodes"] == 1  # rc
+    assert result["single_source_lax"] == 1  # rc: lax over the default alone
     assert result["n_claims"] == 2
 
 

@@ -142,6 +142,9 @@ def test_conflictbank_strict_lax_by_hand_from_one_joint_run_per_claim(tmp_path):
     assert lmr["strict"] == pytest.approx((1 + 4 / 5) / 2)
     assert lmr["lax"] == pytest.approx(1.0)
     assert lmr["lmr"] == pytest.approx((1 + (4 / 5 + 1) / 2) / 2)
+    # moderate: the same hits here (S in (0.2, 0.8); 1 and 0 are > 0.8 and < 0.2).
+    assert lmr["moderate"] == pytest.approx((1 + 4 / 5) / 2)
+    assert lmr["main"] == pytest.approx((1 + (4 / 5 + 1 + 4 / 5) / 3) / 2)
     assert lmr["n_claims"] == 2 and lmr["protocol"] == "paper"
     assert lmr["by_claim"]["RD"] == {"n": 1, "strict": 1.0, "lax": 1.0}
     assert lmr["by_claim"]["RC"] == {"n": 1, "strict": pytest.approx(0.8), "lax": 1.0}

@@ -10,7 +10,9 @@ A score that is undefined or unparseable never matches: it stays in the denomina
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -189,32 +191,55 @@ def conflictbank_items(path: Path, limit: int | None = None, rules: Rules = PAPE
     return items
 
 
+CB_EPS = 1e-9  # the reference's S_X = covered / (nodes + 1e-9): kept, it orders full sources
+CB_REL_TOL = 1e-6  # S_X "equal" to 0 or 1 under the 1e-9 term
+
+
+@dataclass(frozen=True)
+class ClaimTerms:
+    """paper: one claim's ConflictBank terms and how many sources it had."""
+
+    strict: float
+    lax: float
+    moderate: float
+    sources: int
+
+    @property
+    def main(self) -> float:
+        """The reference code's "main score": mean(lax, moderate, strict)."""
+        return (self.lax + self.moderate + self.strict) / 3
+
+
 def cb_claim_terms(
     score: float | None, sources: dict[str, dict[str, int]], claim: str
-) -> tuple[float, float, int]:
-    """paper: strict and lax terms of one claim run over all four evidence texts (SPEC §1,
-    reference behaviour), and how many sources had a node.
+) -> ClaimTerms:
+    """paper: strict, lax and moderate terms of one claim run over all four evidence texts (SPEC
+    §1, reference behaviour).
 
-    ``sources`` maps a role (D, C1..C3) to its context-node counts {"nodes", "covered"};
-    S_X = covered / nodes over the sources with at least one node. For the default claim (RD)
-    strict counts S in (1e-6, 1 - 1e-6), S_D = 1 and S_X = 0 per conflict source, lax counts
-    S_X < S_D; for the conflict claim (RC) the roles swap (S_D = 0, S_X = 1; S_X > S_D).
-    strict = hits / (sources + 1), lax = hits / (sources - 1). A default source without a node
-    compares as S_D = 0, as in the reference (so lax can exceed 1 there, as it does in the
-    reference). Where only one source has nodes the reference divides by ~0; we divide by 1.
-    ``lmr_conflictbank`` counts both cases.
+    ``sources`` maps a role (D, C1..C3) to its context-node counts {"nodes", "covered"}.
+    S_X = covered / (nodes + 1e-9) over the texts with at least one node, and the default text is
+    always a source (S_D = 0 without a node: the reference reads its count before counting). A
+    source "matches" the claim when it states it (D for the default claim RD, C1..C3 for RC).
+    strict: S in (1e-6, 1 - 1e-6), plus per source S_X = 1 if matching else 0 (isclose, rel 1e-6);
+    over sources + 1. lax: per conflict source S_X < S_D (RD) or S_X > S_D (RC); over sources - 1
+    (the reference divides by ~0 with the default alone: we divide by 1, ``lmr_conflictbank``
+    counts it). moderate: S in (0.2, 0.8), plus per source S_X > 0.8 if matching else < 0.2;
+    over sources + 1.
     """
-    s = {role: c["covered"] / c["nodes"] for role, c in sources.items() if c["nodes"]}
-    s_default = s.get("D", 0.0)
+    s = {role: c["covered"] / (c["nodes"] + CB_EPS) for role, c in sources.items() if c["nodes"]}
+    s.setdefault("D", 0.0)
     default_claim = claim == "RD"
     strict = int(score is not None and 1e-6 < score < 1 - 1e-6)
+    moderate = int(score is not None and 0.2 < score < 0.8)
     lax = 0
     for role, value in s.items():
         matching = (role == "D") == default_claim  # the claim states what this source says
-        strict += int(value == (1.0 if matching else 0.0))
+        strict += int(math.isclose(value, float(matching), rel_tol=CB_REL_TOL))
+        moderate += int(value > 0.8 if matching else value < 0.2)
         if role != "D":
-            lax += int(value < s_default if default_claim else value > s_default)
-    return strict / (len(s) + 1), lax / max(len(s) - 1, 1), len(s)
+            lax += int(value < s["D"] if default_claim else value > s["D"])
+    n = len(s)
+    return ClaimTerms(strict / (n + 1), lax / max(n - 1, 1), moderate / (n + 1), n)
 
 
 def _lt(a: float | None, b: float | None) -> bool:
@@ -238,17 +263,18 @@ def cb_pair_scores(scores: dict[str, float | None], response: str) -> tuple[floa
 
 
 def cb_terms(records: Sequence[ItemResult], rules: Rules = PAPER) -> dict[str, Any]:
-    """Per claim: (id, strict, lax); a record without a score or source counts stays in with
-    terms from what it has (an unparseable claim scores 0, and is counted as not scored)."""
+    """Per claim: (id, strict, lax, moderate), moderate None in the spec protocol; a record
+    without a score or source counts stays in with terms from what it has (an unparseable claim
+    scores 0, and is counted as not scored)."""
     if rules.conflictbank_one_run_per_claim:
         terms, one_source, no_default = [], 0, 0
         for r in records:
             meta = r.details["meta"]
             sources = _role_counts(r, meta["roles"])
-            strict, lax, n = cb_claim_terms(table_score(r, rules), sources, meta["response_kind"])
-            one_source += n == 1
+            claim = cb_claim_terms(table_score(r, rules), sources, meta["response_kind"])
+            one_source += claim.sources == 1
             no_default += not sources["D"]["nodes"]
-            terms.append((r.id, strict, lax))
+            terms.append((r.id, claim.strict, claim.lax, claim.moderate))
         return {"terms": terms, "single_source_lax": one_source,
                 "default_source_without_nodes": no_default}  # fmt: skip
     grouped: dict[tuple[str, str], dict[str, float | None]] = {}
@@ -257,7 +283,9 @@ def cb_terms(records: Sequence[ItemResult], rules: Rules = PAPER) -> dict[str, A
         key = (meta["sample"], meta["response_kind"])
         grouped.setdefault(key, {})[meta["context_set"]] = r.score
     complete = {k: v for k, v in grouped.items() if len(v) == 1 + len(CB_ROLES)}
-    terms = [(f"{k[0]}:{k[1]}", *cb_pair_scores(v, k[1])) for k, v in sorted(complete.items())]
+    terms = [
+        (f"{k[0]}:{k[1]}", *cb_pair_scores(v, k[1]), None) for k, v in sorted(complete.items())
+    ]
     return {"terms": terms, "incomplete": len(grouped) - len(complete)}
 
 
@@ -272,7 +300,9 @@ def _role_counts(record: ItemResult, roles: list[str]) -> dict[str, dict[str, in
 def lmr_conflictbank(
     records: list[ItemResult], resamples: int = 10_000, rules: Rules = PAPER
 ) -> dict[str, Any]:
-    """Strict, lax and their mean per claim, averaged, each with a BCa interval."""
+    """Strict, lax and their mean per claim (the paper's figure), averaged, each with a BCa
+    interval; paper protocol: also the reference code's moderate and main (mean of lax, moderate,
+    strict) scores."""
     found = cb_terms(records, rules)
     terms = found["terms"]
     seed = rules.bootstrap_seed
@@ -286,8 +316,16 @@ def lmr_conflictbank(
         out["incomplete_pairs"] = found["incomplete"]
     if not terms:  # e.g. a partial run: nothing to report yet, said so
         return out | {"lmr": None, "ci95": None}
-    ids, strict, lax = zip(*terms, strict=True)
+    ids, strict, lax, moderate = zip(*terms, strict=True)
     mean = [(s + x) / 2 for s, x in zip(strict, lax, strict=True)]
+    if rules.conflictbank_one_run_per_claim:
+        main = [(s + x + m) / 3 for s, x, m in zip(strict, lax, moderate, strict=True)]
+        out |= {
+            "moderate": float(np.mean(moderate)),
+            "moderate_ci95": bca_interval(list(moderate), resamples, seed).as_dict(),
+            "main": float(np.mean(main)),
+            "main_ci95": bca_interval(main, resamples, seed).as_dict(),
+        }
     by_claim = {}
     for kind in CB_RESPONSES:  # default claim (RD) and conflict claim (RC) apart
         picked = [i for i, claim_id in enumerate(ids) if claim_id.endswith(f":{kind}")]
@@ -347,9 +385,10 @@ def print_lmr(result: dict[str, Any], console: Console) -> None:
     if ci:
         lmr += f"  [{ci['low']:.4f}, {ci['high']:.4f}] ({ci['method']})"
     table.add_row("LMR", lmr)
-    for key in ("strict", "lax"):
+    for key in ("strict", "lax", "moderate", "main"):
         if key in result:
-            table.add_row(f"LMR {key}", f"{result[key]:.4f}")
+            name = "main (reference: lax, moderate, strict)" if key == "main" else f"LMR {key}"
+            table.add_row(name, f"{result[key]:.4f}")
     for label, entry in result.get("by_label", {}).items():
         table.add_row(f"label {label}", f"{entry['lmr']:.4f} (n={entry['n']})")
     for claim, entry in result.get("by_claim", {}).items():

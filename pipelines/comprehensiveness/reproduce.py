@@ -109,13 +109,15 @@ class Reproduce(Study):
                 if wc is not None and wc.results:
                     row["wikicontradict"] = _entry(wc.tables)
                 if cb is not None and cb.tables and cb.tables.get("lmr") is not None:
+                    extra = ("strict", "lax", "moderate", "main")
                     row["conflictbank"] = _entry(cb.tables) | {
-                        "strict": cb.tables["strict"], "lax": cb.tables["lax"]}  # fmt: skip
+                        k: cb.tables[k] for k in extra if k in cb.tables
+                    }
                 if "wikicontradict" in row and "conflictbank" in row:
                     rules = options.metric.rules
                     wc_values = meta.wc_matches(wc.results, rules)  # type: ignore[union-attr]
                     terms = meta.cb_terms(cb.results, rules)["terms"]  # type: ignore[union-attr]
-                    cb_values = [(strict + lax) / 2 for _, strict, lax in terms]
+                    cb_values = [(strict + lax) / 2 for _, strict, lax, _ in terms]
                     row["average"] = meta.combined_lmr(wc_values, cb_values, resamples)
                 for column in ("wikicontradict", "conflictbank", "average"):
                     published = paper_value(name, method, column)
@@ -125,19 +127,30 @@ class Reproduce(Study):
         return {"protocol": protocol, "rows": rows}
 
     def render_combined(self, combined: dict[str, Any], console: Console) -> None:
-        table = Table("model", "method", "WikiContradict LMR", "ConflictBank strict / lax",
+        table = Table("model", "method", "WikiContradict LMR",
+                      "ConflictBank strict / lax (moderate; main)",
                       "ConflictBank LMR", "average",
                       title=f"Comprehensiveness meta-evaluation ({combined['protocol']} protocol; "
                             "paper value in parentheses)")  # fmt: skip
         for row in combined["rows"]:
             paper = row.get("paper", {})
             cb = row.get("conflictbank")
-            split = f"{cb['strict']:.3f} / {cb['lax']:.3f}" if cb else "-"
+            split = _split_text(cb)
             table.add_row(row["model"], row["method"],
                           _cell_text(row.get("wikicontradict"), paper.get("wikicontradict")),
                           split, _cell_text(cb, paper.get("conflictbank")),
                           _cell_text(row.get("average"), paper.get("average")))  # fmt: skip
         console.print(table)
+
+
+def _split_text(cb: dict[str, Any] | None) -> str:
+    """strict / lax, and the reference code's moderate and main scores where computed."""
+    if not cb:
+        return "-"
+    text = f"{cb['strict']:.3f} / {cb['lax']:.3f}"
+    if "main" in cb:
+        text += f" ({cb['moderate']:.3f}; {cb['main']:.3f})"
+    return text
 
 
 def _entry(tables: dict[str, Any] | None) -> dict[str, Any]:
