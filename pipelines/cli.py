@@ -15,6 +15,7 @@ from rich.console import Console
 from rich.table import Column, Table
 
 from pipelines.config import UserError, describe_validation
+from pipelines.datasets.commands import data_app
 from pipelines.options import clean_errors, parse_loras
 from pipelines.registry import commands
 from pipelines.runner import sigterm_as_interrupt
@@ -41,6 +42,7 @@ claims_app = typer.Typer(help="Claim extractors (ICAT's AC): data, training, eva
                          no_args_is_help=True)  # fmt: skip
 finetune_app.add_typer(claims_app, name="claims")
 app.add_typer(finetune_app, name="finetune")
+app.add_typer(data_app, name="data")
 crux_app = typer.Typer(help="CRUX evaluation data.", no_args_is_help=True)
 app.add_typer(crux_app, name="crux")
 GROUPS = {"eval": eval_app, "reproduce": reproduce_app, "meta-eval": meta_eval_app,

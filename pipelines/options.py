@@ -24,6 +24,7 @@ from rich.console import Console
 
 from pipelines.config import EvaluatorConfig, RunConfig, Strict, UserError, load_config
 from pipelines.costs import BudgetReached
+from pipelines.datasets.names import resolve_names
 from pipelines.lines import FileChanged
 from pipelines.protocol import RunRequest, Study
 from pipelines.roles import RoleSpec, parse_role_options
@@ -194,7 +195,8 @@ def load_request(study: Study, own: dict[str, Any], shared: Shared) -> RunReques
     overrides = {key if key.startswith("roles.") else f"{study.name}.{key}": _plain(value)
                  for key, value in own.items()}  # fmt: skip
     cfg: Any = load_config(request_model(study), shared.config, overrides | shared.overrides())
-    return RunRequest(cfg.evaluator, cfg.run, getattr(cfg, study.name), dict(cfg.roles))
+    options = resolve_names(getattr(cfg, study.name))  # --data NAME: the catalogued file
+    return RunRequest(cfg.evaluator, cfg.run, options, dict(cfg.roles))
 
 
 def _plain(value: Any) -> Any:

@@ -28,6 +28,7 @@ from pipelines.costs import (
     load_prices,
     require_prices,
 )
+from pipelines.datasets.names import data_provenance
 from pipelines.estimate import print_estimate
 from pipelines.evaluator import Servers, model_record, open_evaluator
 from pipelines.identity import (
@@ -332,6 +333,7 @@ async def _run_one(study, request, plan: RunPlan, roles, items, root, evaluators
         options=plan.options.model_dump(mode="json"), models=model_record(lead),
         roles=records, self_judging=judged_by_itself,
         prompts=fw.prompt_ids(plan.options), items=len(items),
+        data=data_provenance(plan.options),
     )  # fmt: skip
     console.print(f"run directory: {store.dir}")
     for pair in judged_by_itself:

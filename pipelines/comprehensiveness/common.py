@@ -35,6 +35,9 @@ class Item(BaseModel):
         return dict(self.model_extra or {})
 
 
+DEFAULT_DATA = {"wikicontradict": "wikicontradict-humaneval", "conflictbank": "conflictbank"}
+
+
 class ComprehensivenessOptions(FrameworkOptions):
     input: Path | None = Field(None, description="items JSONL, or the meta-evaluation data file")
     dataset: Dataset = Field("items", description="items | wikicontradict | conflictbank")
@@ -64,6 +67,13 @@ class ComprehensivenessOptions(FrameworkOptions):
     list_max_items: int = Field(25, ge=1, le=200, description="most items per list (vLLM)")
     line_max_chars: int = Field(200, ge=20, le=2000, description="longest list line (vLLM)")
     export_graphs: bool = True
+
+    @model_validator(mode="after")
+    def _default_data(self) -> ComprehensivenessOptions:
+        """A meta-evaluation without a data file reads its catalogued dataset."""
+        if self.input is None and self.dataset in DEFAULT_DATA:
+            self.input = Path(DEFAULT_DATA[self.dataset])
+        return self
 
     @model_validator(mode="after")
     def _nli_model_needed(self) -> ComprehensivenessOptions:

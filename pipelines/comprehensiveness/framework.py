@@ -392,7 +392,10 @@ ResamplesOpt = Annotated[int | None, typer.Option(help="bootstrap resamples (10,
 
 @framework_command(COMPREHENSIVENESS)
 def meta_eval_wikicontradict(
-    data: Annotated[Path, typer.Option(help="WikiContradict human-evaluation JSONL")],
+    data: Annotated[
+        Path | None,
+        typer.Option(help="human-evaluation JSONL or dataset name (wikicontradict-humaneval)"),
+    ] = None,
     method: MethodOpt = None,
     limit: Annotated[int | None, typer.Option(help="only the first N rows")] = None,
     resamples: ResamplesOpt = None,
@@ -406,7 +409,10 @@ def meta_eval_wikicontradict(
 
 @framework_command(COMPREHENSIVENESS)
 def meta_eval_conflictbank(
-    data: Annotated[Path, typer.Option(help="CB_qa_v2 train split as JSONL or Parquet")],
+    data: Annotated[
+        Path | None,
+        typer.Option(help="CB_qa_v2 train split (JSONL, Parquet) or dataset name (conflictbank)"),
+    ] = None,
     method: MethodOpt = None,
     limit: Annotated[int | None, typer.Option(help="sample size (500)")] = None,
     resamples: ResamplesOpt = None,

@@ -266,8 +266,9 @@ def cb_terms(records: Sequence[ItemResult], rules: Rules = PAPER) -> dict[str, A
     """Per claim: (id, strict, lax, moderate), moderate None in the spec protocol; a record
     without a score or source counts stays in with terms from what it has (an unparseable claim
     scores 0, and is counted as not scored)."""
+    terms: list[tuple[str, float, float, float | None]] = []
     if rules.conflictbank_one_run_per_claim:
-        terms, one_source, no_default = [], 0, 0
+        one_source, no_default = 0, 0
         for r in records:
             meta = r.details["meta"]
             sources = _role_counts(r, meta["roles"])

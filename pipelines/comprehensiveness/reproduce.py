@@ -12,12 +12,17 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 from rich.console import Console
 from rich.table import Table
 
 from pipelines.comprehensiveness import meta
-from pipelines.comprehensiveness.common import ComprehensivenessOptions, Item, Method
+from pipelines.comprehensiveness.common import (
+    DEFAULT_DATA,
+    ComprehensivenessOptions,
+    Item,
+    Method,
+)
 from pipelines.comprehensiveness.framework import (
     COMPREHENSIVENESS,
     responder_config,
@@ -49,6 +54,14 @@ class ReproduceOptions(BaseModel):
     wikicontradict: Path | None = None
     conflictbank: Path | None = None
     metric: ComprehensivenessOptions = Field(default_factory=ComprehensivenessOptions)
+
+    @model_validator(mode="after")
+    def _default_data(self) -> ReproduceOptions:
+        """Neither dataset given: both, by their catalogue names (the paper's grid)."""
+        if self.wikicontradict is None and self.conflictbank is None:
+            self.wikicontradict = Path(DEFAULT_DATA["wikicontradict"])
+            self.conflictbank = Path(DEFAULT_DATA["conflictbank"])
+        return self
 
 
 def _datasets(options: ReproduceOptions) -> dict[str, Path]:
@@ -179,9 +192,11 @@ def reproduce_comprehensiveness(
     ],
     method: Annotated[list[str] | None, typer.Option(help="nli / qa / e2e (repeat)")] = None,
     wikicontradict: Annotated[
-        Path | None, typer.Option(help="WikiContradict human-evaluation JSONL")
+        Path | None, typer.Option(help="file or dataset name (wikicontradict-humaneval)")
     ] = None,
-    conflictbank: Annotated[Path | None, typer.Option(help="CB_qa_v2 JSONL/Parquet")] = None,
+    conflictbank: Annotated[
+        Path | None, typer.Option(help="file or dataset name (conflictbank)")
+    ] = None,
     protocol: Annotated[str | None, typer.Option(help="paper (default) | spec")] = None,
     limit: Annotated[int | None, typer.Option(help="rows per dataset (CB: sample size)")] = None,
 ) -> dict[str, Any]:

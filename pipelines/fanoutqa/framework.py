@@ -140,20 +140,9 @@ def load_answers(path: Path, questions: list[Question]) -> dict[str, str]:
     return answers
 
 
-def packaged_questions(split: str = "dev") -> Path | None:
-    """The FanOutQA file the ``fanoutqa`` package ships (its Nov-2023 release), if installed."""
-    import importlib.util
-
-    spec = importlib.util.find_spec("fanoutqa")
-    if spec is None or spec.origin is None:
-        return None
-    path = Path(spec.origin).parent / "data" / f"fanout-final-{split}.json"
-    return path if path.is_file() else None
-
-
 class FanoutOptions(FrameworkOptions):
     input: Path | None = Field(
-        default_factory=packaged_questions, description="questions JSON (default: fanoutqa's dev)"
+        Path("fanoutqa-dev"), description="questions JSON, or a dataset name (fanoutqa-dev)"
     )
     answers: Path | None = Field(None, description='answers made elsewhere: [{"id", "answer"}]')
     settings: list[Setting] = Field(default=["closed-book"], min_length=1)
@@ -286,10 +275,7 @@ class FanOutQA(Framework):
 
     def load(self, options: FanoutOptions) -> list[Question]:
         if options.input is None:
-            raise UserError(
-                "eval fanoutqa: give --data FILE, the released dev or test JSON (the default, "
-                "the `fanoutqa` package's dev set, is not installed here)"
-            )
+            raise UserError("eval fanoutqa: give --data FILE or a dataset name (fanoutqa-dev)")
         return load_questions(options.input, options.limit)
 
     def check_inputs(self, options: FanoutOptions) -> None:
@@ -498,7 +484,7 @@ FANOUTQA = FanOutQA()
 @framework_command(FANOUTQA)
 def eval_fanoutqa(
     data: Annotated[
-        Path | None, typer.Option(help="FanOutQA dev/test JSON (default: fanoutqa's dev set)")
+        Path | None, typer.Option(help="dev/test JSON or dataset name (default: fanoutqa-dev)")
     ] = None,
     setting: Annotated[
         list[str] | None, typer.Option(help="closed-book | evidence | open-book (repeat)")

@@ -1,0 +1,11 @@
+"""Datasets by name: a catalogue of the papers' data, fetched, pinned, verified and cached.
+
+``groundcover data list | info | get | path | add`` (``commands``); every command that reads a
+data file also takes a catalogue name in its place (``resolve_names``).
+"""
+
+from pipelines.datasets.catalog import CATALOG, Dataset, is_name, lookup, parse_spec
+from pipelines.datasets.fetch import Resolved, add, cached, data_root, get, provenance
+
+__all__ = ["CATALOG", "Dataset", "Resolved", "add", "cached", "data_root", "get", "is_name",
+           "lookup", "parse_spec", "provenance"]  # fmt: skip

@@ -1,0 +1,171 @@
+"""The datasets groundcover knows by name: one declarative entry each (home, revision, files,
+license, size, what converts the published files to the shape our readers take).
+
+A home is ``hf:OWNER/REPO`` (a Hugging Face dataset repository), an ``https://`` base, a
+``package:NAME`` (files an installed package ships) or ``licensed`` (not downloadable: obtained by
+the user, then registered with ``groundcover data add``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from pipelines.config import UserError
+from pipelines.datasets import convert
+
+Converter = Callable[[list[Path], Path], None]
+CARD = "per the dataset card"  # read from the Hub and printed before a download
+LISTED = "listed at download"  # the Hub lists each file's size; the total is printed
+
+
+@dataclass(frozen=True)
+class Dataset:
+    name: str
+    summary: str
+    home: str
+    license: str
+    size: str  # as published, for the notice printed before a download
+    files: tuple[str, ...] = ()  # file names or glob patterns in the home
+    revision: str = "main"  # a branch, tag or commit (hub); a label for https homes
+    main: str = ""  # the file a --data NAME means, in the converted directory
+    convert: Converter | None = None  # None: the published files are used as they are
+    used_by: str = ""  # the command that reads it
+    obtain: str = ""  # licensed: how to get a copy
+    check: Callable[[Path], None] | None = None  # licensed: shape check for `data add`
+
+    @property
+    def kind(self) -> str:
+        return self.home.split(":", 1)[0]
+
+    @property
+    def repo(self) -> str:
+        return self.home.split(":", 1)[1]
+
+
+CATALOG: dict[str, Dataset] = {
+    d.name: d
+    for d in (
+        Dataset(
+            name="wikicontradict-humaneval",
+            summary="WikiContradict human evaluation: 48 questions x 5 LLMs, responses with "
+            "human labels (the comprehensiveness paper's meta-evaluation set)",
+            home="hf:ibm-research/Wikipedia_contradict_benchmark",
+            files=("HumanEval/WikiContradict_HumanEval_adjudication.json",),
+            license="MIT (text from Wikipedia, CC BY-SA)",
+            size="about 1.3 MB",
+            main="humaneval.jsonl",
+            convert=convert.wikicontradict_humaneval,
+            used_by="groundcover meta-eval wikicontradict",
+        ),
+        Dataset(
+            name="conflictbank",
+            summary="ConflictBank QA pairs (CB_qa_v2, train split), sampled with seed 42 at "
+            "read time as the comprehensiveness authors did",
+            home="hf:Warrieryes/CB_qa_v2",
+            files=("*.parquet", "*.jsonl", "*.json"),
+            license=CARD,
+            size="about 1.3 GB (JSON)",
+            main="train.jsonl",
+            convert=convert.conflictbank_train,
+            used_by="groundcover meta-eval conflictbank",
+        ),
+        Dataset(
+            name="fanoutqa-dev",
+            summary="FanOutQA dev questions with decompositions and answers",
+            home="package:fanoutqa",
+            files=("data/fanout-final-dev.json",),
+            license="CC BY-SA 4.0",
+            size="1.2 MB (shipped with the fanoutqa package)",
+            main="fanout-final-dev.json",
+            used_by="groundcover eval fanoutqa",
+        ),
+        Dataset(
+            name="fanoutqa-test",
+            summary="FanOutQA test questions (answers withheld by the authors)",
+            home="package:fanoutqa",
+            files=("data/fanout-final-test.json",),
+            license="CC BY-SA 4.0",
+            size="about 0.5 MB (shipped with the fanoutqa package)",
+            main="fanout-final-test.json",
+            used_by="groundcover eval fanoutqa --answers FILE",
+        ),
+        Dataset(
+            name="garage",
+            summary="GaRAGe benchmark: questions, grounding passages with relevance and "
+            "citation annotations, human answers",
+            home="hf:AmazonScience/GaRAGe",
+            files=("data/GaRAGe_benchmark.jsonl",),
+            license=CARD,
+            size=LISTED,
+            main="GaRAGe_benchmark.jsonl",
+            used_by="groundcover eval garage",
+        ),
+        Dataset(
+            name="trec-icat",
+            summary="ICAT's TREC data in the authors' formats: queries with subtopics, "
+            "subtopic qrels, corpus",
+            home="hf:algoprog/TREC-ICAT",
+            files=("*.jsonl",),
+            license=CARD,
+            size=LISTED,
+            used_by="groundcover eval icat",
+        ),
+        Dataset(
+            name="crux-mds",
+            summary="CRUX multi-document summarisation data (topics, sub-questions, "
+            "judgements, qrels for test / testb), as published",
+            home="hf:DylanJHJ/crux",
+            files=("*.jsonl", "*.json", "*.qrels", "*.tsv"),
+            license=CARD,
+            size=LISTED,
+            used_by="groundcover crux (exchange files: see README)",
+        ),
+        Dataset(
+            name="clueweb09-b",
+            summary="ClueWeb09 Category B as a JSONL corpus {id, contents} (ICAT's knowledge "
+            "source)",
+            home="licensed",
+            license="ClueWeb09 licence (Carnegie Mellon University)",
+            size="about 50M pages",
+            obtain="ClueWeb09 is licensed: apply at https://lemurproject.org/clueweb09/, export "
+            'Category B as JSONL lines {"id", "contents"}, then run `groundcover data add '
+            "clueweb09-b FILE`",
+            check=convert.check_corpus,
+            used_by="groundcover index build / eval icat --index",
+        ),
+        Dataset(
+            name="duc2004",
+            summary="DUC 2004 multi-document summarisation topics and documents (CRUX's DUC split)",
+            home="licensed",
+            license="NIST DUC data agreement",
+            size="about 20 MB",
+            obtain="DUC 2004 data are distributed by NIST on request "
+            "(https://duc.nist.gov/data.html); convert the documents to JSONL lines "
+            '{"id", "contents"}, then run `groundcover data add duc2004 FILE`',
+            check=convert.check_corpus,
+            used_by="groundcover crux build",
+        ),
+    )
+}
+
+
+def parse_spec(spec: str) -> tuple[str, str | None]:
+    """NAME or NAME@REVISION."""
+    name, sep, revision = spec.partition("@")
+    if sep and not revision:
+        raise UserError(f"dataset {spec!r}: empty revision after '@'")
+    return name, revision or None
+
+
+def lookup(name: str) -> Dataset:
+    found = CATALOG.get(name)
+    if found is None:
+        raise UserError(f"unknown dataset {name!r}; known: {', '.join(CATALOG)}")
+    return found
+
+
+def is_name(value: str) -> bool:
+    """Whether ``value`` names a catalogued dataset (NAME or NAME@REVISION)."""
+    return value.partition("@")[0] in CATALOG

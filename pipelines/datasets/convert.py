@@ -1,0 +1,143 @@
+"""Converters: published files in, the shape our readers take out (written into ``out``).
+
+Each converter checks the published schema and stops with one line naming the file, record and
+field; the caller writes into a temporary directory, so a failed conversion leaves nothing.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from pipelines.config import UserError
+
+WC_RESPONSES = 5  # prompts 0..4: no context, context 1, context 2, both, both with a hint
+WC_ANSWER_PREFIX = "\nAnswer: "  # what the authors' notebook removed from every response
+
+
+def _read_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise UserError(f"{path}: not valid JSON: {exc}") from None
+
+
+def _text(path: Path, where: str, record: dict[str, Any], field: str) -> str:
+    value = record.get(field)
+    if not isinstance(value, str):
+        got = "missing" if value is None else f"not a string ({type(value).__name__})"
+        raise UserError(f"{path}: {where}: field {field}: {got}")
+    return value
+
+
+def wikicontradict_humaneval(sources: list[Path], out: Path) -> None:
+    """The published adjudication file (model -> records) to one JSONL row per (model,
+    question), models and records in the file's order: the rows of the authors' notebook."""
+    [path] = sources
+    data = _read_json(path)
+    if not isinstance(data, dict):
+        raise UserError(f"{path}: expected an object mapping each model to its records")
+    lines = []
+    for model, records in data.items():
+        if not isinstance(records, list):
+            raise UserError(f"{path}: model {model!r}: expected a list of records")
+        for n, record in enumerate(records):
+            where = f"model {model!r} record {n}"
+            if not isinstance(record, dict):
+                raise UserError(f"{path}: {where}: not an object")
+            row = {
+                "question": _text(path, where, record, "question1"),
+                "context1_self_contained": _text(path, where, record, "question1_context1"),
+                "context2_self_contained": _text(path, where, record, "question1_context2"),
+                "gt_answer_1": _text(path, where, record, "question1_answer1"),
+                "gt_answer_2": _text(path, where, record, "question1_answer2"),
+            }
+            for i in range(WC_RESPONSES):
+                answer = _text(path, where, record, f"ModelAnswer_prompt_{i}")
+                row[f"answer{i}"] = answer.replace(WC_ANSWER_PREFIX, "")
+            for i in range(WC_RESPONSES):
+                row[f"label{i}"] = _text(path, where, record, f"ModelAnswer_prompt_{i}_humanEval")
+            row["model"] = model
+            lines.append(json.dumps(row, ensure_ascii=False) + "\n")
+    (out / "humaneval.jsonl").write_text("".join(lines), encoding="utf-8")
+
+
+CB_FIELDS = (
+    "question",
+    "default_claim",
+    "misinformation_conflict_claim",
+    "default_evidence",
+    "misinformation_conflict_evidence",
+    "temporal_conflict_evidence",
+    "semantic_conflict_evidence",
+)
+
+
+def _train_files(sources: list[Path]) -> list[Path]:
+    """The train split's files, in name order (the order the Hub's loader reads shards in)."""
+    named = [p for p in sources if "train" in p.name.lower() or "train" in p.parent.name.lower()]
+    return sorted(named or sources, key=lambda p: p.as_posix())
+
+
+def _rows(path: Path) -> Iterator[tuple[str, Any]]:
+    """(where, row) of a JSON list, a JSONL file or a Parquet file."""
+    if path.suffix == ".parquet":
+        import pyarrow.parquet as pq
+
+        for n, row in enumerate(pq.read_table(path).to_pylist()):
+            yield f"row {n}", row
+        return
+    if path.suffix == ".json":
+        data = _read_json(path)
+        if isinstance(data, dict) and isinstance(data.get("train"), list):
+            data = data["train"]
+        if not isinstance(data, list):
+            raise UserError(f"{path}: expected a JSON list of records")
+        for n, row in enumerate(data):
+            yield f"record {n}", row
+        return
+    with path.open(encoding="utf-8") as lines:
+        for n, line in enumerate(lines, 1):
+            if line.strip():
+                try:
+                    yield f"line {n}", json.loads(line)
+                except json.JSONDecodeError as exc:
+                    raise UserError(f"{path}:{n}: not valid JSON: {exc}") from None
+
+
+def conflictbank_train(sources: list[Path], out: Path) -> None:
+    """CB_qa_v2's train split as one JSONL file in the published row order (the seed-42 sample
+    is drawn from it at read time, so the order must be the Hub's)."""
+    count = 0
+    with (out / "train.jsonl").open("w", encoding="utf-8") as sink:
+        for path in _train_files(sources):
+            for where, row in _rows(path):
+                if not isinstance(row, dict):
+                    raise UserError(f"{path}: {where}: not an object")
+                for field in CB_FIELDS:
+                    _text(path, where, row, field)
+                sink.write(json.dumps(row, ensure_ascii=False) + "\n")
+                count += 1
+    if not count:
+        raise UserError(f"{sources[0] if sources else 'conflictbank'}: no train records")
+
+
+def check_corpus(path: Path) -> None:
+    """A JSONL corpus {id, contents}: its first lines are checked (the file may be huge)."""
+    if not path.is_file():
+        raise UserError(f"{path}: not a file (a JSONL corpus with lines {{id, contents}})")
+    with path.open(encoding="utf-8") as lines:
+        for n, line in enumerate(lines, 1):
+            if n > 100:
+                return
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise UserError(f"{path}:{n}: not valid JSON: {exc}") from None
+            if not isinstance(row, dict):
+                raise UserError(f"{path}:{n}: not an object")
+            if not isinstance(row.get("id"), (str, int)):
+                raise UserError(f"{path}:{n}: field id: missing")
+            _text(path, f"line {n}", row, "contents")

@@ -1,0 +1,360 @@
+"""Getting a catalogued dataset: download (Hugging Face Hub or HTTPS), pin, verify, convert, cache.
+
+Layout under ``$GROUNDCOVER_HOME/data``: ``hub/`` is huggingface_hub's cache (resumable downloads,
+``HF_ENDPOINT`` / ``HF_TOKEN`` honoured), ``downloads/`` the HTTPS homes', ``<name>/<revision>/``
+the converted files, and ``lock.json`` what each ``NAME@REQUESTED`` resolved to: the commit and the
+sha256 of every published and converted file. The first get writes the lock; every later use
+verifies against it, and a get whose lock and converted files are present makes no request.
+``HF_HUB_OFFLINE=1`` uses only the cache.
+"""
+
+from __future__ import annotations
+
+import datetime
+import fnmatch
+import hashlib
+import importlib.util
+import json
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+
+from pipelines.config import UserError
+from pipelines.datasets.catalog import Dataset, lookup, parse_spec
+from serving.embedded import cache_root
+
+console = Console(stderr=True)
+LOCK = "lock.json"
+
+
+@dataclass(frozen=True)
+class Resolved:
+    """A dataset ready on disk: its main file and where it came from."""
+
+    name: str
+    requested: str
+    revision: str
+    path: Path
+    sha256: str
+
+    def record(self) -> dict[str, str]:
+        return {"dataset": self.name, "requested": self.requested, "revision": self.revision,
+                "path": str(self.path), "sha256": self.sha256}  # fmt: skip
+
+
+def data_root() -> Path:
+    return cache_root() / "data"
+
+
+def offline() -> bool:
+    return os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def sha256_of(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        while chunk := f.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+# ---- the lock file ---------------------------------------------------------------------------
+
+
+def read_lock() -> dict[str, Any]:
+    path = data_root() / LOCK
+    if not path.exists():
+        return {}
+    try:
+        found = json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise UserError(f"{path}: not valid JSON ({exc}); remove it to fetch again") from None
+    if not isinstance(found, dict):
+        raise UserError(f"{path}: expected an object NAME@REVISION -> entry")
+    return found
+
+
+def write_lock_entry(key: str, entry: dict[str, Any]) -> None:
+    """Atomic: a reader sees the old lock or the new one."""
+    lock = read_lock() | {key: entry}
+    root = data_root()
+    root.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=root, prefix=".lock.")
+    with os.fdopen(fd, "w") as f:
+        json.dump(lock, f, indent=1, sort_keys=True)
+    os.replace(tmp, root / LOCK)
+
+
+def lock_key(name: str, requested: str) -> str:
+    return f"{name}@{requested}"
+
+
+def locked(name: str, requested: str | None = None) -> dict[str, Any] | None:
+    """The lock entry of ``name`` (at ``requested``; else the catalogue's revision or a local
+    copy registered with ``data add``)."""
+    lock = read_lock()
+    if requested is not None:
+        return lock.get(lock_key(name, requested))
+    return lock.get(lock_key(name, lookup(name).revision)) or lock.get(lock_key(name, "local"))
+
+
+# ---- get -------------------------------------------------------------------------------------
+
+
+def get(spec: str, *, quiet: bool = False) -> Resolved:
+    """The dataset ``NAME[@REVISION]`` on disk: from the cache when the lock and files agree,
+    else downloaded, verified against the lock, converted and locked."""
+    name, pinned = parse_spec(spec)
+    entry = lookup(name)
+    if entry.kind == "package":
+        return _from_package(entry)
+    if entry.kind == "licensed":
+        return _licensed(entry)
+    requested = pinned or entry.revision
+    key = lock_key(name, requested)
+    known = read_lock().get(key)
+    ready = _ready(entry, requested, known)
+    if ready is not None:
+        return ready
+    if offline() and known is None:
+        raise UserError(
+            f"dataset {name}@{requested} is not cached and HF_HUB_OFFLINE is set: run "
+            f"`groundcover data get {spec}` with network access first"
+        )
+    if not quiet:
+        console.print(f"{name}: {entry.summary}\n  home: {entry.home} @ {requested}; license: "
+                      f"{entry.license}; size: {entry.size}", highlight=False)  # fmt: skip
+    if entry.kind == "hf":
+        revision, raw = _hub_files(entry, requested, known, quiet)
+    else:
+        revision, raw = _https_files(entry, requested)
+    digests = {rel: sha256_of(path) for rel, path in raw.items()}
+    if known is not None:
+        _verify(name, requested, known.get("files", {}), digests, raw)
+    out = _convert(entry, revision, list(raw.values()))
+    main = out / (entry.main or next(iter(raw)).rsplit("/", 1)[-1])
+    outputs = {p.name: sha256_of(p) for p in sorted(out.iterdir()) if p.is_file()}
+    fetched = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
+    write_lock_entry(key, {"home": entry.home, "revision": revision, "files": digests,
+                           "outputs": outputs, "main": main.name, "fetched": fetched})  # fmt: skip
+    return Resolved(name, requested, revision, main, outputs.get(main.name, ""))
+
+
+def _ready(entry: Dataset, requested: str, known: dict[str, Any] | None) -> Resolved | None:
+    """The converted files, if the lock lists them and they are there with their digests."""
+    if known is None:
+        return None
+    out = data_root() / entry.name / known["revision"]
+    outputs = known.get("outputs") or {}
+    if not outputs or not all((out / f).is_file() for f in outputs):
+        return None
+    for file, digest in outputs.items():
+        if sha256_of(out / file) != digest:
+            raise UserError(
+                f"{out / file}: sha256 differs from {data_root() / LOCK} ({entry.name}); the "
+                f"cached copy was changed: remove {out} and get it again"
+            )
+    main = known["main"]
+    return Resolved(entry.name, requested, known["revision"], out / main, outputs[main])
+
+
+def _verify(name: str, requested: str, expected: dict[str, str], got: dict[str, str],
+            raw: dict[str, Path]) -> None:  # fmt: skip
+    for rel, digest in got.items():
+        if rel in expected and expected[rel] != digest:
+            for path in {raw[rel], raw[rel].resolve()}:  # the snapshot link and its blob
+                path.unlink(missing_ok=True)
+            raise UserError(
+                f"{name}@{requested}: {rel}: sha256 {digest[:12]}… differs from the locked "
+                f"{expected[rel][:12]}… in {data_root() / LOCK}; nothing was cached (pin "
+                f"another revision with {name}@REVISION)"
+            )
+
+
+def _convert(entry: Dataset, revision: str, raw: list[Path]) -> Path:
+    """Into ``<name>/<revision>/`` through a temporary directory renamed at the end."""
+    final = data_root() / entry.name / revision
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=final.parent, prefix=".tmp-"))
+    try:
+        if entry.convert is not None:
+            entry.convert(raw, tmp)
+        else:
+            for path in raw:  # as published: copied, so the cache owns its files
+                shutil.copyfile(path, tmp / path.name)
+        if final.exists():
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return final
+
+
+# ---- homes -----------------------------------------------------------------------------------
+
+
+def _hub_files(entry: Dataset, requested: str, known: dict[str, Any] | None,
+               quiet: bool) -> tuple[str, dict[str, Path]]:  # fmt: skip
+    """(commit, repo path -> local file) from the Hub. A locked entry names its commit and
+    files, so nothing is listed; otherwise the revision is resolved and the files matched."""
+    import huggingface_hub as hub
+    from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError
+
+    endpoint = os.environ.get("HF_ENDPOINT") or None
+    cache = data_root() / "hub"
+    try:
+        if known is not None:
+            commit, wanted = known["revision"], sorted(known["files"])
+        else:
+            info = hub.HfApi(endpoint=endpoint).dataset_info(
+                entry.repo, revision=requested, files_metadata=True
+            )
+            commit = info.sha or requested
+            sizes = {s.rfilename: s.size for s in info.siblings or []}
+            wanted = _matching(entry, list(sizes))
+            if not quiet:
+                _announce(entry, info, {f: sizes[f] for f in wanted})
+        files = {
+            rel: Path(hub.hf_hub_download(entry.repo, rel, repo_type="dataset", revision=commit,
+                                          cache_dir=cache, endpoint=endpoint,
+                                          local_files_only=offline()))
+            for rel in wanted
+        }  # fmt: skip
+    except LocalEntryNotFoundError:
+        raise UserError(
+            f"dataset {entry.name}@{requested}: not in the cache and offline; get it online first"
+        ) from None
+    except (HfHubHTTPError, OSError) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise UserError(f"dataset {entry.name}@{requested} ({entry.home}): {first}") from None
+    return commit, files
+
+
+def _matching(entry: Dataset, listed: list[str]) -> list[str]:
+    wanted = [f for f in listed if any(fnmatch.fnmatch(f, p) for p in entry.files)]
+    if not wanted:
+        raise UserError(
+            f"dataset {entry.name}: {entry.home} has no file matching {', '.join(entry.files)}"
+        )
+    return sorted(wanted)
+
+
+def _announce(entry: Dataset, info: Any, sizes: dict[str, int | None]) -> None:
+    card = getattr(info, "card_data", None)
+    license_ = card.get("license") if card is not None else None
+    total = sum(s or 0 for s in sizes.values())
+    console.print(f"  dataset card license: {license_ or 'not stated'}; {len(sizes)} file(s), "
+                  f"{total / 1e6:.1f} MB to download", highlight=False)  # fmt: skip
+
+
+def _https_files(entry: Dataset, requested: str) -> tuple[str, dict[str, Path]]:
+    """Plain HTTPS homes: each file resumed from a ``.part`` file, renamed when complete."""
+    from huggingface_hub.file_download import http_get
+
+    folder = data_root() / "downloads" / entry.name / requested
+    folder.mkdir(parents=True, exist_ok=True)
+    files = {}
+    for rel in entry.files:
+        target = folder / rel.rsplit("/", 1)[-1]
+        if not target.exists():
+            if offline():
+                raise UserError(f"dataset {entry.name}: {rel} is not cached and offline")
+            part = target.with_name(target.name + ".part")
+            with part.open("ab") as sink:
+                try:
+                    http_get(f"{entry.home.rstrip('/')}/{rel}", sink, resume_size=sink.tell())
+                except Exception as exc:  # httpx and hub errors: one line, the part kept
+                    raise UserError(f"dataset {entry.name}: {rel}: {exc}") from None
+            os.replace(part, target)
+        files[rel] = target
+    return requested, files
+
+
+def _from_package(entry: Dataset) -> Resolved:
+    """Files an installed package ships: no download; the package version is the revision."""
+    package = entry.repo
+    spec = importlib.util.find_spec(package)
+    if spec is None or spec.origin is None:
+        raise UserError(f"dataset {entry.name}: the {package} package is not installed "
+                        f"(pip install {package})")  # fmt: skip
+    path = Path(spec.origin).parent / entry.files[0]
+    if not path.is_file():
+        raise UserError(f"dataset {entry.name}: {path} is missing from the {package} package")
+    from importlib.metadata import version
+
+    revision = version(package)
+    digest = sha256_of(path)
+    key = lock_key(entry.name, entry.revision)
+    known = read_lock().get(key)
+    if known is not None and known["revision"] == revision and known["sha256"] != digest:
+        raise UserError(f"{path}: sha256 differs from {data_root() / LOCK} ({entry.name})")
+    if known is None or known["revision"] != revision:
+        write_lock_entry(key, {"home": entry.home, "revision": revision, "sha256": digest,
+                               "path": str(path)})  # fmt: skip
+    return Resolved(entry.name, entry.revision, revision, path, digest)
+
+
+def _licensed(entry: Dataset) -> Resolved:
+    known = locked(entry.name, "local")
+    if known is None:
+        raise UserError(f"dataset {entry.name} is licensed and not registered: {entry.obtain}")
+    path = Path(known["path"])
+    if not path.exists():
+        raise UserError(f"dataset {entry.name}: registered copy {path} is gone; `data add` again")
+    return Resolved(entry.name, "local", known["revision"], path, known["sha256"])
+
+
+def add(name: str, path: Path) -> Resolved:
+    """Register a local copy (licensed corpora, or any dataset obtained another way) after
+    checking its shape."""
+    entry = lookup(name)
+    path = path.resolve()
+    if entry.check is not None:
+        entry.check(path)
+    elif not path.exists():
+        raise UserError(f"{path}: not found")
+    digest = sha256_of(path) if path.is_file() else ""
+    revision = f"local-{digest[:12]}" if digest else "local"
+    write_lock_entry(lock_key(name, "local"), {"home": "local", "revision": revision,
+                                                "sha256": digest, "path": str(path)})  # fmt: skip
+    return Resolved(name, "local", revision, path, digest)
+
+
+def cached(name: str) -> Resolved | None:
+    """The dataset if it is on disk already (no request, nothing written)."""
+    entry = lookup(name)
+    known = locked(name)
+    if known is None:
+        return None
+    if entry.kind in ("package", "licensed") or "path" in known:
+        return Resolved(name, entry.revision, known["revision"], Path(known["path"]),
+                        known["sha256"])  # fmt: skip
+    return _ready(entry, entry.revision, known)
+
+
+def provenance(paths: list[Path]) -> list[dict[str, str]]:
+    """Which catalogued dataset each of ``paths`` is (for manifests): name, revision, sha256."""
+    found = []
+    lock = read_lock()
+    for path in paths:
+        resolved = path.resolve()
+        for key, entry in sorted(lock.items()):
+            name = key.rsplit("@", 1)[0]
+            if "path" in entry:
+                hit = Path(entry["path"]) == resolved
+                digest = entry.get("sha256", "")
+            else:
+                folder = data_root() / name / entry["revision"]
+                hit = resolved.parent == folder and resolved.name in entry.get("outputs", {})
+                digest = entry.get("outputs", {}).get(resolved.name, "")
+            if hit:
+                found.append({"path": str(path), "dataset": name, "requested":
+                              key.rsplit("@", 1)[1], "revision": entry["revision"],
+                              "sha256": digest})  # fmt: skip
+                break
+    return found

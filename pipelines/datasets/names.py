@@ -1,0 +1,31 @@
+"""Catalogue names where a command takes a data file: a path that exists is a file; otherwise a
+name (``NAME`` or ``NAME@REVISION``) is fetched and stands for its main file."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, TypeVar
+
+from pydantic import BaseModel
+
+from pipelines.datasets.catalog import is_name
+from pipelines.datasets.fetch import get, provenance
+
+M = TypeVar("M", bound=BaseModel)
+
+
+def resolve_names(options: M) -> M:
+    """``options`` with every path field that names a dataset (and is no file) resolved."""
+    update = {
+        field: get(str(value)).path
+        for field, value in options
+        if isinstance(value, Path) and not value.exists() and is_name(str(value))
+    }
+    return options.model_copy(update=update) if update else options
+
+
+def data_provenance(options: Any) -> list[dict[str, str]]:
+    """For the manifest: which catalogued dataset (name, revision, sha256) each input is."""
+    if not isinstance(options, BaseModel):
+        return []
+    return provenance([value for _, value in options if isinstance(value, Path)])

@@ -1,0 +1,131 @@
+"""A loopback HTTP server that answers what ``huggingface_hub`` asks a Hub for under
+``HF_ENDPOINT``: a dataset's revision info (``/api/datasets/REPO/revision/REV``) and its files
+(``HEAD`` / ``GET /datasets/REPO/resolve/REV/PATH``, with byte ranges). Tests make the repositories
+(commits of {path: bytes}), can cut a download midway, and read the request log.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import threading
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from urllib.parse import unquote, urlsplit
+
+API = re.compile(r"^/api/datasets/(?P<repo>[^/]+/[^/]+)/revision/(?P<rev>[^/?]+)$")
+RESOLVE = re.compile(r"^/datasets/(?P<repo>[^/]+/[^/]+)/resolve/(?P<rev>[^/]+)/(?P<path>.+)$")
+
+
+@dataclass
+class Repo:
+    commits: dict[str, dict[str, bytes]] = field(default_factory=dict)
+    refs: dict[str, str] = field(default_factory=dict)
+    license: str = "mit"
+
+    def commit(self, files: dict[str, bytes], ref: str = "main") -> str:
+        seed = json.dumps(sorted(files)).encode() + str(len(self.commits)).encode()
+        sha = hashlib.sha1(seed + b"".join(files.values())).hexdigest()
+        self.commits[sha] = dict(files)
+        self.refs[ref] = sha
+        return sha
+
+    def resolve(self, rev: str) -> str | None:
+        return rev if rev in self.commits else self.refs.get(rev)
+
+
+class FakeHub:
+    def __init__(self) -> None:
+        self.repos: dict[str, Repo] = {}
+        self.log: list[tuple[str, str, str | None]] = []  # (method, path, range header)
+        self.cut: dict[str, int] = {}  # path -> bytes to send before closing, once
+        hub = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args) -> None:  # quiet
+                pass
+
+            def do_HEAD(self) -> None:
+                hub.answer(self, body=False)
+
+            def do_GET(self) -> None:
+                hub.answer(self, body=True)
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server.server_address[1]}"
+
+    def repo(self, name: str) -> Repo:
+        return self.repos.setdefault(name, Repo())
+
+    def __enter__(self) -> FakeHub:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+    def answer(self, req: BaseHTTPRequestHandler, body: bool) -> None:
+        path = unquote(urlsplit(req.path).path)
+        self.log.append((req.command, path, req.headers.get("Range")))
+        if m := API.match(path):
+            return self._info(req, m["repo"], m["rev"], body)
+        if m := RESOLVE.match(path):
+            return self._file(req, m["repo"], m["rev"], m["path"], body)
+        self._send(req, 404, b'{"error": "not found"}', {}, body)
+
+    def _info(self, req, repo_id: str, rev: str, body: bool) -> None:
+        repo = self.repos.get(repo_id)
+        sha = repo.resolve(rev) if repo else None
+        if repo is None or sha is None:
+            return self._send(req, 404, b'{"error": "Revision not found"}', {}, body)
+        files = repo.commits[sha]
+        siblings = [{"rfilename": p, "size": len(b)} for p, b in files.items()]
+        info = {"id": repo_id, "sha": sha, "cardData": {"license": repo.license},
+                "siblings": siblings}  # fmt: skip
+        self._send(req, 200, json.dumps(info).encode(), {"Content-Type": "application/json"}, body)
+
+    def _file(self, req, repo_id: str, rev: str, file: str, body: bool) -> None:
+        repo = self.repos.get(repo_id)
+        sha = repo.resolve(rev) if repo else None
+        if repo is None or sha is None or file not in repo.commits[sha]:
+            headers = {"X-Error-Code": "EntryNotFound"}
+            return self._send(req, 404, b'{"error": "Entry not found"}', headers, body)
+        data = repo.commits[sha][file]
+        headers = {"X-Repo-Commit": sha, "ETag": f'"{hashlib.sha256(data).hexdigest()}"',
+                   "Accept-Ranges": "bytes"}  # fmt: skip
+        status, start = 200, 0
+        if body and (wanted := req.headers.get("Range")):
+            start = int(wanted.split("=")[1].split("-")[0])
+            status = 206
+            headers["Content-Range"] = f"bytes {start}-{len(data) - 1}/{len(data)}"
+        if body and file in self.cut:  # send part of the body, then drop the connection
+            sent = self.cut.pop(file)
+            req.send_response(status)
+            for k, v in headers.items():
+                req.send_header(k, v)
+            req.send_header("Content-Length", str(len(data) - start))
+            req.end_headers()
+            req.wfile.write(data[start : start + sent])
+            req.wfile.flush()
+            req.close_connection = True
+            return
+        self._send(req, status, data[start:], headers, body, length=len(data) - start)
+
+    @staticmethod
+    def _send(req, status: int, data: bytes, headers: dict[str, str], body: bool,
+              length: int | None = None) -> None:  # fmt: skip
+        req.send_response(status)
+        for k, v in headers.items():
+            req.send_header(k, v)
+        req.send_header("Content-Length", str(len(data) if length is None else length))
+        req.end_headers()
+        if body:
+            req.wfile.write(data)

@@ -1,0 +1,272 @@
+"""Datasets by name: fetched from a loopback imitation of the Hub, pinned, verified, converted."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from pipelines.cli import app
+from pipelines.comprehensiveness.framework import COMPREHENSIVENESS
+from pipelines.config import UserError
+from pipelines.datasets import CATALOG, get, provenance
+from pipelines.datasets.convert import (
+    check_corpus,
+    conflictbank_train,
+    wikicontradict_humaneval,
+)
+from pipelines.datasets.fetch import read_lock
+from tests.conftest import SHARED
+from tests.support.fake_hub import FakeHub
+from tests.support.scripted import ScriptedClient
+from tests.test_meta import cb_row
+from tests.test_runtime import COVERED, UNCOVERED, run
+
+WC = CATALOG["wikicontradict-humaneval"]
+WC_REPO, WC_FILE = WC.repo, WC.files[0]
+SHARED_WC = SHARED / "data" / "wikicontradict"
+
+
+def adjudication_record(qid: int, question: str) -> dict:
+    """One record in the published adjudication schema (the fields the converter reads)."""
+    record = {
+        "modelName": "m_annotated",
+        "question_ID": qid,
+        "question1": question,
+        "question1_context1": "Context one says 1999.",
+        "question1_context2": "Context two says 2001.",
+        "question1_answer1": "1999",
+        "question1_answer2": "2001",
+    }
+    for i in range(5):
+        record[f"ModelAnswer_prompt_{i}"] = f"\nAnswer: answer {i} to {question}"
+        record[f"ModelAnswer_prompt_{i}_humanEval"] = "Correct" if i % 2 else "Incorrect"
+    return record
+
+
+def adjudication(*questions: str) -> bytes:
+    data = {"model-a": [adjudication_record(n, q) for n, q in enumerate(questions, 1)]}
+    return json.dumps(data, ensure_ascii=False).encode()
+
+
+@pytest.fixture
+def home(tmp_path, monkeypatch) -> Path:
+    monkeypatch.setenv("GROUNDCOVER_HOME", str(tmp_path / "home"))
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    return tmp_path / "home"
+
+
+@pytest.fixture
+def hub(monkeypatch):
+    with FakeHub() as fake:
+        monkeypatch.setenv("HF_ENDPOINT", fake.url)
+        yield fake
+
+
+def file_requests(hub: FakeHub) -> list[tuple[str, str, str | None]]:
+    return [entry for entry in hub.log if "/resolve/" in entry[1]]
+
+
+def test_get_converts_locks_and_a_second_get_makes_no_request(home, hub):
+    content = adjudication("When was X built?", "Who wrote Y?")
+    commit = hub.repo(WC_REPO).commit({WC_FILE: content, "README.md": b"card"})
+    found = get("wikicontradict-humaneval")
+    assert found.revision == commit
+    rows = [json.loads(line) for line in found.path.read_text().splitlines()]
+    assert [r["question"] for r in rows] == ["When was X built?", "Who wrote Y?"]
+    assert rows[0]["answer0"] == "answer 0 to When was X built?"  # "\nAnswer: " removed
+    assert rows[0]["label1"] == "Correct" and rows[0]["model"] == "model-a"
+    entry = read_lock()["wikicontradict-humaneval@main"]
+    assert entry["revision"] == commit
+    assert entry["files"] == {WC_FILE: hashlib.sha256(content).hexdigest()}  # README not fetched
+    assert (
+        entry["outputs"]["humaneval.jsonl"] == hashlib.sha256(found.path.read_bytes()).hexdigest()
+    )
+    requests = len(hub.log)
+    again = get("wikicontradict-humaneval")
+    assert again == found
+    assert len(hub.log) == requests  # lock and files agree: nothing asked
+    # The manifest side: the converted file is known by name, revision and digest.
+    [origin] = provenance([found.path])
+    assert origin["dataset"] == "wikicontradict-humaneval" and origin["revision"] == commit
+
+
+def test_a_changed_upstream_file_is_refused_and_nothing_is_cached(home, hub):
+    repo = hub.repo(WC_REPO)
+    commit = repo.commit({WC_FILE: adjudication("When was X built?")})
+    first = get("wikicontradict-humaneval")
+    lock_before = read_lock()
+    # The same commit now serves other bytes (a tampered mirror); the local copies are gone.
+    repo.commits[commit][WC_FILE] = adjudication("Something else?")
+    for path in (home / "data").rglob("*"):
+        if path.is_file() and path.name != "lock.json":
+            path.unlink()
+    with pytest.raises(UserError, match="sha256 .* differs from the locked"):
+        get("wikicontradict-humaneval")
+    assert read_lock() == lock_before
+    assert not first.path.exists()
+    leftovers = [p for p in (home / "data" / "hub").rglob("*") if p.is_file() or p.is_symlink()]
+    assert not any(p.name == Path(WC_FILE).name for p in leftovers)
+    blobs = [p for p in leftovers if p.parent.name == "blobs"]
+    assert blobs == []
+
+
+def test_a_download_cut_midway_resumes_from_where_it_stopped(home, hub):
+    # Larger than huggingface_hub's 10 MiB write chunk, so the bytes before the cut are on disk.
+    questions = [f"Question {n}? " + "padding " * 400 for n in range(3200)]
+    content = adjudication(*questions)
+    assert len(content) > 12_000_000
+    hub.repo(WC_REPO).commit({WC_FILE: content})
+    cut = 11_000_000
+    hub.cut[WC_FILE] = cut
+    found = get("wikicontradict-humaneval")
+    gets = [r for r in file_requests(hub) if r[0] == "GET"]
+    assert gets[0][2] is None and gets[-1][2] is not None
+    start = int(gets[-1][2].removeprefix("bytes=").rstrip("-"))
+    assert 0 < start <= cut  # the rest was asked for, not the whole file again
+    assert read_lock()["wikicontradict-humaneval@main"]["files"][WC_FILE] == (
+        hashlib.sha256(content).hexdigest()
+    )
+    assert len(found.path.read_text().splitlines()) == len(questions)
+
+
+def test_offline_uses_the_cache_and_without_it_fails_in_one_line(home, hub, monkeypatch, tmp_path):
+    hub.repo(WC_REPO).commit({WC_FILE: adjudication("When was X built?")})
+    found = get("wikicontradict-humaneval")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    requests = len(hub.log)
+    assert get("wikicontradict-humaneval") == found
+    assert len(hub.log) == requests
+    monkeypatch.setenv("GROUNDCOVER_HOME", str(tmp_path / "empty-home"))
+    result = CliRunner().invoke(app, ["data", "get", "wikicontradict-humaneval"])
+    assert result.exit_code == 2
+    message = result.output.strip()
+    assert "not cached and HF_HUB_OFFLINE is set" in message and "\n" not in message
+    assert len(hub.log) == requests
+
+
+def test_a_pinned_revision_is_honoured(home, hub):
+    repo = hub.repo(WC_REPO)
+    old = repo.commit({WC_FILE: adjudication("Old question?")})
+    new = repo.commit({WC_FILE: adjudication("New question?")})
+    pinned = get(f"wikicontradict-humaneval@{old}")
+    latest = get("wikicontradict-humaneval")
+    assert (pinned.revision, latest.revision) == (old, new)
+    assert "Old question?" in pinned.path.read_text()
+    assert "New question?" in latest.path.read_text()
+    assert {f"wikicontradict-humaneval@{old}", "wikicontradict-humaneval@main"} <= set(read_lock())
+    assert any(f"/resolve/{old}/" in r[1] for r in file_requests(hub))
+
+
+def test_unknown_names_missing_files_and_licensed_data_fail_in_one_line(home, hub, tmp_path):
+    runner = CliRunner()
+    result = runner.invoke(app, ["data", "get", "no-such-set"])
+    assert result.exit_code == 2 and "unknown dataset 'no-such-set'; known:" in result.output
+    hub.repo(WC_REPO).commit({"README.md": b"no data here"})
+    result = runner.invoke(app, ["data", "get", "wikicontradict-humaneval"])
+    assert result.exit_code == 2 and "has no file matching" in result.output
+    result = runner.invoke(app, ["data", "get", "clueweb09-b"])
+    assert result.exit_code == 2 and "licensed and not registered" in result.output
+    result = runner.invoke(app, ["data", "path", "garage"])
+    assert result.exit_code == 2 and "not cached" in result.output
+    assert not (home / "data" / "garage").exists()
+
+
+def test_data_add_checks_the_shape_then_registers_a_local_copy(home, tmp_path):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"id": "d1", "text": "no contents field"}\n')
+    runner = CliRunner()
+    result = runner.invoke(app, ["data", "add", "clueweb09-b", str(bad)])
+    assert result.exit_code == 2 and "field contents: missing" in result.output
+    assert "clueweb09-b@local" not in read_lock()
+    good = tmp_path / "corpus.jsonl"
+    good.write_text('{"id": "d1", "contents": "A page."}\n')
+    result = runner.invoke(app, ["data", "add", "clueweb09-b", str(good)])
+    assert result.exit_code == 0, result.output
+    assert get("clueweb09-b").path == good.resolve()
+    result = runner.invoke(app, ["data", "path", "clueweb09-b"])
+    assert result.output.strip() == str(good.resolve())
+
+
+def test_fanoutqa_dev_comes_from_the_package_with_no_download(home, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    found = get("fanoutqa-dev")
+    assert found.path.name == "fanout-final-dev.json" and found.path.is_file()
+    assert found.sha256 == hashlib.sha256(found.path.read_bytes()).hexdigest()
+    questions = json.loads(found.path.read_text())
+    assert len(questions) > 100 and "question" in questions[0]
+
+
+def test_a_command_takes_a_name_for_its_data_and_the_manifest_records_it(home, hub, tmp_path):
+    """meta-eval wikicontradict --data NAME: resolved through the cache, recorded by revision."""
+    from pipelines.options import Shared, load_request
+
+    commit = hub.repo(WC_REPO).commit({WC_FILE: adjudication("When was X built?")})
+    request = load_request(COMPREHENSIVENESS, {"dataset": "wikicontradict", "limit": 1}, Shared())
+    options = request.options
+    assert options.input == get("wikicontradict-humaneval").path  # the default is the name
+    covered = f"x\n{COVERED}\n- X was built in 1999 [1]\n{UNCOVERED}\n- X was built in 2001 [2]\n"
+    scripts = {"summarise": lambda p: "S.", "coverage": lambda p: covered}
+    client = ScriptedClient(scripts, check_constraints=False)
+    run(COMPREHENSIVENESS, options.model_copy(update={"method": "e2e"}), client, tmp_path / "r")
+    manifest = json.loads((tmp_path / "r" / "manifest.json").read_text())
+    [origin] = manifest["data"]
+    assert origin["dataset"] == "wikicontradict-humaneval" and origin["revision"] == commit
+    assert origin["sha256"] == hashlib.sha256(options.input.read_bytes()).hexdigest()
+
+
+# ---- converters on records in their published schemas -----------------------------------------
+
+
+@pytest.mark.skipif(not SHARED_WC.exists(), reason="../shared/data/wikicontradict is absent")
+def test_wikicontradict_converter_reproduces_the_authors_rows_byte_for_byte(tmp_path):
+    wikicontradict_humaneval([SHARED_WC / "humaneval-adjudication-dev.json"], tmp_path)
+    expected = (SHARED_WC / "humaneval-dev.jsonl").read_bytes()
+    assert (tmp_path / "humaneval.jsonl").read_bytes() == expected
+
+
+def test_wikicontradict_converter_names_the_record_and_field_of_a_bad_file(tmp_path):
+    record = adjudication_record(1, "Q?")
+    del record["ModelAnswer_prompt_3_humanEval"]
+    source = tmp_path / "adj.json"
+    source.write_text(json.dumps({"model-a": [adjudication_record(0, "P?"), record]}))
+    with pytest.raises(UserError, match=r"model 'model-a' record 1: field ModelAnswer_prompt_3_"):
+        wikicontradict_humaneval([source], tmp_path)
+    assert not (tmp_path / "humaneval.jsonl").exists()
+
+
+def test_conflictbank_converter_keeps_the_published_row_order_from_json_or_parquet(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rows = [cb_row(question=f"Q{n}?") for n in range(5)]
+    as_json = tmp_path / "json"
+    as_json.mkdir()
+    (as_json / "CB_qa_train.json").write_text(json.dumps(rows))
+    conflictbank_train([as_json / "CB_qa_train.json"], as_json)
+    shards = tmp_path / "parquet"
+    (shards / "train").mkdir(parents=True)
+    pq.write_table(pa.Table.from_pylist(rows[3:]), shards / "train" / "0001.parquet")
+    pq.write_table(pa.Table.from_pylist(rows[:3]), shards / "train" / "0000.parquet")
+    conflictbank_train(sorted((shards / "train").iterdir(), reverse=True), shards)
+    for out in (as_json, shards):
+        got = [
+            json.loads(line)["question"]
+            for line in (out / "train.jsonl").read_text().split("\n")
+            if line
+        ]
+        assert got == [f"Q{n}?" for n in range(5)]
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(json.dumps(rows[0]) + "\n" + json.dumps(rows[1] | {"default_claim": 3}) + "\n")
+    with pytest.raises(UserError, match=r"bad.jsonl: line 2: field default_claim: not a string"):
+        conflictbank_train([bad], tmp_path)
+
+
+def test_check_corpus_reads_the_first_lines_of_a_jsonl_corpus(tmp_path):
+    corpus = tmp_path / "c.jsonl"
+    corpus.write_text('{"id": 1, "contents": "text"}\nnot json\n')
+    with pytest.raises(UserError, match=r"c.jsonl:2: not valid JSON"):
+        check_corpus(corpus)
