@@ -270,3 +270,22 @@ def test_check_corpus_reads_the_first_lines_of_a_jsonl_corpus(tmp_path):
     corpus.write_text('{"id": 1, "contents": "text"}\nnot json\n')
     with pytest.raises(UserError, match=r"c.jsonl:2: not valid JSON"):
         check_corpus(corpus)
+
+
+def test_name_slash_file_picks_one_file_of_a_dataset_with_several(home, hub):
+    from pipelines.datasets.names import dataset_file
+
+    repo = CATALOG["trec-icat"].repo
+    commit = hub.repo(repo).commit({"qrels.jsonl": b'{"q": 1}\n', "queries.jsonl": b'{"q": 2}\n'})
+    qrels = dataset_file("trec-icat/qrels.jsonl")
+    assert qrels.read_bytes() == b'{"q": 1}\n' and qrels.parent.name == commit
+    assert dataset_file(f"trec-icat@{commit}/queries.jsonl").read_bytes() == b'{"q": 2}\n'
+    with pytest.raises(
+        UserError, match=r"has no file 'corpus.jsonl'; it has: qrels.jsonl, queries"
+    ):
+        dataset_file("trec-icat/corpus.jsonl")
+    [origin] = provenance([qrels])
+    assert (
+        origin["dataset"] == "trec-icat"
+        and origin["sha256"] == hashlib.sha256(b'{"q": 1}\n').hexdigest()
+    )

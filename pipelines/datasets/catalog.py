@@ -152,8 +152,8 @@ CATALOG: dict[str, Dataset] = {
 
 
 def parse_spec(spec: str) -> tuple[str, str | None]:
-    """NAME or NAME@REVISION."""
-    name, sep, revision = spec.partition("@")
+    """NAME or NAME@REVISION (a trailing /FILE, which picks a file, is not part of it)."""
+    name, sep, revision = spec.split("/", 1)[0].partition("@")
     if sep and not revision:
         raise UserError(f"dataset {spec!r}: empty revision after '@'")
     return name, revision or None
@@ -167,5 +167,10 @@ def lookup(name: str) -> Dataset:
 
 
 def is_name(value: str) -> bool:
-    """Whether ``value`` names a catalogued dataset (NAME or NAME@REVISION)."""
-    return value.partition("@")[0] in CATALOG
+    """Whether ``value`` names a catalogued dataset: NAME[@REVISION][/FILE]."""
+    return value.split("/", 1)[0].partition("@")[0] in CATALOG
+
+
+def file_of(spec: str) -> str | None:
+    """The FILE of NAME[@REVISION]/FILE: one file of a dataset with several."""
+    return spec.split("/", 1)[1] if "/" in spec else None

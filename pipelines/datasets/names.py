@@ -8,7 +8,8 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel
 
-from pipelines.datasets.catalog import is_name
+from pipelines.config import UserError
+from pipelines.datasets.catalog import file_of, is_name
 from pipelines.datasets.fetch import get, provenance
 
 M = TypeVar("M", bound=BaseModel)
@@ -17,11 +18,24 @@ M = TypeVar("M", bound=BaseModel)
 def resolve_names(options: M) -> M:
     """``options`` with every path field that names a dataset (and is no file) resolved."""
     update = {
-        field: get(str(value)).path
+        field: dataset_file(str(value))
         for field, value in options
         if isinstance(value, Path) and not value.exists() and is_name(str(value))
     }
     return options.model_copy(update=update) if update else options
+
+
+def dataset_file(spec: str) -> Path:
+    """NAME[@REVISION] -> its main file; NAME[@REVISION]/FILE -> that file of it."""
+    found = get(spec.split("/", 1)[0])
+    wanted = file_of(spec)
+    if wanted is None:
+        return found.path
+    path = found.path.parent / wanted
+    if not path.is_file():
+        have = ", ".join(sorted(p.name for p in found.path.parent.iterdir()))
+        raise UserError(f"dataset {found.name} has no file {wanted!r}; it has: {have}")
+    return path
 
 
 def data_provenance(options: Any) -> list[dict[str, str]]:

@@ -44,7 +44,7 @@ _MARKERS = re.compile(r"\s*(\[\d+(?:\s*,\s*\d+)*\]|【\d+】)")
 
 
 class GarageOptions(FrameworkOptions):
-    input: Path
+    input: Path = Field(Path("garage"), description="GaRAGe JSONL, or a dataset name")
     answers: Path | None = Field(None, description="answers made elsewhere (JSONL)")
     limit: int | None = Field(None, ge=1, description="only the first N records")
 
@@ -294,7 +294,9 @@ GARAGE = Garage()
 
 @framework_command(GARAGE)
 def eval_garage(
-    input: Annotated[Path, typer.Argument(help="GaRAGe JSONL (published schema)")],
+    input: Annotated[
+        Path | None, typer.Argument(help="GaRAGe JSONL (published schema) or dataset name")
+    ] = None,
     limit: Annotated[int | None, typer.Option(help="only the first N records")] = None,
     answers: Annotated[
         Path | None, typer.Option(help='score answers made elsewhere: {"sample_id", "answer"}')
