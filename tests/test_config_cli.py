@@ -43,6 +43,8 @@ def test_every_command_has_help():
         ["eval", "icat"],
         ["reproduce", "comprehensiveness"],
         ["index"],
+        ["data"],
+        ["data", "get"],
     ]
     for command in commands:
         result = run([*command, "--help"])

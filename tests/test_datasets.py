@@ -289,3 +289,37 @@ def test_name_slash_file_picks_one_file_of_a_dataset_with_several(home, hub):
         origin["dataset"] == "trec-icat"
         and origin["sha256"] == hashlib.sha256(b'{"q": 1}\n').hexdigest()
     )
+
+
+def test_crux_mds_topics_and_sub_questions_become_our_topics_file(home, hub):
+    from pipelines.crux.data import load_topics
+    from pipelines.datasets.names import dataset_file
+
+    def jsonl(*rows):
+        return "".join(json.dumps(r) + "\n" for r in rows).encode()
+
+    hub.repo(CATALOG["crux-mds"].repo).commit({
+        "crux-mds-multi_news/topic/requests.test.jsonl": jsonl(
+            {"id": "mn-1", "request": "Write about the flood."},
+            {"id": "mn-2", "request": "A topic nobody broke down."},
+        ),
+        "crux-mds-multi_news/subtopics/subquestions.test.jsonl": jsonl(
+            {"id": "mn-1", "subquestions": ["When did it flood?", "Who helped?"]},
+        ),
+        "crux-mds-multi_news/qrels/div_qrels-tau3.txt": b"mn-1 0 mn-1:0#0 1\n",
+        "crux-mds-duc04/topic/requests.test.jsonl": jsonl({"id": "d-1", "request": "Elections."}),
+        "crux-mds-duc04/subtopics/subquestions.test.jsonl": jsonl(
+            {"id": "d-1", "subquestions": ["Who won?"]}
+        ),
+        "sources/multi_news/data.arrow": b"not fetched",
+    })  # fmt: skip
+    topics = load_topics(dataset_file("crux-mds"))  # main file: the Multi-News topics
+    assert list(topics) == ["mn-1"]  # mn-2 has no sub-questions: left out, as the authors do
+    assert topics["mn-1"].query == "Write about the flood."
+    assert topics["mn-1"].questions == ["When did it flood?", "Who helped?"]
+    duc = load_topics(dataset_file("crux-mds/topics-duc04.jsonl"))
+    assert duc["d-1"].questions == ["Who won?"]
+    qrels = dataset_file("crux-mds/multi_news-qrels-div_qrels-tau3.txt")
+    assert qrels.read_bytes() == b"mn-1 0 mn-1:0#0 1\n"
+    entry = next(v for k, v in read_lock().items() if k.startswith("crux-mds@"))
+    assert "sources/multi_news/data.arrow" not in entry["files"]

@@ -114,13 +114,20 @@ CATALOG: dict[str, Dataset] = {
         ),
         Dataset(
             name="crux-mds",
-            summary="CRUX multi-document summarisation data (topics, sub-questions, "
-            "judgements, qrels for test / testb), as published",
+            summary="CRUX-MDS (Multi-News, DUC 2004): topics with sub-questions as our topics "
+            "exchange files; qrels and judgements as published",
             home="hf:DylanJHJ/crux",
-            files=("*.jsonl", "*.json", "*.qrels", "*.tsv"),
+            files=(
+                "crux-mds-*/topic/*.jsonl",
+                "crux-mds-*/subtopics/*.jsonl",
+                "crux-mds-*/qrels/*",
+                "crux-mds-*/judge/*",
+            ),
             license=CARD,
             size=LISTED,
-            used_by="groundcover crux (exchange files: see README)",
+            main="topics-multi_news.jsonl",
+            convert=convert.crux_mds,
+            used_by="groundcover crux build / eval crux --topics crux-mds/topics-SUBSET.jsonl",
         ),
         Dataset(
             name="clueweb09-b",

@@ -141,3 +141,49 @@ def check_corpus(path: Path) -> None:
             if not isinstance(row.get("id"), (str, int)):
                 raise UserError(f"{path}:{n}: field id: missing")
             _text(path, f"line {n}", row, "contents")
+
+
+def _jsonl_rows(path: Path) -> Iterator[tuple[str, dict[str, Any]]]:
+    for where, row in _rows(path):
+        if not isinstance(row, dict):
+            raise UserError(f"{path}: {where}: not an object")
+        yield where, row
+
+
+def crux_mds(sources: list[Path], out: Path) -> None:
+    """CRUX-MDS as the authors' loaders read it (``crux-mds-<subset>/topic/requests.*.jsonl``
+    with {id, request}, ``subtopics/subquestions.*.jsonl`` with {id, subquestions}) to our topics
+    exchange file per subset, ``topics-<subset>.jsonl`` {topic, query, questions}; a topic without
+    sub-questions is left out, as their loader drops it. Qrels and judgement files are kept as
+    published, renamed ``<subset>-<folder>-<file>``."""
+    subsets: dict[str, dict[str, list[Path]]] = {}
+    for path in sources:
+        subset = next(
+            (p.removeprefix("crux-mds-") for p in path.parts if p.startswith("crux-mds-")), None
+        )
+        if subset is None:
+            continue
+        subsets.setdefault(subset, {}).setdefault(path.parent.name, []).append(path)
+    if not subsets:
+        raise UserError("crux-mds: no crux-mds-<subset>/ folder among the published files")
+    for subset, folders in sorted(subsets.items()):
+        requests: dict[str, str] = {}
+        for path in sorted(folders.get("topic", [])):
+            for where, row in _jsonl_rows(path):
+                requests[_text(path, where, row, "id")] = _text(path, where, row, "request")
+        questions: dict[str, list[str]] = {}
+        for path in sorted(folders.get("subtopics", [])):
+            for where, row in _jsonl_rows(path):
+                found = row.get("subquestions")
+                if not isinstance(found, list) or not all(isinstance(q, str) for q in found):
+                    raise UserError(f"{path}: {where}: field subquestions: not a list of strings")
+                questions[_text(path, where, row, "id")] = found
+        lines = [json.dumps({"topic": t, "query": q, "questions": questions[t]}, ensure_ascii=False)
+                 + "\n" for t, q in requests.items() if t in questions]  # fmt: skip
+        if not lines:
+            raise UserError(f"crux-mds-{subset}: no topic with sub-questions")
+        (out / f"topics-{subset}.jsonl").write_text("".join(lines), encoding="utf-8")
+        for folder, paths in folders.items():
+            if folder not in ("topic", "subtopics"):
+                for path in paths:
+                    (out / f"{subset}-{folder}-{path.name}").write_bytes(path.read_bytes())

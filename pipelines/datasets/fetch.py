@@ -139,6 +139,10 @@ def get(spec: str, *, quiet: bool = False) -> Resolved:
     out = _convert(entry, revision, list(raw.values()))
     main = out / (entry.main or next(iter(raw)).rsplit("/", 1)[-1])
     outputs = {p.name: sha256_of(p) for p in sorted(out.iterdir()) if p.is_file()}
+    if main.name not in outputs:
+        shutil.rmtree(out)
+        raise UserError(f"dataset {name}@{requested}: the published files gave no {main.name} "
+                        f"(made: {', '.join(outputs) or 'nothing'})")  # fmt: skip
     fetched = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
     write_lock_entry(key, {"home": entry.home, "revision": revision, "files": digests,
                            "outputs": outputs, "main": main.name, "fetched": fetched})  # fmt: skip
