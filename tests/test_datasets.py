@@ -323,3 +323,70 @@ def test_crux_mds_topics_and_sub_questions_become_our_topics_file(home, hub):
     assert qrels.read_bytes() == b"mn-1 0 mn-1:0#0 1\n"
     entry = next(v for k, v in read_lock().items() if k.startswith("crux-mds@"))
     assert "sources/multi_news/data.arrow" not in entry["files"]
+
+
+def topics_xml(topics: list[dict]) -> bytes:
+    """TREC Web Track topics in NIST's XML layout (what the converter reads)."""
+    from xml.sax.saxutils import escape, quoteattr
+
+    parts = ['<?xml version="1.0" encoding="UTF-8"?>\n<webtrack>\n']
+    for t in topics:
+        description = escape(t["description"])
+        parts.append(f'<topic number="{t["topic_id"]}" type={quoteattr(t["type"])}>\n'
+                     f'  <query>{escape(t["query"])}</query>\n'
+                     f'  <description>\n  {description}\n  </description>\n')  # fmt: skip
+        for s in t["subtopics"]:
+            parts.append(f'  <subtopic number="{s["subtopic_id"]}" type={quoteattr(s["type"])}>\n'
+                         f'  {escape(s["description"])}\n  </subtopic>\n')  # fmt: skip
+        parts.append("</topic>\n")
+    return "".join([*parts, "</webtrack>\n"]).encode()
+
+
+def test_trec_web_topics_over_plain_https_in_icat_formats(home, hub, monkeypatch):
+    import dataclasses
+
+    from pipelines.datasets.names import dataset_file
+    from pipelines.icat.data import load_qrels, load_queries
+
+    shared = SHARED / "data" / "trec-web" / "topics.jsonl"
+    made = [
+        {"topic_id": n, "query": f"query {n} & more", "type": "faceted",
+         "description": f"About {n}.",
+         "subtopics": [{"subtopic_id": 1, "type": "inf", "description": "First <aspect>."},
+                       {"subtopic_id": 3, "type": "nav", "description": "Another."}]}
+        for n in range(1, 201)
+    ]  # fmt: skip
+    lines = shared.read_text().splitlines() if shared.exists() else []
+    topics = [json.loads(line) for line in lines] or made
+    entry = CATALOG["trec-web-topics"]
+    monkeypatch.setitem(CATALOG, entry.name, dataclasses.replace(entry, home=hub.url + "/web"))
+    by_year = {"09": (1, 50), "10": (51, 100), "11": (101, 150), "12": (151, 200)}
+    xml_files = [f for f in entry.files if f.endswith(".xml")]
+    for rel, (low, high) in zip(xml_files, by_year.values(), strict=True):
+        hub.static[f"/web/{rel}"] = topics_xml([t for t in topics if low <= t["topic_id"] <= high])
+    import gzip
+
+    qrels = {"09/qrels.diversity.gz": gzip.compress(b"1 1 clueweb09-en0000-00-00001 1\n"),
+             "10/10.diversity-qrels.final": b"51 2 clueweb09-en0000-00-00002 0\n",
+             "11/qrels.diversity": b"101 1 clueweb09-en0000-00-00003 2\n",
+             "12/qrels.diversity": b"151 4 clueweb09-en0000-00-00004 1\n"}  # fmt: skip
+    for rel, data in qrels.items():
+        hub.static[f"/web/{rel}"] = data
+    # An earlier get stopped after 100 bytes of one file: this one asks for the rest only.
+    part = home / "data" / "downloads" / "trec-web-topics" / "2009-2012" / "12-full-topics.xml.part"
+    part.parent.mkdir(parents=True)
+    part.write_bytes(hub.static["/web/12/full-topics.xml"][:100])
+    found = get("trec-web-topics")
+    got = [json.loads(line) for line in found.path.read_text().splitlines()]
+    assert got == sorted(topics, key=lambda t: t["topic_id"])  # the JSON the XML was made from
+    queries = load_queries(found.path)
+    assert len(queries) == len(topics)
+    qrels_path = dataset_file("trec-web-topics/qrels.jsonl")
+    rows = [json.loads(line) for line in qrels_path.read_text().splitlines()]
+    assert [(r["query_id"], r["subtopic_id"], r["relevance"]) for r in rows] == [
+        ("1", "1", 1), ("51", "2", 0), ("101", "1", 2), ("151", "4", 1)]  # fmt: skip
+    judged, _ = load_qrels(qrels_path, {"1", "101", "151"})
+    assert judged["101"]["clueweb09-en0000-00-00003"] == {"1"}
+    ranges = [r[2] for r in hub.log if r[1] == "/web/12/full-topics.xml" and r[0] == "GET"]
+    assert ranges == ["bytes=100-"]
+    assert not part.exists()

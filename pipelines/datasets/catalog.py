@@ -113,6 +113,29 @@ CATALOG: dict[str, Dataset] = {
             used_by="groundcover eval icat",
         ),
         Dataset(
+            name="trec-web-topics",
+            summary="TREC Web Track 2009-2012: 200 topics with subtopics and the diversity "
+            "(subtopic) qrels, in ICAT's query and qrels formats",
+            home="https://trec.nist.gov/data/web",
+            files=(
+                "09/wt09.topics.full.xml",
+                "10/wt2010-topics.xml",
+                "11/full-topics.xml",
+                "12/full-topics.xml",
+                "09/qrels.diversity.gz",
+                "10/10.diversity-qrels.final",
+                "11/qrels.diversity",
+                "12/qrels.diversity",
+            ),
+            revision="2009-2012",
+            license="NIST TREC data (research use)",
+            size="about 5 MB",
+            main="topics.jsonl",
+            convert=convert.trec_web_topics,
+            used_by="groundcover eval icat --queries trec-web-topics --qrels "
+            "trec-web-topics/qrels.jsonl",
+        ),
+        Dataset(
             name="crux-mds",
             summary="CRUX-MDS (Multi-News, DUC 2004): topics with sub-questions as our topics "
             "exchange files; qrels and judgements as published",

@@ -264,7 +264,7 @@ def _https_files(entry: Dataset, requested: str) -> tuple[str, dict[str, Path]]:
     folder.mkdir(parents=True, exist_ok=True)
     files = {}
     for rel in entry.files:
-        target = folder / rel.rsplit("/", 1)[-1]
+        target = folder / rel.replace("/", "-")  # 11/full-topics.xml, 12/full-topics.xml
         if not target.exists():
             if offline():
                 raise UserError(f"dataset {entry.name}: {rel} is not cached and offline")

@@ -40,6 +40,7 @@ class FakeHub:
         self.repos: dict[str, Repo] = {}
         self.log: list[tuple[str, str, str | None]] = []  # (method, path, range header)
         self.cut: dict[str, int] = {}  # path -> bytes to send before closing, once
+        self.static: dict[str, bytes] = {}  # plain HTTPS homes: URL path -> bytes
         hub = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -79,6 +80,8 @@ class FakeHub:
             return self._info(req, m["repo"], m["rev"], body)
         if m := RESOLVE.match(path):
             return self._file(req, m["repo"], m["rev"], m["path"], body)
+        if path in self.static:
+            return self._bytes(req, path, self.static[path], {"Accept-Ranges": "bytes"}, body)
         self._send(req, 404, b'{"error": "not found"}', {}, body)
 
     def _info(self, req, repo_id: str, rev: str, body: bool) -> None:
@@ -101,6 +104,10 @@ class FakeHub:
         data = repo.commits[sha][file]
         headers = {"X-Repo-Commit": sha, "ETag": f'"{hashlib.sha256(data).hexdigest()}"',
                    "Accept-Ranges": "bytes"}  # fmt: skip
+        self._bytes(req, file, data, headers, body)
+
+    def _bytes(self, req, file: str, data: bytes, headers: dict[str, str], body: bool) -> None:
+        """``data`` from the requested byte on; ``file`` cut once if the test asked for it."""
         status, start = 200, 0
         if body and (wanted := req.headers.get("Range")):
             start = int(wanted.split("=")[1].split("-")[0])
