@@ -117,3 +117,19 @@ def self_judging(roles: dict[str, EvaluatorConfig]) -> list[dict[str, str]]:
             if role not in SYSTEM_ROLES and same_model(roles[system], ev):
                 found.append({"system": system, "judge": role, "model": ev.ref().request_name})
     return found
+
+
+def responder_config(spec: str, base: EvaluatorConfig) -> tuple[str, EvaluatorConfig]:
+    """'MODEL', 'MODEL@URL' or any role spec: the responder's evaluator, and its name as a
+    directory name."""
+    try:
+        evaluator = role_evaluator(base, RoleSpec.model_validate(spec))
+    except ValueError as exc:
+        raise UserError(f"model {spec!r}: {' '.join(str(exc).split())[:300]}") from exc
+    return model_name(evaluator), evaluator
+
+
+def model_name(ev: EvaluatorConfig) -> str:
+    """A model (and adapter) as a directory name."""
+    name = f"{ev.model}:{ev.adapter}" if ev.adapter else ev.model
+    return "".join(c if c.isalnum() or c in "-_." else "_" for c in name)

@@ -42,7 +42,7 @@ from pipelines.generate import GENERATE, GenerateItem, GenerateOptions
 from pipelines.options import framework_command
 from pipelines.protocol import Framework, ItemContext, RunOutcome, RunPlan, RunRequest, Study
 from pipelines.results import ItemResult, not_scored
-from pipelines.roles import RoleSpec, role_evaluator
+from pipelines.roles import model_name, responder_config
 from serving.client import EvalClient
 
 GRAPH_METHODS = {"nli": nli_method.evaluate, "qa": qa_method.evaluate}
@@ -217,22 +217,6 @@ class Eli5Options(BaseModel):
     responders: list[str] = Field(default_factory=list, description="default: the answer role")
     methods: list[Method] = Field(default=["qa", "e2e"], min_length=1)
     metric: ComprehensivenessOptions = Field(default_factory=ComprehensivenessOptions)
-
-
-def responder_config(spec: str, base: EvaluatorConfig) -> tuple[str, EvaluatorConfig]:
-    """'MODEL', 'MODEL@URL' or any role spec: the responder's evaluator, and its name as a
-    directory name."""
-    try:
-        evaluator = role_evaluator(base, RoleSpec.model_validate(spec))
-    except ValueError as exc:
-        raise UserError(f"model {spec!r}: {' '.join(str(exc).split())[:300]}") from exc
-    return model_name(evaluator), evaluator
-
-
-def model_name(ev: EvaluatorConfig) -> str:
-    """A model (and adapter) as a directory name."""
-    name = f"{ev.model}:{ev.adapter}" if ev.adapter else ev.model
-    return "".join(c if c.isalnum() or c in "-_." else "_" for c in name)
 
 
 class Eli5(Study):

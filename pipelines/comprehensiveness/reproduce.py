@@ -23,13 +23,11 @@ from pipelines.comprehensiveness.common import (
     Item,
     Method,
 )
-from pipelines.comprehensiveness.framework import (
-    COMPREHENSIVENESS,
-    responder_config,
-)
+from pipelines.comprehensiveness.framework import COMPREHENSIVENESS
 from pipelines.config import EvaluatorConfig, UserError
 from pipelines.options import framework_command
 from pipelines.protocol import RunOutcome, RunPlan, RunRequest, Study
+from pipelines.roles import responder_config
 
 # Published values we know exactly (SPEC §1): (model name fragment, method) -> figure values.
 PAPER_VALUES: dict[tuple[str, str], dict[str, float]] = {

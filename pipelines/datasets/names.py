@@ -16,12 +16,15 @@ M = TypeVar("M", bound=BaseModel)
 
 
 def resolve_names(options: M) -> M:
-    """``options`` with every path field that names a dataset (and is no file) resolved."""
-    update = {
-        field: dataset_file(str(value))
-        for field, value in options
-        if isinstance(value, Path) and not value.exists() and is_name(str(value))
-    }
+    """``options`` with every path field that names a dataset (and is no file) resolved, nested
+    option groups included (a reproduce command's framework options)."""
+    update: dict[str, Any] = {}
+    for field, value in options:
+        if isinstance(value, BaseModel):
+            if (resolved := resolve_names(value)) is not value:
+                update[field] = resolved
+        elif isinstance(value, Path) and not value.exists() and is_name(str(value)):
+            update[field] = dataset_file(str(value))
     return options.model_copy(update=update) if update else options
 
 
