@@ -13,17 +13,14 @@ from typing import Annotated, Any
 
 import typer
 from pydantic import BaseModel, ConfigDict, Field
-from rich.console import Console
-from rich.table import Table
 
-from pipelines.fanoutqa.framework import FANOUTQA, TABLE_COLUMNS, FanoutOptions, Question
+from pipelines.fanoutqa.framework import FANOUTQA, TABLE_COLUMNS, FanoutOptions
+from pipelines.grid import ModelGrid, Published, published_row
 from pipelines.options import framework_command
-from pipelines.protocol import RunOutcome, RunPlan, RunRequest, Study
-from pipelines.roles import responder_config
 
 # Paper Table 1 (test split): setting -> model name fragment -> the TABLE_COLUMNS values. Longer
 # fragments first: "gpt-4-turbo" must win over "gpt-4".
-PAPER_TABLE1: dict[str, dict[str, tuple[float, ...]]] = {
+PAPER_TABLE1: Published = {
     "closed-book": {
         "gpt-4-turbo": (0.460, 0.101, 0.482, 0.290, 0.409, 0.493, 0.199),
         "gpt-3.5-turbo": (0.398, 0.058, 0.401, 0.227, 0.342, 0.455, 0.145),
@@ -51,16 +48,6 @@ PAPER_TABLE1: dict[str, dict[str, tuple[float, ...]]] = {
         "claude-2.1": (0.653, 0.215, 0.423, 0.262, 0.354, 0.508, 0.470),
     },
 }
-SHOWN = ("loose", "strict", "rougeL", "bleurt", "gpt_judge")
-
-
-def paper_row(model: str, setting: str) -> dict[str, float] | None:
-    """The paper's Table 1 row of the model a name stands for (by fragment), if it has one."""
-    name = model.lower().replace("_", "-")
-    for fragment, values in PAPER_TABLE1.get(setting, {}).items():
-        if fragment in name:
-            return dict(zip(TABLE_COLUMNS, values, strict=True))
-    return None
 
 
 class ReproduceFanoutOptions(BaseModel):
@@ -70,53 +57,20 @@ class ReproduceFanoutOptions(BaseModel):
     fanoutqa: FanoutOptions = Field(default_factory=FanoutOptions)
 
 
-class ReproduceFanout(Study):
+class ReproduceFanout(ModelGrid):
     name = "reproduce-fanoutqa"
     Options = ReproduceFanoutOptions
     roles = {"judge": "the A-F judge (--judge); the answering models are --models"}
+    framework = FANOUTQA
+    field = "fanoutqa"
+    columns = ("loose", "strict", "rougeL", "bleurt", "gpt_judge")
+    title = "FanOutQA Table 1 (the paper's: test split, authors' leaderboard)"
 
-    def load(self, options: ReproduceFanoutOptions) -> list[Question]:
-        return FANOUTQA.load(options.fanoutqa)
+    def flat(self, tables: dict[str, Any] | None) -> dict[str, float | None]:
+        return {c: (tables or {}).get(c) for c in TABLE_COLUMNS}
 
-    def check_inputs(self, options: ReproduceFanoutOptions) -> None:
-        FANOUTQA.check_inputs(options.fanoutqa)
-
-    def plan(self, request: RunRequest, root: Path) -> list[RunPlan]:
-        options: ReproduceFanoutOptions = request.options
-        plans = []
-        for spec in options.models:
-            name, answerer = responder_config(spec, request.evaluator)
-            inner = RunRequest(answerer, request.run, options.fanoutqa, request.roles)
-            for plan in FANOUTQA.plan(inner, root):
-                plans.append(RunPlan(f"{name}/{plan.key}", plan.task, plan.options,
-                                     framework=FANOUTQA, roles={"answer": answerer}))  # fmt: skip
-        return plans
-
-    def combine(self, outcomes: dict[str, RunOutcome], options: ReproduceFanoutOptions) -> dict:
-        rows = []
-        for key, outcome in outcomes.items():
-            model, setting = key.rsplit("/", 1)
-            row = {"model": model, "setting": setting, "ours": outcome.tables}
-            published = paper_row(model, setting)
-            if published is not None:
-                row["paper"] = published
-            rows.append(row)
-        return {"data": str(options.fanoutqa.input), "rows": rows}
-
-    def render_combined(self, combined: dict[str, Any], console: Console) -> None:
-        table = Table("model", "setting", "n", *SHOWN,
-                      title=f"FanOutQA Table 1 columns: ours on {Path(combined['data']).name}; "
-                            "paper (test split, leaderboard) in parentheses")  # fmt: skip
-        for row in combined["rows"]:
-            ours, paper = row["ours"] or {}, row.get("paper") or {}
-            cells = [_cell(ours.get(c), paper.get(c)) for c in SHOWN]
-            table.add_row(row["model"], row["setting"], str(ours.get("n", 0)), *cells)
-        console.print(table)
-
-
-def _cell(ours: float | None, paper: float | None) -> str:
-    text = "absent" if ours is None else f"{ours:.3f}"
-    return text if paper is None else f"{text} ({paper:.3f})"
+    def paper(self, model: str, run: str) -> dict[str, float] | None:
+        return published_row(model, run, PAPER_TABLE1, tuple(TABLE_COLUMNS))
 
 
 REPRODUCE_FANOUTQA = ReproduceFanout()

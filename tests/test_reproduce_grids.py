@@ -1,4 +1,4 @@
-"""reproduce fanoutqa: a model x setting grid of ordinary runs, the paper beside ours."""
+"""reproduce fanoutqa and garage: model grids of ordinary runs, the paper beside ours."""
 
 from __future__ import annotations
 
@@ -9,16 +9,16 @@ from typer.testing import CliRunner
 
 from pipelines.cli import app
 from pipelines.fanoutqa.framework import FanoutOptions
-from pipelines.fanoutqa.reproduce import (
-    REPRODUCE_FANOUTQA,
-    ReproduceFanoutOptions,
-    paper_row,
-)
+from pipelines.fanoutqa.reproduce import REPRODUCE_FANOUTQA, ReproduceFanoutOptions
 from tests.support.scripted import ScriptedClient
 from tests.test_runtime import FANOUT, FANOUT_SCRIPTS, report_json, run
 
 LLAMA = "meta-llama/Llama-2-70b-chat-hf@http://127.0.0.1:9/v1"
 OTHER = "tiny-model@http://127.0.0.1:9/v1"
+
+
+def paper_row(model, setting):
+    return REPRODUCE_FANOUTQA.paper(model, setting)
 
 
 def test_paper_rows_by_model_name_fragment():
@@ -43,6 +43,7 @@ def test_grid_runs_each_model_and_setting_and_puts_the_paper_beside(tmp_path):
     # As test_fanoutqa_table_by_hand: loose (0.5 + 1 + 0) / 3, strict 1/3, for either model.
     assert llama["ours"]["loose"] == pytest.approx(0.5) == other["ours"]["loose"]
     assert llama["ours"]["strict"] == pytest.approx(1 / 3)
+    assert (llama["run"], llama["n"]) == ("closed-book", 3)
     assert llama["paper"]["loose"] == 0.440 and llama["paper"]["gpt_judge"] == 0.120
     assert "paper" not in other
     manifest = json.loads((tmp_path / "grid" / "tiny-model" / "closed-book" / "manifest.json")
@@ -56,3 +57,31 @@ def test_the_command_is_listed_and_needs_a_model():
     assert result.exit_code == 0 and "--models" in result.output
     result = CliRunner().invoke(app, ["reproduce", "fanoutqa"])
     assert result.exit_code == 2
+
+
+# ---- the same grid for GaRAGe ------------------------------------------------------------------
+
+
+def test_garage_grid_in_percent_beside_the_papers_tables(tmp_path):
+    from pipelines.garage.framework import GarageOptions
+    from pipelines.garage.reproduce import REPRODUCE_GARAGE, ReproduceGarageOptions
+    from tests.test_runtime import GARAGE_SCRIPTS, garage_records
+
+    options = ReproduceGarageOptions(
+        models=["Qwen2.5-32B-Instruct@http://127.0.0.1:9/v1", OTHER],
+        garage=GarageOptions(input=garage_records(tmp_path)),
+    )
+    client = ScriptedClient(GARAGE_SCRIPTS)
+    outcomes = run(REPRODUCE_GARAGE, options, client, tmp_path / "grid")
+    assert sorted(outcomes) == ["Qwen2.5-32B-Instruct", "tiny-model"]
+    qwen, other = json.loads((tmp_path / "grid" / "study.json").read_text())["combined"]["rows"]
+    # As test_garage_tables_by_hand: of the answerable g1 and g3, g1 is eligible (50%), both
+    # factual on all passages (100%), g1 not on the relevant ones (uRAF 50%), RAF 0%; g2 is the
+    # one deflection item and deflected (100%), nothing answerable deflected (0%).
+    assert qwen["ours"]["eligibility"] == pytest.approx(50.0)
+    assert qwen["ours"]["RAF"] == pytest.approx(0.0)
+    assert qwen["ours"]["true_positive"] == pytest.approx(100.0)
+    assert qwen["ours"]["false_positive"] == pytest.approx(0.0)
+    assert qwen["ours"] == other["ours"]
+    assert qwen["paper"]["RAF"] == 52.90 and qwen["paper"]["f1"] == 50.8  # Qwen 32b, not 14b
+    assert "paper" not in other
