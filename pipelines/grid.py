@@ -80,11 +80,12 @@ class ModelGrid(Study):
                             "parentheses")  # fmt: skip
         for row in combined["rows"]:
             ours, paper = row["ours"], row.get("paper") or {}
-            cells = [_cell(ours.get(c), paper.get(c)) for c in self.columns]
+            cells = [cell_text(ours.get(c), paper.get(c)) for c in self.columns]
             table.add_row(row["model"], row["run"] or "-", str(row.get("n") or 0), *cells)
         console.print(table)
 
 
-def _cell(ours: float | None, paper: float | None) -> str:
+def cell_text(ours: float | None, paper: float | None) -> str:
+    """Ours (``absent`` if not computed), the paper's value in parentheses where it has one."""
     text = "absent" if ours is None else f"{ours:.3f}"
     return text if paper is None else f"{text} ({paper:.3f})"

@@ -85,3 +85,41 @@ def test_garage_grid_in_percent_beside_the_papers_tables(tmp_path):
     assert qwen["ours"] == other["ours"]
     assert qwen["paper"]["RAF"] == 52.90 and qwen["paper"]["f1"] == 50.8  # Qwen 32b, not 14b
     assert "paper" not in other
+
+
+# ---- ICAT Table 3: one run per knowledge source ------------------------------------------------
+
+
+def test_icat_table3_rows_per_source_and_system(tmp_path):
+    from pipelines.grid import published_row
+    from pipelines.icat.reproduce import COLUMNS, PAPER_TABLE3, ReproduceIcat, ReproduceIcatOptions
+    from tests.test_icat import P_ENTAIL, SCRIPTS, StandInIcat, write_inputs
+
+    paths = write_inputs(tmp_path)
+    study = ReproduceIcat()
+    study.framework = StandInIcat(P_ENTAIL)  # the NLI stand-in of test_icat
+    options = ReproduceIcatOptions(input=paths["responses"], queries=paths["queries"],
+                                   qrels=paths["qrels"], snippets=paths["snippets"],
+                                   nli_model="stand-in")  # fmt: skip
+    outcomes = run(study, options, ScriptedClient(SCRIPTS), tmp_path / "t3")
+    assert list(outcomes) == ["web"]  # no --index: no corpus rows
+    rows = json.loads((tmp_path / "t3" / "study.json").read_text())["combined"]["rows"]
+    a = next(r for r in rows if r["system"] == "A")
+    # As test_icat_m_s_a_and_beta_sweep_by_hand: system A over q1, q2.
+    assert a["source"] == "web"
+    assert a["ours"]["S_fact"] == pytest.approx((1 / 3 + 1) / 2)
+    assert a["ours"]["ICAT-M_1"] == pytest.approx((4 / 9 + 1) / 2)
+    assert a["ours"]["ICAT-S S_cov"] == pytest.approx((1 / 3 + 1) / 2)
+    assert "paper" not in a
+    llama = published_row("Meta-Llama-3-70B-Instruct", "web", PAPER_TABLE3, COLUMNS)
+    assert llama is not None and llama["ICAT-A_1"] == 0.374
+    assert published_row("Meta-Llama-3-8B-Instruct", "web", PAPER_TABLE3, COLUMNS) is None
+
+
+def test_icat_grid_needs_a_knowledge_source():
+    from pydantic import ValidationError
+
+    from pipelines.icat.reproduce import ReproduceIcatOptions
+
+    with pytest.raises(ValidationError, match="--index .corpus. and/or --snippets"):
+        ReproduceIcatOptions(input="r.jsonl", nli_model="x")

@@ -2,8 +2,10 @@
 
 from pipelines.icat.framework import ICAT, IcatOptions, eval_icat
 from pipelines.icat.human import meta_eval_icat
+from pipelines.icat.reproduce import REPRODUCE_ICAT, reproduce_icat
 
-STUDIES = [ICAT]
-COMMANDS = {"eval icat": eval_icat, "meta-eval icat": meta_eval_icat}
+STUDIES = [ICAT, REPRODUCE_ICAT]
+COMMANDS = {"eval icat": eval_icat, "meta-eval icat": meta_eval_icat,
+            "reproduce icat": reproduce_icat}  # fmt: skip
 
 __all__ = ["ICAT", "IcatOptions", "STUDIES", "COMMANDS"]
