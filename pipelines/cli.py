@@ -15,6 +15,7 @@ from rich.console import Console
 from rich.table import Column, Table
 
 from pipelines.config import UserError, describe_validation
+from pipelines.datasets.catalog import is_name
 from pipelines.datasets.commands import data_app
 from pipelines.options import clean_errors, parse_loras
 from pipelines.registry import commands
@@ -231,7 +232,9 @@ app.add_typer(index_app, name="index")
 @index_app.command("build")
 @clean_errors
 def index_build_command(
-    corpus: Annotated[Path, typer.Argument(help="JSONL (id+contents or title+text), TSV, TREC")],
+    corpus: Annotated[
+        Path, typer.Argument(help="JSONL (id+contents or title+text), TSV, TREC; or a dataset name")
+    ],
     out: Annotated[Path, typer.Argument(help="new index directory")],
     chunk_by: Annotated[str, typer.Option(help="words | chars")] = "words",
     chunk_size: Annotated[int, typer.Option(help="words (128) or characters (1024)")] = 128,
@@ -252,7 +255,10 @@ def index_build_command(
     """Chunk a corpus and build BM25, embeddings and a FAISS index with a manifest."""
     from index_build.build import BuildError, IndexSpec, build_index
     from index_build.corpus import CorpusError
+    from pipelines.datasets.names import dataset_file
 
+    if not corpus.exists() and is_name(str(corpus)):  # e.g. clueweb09-b, registered with data add
+        corpus = dataset_file(str(corpus))
     try:
         spec = IndexSpec(
             chunk_by=chunk_by, chunk_size=chunk_size, chunk_overlap=chunk_overlap,

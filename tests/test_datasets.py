@@ -189,6 +189,13 @@ def test_data_add_checks_the_shape_then_registers_a_local_copy(home, tmp_path):
     assert get("clueweb09-b").path == good.resolve()
     result = runner.invoke(app, ["data", "path", "clueweb09-b"])
     assert result.output.strip() == str(good.resolve())
+    # A registered corpus is indexed by name.
+    index = tmp_path / "index"
+    result = runner.invoke(
+        app, ["index", "build", "clueweb09-b", str(index), "--dense-model", "none"]
+    )
+    assert result.exit_code == 0, result.output
+    assert json.loads((index / "manifest.json").read_text())["counts"]["documents"] == 1
 
 
 def test_fanoutqa_dev_comes_from_the_package_with_no_download(home, monkeypatch):
