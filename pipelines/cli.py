@@ -15,8 +15,8 @@ from rich.console import Console
 from rich.table import Column, Table
 
 from pipelines.config import UserError, describe_validation
+from pipelines.data_cli import data_app
 from pipelines.datasets.catalog import is_name
-from pipelines.datasets.commands import data_app
 from pipelines.options import clean_errors, parse_loras
 from pipelines.registry import commands
 from pipelines.runner import sigterm_as_interrupt

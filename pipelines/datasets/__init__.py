@@ -1,7 +1,7 @@
 """Datasets by name: a catalogue of the papers' data, fetched, pinned, verified and cached.
 
-``groundcover data list | info | get | path | add`` (``commands``); every command that reads a
-data file also takes a catalogue name in its place (``resolve_names``).
+``groundcover data list | info | get | path | add`` is ``pipelines.data_cli``; every command that
+reads a data file also takes a catalogue name in its place (``names.resolve_names``).
 """
 
 from pipelines.datasets.catalog import CATALOG, Dataset, is_name, lookup, parse_spec

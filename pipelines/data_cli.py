@@ -1,4 +1,5 @@
-"""``groundcover data``: list, describe, fetch, locate and register the catalogued datasets."""
+"""``groundcover data``: list, describe, fetch, locate and register the catalogued datasets
+(``pipelines/datasets``)."""
 
 from __future__ import annotations
 
