@@ -397,3 +397,12 @@ def test_trec_web_topics_over_plain_https_in_icat_formats(home, hub, monkeypatch
     ranges = [r[2] for r in hub.log if r[1] == "/web/12/full-topics.xml" and r[0] == "GET"]
     assert ranges == ["bytes=100-"]
     assert not part.exists()
+
+
+def test_an_unreachable_hub_is_one_line_and_caches_nothing(home, monkeypatch):
+    monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")  # nothing listens there
+    result = CliRunner().invoke(app, ["data", "get", "garage"])
+    assert result.exit_code == 2
+    assert "dataset garage@main (hf:AmazonScience/GaRAGe):" in result.output
+    assert "check the network, HF_ENDPOINT and HF_TOKEN" in result.output
+    assert read_lock() == {} and not (home / "data" / "garage").exists()

@@ -10,9 +10,11 @@ verifies against it, and a get whose lock and converted files are present makes 
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import fnmatch
 import hashlib
+import importlib
 import importlib.util
 import json
 import os
@@ -233,10 +235,28 @@ def _hub_files(entry: Dataset, requested: str, known: dict[str, Any] | None,
         raise UserError(
             f"dataset {entry.name}@{requested}: not in the cache and offline; get it online first"
         ) from None
-    except (HfHubHTTPError, OSError) as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise UserError(f"dataset {entry.name}@{requested} ({entry.home}): {first}") from None
+    except (HfHubHTTPError, OSError) + HTTP_ERRORS as exc:
+        raise UserError(f"dataset {entry.name}@{requested} ({entry.home}): {first_line(exc)}; "
+                        "check the network, HF_ENDPOINT and HF_TOKEN") from None  # fmt: skip
     return commit, files
+
+
+def http_errors() -> tuple[type[Exception], ...]:
+    """The HTTP client's base error (huggingface_hub uses httpx, packaged as httpx2 in some
+    releases): an unreachable host is one line, not a traceback."""
+    found: list[type[Exception]] = []
+    for module in ("httpx2", "httpx"):
+        with contextlib.suppress(ImportError, AttributeError):
+            found.append(importlib.import_module(module).HTTPError)
+    return tuple(found)
+
+
+HTTP_ERRORS: tuple[type[Exception], ...] = http_errors()
+
+
+def first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
 
 
 def _matching(entry: Dataset, listed: list[str]) -> list[str]:
@@ -272,8 +292,8 @@ def _https_files(entry: Dataset, requested: str) -> tuple[str, dict[str, Path]]:
             with part.open("ab") as sink:
                 try:
                     http_get(f"{entry.home.rstrip('/')}/{rel}", sink, resume_size=sink.tell())
-                except Exception as exc:  # httpx and hub errors: one line, the part kept
-                    raise UserError(f"dataset {entry.name}: {rel}: {exc}") from None
+                except (OSError,) + HTTP_ERRORS as exc:  # one line; the part kept to resume
+                    raise UserError(f"dataset {entry.name}: {rel}: {first_line(exc)}") from None
             os.replace(part, target)
         files[rel] = target
     return requested, files
