@@ -406,3 +406,40 @@ def test_an_unreachable_hub_is_one_line_and_caches_nothing(home, monkeypatch):
     assert "dataset garage@main (hf:AmazonScience/GaRAGe):" in result.output
     assert "check the network, HF_ENDPOINT and HF_TOKEN" in result.output
     assert read_lock() == {} and not (home / "data" / "garage").exists()
+
+
+def test_fanoutqa_wiki_pages_come_from_the_package_cache(home, monkeypatch, tmp_path):
+    from fanoutqa import wiki
+
+    from pipelines.fanoutqa.framework import check_articles
+
+    data = Path(wiki.__file__).parent / "data"
+    pages: set[int] = set()
+
+    def walk_dev(subs):
+        for sub in subs:
+            if sub.get("evidence"):
+                pages.add(sub["evidence"]["pageid"])
+            walk_dev(sub.get("decomposition") or [])
+
+    for question in json.loads((data / "fanout-final-dev.json").read_text()):
+        walk_dev(question["decomposition"])
+    for question in json.loads((data / "fanout-final-test.json").read_text()):
+        pages.update(e["pageid"] for e in question["necessary_evidence"])
+    cache = tmp_path / "wikicache"
+    cache.mkdir()
+    monkeypatch.setattr(wiki, "WIKI_CACHE_DIR", cache)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # nothing may be fetched
+    first, *rest = sorted(pages)
+    for pageid in rest:
+        (cache / f"{pageid}-dated.md").write_text(f"Page {pageid} as of the epoch.")
+    with pytest.raises(UserError, match=rf"1 of {len(pages)} pages \(first: {first}\)"):
+        get("fanoutqa-wiki")
+    assert not any(k.startswith("fanoutqa-wiki@") for k in read_lock())
+    (cache / f"{first}-dated.md").write_text(f"Page {first} as of the epoch.")
+    found = get("fanoutqa-wiki")
+    rows = [json.loads(line) for line in found.path.read_text().splitlines()]
+    assert [r["pageid"] for r in rows] == sorted(pages)
+    assert rows[0]["text"] == f"Page {first} as of the epoch." and rows[0]["title"]
+    check_articles(found.path)  # what eval fanoutqa --articles reads
+    assert get("fanoutqa-wiki") == found  # locked by the package version: converted once

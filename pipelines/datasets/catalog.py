@@ -92,6 +92,18 @@ CATALOG: dict[str, Dataset] = {
             used_by="groundcover eval fanoutqa --answers FILE",
         ),
         Dataset(
+            name="fanoutqa-wiki",
+            summary="the English Wikipedia pages of every FanOutQA dev and test question at the "
+            "dataset's epoch (Nov 2023), as articles JSONL {pageid, title, text}",
+            home="package:fanoutqa",
+            files=("data/fanout-final-dev.json", "data/fanout-final-test.json"),
+            license="CC BY-SA 4.0 (Wikipedia text)",
+            size="about 4,000 pages; from the fanoutqa package's page cache, else fetched once",
+            main="articles.jsonl",
+            convert=convert.fanoutqa_wiki,
+            used_by="groundcover eval fanoutqa --setting evidence --articles fanoutqa-wiki",
+        ),
+        Dataset(
             name="garage",
             summary="GaRAGe benchmark: questions, grounding passages with relevance and "
             "citation annotations, human answers",

@@ -7,6 +7,7 @@ field; the caller writes into a temporary directory, so a failed conversion leav
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -255,3 +256,53 @@ def trec_web_topics(sources: list[Path], out: Path) -> None:
         for path in sorted(p for p in sources if p.suffix != ".xml"):
             for row in _diversity_qrels(path):
                 sink.write(json.dumps(row) + "\n")
+
+
+def offline() -> bool:
+    """``HF_HUB_OFFLINE`` set: only what is cached is used, for every home."""
+    return os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def _evidence(node: Any, into: dict[int, dict[str, Any]]) -> None:
+    """Every Wikipedia page a FanOutQA question rests on: its decomposition's evidence (dev) or
+    its necessary_evidence list (test)."""
+    if isinstance(node, list):
+        for child in node:
+            _evidence(child, into)
+    elif isinstance(node, dict):
+        if isinstance(node.get("pageid"), int) and "revid" in node:
+            into.setdefault(node["pageid"], node)
+        for key in ("evidence", "necessary_evidence", "decomposition"):
+            if key in node:
+                _evidence(node[key], into)
+
+
+def fanoutqa_wiki(sources: list[Path], out: Path) -> None:
+    """The Wikipedia pages of the FanOutQA questions at the dataset's epoch, as our articles
+    JSONL {pageid, title, text}: from the ``fanoutqa`` package's own page cache where present,
+    else fetched by the package (its dated revision, then cached there too)."""
+    from fanoutqa import wiki
+    from fanoutqa.models import Evidence
+
+    pages: dict[int, dict[str, Any]] = {}
+    for path in sources:
+        _evidence(_read_json(path), pages)
+    missing = []
+    with (out / "articles.jsonl").open("w", encoding="utf-8") as sink:
+        for pageid, page in sorted(pages.items()):
+            cached = wiki.WIKI_CACHE_DIR / f"{pageid}-dated.md"
+            if cached.is_file():
+                text = cached.read_text(encoding="utf-8")
+            elif offline():
+                missing.append(pageid)
+                continue
+            else:
+                text = wiki.wiki_content(Evidence(pageid, page["revid"], page.get("title", ""),
+                                                  page.get("url", "")))  # fmt: skip
+            row = {"pageid": pageid, "title": page.get("title", ""), "text": text}
+            sink.write(json.dumps(row, ensure_ascii=False) + "\n")
+    if missing:
+        raise UserError(
+            f"fanoutqa-wiki: {len(missing)} of {len(pages)} pages (first: {missing[0]}) are not "
+            f"in the fanoutqa package's cache {wiki.WIKI_CACHE_DIR} and HF_HUB_OFFLINE is set"
+        )

@@ -28,6 +28,7 @@ from rich.console import Console
 
 from pipelines.config import UserError
 from pipelines.datasets.catalog import Dataset, lookup, parse_spec
+from pipelines.datasets.convert import offline
 from serving.embedded import cache_root
 
 console = Console(stderr=True)
@@ -51,10 +52,6 @@ class Resolved:
 
 def data_root() -> Path:
     return cache_root() / "data"
-
-
-def offline() -> bool:
-    return os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on")
 
 
 def sha256_of(path: Path) -> str:
@@ -138,17 +135,23 @@ def get(spec: str, *, quiet: bool = False) -> Resolved:
     digests = {rel: sha256_of(path) for rel, path in raw.items()}
     if known is not None:
         _verify(name, requested, known.get("files", {}), digests, raw)
+    return _convert_and_lock(entry, key, revision, raw, digests)
+
+
+def _convert_and_lock(entry: Dataset, key: str, revision: str, raw: dict[str, Path],
+                      digests: dict[str, str]) -> Resolved:  # fmt: skip
+    """Convert the published files, check the main file came out, lock every digest."""
     out = _convert(entry, revision, list(raw.values()))
     main = out / (entry.main or next(iter(raw)).rsplit("/", 1)[-1])
     outputs = {p.name: sha256_of(p) for p in sorted(out.iterdir()) if p.is_file()}
     if main.name not in outputs:
         shutil.rmtree(out)
-        raise UserError(f"dataset {name}@{requested}: the published files gave no {main.name} "
+        raise UserError(f"dataset {key}: the published files gave no {main.name} "
                         f"(made: {', '.join(outputs) or 'nothing'})")  # fmt: skip
     fetched = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
     write_lock_entry(key, {"home": entry.home, "revision": revision, "files": digests,
                            "outputs": outputs, "main": main.name, "fetched": fetched})  # fmt: skip
-    return Resolved(name, requested, revision, main, outputs.get(main.name, ""))
+    return Resolved(entry.name, key.rsplit("@", 1)[1], revision, main, outputs[main.name])
 
 
 def _ready(entry: Dataset, requested: str, known: dict[str, Any] | None) -> Resolved | None:
@@ -300,21 +303,30 @@ def _https_files(entry: Dataset, requested: str) -> tuple[str, dict[str, Path]]:
 
 
 def _from_package(entry: Dataset) -> Resolved:
-    """Files an installed package ships: no download; the package version is the revision."""
+    """Files an installed package ships: no download; the package version is the revision. A
+    converter (the FanOutQA Wikipedia pages) runs once per version, like a download's."""
     package = entry.repo
     spec = importlib.util.find_spec(package)
     if spec is None or spec.origin is None:
         raise UserError(f"dataset {entry.name}: the {package} package is not installed "
                         f"(pip install {package})")  # fmt: skip
-    path = Path(spec.origin).parent / entry.files[0]
-    if not path.is_file():
-        raise UserError(f"dataset {entry.name}: {path} is missing from the {package} package")
+    paths = {rel: Path(spec.origin).parent / rel for rel in entry.files}
+    for path in paths.values():
+        if not path.is_file():
+            raise UserError(f"dataset {entry.name}: {path} is missing from the {package} package")
     from importlib.metadata import version
 
     revision = version(package)
-    digest = sha256_of(path)
     key = lock_key(entry.name, entry.revision)
     known = read_lock().get(key)
+    if entry.convert is not None:
+        current = known is not None and known["revision"] == revision
+        if current and (ready := _ready(entry, entry.revision, known)) is not None:
+            return ready
+        digests = {rel: sha256_of(path) for rel, path in paths.items()}
+        return _convert_and_lock(entry, key, revision, paths, digests)
+    [path] = paths.values()
+    digest = sha256_of(path)
     if known is not None and known["revision"] == revision and known["sha256"] != digest:
         raise UserError(f"{path}: sha256 differs from {data_root() / LOCK} ({entry.name})")
     if known is None or known["revision"] != revision:
@@ -355,7 +367,7 @@ def cached(name: str) -> Resolved | None:
     known = locked(name)
     if known is None:
         return None
-    if entry.kind in ("package", "licensed") or "path" in known:
+    if "path" in known:  # a file used where it is (a package's, a registered copy)
         return Resolved(name, entry.revision, known["revision"], Path(known["path"]),
                         known["sha256"])  # fmt: skip
     return _ready(entry, entry.revision, known)
