@@ -443,3 +443,20 @@ def test_fanoutqa_wiki_pages_come_from_the_package_cache(home, monkeypatch, tmp_
     assert rows[0]["text"] == f"Page {first} as of the epoch." and rows[0]["title"]
     check_articles(found.path)  # what eval fanoutqa --articles reads
     assert get("fanoutqa-wiki") == found  # locked by the package version: converted once
+
+
+@pytest.mark.parametrize("chunk", [1, 7, 64, 1 << 20])
+def test_json_array_streams_the_items_of_a_big_list(tmp_path, chunk):
+    from pipelines.datasets.convert import json_array
+
+    items = [{"q": "a ] tricky, string", "n": 12345, "nested": [1, {"x": "é"}]}, 678901,
+             "plain", [], {"last": None}]  # fmt: skip
+    path = tmp_path / "list.json"
+    path.write_text(" \n" + json.dumps(items, ensure_ascii=False, indent=1) + "\n")
+    assert list(json_array(path, chunk)) == items
+    path.write_text(json.dumps(items)[:-5])  # cut short
+    with pytest.raises(UserError, match="list.json: not valid JSON"):
+        list(json_array(path, chunk))
+    path.write_text('{"train": []}')
+    with pytest.raises(UserError, match="expected a JSON list"):
+        list(json_array(path, chunk))

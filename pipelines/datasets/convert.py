@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -87,17 +88,20 @@ def _rows(path: Path) -> Iterator[tuple[str, Any]]:
     if path.suffix == ".parquet":
         import pyarrow.parquet as pq
 
-        for n, row in enumerate(pq.read_table(path).to_pylist()):
-            yield f"row {n}", row
+        n = 0
+        for batch in pq.ParquetFile(path).iter_batches(batch_size=4096):
+            for row in batch.to_pylist():
+                yield f"row {n}", row
+                n += 1
         return
     if path.suffix == ".json":
-        data = _read_json(path)
-        if isinstance(data, dict) and isinstance(data.get("train"), list):
-            data = data["train"]
-        if not isinstance(data, list):
-            raise UserError(f"{path}: expected a JSON list of records")
-        for n, row in enumerate(data):
-            yield f"record {n}", row
+        if not _starts_with(path, "["):  # not a list: an object such as {"train": [...]}
+            data = _read_json(path)
+            if not isinstance(data, dict) or not isinstance(data.get("train"), list):
+                raise UserError(f"{path}: expected a JSON list of records")
+            yield from ((f"record {n}", row) for n, row in enumerate(data["train"]))
+            return
+        yield from ((f"record {n}", row) for n, row in enumerate(json_array(path)))
         return
     with path.open(encoding="utf-8") as lines:
         for n, line in enumerate(lines, 1):
@@ -106,6 +110,49 @@ def _rows(path: Path) -> Iterator[tuple[str, Any]]:
                     yield f"line {n}", json.loads(line)
                 except json.JSONDecodeError as exc:
                     raise UserError(f"{path}:{n}: not valid JSON: {exc}") from None
+
+
+def _starts_with(path: Path, char: str) -> bool:
+    with path.open(encoding="utf-8") as f:
+        return f.read(4096).lstrip().startswith(char)
+
+
+_SPACE = re.compile(r"\s*")
+_BETWEEN = re.compile(r"[\s,]*")  # between a list's items
+
+
+def json_array(path: Path, chunk: int = 1 << 20) -> Iterator[Any]:
+    """The items of a top-level JSON array one at a time, so a 1.3 GB file is never whole in
+    memory: items are decoded in place from a buffer refilled as it runs out."""
+    decoder = json.JSONDecoder()
+    with path.open(encoding="utf-8") as f:
+        buf, pos, eof, opened = "", 0, False, False
+        while True:
+            pos = (_BETWEEN if opened else _SPACE).match(buf, pos).end()  # type: ignore[union-attr]
+            item, end, complete = None, pos, False
+            if pos < len(buf):
+                if not opened:
+                    if buf[pos] != "[":
+                        raise UserError(f"{path}: expected a JSON list of records")
+                    pos, opened = pos + 1, True
+                    continue
+                if buf[pos] == "]":
+                    return
+                try:
+                    item, end = decoder.raw_decode(buf, pos)
+                    complete = end < len(buf) or eof  # a number cut at the buffer's end is not
+                except json.JSONDecodeError as exc:
+                    if eof:
+                        raise UserError(f"{path}: not valid JSON: {exc.msg}") from None
+            elif eof:
+                raise UserError(f"{path}: not valid JSON: the list is not closed")
+            if complete:
+                yield item
+                pos = end
+                continue
+            more = f.read(chunk)
+            eof = not more
+            buf, pos = buf[pos:] + more, 0
 
 
 def conflictbank_train(sources: list[Path], out: Path) -> None:
