@@ -87,7 +87,7 @@ CATALOG: dict[str, Dataset] = {
             home="package:fanoutqa",
             files=("data/fanout-final-test.json",),
             license="CC BY-SA 4.0",
-            size="about 0.5 MB (shipped with the fanoutqa package)",
+            size="1.1 MB (shipped with the fanoutqa package)",
             main="fanout-final-test.json",
             used_by="groundcover eval fanoutqa --answers FILE",
         ),
@@ -182,7 +182,7 @@ CATALOG: dict[str, Dataset] = {
             summary="DUC 2004 multi-document summarisation topics and documents (CRUX's DUC split)",
             home="licensed",
             license="NIST DUC data agreement",
-            size="about 20 MB",
+            size="50 clusters of 10 news documents",
             obtain="DUC 2004 data are distributed by NIST on request "
             "(https://duc.nist.gov/data.html); convert the documents to JSONL lines "
             '{"id", "contents"}, then run `groundcover data add duc2004 FILE`',
