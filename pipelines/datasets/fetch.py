@@ -194,8 +194,11 @@ def _convert(entry: Dataset, revision: str, raw: list[Path]) -> Path:
         if entry.convert is not None:
             entry.convert(raw, tmp)
         else:
-            for path in raw:  # as published: copied, so the cache owns its files
-                shutil.copyfile(path, tmp / path.name)
+            for path in raw:  # as published: hard-linked (no second copy on disk) or copied
+                try:
+                    os.link(path.resolve(), tmp / path.name)
+                except OSError:
+                    shutil.copyfile(path, tmp / path.name)
         if final.exists():
             shutil.rmtree(final)
         os.replace(tmp, final)
