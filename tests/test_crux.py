@@ -273,8 +273,11 @@ def test_eval_crux_rates_a_generated_answer_by_hand(tmp_path):
 
 
 def test_reproduce_crux_script_runs_every_system_and_k_without_a_model(tmp_path):
+    """scripts/reproduce_crux.py is `groundcover reproduce crux`: a study of ordinary runs."""
     import importlib.util
     import json
+
+    from tests.test_runtime import report_json
 
     paths = write_crux(tmp_path)
     data_dir = tmp_path / "data"
@@ -288,10 +291,20 @@ def test_reproduce_crux_script_runs_every_system_and_k_without_a_model(tmp_path)
     out = tmp_path / "table1"
     assert module.main(["--data", str(data_dir), "--ks", "pstar,2", "--paper", "duc",
                         "--run-dir", str(out)]) == 0  # fmt: skip
-    for system in ("bm25", "dense", "hybrid", "bm25+mmr"):
+    systems = ("bm25", "dense", "hybrid", "bm25+mmr", "dense+mmr", "hybrid+mmr")
+    for system in systems:
         for k in ("pstar", "2"):
             table = json.loads((out / f"{system}-k{k}" / "crux.json").read_text())
             assert table["topics"] == 1 and 0 <= table["cov"] <= 1
+    manifest = json.loads((out / "dense+mmr-kpstar" / "manifest.json").read_text())
+    assert manifest["options"]["mmr"] == 0.7 and manifest["options"]["mode"] == "dense"
+    # The grid is a study: study.json holds the table, and `report` rebuilds it from the runs.
+    combined = json.loads((out / "study.json").read_text())["combined"]
+    assert [(r["system"], r["k"]) for r in combined["rows"]] == [
+        (s, k) for s in systems for k in ("pstar", "2")]  # fmt: skip
+    assert combined["paper"] == "duc" and combined["kendall_tau"] is None  # no --generate
+    assert set(combined["cov_by_eta"]["bm25"]) == {"1", "2", "3", "4", "5"}
+    assert report_json(out)[-1]["combined"] == combined
 
     # Threshold analysis: eta 5 keeps only Q2 (p1 rated it 5), eta 4 also Q1 (4), eta 1 the
     # three rated above 0 (Q3 is rated 0 everywhere).

@@ -32,6 +32,8 @@ class CruxOptions(FrameworkOptions):
     index: Path | None = Field(None, description="or: retrieve in place from this index")
     mode: Literal["bm25", "dense", "hybrid"] = "bm25"
     depth: int = Field(20, ge=1, description="passages retrieved per topic in place")
+    mmr: float | None = Field(None, gt=0, le=1, description="MMR lambda (in place)")
+    reranker: str | None = Field(None, description="cross-encoder reranking (in place)")
     topics: Path
     passages: Path
     ratings: Path | None = None
@@ -97,11 +99,13 @@ class Crux(Framework):
         if options.input is not None:
             run = data.load_run(options.input, topics)
         else:  # our retrieval pipeline in place: each topic's query against the index
-            from retrieval.index import SearchIndex
+            from retrieval.index import CrossEncoderReranker, SearchIndex
 
             index = SearchIndex.load(options.index)  # type: ignore[arg-type]
             queries = [t.query for t in topics.values()]
-            hits = index.search(queries, options.depth, options.mode)
+            reranker = CrossEncoderReranker(options.reranker) if options.reranker else None
+            hits = index.search(queries, options.depth, options.mode, mmr=options.mmr,
+                                reranker=reranker)  # fmt: skip
             run = {t: [h.doc_id for h in found] for t, found in zip(topics, hits, strict=True)}
             index.close()
         return [TopicItem(id=t, ranked=list(dict.fromkeys(docs))) for t, docs in run.items()]
