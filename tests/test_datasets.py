@@ -460,3 +460,31 @@ def test_json_array_streams_the_items_of_a_big_list(tmp_path, chunk):
     path.write_text('{"train": []}')
     with pytest.raises(UserError, match="expected a JSON list"):
         list(json_array(path, chunk))
+
+
+def test_a_hub_ref_revision_keeps_its_slashes(home, hub):
+    """conflictbank@refs/convert/parquet: the Hub's Parquet conversion, shards in name order."""
+    import io
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from pipelines.datasets.names import dataset_file
+
+    def parquet(rows):
+        sink = io.BytesIO()
+        pq.write_table(pa.Table.from_pylist(rows), sink)
+        return sink.getvalue()
+
+    rows = [cb_row(question=f"Q{n}?") for n in range(4)]
+    repo = hub.repo(CATALOG["conflictbank"].repo)
+    repo.commit({"CB_qa.json": json.dumps(rows[:1]).encode()})  # main: another file
+    converted = repo.commit({"default/train/0001.parquet": parquet(rows[2:]),
+                             "default/train/0000.parquet": parquet(rows[:2])},
+                            ref="refs/convert/parquet")  # fmt: skip
+    found = get("conflictbank@refs/convert/parquet")
+    assert found.revision == converted and found.requested == "refs/convert/parquet"
+    questions = [json.loads(line)["question"] for line in found.path.read_text().splitlines()]
+    assert questions == ["Q0?", "Q1?", "Q2?", "Q3?"]
+    assert "conflictbank@refs/convert/parquet" in read_lock()
+    assert dataset_file("conflictbank@refs/convert/parquet/train.jsonl") == found.path

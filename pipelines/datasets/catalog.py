@@ -193,9 +193,20 @@ CATALOG: dict[str, Dataset] = {
 }
 
 
+def split_spec(spec: str) -> tuple[str, str | None]:
+    """NAME[@REVISION][/FILE] -> (NAME[@REVISION], FILE). A Hub ref revision keeps its slashes
+    (``conflictbank@refs/convert/parquet``, ``NAME@refs/pr/3``)."""
+    name, sep, rest = spec.partition("@")
+    if sep and rest.startswith("refs/"):
+        parts = rest.split("/")
+        return f"{name}@{'/'.join(parts[:3])}", "/".join(parts[3:]) or None
+    head, _, file = spec.partition("/")
+    return head, file or None
+
+
 def parse_spec(spec: str) -> tuple[str, str | None]:
     """NAME or NAME@REVISION (a trailing /FILE, which picks a file, is not part of it)."""
-    name, sep, revision = spec.split("/", 1)[0].partition("@")
+    name, sep, revision = split_spec(spec)[0].partition("@")
     if sep and not revision:
         raise UserError(f"dataset {spec!r}: empty revision after '@'")
     return name, revision or None
@@ -210,9 +221,4 @@ def lookup(name: str) -> Dataset:
 
 def is_name(value: str) -> bool:
     """Whether ``value`` names a catalogued dataset: NAME[@REVISION][/FILE]."""
-    return value.split("/", 1)[0].partition("@")[0] in CATALOG
-
-
-def file_of(spec: str) -> str | None:
-    """The FILE of NAME[@REVISION]/FILE: one file of a dataset with several."""
-    return spec.split("/", 1)[1] if "/" in spec else None
+    return split_spec(value)[0].partition("@")[0] in CATALOG

@@ -9,7 +9,7 @@ from typing import Any, TypeVar
 from pydantic import BaseModel
 
 from pipelines.config import UserError
-from pipelines.datasets.catalog import file_of, is_name
+from pipelines.datasets.catalog import is_name, split_spec
 from pipelines.datasets.fetch import get, provenance
 
 M = TypeVar("M", bound=BaseModel)
@@ -30,8 +30,8 @@ def resolve_names(options: M) -> M:
 
 def dataset_file(spec: str) -> Path:
     """NAME[@REVISION] -> its main file; NAME[@REVISION]/FILE -> that file of it."""
-    found = get(spec.split("/", 1)[0])
-    wanted = file_of(spec)
+    dataset, wanted = split_spec(spec)
+    found = get(dataset)
     if wanted is None:
         return found.path
     path = found.path.parent / wanted

@@ -74,12 +74,13 @@ class FakeHub:
         self.server.server_close()
 
     def answer(self, req: BaseHTTPRequestHandler, body: bool) -> None:
-        path = unquote(urlsplit(req.path).path)
+        raw = urlsplit(req.path).path  # matched quoted: a revision may hold quoted slashes
+        path = unquote(raw)
         self.log.append((req.command, path, req.headers.get("Range")))
-        if m := API.match(path):
-            return self._info(req, m["repo"], m["rev"], body)
-        if m := RESOLVE.match(path):
-            return self._file(req, m["repo"], m["rev"], m["path"], body)
+        if m := API.match(raw):
+            return self._info(req, unquote(m["repo"]), unquote(m["rev"]), body)
+        if m := RESOLVE.match(raw):
+            return self._file(req, unquote(m["repo"]), unquote(m["rev"]), unquote(m["path"]), body)
         if path in self.static:
             return self._bytes(req, path, self.static[path], {"Accept-Ranges": "bytes"}, body)
         self._send(req, 404, b'{"error": "not found"}', {}, body)
