@@ -92,6 +92,10 @@ def test_get_converts_locks_and_a_second_get_makes_no_request(home, hub):
     # The manifest side: the converted file is known by name, revision and digest.
     [origin] = provenance([found.path])
     assert origin["dataset"] == "wikicontradict-humaneval" and origin["revision"] == commit
+    # A converted file edited in place (new mtime) is hashed again and refused.
+    found.path.write_text(found.path.read_text().replace("Who wrote Y?", "Who wrote Z?"))
+    with pytest.raises(UserError, match="sha256 differs from .* the cached copy was changed"):
+        get("wikicontradict-humaneval")
 
 
 def test_a_changed_upstream_file_is_refused_and_nothing_is_cached(home, hub):

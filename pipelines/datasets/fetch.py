@@ -13,7 +13,6 @@ from __future__ import annotations
 import contextlib
 import datetime
 import fnmatch
-import hashlib
 import importlib
 import importlib.util
 import json
@@ -26,9 +25,10 @@ from typing import Any
 
 from rich.console import Console
 
-from pipelines.config import UserError
+from pipelines.config import UserError, file_sha256
 from pipelines.datasets.catalog import Dataset, lookup, parse_spec
 from pipelines.datasets.convert import offline
+from pipelines.lines import stamp
 from serving.embedded import cache_root
 
 console = Console(stderr=True)
@@ -45,21 +45,9 @@ class Resolved:
     path: Path
     sha256: str
 
-    def record(self) -> dict[str, str]:
-        return {"dataset": self.name, "requested": self.requested, "revision": self.revision,
-                "path": str(self.path), "sha256": self.sha256}  # fmt: skip
-
 
 def data_root() -> Path:
     return cache_root() / "data"
-
-
-def sha256_of(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as f:
-        while chunk := f.read(1 << 20):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 # ---- the lock file ---------------------------------------------------------------------------
@@ -132,7 +120,7 @@ def get(spec: str, *, quiet: bool = False) -> Resolved:
         revision, raw = _hub_files(entry, requested, known, quiet)
     else:
         revision, raw = _https_files(entry, requested)
-    digests = {rel: sha256_of(path) for rel, path in raw.items()}
+    digests = {rel: file_sha256(path) for rel, path in raw.items()}
     if known is not None:
         _verify(name, requested, known.get("files", {}), digests, raw)
     return _convert_and_lock(entry, key, revision, raw, digests)
@@ -143,27 +131,34 @@ def _convert_and_lock(entry: Dataset, key: str, revision: str, raw: dict[str, Pa
     """Convert the published files, check the main file came out, lock every digest."""
     out = _convert(entry, revision, list(raw.values()))
     main = out / (entry.main or next(iter(raw)).rsplit("/", 1)[-1])
-    outputs = {p.name: sha256_of(p) for p in sorted(out.iterdir()) if p.is_file()}
+    outputs = {p.name: file_sha256(p) for p in sorted(out.iterdir()) if p.is_file()}
     if main.name not in outputs:
         shutil.rmtree(out)
         raise UserError(f"dataset {key}: the published files gave no {main.name} "
                         f"(made: {', '.join(outputs) or 'nothing'})")  # fmt: skip
     fetched = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
+    stamps = {name: list(stamp(out / name)) for name in outputs}
     write_lock_entry(key, {"home": entry.home, "revision": revision, "files": digests,
-                           "outputs": outputs, "main": main.name, "fetched": fetched})  # fmt: skip
+                           "outputs": outputs, "stamps": stamps, "main": main.name,
+                           "fetched": fetched})  # fmt: skip
     return Resolved(entry.name, key.rsplit("@", 1)[1], revision, main, outputs[main.name])
 
 
 def _ready(entry: Dataset, requested: str, known: dict[str, Any] | None) -> Resolved | None:
-    """The converted files, if the lock lists them and they are there with their digests."""
+    """The converted files, if the lock lists them and they are there with their digests. A file
+    whose size and mtime are those it was locked with is not hashed again (a command that names
+    a 1.3 GB dataset pays no rehash); any other is."""
     if known is None:
         return None
     out = data_root() / entry.name / known["revision"]
     outputs = known.get("outputs") or {}
     if not outputs or not all((out / f).is_file() for f in outputs):
         return None
+    stamps = known.get("stamps") or {}
     for file, digest in outputs.items():
-        if sha256_of(out / file) != digest:
+        if stamps.get(file) == list(stamp(out / file)):
+            continue
+        if file_sha256(out / file) != digest:
             raise UserError(
                 f"{out / file}: sha256 differs from {data_root() / LOCK} ({entry.name}); the "
                 f"cached copy was changed: remove {out} and get it again"
@@ -326,10 +321,10 @@ def _from_package(entry: Dataset) -> Resolved:
         current = known is not None and known["revision"] == revision
         if current and (ready := _ready(entry, entry.revision, known)) is not None:
             return ready
-        digests = {rel: sha256_of(path) for rel, path in paths.items()}
+        digests = {rel: file_sha256(path) for rel, path in paths.items()}
         return _convert_and_lock(entry, key, revision, paths, digests)
     [path] = paths.values()
-    digest = sha256_of(path)
+    digest = file_sha256(path)
     if known is not None and known["revision"] == revision and known["sha256"] != digest:
         raise UserError(f"{path}: sha256 differs from {data_root() / LOCK} ({entry.name})")
     if known is None or known["revision"] != revision:
@@ -357,7 +352,7 @@ def add(name: str, path: Path) -> Resolved:
         entry.check(path)
     elif not path.exists():
         raise UserError(f"{path}: not found")
-    digest = sha256_of(path) if path.is_file() else ""
+    digest = file_sha256(path) if path.is_file() else ""
     revision = f"local-{digest[:12]}" if digest else "local"
     write_lock_entry(lock_key(name, "local"), {"home": "local", "revision": revision,
                                                 "sha256": digest, "path": str(path)})  # fmt: skip
