@@ -24,7 +24,7 @@ from pipelines.comprehensiveness.common import (
     Method,
 )
 from pipelines.comprehensiveness.framework import COMPREHENSIVENESS
-from pipelines.config import EvaluatorConfig, UserError
+from pipelines.config import EvaluatorConfig
 from pipelines.options import framework_command
 from pipelines.protocol import RunOutcome, RunPlan, RunRequest, Study
 from pipelines.roles import responder_config
@@ -88,8 +88,6 @@ class Reproduce(Study):
 
     def load(self, options: ReproduceOptions) -> list[Item]:
         """Every dataset's items (read now, so a bad file stops the grid before any call)."""
-        if not _datasets(options):
-            raise UserError("reproduce: give --wikicontradict and/or --conflictbank data")
         return [item for dataset in _datasets(options)
                 for item in COMPREHENSIVENESS.load(_cell_options(options, dataset))]  # fmt: skip
 
