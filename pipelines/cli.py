@@ -246,13 +246,38 @@ def index_build_command(
         str, typer.Option(help="sentence-transformers name/path, 'default' or 'none'")
     ] = "default",
     faiss: Annotated[
-        str, typer.Option(help="flat | hnsw | ivf-hnsw | auto (ICAT: flat below 50k chunks)")
+        str,
+        typer.Option(
+            help="flat | hnsw | ivf-hnsw | ivf-pq | auto (ICAT: flat below 50k chunks, else "
+            "ivf-hnsw; ivf-pq when that exceeds --memory-budget)"
+        ),
     ] = "flat",
+    nlist: Annotated[int | None, typer.Option(help="IVF lists (default ~4*sqrt(chunks))")] = None,
+    nprobe: Annotated[int, typer.Option(help="IVF lists probed per query")] = 16,
+    pq_m: Annotated[
+        int | None, typer.Option(help="ivf-pq: sub-vectors = bytes per code (default dim/8)")
+    ] = None,
+    pq_bits: Annotated[int, typer.Option(help="ivf-pq: bits per sub-vector code")] = 8,
+    opq: Annotated[bool, typer.Option("--opq", help="ivf-pq: learn an OPQ rotation")] = False,
+    refine: Annotated[
+        int | None,
+        typer.Option(
+            help="ivf-pq: re-rank refine*k candidates exactly from the stored vectors (4)"
+        ),
+    ] = None,
+    vectors: Annotated[str, typer.Option(help="stored embeddings: float32 | float16")] = "float32",
+    memory_budget: Annotated[
+        float | None, typer.Option(help="GB the FAISS index may take; refuse a larger one")
+    ] = None,
     no_bm25: Annotated[bool, typer.Option("--no-bm25", help="skip the BM25 index")] = False,
-    shards: Annotated[int, typer.Option(help="embedding shards")] = 1,
-    ray: Annotated[bool, typer.Option("--ray", help="embed shards as Ray tasks")] = False,
+    shards: Annotated[
+        int | None, typer.Option(help="embedding and IVF shards (default one per 100k chunks)")
+    ] = None,
+    ray: Annotated[bool, typer.Option("--ray", help="build shards as Ray tasks")] = False,
 ) -> None:
-    """Chunk a corpus and build BM25, embeddings and a FAISS index with a manifest."""
+    """Chunk a corpus and build BM25, embeddings and a FAISS index with a manifest. An
+    interrupted build resumes when the same command is run again."""
+    from index_build.ann import BudgetError
     from index_build.build import BuildError, IndexSpec, build_index
     from index_build.corpus import CorpusError
     from pipelines.datasets.names import dataset_file
@@ -263,18 +288,49 @@ def index_build_command(
         spec = IndexSpec(
             chunk_by=chunk_by, chunk_size=chunk_size, chunk_overlap=chunk_overlap,
             chunk_trailing=chunk_trailing, faiss=faiss, bm25=not no_bm25, shards=shards, ray=ray,
-            dense_model=None if dense_model == "none" else dense_model,
+            dense_model=None if dense_model == "none" else dense_model, ivf_nlist=nlist,
+            ivf_nprobe=nprobe, pq_m=pq_m, pq_bits=pq_bits, opq=opq, refine=refine,
+            vectors=vectors, memory_budget=memory_budget,
         )  # fmt: skip
     except ValidationError as exc:
         raise UserError(f"index options: {describe_validation(exc)}") from exc
     try:
         manifest = build_index(corpus, out, spec)
-    except (BuildError, CorpusError, FileNotFoundError, ValueError) as exc:
+    except (BuildError, BudgetError, CorpusError, FileNotFoundError, ValueError) as exc:
         raise UserError(str(exc)) from exc
     counts = manifest["counts"]
     console.print(
         f"built {out}: {counts['documents']} documents, {counts['chunks']} chunks, "
         f"{manifest['build_seconds']} s"
+    )
+
+
+@index_app.command("tune")
+@clean_errors
+def index_tune_command(
+    index: Annotated[Path, typer.Argument(help="index directory")],
+    queries: Annotated[
+        Path, typer.Option(help="held-out queries: text lines, or JSONL with query/text")
+    ],
+    recall: Annotated[float, typer.Option(help="recall@k target against exact search")] = 0.95,
+    k: Annotated[int, typer.Option(help="the k of recall@k")] = 10,
+    sample: Annotated[int, typer.Option(help="queries used at most (a seeded sample)")] = 1000,
+) -> None:
+    """Choose efSearch / nprobe / refine depth reaching a recall target; written to the
+    index's manifest and used by default from then on."""
+    from retrieval.index import IndexError_
+    from retrieval.tune import TuneError, read_queries, tune
+
+    if not queries.is_file():
+        raise UserError(f"{queries}: no such file")
+    try:
+        record = tune(index, read_queries(queries, sample), target=recall, k=k)
+    except (IndexError_, TuneError) as exc:
+        raise UserError(str(exc)) from exc
+    console.print(
+        f"tuned {index}: {record['chosen'] or 'exact search'} -> recall@{k} {record['recall']:.3f} "
+        f"at {record['qps']:,.0f} queries/s ({record['speedup_vs_exact']}x exact) "
+        f"over {record['queries']} queries"
     )
 
 

@@ -18,6 +18,8 @@ from typing import Any, Literal
 
 import numpy as np
 
+from index_build.ann import apply_search_params
+
 Mode = Literal["bm25", "dense", "hybrid"]
 
 
@@ -102,12 +104,7 @@ class SearchIndex:
             if self.faiss.ntotal != self.n:
                 raise IndexError_(f"{self.path}: faiss holds {self.faiss.ntotal} vectors, "
                                   f"manifest {self.n}")  # fmt: skip
-            params = self.manifest["faiss"]
-            if "efSearch" in params:
-                graph: Any = faiss.downcast_index(self.faiss)
-                graph.hnsw.efSearch = params["efSearch"]
-            if "nprobe" in params:
-                faiss.extract_index_ivf(self.faiss).nprobe = params["nprobe"]
+            apply_search_params(self.faiss, self.manifest["faiss"])  # as built, or as tuned
 
     # ---- chunks ----------------------------------------------------------------------------
 
@@ -182,8 +179,21 @@ class SearchIndex:
 
     def dense_search(self, queries: list[str], k: int) -> tuple[np.ndarray, np.ndarray]:
         vectors = self.encode(queries)  # raises a clear error first when there is no dense part
-        scores, rows = self.faiss.search(vectors, min(k, self.n))
-        return rows, scores
+        return self.vector_search(vectors, k)
+
+    def vector_search(
+        self, vectors: np.ndarray, k: int, refine: int | None = None
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Top-k rows for normalised query vectors. A compressed index (``refine`` > 0 in its
+        manifest, or given) fetches refine*k candidates and re-ranks them by exact inner product
+        with the stored vectors."""
+        k = min(k, self.n)
+        refine = self.manifest["faiss"].get("refine", 0) if refine is None else refine
+        if refine <= 1:
+            scores, rows = self.faiss.search(vectors, k)
+            return rows, scores
+        _, candidates = self.faiss.search(vectors, min(self.n, refine * k))
+        return exact_rerank(vectors, candidates, self.embeddings, k)
 
     def search(
         self,
@@ -215,8 +225,8 @@ class SearchIndex:
             keep = r >= 0
             r, s = r[keep], s[keep]
             if query_vectors is not None and mmr is not None:
-                r, s = mmr_select(query_vectors[qi], np.asarray(self.embeddings[r]), r, s,
-                                  k=len(r), lam=mmr)  # fmt: skip
+                stored = np.asarray(self.embeddings[r], dtype=np.float32)
+                r, s = mmr_select(query_vectors[qi], stored, r, s, k=len(r), lam=mmr)
             hits = self._hits(r, s)
             if reranker is not None:
                 hits = reranker.rerank(query, hits)
@@ -245,6 +255,23 @@ def check_expectations(manifest: dict, expect: dict, path: Path) -> None:
                 f"{path}: index was built with {key}={checks[key]!r}, expected {wanted!r}; "
                 "rebuild the index or change the configuration"
             )
+
+
+def exact_rerank(
+    queries: np.ndarray, candidates: np.ndarray, stored: np.ndarray, k: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """Rows and scores of the k best candidates per query by exact inner product; ``stored`` is
+    read only at the candidates' rows (a memory map stays on disk)."""
+    rows = np.full((len(queries), k), -1, dtype=np.int64)
+    scores = np.full((len(queries), k), -np.inf, dtype=np.float32)
+    for q, found in enumerate(candidates):
+        found = found[found >= 0]
+        order = np.argsort(found)  # ascending rows: sequential reads from the memory map
+        exact = np.asarray(stored[found[order]], dtype=np.float32) @ queries[q]
+        best = np.argsort(-exact, kind="stable")[:k]
+        rows[q, : len(best)] = found[order][best]
+        scores[q, : len(best)] = exact[best]
+    return rows, scores
 
 
 def rrf(

@@ -8,6 +8,17 @@
 4. NLI pairs/s with length-sorted dynamic padding against fixed padding (random DeBERTa-v2).
 
     python scripts/bench_retrieval.py --vectors 50000
+
+With ``--corpus`` (a corpus file, or an index directory built with dense embeddings) it measures
+instead the FAISS kinds on real text and real embeddings: Flat, HNSW32, IVF-HNSW and IVF-PQ
+(+refine, +OPQ, float16 vectors), each as built and tuned to recall@10 >= 0.95 against exact
+search over held-out queries -- recall, queries/s as a ratio to Flat, bytes per vector resident
+and stored, resident memory after loading, build time per 100K chunks, BM25 at the same scale,
+and what a 50M-chunk index would need:
+
+    python scripts/offline_corpus.py /tmp/offline.jsonl      # real prose any machine has
+    groundcover index build /tmp/offline.jsonl /tmp/idx --chunk-size 32 --chunk-overlap 0
+    python scripts/bench_retrieval.py --corpus /tmp/idx --queries /tmp/held-out.txt
 """
 
 from __future__ import annotations
@@ -138,11 +149,161 @@ def bench_nli(tmp: Path, pairs_n: int) -> None:
     print(f"ratio dynamic / fixed padding: {rates[True] / rates[False]:.2f}x")
 
 
+KINDS = {  # name -> IndexSpec fields; the build defaults otherwise
+    "flat": {"faiss": "flat"},
+    "hnsw32": {"faiss": "hnsw"},
+    "ivf-hnsw": {"faiss": "ivf-hnsw"},
+    "ivf-pq48+refine": {"faiss": "ivf-pq"},
+    "ivf-pq48+opq+refine": {"faiss": "ivf-pq", "opq": True},
+    "ivf-pq48+refine f16": {"faiss": "ivf-pq", "vectors": "float16"},
+}
+RSS_CHILD = """
+import resource, sys, numpy as np
+from retrieval.index import SearchIndex
+before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+index = SearchIndex.load(sys.argv[1])
+vectors = np.load(sys.argv[2])
+if sys.argv[3] == "bm25":
+    index.bm25_search(open(sys.argv[4]).read().splitlines(), 10)
+else:
+    index.vector_search(vectors, 10)
+print((resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) * 1024)
+"""
+
+
+def resident_bytes(index_dir: Path, vectors_file: Path, what: str, queries_file: Path) -> int:
+    """Peak RSS added by loading an index and answering the queries, in a fresh process."""
+    import subprocess
+
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            RSS_CHILD,
+            str(index_dir),
+            str(vectors_file),
+            what,
+            str(queries_file),
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=Path(__file__).resolve().parents[1],
+    )
+    return int(out.stdout.split()[-1])
+
+
+def held_out_queries(path: Path | None, index_dir: Path, n: int) -> list[str]:
+    from retrieval.tune import read_queries
+
+    if path is not None:
+        return read_queries(path, n)
+    raise SystemExit(f"--queries: held-out queries are needed for {index_dir}")
+
+
+def bench_corpus(corpus: Path, queries_file: Path | None, work: Path, n_queries: int) -> None:
+    from index_build.build import derive_index
+    from retrieval.tune import exact_top_k, recall, tune
+
+    if (corpus / "manifest.json").is_file():
+        flat_dir = corpus
+    else:
+        flat_dir = work / "flat"
+        build_index(corpus, flat_dir, IndexSpec(chunk_size=32, chunk_overlap=0))
+    manifest = json.loads((flat_dir / "manifest.json").read_text())
+    n = manifest["counts"]["chunks"]
+    queries = held_out_queries(queries_file, flat_dir, n_queries)
+    flat = SearchIndex.load(flat_dir)
+    vectors = flat.encode(queries)
+    np.save(work / "queries.npy", vectors)
+    (work / "queries.txt").write_text("\n".join(queries))
+    exact = exact_top_k(flat.embeddings, vectors, 10)
+    embed_s = manifest["dense"].get("seconds")
+    print(
+        f"corpus: {n:,} chunks of {manifest['chunking']}, {len(queries)} held-out queries; "
+        f"embedding {embed_s} s = {embed_s and 1e5 * embed_s / n:.0f} s per 100K chunks"
+    )
+    flat_qps = len(queries) / timed(lambda: flat.vector_search(vectors, 10))
+    header = (
+        f"{'index':22s} {'setting':26s} {'recall@10':>9s} {'q/s':>9s} {'x Flat':>7s} "
+        f"{'B/vec RAM':>9s} {'B/vec disk':>10s} {'RSS MB':>7s} {'build s/100K':>12s}"
+    )
+    print(header)
+    rows = []
+    for name, fields in KINDS.items():
+        out = work / name.replace(" ", "_").replace("+", "_")
+        if name == "flat":
+            out = flat_dir
+        else:
+            derive_index(flat_dir, out, IndexSpec(**fields))
+        index = SearchIndex.load(out)
+        params = index.manifest["faiss"]
+        faiss_bytes = (out / "faiss.index").stat().st_size / n
+        stored = (out / "embeddings.npy").stat().st_size / n
+        rss = resident_bytes(out, work / "queries.npy", "dense", work / "queries.txt") / 2**20
+        build = 1e5 * params.get("build_seconds", 0) / n
+        settings = [("as built", {})]
+        if name != "flat":
+            record = tune(out, queries, target=0.95)
+            settings.append(("tuned " + json.dumps(record["chosen"]), record["chosen"]))
+        for label, knobs in settings:
+            index = SearchIndex.load(out)
+            refine = knobs.get("refine") if knobs else None
+            found, _ = index.vector_search(vectors, 10, refine)
+            qps = len(queries) / timed(
+                lambda index=index, r=refine: index.vector_search(vectors, 10, r)
+            )
+            row = (
+                name,
+                label,
+                recall(found, exact),
+                qps,
+                qps / flat_qps,
+                faiss_bytes,
+                stored,
+                rss,
+                build,
+            )
+            rows.append(row)
+            print(
+                f"{row[0]:22s} {row[1][:26]:26s} {row[2]:9.3f} {row[3]:9.0f} {row[4]:7.1f} "
+                f"{row[5]:9.1f} {row[6]:10.1f} {row[7]:7.0f} {row[8]:12.1f}"
+            )
+    if "bm25" in manifest:
+        bm25_rss = resident_bytes(flat_dir, work / "queries.npy", "bm25", work / "queries.txt")
+        qps = len(queries) / timed(lambda: flat.bm25_search(queries, 10))
+        size = sum(p.stat().st_size for p in (flat_dir / "bm25").iterdir())
+        print(
+            f"bm25 (memory-mapped): {qps:,.0f} queries/s, {size / n:.0f} B/chunk on disk, "
+            f"load + {len(queries)} queries peak RSS {bm25_rss / 2**20:.0f} MB, "
+            f"build {1e5 * manifest['bm25'].get('seconds', 0) / n:.1f} s per 100K chunks"
+        )
+    print(f"\nextrapolated to 50M chunks (x{5e7 / n:,.0f}; per-vector costs as measured):")
+    for row in rows:
+        if row[1] != "as built":
+            continue
+        print(
+            f"  {row[0]:22s} index {row[5] * 5e7 / 1e9:7.1f} GB resident, vectors "
+            f"{row[6] * 5e7 / 1e9:6.1f} GB on disk, FAISS build {row[8] * 500 / 3600:6.1f} h "
+            f"on this machine"
+        )
+    if embed_s:
+        print(f"  embedding 50M chunks: {5e7 * embed_s / n / 3600:,.0f} h on this machine's CPU")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--vectors", type=int, default=50_000)
     parser.add_argument("--nli-pairs", type=int, default=512)
+    parser.add_argument("--corpus", type=Path, help="corpus file or built index directory")
+    parser.add_argument("--queries", type=Path, help="held-out queries (text lines or JSONL)")
+    parser.add_argument("--n-queries", type=int, default=1000)
+    parser.add_argument("--work", type=Path, help="keep the derived indexes here")
     args = parser.parse_args()
+    if args.corpus:
+        with tempfile.TemporaryDirectory(dir=args.work) as tmp:
+            bench_corpus(args.corpus, args.queries, Path(tmp), args.n_queries)
+        return
     with tempfile.TemporaryDirectory() as tmp:
         bench_build_and_search(Path(tmp))
         bench_ann(args.vectors)

@@ -297,16 +297,26 @@ def test_failed_build_leaves_nothing(tmp_path):
 
 
 def test_sharded_ray_build_equals_single_process(corpus_file, index_dir, tmp_path):
-    spec = IndexSpec(chunk_size=64, chunk_overlap=16, shards=3, ray=True)
+    spec = IndexSpec(
+        chunk_size=64,
+        chunk_overlap=16,
+        shards=3,
+        ray=True,
+        faiss="ivf-hnsw",
+        ivf_nlist=8,
+        ivf_nprobe=8,
+    )
     sharded = tmp_path / "sharded"
     manifest = build_index(corpus_file, sharded, spec)
     assert manifest["dense"]["shards"] == 3 and manifest["dense"]["ray"] is True
+    assert (manifest["faiss"]["shards"], manifest["faiss"]["ray"]) == (3, True)  # IVF lists too
     assert (sharded / "chunks.jsonl").read_bytes() == (index_dir / "chunks.jsonl").read_bytes()
     a, b = np.load(index_dir / "embeddings.npy"), np.load(sharded / "embeddings.npy")
     assert a.shape == b.shape and np.allclose(a, b, atol=1e-5)
     qs = queries()[:20]
     one, other = SearchIndex.load(index_dir), SearchIndex.load(sharded)
     assert np.array_equal(one.bm25_search(qs, 10)[0], other.bm25_search(qs, 10)[0])
+    # every list probed: the merged IVF lists answer as Flat does
     assert np.array_equal(one.dense_search(qs, 5)[0], other.dense_search(qs, 5)[0])
 
 
