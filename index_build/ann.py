@@ -313,6 +313,7 @@ def build_faiss_file(
     parts = folder / "parts"
     parts.mkdir(exist_ok=True)
     started = time.monotonic()
+    timing: dict[str, Any] = {}
     if not plan.ivf:  # one graph or one array: filled in streamed batches, not sharded
         index = new_index(plan)
         add_rows(index, vectors, 0, plan.n, ivf=False, tick=Progress(f"faiss {plan.kind}", plan.n))
@@ -328,6 +329,10 @@ def build_faiss_file(
             )
             index.train(as_float32(vectors[rows]))
             write_atomic(index, trained)
+            timing = {
+                "train_rows": len(rows),
+                "train_seconds": round(time.monotonic() - started, 3),
+            }
         targets = [parts / f"faiss-{i:05d}.index" for i in range(len(shard_ranges(plan.n, shards)))]
         todo = [
             (str(trained), str(vectors_path), a, b, str(t))
@@ -364,5 +369,5 @@ def build_faiss_file(
     apply_search_params(index, plan.describe())
     write_atomic(index, folder / "faiss.index")
     params = plan.describe() | {"shards": shards if plan.ivf else 1, "ray": ray and plan.ivf}
-    params["build_seconds"] = round(time.monotonic() - started, 3)
+    params |= timing | {"build_seconds": round(time.monotonic() - started, 3)}
     return params

@@ -323,9 +323,9 @@ def build_index(corpus: Path | str, out: Path | str, spec: IndexSpec | None = No
     try:
         manifest = _build_steps(corpus, staging, spec)
         manifest["corpus"] = {"path": str(corpus), "sha256": digest, "format": fmt}
-        manifest["build_seconds"] = round(time.time() - started, 3)
-        for name in ("build.json", "parts"):
-            shutil.rmtree(staging / name) if name == "parts" else (staging / name).unlink()
+        manifest["build_seconds"] = round(time.time() - started, 3)  # this run's, if resumed
+        (staging / "build.json").unlink()
+        shutil.rmtree(staging / "parts")
         manifest["files"] = {
             str(p.relative_to(staging)): p.stat().st_size
             for p in sorted(staging.rglob("*"))

@@ -274,6 +274,7 @@ def index_build_command(
         int | None, typer.Option(help="embedding and IVF shards (default one per 100k chunks)")
     ] = None,
     ray: Annotated[bool, typer.Option("--ray", help="build shards as Ray tasks")] = False,
+    device: Annotated[str, typer.Option(help="embedding device: cpu | cuda")] = "cpu",
 ) -> None:
     """Chunk a corpus and build BM25, embeddings and a FAISS index with a manifest. An
     interrupted build resumes when the same command is run again."""
@@ -290,7 +291,7 @@ def index_build_command(
             chunk_trailing=chunk_trailing, faiss=faiss, bm25=not no_bm25, shards=shards, ray=ray,
             dense_model=None if dense_model == "none" else dense_model, ivf_nlist=nlist,
             ivf_nprobe=nprobe, pq_m=pq_m, pq_bits=pq_bits, opq=opq, refine=refine,
-            vectors=vectors, memory_budget=memory_budget,
+            vectors=vectors, memory_budget=memory_budget, device=device,
         )  # fmt: skip
     except ValidationError as exc:
         raise UserError(f"index options: {describe_validation(exc)}") from exc

@@ -85,8 +85,9 @@ def settings_grid(params: dict[str, Any]) -> list[list[dict[str, int]]]:
     if kind in ("ivf-hnsw", "ivf-pq"):
         nlist = params["nlist"]
         probes = sorted({min(2**i, nlist) for i in range(nlist.bit_length() + 1)})
-        refines = REFINE_GRID if kind == "ivf-pq" else (0,)
-        return [[{"nprobe": p, "refine": r} for p in probes] for r in refines]
+        if kind == "ivf-hnsw":
+            return [[{"nprobe": p} for p in probes]]
+        return [[{"nprobe": p, "refine": r} for p in probes] for r in REFINE_GRID]
     return []
 
 

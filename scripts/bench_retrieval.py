@@ -11,7 +11,7 @@
 
 With ``--corpus`` (a corpus file, or an index directory built with dense embeddings) it measures
 instead the FAISS kinds on real text and real embeddings: Flat, HNSW32, IVF-HNSW and IVF-PQ
-(+refine, +OPQ, float16 vectors), each as built and tuned to recall@10 >= 0.95 against exact
+(+refine; float16 vectors), each as built and tuned to recall@10 >= 0.95 against exact
 search over held-out queries -- recall, queries/s as a ratio to Flat, bytes per vector resident
 and stored, resident memory after loading, build time per 100K chunks, BM25 at the same scale,
 and what a 50M-chunk index would need:
@@ -50,8 +50,12 @@ def corpus(path: Path) -> list[str]:
             queries.append(topic["query"])
             rows.append({"id": f"t{topic['topic_id']}", "contents": topic["description"]})
             for sub in topic["subtopics"]:
-                rows.append({"id": f"t{topic['topic_id']}.{sub['subtopic_id']}",
-                             "contents": sub["description"]})  # fmt: skip
+                rows.append(
+                    {
+                        "id": f"t{topic['topic_id']}.{sub['subtopic_id']}",
+                        "contents": sub["description"],
+                    }
+                )
         for n, line in enumerate((SHARED / "wikicontradict" / "humaneval-dev.jsonl").open()):
             rows.append({"id": f"wc{n}", "contents": json.loads(line)["context1_self_contained"]})
     else:
@@ -154,25 +158,32 @@ KINDS = {  # name -> IndexSpec fields; the build defaults otherwise
     "hnsw32": {"faiss": "hnsw"},
     "ivf-hnsw": {"faiss": "ivf-hnsw"},
     "ivf-pq48+refine": {"faiss": "ivf-pq"},
-    "ivf-pq48+opq+refine": {"faiss": "ivf-pq", "opq": True},
     "ivf-pq48+refine f16": {"faiss": "ivf-pq", "vectors": "float16"},
 }
 RSS_CHILD = """
-import resource, sys, numpy as np
+import sys, numpy as np
 from retrieval.index import SearchIndex
-before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-index = SearchIndex.load(sys.argv[1])
+
+def rss():  # private (anonymous) and file-backed (page cache, shared) resident kB
+    fields = dict(line.split(":") for line in open("/proc/self/status"))
+    return int(fields["RssAnon"].split()[0]), int(fields["RssFile"].split()[0])
+
 vectors = np.load(sys.argv[2])
+queries = open(sys.argv[4]).read().splitlines()
+before = rss()
+index = SearchIndex.load(sys.argv[1])
 if sys.argv[3] == "bm25":
-    index.bm25_search(open(sys.argv[4]).read().splitlines(), 10)
+    index.bm25_search(queries, 10)
 else:
     index.vector_search(vectors, 10)
-print((resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) * 1024)
+after = rss()
+print((after[0] - before[0]) * 1024, (after[1] - before[1]) * 1024)
 """
 
 
-def resident_bytes(index_dir: Path, vectors_file: Path, what: str, queries_file: Path) -> int:
-    """Peak RSS added by loading an index and answering the queries, in a fresh process."""
+def resident(index_dir: Path, work: Path, what: str) -> tuple[float, float]:
+    """MB of private and file-backed memory added by loading an index and answering the
+    queries once, in a fresh process."""
     import subprocess
 
     out = subprocess.run(
@@ -181,114 +192,140 @@ def resident_bytes(index_dir: Path, vectors_file: Path, what: str, queries_file:
             "-c",
             RSS_CHILD,
             str(index_dir),
-            str(vectors_file),
+            str(work / "queries.npy"),
             what,
-            str(queries_file),
+            str(work / "queries.txt"),
         ],
         capture_output=True,
         text=True,
         check=True,
         cwd=Path(__file__).resolve().parents[1],
     )
-    return int(out.stdout.split()[-1])
+    anon, file = out.stdout.split()[-2:]
+    return int(anon) / 2**20, int(file) / 2**20
 
 
-def held_out_queries(path: Path | None, index_dir: Path, n: int) -> list[str]:
-    from retrieval.tune import read_queries
-
-    if path is not None:
-        return read_queries(path, n)
-    raise SystemExit(f"--queries: held-out queries are needed for {index_dir}")
-
-
-def bench_corpus(corpus: Path, queries_file: Path | None, work: Path, n_queries: int) -> None:
-    from index_build.build import derive_index
-    from retrieval.tune import exact_top_k, recall, tune
-
+def flat_reference(corpus: Path, work: Path) -> Path:
     if (corpus / "manifest.json").is_file():
-        flat_dir = corpus
-    else:
-        flat_dir = work / "flat"
-        build_index(corpus, flat_dir, IndexSpec(chunk_size=32, chunk_overlap=0))
+        return corpus
+    build_index(corpus, work / "flat", IndexSpec(chunk_size=32, chunk_overlap=0))
+    return work / "flat"
+
+
+def measure(out: Path, vectors: np.ndarray, exact: np.ndarray) -> tuple[float, float]:
+    """recall@10 and queries/s of an index with its manifest's search settings."""
+    from retrieval.tune import recall
+
+    index = SearchIndex.load(out)
+    found, _ = index.vector_search(vectors, 10)
+    return recall(found, exact), len(vectors) / timed(lambda: index.vector_search(vectors, 10))
+
+
+def embedding_seconds(index: SearchIndex, n: int, sample: int = 2048) -> float:
+    """Seconds to embed all n chunks, at the rate measured on an evenly spaced sample (for an
+    index whose manifest does not record its embedding time)."""
+    from index_build.build import load_encoder
+
+    rows = np.linspace(0, n - 1, min(sample, n)).astype(int)
+    texts = [index.chunk(int(r))["text"] for r in rows]
+    encoder = load_encoder(index.manifest["dense"]["model_path"], "cpu")
+    seconds = timed(lambda: encoder.encode(texts, batch_size=64, normalize_embeddings=True), 1)
+    return seconds * n / len(texts)
+
+
+def knobs(setting: dict) -> str:
+    return " ".join(f"{key}={value}" for key, value in setting.items()) or "-"
+
+
+def bench_corpus(corpus: Path, queries_file: Path, work: Path, n_queries: int) -> None:
+    from index_build.ann import plan_faiss
+    from index_build.build import derive_index
+    from retrieval.tune import exact_top_k, read_queries, tune
+
+    flat_dir = flat_reference(corpus, work)
     manifest = json.loads((flat_dir / "manifest.json").read_text())
-    n = manifest["counts"]["chunks"]
-    queries = held_out_queries(queries_file, flat_dir, n_queries)
+    n, dim = manifest["counts"]["chunks"], manifest["dense"]["dim"]
+    queries = read_queries(queries_file, n_queries)
     flat = SearchIndex.load(flat_dir)
     vectors = flat.encode(queries)
     np.save(work / "queries.npy", vectors)
     (work / "queries.txt").write_text("\n".join(queries))
     exact = exact_top_k(flat.embeddings, vectors, 10)
-    embed_s = manifest["dense"].get("seconds")
+    embed_s = manifest["dense"].get("seconds") or embedding_seconds(flat, n)
     print(
-        f"corpus: {n:,} chunks of {manifest['chunking']}, {len(queries)} held-out queries; "
-        f"embedding {embed_s} s = {embed_s and 1e5 * embed_s / n:.0f} s per 100K chunks"
+        f"corpus: {n:,} chunks ({manifest['chunking']}), {len(queries)} held-out queries; "
+        f"embedding {embed_s:,.0f} s = {1e5 * embed_s / n:,.0f} s per 100K chunks"
     )
-    flat_qps = len(queries) / timed(lambda: flat.vector_search(vectors, 10))
-    header = (
-        f"{'index':22s} {'setting':26s} {'recall@10':>9s} {'q/s':>9s} {'x Flat':>7s} "
-        f"{'B/vec RAM':>9s} {'B/vec disk':>10s} {'RSS MB':>7s} {'build s/100K':>12s}"
+    print(
+        f"{'index':20s} {'search setting':24s} {'recall@10':>9s} {'q/s':>8s} {'x Flat':>7s} "
+        f"{'B/vec index':>11s} {'B/vec vectors':>13s} {'RSS MB priv/file':>16s} "
+        f"{'build s/100K':>12s}"
     )
-    print(header)
-    rows = []
+    flat_qps = None
+    plans = {}
     for name, fields in KINDS.items():
-        out = work / name.replace(" ", "_").replace("+", "_")
-        if name == "flat":
-            out = flat_dir
-        else:
-            derive_index(flat_dir, out, IndexSpec(**fields))
-        index = SearchIndex.load(out)
-        params = index.manifest["faiss"]
-        faiss_bytes = (out / "faiss.index").stat().st_size / n
-        stored = (out / "embeddings.npy").stat().st_size / n
-        rss = resident_bytes(out, work / "queries.npy", "dense", work / "queries.txt") / 2**20
+        spec = IndexSpec(**fields)
+        out = flat_dir if name == "flat" else work / name.replace(" ", "_").replace("+", "_")
+        if name != "flat":
+            derive_index(flat_dir, out, spec)
+        params = json.loads((out / "manifest.json").read_text())["faiss"]
+        plans[name] = (spec, params)
+        index_b = (out / "faiss.index").stat().st_size / n
+        stored_b = (out / "embeddings.npy").stat().st_size / n
+        anon, file = resident(out, work, "dense")
         build = 1e5 * params.get("build_seconds", 0) / n
-        settings = [("as built", {})]
+        rows = [("as built", *measure(out, vectors, exact))]
         if name != "flat":
             record = tune(out, queries, target=0.95)
-            settings.append(("tuned " + json.dumps(record["chosen"]), record["chosen"]))
-        for label, knobs in settings:
-            index = SearchIndex.load(out)
-            refine = knobs.get("refine") if knobs else None
-            found, _ = index.vector_search(vectors, 10, refine)
-            qps = len(queries) / timed(
-                lambda index=index, r=refine: index.vector_search(vectors, 10, r)
-            )
-            row = (
-                name,
-                label,
-                recall(found, exact),
-                qps,
-                qps / flat_qps,
-                faiss_bytes,
-                stored,
-                rss,
-                build,
-            )
-            rows.append(row)
+            rows.append(("tuned " + knobs(record["chosen"]), *measure(out, vectors, exact)))
+        for label, found_recall, qps in rows:
+            flat_qps = flat_qps or qps
             print(
-                f"{row[0]:22s} {row[1][:26]:26s} {row[2]:9.3f} {row[3]:9.0f} {row[4]:7.1f} "
-                f"{row[5]:9.1f} {row[6]:10.1f} {row[7]:7.0f} {row[8]:12.1f}"
+                f"{name:20s} {label:24s} {found_recall:9.3f} {qps:8.0f} "
+                f"{qps / flat_qps:7.1f} {index_b:11.1f} {stored_b:13.1f} "
+                f"{anon:7.0f}/{file:<8.0f} {build:12.1f}"
             )
     if "bm25" in manifest:
-        bm25_rss = resident_bytes(flat_dir, work / "queries.npy", "bm25", work / "queries.txt")
+        anon, file = resident(flat_dir, work, "bm25")
         qps = len(queries) / timed(lambda: flat.bm25_search(queries, 10))
         size = sum(p.stat().st_size for p in (flat_dir / "bm25").iterdir())
         print(
             f"bm25 (memory-mapped): {qps:,.0f} queries/s, {size / n:.0f} B/chunk on disk, "
-            f"load + {len(queries)} queries peak RSS {bm25_rss / 2**20:.0f} MB, "
+            f"load + {len(queries)} queries: RSS +{anon:.0f} MB private, +{file:.0f} MB file; "
             f"build {1e5 * manifest['bm25'].get('seconds', 0) / n:.1f} s per 100K chunks"
         )
-    print(f"\nextrapolated to 50M chunks (x{5e7 / n:,.0f}; per-vector costs as measured):")
-    for row in rows:
-        if row[1] != "as built":
-            continue
+    big = 50_000_000
+    print(
+        f"\n50M chunks x {dim}: index size from the build's size model (the one --memory-budget "
+        "checks; estimate/file at this size in brackets); build time: adding at the measured "
+        "rate, plus IVF k-means scaled by sample x lists from the ivf-hnsw training measured "
+        "here, plus PQ training as measured (its sample is capped)"
+    )
+    ivf_params = plans["ivf-hnsw"][1]
+    ivf_plan = plan_faiss(plans["ivf-hnsw"][0], n, dim)
+    for name, (spec, params) in plans.items():
+        here, there = plan_faiss(spec, n, dim), plan_faiss(spec, big, dim)
+        actual = work / name.replace(" ", "_").replace("+", "_") / "faiss.index"
+        if name == "flat":
+            actual = flat_dir / "faiss.index"
+        train = params.get("train_seconds", 0)
+        add = params.get("build_seconds", 0) - train
+        seconds = add * big / n
+        if here.ivf:
+            kmeans = ivf_params["train_seconds"] * (
+                min(big, 64 * there.nlist)
+                * there.nlist
+                / (ivf_params["train_rows"] * ivf_plan.nlist)
+            )
+            seconds += kmeans + max(0.0, train - ivf_params["train_seconds"])
+        vectors_gb = big * dim * (2 if spec.vectors == "float16" else 4) / 1e9
+        lists = f", nlist {there.nlist:,}" if there.nlist else ""
         print(
-            f"  {row[0]:22s} index {row[5] * 5e7 / 1e9:7.1f} GB resident, vectors "
-            f"{row[6] * 5e7 / 1e9:6.1f} GB on disk, FAISS build {row[8] * 500 / 3600:6.1f} h "
-            f"on this machine"
+            f"  {name:20s} index {there.index_bytes() / 1e9:6.1f} GB resident "
+            f"({here.index_bytes() / actual.stat().st_size:.3f}), vectors {vectors_gb:5.1f} GB "
+            f"on disk, FAISS build ~{seconds / 3600:,.1f} h on this machine{lists}"
         )
-    if embed_s:
-        print(f"  embedding 50M chunks: {5e7 * embed_s / n / 3600:,.0f} h on this machine's CPU")
+    print(f"  embedding 50M chunks: {big * embed_s / n / 3600:,.0f} h on this machine's CPU")
 
 
 def main() -> None:
@@ -301,6 +338,8 @@ def main() -> None:
     parser.add_argument("--work", type=Path, help="keep the derived indexes here")
     args = parser.parse_args()
     if args.corpus:
+        if args.queries is None:
+            parser.error("--corpus needs --queries (held-out text of the same corpus)")
         with tempfile.TemporaryDirectory(dir=args.work) as tmp:
             bench_corpus(args.corpus, args.queries, Path(tmp), args.n_queries)
         return
