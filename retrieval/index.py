@@ -97,8 +97,12 @@ class SearchIndex:
             if self.embeddings.shape != (self.n, self.manifest["dense"]["dim"]):
                 raise IndexError_(f"{self.path}: embeddings shape {self.embeddings.shape} "
                                   f"!= ({self.n}, {self.manifest['dense']['dim']})")  # fmt: skip
+            # memory-mapped, not read: IVF lists (IO_FLAG_MMAP) or flat storage (_IFC), so a
+            # large index costs page cache that several processes share, not private memory
+            ivf = self.manifest["faiss"]["kind"].startswith("ivf")
+            flag = faiss.IO_FLAG_MMAP if ivf else faiss.IO_FLAG_MMAP_IFC
             try:
-                self.faiss = faiss.read_index(str(self.path / "faiss.index"), faiss.IO_FLAG_MMAP)
+                self.faiss = faiss.read_index(str(self.path / "faiss.index"), flag)
             except RuntimeError:
                 self.faiss = faiss.read_index(str(self.path / "faiss.index"))
             if self.faiss.ntotal != self.n:

@@ -25,7 +25,7 @@ from index_build.ann import apply_search_params
 from retrieval.index import SearchIndex
 
 EF_GRID = (16, 32, 64, 128, 256, 512, 1024, 2048)
-REFINE_GRID = (1, 2, 4, 8, 16)
+REFINE_GRID = (1, 2, 4, 8, 16, 32, 64)
 
 
 class TuneError(ValueError):

@@ -240,7 +240,7 @@ def knobs(setting: dict) -> str:
 def bench_corpus(corpus: Path, queries_file: Path, work: Path, n_queries: int) -> None:
     from index_build.ann import plan_faiss
     from index_build.build import derive_index
-    from retrieval.tune import exact_top_k, read_queries, tune
+    from retrieval.tune import TuneError, exact_top_k, read_queries, tune
 
     flat_dir = flat_reference(corpus, work)
     manifest = json.loads((flat_dir / "manifest.json").read_text())
@@ -276,8 +276,11 @@ def bench_corpus(corpus: Path, queries_file: Path, work: Path, n_queries: int) -
         build = 1e5 * params.get("build_seconds", 0) / n
         rows = [("as built", *measure(out, vectors, exact))]
         if name != "flat":
-            record = tune(out, queries, target=0.95)
-            rows.append(("tuned " + knobs(record["chosen"]), *measure(out, vectors, exact)))
+            try:
+                record = tune(out, queries, target=0.95)
+                rows.append(("tuned " + knobs(record["chosen"]), *measure(out, vectors, exact)))
+            except TuneError as exc:
+                print(f"{name:20s} tune: {exc}")
         for label, found_recall, qps in rows:
             flat_qps = flat_qps or qps
             print(
