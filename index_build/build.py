@@ -311,6 +311,17 @@ def _staging(corpus: Path, out: Path, spec: IndexSpec) -> tuple[Path, str]:
     return staging, digest
 
 
+def publish(staging: Path, out: Path, manifest: dict) -> None:
+    """Record every file's size in the manifest, write it last, move the folder into place."""
+    manifest["files"] = {
+        str(p.relative_to(staging)): p.stat().st_size
+        for p in sorted(staging.rglob("*"))
+        if p.is_file()
+    }
+    (staging / "manifest.json").write_text(json.dumps(manifest, indent=2))
+    os.replace(staging, out)
+
+
 def build_index(corpus: Path | str, out: Path | str, spec: IndexSpec | None = None) -> dict:
     """Build into OUT.partial and move it into place. Bad input leaves nothing; an interrupted
     build leaves OUT.partial for the same command to resume."""
@@ -326,13 +337,7 @@ def build_index(corpus: Path | str, out: Path | str, spec: IndexSpec | None = No
         manifest["build_seconds"] = round(time.time() - started, 3)  # this run's, if resumed
         (staging / "build.json").unlink()
         shutil.rmtree(staging / "parts")
-        manifest["files"] = {
-            str(p.relative_to(staging)): p.stat().st_size
-            for p in sorted(staging.rglob("*"))
-            if p.is_file()
-        }
-        (staging / "manifest.json").write_text(json.dumps(manifest, indent=2))
-        os.replace(staging, out)
+        publish(staging, out, manifest)
     except (BuildError, CorpusError, BudgetError, ValueError):
         shutil.rmtree(staging, ignore_errors=True)  # bad input: nothing worth resuming
         raise
@@ -438,13 +443,7 @@ def derive_index(source: Path | str, out: Path | str, spec: IndexSpec) -> dict:
         manifest["dense"]["dtype"] = spec.vectors
         manifest["derived_from"] = str(source)
         manifest.pop("tuning", None)  # the source's settings were measured on another index
-        manifest["files"] = {
-            str(p.relative_to(staging)): p.stat().st_size
-            for p in sorted(staging.rglob("*"))
-            if p.is_file()
-        }
-        (staging / "manifest.json").write_text(json.dumps(manifest, indent=2))
-        os.replace(staging, out)
+        publish(staging, out, manifest)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
