@@ -369,7 +369,10 @@ def _build_steps(corpus: Path, staging: Path, spec: IndexSpec) -> dict:
         "versions": versions(),
     }
     encoder = plan = None
-    if spec.dense_model:  # refuse an index the budget cannot hold before any embedding
+    dense_file = staging / "parts" / "dense.json"
+    if spec.dense_model and dense_file.exists():  # resumed after embedding: no model needed
+        plan = plan_faiss(spec, n_chunks, json.loads(dense_file.read_text())["dim"])
+    elif spec.dense_model:  # refuse an index the budget cannot hold before any embedding
         model_path = resolve_model(spec.dense_model)
         assert model_path is not None
         encoder = load_encoder(model_path, spec.device)
@@ -384,7 +387,6 @@ def _build_steps(corpus: Path, staging: Path, spec: IndexSpec) -> dict:
             (staging / "parts" / "bm25.json").write_text(json.dumps(manifest["bm25"]))
         manifest["bm25"] = json.loads((staging / "parts" / "bm25.json").read_text())
     if plan is not None:
-        dense_file = staging / "parts" / "dense.json"
         if not dense_file.exists():
             started = time.monotonic()
             dense = build_embeddings(staging, spec, n_chunks, encoder)
