@@ -14,6 +14,7 @@ from pydantic import ValidationError
 from rich.console import Console
 from rich.table import Column, Table
 
+from pipelines import nli_placement
 from pipelines.config import UserError, describe_validation
 from pipelines.data_cli import data_app
 from pipelines.datasets.catalog import is_name
@@ -49,6 +50,7 @@ app.add_typer(crux_app, name="crux")
 GROUPS = {"eval": eval_app, "reproduce": reproduce_app, "meta-eval": meta_eval_app,
           "finetune claims": claims_app, "crux": crux_app}  # fmt: skip
 console = Console(stderr=True)
+NLI_APP = "groundcover-nli"
 
 # ---- serve -----------------------------------------------------------------------------------
 
@@ -56,7 +58,9 @@ console = Console(stderr=True)
 @app.command()
 @clean_errors
 def serve(
-    model: Annotated[str, typer.Argument(help="preset name (see `models`), directory or hub id")],
+    model: Annotated[
+        str | None, typer.Argument(help="preset name (see `models`), directory or hub id")
+    ] = None,
     lora: Annotated[list[str] | None, typer.Option(help="NAME=PATH of a LoRA adapter")] = None,
     host: Annotated[str, typer.Option(help="bind address")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="0 picks a free port")] = 8000,
@@ -71,10 +75,37 @@ def serve(
     ray_address: Annotated[
         str | None, typer.Option(help="Ray cluster for the replicas (default: local)")
     ] = None,
+    nli: Annotated[
+        str | None, typer.Option(help="deploy an NLI app of this cross-encoder instead")
+    ] = None,
+    nli_app: Annotated[str, typer.Option(help="the NLI app's name")] = NLI_APP,
+    nli_replicas: Annotated[int, typer.Option(help="NLI replicas")] = 1,
+    nli_device: Annotated[str, typer.Option(help="cpu | cuda (one GPU per replica)")] = "cpu",
+    nli_batch: Annotated[int, typer.Option(help="pairs per forward pass")] = 32,
+    nli_resources: nli_placement.ResourcesOpt = None,
+    stop: Annotated[bool, typer.Option("--stop", help="delete the NLI app --nli-app")] = False,
 ) -> None:
     """Start the vLLM OpenAI-compatible server for MODEL (plus adapters) and wait. It binds
     127.0.0.1 unless --host says otherwise; another address needs an API key, which clients
-    send as a Bearer token (evaluator option api_key_env, OPENAI_API_KEY by default)."""
+    send as a Bearer token (evaluator option api_key_env, OPENAI_API_KEY by default).
+
+    With --nli CHECKPOINT: deploy a named NLI app on the Ray cluster at --ray-address and
+    return; it stays warm for every run that says --nli-app NAME (--stop deletes it)."""
+    if nli or stop:
+        serve_nli(
+            nli,
+            nli_app,
+            stop,
+            ray_address,
+            timeout,
+            nli_replicas=nli_replicas,
+            nli_device=nli_device,
+            nli_batch=nli_batch,
+            nli_resources=nli_resources,
+        )
+        return
+    if model is None:
+        raise UserError("serve: give MODEL (or --nli CHECKPOINT for an NLI app)")
     preset = resolve(model)
     adapters = parse_loras(lora)
     for name, path in adapters.items():
@@ -114,6 +145,47 @@ def serve(
         console.print("stopping")
     finally:
         server.stop()
+
+
+def serve_nli(
+    model: str | None, name: str, stop: bool, address: str | None, timeout: float, **placement: Any
+) -> None:
+    """``serve --nli``: a named NLI app that outlives this command, on a running cluster."""
+    from retrieval import nli_serve
+
+    if not address:
+        raise UserError(
+            "serve --nli: an app that stays needs a running cluster (`ray start "
+            "--head`); give --ray-address (auto, or HOST:PORT)"
+        )
+    if stop:
+        found = nli_serve.stop_named(name, address)
+        console.print(f"deleted the NLI app {name}" if found else f"no NLI app {name} to delete")
+        return
+    assert model is not None
+    try:
+        resources = nli_placement.parse_resources(placement["nli_resources"])
+        settings = nli_serve.app_settings(
+            model,
+            replicas=placement["nli_replicas"],
+            device=placement["nli_device"],
+            batch_size=placement["nli_batch"],
+            resources=resources,
+        )
+    except ValueError as exc:
+        raise UserError(f"serve --nli: {exc}") from exc
+    console.print(f"deploying {settings['replicas']} replicas of {model} as {name}")
+    try:
+        replicas = nli_serve.start_named(name, settings, address, timeout)
+    except nli_serve.NliAppError as exc:
+        raise UserError(str(exc)) from exc
+    for replica in replicas:
+        console.print(f"  replica pid {replica['pid']} on node {replica['node'][:12]}")
+    console.print(
+        f"NLI app {name} is running; runs use it with --nli-app {name} --ray-address "
+        f"{address}; `groundcover serve --nli-app {name} --stop --ray-address "
+        f"{address}` deletes it"
+    )
 
 
 def serve_replicas(spec: ServerSpec, replicas: int, address: str | None, timeout: float) -> None:

@@ -284,7 +284,17 @@ async def _execute(study, request, items, plans, roles, root, opener, quiet, pri
             await evaluators.done_with_run()
     finally:
         await evaluators.aclose()
+        await asyncio.to_thread(close_resources, resources)
     return outcomes
+
+
+def close_resources(resources: dict[str, Any]) -> None:
+    """What a framework's setup opened and must give back (a Serve app it deployed, Ray
+    drivers), once its last run is done."""
+    for resource in resources.values():
+        close = getattr(resource, "close", None)
+        if callable(close):
+            close()
 
 
 async def _open_roles(evaluators: Evaluators, roles: dict[str, EvaluatorConfig], run_dir: Path):
@@ -344,7 +354,7 @@ async def _run_one(study, request, plan: RunPlan, roles, items, root, evaluators
     ids = item_ids(items)
     pending = store.pending(ids)
     todo = select(items, [k for k, i in enumerate(ids) if i in pending][:pilot])
-    started, usage, budget = time.time(), {}, None
+    started, usage, budget, where = time.time(), {}, None, None
     if todo:  # nothing missing: no model is started, no resource loaded
         clients = await _open_roles(evaluators, roles, store.dir)
         resource_key = f"{fw.name}:{plan.options.model_dump_json()}"
@@ -370,6 +380,8 @@ async def _run_one(study, request, plan: RunPlan, roles, items, root, evaluators
             solved = len(pending) - len(store.pending(ids))
             record_invocation(store.dir, solving, time.time() - solving, solved)
         usage = _usage_since(clients, before)
+        placement = getattr(resources[resource_key], "placement", None)
+        where = placement() if callable(placement) else None
     # in id order: tables (bootstrap intervals too) equal what `report` rebuilds
     results = records_for_tables(fw, plan.options, store.results(sorted(ids)))
     tables = tables_of(fw, plan.options, results)
@@ -380,6 +392,8 @@ async def _run_one(study, request, plan: RunPlan, roles, items, root, evaluators
                 ),
                 "self_judging": judged_by_itself,
                 "seconds_this_invocation": round(time.time() - started, 3)}  # fmt: skip
+    if where is not None:  # which replicas (node, process) answered this invocation's NLI
+        summary["nli_placement_this_invocation"] = where
     if prices:
         summary["cost_this_invocation"] = cost_table(
             fw, usage, records, prices, summary["seconds_this_invocation"]

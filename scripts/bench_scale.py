@@ -1,7 +1,12 @@
 """Scale-out on Ray, measured side by side in one run.
 
 1. NLI pairs/s: the cross-encoder here vs on Ray Data with 1 and 2 actors (same pairs, same
-   batches; each Ray call includes starting its actors and loading the model in them).
+   batches; each Ray call includes starting its actors and loading the model in them) vs on a
+   warm Ray Serve app of 1 and 2 replicas; the latency of one 64-pair call on each.
+1b. NLI as a run sees it: 10,000 pairs arriving in 64-pair calls from 32 concurrent items,
+   pooled by ``NliBatcher``, here vs Serve (1, 2 replicas) vs Ray Data per call.
+1c. The driver's ceiling: EvalClient calls/s against a stub endpoint that answers at once (in its
+   own process), the driver's CPU per call, and its memory per request in flight.
 2. LLM pairwise calls/s: the NLI prompt of the comprehensiveness method over real sentence pairs,
    through a Ray Serve LLM app with 1 vs 2 replicas; and, on the 2-replica app, our client's
    prompt+completion tokens/s vs vLLM's own benchmark client (``vllm bench serve``, custom
@@ -16,6 +21,7 @@ Default model: the embedded SmolLM2 (weak, but a real LM: its prompts and output
 lengths); NLI: a tiny random DeBERTa-v2 (speed only).
 
     python scripts/bench_scale.py --pairs 32768 --llm-pairs 96 --items 2
+    python scripts/bench_scale.py --skip llm   # the NLI and driver sections only
 """
 
 from __future__ import annotations
@@ -57,33 +63,187 @@ def pairs_of(n: int, seed: int = 0) -> list[tuple[str, str]]:
 # ---- 1. NLI -------------------------------------------------------------------------------------
 
 
-def bench_nli(tmp: Path, n: int) -> None:
+def bench_nli(tmp: Path, n: int, stream_pairs: int) -> None:
     from retrieval.nli import NliScorer
     from retrieval.nli_ray import RayNliScorer
+    from retrieval.nli_serve import ServeNliScorer
     from tests.support.tiny import build_tiny_classifier
 
     model = str(build_tiny_classifier(tmp / "tiny-nli"))
     pairs = pairs_of(n)
+    here = NliScorer(model)
     started = time.perf_counter()
-    local = NliScorer(model).probabilities(pairs)
+    local = here.probabilities(pairs)
     rates = {"local": n / (time.perf_counter() - started)}
-    small: dict[int, float] = {}
-    for actors in (1, 2):
-        scorer = RayNliScorer(model, actors=actors)
+    small = {"local": statistics.median(seconds(here.probabilities, pairs[:64]) for _ in range(5))}
+    streamed = {"local": stream(here, stream_pairs)}
+    kinds = [("ray data", RayNliScorer, "actors", k) for k in (1, 2)]
+    kinds += [("serve", ServeNliScorer, "replicas", k) for k in (1, 2)]
+    for kind, make, unit, count in kinds:
+        scorer = make(model, **{unit: count})
         scorer.probabilities(pairs[:64])  # Ray Data's own warm-up (first execution plans)
+        name = f"{kind} {count} {unit[:-1] if count == 1 else unit}"
         started = time.perf_counter()
         remote = scorer.probabilities(pairs)
-        rates[f"ray {actors} actor(s)"] = n / (time.perf_counter() - started)
+        rates[name] = n / (time.perf_counter() - started)
         assert (remote.argmax(1) == local.argmax(1)).all()
-        small[actors] = statistics.median(seconds(scorer.probabilities, pairs[:64])
-                                          for _ in range(3))  # fmt: skip
+        small[name] = statistics.median(seconds(scorer.probabilities, pairs[:64]) for _ in range(5))
+        streamed[name] = stream(scorer, stream_pairs)
         scorer.close()  # its Ray driver process and local Ray with it
-    print(f"1. NLI, {n} pairs (tiny DeBERTa-v2): " + ", ".join(
-        f"{k} {v:,.0f} pairs/s" for k, v in rates.items()))  # fmt: skip
-    print(f"   ray 2 / 1 actors: {rates['ray 2 actor(s)'] / rates['ray 1 actor(s)']:.2f}x;"
-          f" ray 2 actors / local: {rates['ray 2 actor(s)'] / rates['local']:.2f}x")  # fmt: skip
-    print("   one pooled call of 64 pairs (actors start and load the model per call), median of "
-          "3: " + ", ".join(f"{a} actor(s) {t:.2f} s" for a, t in small.items()))  # fmt: skip
+    print(
+        f"1. NLI, {n} pairs in one call (tiny DeBERTa-v2), pairs/s: "
+        + ", ".join(f"{k} {v:,.0f}" for k, v in rates.items())
+    )
+    print(
+        f"   ray data 2 / 1 actors: {rates['ray data 2 actors'] / rates['ray data 1 actor']:.2f}"
+        f"x; serve 2 / 1 replicas: {rates['serve 2 replicas'] / rates['serve 1 replica']:.2f}x"
+    )
+    print(
+        "   one call of 64 pairs, median of 5: "
+        + ", ".join(f"{k} {v * 1000:,.0f} ms" for k, v in small.items())
+    )
+    for actors in (1, 2):
+        for replicas in (1, 2):
+            data = small[f"ray data {actors} {'actor' if actors == 1 else 'actors'}"]
+            warm = small[f"serve {replicas} {'replica' if replicas == 1 else 'replicas'}"]
+            print(f"   ray data {actors} / serve {replicas}: {data / warm:,.0f}x lower latency")
+    print(
+        f"1b. {stream_pairs:,} pairs in 64-pair calls from 32 concurrent items (NliBatcher "
+        "pools them), pairs/s and ratio to local: "
+        + ", ".join(f"{k} {v:,.0f} ({v / streamed['local']:.2f}x)" for k, v in streamed.items()),
+        flush=True,
+    )
+
+
+def stream(scorer, total: int, items: int = 32, per_call: int = 64) -> float:
+    """Pairs/s when ``items`` concurrent items each send 64-pair calls until ``total`` pairs
+    have been asked, through the ``NliBatcher`` a run uses (pairs are new on every call)."""
+    from retrieval.nli import NliBatcher
+
+    calls = [pairs_of(per_call, seed=1000 + k) for k in range(-(-total // per_call))]
+
+    async def run() -> float:
+        batcher = NliBatcher(scorer)
+        queue = list(range(len(calls)))
+
+        async def item() -> None:
+            while queue:
+                await batcher.rows(calls[queue.pop()])
+
+        started = time.perf_counter()
+        await asyncio.gather(*(item() for _ in range(items)))
+        elapsed = time.perf_counter() - started
+        batcher.close()
+        return len(calls) * per_call / elapsed
+
+    return asyncio.run(run())
+
+
+# ---- 1c. the driver's ceiling -------------------------------------------------------------------
+
+STUB = """
+import asyncio, json, sys
+BODY = json.dumps({"id": "x", "object": "chat.completion", "created": 0, "model": "stub",
+    "choices": [{"index": 0, "finish_reason": "stop",
+                 "message": {"role": "assistant", "content": "entailment"}}],
+    "usage": {"prompt_tokens": 40, "completion_tokens": 1, "total_tokens": 41}}).encode()
+DELAY = float(sys.argv[2])
+
+async def answer(reader, writer):
+    try:
+        while True:
+            head = await reader.readuntil(b"\r\n\r\n")
+            length = 0
+            for line in head.split(b"\r\n"):
+                if line.lower().startswith(b"content-length:"):
+                    length = int(line.split(b":")[1])
+            await reader.readexactly(length)
+            if DELAY:
+                await asyncio.sleep(DELAY)
+            writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n"
+                         b"content-length: %d\r\n\r\n" % len(BODY) + BODY)
+            await writer.drain()
+    except (asyncio.IncompleteReadError, ConnectionError):
+        writer.close()
+
+async def main():
+    server = await asyncio.start_server(answer, "127.0.0.1", int(sys.argv[1]), backlog=4096)
+    print("ready", flush=True)
+    await server.serve_forever()
+
+asyncio.run(main())
+"""
+
+
+def rss_mb() -> float:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+async def drive(url: str, calls: int, concurrency: int) -> tuple[float, float, float]:
+    """(calls/s, driver CPU ms per call, peak RSS MB) for ``calls`` EvalClient chats."""
+    from serving.client import EvalClient
+
+    messages = nli_messages(1)[0]
+    peak = rss_mb()
+    async with EvalClient(
+        url,
+        "stub",
+        concurrency=concurrency,
+        max_retries=0,
+        default_params={"max_tokens": 4},
+        vllm_extensions=False,
+    ) as client:
+        cpu, started = time.process_time(), time.perf_counter()
+        tasks = [asyncio.create_task(client.chat(messages, stage="nli")) for _ in range(calls)]
+        while not all(t.done() for t in tasks):
+            await asyncio.sleep(0.05)
+            peak = max(peak, rss_mb())
+        await asyncio.gather(*tasks)
+        elapsed, cpu = time.perf_counter() - started, time.process_time() - cpu
+    return calls / elapsed, 1000 * cpu / calls, peak
+
+
+def bench_driver(calls: int) -> None:
+    from serving.launcher import free_port
+
+    rows = []
+    for delay in (0.0, 2.0):  # instant; then slow, to hold many requests in flight at once
+        port = free_port()
+        stub = subprocess.Popen(
+            [sys.executable, "-c", STUB, str(port), str(delay)], stdout=subprocess.PIPE, text=True
+        )
+        assert stub.stdout is not None and stub.stdout.readline().strip() == "ready"
+        url = f"http://127.0.0.1:{port}/v1"
+        try:
+            if delay == 0.0:
+                asyncio.run(drive(url, 200, 16))  # warm-up: imports, connection pool
+                for concurrency in (16, 64, 256):
+                    runs = [asyncio.run(drive(url, calls, concurrency)) for _ in range(3)]
+                    rate = statistics.median(r[0] for r in runs)
+                    cpu = statistics.median(r[1] for r in runs)
+                    rows.append(
+                        f"concurrency {concurrency}: {rate:,.0f} calls/s, "
+                        f"{cpu:.2f} ms driver CPU per call"
+                    )
+            else:
+                base = rss_mb()
+                for in_flight in (1000, 4000):
+                    _, _, peak = asyncio.run(drive(url, in_flight, in_flight))
+                    rows.append(
+                        f"{in_flight:,} requests in flight: +{peak - base:,.0f} MB, "
+                        f"{1024 * (peak - base) / in_flight:,.1f} KB each"
+                    )
+        finally:
+            stub.kill()
+            stub.wait()
+    print(
+        "1c. driver ceiling (EvalClient against an instant stub in its own process):\n   "
+        + "\n   ".join(rows),
+        flush=True,
+    )
 
 
 def seconds(work, *args) -> float:
@@ -252,6 +412,8 @@ def bench_items(url: str, model: str, tmp: Path, args) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--pairs", type=int, default=4096)
+    parser.add_argument("--stream-pairs", type=int, default=10_000)
+    parser.add_argument("--driver-calls", type=int, default=5000)
     parser.add_argument("--llm-pairs", type=int, default=96)
     parser.add_argument("--items", type=int, default=2)
     parser.add_argument("--t-rel", type=float, default=3.5)
@@ -260,11 +422,13 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--model", default="embedded")
     parser.add_argument("--prune", type=float, nargs="*", default=[0.2, 0.4])
-    parser.add_argument("--skip", nargs="*", default=[], choices=["nli", "llm"])
+    parser.add_argument("--skip", nargs="*", default=[], choices=["nli", "driver", "llm"])
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         if "nli" not in args.skip:
-            bench_nli(Path(tmp), args.pairs)
+            bench_nli(Path(tmp), args.pairs, args.stream_pairs)
+        if "driver" not in args.skip:
+            bench_driver(args.driver_calls)
         if "llm" not in args.skip:
             bench_llm(Path(tmp), args)
 

@@ -19,7 +19,8 @@ from ray.llm._internal.common.models import global_id_manager
 from ray.llm._internal.common.utils.lora_utils import get_lora_id
 from ray.llm._internal.serve.core.configs.llm_config import DiskMultiplexConfig
 from ray.llm._internal.serve.utils.lora_serve_utils import LoraModelLoader
-from ray.serve.llm import LLMServer
+
+from serving.ray_replica import CountedServer
 
 ADAPTERS_ENV = "GROUNDCOVER_SERVE_ADAPTERS"  # {"name": "/path/to/adapter", ...}
 
@@ -42,8 +43,8 @@ class PathAdapterLoader(LoraModelLoader):
         return config
 
 
-class AdapterServer(LLMServer):
-    """Serve LLM's server with the path loader."""
+class AdapterServer(CountedServer):
+    """Our counting server with the path loader."""
 
     async def __init__(self, llm_config: Any, *, engine_cls: Any = None,  # type: ignore[misc]
                        model_downloader: Any = None):  # fmt: skip

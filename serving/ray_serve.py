@@ -100,7 +100,9 @@ def llm_config(spec: ServerSpec, replicas: int, device: str) -> Any:
         engine["tensor_parallel_size"] = preset.tensor_parallel_size
         bundles = [{"GPU": 1, "CPU": 1}] * preset.tensor_parallel_size
     env = (CPU_ENV if device == "cpu" else {}) | spec.env
-    adapters: dict[str, Any] = {}
+    from serving.ray_replica import CountedServer
+
+    adapters: dict[str, Any] = {"server_cls": CountedServer}  # answers counted per replica
     if spec.loras:  # every replica can load every adapter; Serve decides which one does
         from serving.ray_lora import ADAPTERS_ENV, AdapterServer
 
@@ -157,7 +159,17 @@ def _host(channel: Channel, spec: ServerSpec, replicas: int, address: str | None
     for request in channel.requests():
         if request.get("pids"):
             channel.say({"pids": _replica_pids()})
+        if request.get("served"):
+            channel.say({"served": _served(serve)})
     _take_down(serve, ray, address)
+
+
+def _served(serve: Any) -> list[dict[str, Any]]:
+    """Each model replica's node, process and requests answered (``CountedServer.served``)."""
+    deployments = serve.status().applications[APP].deployments
+    name = next(d for d in deployments if d.startswith(("CountedServer", "AdapterServer")))
+    handle = serve.get_deployment_handle(name, app_name=APP)
+    return sorted(handle.broadcast("served").results(), key=lambda r: (r["node"], r["pid"]))
 
 
 def _take_down(serve: Any, ray: Any, address: str | None) -> None:
@@ -196,7 +208,7 @@ def _check_key_asked(base_url: str) -> None:
 
 def _replica_pids() -> list[int]:
     """Process ids of the model replicas (each runs its engine in-process on CPU); the
-    deployment is named after its server class (``LLMServer``, or ``AdapterServer`` when
+    deployment is named after its server class (``CountedServer``, or ``AdapterServer`` when
     adapters are served)."""
     import ray
 
@@ -204,7 +216,7 @@ def _replica_pids() -> list[int]:
     for entry in ray.util.list_named_actors(all_namespaces=True):
         name = entry["name"] if isinstance(entry, dict) else entry
         namespace = entry.get("namespace", "serve") if isinstance(entry, dict) else "serve"
-        if "SERVE_REPLICA" in name and ("LLMServer" in name or "AdapterServer" in name):
+        if "SERVE_REPLICA" in name and ("CountedServer" in name or "AdapterServer" in name):
             actor = ray.get_actor(name, namespace=namespace)
             pid: Any = ray.get(actor.__ray_call__.remote(lambda _self: os.getpid()))
             pids.append(int(pid))
@@ -274,6 +286,13 @@ class RayReplicas:
         assert self.child is not None, "the app's driver was never started"
         self.child.send({"pids": True})
         return self._receive(120).get("pids", [])
+
+    def served(self) -> list[dict[str, Any]]:
+        """Each replica now: node, process id, and the requests it has answered since it
+        started (a replaced replica starts again from 0)."""
+        assert self.child is not None, "the app's driver was never started"
+        self.child.send({"served": True})
+        return self._receive(120).get("served", [])
 
     def stop(self) -> None:
         """Delete the app and leave Ray; a lost cluster has nothing to tidy (Ray calls would

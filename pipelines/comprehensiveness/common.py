@@ -11,6 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pipelines.comprehensiveness.formats import Formats
 from pipelines.comprehensiveness.rules import Protocol, Rules, rules_for
 from pipelines.config import RecordId
+from pipelines.nli_placement import NliPlacement
 from pipelines.protocol import FrameworkOptions, ItemContext
 from serving.client import Parsed, marker_label_scores
 from serving.templates import load_dir
@@ -38,7 +39,7 @@ class Item(BaseModel):
 DEFAULT_DATA = {"wikicontradict": "wikicontradict-humaneval", "conflictbank": "conflictbank"}
 
 
-class ComprehensivenessOptions(FrameworkOptions):
+class ComprehensivenessOptions(FrameworkOptions, NliPlacement):
     input: Path | None = Field(None, description="items JSONL, or the meta-evaluation data file")
     dataset: Dataset = Field("items", description="items | wikicontradict | conflictbank")
     limit: int | None = Field(None, ge=1, description="only the first N data rows")
@@ -57,7 +58,6 @@ class ComprehensivenessOptions(FrameworkOptions):
         None, description="NLI checkpoint (name or path) for cross-encoder"
     )
     nli_device: str = "cpu"
-    nli_actors: int = Field(0, ge=0, le=4096, description="cross-encoder on N Ray Data actors")
     prune_below: float | None = Field(
         None, ge=-1, le=1, description="skip NLI pairs with cosine similarity below this (spec)"
     )
@@ -79,8 +79,8 @@ class ComprehensivenessOptions(FrameworkOptions):
     def _nli_model_needed(self) -> ComprehensivenessOptions:
         if self.nli_backend == "cross-encoder" and not self.nli_model:
             raise ValueError("nli_backend cross-encoder needs nli_model (checkpoint name or path)")
-        if self.nli_actors and self.nli_backend != "cross-encoder":
-            raise ValueError("nli_actors: Ray actors run the cross-encoder (--nli-backend)")
+        if self.nli_on_ray and self.nli_backend != "cross-encoder":
+            raise ValueError("nli_replicas/nli_app: Ray runs the cross-encoder (--nli-backend)")
         if self.prune_below is not None and not self.rules.pruning_allowed:
             raise ValueError("prune_below: pruning is off in the paper protocol (use spec)")
         return self

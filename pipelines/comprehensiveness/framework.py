@@ -20,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from rich.console import Console
 from rich.table import Table
 
+from pipelines import nli_placement
 from pipelines.comprehensiveness import e2e_method, meta, nli_method, qa_method
 from pipelines.comprehensiveness.common import (
     PROMPTS,
@@ -39,6 +40,7 @@ from pipelines.comprehensiveness.graph import (
 from pipelines.comprehensiveness.rules import Rules
 from pipelines.config import EvaluatorConfig, UserError, read_jsonl
 from pipelines.generate import GENERATE, GenerateItem, GenerateOptions
+from pipelines.nli_placement import PLACEMENT_FIELDS
 from pipelines.options import framework_command
 from pipelines.protocol import Framework, ItemContext, RunOutcome, RunPlan, RunRequest, Study
 from pipelines.results import ItemResult, not_scored
@@ -52,7 +54,7 @@ class Comprehensiveness(Framework):
     name = "comprehensiveness"
     Options = ComprehensivenessOptions
     prompts = PROMPTS
-    report_only = frozenset({"resamples", "nli_device", "nli_actors"})
+    report_only = frozenset({"resamples", "nli_device"}) | PLACEMENT_FIELDS
     roles = {"judge": "every stage: atoms / questions, relevance, NLI or comparison, E2E"}
     stage_roles = {nli_method.CROSS_ENCODER_STAGE: "nli", "*": "judge"}
 
@@ -353,9 +355,11 @@ def eval_comprehensiveness(
     ] = None,
     nli_backend: Annotated[str | None, typer.Option(help="llm | cross-encoder")] = None,
     nli_model: Annotated[str | None, typer.Option(help="cross-encoder checkpoint")] = None,
-    nli_actors: Annotated[
-        int | None, typer.Option(help="cross-encoder on N Ray Data actors (0: here)")
-    ] = None,
+    nli_replicas: nli_placement.ReplicasOpt = None,
+    nli_app: nli_placement.AppOpt = None,
+    nli_bulk: nli_placement.BulkOpt = None,
+    nli_resources: nli_placement.ResourcesOpt = None,
+    nli_wait: nli_placement.WaitOpt = None,
     prune_below: Annotated[
         float | None, typer.Option(help="skip NLI pairs below this cosine (spec only)")
     ] = None,
@@ -364,10 +368,21 @@ def eval_comprehensiveness(
     limit: Annotated[int | None, typer.Option(help="only the first N items")] = None,
 ) -> dict[str, Any]:
     """Comprehensiveness of each response against its contexts (NLI, Q&A or end-to-end)."""
-    return {"input": input, "method": method, "t_rel": t_rel, "t_conf": t_conf,
-            "protocol": protocol, "summarise": summarise, "nli_backend": nli_backend,
-            "nli_model": nli_model, "nli_actors": nli_actors, "prune_below": prune_below,
-            "prune_model": prune_model, "tools": tools, "limit": limit}  # fmt: skip
+    return {
+        "input": input,
+        "method": method,
+        "t_rel": t_rel,
+        "t_conf": t_conf,
+        "protocol": protocol,
+        "summarise": summarise,
+        "nli_backend": nli_backend,
+        "nli_model": nli_model,
+        "prune_below": prune_below,
+        "prune_model": prune_model,
+        "tools": tools,
+        "limit": limit,
+        **nli_placement.cli_overrides(nli_replicas, nli_app, nli_bulk, nli_resources, nli_wait),
+    }
 
 
 ProtocolOpt = Annotated[str | None, typer.Option(help="paper (default) | spec")]

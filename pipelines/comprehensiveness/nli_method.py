@@ -27,6 +27,7 @@ from pipelines.comprehensiveness.parsers import (
     parse_statements,
     parse_units,
 )
+from pipelines.nli_placement import placement_of
 from pipelines.protocol import ItemContext
 from pipelines.results import StageFailed
 
@@ -73,22 +74,24 @@ class LlmNli:
 
 class CrossEncoderNli:
     """A DeBERTa-style NLI cross-encoder (``retrieval.nli``). The pairs of every item in flight
-    are pooled and scored together (``NliBatcher``), in this process or on ``actors`` Ray Data
-    actors (``retrieval.nli_ray``: the same batches, the same labels)."""
+    are pooled and scored together (``NliBatcher``), where ``config``'s placement says: here, on
+    a Ray Serve app, or on Ray Data actors (``pipelines.nli_placement``: the same labels)."""
 
     name = "cross-encoder"
 
-    def __init__(self, model: str, device: str = "cpu", actors: int = 0,
-                 address: str | None = None):  # fmt: skip
-        from retrieval.nli import NliBatcher, NliScorer
+    def __init__(self, config, address: str | None = None):
+        from retrieval.nli import NliBatcher
 
-        if actors:
-            from retrieval.nli_ray import RayNliScorer
+        self.scorer = config.open_nli(config.nli_model, config.nli_device, 32, address)
+        self.batcher = NliBatcher(self.scorer)  # pools as big as the scorer asks for
 
-            scorer = RayNliScorer(model, actors=actors, device=device, address=address)
-            self.batcher = NliBatcher(scorer)  # pools as big as the scorer asks for
-        else:
-            self.batcher = NliBatcher(NliScorer(model, device=device))
+    def placement(self) -> dict | None:
+        return placement_of(self.scorer)
+
+    def close(self) -> None:
+        self.batcher.close()
+        if hasattr(self.scorer, "close"):
+            self.scorer.close()
 
     async def judge(self, ctx: ItemContext, pairs: list[Pair]) -> list[Labelled]:
         from retrieval.nli import CANONICAL
@@ -101,8 +104,7 @@ class CrossEncoderNli:
 def make_judge(config, ray_address: str | None = None) -> NliJudge:
     judge: NliJudge = LlmNli()
     if config.nli_backend == "cross-encoder":
-        judge = CrossEncoderNli(config.nli_model, config.nli_device, config.nli_actors,
-                                ray_address)  # fmt: skip
+        judge = CrossEncoderNli(config, ray_address)
     if config.prune_below is not None:
         from pipelines.comprehensiveness.pruning import PrunedJudge, Pruner
 

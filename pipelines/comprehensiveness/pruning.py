@@ -57,6 +57,14 @@ class PrunedJudge:
                                   "skipped": len(pairs) - len(keep)}  # fmt: skip
         return [judged.get(p, ("neutral", 1.0)) for p in pairs]
 
+    def placement(self) -> dict[str, Any] | None:
+        found = getattr(self.inner, "placement", None)
+        return found() if callable(found) else None
+
+    def close(self) -> None:
+        if hasattr(self.inner, "close"):
+            self.inner.close()
+
 
 def entailment_edges(record: dict[str, Any]) -> set[tuple[str, str]]:
     """The ordered (premise text, hypothesis text) entailments an NLI-method record judged."""

@@ -20,9 +20,11 @@ from pydantic import Field, model_validator
 from rich.console import Console
 from rich.table import Table
 
+from pipelines import nli_placement
 from pipelines.config import UserError
 from pipelines.icat import data, scoring
 from pipelines.icat.grounding import ClaimGrounding, EntailmentModel, Grounder, NliBatcher
+from pipelines.nli_placement import PLACEMENT_FIELDS, NliPlacement, placement_of
 from pipelines.options import framework_command
 from pipelines.protocol import Framework, FrameworkOptions, ItemContext
 from pipelines.results import ItemResult, not_scored
@@ -35,7 +37,7 @@ Variant = Literal["m", "s", "a"]
 NAMES = {"m": "ICAT-M", "s": "ICAT-S", "a": "ICAT-A"}
 
 
-class IcatOptions(FrameworkOptions):
+class IcatOptions(FrameworkOptions, NliPlacement):
     input: Path = Field(description="responses JSONL: query_id, response (id, system)")
     queries: Path = Field(description="queries JSONL: query_id, query, subtopics")
     qrels: Path | None = Field(None, description="qrels JSONL (ICAT-M)")
@@ -48,7 +50,6 @@ class IcatOptions(FrameworkOptions):
     nli_model: str = Field(description="NLI cross-encoder (DeBERTa-v3 MNLI/FEVER/ANLI)")
     nli_device: str = "cpu"
     nli_batch: int = Field(32, ge=1)
-    nli_actors: int = Field(0, ge=0, le=4096, description="NLI on N Ray Data actors (0: here)")
     threshold: float = Field(scoring.THRESHOLD, gt=0, lt=1, description="P(entailment) >")
     max_aspects: int = Field(10, ge=1, le=50)
     list_max_items: int = Field(60, ge=1, le=500, description="most claims per response (vLLM)")
@@ -72,6 +73,14 @@ class Resources:
     def __init__(self, grounder: Grounder, qrels: dict[str, dict[str, set[str]]]):
         self.grounder, self.qrels = grounder, qrels
         self.aspects: dict[str, asyncio.Task] = {}
+
+    def placement(self) -> dict[str, Any] | None:
+        return placement_of(self.grounder.batcher.model)
+
+    def close(self) -> None:
+        self.grounder.batcher.close()
+        if hasattr(self.grounder.batcher.model, "close"):
+            self.grounder.batcher.model.close()
 
 
 # ---- claims ----------------------------------------------------------------------------------
@@ -204,7 +213,7 @@ class Icat(Framework):
     name = "icat"
     Options = IcatOptions
     prompts = PROMPTS
-    report_only = frozenset({"nli_device", "nli_batch", "nli_actors"})
+    report_only = frozenset({"nli_device", "nli_batch"}) | PLACEMENT_FIELDS
     roles = {"extract": "the claims of a response (--extractor NAME: an adapter on --model)",
              "judge": "ICAT-A's aspects and ICAT-S/A's alignment"}  # fmt: skip
     stage_roles = {"claims": "extract", NLI_STAGE: "nli", "aspects": "judge", "align_*": "judge"}
@@ -252,17 +261,12 @@ class Icat(Framework):
 
     def nli(self, options: IcatOptions, ray_address: str | None = None) -> EntailmentModel:
         """The NLI cross-encoder (``retrieval.nli``), loaded once per run."""
-        from retrieval.nli import NliModelError, NliScorer
+        from retrieval.nli import NliModelError
 
-        try:
-            if options.nli_actors:  # the same batches on Ray Data actors: the same numbers
-                from retrieval.nli_ray import RayNliScorer
-
-                return RayNliScorer(options.nli_model, actors=options.nli_actors,
-                                    device=options.nli_device, batch_size=options.nli_batch,
-                                    address=ray_address)  # fmt: skip
-            return NliScorer(options.nli_model, device=options.nli_device,
-                             batch_size=options.nli_batch)  # fmt: skip
+        try:  # here, on a Serve app or on Ray Data actors: the same numbers
+            return options.open_nli(
+                options.nli_model, options.nli_device, options.nli_batch, ray_address
+            )
         except (OSError, NliModelError) as exc:
             raise UserError(f"NLI model {options.nli_model!r}: {str(exc)[:200]}") from exc
 
@@ -424,14 +428,19 @@ def eval_icat(
         str | None, typer.Option(help="claim-extractor adapter on --model (= --role extract=:NAME)")
     ] = None,
     limit: Annotated[int | None, typer.Option(help="only the first N responses")] = None,
-    nli_actors: Annotated[int | None, typer.Option(help="NLI on N Ray Data actors")] = None,
+    nli_replicas: nli_placement.ReplicasOpt = None,
+    nli_app: nli_placement.AppOpt = None,
+    nli_bulk: nli_placement.BulkOpt = None,
+    nli_resources: nli_placement.ResourcesOpt = None,
+    nli_wait: nli_placement.WaitOpt = None,
 ) -> dict[str, Any]:
     """ICAT: factuality (claims grounded by retrieval + NLI) and aspect coverage of each
     response, ICAT-M / ICAT-S / ICAT-A and ICAT_β; writes icat.json (paper Table 3 layout)."""
     return {"input": input, "queries": queries, "nli_model": nli_model, "index": index,
             "snippets": snippets, "qrels": qrels, "k": k, "retrieval": retrieval,
             "roles.extract": extractor and {"adapter": extractor},
-            "limit": limit, "nli_actors": nli_actors,
+            "limit": limit,
+            **nli_placement.cli_overrides(nli_replicas, nli_app, nli_bulk, nli_resources, nli_wait),
             "variants": _split(variant),
             "betas": _split(beta, float)}  # fmt: skip
 

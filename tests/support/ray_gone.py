@@ -2,18 +2,26 @@
 run the way the CLI runs a command (``clean_errors``: one line and an exit code). For the
 cluster-gone test, which kills the cluster under it, and the Ray job test, which submits it.
 
-    python -m tests.support.ray_gone ITEMS RUN_DIR NLI_MODEL ADDRESS|local
+    python -m tests.support.ray_gone ITEMS RUN_DIR NLI_MODEL ADDRESS|local [PLACEMENT]
+
+PLACEMENT: ``bulk`` (one Ray Data actor, the default) or a JSON object of NLI placement options
+(``pipelines.nli_placement``), e.g. ``{"nli_replicas": 2, "nli_wait": 10}``.
 """
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
 import typer
 
 
-def main(items: str, run_dir: str, nli_model: str, address: str) -> None:
+def placement(spec: str) -> dict:
+    return {"nli_replicas": 1, "nli_bulk": True} if spec == "bulk" else json.loads(spec)
+
+
+def main(items: str, run_dir: str, nli_model: str, address: str, where: str = "bulk") -> None:
     from pipelines.comprehensiveness import ComprehensivenessOptions
     from pipelines.comprehensiveness.framework import COMPREHENSIVENESS
     from pipelines.config import EvaluatorConfig, RunConfig
@@ -24,9 +32,15 @@ def main(items: str, run_dir: str, nli_model: str, address: str) -> None:
     from tests.test_exact_scores import NLI_SCRIPTS
 
     on_ray = address != "local"
-    options = ComprehensivenessOptions(input=Path(items), method="nli", protocol="spec",
-                                       nli_backend="cross-encoder", nli_model=nli_model,
-                                       nli_actors=int(on_ray), export_graphs=False)  # fmt: skip
+    options = ComprehensivenessOptions(
+        input=Path(items),
+        method="nli",
+        protocol="spec",
+        nli_backend="cross-encoder",
+        nli_model=nli_model,
+        export_graphs=False,
+        **(placement(where) if on_ray else {}),
+    )
     evaluator = EvaluatorConfig(model="judge", endpoint="http://127.0.0.1:9/v1", concurrency=8,
                                 ray_address=address if on_ray else None)  # fmt: skip
     client = ScriptedClient({k: v for k, v in NLI_SCRIPTS.items() if k != "nli"})
@@ -45,4 +59,4 @@ def main(items: str, run_dir: str, nli_model: str, address: str) -> None:
 
 
 if __name__ == "__main__":
-    main(*sys.argv[1:5])
+    main(*sys.argv[1:6])

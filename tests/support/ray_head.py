@@ -4,6 +4,7 @@ first records, for the tests that kill a cluster or a replica under a running ru
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import signal
@@ -19,7 +20,9 @@ from serving.launcher import free_port
 
 
 @contextlib.contextmanager
-def ray_head(num_cpus: int, dashboard: bool = False) -> Iterator[subprocess.Popen]:
+def ray_head(
+    num_cpus: int, dashboard: bool = False, resources: dict[str, float] | None = None
+) -> Iterator[subprocess.Popen]:
     """``ray start --head --block`` in its own session; yields the process (``.port`` set, and
     ``.dashboard`` -- the job submission URL, on loopback -- with ``dashboard``). Kill it with
     ``os.killpg(head.pid, SIGKILL)``: GCS, raylet and workers go with it."""
@@ -32,11 +35,22 @@ def ray_head(num_cpus: int, dashboard: bool = False) -> Iterator[subprocess.Pope
               f"--dashboard-agent-listen-port={free_port()}"] if dashboard
              else ["--include-dashboard=false"])  # fmt: skip
     head = subprocess.Popen(
-        [str(Path(sys.executable).with_name("ray")), "start", "--head", "--block",
-         f"--port={port}", f"--num-cpus={num_cpus}", *flags,
-         "--disable-usage-stats", f"--temp-dir={ray_dir}"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
-    )  # fmt: skip
+        [
+            str(Path(sys.executable).with_name("ray")),
+            "start",
+            "--head",
+            "--block",
+            f"--port={port}",
+            f"--num-cpus={num_cpus}",
+            *flags,
+            *_resources(resources),
+            "--disable-usage-stats",
+            f"--temp-dir={ray_dir}",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     head.port = port  # type: ignore[attr-defined]
     head.dashboard = f"http://127.0.0.1:{dashboard_port}"  # type: ignore[attr-defined]
     try:
@@ -54,6 +68,51 @@ def ray_head(num_cpus: int, dashboard: bool = False) -> Iterator[subprocess.Pope
             os.killpg(head.pid, signal.SIGKILL)
         head.wait(30)
         shutil.rmtree(ray_dir, ignore_errors=True)
+
+
+def _resources(resources: dict[str, float] | None) -> list[str]:
+    return [f"--resources={json.dumps(resources)}"] if resources else []
+
+
+@contextlib.contextmanager
+def ray_worker(
+    head: subprocess.Popen, num_cpus: int, resources: dict[str, float]
+) -> Iterator[subprocess.Popen]:
+    """A second node joined to ``head`` (``ray start --address --block``, its own raylet and
+    object store on this machine), told apart by a custom resource. Killing its process group
+    is a lost node: its raylet and every worker on it go, the head stays."""
+    ray = str(Path(sys.executable).with_name("ray"))
+    address = f"127.0.0.1:{head.port}"  # type: ignore[attr-defined]
+    before = _node_count(address, ray)
+    worker = subprocess.Popen(
+        [ray, "start", f"--address={address}", "--block", f"--num-cpus={num_cpus}",
+         *_resources(resources), "--disable-usage-stats",
+         f"--node-manager-port={free_port()}", f"--object-manager-port={free_port()}"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+        env=dict(os.environ, RAY_AUTH_MODE="token"),  # joins with the token the head saved
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 120
+        while _node_count(address, ray) <= before and time.monotonic() < deadline:
+            time.sleep(1.0)
+        yield worker
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(worker.pid, signal.SIGKILL)
+        worker.wait(30)
+
+
+def _node_count(address: str, ray: str) -> int:
+    """Alive nodes of the cluster, asked from a separate driver."""
+    probe = (
+        f"import ray; from serving.ray_cluster import connect; connect({address!r}); "
+        "print(sum(n['Alive'] for n in ray.nodes()))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, timeout=120
+    )
+    lines = done.stdout.split()
+    return int(lines[-1]) if done.returncode == 0 and lines else 0
 
 
 def wait_for_records(results: Path, count: int, proc: subprocess.Popen, timeout: float) -> None:
