@@ -56,6 +56,7 @@ class Served:
     base_url: str
     adapter_prefix: str
     gone: Any
+    replicas: Any = None  # () -> each replica's node, pid and requests answered (Ray Serve)
 
 
 class Servers:
@@ -85,7 +86,9 @@ class Servers:
         server, users = self.running[key]
         self.running[key] = (server, users + 1)
         try:
-            yield Served(server.base_url, server.adapter_prefix, server.gone)
+            yield Served(
+                server.base_url, server.adapter_prefix, server.gone, getattr(server, "served", None)
+            )
         finally:
             server, users = self.running[key]
             if users == 1:
@@ -135,11 +138,12 @@ async def open_evaluator(
     cache = ResponseCache(cache_path) if cache_path else None
     try:
         async with contextlib.AsyncExitStack() as stack:
-            base_url, adapter_prefix, gone = cfg.endpoint, cfg.adapter_prefix, None
+            base_url, adapter_prefix, gone, replicas = cfg.endpoint, cfg.adapter_prefix, None, None
             if base_url is None:
                 pool = servers or Servers([cfg])
                 served = await stack.enter_async_context(pool.use(cfg, run_dir))
                 base_url, adapter_prefix, gone = served.base_url, served.adapter_prefix, served.gone
+                replicas = served.replicas
             client = EvalClient(
                 base_url,
                 **options,
@@ -151,6 +155,7 @@ async def open_evaluator(
                 cache=cache,
                 gone=gone,
             )
+            client.replicas = replicas
             async with client:
                 await check_served(client, cfg, base_url, adapter_prefix)
                 yield client

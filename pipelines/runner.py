@@ -288,6 +288,28 @@ async def _execute(study, request, items, plans, roles, root, opener, quiet, pri
     return outcomes
 
 
+async def replica_counts(clients: dict[str, EvalClient]) -> dict[str, list[dict[str, Any]]]:
+    """Each Ray Serve app's replicas now (node, pid, requests answered so far), by model."""
+    counts = {}
+    for client in {id(c): c for c in clients.values()}.values():
+        replicas = getattr(client, "replicas", None)  # a test's scripted client has none
+        if replicas is not None:
+            counts[client.model] = await asyncio.to_thread(replicas)
+    return counts
+
+
+def replicas_since(before: dict[str, list[dict]], now: dict[str, list[dict]]) -> dict[str, list]:
+    """Requests each replica answered between the two counts (a new replica counts from 0)."""
+    spread = {}
+    for model, replicas in now.items():
+        earlier = {(r["node"], r["pid"]): r["requests"] for r in before.get(model, [])}
+        spread[model] = [
+            r | {"requests": r["requests"] - earlier.get((r["node"], r["pid"]), 0)}
+            for r in replicas
+        ]
+    return spread
+
+
 def close_resources(resources: dict[str, Any]) -> None:
     """What a framework's setup opened and must give back (a Serve app it deployed, Ray
     drivers), once its last run is done."""
@@ -355,6 +377,7 @@ async def _run_one(study, request, plan: RunPlan, roles, items, root, evaluators
     pending = store.pending(ids)
     todo = select(items, [k for k, i in enumerate(ids) if i in pending][:pilot])
     started, usage, budget, where = time.time(), {}, None, None
+    spread: dict[str, list[dict[str, Any]]] = {}
     if todo:  # nothing missing: no model is started, no resource loaded
         clients = await _open_roles(evaluators, roles, store.dir)
         resource_key = f"{fw.name}:{plan.options.model_dump_json()}"
@@ -362,6 +385,7 @@ async def _run_one(study, request, plan: RunPlan, roles, items, root, evaluators
             run_request = RunRequest(lead, request.run, plan.options, request.roles)
             resources[resource_key] = await asyncio.to_thread(fw.setup, run_request, root)
         before = {id(c): copy.deepcopy(c.usage) for c in clients.values()}
+        spread = await replica_counts(clients)
         max_reasks = plan.options.max_reasks
 
         async def solve(item):
@@ -380,6 +404,7 @@ async def _run_one(study, request, plan: RunPlan, roles, items, root, evaluators
             solved = len(pending) - len(store.pending(ids))
             record_invocation(store.dir, solving, time.time() - solving, solved)
         usage = _usage_since(clients, before)
+        spread = replicas_since(spread, await replica_counts(clients))
         placement = getattr(resources[resource_key], "placement", None)
         where = placement() if callable(placement) else None
     # in id order: tables (bootstrap intervals too) equal what `report` rebuilds
@@ -394,6 +419,8 @@ async def _run_one(study, request, plan: RunPlan, roles, items, root, evaluators
                 "seconds_this_invocation": round(time.time() - started, 3)}  # fmt: skip
     if where is not None:  # which replicas (node, process) answered this invocation's NLI
         summary["nli_placement_this_invocation"] = where
+    if spread:  # how the requests spread over the replicas of an app the run started
+        summary["replicas_this_invocation"] = spread
     if prices:
         summary["cost_this_invocation"] = cost_table(
             fw, usage, records, prices, summary["seconds_this_invocation"]

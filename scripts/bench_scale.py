@@ -40,6 +40,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 WC = ROOT.parent / "shared" / "data" / "wikicontradict" / "humaneval-dev.jsonl"
+FANOUT = ROOT.parent / "shared" / "data" / "fanoutqa" / "fanout-final-dev.json"
 
 
 def sentences(limit: int = 400) -> list[str]:
@@ -54,10 +55,39 @@ def sentences(limit: int = 400) -> list[str]:
     return out[:limit]
 
 
+def distinct_sentences() -> list[str]:
+    """Distinct real sentences for NLI pairs: every text of the WikiContradict and FanOutQA dev
+    files when ../shared is here (else the examples', and pairs repeat)."""
+    texts: list[str] = []
+
+    def walk(value) -> None:
+        if isinstance(value, str) and len(value.split()) >= 5:
+            texts.append(value)
+        elif isinstance(value, dict | list):
+            for inner in value.values() if isinstance(value, dict) else value:
+                walk(inner)
+
+    for path in (WC, WC.with_name("humaneval-adjudication-dev.json"), FANOUT):
+        if path.is_file():
+            text = path.read_text()
+            lines = path.suffix == ".jsonl"
+            walk([json.loads(row) for row in text.splitlines()] if lines else json.loads(text))
+    texts = texts or sentences()
+    found = (s.strip().rstrip(".") + "." for t in texts for s in t.split(". "))
+    return sorted({s for s in found if 5 <= len(s.split()) <= 60})
+
+
 def pairs_of(n: int, seed: int = 0) -> list[tuple[str, str]]:
+    """``n`` distinct (premise, hypothesis) pairs (while the sentences last): a scorer that
+    deduplicates gets no free pairs."""
     rng = random.Random(seed)
-    pool = sentences()
-    return [(rng.choice(pool), rng.choice(pool)) for _ in range(n)]
+    pool = POOL or POOL.extend(distinct_sentences()) or POOL
+    picks = rng.sample(range(len(pool) ** 2), min(n, len(pool) ** 2))
+    picks += [rng.randrange(len(pool) ** 2) for _ in range(n - len(picks))]
+    return [(pool[k // len(pool)], pool[k % len(pool)]) for k in picks]
+
+
+POOL: list[str] = []
 
 
 # ---- 1. NLI -------------------------------------------------------------------------------------
@@ -141,7 +171,7 @@ def stream(scorer, total: int, items: int = 32, per_call: int = 64) -> float:
 
 # ---- 1c. the driver's ceiling -------------------------------------------------------------------
 
-STUB = """
+STUB = r"""
 import asyncio, json, sys
 BODY = json.dumps({"id": "x", "object": "chat.completion", "created": 0, "model": "stub",
     "choices": [{"index": 0, "finish_reason": "stop",
@@ -230,7 +260,7 @@ def bench_driver(calls: int) -> None:
                     )
             else:
                 base = rss_mb()
-                for in_flight in (1000, 4000):
+                for in_flight in (500, 1000):
                     _, _, peak = asyncio.run(drive(url, in_flight, in_flight))
                     rows.append(
                         f"{in_flight:,} requests in flight: +{peak - base:,.0f} MB, "
@@ -413,7 +443,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--pairs", type=int, default=4096)
     parser.add_argument("--stream-pairs", type=int, default=10_000)
-    parser.add_argument("--driver-calls", type=int, default=5000)
+    parser.add_argument("--driver-calls", type=int, default=2000)
     parser.add_argument("--llm-pairs", type=int, default=96)
     parser.add_argument("--items", type=int, default=2)
     parser.add_argument("--t-rel", type=float, default=3.5)

@@ -242,6 +242,9 @@ class EvalClient:
     ):
         self.base_url = base_url
         self.gone = gone  # says why the server cannot come back (a lost Ray cluster): no retry
+        # () -> [{"node", "pid", "requests"}] of the replicas behind the URL (a Ray Serve app
+        # the run started), for the run to report how its requests spread
+        self.replicas: Callable[[], list[dict[str, Any]]] | None = None
         self.model = model  # the base model's served name
         self.adapter = adapter  # when set, every request goes to this LoRA adapter
         # Ray Serve LLM routes adapters as BASE:ADAPTER; a plain vLLM server by the bare name.

@@ -71,9 +71,14 @@ def test_two_replicas_both_serve_and_answer_like_one_plain_server(replicas, vllm
         return [sum(psutil.Process(p).cpu_times()[:2]) for p in pids]
 
     prompts = [f"Tell me about item number {i}." for i in range(128)]
+    counted = {r["pid"]: r["requests"] for r in replicas.served()}
     before, started = cpu(), time.monotonic()
     asyncio.run(answers(replicas.base_url, replicas.served_name, prompts, concurrency=16))
     busy = [b - a for a, b in zip(before, cpu(), strict=True)]
+    # each replica counts what it answered: every request once, spread over both
+    answered = {r["pid"]: r["requests"] - counted[r["pid"]] for r in replicas.served()}
+    assert sorted(answered) == sorted(pids) and sum(answered.values()) == len(prompts)
+    assert min(answered.values()) > 0, answered
     before, wall = cpu(), time.monotonic() - started
     time.sleep(wall)  # the same time idle: what a replica spends without requests
     idle = [b - a for a, b in zip(before, cpu(), strict=True)]

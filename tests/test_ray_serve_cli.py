@@ -38,6 +38,9 @@ def test_generate_with_two_replicas_started_by_the_run(tiny_model, tiny_lora, vl
     assert sorted(r["id"] for r in records) == sorted(ids)
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["usage_this_invocation"]["generate"]["requests"] == len(ids)
+    spread = summary["replicas_this_invocation"]  # per replica of the app the run started
+    (counts,) = spread.values()
+    assert len(counts) == 2 and sum(r["requests"] for r in counts) == len(ids), spread
     assert not ray_workers_after(30), "the run left Ray processes behind"
     # every answer is the adapter's: the same run against the plain server's adapter agrees
     plain_dir = tmp_path / "plain"
