@@ -23,7 +23,14 @@ from typing import Any
 import numpy as np
 
 from retrieval.nli import CANONICAL, NliDecisions, NliScorer, plan_batches
-from serving.ray_cluster import Channel, ClusterGone, DriverChild, connect, while_cluster_lives
+from serving.ray_cluster import (
+    Channel,
+    ClusterGone,
+    DriverChild,
+    connect,
+    error_line,
+    while_cluster_lives,
+)
 
 __all__ = ["RayNliScorer", "connect"]
 
@@ -83,7 +90,7 @@ def _driver(channel: Channel, address: str | None, num_cpus: int, settings: dict
             channel.say({"gone": str(exc)})
             return
         except Exception as exc:
-            channel.say({"error": f"{type(exc).__name__}: {' '.join(str(exc).split())[:500]}"})
+            channel.say({"error": error_line(exc)})
             continue
         channel.say({"sizes": [len(s) for s in scored], "workers": sorted(workers)},
                     b"".join(scored))  # fmt: skip

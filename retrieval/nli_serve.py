@@ -35,7 +35,14 @@ from ray import serve
 
 from retrieval.nli import CANONICAL, NliDecisions, NliScorer, plan_batches
 from serving.client import EndpointError
-from serving.ray_cluster import Channel, ClusterGone, DriverChild, connect, while_cluster_lives
+from serving.ray_cluster import (
+    Channel,
+    ClusterGone,
+    DriverChild,
+    connect,
+    error_line,
+    while_cluster_lives,
+)
 
 DEPLOYMENT = "NliReplica"
 
@@ -241,7 +248,7 @@ def _host(
     except Exception as exc:
         if owned and settings is not None:
             _delete(name)
-        channel.say({"error": f"{type(exc).__name__}: {' '.join(str(exc).split())[:500]}"})
+        channel.say({"error": error_line(exc)})
         return
     channel.say({"ready": True, "replicas": placed})
     for request in channel.requests():
@@ -255,7 +262,7 @@ def _host(
             channel.say({"gone": str(exc)})
             return
         except Exception as exc:
-            channel.say({"error": f"{type(exc).__name__}: {' '.join(str(exc).split())[:500]}"})
+            channel.say({"error": error_line(exc)})
             continue
         where = [{k: a[k] for k in ("pid", "node")} for a in answers]
         channel.say(
@@ -367,6 +374,13 @@ class ServeNliScorer(NliDecisions):
             self.child.stop(tidy=False, wait=5)
             raise NliAppError(answer["error"])
         self.placed: list[dict[str, Any]] = answer["replicas"]
+        served = sorted({r["model"] for r in self.placed} - {model})
+        if served:  # the run records `model`: scoring with another would be a silent swap
+            self.close()
+            raise NliAppError(
+                f"NLI app {self.name} serves {', '.join(served)}, not {model}; "
+                "give --nli-model as the app was deployed"
+            )
 
     def probabilities(self, pairs: Sequence[tuple[str, str]]) -> np.ndarray:
         out = np.zeros((len(pairs), len(CANONICAL)), dtype=np.float32)

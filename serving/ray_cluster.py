@@ -108,6 +108,11 @@ def while_cluster_lives(work: Callable[[], T], grace: float = 5.0, poll: float =
     return outcome["value"]
 
 
+def error_line(exc: BaseException) -> str:
+    """An exception from inside Ray as one short line, to send across a driver's pipe."""
+    return f"{type(exc).__name__}: {' '.join(str(exc).split())[:500]}"
+
+
 # ---- a Ray driver in a child process -----------------------------------------------------------
 
 

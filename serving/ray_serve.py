@@ -41,7 +41,7 @@ from serving.launcher import (
     engine_device,
     lora_rank_for,
 )
-from serving.ray_cluster import Channel, DriverChild, connect, unreachable
+from serving.ray_cluster import Channel, DriverChild, connect, error_line, unreachable
 from serving.registry import model_source
 
 APP = "groundcover"
@@ -153,7 +153,7 @@ def _host(channel: Channel, spec: ServerSpec, replicas: int, address: str | None
     except Exception as exc:
         if deployed:  # not left behind on a cluster (it may serve without its key)
             _take_down(serve, ray, address)
-        channel.say({"error": f"{type(exc).__name__}: {' '.join(str(exc).split())[:500]}"})
+        channel.say({"error": error_line(exc)})
         return
     channel.say({"ready": True, "gcs": ray.get_runtime_context().gcs_address})
     for request in channel.requests():

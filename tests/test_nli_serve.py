@@ -191,6 +191,8 @@ def test_two_nodes_a_named_app_pinned_warm_and_a_lost_node(tiny_nli, tmp_path):
             assert first["node"] == second["node"] == worker_node  # pinned by resource
             assert first["pid"] == second["pid"]  # the same process: loaded once, warm
             assert second["pairs"] == 2 * first["pairs"] == 80
+            with pytest.raises(NliAppError, match="serves .* not "):  # another model's name
+                ServeNliScorer(tiny_nli + "/", app="warm", address=address)
             stop = [*cli, "serve", "--nli-app", "warm", "--stop", "--ray-address", address]
             done = subprocess.run(stop, capture_output=True, text=True, timeout=300, env=env)
             assert done.returncode == 0 and "deleted the NLI app warm" in done.stderr
