@@ -39,7 +39,7 @@ WaitOpt = Annotated[
     float | None, typer.Option(help="seconds to wait for a live NLI replica, then stop (120)")
 ]
 ResourcesOpt = Annotated[
-    str | None, typer.Option(help='Ray resources per NLI replica, JSON: {"nli": 1}')
+    str | None, typer.Option(help='Ray resources per NLI replica, JSON: {"CPU": 4, "nli": 1}')
 ]
 
 

@@ -119,10 +119,16 @@ def nli_app(
     resources: dict[str, float] | None,
 ) -> Any:
     """The Serve application: ``replicas`` copies of ``NliReplica``, one CPU each, one GPU each on
-    CUDA, and ``resources`` (custom ones pin replicas to the nodes that have them)."""
-    actor: dict[str, Any] = {"num_cpus": 1, "num_gpus": 1 if device.startswith("cuda") else 0}
-    if resources:
-        actor["resources"] = dict(resources)
+    CUDA, unless ``resources`` says ``CPU``/``GPU``; custom resources pin replicas to the nodes
+    that have them."""
+    custom = dict(resources or {})
+    # CPU and GPU are Ray's own keys (a replica's torch runs on as many threads as its CPUs)
+    actor: dict[str, Any] = {
+        "num_cpus": custom.pop("CPU", 1),
+        "num_gpus": custom.pop("GPU", 1 if device.startswith("cuda") else 0),
+    }
+    if custom:
+        actor["resources"] = custom
     deployment: Any = serve.deployment(
         NliReplica,
         name=DEPLOYMENT,
@@ -361,7 +367,7 @@ class ServeNliScorer(NliDecisions):
         self.resent = 0  # requests sent again after their replica died
         args = (
             address,
-            max(2, replicas + 1),
+            max(2, int(replicas * (resources or {}).get("CPU", 1)) + 1),
             self.name,
             self.owned,
             settings,

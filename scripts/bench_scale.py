@@ -106,6 +106,7 @@ def bench_nli(tmp: Path, n: int, stream_pairs: int) -> None:
     local = here.probabilities(pairs)
     rates = {"local": n / (time.perf_counter() - started)}
     small = {"local": statistics.median(seconds(here.probabilities, pairs[:64]) for _ in range(5))}
+    tiny = {"local": statistics.median(seconds(here.probabilities, pairs[:1]) for _ in range(5))}
     streamed = {"local": stream(here, stream_pairs)}
     kinds = [("ray data", RayNliScorer, "actors", k) for k in (1, 2)]
     kinds += [("serve", ServeNliScorer, "replicas", k) for k in (1, 2)]
@@ -118,6 +119,9 @@ def bench_nli(tmp: Path, n: int, stream_pairs: int) -> None:
         rates[name] = n / (time.perf_counter() - started)
         assert (remote.argmax(1) == local.argmax(1)).all()
         small[name] = statistics.median(seconds(scorer.probabilities, pairs[:64]) for _ in range(5))
+        tiny[name] = statistics.median(
+            seconds(scorer.probabilities, pairs[k : k + 1]) for k in range(5)
+        )
         streamed[name] = stream(scorer, stream_pairs)
         scorer.close()  # its Ray driver process and local Ray with it
     print(
@@ -131,6 +135,10 @@ def bench_nli(tmp: Path, n: int, stream_pairs: int) -> None:
     print(
         "   one call of 64 pairs, median of 5: "
         + ", ".join(f"{k} {v * 1000:,.0f} ms" for k, v in small.items())
+    )
+    print(
+        "   one call of 1 pair (the cost of a call itself), median of 5: "
+        + ", ".join(f"{k} {v * 1000:,.1f} ms" for k, v in tiny.items())
     )
     for actors in (1, 2):
         for replicas in (1, 2):

@@ -49,7 +49,8 @@ def test_a_serve_app_scores_as_the_local_scorer(tiny_nli):
     pairs = some_pairs(120, 11)
     pairs += pairs[:7]  # repeated pairs: scored once, answered in place
     local = NliScorer(tiny_nli, batch_size=4).probabilities(pairs)
-    scorer = ServeNliScorer(tiny_nli, replicas=2, batch_size=4)
+    # "CPU" is Ray's own key (num_cpus): Ray refuses it among custom resources
+    scorer = ServeNliScorer(tiny_nli, replicas=2, batch_size=4, resources={"CPU": 1})
     try:
         assert len(scorer.placed) == 2 and len({r["pid"] for r in scorer.placed}) == 2
         remote = scorer.probabilities(pairs)
