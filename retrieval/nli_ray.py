@@ -28,8 +28,6 @@ from serving.ray_cluster import (
     ClusterGone,
     DriverChild,
     connect,
-    error_line,
-    while_cluster_lives,
 )
 
 __all__ = ["RayNliScorer", "connect"]
@@ -82,18 +80,12 @@ def _driver(channel: Channel, address: str | None, num_cpus: int, settings: dict
         channel.say({"error": f"cannot join Ray at {address or 'a local instance'}: {exc}"})
         return
     channel.say({"ready": True})
-    for request in channel.requests():
-        try:
-            batches = request["batches"]
-            scored, workers = while_cluster_lives(lambda: _execute(batches, settings))  # noqa: B023
-        except ClusterGone as exc:
-            channel.say({"gone": str(exc)})
-            return
-        except Exception as exc:
-            channel.say({"error": error_line(exc)})
-            continue
-        channel.say({"sizes": [len(s) for s in scored], "workers": sorted(workers)},
-                    b"".join(scored))  # fmt: skip
+
+    def score(request: dict[str, Any]) -> tuple[dict[str, Any], bytes]:
+        scored, workers = _execute(request["batches"], settings)
+        return {"sizes": [len(s) for s in scored], "workers": sorted(workers)}, b"".join(scored)
+
+    channel.answer_requests(score)
 
 
 class RayNliScorer(NliDecisions):

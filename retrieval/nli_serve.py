@@ -41,7 +41,6 @@ from serving.ray_cluster import (
     DriverChild,
     connect,
     error_line,
-    while_cluster_lives,
 )
 
 DEPLOYMENT = "NliReplica"
@@ -257,25 +256,18 @@ def _host(
         channel.say({"error": error_line(exc)})
         return
     channel.say({"ready": True, "replicas": placed})
-    for request in channel.requests():
-        try:
-            if request.get("info"):
-                channel.say({"replicas": while_cluster_lives(lambda: replicas_of(handle))})
-                continue
-            chunks = request["chunks"]
-            answers, resent = while_cluster_lives(lambda: _score(handle, chunks, retry_for))  # noqa: B023
-        except ClusterGone as exc:
-            channel.say({"gone": str(exc)})
-            return
-        except Exception as exc:
-            channel.say({"error": error_line(exc)})
-            continue
+
+    def answer(request: dict[str, Any]) -> tuple[dict[str, Any], bytes]:
+        if request.get("info"):
+            return {"replicas": replicas_of(handle)}, b""
+        answers, resent = _score(handle, request["chunks"], retry_for)
         where = [{k: a[k] for k in ("pid", "node")} for a in answers]
-        channel.say(
-            {"sizes": [len(a["probs"]) for a in answers], "where": where, "resent": resent},
-            b"".join(a["probs"] for a in answers),
+        sizes = [len(a["probs"]) for a in answers]
+        return {"sizes": sizes, "where": where, "resent": resent}, b"".join(
+            a["probs"] for a in answers
         )
-    if owned:
+
+    if channel.answer_requests(answer) and owned:  # a gone cluster has no app to delete
         _delete(name)
 
 

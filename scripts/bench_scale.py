@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import json
 import random
 import statistics
@@ -55,6 +56,7 @@ def sentences(limit: int = 400) -> list[str]:
     return out[:limit]
 
 
+@functools.cache
 def distinct_sentences() -> list[str]:
     """Distinct real sentences for NLI pairs: every text of the WikiContradict and FanOutQA dev
     files when ../shared is here (else the examples', and pairs repeat)."""
@@ -81,13 +83,10 @@ def pairs_of(n: int, seed: int = 0) -> list[tuple[str, str]]:
     """``n`` distinct (premise, hypothesis) pairs (while the sentences last): a scorer that
     deduplicates gets no free pairs."""
     rng = random.Random(seed)
-    pool = POOL or POOL.extend(distinct_sentences()) or POOL
+    pool = distinct_sentences()
     picks = rng.sample(range(len(pool) ** 2), min(n, len(pool) ** 2))
     picks += [rng.randrange(len(pool) ** 2) for _ in range(n - len(picks))]
     return [(pool[k // len(pool)], pool[k % len(pool)]) for k in picks]
-
-
-POOL: list[str] = []
 
 
 # ---- 1. NLI -------------------------------------------------------------------------------------

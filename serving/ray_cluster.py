@@ -137,6 +137,22 @@ class Channel:
                 return
             yield request
 
+    def answer_requests(self, answer: Callable[[dict[str, Any]], tuple[dict, bytes]]) -> bool:
+        """Answer each request with ``answer(request)``, run while the cluster lives: its message
+        and bytes, or one ``error`` line. False when the cluster is gone (the driver ends: there
+        is nothing left to tidy); True when the parent said stop."""
+        for request in self.requests():
+            try:
+                message, payload = while_cluster_lives(lambda: answer(request))  # noqa: B023
+            except ClusterGone as exc:
+                self.say({"gone": str(exc)})
+                return False
+            except Exception as exc:
+                self.say({"error": error_line(exc)})
+                continue
+            self.say(message, payload)
+        return True
+
 
 def _child_main(target: Callable[..., None], conn: Connection, args: tuple) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the run; it stops us in order
