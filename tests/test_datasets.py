@@ -323,7 +323,8 @@ def test_crux_mds_topics_and_sub_questions_become_our_topics_file(home, hub):
             {"id": "d-1", "subquestions": ["Who won?"]}
         ),
         "sources/multi_news/data.arrow": b"not fetched",
-    })  # fmt: skip
+        "crux-neuclir/topic/requests.jsonl": jsonl({"id": "n-1", "request": "Not the paper's."}),
+    }, sha=CATALOG["crux-mds"].revision)  # fmt: skip
     topics = load_topics(dataset_file("crux-mds"))  # main file: the Multi-News topics
     assert list(topics) == ["mn-1"]  # mn-2 has no sub-questions: left out, as the authors do
     assert topics["mn-1"].query == "Write about the flood."
@@ -334,6 +335,8 @@ def test_crux_mds_topics_and_sub_questions_become_our_topics_file(home, hub):
     assert qrels.read_bytes() == b"mn-1 0 mn-1:0#0 1\n"
     entry = next(v for k, v in read_lock().items() if k.startswith("crux-mds@"))
     assert "sources/multi_news/data.arrow" not in entry["files"]
+    assert not any("neuclir" in f for f in entry["files"])  # only the paper's two subsets
+    assert entry["revision"] == CATALOG["crux-mds"].revision  # pinned, not main
 
 
 def topics_xml(topics: list[dict]) -> bytes:
@@ -397,7 +400,9 @@ def test_trec_web_topics_over_plain_https_in_icat_formats(home, hub, monkeypatch
     assert [(r["query_id"], r["subtopic_id"], r["relevance"]) for r in rows] == [
         ("1", "1", 1), ("51", "2", 0), ("101", "1", 2), ("151", "4", 1)]  # fmt: skip
     judged, _ = load_qrels(qrels_path, {"1", "101", "151"})
-    assert judged["101"]["clueweb09-en0000-00-00003"] == {"1"}
+    # grade 2 is kept in the converted qrels; the ICAT authors mark a subtopic at grade 1 only
+    assert judged["101"]["clueweb09-en0000-00-00003"] == set()
+    assert judged["151"]["clueweb09-en0000-00-00004"] == {"4"}
     ranges = [r[2] for r in hub.log if r[1] == "/web/12/full-topics.xml" and r[0] == "GET"]
     assert ranges == ["bytes=100-"]
     assert not part.exists()

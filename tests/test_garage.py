@@ -14,6 +14,8 @@ from pipelines.garage.framework import attribution, breakdowns, sentences, summa
 from pipelines.results import ItemResult, StageFailure
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples" / "garage.jsonl"
+# the examples are published-shape rows: their ids are the sample_id UUIDs
+G1_ID, G2_ID = (json.loads(line)["sample_id"] for line in EXAMPLES.read_text().splitlines())
 
 
 @pytest.mark.parametrize(
@@ -107,13 +109,14 @@ def test_loader_on_examples_and_errors(tmp_path):
     records = load_records(EXAMPLES)
     assert [r.expects_deflection for r in records] == [False, True]
     assert records[0].human_citations == {1, 2}
-    assert records[1].dimension("source") == "private"
+    assert records[1].dimension("source") == "Private"
+    assert records[1].dimension("source_tag") == "sec"
     assert records[0].dimension("domain") == "Arts"
     row = json.loads(EXAMPLES.read_text().splitlines()[0])
     bad = tmp_path / "g.jsonl"
     for change, message in [
         ({"evidence_relevant": [True]}, "evidence_relevant has 1 labels for 3"),
-        ({"evidence_correct": ["GREAT", "UNKNOWN", "UNKNOWN"]}, "unknown label 'GREAT'"),
+        ({"evidence_correct": ["GREAT", "UNKNOWN", "UNKNOWN"]}, "label 'GREAT' is not one of"),
         ({"evidence_cited": [7]}, "outside 1..3"),
         ({"evidence_relevant": ["maybe", True, False]}, "relevance label 'maybe'"),
         ({"grounding": "text"}, "field grounding"),
@@ -136,8 +139,8 @@ def test_eval_garage_end_to_end(vllm_server, tmp_path):
     assert result.exit_code == 0, result.output
     results = {json.loads(x)["id"]: json.loads(x) for x in
                (tmp_path / "run" / "results.jsonl").read_text().splitlines()}  # fmt: skip
-    assert set(results) == {"g1", "g2"}
-    answerable = results["g1"]
+    assert set(results) == {G1_ID, G2_ID}
+    answerable = results[G1_ID]
     if answerable["status"] == "ok":
         details = answerable["details"]
         assert details["eligibility"] in {"No Issues", "Minor Issue(s)", "Major Issue(s)"}
@@ -148,7 +151,7 @@ def test_eval_garage_end_to_end(vllm_server, tmp_path):
         assert "deflected" in details and "attribution" in details
     else:
         assert answerable["status"] in {"abstained", "unparseable"}
-    assert "eligibility" not in results["g2"]["details"]  # deflection items: deflection only
+    assert "eligibility" not in results[G2_ID]["details"]  # deflection items: deflection only
     tables = json.loads((tmp_path / "run" / "tables.json").read_text())
     assert {"table2", "table3", "table4", "breakdowns"} <= set(tables)
     assert tables["n"] == 2

@@ -144,7 +144,7 @@ def write_inputs(tmp_path: Path) -> dict[str, Path]:
         ],
         "qrels": [  # d1 is relevant to q1's subtopics 2 and 7, and to q2's subtopic 5 (unused)
             {"query_id": "q1", "doc_id": "d1", "relevance": 1, "subtopic_id": 2},
-            {"query_id": "q1", "doc_id": "d1", "relevance": 2, "subtopic_id": 7},
+            {"query_id": "q1", "doc_id": "d1", "relevance": 1, "subtopic_id": 7},
             {"query_id": "q1", "doc_id": "d2", "relevance": 0, "subtopic_id": 5},
             {"query_id": "q2", "doc_id": "d1", "relevance": 1, "subtopic_id": 5},
             {"query_id": "q2", "doc_id": "d4", "relevance": 1, "subtopic_id": 1},

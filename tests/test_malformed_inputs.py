@@ -18,6 +18,7 @@ from typer.testing import CliRunner
 from pipelines.cli import app
 from tests.test_meta import cb_row
 from tests.test_runtime import EXAMPLES, FANOUT, WC_ROW
+from tests.test_runtime import G1_ID as G1
 
 NO_SERVER = ["--endpoint", "http://127.0.0.1:9/v1"]  # a run that got past validation fails here
 
@@ -159,7 +160,7 @@ CASES: list[Bad] = [
     Bad("questions.jsonl", swap_first("question", None), ":1: record 'a': field question"),
     Bad("wc.jsonl", swap_first("question", None), ":1: field question"),  # rows have no id
     Bad("cb.jsonl", swap_first("default_evidence", None), "default_evidence"),
-    Bad("garage.jsonl", swap_first("grounding", None), ":1: record 'g1': field grounding"),
+    Bad("garage.jsonl", swap_first("grounding", None), f":1: record '{G1}': field grounding"),
     Bad("corpus.jsonl", swap_first("contents", None), ":1: record 'd1': field contents"),
     Bad("topics.jsonl", swap_first("questions", None), ":1: record 't1': field questions"),
     Bad("passages.jsonl", swap_first("text", None), ":1: record 'p1': field text"),
@@ -176,7 +177,7 @@ CASES: list[Bad] = [
     Bad("questions.jsonl", swap_first("question", ["x"]), ":1: record 'a': field question"),
     Bad("wc.jsonl", swap_first("label0", "Maybe"), ":1: field label0"),
     Bad("cb.jsonl", swap_first("question", 7), "question"),
-    Bad("garage.jsonl", swap_first("evidence_relevant", "yes"), ":1: record 'g1': field"),
+    Bad("garage.jsonl", swap_first("evidence_relevant", "yes"), f":1: record '{G1}': field"),
     Bad("topics.jsonl", swap_first("questions", "Q0?"), ":1: record 't1': field questions"),
     Bad("passages.jsonl", swap_first("topic", "t9"), ":1: record 'p1': field topic"),
     Bad("ratings.jsonl", swap_first("rating", "high"), ":1: record 'p1': field rating"),

@@ -185,7 +185,7 @@ def test_a_judge_that_is_the_answering_model_is_said_so(tmp_path):
     assert "self-judging" in page and "answerer" in page
 
 
-def test_fanoutqa_answers_made_elsewhere_start_no_answering_model(tmp_path):
+def test_fanoutqa_answers_made_elsewhere_start_no_answering_model(tmp_path, capsys):
     data = tmp_path / "dev.json"
     data.write_text(json.dumps(FANOUT))
     answers = tmp_path / "submission.json"
@@ -198,6 +198,7 @@ def test_fanoutqa_answers_made_elsewhere_start_no_answering_model(tmp_path):
     request = request_for(options, tmp_path / "run", judge=f"grader@{GRADER}")
     outcomes = run_with(FANOUTQA, request, clients, opened)
     assert list(outcomes) == ["answers"] and opened == ["grader"]
+    assert capsys.readouterr().out.count("FanOutQA (paper Table 1 columns)") == 1  # once, not twice
     assert clients["answerer"].calls == []
     outcome = outcomes["answers"]
     statuses = {r.id: (r.status, r.score) for r in outcome.results}
@@ -244,11 +245,10 @@ def test_bad_fanoutqa_answers_are_one_line_and_write_nothing(tmp_path, content, 
 def test_garage_answers_made_elsewhere_are_judged_by_the_judge_role(tmp_path):
     records = tmp_path / "garage.jsonl"
     rows = [json.loads(line) for line in (EXAMPLES / "garage.jsonl").read_text().splitlines()]
-    for row in rows:  # the published schema names the id sample_id
-        row["sample_id"] = row.pop("id")
+    g1, g2 = (row["sample_id"] for row in rows)  # published rows: the id is sample_id
     records.write_text("".join(json.dumps(r) + "\n" for r in rows))
     answers = tmp_path / "answers.jsonl"
-    answers.write_text(json.dumps({"sample_id": "g1", "answer": "It is 330 m tall [1]. "
+    answers.write_text(json.dumps({"sample_id": g1, "answer": "It is 330 m tall [1]. "
                                    "It was completed in 1889 [2]."}) + "\n")  # fmt: skip
     grader = ScriptedClient({
         "deflection": "attempted", "eligibility": "No Issues",
@@ -260,9 +260,9 @@ def test_garage_answers_made_elsewhere_are_judged_by_the_judge_role(tmp_path):
     outcome = run_with(GARAGE, request, {"grader": grader}, opened)[""]
     assert opened == ["grader"]
     statuses = {r.id: (r.status, r.score) for r in outcome.results}
-    assert statuses == {"g1": ("ok", 1.0), "g2": ("abstained", None)}  # g2: no answer given
-    g1 = next(r for r in outcome.results if r.id == "g1")
-    assert g1.details["attribution"] == {"precision": 1.0, "recall": 1.0, "f1": 1.0}
+    assert statuses == {g1: ("ok", 1.0), g2: ("abstained", None)}  # g2: no answer given
+    judged = next(r for r in outcome.results if r.id == g1)
+    assert judged.details["attribution"] == {"precision": 1.0, "recall": 1.0, "f1": 1.0}
     assert outcome.tables["table2"]["RAF"] == 1.0 and outcome.tables["not_scored"] == {
         "abstained": 1
     }
@@ -278,19 +278,20 @@ def test_garage_reads_the_published_fields():
                                                     {"text": "b", "provider": "web"}],
         "evidence_relevant": ["YES", "NO"], "evidence_cited": ["NO", "YES"],
         "question_sensitive": "No", "question_type": "", "question_complexity": "Comparison",
-        "question_popularity": "Tail", "question_category": "Finance", "question_tag": "web",
+        "question_popularity": "Tail", "question_category": "Finance", "question_tag": "arxiv",
     })  # fmt: skip
     assert record.evidence_relevant == [True, False] and record.human_citations == {2}
     assert record.dimension("time_sensitivity") == "Static"
     assert record.dimension("complexity") == "Comparison"
     assert record.dimension("popularity") == "Tail"
-    assert record.dimension("domain") == "Finance" and record.dimension("source") == "web"
+    assert record.dimension("domain") == "Finance" and record.dimension("source") == "Private"
+    assert record.dimension("source_tag") == "arxiv"  # the finer breakdown keeps the raw tag
     fast = record.model_copy(update={"question_sensitive": "Yes", "question_type": "Fast-Changing"})
     fast.model_extra.update(question_sensitive="Yes", question_type="Fast-Changing")
     assert fast.dimension("time_sensitivity") == "Fast-Changing"
     with pytest.raises(ValueError, match="3 tags for 2 grounding passages"):
         Record.model_validate({"id": "s", "question": "q", "grounding": [{"text": "a"},
-                               {"text": "b"}], "evidence_relevant": [1, 0],
+                               {"text": "b"}], "evidence_relevant": ["YES", "NO"],
                                "evidence_cited": ["YES", "NO", "NO"]})  # fmt: skip
 
 

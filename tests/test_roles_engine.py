@@ -133,11 +133,12 @@ def test_answers_made_elsewhere_judged_by_an_adapter(vllm_server, tmp_path):
     assert manifest["roles"]["judge"]["adapter"] == ADAPTER
 
     garage = ROOT / "examples" / "garage.jsonl"
+    g1, g2 = (json.loads(line)["sample_id"] for line in garage.read_text().splitlines())
     given = tmp_path / "garage-answers.jsonl"
     given.write_text(
-        json.dumps({"sample_id": "g1", "answer": "It is 330 m tall [1]."})
+        json.dumps({"sample_id": g1, "answer": "It is 330 m tall [1]."})
         + "\n"
-        + json.dumps({"sample_id": "g2", "answer": "Not enough grounding."})
+        + json.dumps({"sample_id": g2, "answer": "Not enough grounding."})
         + "\n"
     )
     run_dir = tmp_path / "garage"
@@ -146,13 +147,13 @@ def test_answers_made_elsewhere_judged_by_an_adapter(vllm_server, tmp_path):
                           capture_output=True, text=True, timeout=600)  # fmt: skip
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     records = [json.loads(line) for line in (run_dir / "results.jsonl").read_text().splitlines()]
-    assert sorted(r["id"] for r in records) == ["g1", "g2"]
+    assert sorted(r["id"] for r in records) == sorted([g1, g2])
     for record in records:
         assert "answer" not in record["usage"]  # nobody answered here
         assert record["status"] in {"ok", "unparseable"}
         assert record["details"]["answer"] in {"It is 330 m tall [1].", "Not enough grounding."}
-    g1 = next(r for r in records if r["id"] == "g1")
-    assert g1["details"]["attribution"]["precision"] == 1.0  # [1] is a human citation
+    judged = next(r for r in records if r["id"] == g1)
+    assert judged["details"]["attribution"]["precision"] == 1.0  # [1] is a human citation
     manifest = json.loads((run_dir / "manifest.json").read_text())
     assert list(manifest["roles"]) == ["judge"]
     assert manifest["roles"]["judge"]["request_model"] == ADAPTER

@@ -197,11 +197,15 @@ G1 = (
 )
 G2 = "I could not find that revenue in the passages."
 G3 = "The tower is 330 metres tall [1]."
+G1_ID, G2_ID = (
+    json.loads(x)["sample_id"] for x in (EXAMPLES / "garage.jsonl").read_text().splitlines()
+)
+G3_ID = "5e0f9a7c-3b2d-4e1f-a6c8-0d9e8f7a6b5c"
 
 
 def garage_records(tmp_path: Path) -> Path:
     rows = [json.loads(x) for x in (EXAMPLES / "garage.jsonl").read_text().splitlines()]
-    third = rows[0] | {"id": "g3", "question": "How tall is the Eiffel Tower?"}
+    third = rows[0] | {"sample_id": G3_ID, "question": "How tall is the Eiffel Tower?"}
     path = tmp_path / "garage.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in [*rows, third]))
     return path
@@ -229,7 +233,7 @@ def test_garage_tables_by_hand(tmp_path):
     scores = {r.id: r.score for r in outcome.results}
     # g1 eligible, factual on all passages, not on the relevant ones: RAF 0. g2 deflected as
     # expected: 1. g3 factual both ways but ineligible (Major Issue): RAF 0.
-    assert scores == {"g1": 0.0, "g2": 1.0, "g3": 0.0}
+    assert scores == {G1_ID: 0.0, G2_ID: 1.0, G3_ID: 0.0}
     tables = json.loads((tmp_path / "run" / "tables.json").read_text())
     assert tables["table2"] == {"n": 2, "eligibility": 0.5, "unadjusted_factuality": 1.0,
                                 "factuality": 0.5, "uRAF": 0.5, "RAF": 0.0}  # fmt: skip

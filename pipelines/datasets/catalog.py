@@ -9,7 +9,7 @@ the user, then registered with ``groundcover data add``).
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from pipelines.config import UserError
@@ -17,6 +17,7 @@ from pipelines.datasets import convert
 
 Converter = Callable[[list[Path], Path], None]
 CARD = "per the dataset card"  # read from the Hub and printed before a download
+CRUX_SUBSETS = ("duc04", "multi_news")  # the paper's CRUX-MDS subsets
 LISTED = "listed at download"  # the Hub lists each file's size; the total is printed
 
 
@@ -34,6 +35,11 @@ class Dataset:
     used_by: str = ""  # the command that reads it
     obtain: str = ""  # licensed: how to get a copy
     check: Callable[[Path], None] | None = None  # licensed: shape check for `data add`
+    # published fingerprints: file -> (bytes, sha256), as the authors state them or as verified
+    # here; a download that differs is refused before anything is cached
+    fingerprints: dict[str, tuple[int, str]] = field(default_factory=dict)
+    notice: str = ""  # printed before a download (terms the authors point to)
+    counts: str = ""  # what a reader of the main file should see, for the README and `data list`
 
     @property
     def kind(self) -> str:
@@ -65,8 +71,8 @@ CATALOG: dict[str, Dataset] = {
             "read time as the comprehensiveness authors did",
             home="hf:Warrieryes/CB_qa_v2",
             files=("*.parquet", "*.jsonl", "*.json"),
-            license=CARD,
-            size="about 1.3 GB (JSON)",
+            license="CC BY-SA 4.0",
+            size="about 1.3 GB (QA_dataset.json: JSON Lines despite the extension)",
             main="train.jsonl",
             convert=convert.conflictbank_train,
             used_by="groundcover meta-eval conflictbank",
@@ -109,10 +115,18 @@ CATALOG: dict[str, Dataset] = {
             "citation annotations, human answers",
             home="hf:AmazonScience/GaRAGe",
             files=("data/GaRAGe_benchmark.jsonl",),
-            license=CARD,
-            size=LISTED,
+            license="CC BY-NC 4.0 (NON-COMMERCIAL use only)",
+            size="28,426,483 bytes",
             main="GaRAGe_benchmark.jsonl",
             used_by="groundcover eval garage",
+            fingerprints={
+                "data/GaRAGe_benchmark.jsonl": (
+                    28_426_483,
+                    "419e3941f6e8eb4082a74ca2140c1f9337f8b467ff76656a6b8b0290ca3f3a72",
+                )
+            },
+            counts="2,366 questions, 35,351 passages, 427 expect a deflection; time-sensitivity "
+            "Fast-Changing 17.5%, Slow-Changing 49.6%, Static 33.0%; source Web 86.6%",
         ),
         Dataset(
             name="trec-icat",
@@ -121,8 +135,9 @@ CATALOG: dict[str, Dataset] = {
             home="hf:algoprog/TREC-ICAT",
             files=("*.jsonl",),
             license=CARD,
-            size=LISTED,
-            used_by="groundcover eval icat",
+            size="corpus.jsonl 324 MB, qrels.jsonl 9.9 MB, queries.jsonl 350 kB",
+            main="queries.jsonl",
+            used_by="groundcover eval icat --queries trec-icat; index build trec-icat/corpus.jsonl",
         ),
         Dataset(
             name="trec-web-topics",
@@ -150,19 +165,38 @@ CATALOG: dict[str, Dataset] = {
         Dataset(
             name="crux-mds",
             summary="CRUX-MDS (Multi-News, DUC 2004): topics with sub-questions as our topics "
-            "exchange files; qrels and judgements as published",
+            "exchange files, the published passage ratings as our ratings exchange files; "
+            "qrels and judgements kept as published",
             home="hf:DylanJHJ/crux",
-            files=(
-                "crux-mds-*/topic/*.jsonl",
-                "crux-mds-*/subtopics/*.jsonl",
-                "crux-mds-*/qrels/*",
-                "crux-mds-*/judge/*",
+            # the paper's two subsets only (the repository also holds crux-neuclir, ranking_*,
+            # shard_data/, sources/), at a commit that holds both
+            files=tuple(
+                f"crux-mds-{subset}/{folder}/*"
+                for subset in CRUX_SUBSETS
+                for folder in ("topic", "subtopics", "qrels", "judge")
             ),
+            revision="7581b8a657c88557b7ed2ce046bb7e6f4529d6c8",
             license=CARD,
             size=LISTED,
             main="topics-multi_news.jsonl",
             convert=convert.crux_mds,
-            used_by="groundcover crux build / eval crux --topics crux-mds/topics-SUBSET.jsonl",
+            notice="CRUX-MDS is generated from Multi-News and DUC 2004; see the original datasets' "
+            "terms of use (Multi-News: its authors' licence; DUC 2004: the NIST agreement)",
+            used_by="groundcover crux build / eval crux --topics crux-mds/topics-SUBSET.jsonl "
+            "--ratings crux-mds/ratings-SUBSET.jsonl",
+        ),
+        Dataset(
+            name="crux-sources",
+            summary="the DUC 2004 and Multi-News source documents the CRUX authors publish "
+            "(saved with datasets.save_to_disk), as they are",
+            home="hf:DylanJHJ/crux",
+            files=("sources/duc04/*", "sources/multi_news/*"),
+            revision="7581b8a657c88557b7ed2ce046bb7e6f4529d6c8",
+            license="the source datasets' terms (Multi-News; DUC 2004: NIST agreement)",
+            size=LISTED,
+            notice="DUC 2004 documents are distributed by NIST under its data agreement; "
+            "Multi-News under its authors' licence: accept those terms before use",
+            used_by="crux build (after export to a JSONL corpus)",
         ),
         Dataset(
             name="clueweb09-b",

@@ -94,6 +94,9 @@ def _rows(path: Path) -> Iterator[tuple[str, Any]]:
                 yield f"row {n}", row
                 n += 1
         return
+    if path.suffix == ".json" and _json_lines(path):
+        yield from _line_rows(path)  # JSON Lines despite the name (ConflictBank's QA_dataset.json)
+        return
     if path.suffix == ".json":
         if not _starts_with(path, "["):  # not a list: an object such as {"train": [...]}
             data = _read_json(path)
@@ -103,6 +106,11 @@ def _rows(path: Path) -> Iterator[tuple[str, Any]]:
             return
         yield from ((f"record {n}", row) for n, row in enumerate(json_array(path)))
         return
+    yield from _line_rows(path)
+
+
+def _line_rows(path: Path) -> Iterator[tuple[str, Any]]:
+    """(where, row) per non-empty line, one line in memory at a time."""
     with path.open(encoding="utf-8") as lines:
         for n, line in enumerate(lines, 1):
             if line.strip():
@@ -110,6 +118,20 @@ def _rows(path: Path) -> Iterator[tuple[str, Any]]:
                     yield f"line {n}", json.loads(line)
                 except json.JSONDecodeError as exc:
                     raise UserError(f"{path}:{n}: not valid JSON: {exc}") from None
+
+
+def _json_lines(path: Path) -> bool:
+    """Whether a ``.json`` file holds JSON Lines: its first line is a whole JSON object and it is
+    not one document wrapping the records (``{"train": [...]}``). Reads the first line only."""
+    with path.open(encoding="utf-8") as f:
+        first = f.readline()
+        while first and not first.strip():
+            first = f.readline()
+    try:
+        row = json.loads(first)
+    except json.JSONDecodeError:
+        return False
+    return isinstance(row, dict) and not isinstance(row.get("train"), list)
 
 
 def _starts_with(path: Path, char: str) -> bool:
@@ -231,10 +253,44 @@ def crux_mds(sources: list[Path], out: Path) -> None:
         if not lines:
             raise UserError(f"crux-mds-{subset}: no topic with sub-questions")
         (out / f"topics-{subset}.jsonl").write_text("".join(lines), encoding="utf-8")
+        _crux_ratings(sorted(folders.get("judge", [])), questions, out / f"ratings-{subset}.jsonl")
         for folder, paths in folders.items():
             if folder not in ("topic", "subtopics"):
                 for path in paths:
                     (out / f"{subset}-{folder}-{path.name}").write_bytes(path.read_bytes())
+
+
+def _crux_ratings(paths: list[Path], questions: dict[str, list[str]], target: Path) -> None:
+    """The authors' judge lines {example_id, pid, rating: [one 0-5 rating per sub-question]} as
+    our ratings exchange lines {topic, passage_id, question, rating}, one per sub-question, so
+    ``eval crux --ratings`` reads the published ratings and rates nothing itself."""
+    lines: list[str] = []
+    for path in paths:
+        for where, row in _jsonl_rows(path):
+            topic = row.get("example_id")
+            if not isinstance(topic, (str, int)) or isinstance(topic, bool):
+                raise UserError(f"{path}: {where}: field example_id: missing")
+            pid = _text(path, where, row, "pid")
+            ratings = row.get("rating")
+            if not isinstance(ratings, list) or not all(_rating(r) for r in ratings):
+                raise UserError(f"{path}: {where}: record {pid!r}: field rating: not a list of "
+                                "0-5 ratings")  # fmt: skip
+            n = len(questions.get(str(topic), ratings))
+            if len(ratings) != n:
+                raise UserError(f"{path}: {where}: record {pid!r}: field rating: {len(ratings)} "
+                                f"ratings for {n} sub-questions of topic {topic}")  # fmt: skip
+            lines += [json.dumps({"topic": str(topic), "passage_id": pid, "question": q,
+                                  "rating": int(r)}) + "\n"
+                      for q, r in enumerate(ratings)]  # fmt: skip
+    if lines:
+        target.write_text("".join(lines), encoding="utf-8")
+
+
+def _rating(value: Any) -> bool:
+    """A whole 0-5 rating (published as an int, or a float with no fraction)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return False
+    return float(value).is_integer() and 0 <= value <= 5
 
 
 def _clean(text: str | None) -> str:

@@ -116,11 +116,15 @@ def get(spec: str, *, quiet: bool = False) -> Resolved:
     if not quiet:
         console.print(f"{name}: {entry.summary}\n  home: {entry.home} @ {requested}; license: "
                       f"{entry.license}; size: {entry.size}", highlight=False)  # fmt: skip
+        if entry.notice:
+            console.print(f"  terms: {entry.notice}", highlight=False)
     if entry.kind == "hf":
         revision, raw = _hub_files(entry, requested, known, quiet)
     else:
         revision, raw = _https_files(entry, requested)
     digests = {rel: file_sha256(path) for rel, path in raw.items()}
+    if pinned is None or pinned == entry.revision:  # another revision may differ by design
+        _check_fingerprints(entry, requested, digests, raw)
     if known is not None:
         _verify(name, requested, known.get("files", {}), digests, raw)
     return _convert_and_lock(entry, key, revision, raw, digests)
@@ -167,12 +171,32 @@ def _ready(entry: Dataset, requested: str, known: dict[str, Any] | None) -> Reso
     return Resolved(entry.name, requested, known["revision"], out / main, outputs[main])
 
 
+def _forget(raw: dict[str, Path], rel: str) -> None:
+    for path in {raw[rel], raw[rel].resolve()}:  # the snapshot link and its blob
+        path.unlink(missing_ok=True)
+
+
+def _check_fingerprints(entry: Dataset, requested: str, digests: dict[str, str],
+                        raw: dict[str, Path]) -> None:  # fmt: skip
+    """The published size and sha256 of each fingerprinted file; a file that differs is removed
+    and the get stops with one line naming both digests."""
+    for rel, (size, digest) in entry.fingerprints.items():
+        if rel not in raw:
+            continue
+        got = raw[rel].stat().st_size
+        if (got, digests[rel]) != (size, digest):
+            _forget(raw, rel)
+            raise UserError(
+                f"{entry.name}@{requested}: {rel}: sha256 {digests[rel]} ({got:,} bytes) differs "
+                f"from the published sha256 {digest} ({size:,} bytes); nothing was cached"
+            )
+
+
 def _verify(name: str, requested: str, expected: dict[str, str], got: dict[str, str],
             raw: dict[str, Path]) -> None:  # fmt: skip
     for rel, digest in got.items():
         if rel in expected and expected[rel] != digest:
-            for path in {raw[rel], raw[rel].resolve()}:  # the snapshot link and its blob
-                path.unlink(missing_ok=True)
+            _forget(raw, rel)
             raise UserError(
                 f"{name}@{requested}: {rel}: sha256 {digest[:12]}… differs from the locked "
                 f"{expected[rel][:12]}… in {data_root() / LOCK}; nothing was cached (pin "
@@ -275,6 +299,11 @@ def _announce(entry: Dataset, info: Any, sizes: dict[str, int | None]) -> None:
     total = sum(s or 0 for s in sizes.values())
     console.print(f"  dataset card license: {license_ or 'not stated'}; {len(sizes)} file(s), "
                   f"{total / 1e6:.1f} MB to download", highlight=False)  # fmt: skip
+    for rel, size in list(sizes.items())[:12]:
+        shown = "size not listed" if size is None else f"{size / 1e6:,.1f} MB"
+        console.print(f"    {rel}: {shown}", highlight=False)
+    if len(sizes) > 12:
+        console.print(f"    ... and {len(sizes) - 12} more", highlight=False)
 
 
 def _https_files(entry: Dataset, requested: str) -> tuple[str, dict[str, Path]]:

@@ -386,7 +386,8 @@ class FanOutQA(Framework):
         return {key: outcome.tables for key, outcome in outcomes.items()}
 
     def render_combined(self, combined: dict[str, Any], console: Console) -> None:
-        print_table(combined, console)
+        if len(combined) > 1:  # one setting: its run printed this very table already
+            print_table(combined, console)
 
 
 def model_window(ev: EvaluatorConfig) -> int:

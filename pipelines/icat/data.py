@@ -5,7 +5,8 @@
   ("topic_id", subtopics with "subtopic_id" and "description") is read as is; its subtopic ids
   have gaps and are kept.
 - responses: {"query_id", "response"}, optional "id" (default: the query id) and "system".
-- qrels: {"query_id", "doc_id", "relevance", "subtopic_id"}; relevance > 0 marks the subtopic.
+- qrels: {"query_id", "doc_id", "relevance", "subtopic_id"}; relevance == 1 marks the subtopic
+  (the authors' rule; the TREC Web diversity qrels grade subtopics 0/1).
 - web snippets: {"claim", "snippets": [{"text", "id"?, "doc_id"?}]} -- retrieved per claim
   elsewhere (the paper: Brave Search), used instead of a corpus index.
 """
@@ -141,7 +142,7 @@ def load_qrels(path: Path, wanted: set[str]) -> tuple[dict[str, dict[str, set[st
         docs = qrels.setdefault(qid, {})
         docs.setdefault(doc, set())
         where.setdefault((qid, doc), lineno)
-        if relevance > 0:
+        if relevance == 1:  # the ICAT authors' rule: grade 1 marks the subtopic, no other
             docs[doc].add(values["subtopic_id"])  # type: ignore[arg-type]
     if not rows:
         raise UserError(f"{path}: no records")

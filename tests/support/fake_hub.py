@@ -24,9 +24,11 @@ class Repo:
     refs: dict[str, str] = field(default_factory=dict)
     license: str = "mit"
 
-    def commit(self, files: dict[str, bytes], ref: str = "main") -> str:
+    def commit(self, files: dict[str, bytes], ref: str = "main", sha: str | None = None) -> str:
+        """A commit of ``files`` that ``ref`` then names; ``sha`` makes it the commit a catalogue
+        entry pins."""
         seed = json.dumps(sorted(files)).encode() + str(len(self.commits)).encode()
-        sha = hashlib.sha1(seed + b"".join(files.values())).hexdigest()
+        sha = sha or hashlib.sha1(seed + b"".join(files.values())).hexdigest()
         self.commits[sha] = dict(files)
         self.refs[ref] = sha
         return sha

@@ -16,6 +16,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+from serving import startlog
 from serving.launcher import free_port
 
 
@@ -54,7 +55,8 @@ def ray_head(
     head.port = port  # type: ignore[attr-defined]
     head.dashboard = f"http://127.0.0.1:{dashboard_port}"  # type: ignore[attr-defined]
     try:
-        deadline = time.monotonic() + 120
+        began = deadline = time.monotonic()
+        deadline += 120
         for listening in [port] + ([dashboard_port] if dashboard else []):
             while time.monotonic() < deadline:
                 try:
@@ -62,6 +64,7 @@ def ray_head(
                     break
                 except OSError:
                     time.sleep(0.5)
+        startlog.record("ray-head", f"{num_cpus} CPUs", time.monotonic() - began)
         yield head
     finally:
         with contextlib.suppress(ProcessLookupError):
@@ -92,9 +95,11 @@ def ray_worker(
         env=dict(os.environ, RAY_AUTH_MODE="token"),  # joins with the token the head saved
     )  # fmt: skip
     try:
-        deadline = time.monotonic() + 120
+        began = time.monotonic()
+        deadline = began + 120
         while _node_count(address, ray) <= before and time.monotonic() < deadline:
             time.sleep(1.0)
+        startlog.record("ray-worker", f"{num_cpus} CPUs", time.monotonic() - began)
         yield worker
     finally:
         with contextlib.suppress(ProcessLookupError):

@@ -1,0 +1,265 @@
+"""Datasets in the exact layouts their authors publish (hand-written fixtures under
+``tests/fixtures/published/``), served by the loopback Hub: ``data get`` -> converter -> the
+framework's loader -> a dry run or a run that needs no model."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from pipelines.cli import app
+from pipelines.config import UserError
+from pipelines.datasets import CATALOG, get
+from pipelines.datasets.fetch import read_lock
+from tests.support.fake_hub import FakeHub
+
+PUBLISHED = Path(__file__).parent / "fixtures" / "published"
+NO_SERVER = ["--endpoint", "http://127.0.0.1:9/v1", "--model", "judge"]  # nothing listens
+
+
+@pytest.fixture
+def home(tmp_path, monkeypatch) -> Path:
+    monkeypatch.setenv("GROUNDCOVER_HOME", str(tmp_path / "home"))
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    return tmp_path / "home"
+
+
+@pytest.fixture
+def hub(monkeypatch):
+    with FakeHub() as fake:
+        monkeypatch.setenv("HF_ENDPOINT", fake.url)
+        yield fake
+
+
+def publish(hub: FakeHub, name: str, folder: str, sha: str | None = None) -> str:
+    """Every file under the fixture folder at its repository path, in one commit."""
+    root = PUBLISHED / folder
+    files = {p.relative_to(root).as_posix(): p.read_bytes() for p in root.rglob("*") if p.is_file()}
+    return hub.repo(CATALOG[name].repo).commit(files | {"README.md": b"card"}, sha=sha)
+
+
+def fingerprinted_as_fixture(monkeypatch, name: str, rel: str, folder: str) -> None:
+    """The catalogue entry with the fixture's own size and digest as the published ones."""
+    data = (PUBLISHED / folder / rel).read_bytes()
+    entry = dataclasses.replace(
+        CATALOG[name], fingerprints={rel: (len(data), hashlib.sha256(data).hexdigest())}
+    )
+    monkeypatch.setitem(CATALOG, name, entry)
+
+
+# ---- GaRAGe ------------------------------------------------------------------------------------
+
+
+def test_garage_download_that_differs_from_the_published_digest_is_refused(home, hub):
+    publish(hub, "garage", "garage")  # our hand-written rows: not the authors' bytes
+    with pytest.raises(UserError) as caught:
+        get("garage")
+    line = str(caught.value)
+    fixture = (PUBLISHED / "garage" / "data" / "GaRAGe_benchmark.jsonl").read_bytes()
+    assert hashlib.sha256(fixture).hexdigest() in line  # both digests named
+    assert "419e3941f6e8eb4082a74ca2140c1f9337f8b467ff76656a6b8b0290ca3f3a72" in line
+    assert "28,426,483 bytes" in line and "nothing was cached" in line
+    assert read_lock() == {} and not (home / "data" / "garage").exists()
+
+
+def test_garage_published_rows_are_read_as_published(home, hub, monkeypatch):
+    from pipelines.garage.data import counts, load_records
+
+    fingerprinted_as_fixture(monkeypatch, "garage", "data/GaRAGe_benchmark.jsonl", "garage")
+    publish(hub, "garage", "garage")
+    found = get("garage")
+    records = load_records(found.path)
+    by_id = {r.id: r for r in records}
+    ferry = by_id["0c6e2b9a-5d41-4f7e-9a3c-2b8d1e4f6a70"]
+    assert ferry.grounding[0].text.startswith("The river ferry")  # text from cite_1
+    assert ferry.human_citations == {1, 2}  # evidence_cited YES/NO tags
+    assert ferry.dimension("time_sensitivity") == "Fast-Changing"
+    assert ferry.dimension("source") == "Web" and ferry.dimension("complexity") == "Simple"
+    memo = by_id["7f3a9c12-88b0-4d2e-b6a1-c0ffee123456"]
+    assert memo.expects_deflection and memo.evidence_relevant == [False, None]  # "" kept
+    assert memo.dimension("source") == "Private" and memo.dimension("source_tag") == "devops"
+    paper = by_id["b2d4f6a8-1c3e-4a5b-8d7f-9e0a1b2c3d4e"]
+    assert paper.dimension("time_sensitivity") == "Static"  # question_type "" and not sensitive
+    assert paper.relevant == [True, True, False, False] and paper.unannotated == 1
+    assert paper.dimension("source") == "Private" and paper.evidence_correct[2] is None
+    assert counts(records) == {
+        "questions": 4, "passages": 11, "deflection_expected": 1,
+        "unannotated_relevance_labels": 2,
+        "time_sensitivity": {"Fast-Changing": 0.25, "Slow-Changing": 0.25, "Static": 0.5},
+        "source": {"Private": 0.5, "Web": 0.5},
+    }  # fmt: skip
+    out = CliRunner().invoke(app, ["eval", "garage", "garage", *NO_SERVER, "--dry-run",
+                                   "--run-dir", str(home / "run")])  # fmt: skip
+    assert out.exit_code == 0, out.output
+    assert "4 questions, 11 passages, 1 expect a deflection, 2 relevance labels" in out.output
+    assert "Fast-Changing 25.0%" in out.output and "Web 50.0%" in out.output
+
+
+def test_garage_answers_cite_with_cite_n_markers():
+    from pipelines.garage.data import citations
+    from pipelines.garage.framework import sentences
+
+    text = "Forty minutes [cite_1]; hourly before [cite_2, cite_3]. Also [4] and 【2】."
+    assert citations(text, 4) == {1, 2, 3, 4}
+    assert citations("Out of range [cite_9].", 3) == set()
+    assert sentences("It opened in 1932 [cite_1]. It spans 503 m [cite_2].") == [
+        "It opened in 1932.", "It spans 503 m.",
+    ]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (  # cite_N keys must follow the passages' order: the answers cite them by N
+            lambda r: r["grounding"].reverse(),
+            "field grounding: Value error, passage 1: key cite_3 out of order (expected cite_1)",
+        ),
+        (lambda r: r["evidence_relevant"].__setitem__(0, "MAYBE"), "relevance label 'MAYBE'"),
+        (lambda r: r["evidence_correct"].__setitem__(0, "WRONG"), "label 'WRONG' is not one of"),
+        (lambda r: r["evidence_cited"].__setitem__(1, "SOMETIMES"), "citation tag 'SOMETIMES'"),
+        (lambda r: r.__setitem__("question_type", "DAILY"), "field question_type: 'DAILY'"),
+        (lambda r: r.__setitem__("question_tag", "intranet"), "field question_tag: 'intranet'"),
+        (lambda r: r.__setitem__("question_popularity", "Viral"), "field question_popularity"),
+    ],
+)
+def test_garage_bad_published_rows_are_one_line(tmp_path, change, message):
+    from pipelines.garage.data import load_records
+
+    lines = (PUBLISHED / "garage" / "data" / "GaRAGe_benchmark.jsonl").read_text().splitlines()
+    row = json.loads(lines[0])
+    change(row)
+    path = tmp_path / "GaRAGe_benchmark.jsonl"
+    path.write_text(lines[1] + "\n" + json.dumps(row) + "\n")
+    with pytest.raises(UserError) as caught:
+        load_records(path)
+    assert f"{path}:2: record '{row['sample_id']}': " in str(caught.value)
+    assert message in str(caught.value) and "\n" not in str(caught.value)
+
+
+# ---- ConflictBank ------------------------------------------------------------------------------
+
+
+def test_conflictbank_question_file_is_json_lines_despite_its_extension(home, hub):
+    from pipelines.comprehensiveness.meta import conflictbank_items
+
+    publish(hub, "conflictbank", "conflictbank")
+    found = get("conflictbank")
+    rows = [json.loads(line) for line in found.path.read_text().splitlines()]
+    published = (PUBLISHED / "conflictbank" / "QA_dataset.json").read_text().splitlines()
+    assert rows == [json.loads(line) for line in published]  # every row, in published order
+    items = conflictbank_items(found.path)
+    assert len(items) == 2 * len(rows)  # the paper protocol: a D and a C item per question
+    out = CliRunner().invoke(app, ["meta-eval", "conflictbank", *NO_SERVER, "--dry-run",
+                                   "--run-dir", str(home / "run")])  # fmt: skip
+    assert out.exit_code == 0, out.output
+
+
+def test_conflictbank_broken_line_in_the_middle_converts_nothing(home, hub):
+    lines = (PUBLISHED / "conflictbank" / "QA_dataset.json").read_text().splitlines()
+    lines[2] = lines[2][:40]  # cut mid-record
+    hub.repo(CATALOG["conflictbank"].repo).commit({"QA_dataset.json": "\n".join(lines).encode()})
+    with pytest.raises(UserError, match=r"QA_dataset.json:3: not valid JSON"):
+        get("conflictbank")
+    assert not any(k.startswith("conflictbank@") for k in read_lock())
+    assert not list((home / "data" / "conflictbank").glob("*/train.jsonl"))
+
+
+# ---- TREC-ICAT ---------------------------------------------------------------------------------
+
+
+def test_trec_icat_main_file_is_the_queries_and_the_corpus_builds_by_name(home, hub, tmp_path):
+    from pipelines.datasets.names import dataset_file
+    from pipelines.icat.data import load_qrels, load_queries
+
+    publish(hub, "trec-icat", "trec-icat")
+    queries = load_queries(dataset_file("trec-icat"))
+    assert dataset_file("trec-icat").name == "queries.jsonl"
+    assert [q.query for q in queries.values()] == ["obama family tree",
+                                                   "french lick resort and casino"]  # fmt: skip
+    qrels, _ = load_qrels(dataset_file("trec-icat/qrels.jsonl"), set(queries))
+    assert qrels["1"] == {"clueweb09-en0000-01-00001": {"1"}, "clueweb09-en0000-01-00002": set()}
+    out = tmp_path / "icat-index"
+    built = CliRunner().invoke(app, ["index", "build", "trec-icat/corpus.jsonl", str(out)])
+    assert built.exit_code == 0, built.output
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["counts"]["documents"] == 3
+
+
+def test_trec_icat_relevance_is_the_authors_grade_one(tmp_path):
+    """The ICAT authors mark a subtopic where relevance == 1; another grade marks nothing."""
+    from pipelines.icat.data import load_qrels
+
+    path = tmp_path / "qrels.jsonl"
+    rows = [{"query_id": "1", "doc_id": d, "relevance": r, "subtopic_id": "1"}
+            for d, r in (("a", 1), ("b", 2), ("c", 0), ("d", -2))]  # fmt: skip
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    qrels, _ = load_qrels(path, {"1"})
+    assert qrels["1"] == {"a": {"1"}, "b": set(), "c": set(), "d": set()}
+
+
+# ---- CRUX-MDS ----------------------------------------------------------------------------------
+
+
+def test_crux_mds_published_ratings_score_with_no_rater_call(home, hub, tmp_path):
+    from pipelines.crux.data import load_ratings, load_topics
+    from pipelines.datasets.names import dataset_file
+
+    sha = CATALOG["crux-mds"].revision
+    publish(hub, "crux-mds", "crux", sha=sha)
+    get("crux-mds")
+    entry = read_lock()[f"crux-mds@{sha}"]
+    assert entry["revision"] == sha
+    assert all(f.startswith(("crux-mds-duc04/", "crux-mds-multi_news/")) for f in entry["files"])
+    topics = load_topics(dataset_file("crux-mds/topics-duc04.jsonl"))
+    ratings = load_ratings(dataset_file("crux-mds/ratings-duc04.jsonl"), topics)
+    assert ratings["d30001t"] == {"d30001t:0#0": [5, 1, 0], "d30001t:1#0": [0, 4, 3],
+                                  "d30001t:2#1": [2, 0, 1]}  # fmt: skip
+    multi = load_topics(dataset_file("crux-mds"))
+    assert list(multi) == ["mn-0001"]  # mn-0002 has no sub-questions
+    passages = tmp_path / "passages.jsonl"
+    passages.write_text("".join(
+        json.dumps({"id": f"d30001t:{p}", "topic": "d30001t", "text": text}) + "\n"
+        for p, text in (("0#0", "Hurricane Mitch did the most damage."),
+                        ("1#0", "Honduras and Nicaragua were hit; thousands died."),
+                        ("2#1", "The season had fourteen named storms."))
+    ))  # fmt: skip
+    run = tmp_path / "run.trec"  # p2 first: the top |P**| = 2 are p2 and p0
+    run.write_text("d30001t Q0 d30001t:2#1 1 3.0 bm25\nd30001t Q0 d30001t:0#0 2 2.0 bm25\n"
+                   "d30001t Q0 d30001t:1#0 3 1.0 bm25\n")  # fmt: skip
+    done = CliRunner().invoke(app, [
+        "eval", "crux", str(run), "--topics", "crux-mds/topics-duc04.jsonl",
+        "--passages", str(passages), "--ratings", "crux-mds/ratings-duc04.jsonl", "--no-rate",
+        *NO_SERVER, "--run-dir", str(tmp_path / "crux"), "--quiet",
+    ])  # fmt: skip
+    assert done.exit_code == 0, done.output
+    results = (tmp_path / "crux" / "results.jsonl").read_text().splitlines()
+    [record] = [json.loads(line) for line in results]
+    # all three sub-questions answerable (5, 4, 3 >= 3); P** = {p1 (q1, q2), p0 (q0)}; the run's
+    # top 2 (p2, p0) answer q0 only: Cov = 1/3
+    assert record["status"] == "ok" and record["score"] == pytest.approx(1 / 3)
+    summary = json.loads((tmp_path / "crux" / "summary.json").read_text())
+    assert summary["usage_this_invocation"] == {} and record["usage"] == {}  # no model asked
+    assert record["details"]["oracle"] == ["d30001t:1#0", "d30001t:0#0"]
+
+
+def test_crux_judge_line_with_the_wrong_number_of_ratings_is_one_line(home, hub):
+    import shutil
+
+    folder = home.parent / "crux-bad"
+    shutil.copytree(PUBLISHED / "crux", folder)
+    judge = folder / "crux-mds-duc04" / "judge" / "ratings.test.jsonl"
+    lines = judge.read_text().splitlines()
+    lines[1] = json.dumps(json.loads(lines[1]) | {"rating": [4, 3]})
+    judge.write_text("\n".join(lines) + "\n")
+    files = {p.relative_to(folder).as_posix(): p.read_bytes() for p in folder.rglob("*")
+             if p.is_file()}  # fmt: skip
+    hub.repo(CATALOG["crux-mds"].repo).commit(files, sha=CATALOG["crux-mds"].revision)
+    with pytest.raises(UserError, match=r"line 2: record 'd30001t:1#0': field rating: 2 ratings "
+                                        r"for 3 sub-questions"):  # fmt: skip
+        get("crux-mds")
+    assert not any(k.startswith("crux-mds@") for k in read_lock())
