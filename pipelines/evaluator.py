@@ -60,9 +60,16 @@ class Served:
 
 
 class Servers:
-    """The local servers of one invocation, one per distinct base model."""
+    """The local servers of one invocation, one per distinct base model.
 
-    def __init__(self, evaluators: list[EvaluatorConfig]):
+    ``linger``: a server whose last user is done stays up for the next run of the invocation on
+    the same base (a study's runs take turns: the base and adapter runs of ``finetune claims
+    eval``, a grid's cells), and is stopped when another base must start -- one base's weights
+    at a time, as without it -- or at ``close``. Without it a server stops with its last user.
+    """
+
+    def __init__(self, evaluators: list[EvaluatorConfig], linger: bool = False):
+        self.linger = linger
         self.adapters: dict[tuple, dict[str, str]] = {}
         for ev in evaluators:
             if ev.endpoint is not None:
@@ -77,6 +84,7 @@ class Servers:
     async def use(self, cfg: EvaluatorConfig, run_dir: Path) -> AsyncIterator[Served]:
         key = server_key(cfg)
         if key not in self.running:
+            self._stop_idle()
             adapters = self.adapters.get(key) or dict(cfg.adapters)
             base = resolve(cfg.model).name
             loras = [lora_adapter(n, p, base, cfg.model) for n, p in adapters.items()]
@@ -91,11 +99,22 @@ class Servers:
             )
         finally:
             server, users = self.running[key]
-            if users == 1:
+            self.running[key] = (server, users - 1)
+            if users == 1 and not self.linger:
                 del self.running[key]
                 server.stop()
-            else:
-                self.running[key] = (server, users - 1)
+
+    def _stop_idle(self) -> None:
+        for key, (server, users) in list(self.running.items()):
+            if users == 0:
+                del self.running[key]
+                server.stop()
+
+    def close(self) -> None:
+        """Stop every server still up (lingering ones; none is in use once a study is done)."""
+        for key, (server, _) in list(self.running.items()):
+            del self.running[key]
+            server.stop()
 
 
 def _safe(name: str) -> str:

@@ -248,13 +248,18 @@ def execute(
         estimates = print_dry_run(study, request, items, plans, roles, root, prices, cache)
         return {str(run_dir): RunOutcome(run_dir, [], None, {"estimate": estimate})
                 for run_dir, estimate in estimates}  # fmt: skip
+    servers = None
     if open_client is None:
-        servers = Servers([ev for found in roles for ev in found.values()])
+        servers = Servers([ev for found in roles for ev in found.values()], linger=len(plans) > 1)
         open_client = lambda ev, run_dir: open_evaluator(ev, run_dir, cache, servers)  # noqa: E731
     sigterm_as_interrupt()
-    outcomes = asyncio.run(
-        _execute(study, request, items, plans, roles, root, open_client, quiet, prices, pilot)
-    )
+    try:
+        outcomes = asyncio.run(
+            _execute(study, request, items, plans, roles, root, open_client, quiet, prices, pilot)
+        )
+    finally:
+        if servers is not None:
+            servers.close()
     combined = repeats_table(outcomes) if repeats else study.combine(outcomes, request.options)
     if len(plans) > 1 or combined is not None:
         atomic_write_json(root / STUDY_FILE, {

@@ -6,6 +6,7 @@ import json
 import os
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -29,6 +30,33 @@ def pytest_configure(config) -> None:
         fd, path = tempfile.mkstemp(prefix="gc-starts-", suffix=".jsonl")
         os.close(fd)
         os.environ[startlog.ENV] = path
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    """Groups for the two xdist workers (``--dist loadgroup``): every Ray test in one group --
+    two local Ray clusters on one machine contend for Ray's default ports, and some tests count
+    the machine's Ray processes -- and every other file in a group of its own, so a module's
+    fixtures (a Serve app, an index) start once. The Ray group goes first (the longest), then the
+    files with engine tests, then the rest; a file's tests stay together and in order."""
+
+    def group(item) -> str:
+        return "ray" if item.get_closest_marker("ray") else item.path.name
+
+    first_seen: dict[str, int] = {}
+    heavy: set[str] = set()
+    for n, item in enumerate(items):
+        first_seen.setdefault(group(item), n)
+        if item.get_closest_marker("engine"):
+            heavy.add(group(item))
+
+    def rank(pair: tuple[int, Any]) -> tuple[int, int, int]:
+        n, item = pair
+        name = group(item)
+        return (0 if name == "ray" else 1 if name in heavy else 2, first_seen[name], n)
+
+    items[:] = [item for _, item in sorted(enumerate(items), key=rank)]
+    for item in items:
+        item.add_marker(pytest.mark.xdist_group(group(item)))
 
 
 def pytest_terminal_summary(terminalreporter) -> None:

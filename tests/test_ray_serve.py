@@ -24,7 +24,7 @@ from tests.conftest import ADAPTER, TEST_SERVER_ENV, require_engine
 from tests.support.questions import questions_file
 from tests.support.ray_head import wait_for_records
 
-pytestmark = pytest.mark.engine
+pytestmark = [pytest.mark.engine, pytest.mark.ray]
 ROOT = Path(__file__).resolve().parents[1]
 KEY = "serve-key-51c2"
 KEYED = dict(os.environ, PYTHONPATH=str(ROOT), OPENAI_API_KEY=KEY)  # what runs send as Bearer

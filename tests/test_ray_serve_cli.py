@@ -16,7 +16,7 @@ import pytest
 from tests.conftest import ADAPTER, require_engine
 from tests.support.questions import questions_file
 
-pytestmark = pytest.mark.engine
+pytestmark = [pytest.mark.engine, pytest.mark.ray]
 ROOT = Path(__file__).resolve().parents[1]
 
 

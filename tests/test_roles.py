@@ -374,3 +374,55 @@ def test_other_answers_in_the_same_file_are_another_run(tmp_path):
     answers.write_text(json.dumps([{"id": "f1", "answer": "Le Havre."}]))
     with pytest.raises(Exception, match="different task or config"):
         run_with(FANOUTQA, request_for(options, tmp_path / "run"), fanout_clients())
+
+
+# ---- one server per base for the whole invocation ----------------------------------------------
+
+
+def test_lingering_servers_start_each_base_once_and_hold_one_base_at_a_time(monkeypatch, tmp_path):
+    """Runs that take turns on one base (a base run, then its adapter's) share one server; a
+    run on another base stops the idle one first; close stops the rest."""
+    import asyncio
+
+    from pipelines import evaluator
+
+    events: list[str] = []
+
+    class Started:
+        def __init__(self, spec) -> None:
+            self.name = spec.model
+            self.base_url, self.adapter_prefix, self.gone = f"http://{spec.model}/v1", "", None
+            events.append(f"start {spec.model} {sorted(a.name for a in spec.loras)}")
+
+        def stop(self) -> None:
+            events.append(f"stop {self.name}")
+
+    monkeypatch.setattr(evaluator, "start_server", lambda spec, cfg, log: Started(spec))
+    monkeypatch.setattr(evaluator, "lora_adapter", lambda n, p, base, model: type(
+        "L", (), {"name": n})())  # fmt: skip
+    base = EvaluatorConfig(model="org/A")  # hub ids: served here, nothing downloaded by the test
+    (tmp_path / "x").mkdir()
+    (tmp_path / "x" / "adapter_config.json").write_text("{}")
+    tuned = EvaluatorConfig(model="org/A", adapter="x", adapters={"x": str(tmp_path / "x")})
+    other = EvaluatorConfig(model="org/B")
+    servers = evaluator.Servers([base, tuned, other], linger=True)
+
+    async def turns() -> None:
+        for cfg in (base, tuned, other):
+            async with servers.use(cfg, tmp_path):
+                events.append(f"run {cfg.model}{':' + cfg.adapter if cfg.adapter else ''}")
+
+    asyncio.run(turns())
+    servers.close()
+    assert events == ["start org/A ['x']", "run org/A", "run org/A:x", "stop org/A",
+                      "start org/B []", "run org/B", "stop org/B"]  # fmt: skip
+    events.clear()
+    plain = evaluator.Servers([base, tuned])  # without linger: a server stops with its last user
+
+    async def plain_turns() -> None:
+        for cfg in (base, tuned):
+            async with plain.use(cfg, tmp_path):
+                pass
+
+    asyncio.run(plain_turns())
+    assert events == ["start org/A ['x']", "stop org/A", "start org/A ['x']", "stop org/A"]

@@ -10,6 +10,7 @@ import pytest
 
 from retrieval.nli import CANONICAL, NliScorer
 
+pytestmark = pytest.mark.ray
 WORDS = "the tower stands in paris and was built by eiffel for the fair of 1889 it is tall".split()
 
 
