@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -32,15 +33,59 @@ def pytest_configure(config) -> None:
         os.environ[startlog.ENV] = path
 
 
+def pytest_addoption(parser) -> None:
+    parser.addoption(
+        "--shuffle", type=int, default=None, metavar="SEED",
+        help="run the tests in an order shuffled with SEED (files stay whole for the workers): "
+        "the suite must not depend on its order",
+    )  # fmt: skip
+
+
+# Tests that start a Ray cluster or Serve app: one scheduling group, never beside each other
+# (two local Ray clusters on one machine contend for Ray's default ports, and some of these tests
+# count the machine's Ray processes). They get the `ray` mark from here (`-m "not ray"`).
+RAY_TESTS = (
+    "tests/test_nli_serve.py",
+    "tests/test_ray_serve.py",
+    "tests/test_ray_serve_cli.py",
+    "tests/test_scale.py",
+    "tests/test_retrieval.py::test_sharded_ray_build_equals_single_process",
+)
+
+
+def scheduling_group(nodeid: str) -> str:
+    """The Ray group, else the test's file: a module's fixtures (a Serve app, an index) start
+    once per session when its tests stay on one worker."""
+    return "ray" if nodeid.startswith(RAY_TESTS) else nodeid.split("::", 1)[0]
+
+
+def pytest_xdist_make_scheduler(config, log):
+    """xdist's own ``loadgroup`` cannot rename node ids under pytest 9, so the groups are made
+    here: whole groups go to a worker, in collection order."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class Groups(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return scheduling_group(nodeid)
+
+    return Groups(config, log)
+
+
+def pytest_itemcollected(item) -> None:
+    if scheduling_group(item.nodeid) == "ray":
+        item.add_marker(pytest.mark.ray)
+
+
 def pytest_collection_modifyitems(config, items) -> None:
-    """Groups for the two xdist workers (``--dist loadgroup``): every Ray test in one group --
-    two local Ray clusters on one machine contend for Ray's default ports, and some tests count
-    the machine's Ray processes -- and every other file in a group of its own, so a module's
-    fixtures (a Serve app, an index) start once. The Ray group goes first (the longest), then the
-    files with engine tests, then the rest; a file's tests stay together and in order."""
+    """The order the workers take the groups in (``--no-loadscope-reorder``): the Ray group
+    first (the longest), then the files with engine tests, then the rest; a file's tests stay
+    together."""
 
     def group(item) -> str:
-        return "ray" if item.get_closest_marker("ray") else item.path.name
+        return scheduling_group(item.nodeid)
+
+    if (seed := config.getoption("--shuffle")) is not None:  # every worker: the same order
+        random.Random(seed).shuffle(items)
 
     first_seen: dict[str, int] = {}
     heavy: set[str] = set()
@@ -55,8 +100,6 @@ def pytest_collection_modifyitems(config, items) -> None:
         return (0 if name == "ray" else 1 if name in heavy else 2, first_seen[name], n)
 
     items[:] = [item for _, item in sorted(enumerate(items), key=rank)]
-    for item in items:
-        item.add_marker(pytest.mark.xdist_group(group(item)))
 
 
 def pytest_terminal_summary(terminalreporter) -> None:

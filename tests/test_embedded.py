@@ -29,6 +29,7 @@ def test_main_job_on_embedded_model_starts_and_stops_its_own_server(tmp_path):
         str(ROOT / "examples/comprehensiveness.jsonl"), "--run-dir", str(run_dir), "--quiet",
     ]  # fmt: skip
     env = dict(os.environ, PYTHONPATH=str(ROOT), HF_HUB_OFFLINE="1")
+    # own server: the README's main job converts the model, starts and stops its server itself
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=1200)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
 

@@ -48,6 +48,7 @@ def test_a_server_off_loopback_refuses_requests_without_the_key(tiny_model, tmp_
     require_engine()
     key = "test-key-7f3a"
     spec = ServerSpec(model=str(tiny_model), host="0.0.0.0", env=TEST_SERVER_ENV, api_key=key)
+    # own server: bound off loopback with an API key (the shared one is loopback, keyless)
     server = VLLMServer(spec, tmp_path / "serve.log")
     assert key not in " ".join(server.command())  # not on a command line others can read
     with server.start():

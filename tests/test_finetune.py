@@ -227,6 +227,7 @@ def test_trained_adapter_reproduces_its_training_claims_through_the_claims_stage
     register("tiny-claims", out, replace=True)
     validation = tmp_path / "validation.jsonl"
     validation.write_text(train_file.read_text())
+    # own server: the CLI serves the adapter this test trained (base and adapter on one server)
     command = [sys.executable, "-m", "pipelines.cli", "finetune", "claims", "eval",
                str(validation), "--extractor", "tiny-claims", "--model", str(tiny_model),
                "--lora", "tiny-claims", "--run-dir", str(tmp_path / "eval"), "--no-cache",

@@ -23,7 +23,6 @@ from retrieval.nli import CANONICAL, NliBatcher, NliScorer
 from tests.test_scale import sentences
 
 ROOT = Path(__file__).resolve().parents[1]
-pytestmark = pytest.mark.ray
 
 
 @pytest.fixture(scope="module")

@@ -103,6 +103,7 @@ def retries_config(path: Path, retries: int) -> Path:
 @pytest.mark.engine
 def test_server_killed_and_restarted_mid_run_the_run_completes(tiny_model, tiny_lora, tmp_path):
     require_engine()
+    # own server: this test kills it
     server = tiny_server(tiny_model, tiny_lora, tmp_path / "serve.log").start()
     questions, run_dir = tmp_path / "q.jsonl", tmp_path / "run"
     ids = write_questions(questions, 60)

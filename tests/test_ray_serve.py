@@ -24,7 +24,7 @@ from tests.conftest import ADAPTER, TEST_SERVER_ENV, require_engine
 from tests.support.questions import questions_file
 from tests.support.ray_head import wait_for_records
 
-pytestmark = [pytest.mark.engine, pytest.mark.ray]
+pytestmark = pytest.mark.engine
 ROOT = Path(__file__).resolve().parents[1]
 KEY = "serve-key-51c2"
 KEYED = dict(os.environ, PYTHONPATH=str(ROOT), OPENAI_API_KEY=KEY)  # what runs send as Bearer
@@ -39,6 +39,7 @@ def replicas(tiny_model, tiny_lora):
     adapter = LoraAdapter(name=ADAPTER, path=str(tiny_lora), base=tiny_model.name, rank=8)
     spec = ServerSpec(model=str(tiny_model), loras=[adapter], env=TEST_SERVER_ENV,
                       host="0.0.0.0", api_key=KEY)  # fmt: skip
+    # own server: a two-replica Serve LLM app (one per module, shared by its tests)
     with RayReplicas(spec, replicas=2) as app:
         yield app
 

@@ -16,7 +16,7 @@ import pytest
 from tests.conftest import ADAPTER, require_engine
 from tests.support.questions import questions_file
 
-pytestmark = [pytest.mark.engine, pytest.mark.ray]
+pytestmark = pytest.mark.engine
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -27,6 +27,7 @@ def test_generate_with_two_replicas_started_by_the_run(tiny_model, tiny_lora, vl
     questions, run_dir = tmp_path / "q.jsonl", tmp_path / "run"
     ids = [f"q{i}" for i in range(12)]
     questions_file(questions, ids)
+    # own server: the app a run starts with --replicas, and its teardown, is the subject
     command = [sys.executable, "-m", "pipelines.cli", "generate", str(questions),
                "--model", str(tiny_model), "--replicas", "2", "--run-dir", str(run_dir),
                "--lora", f"{ADAPTER}={tiny_lora}", "--adapter", ADAPTER, "--concurrency", "1",
@@ -81,6 +82,7 @@ def test_the_cluster_gone_under_a_run_with_replicas(tiny_model, tmp_path):
     questions, run_dir = tmp_path / "q.jsonl", tmp_path / "run"
     ids = [f"q{i:03d}" for i in range(200)]
     questions_file(questions, ids)
+    # own server: replicas on a cluster this test kills; the resume starts a plain server
     command = [sys.executable, "-m", "pipelines.cli", "generate", str(questions),
                "--model", str(tiny_model), "--run-dir", str(run_dir), "--max-tokens", "24",
                "--concurrency", "2", "--no-cache", "--quiet"]  # fmt: skip
@@ -121,6 +123,7 @@ def test_a_cluster_whose_proxy_does_not_ask_for_the_key_is_not_served(tiny_model
     port = free_port()
     env = dict(os.environ, PYTHONPATH=str(ROOT), GC_SERVE_KEY="k-2b7e")
     with ray_head(num_cpus=8) as head:  # started without the two variables
+        # own server: an app on a cluster without our proxy callback, which must be refused
         command = [sys.executable, "-m", "pipelines.cli", "serve", str(tiny_model),
                    "--replicas", "1", "--ray-address", f"127.0.0.1:{head.port}",
                    "--host", "0.0.0.0", "--api-key-env", "GC_SERVE_KEY", "--port", str(port),

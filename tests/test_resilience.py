@@ -24,6 +24,7 @@ async def test_client_survives_server_killed_and_restarted_mid_batch(
     tiny_model, tiny_lora, tmp_path
 ):
     require_engine()
+    # own server: this test kills and restarts it
     server = tiny_server(tiny_model, tiny_lora, tmp_path / "serve.log").start()
     port = server.port
     client = EvalClient(
@@ -133,6 +134,7 @@ def test_serve_command_starts_on_loopback_and_stops_its_process_group(tiny_model
 
     port = free_port()
     command = [
+        # own server: what `groundcover serve` starts and stops is the subject
         sys.executable, "-m", "pipelines.cli", "serve", str(tiny_model),
         "--port", str(port), "--run-dir", str(tmp_path),
     ]  # fmt: skip

@@ -296,7 +296,6 @@ def test_failed_build_leaves_nothing(tmp_path):
     assert not (tmp_path / "idx").exists() and not (tmp_path / "idx.partial").exists()
 
 
-@pytest.mark.ray
 def test_sharded_ray_build_equals_single_process(corpus_file, index_dir, tmp_path):
     spec = IndexSpec(
         chunk_size=64,

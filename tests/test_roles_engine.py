@@ -48,6 +48,7 @@ def test_two_local_models_in_one_invocation_survive_a_kill(tiny_model, tiny_mode
     config = tmp_path / "c.yaml"  # one judge attempt per item: the random judge rarely parses
     config.write_text("fanoutqa:\n  max_reasks: 0\n")
     run_dir = tmp_path / "run"
+    # own server: one server per local base model, started by the run itself, is the subject
     command = cli([
         "eval", "fanoutqa", "--data", str(data), "--judge", "--model", str(tiny_model),
         "--role", f"judge={tiny_model_b}", "--max-tokens", "24", "--concurrency", "1",

@@ -10,7 +10,6 @@ import pytest
 
 from retrieval.nli import CANONICAL, NliScorer
 
-pytestmark = pytest.mark.ray
 WORDS = "the tower stands in paris and was built by eiffel for the fair of 1889 it is tall".split()
 
 
