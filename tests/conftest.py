@@ -123,6 +123,8 @@ def groundcover_home(tmp_path_factory) -> Path:
     """Keep caches and converted models of the test session out of the user's home."""
     home = tmp_path_factory.mktemp("gchome")
     os.environ["GROUNDCOVER_HOME"] = str(home)
+    # ir_datasets fixes its home when first imported: one per session, tests write files there
+    os.environ["IR_DATASETS_HOME"] = str(home / "ir_datasets")
     return home
 
 

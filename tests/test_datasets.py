@@ -356,8 +356,12 @@ def topics_xml(topics: list[dict]) -> bytes:
     return "".join([*parts, "</webtrack>\n"]).encode()
 
 
-def test_trec_web_topics_over_plain_https_in_icat_formats(home, hub, monkeypatch):
-    import dataclasses
+def test_trec_web_topics_through_ir_datasets_in_icat_formats(home, monkeypatch):
+    """NIST's files where ir_datasets keeps them ($IR_DATASETS_HOME/clueweb09/trec-web-20XX/,
+    written here by hand in NIST's layouts: nothing is fetched), read by its diversity datasets
+    and converted to ICAT's formats."""
+    import gzip
+    import os
 
     from pipelines.datasets.names import dataset_file
     from pipelines.icat.data import load_qrels, load_queries
@@ -372,24 +376,21 @@ def test_trec_web_topics_over_plain_https_in_icat_formats(home, hub, monkeypatch
     ]  # fmt: skip
     lines = shared.read_text().splitlines() if shared.exists() else []
     topics = [json.loads(line) for line in lines] or made
-    entry = CATALOG["trec-web-topics"]
-    monkeypatch.setitem(CATALOG, entry.name, dataclasses.replace(entry, home=hub.url + "/web"))
-    by_year = {"09": (1, 50), "10": (51, 100), "11": (101, 150), "12": (151, 200)}
-    xml_files = [f for f in entry.files if f.endswith(".xml")]
-    for rel, (low, high) in zip(xml_files, by_year.values(), strict=True):
-        hub.static[f"/web/{rel}"] = topics_xml([t for t in topics if low <= t["topic_id"] <= high])
-    import gzip
-
-    qrels = {"09/qrels.diversity.gz": gzip.compress(b"1 1 clueweb09-en0000-00-00001 1\n"),
-             "10/10.diversity-qrels.final": b"51 2 clueweb09-en0000-00-00002 0\n",
-             "11/qrels.diversity": b"101 1 clueweb09-en0000-00-00003 2\n",
-             "12/qrels.diversity": b"151 4 clueweb09-en0000-00-00004 1\n"}  # fmt: skip
-    for rel, data in qrels.items():
-        hub.static[f"/web/{rel}"] = data
-    # An earlier get stopped after 100 bytes of one file: this one asks for the rest only.
-    part = home / "data" / "downloads" / "trec-web-topics" / "2009-2012" / "12-full-topics.xml.part"
-    part.parent.mkdir(parents=True)
-    part.write_bytes(hub.static["/web/12/full-topics.xml"][:100])
+    root = Path(os.environ["IR_DATASETS_HOME"]) / "clueweb09"
+    by_year = {2009: (1, 50), 2010: (51, 100), 2011: (101, 150), 2012: (151, 200)}
+    qrels = {2009: b"1 1 clueweb09-en0000-00-00001 1\n",
+             2010: b"51 2 clueweb09-en0000-00-00002 0\n",
+             2011: b"101 1 clueweb09-en0000-00-00003 2\n",
+             2012: b"151 4 clueweb09-en0000-00-00004 1\n"}  # fmt: skip
+    for year, (low, high) in by_year.items():
+        folder = root / f"trec-web-{year}"
+        folder.mkdir(parents=True, exist_ok=True)
+        xml = topics_xml([t for t in topics if low <= t["topic_id"] <= high])
+        (folder / "queries.xml").write_bytes(xml)
+        if year == 2009:  # NIST publishes the 2009 qrels gzipped
+            (folder / "qrels.all.gz").write_bytes(gzip.compress(qrels[year]))
+        else:
+            (folder / "qrels.all").write_bytes(qrels[year])
     found = get("trec-web-topics")
     got = [json.loads(line) for line in found.path.read_text().splitlines()]
     assert got == sorted(topics, key=lambda t: t["topic_id"])  # the JSON the XML was made from
@@ -403,9 +404,11 @@ def test_trec_web_topics_over_plain_https_in_icat_formats(home, hub, monkeypatch
     # grade 2 is kept in the converted qrels; the ICAT authors mark a subtopic at grade 1 only
     assert judged["101"]["clueweb09-en0000-00-00003"] == set()
     assert judged["151"]["clueweb09-en0000-00-00004"] == {"4"}
-    ranges = [r[2] for r in hub.log if r[1] == "/web/12/full-topics.xml" and r[0] == "GET"]
-    assert ranges == ["bytes=100-"]
-    assert not part.exists()
+    entry = read_lock()["trec-web-topics@ir_datasets"]
+    assert entry["revision"].startswith("ir_datasets-")
+    assert set(entry["files"]) == {f"trec-web-{y}/diversity/{k}" for y in by_year
+                                   for k in ("queries", "qrels")}  # fmt: skip
+    assert get("trec-web-topics") == found  # locked: read once per ir_datasets version
 
 
 def test_an_unreachable_hub_is_one_line_and_caches_nothing(home, monkeypatch):

@@ -1,9 +1,10 @@
 """The datasets groundcover knows by name: one declarative entry each (home, revision, files,
 license, size, what converts the published files to the shape our readers take).
 
-A home is ``hf:OWNER/REPO`` (a Hugging Face dataset repository), an ``https://`` base, a
-``package:NAME`` (files an installed package ships) or ``licensed`` (not downloadable: obtained by
-the user, then registered with ``groundcover data add``).
+A home is ``hf:OWNER/REPO`` (a Hugging Face dataset repository), ``package:NAME`` (files an
+installed package ships), ``irds:PREFIX`` (datasets ``PREFIX/FILE`` of the ``ir_datasets``
+library, which fetches and checks their files) or ``licensed`` (not downloadable: obtained by the
+user, then registered with ``groundcover data add``).
 """
 
 from __future__ import annotations
@@ -11,11 +12,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from pipelines.config import UserError
 from pipelines.datasets import convert
 
-Converter = Callable[[list[Path], Path], None]
+# sources in (published files; for an ir_datasets home, its dataset objects), directory out
+Converter = Callable[[list[Any], Path], None]
 CARD = "per the dataset card"  # read from the Hub and printed before a download
 CRUX_SUBSETS = ("duc04", "multi_news")  # the paper's CRUX-MDS subsets
 LISTED = "listed at download"  # the Hub lists each file's size; the total is printed
@@ -29,7 +32,7 @@ class Dataset:
     license: str
     size: str  # as published, for the notice printed before a download
     files: tuple[str, ...] = ()  # file names or glob patterns in the home
-    revision: str = "main"  # a branch, tag or commit (hub); a label for https homes
+    revision: str = "main"  # a branch, tag or commit (hub); a label for other homes
     main: str = ""  # the file a --data NAME means, in the converted directory
     convert: Converter | None = None  # None: the published files are used as they are
     used_by: str = ""  # the command that reads it
@@ -142,23 +145,17 @@ CATALOG: dict[str, Dataset] = {
         Dataset(
             name="trec-web-topics",
             summary="TREC Web Track 2009-2012: 200 topics with subtopics and the diversity "
-            "(subtopic) qrels, in ICAT's query and qrels formats",
-            home="https://trec.nist.gov/data/web",
-            files=(
-                "09/wt09.topics.full.xml",
-                "10/wt2010-topics.xml",
-                "11/full-topics.xml",
-                "12/full-topics.xml",
-                "09/qrels.diversity.gz",
-                "10/10.diversity-qrels.final",
-                "11/qrels.diversity",
-                "12/qrels.diversity",
-            ),
-            revision="2009-2012",
+            "(subtopic) qrels, in ICAT's query and qrels formats, read through ir_datasets",
+            # ir_datasets' clueweb09/en/trec-web-20XX/diversity: NIST's files, fetched by it
+            # and checked against its published md5 and size
+            home="irds:clueweb09/en",
+            files=tuple(f"trec-web-{year}/diversity" for year in (2009, 2010, 2011, 2012)),
+            revision="ir_datasets",  # locked as the ir_datasets version that read the files
             license="NIST TREC data (research use)",
-            size="about 5 MB",
+            size="about 5 MB (topics XML and diversity qrels; ir_datasets caches them in "
+            "$IR_DATASETS_HOME, default ~/.ir_datasets)",
             main="topics.jsonl",
-            convert=convert.trec_web_topics,
+            convert=convert.trec_web_diversity,
             used_by="groundcover eval icat --queries trec-web-topics --qrels "
             "trec-web-topics/qrels.jsonl",
         ),

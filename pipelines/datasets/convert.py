@@ -297,67 +297,31 @@ def _clean(text: str | None) -> str:
     return " ".join((text or "").split())
 
 
-def _topics_xml(path: Path) -> list[dict[str, Any]]:
-    """One TREC Web Track topics file: <topic number type> with <query>, <description> and
-    <subtopic number type> children (wrapped in a root, as some years' files have none)."""
-    import xml.etree.ElementTree as ET
-
-    text = path.read_text(encoding="utf-8", errors="replace")
-    if text.lstrip().startswith("<?xml"):
-        text = text.split("?>", 1)[1]
-    try:
-        root = ET.fromstring(f"<all>{text}</all>")
-    except ET.ParseError as exc:
-        raise UserError(f"{path}: not readable TREC topics XML: {exc}") from None
+def trec_web_diversity(datasets: list[Any], out: Path) -> None:
+    """ir_datasets' TREC Web Track diversity datasets (queries with subtopics, subtopic qrels)
+    to ICAT's formats: ``topics.jsonl`` (topic_id, query, type, description, subtopics with
+    subtopic_id, type, description) and ``qrels.jsonl`` (query_id, doc_id, relevance,
+    subtopic_id), topics in number order."""
     topics = []
-    for topic in root.iter("topic"):
-        number = topic.get("number")
-        if number is None or not number.strip().isdigit():
-            raise UserError(f"{path}: topic {number!r}: field number: not a topic number")
-        subtopics = [
-            {"subtopic_id": int(s.get("number", "0")), "type": s.get("type", ""),
-             "description": _clean(s.text)}
-            for s in topic.iter("subtopic")
-        ]  # fmt: skip
-        topics.append({"topic_id": int(number), "query": _clean(topic.findtext("query")),
-                       "type": topic.get("type", ""),
-                       "description": _clean(topic.findtext("description")),
-                       "subtopics": subtopics})  # fmt: skip
-    return topics
-
-
-def _diversity_qrels(path: Path) -> Iterator[dict[str, Any]]:
-    """TREC subtopic qrels, "topic subtopic docno judgement" per line (gzipped or not), as
-    ICAT's qrels records."""
-    import gzip
-
-    raw = path.read_bytes()
-    if raw[:2] == b"\x1f\x8b":
-        raw = gzip.decompress(raw)
-    for n, line in enumerate(raw.decode("utf-8", errors="replace").splitlines(), 1):
-        fields = line.split()
-        if not fields:
-            continue
-        if len(fields) != 4 or not fields[3].lstrip("-").isdigit():
-            raise UserError(f"{path}:{n}: expected 'topic subtopic docno judgement', got {line!r}")
-        yield {"query_id": fields[0], "doc_id": fields[2], "relevance": int(fields[3]),
-               "subtopic_id": fields[1]}  # fmt: skip
-
-
-def trec_web_topics(sources: list[Path], out: Path) -> None:
-    """NIST's TREC Web Track 2009-2012 topic files and diversity qrels to ICAT's formats:
-    ``topics.jsonl`` (topic_id, query, type, description, subtopics with subtopic_id, type,
-    description) and ``qrels.jsonl`` (query_id, doc_id, relevance, subtopic_id)."""
-    topics = [t for p in sorted(sources) if p.suffix == ".xml" for t in _topics_xml(p)]
+    for dataset in datasets:
+        for q in dataset.queries_iter():
+            subtopics = [
+                {"subtopic_id": int(s.number), "type": s.type, "description": _clean(s.text)}
+                for s in q.subtopics
+            ]
+            topic = {"topic_id": int(q.query_id), "query": _clean(q.query), "type": q.type}
+            topics.append(topic | {"description": _clean(q.description), "subtopics": subtopics})
     if not topics:
-        raise UserError(f"trec-web-topics: no topics in {', '.join(p.name for p in sources)}")
+        raise UserError("trec-web-topics: ir_datasets gave no topics")
     topics.sort(key=lambda t: t["topic_id"])
     with (out / "topics.jsonl").open("w", encoding="utf-8") as sink:
         for topic in topics:
             sink.write(json.dumps(topic, ensure_ascii=False) + "\n")
     with (out / "qrels.jsonl").open("w", encoding="utf-8") as sink:
-        for path in sorted(p for p in sources if p.suffix != ".xml"):
-            for row in _diversity_qrels(path):
+        for dataset in datasets:
+            for r in dataset.qrels_iter():
+                row = {"query_id": r.query_id, "doc_id": r.doc_id, "relevance": r.relevance,
+                       "subtopic_id": r.subtopic_id}  # fmt: skip
                 sink.write(json.dumps(row) + "\n")
 
 

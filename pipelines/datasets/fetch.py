@@ -1,11 +1,12 @@
-"""Getting a catalogued dataset: download (Hugging Face Hub or HTTPS), pin, verify, convert, cache.
+"""Getting a catalogued dataset: download (Hugging Face Hub, or ir_datasets), pin, verify, convert,
+cache.
 
 Layout under ``$GROUNDCOVER_HOME/data``: ``hub/`` is huggingface_hub's cache (resumable downloads,
-``HF_ENDPOINT`` / ``HF_TOKEN`` honoured), ``downloads/`` the HTTPS homes', ``<name>/<revision>/``
-the converted files, and ``lock.json`` what each ``NAME@REQUESTED`` resolved to: the commit and the
-sha256 of every published and converted file. The first get writes the lock; every later use
-verifies against it, and a get whose lock and converted files are present makes no request.
-``HF_HUB_OFFLINE=1`` uses only the cache.
+``HF_ENDPOINT`` / ``HF_TOKEN`` honoured), ``<name>/<revision>/`` the converted files, and
+``lock.json`` what each ``NAME@REQUESTED`` resolved to: the commit and the sha256 of every
+published and converted file. The first get writes the lock; every later use verifies against
+it, and a get whose lock and converted files are present makes no request. ``HF_HUB_OFFLINE=1``
+uses only the cache.
 """
 
 from __future__ import annotations
@@ -102,6 +103,8 @@ def get(spec: str, *, quiet: bool = False) -> Resolved:
         return _from_package(entry)
     if entry.kind == "licensed":
         return _licensed(entry)
+    if entry.kind == "irds":
+        return _from_ir_datasets(entry, quiet)
     requested = pinned or entry.revision
     key = lock_key(name, requested)
     known = read_lock().get(key)
@@ -118,10 +121,7 @@ def get(spec: str, *, quiet: bool = False) -> Resolved:
                       f"{entry.license}; size: {entry.size}", highlight=False)  # fmt: skip
         if entry.notice:
             console.print(f"  terms: {entry.notice}", highlight=False)
-    if entry.kind == "hf":
-        revision, raw = _hub_files(entry, requested, known, quiet)
-    else:
-        revision, raw = _https_files(entry, requested)
+    revision, raw = _hub_files(entry, requested, known, quiet)
     digests = {rel: file_sha256(path) for rel, path in raw.items()}
     if pinned is None or pinned == entry.revision:  # another revision may differ by design
         _check_fingerprints(entry, requested, digests, raw)
@@ -134,7 +134,12 @@ def _convert_and_lock(entry: Dataset, key: str, revision: str, raw: dict[str, Pa
                       digests: dict[str, str]) -> Resolved:  # fmt: skip
     """Convert the published files, check the main file came out, lock every digest."""
     out = _convert(entry, revision, list(raw.values()))
-    main = out / (entry.main or next(iter(raw)).rsplit("/", 1)[-1])
+    return _lock_converted(entry, key, revision, out, digests)
+
+
+def _lock_converted(entry: Dataset, key: str, revision: str, out: Path,
+                    digests: dict[str, str]) -> Resolved:  # fmt: skip
+    main = out / (entry.main or next(iter(digests)).rsplit("/", 1)[-1])
     outputs = {p.name: file_sha256(p) for p in sorted(out.iterdir()) if p.is_file()}
     if main.name not in outputs:
         shutil.rmtree(out)
@@ -204,7 +209,7 @@ def _verify(name: str, requested: str, expected: dict[str, str], got: dict[str, 
             )
 
 
-def _convert(entry: Dataset, revision: str, raw: list[Path]) -> Path:
+def _convert(entry: Dataset, revision: str, raw: list[Any]) -> Path:
     """Into ``<name>/<revision>/`` through a temporary directory renamed at the end."""
     final = data_root() / entry.name / revision
     final.parent.mkdir(parents=True, exist_ok=True)
@@ -306,29 +311,6 @@ def _announce(entry: Dataset, info: Any, sizes: dict[str, int | None]) -> None:
         console.print(f"    ... and {len(sizes) - 12} more", highlight=False)
 
 
-def _https_files(entry: Dataset, requested: str) -> tuple[str, dict[str, Path]]:
-    """Plain HTTPS homes: each file resumed from a ``.part`` file, renamed when complete."""
-    from huggingface_hub.file_download import http_get
-
-    folder = data_root() / "downloads" / entry.name / requested
-    folder.mkdir(parents=True, exist_ok=True)
-    files = {}
-    for rel in entry.files:
-        target = folder / rel.replace("/", "-")  # 11/full-topics.xml, 12/full-topics.xml
-        if not target.exists():
-            if offline():
-                raise UserError(f"dataset {entry.name}: {rel} is not cached and offline")
-            part = target.with_name(target.name + ".part")
-            with part.open("ab") as sink:
-                try:
-                    http_get(f"{entry.home.rstrip('/')}/{rel}", sink, resume_size=sink.tell())
-                except (OSError,) + HTTP_ERRORS as exc:  # one line; the part kept to resume
-                    raise UserError(f"dataset {entry.name}: {rel}: {first_line(exc)}") from None
-            os.replace(part, target)
-        files[rel] = target
-    return requested, files
-
-
 def _from_package(entry: Dataset) -> Resolved:
     """Files an installed package ships: no download; the package version is the revision. A
     converter (the FanOutQA Wikipedia pages) runs once per version, like a download's."""
@@ -360,6 +342,44 @@ def _from_package(entry: Dataset) -> Resolved:
         write_lock_entry(key, {"home": entry.home, "revision": revision, "sha256": digest,
                                "path": str(path)})  # fmt: skip
     return Resolved(entry.name, entry.revision, revision, path, digest)
+
+
+def _from_ir_datasets(entry: Dataset, quiet: bool) -> Resolved:
+    """Datasets of the ``ir_datasets`` library: it fetches the published files into its own
+    cache (``IR_DATASETS_HOME``), checks their md5 and size, and parses them; the library's
+    version is the revision, and the files it read are hashed into the lock like a download."""
+    from importlib.metadata import version
+
+    revision = f"ir_datasets-{version('ir_datasets')}"
+    key = lock_key(entry.name, entry.revision)
+    known = read_lock().get(key)
+    current = known is not None and known["revision"] == revision
+    if current and (ready := _ready(entry, entry.revision, known)) is not None:
+        return ready
+    if offline():
+        raise UserError(
+            f"dataset {entry.name} is not converted and HF_HUB_OFFLINE is set: "
+            f"run `groundcover data get {entry.name}` with network access first"
+        )
+    if not quiet:
+        console.print(f"{entry.name}: {entry.summary}\n  home: {entry.home}; license: "
+                      f"{entry.license}; size: {entry.size}", highlight=False)  # fmt: skip
+    import ir_datasets
+
+    datasets, files = [], {}
+    for name in entry.files:
+        ident = f"{entry.repo}/{name}"
+        try:
+            dataset = ir_datasets.load(ident)
+            files[f"{name}/queries"] = Path(dataset.queries_handler().queries_path())
+            files[f"{name}/qrels"] = Path(dataset.qrels_handler().qrels_path())
+        except Exception as exc:  # the library's download and lookup errors: one line
+            raise UserError(f"dataset {entry.name}: ir_datasets could not provide {ident}: "
+                            f"{first_line(exc)}") from None  # fmt: skip
+        datasets.append(dataset)
+    digests = {rel: file_sha256(path) for rel, path in files.items()}
+    out = _convert(entry, revision, datasets)
+    return _lock_converted(entry, key, revision, out, digests)
 
 
 def _licensed(entry: Dataset) -> Resolved:
