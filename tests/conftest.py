@@ -60,8 +60,8 @@ def scheduling_group(nodeid: str) -> str:
 
 
 def pytest_xdist_make_scheduler(config, log):
-    """xdist's own ``loadgroup`` cannot rename node ids under pytest 9, so the groups are made
-    here: whole groups go to a worker, in collection order."""
+    """Under ``-n N``: whole groups go to a worker, in collection order (xdist's own
+    ``loadgroup`` cannot rename node ids under pytest 9, so the groups are made here)."""
     from xdist.scheduler import LoadScopeScheduling
 
     class Groups(LoadScopeScheduling):
@@ -77,9 +77,8 @@ def pytest_itemcollected(item) -> None:
 
 
 def pytest_collection_modifyitems(config, items) -> None:
-    """The order the workers take the groups in (``--no-loadscope-reorder``): the Ray group
-    first (the longest), then the files with engine tests, then the rest; a file's tests stay
-    together."""
+    """The order (the workers take the groups in it under ``-n N``): the Ray group first (the
+    longest), then the files with engine tests, then the rest; a file's tests stay together."""
 
     def group(item) -> str:
         return scheduling_group(item.nodeid)

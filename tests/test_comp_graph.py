@@ -108,6 +108,20 @@ def test_export_node_link_and_graphml(tmp_path):
     assert reread.nodes["c2"]["status"] == "uncovered"
 
 
+def test_graphml_holds_model_text_with_characters_xml_forbids(tmp_path):
+    """A model's text may carry C0 controls: the GraphML export replaces them (with lxml present
+    networkx refuses them outright) and the JSON export keeps them."""
+    raw = "A\x00tower\x07 of\x1b 330 m\ttall\n"
+    statements = [S("r1", raw, "response"), S("c1", "A", "c1")]
+    graph = build_graph(statements, [("r1", "c1")])
+    paths = export_graph(graph, coverage(graph), tmp_path / "item-2")
+    reread = nx.read_graphml(paths["graphml"])
+    text_key = next(k for k, v in graph.nodes["r1"].items() if v == raw)
+    assert reread.nodes["r1"][text_key] == "A\ufffdtower\ufffd of\ufffd 330 m\ttall\n"
+    data = json.loads((tmp_path / "item-2.json").read_text())
+    assert {n["id"]: n for n in data["nodes"]}["r1"][text_key] == raw
+
+
 def test_coverage_by_source_counts_nodes_not_components():
     statements = [S("r1", "r", "response"), S("c1.a1", "x", "c1"), S("c1.a2", "y", "c1"),
                   S("c2.a1", "x'", "c2"), S("c3.a1", "z", "c3")]  # fmt: skip

@@ -10,6 +10,7 @@ response statement reaches it by a path.
 from __future__ import annotations
 
 import json
+import re
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -186,9 +187,27 @@ def export_graph(graph: nx.DiGraph, result: Coverage, stem: Path) -> dict[str, s
     data: dict[str, Any] = nx.node_link_data(annotated, edges="edges")
     _atomic_write(Path(paths["node_link"]), json.dumps(data, ensure_ascii=False, indent=1))
     tmp = Path(paths["graphml"] + ".tmp")
-    nx.write_graphml(annotated, tmp)
+    nx.write_graphml(xml_safe(annotated), tmp)
     tmp.replace(paths["graphml"])
     return paths
+
+
+# Characters XML 1.0 cannot hold (C0 controls but tab, newline, return; the two non-characters;
+# lone surrogates). A model's text may carry them; the JSON export keeps them as they are.
+_NOT_XML = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ufffe\uffff\ud800-\udfff]")
+
+
+def xml_safe(graph: nx.DiGraph) -> nx.DiGraph:
+    """A copy whose string attributes GraphML can hold: each character XML 1.0 forbids becomes
+    U+FFFD. (With lxml installed networkx refuses them; without it, it writes a file no XML
+    reader can open.)"""
+    safe = graph.copy()
+    items = [*safe.nodes(data=True), *((None, d) for *_, d in safe.edges(data=True))]
+    for _, attributes in items:
+        for key, value in attributes.items():
+            if isinstance(value, str):
+                attributes[key] = _NOT_XML.sub("\ufffd", value)
+    return safe
 
 
 def _atomic_write(path: Path, text: str) -> None:
