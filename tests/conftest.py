@@ -74,6 +74,8 @@ def pytest_xdist_make_scheduler(config, log):
 def pytest_itemcollected(item) -> None:
     if scheduling_group(item.nodeid) == "ray":
         item.add_marker(pytest.mark.ray)
+    if "vllm_server" in getattr(item, "fixturenames", ()):  # the real engine, marked or not
+        item.add_marker(pytest.mark.engine)
 
 
 def pytest_collection_modifyitems(config, items) -> None:

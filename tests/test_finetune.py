@@ -217,6 +217,7 @@ def test_training_killed_midway_resumes_from_its_checkpoint(train_file, tiny_mod
 # ---- the whole loop: train -> register -> serve -> ICAT's claim stage ---------------------------
 
 
+@pytest.mark.engine
 def test_trained_adapter_reproduces_its_training_claims_through_the_claims_stage(
     train_file, tiny_model, tmp_path
 ):
