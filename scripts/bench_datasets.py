@@ -66,16 +66,23 @@ def main() -> None:
         rows = write_file(source, int(args.gb * 1e9))
         done = subprocess.run(
             [sys.executable, "-c", CONVERT, str(source), str(out)],
-            cwd=ROOT, capture_output=True, text=True, check=True,
-        )  # fmt: skip
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            check=True,
+        )
         peak_kb = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
         imported_kb, seconds = done.stdout.split()
         converted = sum(1 for _ in (out / "train.jsonl").open(encoding="utf-8"))
         assert converted == rows, (converted, rows)
-        print(f"file {source.stat().st_size / 1e9:.2f} GB, {rows:,} rows, converted in "
-              f"{float(seconds):.1f} s ({rows / float(seconds):,.0f} rows/s)")  # fmt: skip
-        print(f"peak RSS {int(peak_kb) / 1024:.0f} MiB (after imports "
-              f"{int(imported_kb) / 1024:.0f} MiB)")  # fmt: skip
+        print(
+            f"file {source.stat().st_size / 1e9:.2f} GB, {rows:,} rows, converted in "
+            f"{float(seconds):.1f} s ({rows / float(seconds):,.0f} rows/s)"
+        )
+        print(
+            f"peak RSS {int(peak_kb) / 1024:.0f} MiB (after imports "
+            f"{int(imported_kb) / 1024:.0f} MiB)"
+        )
 
 
 if __name__ == "__main__":

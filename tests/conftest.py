@@ -35,10 +35,13 @@ def pytest_configure(config) -> None:
 
 def pytest_addoption(parser) -> None:
     parser.addoption(
-        "--shuffle", type=int, default=None, metavar="SEED",
+        "--shuffle",
+        type=int,
+        default=None,
+        metavar="SEED",
         help="run the tests in an order shuffled with SEED (files stay whole for the workers): "
         "the suite must not depend on its order",
-    )  # fmt: skip
+    )
 
 
 # Tests that start a Ray cluster or Serve app: one scheduling group, never beside each other
@@ -167,3 +170,21 @@ def vllm_server(tiny_model, tiny_lora, tmp_path_factory):
     server = tiny_server(tiny_model, tiny_lora, tmp_path_factory.mktemp("logs") / "serve.log")
     with server:
         yield server
+
+
+@pytest.fixture
+def home(tmp_path, monkeypatch) -> Path:
+    """A fresh GROUNDCOVER_HOME for a dataset test (its lock, downloads and conversions), online."""
+    monkeypatch.setenv("GROUNDCOVER_HOME", str(tmp_path / "home"))
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    return tmp_path / "home"
+
+
+@pytest.fixture
+def hub(monkeypatch):
+    """The loopback imitation of the Hugging Face Hub, as HF_ENDPOINT."""
+    from tests.support.fake_hub import FakeHub
+
+    with FakeHub() as fake:
+        monkeypatch.setenv("HF_ENDPOINT", fake.url)
+        yield fake

@@ -52,20 +52,6 @@ def adjudication(*questions: str) -> bytes:
     return json.dumps(data, ensure_ascii=False).encode()
 
 
-@pytest.fixture
-def home(tmp_path, monkeypatch) -> Path:
-    monkeypatch.setenv("GROUNDCOVER_HOME", str(tmp_path / "home"))
-    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
-    return tmp_path / "home"
-
-
-@pytest.fixture
-def hub(monkeypatch):
-    with FakeHub() as fake:
-        monkeypatch.setenv("HF_ENDPOINT", fake.url)
-        yield fake
-
-
 def file_requests(hub: FakeHub) -> list[tuple[str, str, str | None]]:
     return [entry for entry in hub.log if "/resolve/" in entry[1]]
 
@@ -309,22 +295,29 @@ def test_crux_mds_topics_and_sub_questions_become_our_topics_file(home, hub):
     def jsonl(*rows):
         return "".join(json.dumps(r) + "\n" for r in rows).encode()
 
-    hub.repo(CATALOG["crux-mds"].repo).commit({
-        "crux-mds-multi_news/topic/requests.test.jsonl": jsonl(
-            {"id": "mn-1", "request": "Write about the flood."},
-            {"id": "mn-2", "request": "A topic nobody broke down."},
-        ),
-        "crux-mds-multi_news/subtopics/subquestions.test.jsonl": jsonl(
-            {"id": "mn-1", "subquestions": ["When did it flood?", "Who helped?"]},
-        ),
-        "crux-mds-multi_news/qrels/div_qrels-tau3.txt": b"mn-1 0 mn-1:0#0 1\n",
-        "crux-mds-duc04/topic/requests.test.jsonl": jsonl({"id": "d-1", "request": "Elections."}),
-        "crux-mds-duc04/subtopics/subquestions.test.jsonl": jsonl(
-            {"id": "d-1", "subquestions": ["Who won?"]}
-        ),
-        "sources/multi_news/data.arrow": b"not fetched",
-        "crux-neuclir/topic/requests.jsonl": jsonl({"id": "n-1", "request": "Not the paper's."}),
-    }, sha=CATALOG["crux-mds"].revision)  # fmt: skip
+    hub.repo(CATALOG["crux-mds"].repo).commit(
+        {
+            "crux-mds-multi_news/topic/requests.test.jsonl": jsonl(
+                {"id": "mn-1", "request": "Write about the flood."},
+                {"id": "mn-2", "request": "A topic nobody broke down."},
+            ),
+            "crux-mds-multi_news/subtopics/subquestions.test.jsonl": jsonl(
+                {"id": "mn-1", "subquestions": ["When did it flood?", "Who helped?"]},
+            ),
+            "crux-mds-multi_news/qrels/div_qrels-tau3.txt": b"mn-1 0 mn-1:0#0 1\n",
+            "crux-mds-duc04/topic/requests.test.jsonl": jsonl(
+                {"id": "d-1", "request": "Elections."}
+            ),
+            "crux-mds-duc04/subtopics/subquestions.test.jsonl": jsonl(
+                {"id": "d-1", "subquestions": ["Who won?"]}
+            ),
+            "sources/multi_news/data.arrow": b"not fetched",
+            "crux-neuclir/topic/requests.jsonl": jsonl(
+                {"id": "n-1", "request": "Not the paper's."}
+            ),
+        },
+        sha=CATALOG["crux-mds"].revision,
+    )
     topics = load_topics(dataset_file("crux-mds"))  # main file: the Multi-News topics
     assert list(topics) == ["mn-1"]  # mn-2 has no sub-questions: left out, as the authors do
     assert topics["mn-1"].query == "Write about the flood."
@@ -378,10 +371,12 @@ def test_trec_web_topics_through_ir_datasets_in_icat_formats(home, monkeypatch):
     topics = [json.loads(line) for line in lines] or made
     root = Path(os.environ["IR_DATASETS_HOME"]) / "clueweb09"
     by_year = {2009: (1, 50), 2010: (51, 100), 2011: (101, 150), 2012: (151, 200)}
-    qrels = {2009: b"1 1 clueweb09-en0000-00-00001 1\n",
-             2010: b"51 2 clueweb09-en0000-00-00002 0\n",
-             2011: b"101 1 clueweb09-en0000-00-00003 2\n",
-             2012: b"151 4 clueweb09-en0000-00-00004 1\n"}  # fmt: skip
+    qrels = {
+        2009: b"1 1 clueweb09-en0000-00-00001 1\n",
+        2010: b"51 2 clueweb09-en0000-00-00002 0\n",
+        2011: b"101 1 clueweb09-en0000-00-00003 2\n",
+        2012: b"151 4 clueweb09-en0000-00-00004 1\n",
+    }
     for year, (low, high) in by_year.items():
         folder = root / f"trec-web-{year}"
         folder.mkdir(parents=True, exist_ok=True)
@@ -406,8 +401,9 @@ def test_trec_web_topics_through_ir_datasets_in_icat_formats(home, monkeypatch):
     assert judged["151"]["clueweb09-en0000-00-00004"] == {"4"}
     entry = read_lock()["trec-web-topics@ir_datasets"]
     assert entry["revision"].startswith("ir_datasets-")
-    assert set(entry["files"]) == {f"trec-web-{y}/diversity/{k}" for y in by_year
-                                   for k in ("queries", "qrels")}  # fmt: skip
+    assert set(entry["files"]) == {
+        f"trec-web-{y}/diversity/{k}" for y in by_year for k in ("queries", "qrels")
+    }
     assert get("trec-web-topics") == found  # locked: read once per ir_datasets version
 
 

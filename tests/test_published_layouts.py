@@ -22,20 +22,6 @@ PUBLISHED = Path(__file__).parent / "fixtures" / "published"
 NO_SERVER = ["--endpoint", "http://127.0.0.1:9/v1", "--model", "judge"]  # nothing listens
 
 
-@pytest.fixture
-def home(tmp_path, monkeypatch) -> Path:
-    monkeypatch.setenv("GROUNDCOVER_HOME", str(tmp_path / "home"))
-    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
-    return tmp_path / "home"
-
-
-@pytest.fixture
-def hub(monkeypatch):
-    with FakeHub() as fake:
-        monkeypatch.setenv("HF_ENDPOINT", fake.url)
-        yield fake
-
-
 def publish(hub: FakeHub, name: str, folder: str, sha: str | None = None) -> str:
     """Every file under the fixture folder at its repository path, in one commit."""
     root = PUBLISHED / folder
@@ -88,13 +74,16 @@ def test_garage_published_rows_are_read_as_published(home, hub, monkeypatch):
     assert paper.relevant == [True, True, False, False] and paper.unannotated == 1
     assert paper.dimension("source") == "Private" and paper.evidence_correct[2] is None
     assert counts(records) == {
-        "questions": 4, "passages": 11, "deflection_expected": 1,
+        "questions": 4,
+        "passages": 11,
+        "deflection_expected": 1,
         "unannotated_relevance_labels": 2,
         "time_sensitivity": {"Fast-Changing": 0.25, "Slow-Changing": 0.25, "Static": 0.5},
         "source": {"Private": 0.5, "Web": 0.5},
-    }  # fmt: skip
-    out = CliRunner().invoke(app, ["eval", "garage", "garage", *NO_SERVER, "--dry-run",
-                                   "--run-dir", str(home / "run")])  # fmt: skip
+    }
+    out = CliRunner().invoke(
+        app, ["eval", "garage", "garage", *NO_SERVER, "--dry-run", "--run-dir", str(home / "run")]
+    )
     assert out.exit_code == 0, out.output
     assert "4 questions, 11 passages, 1 expect a deflection, 2 relevance labels" in out.output
     assert "Fast-Changing 25.0%" in out.output and "Web 50.0%" in out.output
@@ -108,8 +97,9 @@ def test_garage_answers_cite_with_cite_n_markers():
     assert citations(text, 4) == {1, 2, 3, 4}
     assert citations("Out of range [cite_9].", 3) == set()
     assert sentences("It opened in 1932 [cite_1]. It spans 503 m [cite_2].") == [
-        "It opened in 1932.", "It spans 503 m.",
-    ]  # fmt: skip
+        "It opened in 1932.",
+        "It spans 503 m.",
+    ]
 
 
 @pytest.mark.parametrize(
@@ -154,8 +144,9 @@ def test_conflictbank_question_file_is_json_lines_despite_its_extension(home, hu
     assert rows == [json.loads(line) for line in published]  # every row, in published order
     items = conflictbank_items(found.path)
     assert len(items) == 2 * len(rows)  # the paper protocol: a D and a C item per question
-    out = CliRunner().invoke(app, ["meta-eval", "conflictbank", *NO_SERVER, "--dry-run",
-                                   "--run-dir", str(home / "run")])  # fmt: skip
+    out = CliRunner().invoke(
+        app, ["meta-eval", "conflictbank", *NO_SERVER, "--dry-run", "--run-dir", str(home / "run")]
+    )
     assert out.exit_code == 0, out.output
 
 
@@ -179,8 +170,10 @@ def test_trec_icat_main_file_is_the_queries_and_the_corpus_builds_by_name(home, 
     publish(hub, "trec-icat", "trec-icat")
     queries = load_queries(dataset_file("trec-icat"))
     assert dataset_file("trec-icat").name == "queries.jsonl"
-    assert [q.query for q in queries.values()] == ["obama family tree",
-                                                   "french lick resort and casino"]  # fmt: skip
+    assert [q.query for q in queries.values()] == [
+        "obama family tree",
+        "french lick resort and casino",
+    ]
     qrels, _ = load_qrels(dataset_file("trec-icat/qrels.jsonl"), set(queries))
     assert qrels["1"] == {"clueweb09-en0000-01-00001": {"1"}, "clueweb09-en0000-01-00002": set()}
     out = tmp_path / "icat-index"
@@ -195,8 +188,10 @@ def test_trec_icat_relevance_is_the_authors_grade_one(tmp_path):
     from pipelines.icat.data import load_qrels
 
     path = tmp_path / "qrels.jsonl"
-    rows = [{"query_id": "1", "doc_id": d, "relevance": r, "subtopic_id": "1"}
-            for d, r in (("a", 1), ("b", 2), ("c", 0), ("d", -2))]  # fmt: skip
+    rows = [
+        {"query_id": "1", "doc_id": d, "relevance": r, "subtopic_id": "1"}
+        for d, r in (("a", 1), ("b", 2), ("c", 0), ("d", -2))
+    ]
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     qrels, _ = load_qrels(path, {"1"})
     assert qrels["1"] == {"a": {"1"}, "b": set(), "c": set(), "d": set()}
@@ -217,25 +212,48 @@ def test_crux_mds_published_ratings_score_with_no_rater_call(home, hub, tmp_path
     assert all(f.startswith(("crux-mds-duc04/", "crux-mds-multi_news/")) for f in entry["files"])
     topics = load_topics(dataset_file("crux-mds/topics-duc04.jsonl"))
     ratings = load_ratings(dataset_file("crux-mds/ratings-duc04.jsonl"), topics)
-    assert ratings["d30001t"] == {"d30001t:0#0": [5, 1, 0], "d30001t:1#0": [0, 4, 3],
-                                  "d30001t:2#1": [2, 0, 1]}  # fmt: skip
+    assert ratings["d30001t"] == {
+        "d30001t:0#0": [5, 1, 0],
+        "d30001t:1#0": [0, 4, 3],
+        "d30001t:2#1": [2, 0, 1],
+    }
     multi = load_topics(dataset_file("crux-mds"))
     assert list(multi) == ["mn-0001"]  # mn-0002 has no sub-questions
     passages = tmp_path / "passages.jsonl"
-    passages.write_text("".join(
-        json.dumps({"id": f"d30001t:{p}", "topic": "d30001t", "text": text}) + "\n"
-        for p, text in (("0#0", "Hurricane Mitch did the most damage."),
-                        ("1#0", "Honduras and Nicaragua were hit; thousands died."),
-                        ("2#1", "The season had fourteen named storms."))
-    ))  # fmt: skip
+    passages.write_text(
+        "".join(
+            json.dumps({"id": f"d30001t:{p}", "topic": "d30001t", "text": text}) + "\n"
+            for p, text in (
+                ("0#0", "Hurricane Mitch did the most damage."),
+                ("1#0", "Honduras and Nicaragua were hit; thousands died."),
+                ("2#1", "The season had fourteen named storms."),
+            )
+        )
+    )
     run = tmp_path / "run.trec"  # p2 first: the top |P**| = 2 are p2 and p0
-    run.write_text("d30001t Q0 d30001t:2#1 1 3.0 bm25\nd30001t Q0 d30001t:0#0 2 2.0 bm25\n"
-                   "d30001t Q0 d30001t:1#0 3 1.0 bm25\n")  # fmt: skip
-    done = CliRunner().invoke(app, [
-        "eval", "crux", str(run), "--topics", "crux-mds/topics-duc04.jsonl",
-        "--passages", str(passages), "--ratings", "crux-mds/ratings-duc04.jsonl", "--no-rate",
-        *NO_SERVER, "--run-dir", str(tmp_path / "crux"), "--quiet",
-    ])  # fmt: skip
+    run.write_text(
+        "d30001t Q0 d30001t:2#1 1 3.0 bm25\nd30001t Q0 d30001t:0#0 2 2.0 bm25\n"
+        "d30001t Q0 d30001t:1#0 3 1.0 bm25\n"
+    )
+    done = CliRunner().invoke(
+        app,
+        [
+            "eval",
+            "crux",
+            str(run),
+            "--topics",
+            "crux-mds/topics-duc04.jsonl",
+            "--passages",
+            str(passages),
+            "--ratings",
+            "crux-mds/ratings-duc04.jsonl",
+            "--no-rate",
+            *NO_SERVER,
+            "--run-dir",
+            str(tmp_path / "crux"),
+            "--quiet",
+        ],
+    )
     assert done.exit_code == 0, done.output
     results = (tmp_path / "crux" / "results.jsonl").read_text().splitlines()
     [record] = [json.loads(line) for line in results]
@@ -256,10 +274,14 @@ def test_crux_judge_line_with_the_wrong_number_of_ratings_is_one_line(home, hub)
     lines = judge.read_text().splitlines()
     lines[1] = json.dumps(json.loads(lines[1]) | {"rating": [4, 3]})
     judge.write_text("\n".join(lines) + "\n")
-    files = {p.relative_to(folder).as_posix(): p.read_bytes() for p in folder.rglob("*")
-             if p.is_file()}  # fmt: skip
+    files = {
+        p.relative_to(folder).as_posix(): p.read_bytes() for p in folder.rglob("*") if p.is_file()
+    }
     hub.repo(CATALOG["crux-mds"].repo).commit(files, sha=CATALOG["crux-mds"].revision)
-    with pytest.raises(UserError, match=r"line 2: record 'd30001t:1#0': field rating: 2 ratings "
-                                        r"for 3 sub-questions"):  # fmt: skip
+    with pytest.raises(
+        UserError,
+        match=r"line 2: record 'd30001t:1#0': field rating: 2 ratings "
+        r"for 3 sub-questions",
+    ):
         get("crux-mds")
     assert not any(k.startswith("crux-mds@") for k in read_lock())

@@ -398,8 +398,9 @@ def test_lingering_servers_start_each_base_once_and_hold_one_base_at_a_time(monk
             events.append(f"stop {self.name}")
 
     monkeypatch.setattr(evaluator, "start_server", lambda spec, cfg, log: Started(spec))
-    monkeypatch.setattr(evaluator, "lora_adapter", lambda n, p, base, model: type(
-        "L", (), {"name": n})())  # fmt: skip
+    monkeypatch.setattr(
+        evaluator, "lora_adapter", lambda n, p, base, model: type("L", (), {"name": n})()
+    )
     base = EvaluatorConfig(model="org/A")  # hub ids: served here, nothing downloaded by the test
     (tmp_path / "x").mkdir()
     (tmp_path / "x" / "adapter_config.json").write_text("{}")
@@ -414,8 +415,15 @@ def test_lingering_servers_start_each_base_once_and_hold_one_base_at_a_time(monk
 
     asyncio.run(turns())
     servers.close()
-    assert events == ["start org/A ['x']", "run org/A", "run org/A:x", "stop org/A",
-                      "start org/B []", "run org/B", "stop org/B"]  # fmt: skip
+    assert events == [
+        "start org/A ['x']",
+        "run org/A",
+        "run org/A:x",
+        "stop org/A",
+        "start org/B []",
+        "run org/B",
+        "stop org/B",
+    ]
     events.clear()
     plain = evaluator.Servers([base, tuned])  # without linger: a server stops with its last user
 

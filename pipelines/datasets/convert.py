@@ -273,15 +273,22 @@ def _crux_ratings(paths: list[Path], questions: dict[str, list[str]], target: Pa
             pid = _text(path, where, row, "pid")
             ratings = row.get("rating")
             if not isinstance(ratings, list) or not all(_rating(r) for r in ratings):
-                raise UserError(f"{path}: {where}: record {pid!r}: field rating: not a list of "
-                                "0-5 ratings")  # fmt: skip
+                raise UserError(
+                    f"{path}: {where}: record {pid!r}: field rating: not a list of 0-5 ratings"
+                )
             n = len(questions.get(str(topic), ratings))
             if len(ratings) != n:
-                raise UserError(f"{path}: {where}: record {pid!r}: field rating: {len(ratings)} "
-                                f"ratings for {n} sub-questions of topic {topic}")  # fmt: skip
-            lines += [json.dumps({"topic": str(topic), "passage_id": pid, "question": q,
-                                  "rating": int(r)}) + "\n"
-                      for q, r in enumerate(ratings)]  # fmt: skip
+                raise UserError(
+                    f"{path}: {where}: record {pid!r}: field rating: {len(ratings)} "
+                    f"ratings for {n} sub-questions of topic {topic}"
+                )
+            lines += [
+                json.dumps(
+                    {"topic": str(topic), "passage_id": pid, "question": q, "rating": int(r)}
+                )
+                + "\n"
+                for q, r in enumerate(ratings)
+            ]
     if lines:
         target.write_text("".join(lines), encoding="utf-8")
 
@@ -320,8 +327,12 @@ def trec_web_diversity(datasets: list[Any], out: Path) -> None:
     with (out / "qrels.jsonl").open("w", encoding="utf-8") as sink:
         for dataset in datasets:
             for r in dataset.qrels_iter():
-                row = {"query_id": r.query_id, "doc_id": r.doc_id, "relevance": r.relevance,
-                       "subtopic_id": r.subtopic_id}  # fmt: skip
+                row = {
+                    "query_id": r.query_id,
+                    "doc_id": r.doc_id,
+                    "relevance": r.relevance,
+                    "subtopic_id": r.subtopic_id,
+                }
                 sink.write(json.dumps(row) + "\n")
 
 

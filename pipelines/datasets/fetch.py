@@ -117,10 +117,7 @@ def get(spec: str, *, quiet: bool = False) -> Resolved:
             f"`groundcover data get {spec}` with network access first"
         )
     if not quiet:
-        console.print(f"{name}: {entry.summary}\n  home: {entry.home} @ {requested}; license: "
-                      f"{entry.license}; size: {entry.size}", highlight=False)  # fmt: skip
-        if entry.notice:
-            console.print(f"  terms: {entry.notice}", highlight=False)
+        _announce(entry, f"{entry.home} @ {requested}")
     revision, raw = _hub_files(entry, requested, known, quiet)
     digests = {rel: file_sha256(path) for rel, path in raw.items()}
     if pinned is None or pinned == entry.revision:  # another revision may differ by design
@@ -137,8 +134,9 @@ def _convert_and_lock(entry: Dataset, key: str, revision: str, raw: dict[str, Pa
     return _lock_converted(entry, key, revision, out, digests)
 
 
-def _lock_converted(entry: Dataset, key: str, revision: str, out: Path,
-                    digests: dict[str, str]) -> Resolved:  # fmt: skip
+def _lock_converted(
+    entry: Dataset, key: str, revision: str, out: Path, digests: dict[str, str]
+) -> Resolved:
     main = out / (entry.main or next(iter(digests)).rsplit("/", 1)[-1])
     outputs = {p.name: file_sha256(p) for p in sorted(out.iterdir()) if p.is_file()}
     if main.name not in outputs:
@@ -181,8 +179,9 @@ def _forget(raw: dict[str, Path], rel: str) -> None:
         path.unlink(missing_ok=True)
 
 
-def _check_fingerprints(entry: Dataset, requested: str, digests: dict[str, str],
-                        raw: dict[str, Path]) -> None:  # fmt: skip
+def _check_fingerprints(
+    entry: Dataset, requested: str, digests: dict[str, str], raw: dict[str, Path]
+) -> None:
     """The published size and sha256 of each fingerprinted file; a file that differs is removed
     and the get stops with one line naming both digests."""
     for rel, (size, digest) in entry.fingerprints.items():
@@ -254,7 +253,7 @@ def _hub_files(entry: Dataset, requested: str, known: dict[str, Any] | None,
             sizes = {s.rfilename: s.size for s in info.siblings or []}
             wanted = _matching(entry, list(sizes))
             if not quiet:
-                _announce(entry, info, {f: sizes[f] for f in wanted})
+                _announce_files(entry, info, {f: sizes[f] for f in wanted})
         files = {
             rel: Path(hub.hf_hub_download(entry.repo, rel, repo_type="dataset", revision=commit,
                                           cache_dir=cache, endpoint=endpoint,
@@ -298,7 +297,18 @@ def _matching(entry: Dataset, listed: list[str]) -> list[str]:
     return sorted(wanted)
 
 
-def _announce(entry: Dataset, info: Any, sizes: dict[str, int | None]) -> None:
+def _announce(entry: Dataset, home: str) -> None:
+    """What is about to be fetched, before any byte is: summary, home, licence, size, terms."""
+    console.print(
+        f"{entry.name}: {entry.summary}\n  home: {home}; license: {entry.license}; "
+        f"size: {entry.size}",
+        highlight=False,
+    )
+    if entry.notice:
+        console.print(f"  terms: {entry.notice}", highlight=False)
+
+
+def _announce_files(entry: Dataset, info: Any, sizes: dict[str, int | None]) -> None:
     card = getattr(info, "card_data", None)
     license_ = card.get("license") if card is not None else None
     total = sum(s or 0 for s in sizes.values())
@@ -362,8 +372,7 @@ def _from_ir_datasets(entry: Dataset, quiet: bool) -> Resolved:
             f"run `groundcover data get {entry.name}` with network access first"
         )
     if not quiet:
-        console.print(f"{entry.name}: {entry.summary}\n  home: {entry.home}; license: "
-                      f"{entry.license}; size: {entry.size}", highlight=False)  # fmt: skip
+        _announce(entry, entry.home)
     import ir_datasets
 
     datasets, files = [], {}
@@ -374,8 +383,9 @@ def _from_ir_datasets(entry: Dataset, quiet: bool) -> Resolved:
             files[f"{name}/queries"] = Path(dataset.queries_handler().queries_path())
             files[f"{name}/qrels"] = Path(dataset.qrels_handler().qrels_path())
         except Exception as exc:  # the library's download and lookup errors: one line
-            raise UserError(f"dataset {entry.name}: ir_datasets could not provide {ident}: "
-                            f"{first_line(exc)}") from None  # fmt: skip
+            raise UserError(
+                f"dataset {entry.name}: ir_datasets could not provide {ident}: {first_line(exc)}"
+            ) from None
         datasets.append(dataset)
     digests = {rel: file_sha256(path) for rel, path in files.items()}
     out = _convert(entry, revision, datasets)

@@ -52,8 +52,15 @@ TIME_TYPES = {"FAST-CHANGING": "Fast-Changing", "SLOW-CHANGING": "Slow-Changing"
 STATIC = "Static"
 WEB_TAG = "web"
 PRIVATE_TAGS = ("arxiv", "sec", "devops", "enron")  # the paper's "Private" (enterprise) sources
-COMPLEXITIES = ("Simple", "Simple w. condition", "Set", "Comparison", "Aggregation", "Multi-hop",
-                "Post-processing heavy")  # fmt: skip
+COMPLEXITIES = (
+    "Simple",
+    "Simple w. condition",
+    "Set",
+    "Comparison",
+    "Aggregation",
+    "Multi-hop",
+    "Post-processing heavy",
+)
 POPULARITIES = ("Head", "Torso", "Tail")
 # published label fields and their domains (compared case-insensitively; kept as published)
 DOMAINS: dict[str, tuple[str, ...]] = {
