@@ -183,7 +183,12 @@ def embed_range(
     (a Ray task loads its own copy)."""
     if isinstance(model, str):
         model = load_encoder(model, device)
-    texts = list(iter_chunk_texts(Path(out), start, stop))
+    return embed_texts(model, list(iter_chunk_texts(Path(out), start, stop)), batch, tick)
+
+
+def embed_texts(model, texts: list[str], batch: int, tick=None) -> np.ndarray:
+    """Normalised float32 vectors of ``texts`` by a loaded encoder, on whatever device it holds
+    (``scripts/gpu_check.py`` times this path on CUDA against the CPU)."""
     parts = []
     for a in range(0, len(texts), 4096):  # slices only to report progress
         parts.append(
@@ -197,6 +202,8 @@ def embed_range(
         )
         if tick is not None:
             tick(len(parts[-1]))
+    if not parts:
+        return np.zeros((0, encoder_dim(model)), dtype=np.float32)
     return np.asarray(np.concatenate(parts), dtype=np.float32)
 
 

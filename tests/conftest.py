@@ -90,6 +90,7 @@ def pytest_collection_modifyitems(config, items) -> None:
 
     if (seed := config.getoption("--shuffle")) is not None:  # every worker: the same order
         random.Random(seed).shuffle(items)
+    skip_gpu_tests(items)
 
     first_seen: dict[str, int] = {}
     heavy: set[str] = set()
@@ -104,6 +105,21 @@ def pytest_collection_modifyitems(config, items) -> None:
         return (0 if name == "ray" else 1 if name in heavy else 2, first_seen[name], n)
 
     items[:] = [item for _, item in sorted(enumerate(items), key=rank)]
+
+
+def skip_gpu_tests(items) -> None:
+    """Tests marked ``gpu`` run where torch sees a CUDA device, and are skipped with the reason
+    elsewhere (torch is imported only when such a test was collected)."""
+    marked = [item for item in items if item.get_closest_marker("gpu")]
+    if not marked:
+        return
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    reason = f"needs a CUDA GPU: torch {torch.__version__} sees none (scripts/gpu_check.py)"
+    for item in marked:
+        item.add_marker(pytest.mark.skip(reason=reason))
 
 
 def pytest_terminal_summary(terminalreporter) -> None:

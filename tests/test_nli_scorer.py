@@ -71,3 +71,43 @@ def test_supported_by_any_passage(checkpoint):
     assert scorer.supported(claim, passages, threshold=0.0) is True
     assert scorer.supported(claim, passages, threshold=1.01) is False
     assert scorer.supported(claim, []) is False
+
+
+def tokenizer_padded(scorer: NliScorer, pairs, padding: str) -> np.ndarray:
+    """What the scorer computed before it tokenised once: the tokenizer pads each batch."""
+    out = np.zeros((len(pairs), 3), dtype=np.float32)
+    for rows in scorer.plan(pairs):
+        batch = scorer.tokenizer(
+            [pairs[i][0] for i in rows], [pairs[i][1] for i in rows], padding=padding,
+            truncation=True, max_length=scorer.max_length, return_tensors="pt",
+        )  # fmt: skip
+        with scorer.torch.inference_mode():
+            logits = scorer.model(**batch).logits.float()
+        out[rows] = scorer.torch.softmax(logits, dim=-1)[:, scorer.columns].numpy()
+    return out
+
+
+@pytest.mark.parametrize("dynamic", [True, False], ids=["dynamic", "fixed"])
+@pytest.mark.parametrize("side", ["right", "left"])
+def test_one_tokenisation_gives_the_tokenizer_padded_batches(checkpoint, dynamic, side):
+    """The ids tokenised once and padded by the scorer are the tokenizer's own padded batches:
+    same probabilities; and the tokenizer runs once per call (it ran twice: plan, then batch)."""
+    scorer = NliScorer(str(checkpoint), batch_size=2, max_length=24, dynamic_padding=dynamic)
+    scorer.tokenizer.padding_side = side
+    pairs = PAIRS + [("a much longer premise " * 12, "and a hypothesis cut by max_length")]
+    expected = tokenizer_padded(scorer, pairs, "longest" if dynamic else "max_length")
+    scorer.tokenizer = counting = CountingTokenizer(scorer.tokenizer)
+    assert np.array_equal(scorer.probabilities(pairs), expected)
+    assert counting.calls == 1
+
+
+class CountingTokenizer:
+    def __init__(self, inner) -> None:
+        self.inner, self.calls = inner, 0
+
+    def __call__(self, *args, **kwargs):
+        self.calls += 1
+        return self.inner(*args, **kwargs)
+
+    def __getattr__(self, name: str):
+        return getattr(self.inner, name)

@@ -91,24 +91,25 @@ def last_checkpoint(directory: Path) -> Path | None:
     return max(found, key=lambda p: int(p.name.split("-")[-1]), default=None)
 
 
-def train(options: TrainOptions, progress: bool = True) -> dict[str, Any]:
-    """Train (or resume) and write the adapter and its card; returns the card."""
+def train_device(options: TrainOptions) -> str:
     import torch
-    from datasets import Dataset
-    from peft import LoraConfig
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-    from trl import SFTConfig, SFTTrainer
 
-    from serving.registry import model_source, resolve
-
-    examples = read_examples(options.data)
     device = options.device or ("cuda" if torch.cuda.is_available() else "cpu")
     if options.qlora and options.full:
         raise UserError("--qlora trains an adapter; it cannot be combined with full training")
     if options.qlora and device != "cuda":
         raise UserError("--qlora needs a CUDA GPU (4-bit weights); use plain LoRA on CPU")
-    preset = resolve(options.base)
-    source = model_source(preset)
+    return device
+
+
+def load_base(options: TrainOptions, device: str) -> tuple[Any, Any, str]:
+    """(model, tokenizer, source) of the base: bf16 on CUDA, float32 on CPU, 4-bit with QLoRA."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from serving.registry import model_source, resolve
+
+    source = str(model_source(resolve(options.base)))
     tokenizer = AutoTokenizer.from_pretrained(source)
     if tokenizer.chat_template is None:
         raise UserError(f"base model {options.base!r} has no chat template")
@@ -119,24 +120,48 @@ def train(options: TrainOptions, progress: bool = True) -> dict[str, Any]:
         load["quantization_config"] = BitsAndBytesConfig(
             load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_compute_dtype=torch.bfloat16,
         )  # fmt: skip
-    model = AutoModelForCausalLM.from_pretrained(source, **load)
+    return AutoModelForCausalLM.from_pretrained(source, **load), tokenizer, source
+
+
+def make_trainer(
+    options: TrainOptions,
+    model: Any,
+    tokenizer: Any,
+    examples: list[dict[str, Any]],
+    device: str,
+    progress: bool = True,
+) -> Any:
+    """The SFTTrainer of ``train``: the project's LoRA config over a loaded base, on ``device``
+    (``scripts/gpu_check.py`` runs it on a GPU-sized model built in memory)."""
+    from datasets import Dataset
+    from peft import LoraConfig
+    from trl import SFTConfig, SFTTrainer
+
     present = {name.rsplit(".", 1)[-1] for name, _ in model.named_modules()}
     lora = LoraConfig(r=options.rank, lora_alpha=options.alpha, lora_dropout=options.dropout,
                       target_modules=[m for m in TARGET_MODULES if m in present],
                       task_type="CAUSAL_LM")  # fmt: skip
-    checkpoints = options.out / "checkpoints"
     config = SFTConfig(
-        output_dir=str(checkpoints), per_device_train_batch_size=min(options.micro_batch,
-        options.batch_size), gradient_accumulation_steps=options.accumulation,
+        output_dir=str(options.out / "checkpoints"), per_device_train_batch_size=min(
+        options.micro_batch, options.batch_size), gradient_accumulation_steps=options.accumulation,
         learning_rate=options.learning_rate, num_train_epochs=options.epochs,
         max_steps=options.max_steps or -1, max_length=options.max_length, logging_steps=1,
         save_steps=options.save_steps, save_total_limit=2, report_to=[], seed=options.seed,
         use_cpu=device == "cpu", bf16=device == "cuda", disable_tqdm=not progress,
         completion_only_loss=True, lr_scheduler_type="linear",
     )  # fmt: skip
-    trainer = SFTTrainer(model=model, args=config, train_dataset=Dataset.from_list(examples),
-                         processing_class=tokenizer,
-                         peft_config=None if options.full else lora)  # fmt: skip
+    return SFTTrainer(model=model, args=config, train_dataset=Dataset.from_list(examples),
+                      processing_class=tokenizer,
+                      peft_config=None if options.full else lora)  # fmt: skip
+
+
+def train(options: TrainOptions, progress: bool = True) -> dict[str, Any]:
+    """Train (or resume) and write the adapter and its card; returns the card."""
+    examples = read_examples(options.data)
+    device = train_device(options)
+    model, tokenizer, source = load_base(options, device)
+    trainer = make_trainer(options, model, tokenizer, examples, device, progress)
+    checkpoints = options.out / "checkpoints"
     resume = last_checkpoint(checkpoints)
     trainer.train(resume_from_checkpoint=str(resume) if resume else None)
     trainer.save_model(str(options.out))
@@ -155,7 +180,7 @@ def train(options: TrainOptions, progress: bool = True) -> dict[str, Any]:
         "versions": {p: version(p) for p in ("trl", "peft", "transformers", "torch")},
     }  # fmt: skip
     final = card["final_loss"]
-    if final is not None and not math.isfinite(float(final)):  # type: ignore[arg-type]
+    if final is not None and not math.isfinite(float(final)):
         raise UserError(f"training diverged (final loss {card['final_loss']}): lower the rate")
     (options.out / "card.json").write_text(json.dumps(card, indent=1))
     return card

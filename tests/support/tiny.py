@@ -189,9 +189,14 @@ def build_tiny_lora(base: Path | str, target: Path | str, rank: int = 8, seed: i
 
 def build_tiny_classifier(
     target: Path | str, architecture: str = "deberta-v2", labels: tuple[str, ...] = (
-        "ENTAILMENT", "NEUTRAL", "CONTRADICTION"), seed: int = 0,
+        "ENTAILMENT", "NEUTRAL", "CONTRADICTION"), seed: int = 0, tokenizer=None,
+    shape: dict | None = None,
 ) -> Path:  # fmt: skip
-    """A random sequence-classification model (DeBERTa-v2 or BERT) with the given label order."""
+    """A random sequence-classification model (DeBERTa-v2 or BERT) with the given label order.
+
+    ``tokenizer`` (a loaded pair tokenizer, e.g. a real WordPiece one for real token counts) and
+    ``shape`` (config fields: layers, width, DeBERTa-v3's relative attention) make bigger models
+    of the same kind (``scripts/gpu_check.py``)."""
     import torch
     from tokenizers import processors
     from transformers import (
@@ -202,25 +207,64 @@ def build_tiny_classifier(
     )
 
     target = Path(target)
-    tokenizer = build_tiny_tokenizer()
-    tokenizer.add_special_tokens({"cls_token": "<s>", "sep_token": "</s>"})
-    cls, sep = tokenizer.convert_tokens_to_ids(["<s>", "</s>"])
-    tokenizer.backend_tokenizer.post_processor = processors.TemplateProcessing(
-        single="<s> $A </s>",
-        pair="<s> $A </s> $B:1 </s>:1",
-        special_tokens=[("<s>", cls), ("</s>", sep)],
-    )  # a real pair encoding: [CLS] premise [SEP] hypothesis [SEP]
+    if tokenizer is None:
+        tokenizer = build_tiny_tokenizer()
+        tokenizer.add_special_tokens({"cls_token": "<s>", "sep_token": "</s>"})
+        cls, sep = tokenizer.convert_tokens_to_ids(["<s>", "</s>"])
+        tokenizer.backend_tokenizer.post_processor = processors.TemplateProcessing(
+            single="<s> $A </s>",
+            pair="<s> $A </s> $B:1 </s>:1",
+            special_tokens=[("<s>", cls), ("</s>", sep)],
+        )  # a real pair encoding: [CLS] premise [SEP] hypothesis [SEP]
     common = {
         "vocab_size": len(tokenizer), "hidden_size": 64, "num_hidden_layers": 2,
         "num_attention_heads": 2, "intermediate_size": 128, "max_position_embeddings": 512,
         "pad_token_id": tokenizer.pad_token_id, "num_labels": len(labels),
         "id2label": dict(enumerate(labels)), "label2id": {n: i for i, n in enumerate(labels)},
     }  # fmt: skip
+    common |= shape or {}
     torch.manual_seed(seed)
     if architecture == "bert":
         model = BertForSequenceClassification(BertConfig(**common))
     else:
-        model = DebertaV2ForSequenceClassification(DebertaV2Config(**common, type_vocab_size=0))
+        model = DebertaV2ForSequenceClassification(
+            DebertaV2Config(**{"type_vocab_size": 0} | common)
+        )
     model.save_pretrained(target)
     tokenizer.save_pretrained(target)
+    return target
+
+
+def build_tiny_encoder(
+    target: Path | str, tokenizer=None, shape: dict | None = None, seed: int = 0
+) -> Path:
+    """A random sentence-transformers encoder (BERT, mean pooling, normalised) saved as a model
+    folder ``SentenceTransformer(target)`` loads: tiny by default, MiniLM-sized with ``shape``."""
+    import torch
+    from sentence_transformers import SentenceTransformer, models
+    from transformers import BertConfig, BertModel
+
+    target = Path(target)
+    if tokenizer is None:
+        tokenizer = build_tiny_tokenizer()
+        tokenizer.add_special_tokens({"cls_token": "<s>", "sep_token": "</s>"})
+    config = BertConfig(
+        **{
+            "vocab_size": len(tokenizer),
+            "hidden_size": 64,
+            "num_hidden_layers": 2,
+            "num_attention_heads": 2,
+            "intermediate_size": 128,
+            "max_position_embeddings": 512,
+            "pad_token_id": tokenizer.pad_token_id,
+        }
+        | (shape or {})
+    )
+    torch.manual_seed(seed)
+    raw = target.with_name(target.name + "-hf")
+    BertModel(config).save_pretrained(raw)
+    tokenizer.save_pretrained(raw)
+    word = models.Transformer(str(raw), max_seq_length=256)
+    pooling = models.Pooling(config.hidden_size, pooling_mode="mean")
+    SentenceTransformer(modules=[word, pooling, models.Normalize()], device="cpu").save(str(target))
     return target
