@@ -11,7 +11,7 @@ import os
 from array import array
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Annotated, Any, TypeVar
+from typing import Annotated, Any, Literal, TypeVar
 
 import yaml
 from pydantic import (
@@ -58,7 +58,10 @@ class EvaluatorConfig(Strict):
     api_key_env: str = "OPENAI_API_KEY"
     replicas: int = Field(1, ge=1, le=1024, description="model replicas (Ray Serve) if started")
     ray_address: str | None = Field(None, description="Ray cluster for replicas (default: local)")
-    concurrency: int = Field(16, ge=1, le=4096)
+    concurrency: Annotated[int, Field(ge=1, le=4096)] | Literal["auto"] = Field(
+        16, description="requests (and items) in flight, or auto: found by AIMD up to the max"
+    )
+    concurrency_max: int = Field(256, ge=1, le=4096, description="the ceiling of auto")
     timeout: float = Field(300.0, gt=0)
     max_retries: int = Field(8, ge=0)
     temperature: float = Field(0.0, ge=0.0, le=2.0)

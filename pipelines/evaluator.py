@@ -169,6 +169,7 @@ async def open_evaluator(
                 adapter_prefix=adapter_prefix,
                 api_key=cfg.api_key(),
                 concurrency=cfg.concurrency,
+                concurrency_ceiling=cfg.concurrency_max,
                 timeout=cfg.timeout,
                 max_retries=cfg.max_retries,
                 cache=cache,

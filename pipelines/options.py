@@ -105,7 +105,10 @@ SHARED_OPTIONS: dict[str, tuple[Any, Any]] = {
         _opt(str | None, "Ray cluster for replicas and NLI actors (default: local)"),
         None,
     ),
-    "concurrency": (_opt(int | None, "requests (and items) in flight"), None),
+    "concurrency": (
+        _opt(str | None, "requests (and items) in flight: N, or auto (AIMD, up to 256)"),
+        None,
+    ),
     "max_tokens": (_opt(int | None, "default completion budget"), None),
     "temperature": (_opt(float | None, "sampling temperature (default 0)"), None),
     "prices": (_opt(Path | None, "YAML: model -> $ per million tokens, or per GPU-hour"), None),
@@ -143,7 +146,7 @@ class Shared:
     run_dir: Path | None = None
     replicas: int | None = None
     ray_address: str | None = None
-    concurrency: int | None = None
+    concurrency: str | None = None
     max_tokens: int | None = None
     temperature: float | None = None
     prices: Path | None = None

@@ -382,6 +382,7 @@ async def _run_one(study, request, plan: RunPlan, roles, items, root, evaluators
     pending = store.pending(ids)
     todo = select(items, [k for k, i in enumerate(ids) if i in pending][:pilot])
     started, usage, budget, where = time.time(), {}, None, None
+    limits: dict[str, dict[str, Any]] = {}  # per role: where its requests in flight settled
     spread: dict[str, list[dict[str, Any]]] = {}
     if todo:  # nothing missing: no model is started, no resource loaded
         clients = await _open_roles(evaluators, roles, store.dir)
@@ -403,12 +404,14 @@ async def _run_one(study, request, plan: RunPlan, roles, items, root, evaluators
         if budget is not None:
             budget.clock_start = solving
         try:
-            await run_items(todo, solve, store, workers=lead.concurrency,
+            workers = lead.concurrency_max if lead.concurrency == "auto" else lead.concurrency
+            await run_items(todo, solve, store, workers=workers,
                             show_progress=not quiet, total=len(items), budget=budget)  # fmt: skip
         finally:
             solved = len(pending) - len(store.pending(ids))
             record_invocation(store.dir, solving, time.time() - solving, solved)
         usage = _usage_since(clients, before)
+        limits = {role: client.limit.report() for role, client in clients.items()}
         spread = replicas_since(spread, await replica_counts(clients))
         placement = getattr(resources[resource_key], "placement", None)
         where = placement() if callable(placement) else None
@@ -421,6 +424,7 @@ async def _run_one(study, request, plan: RunPlan, roles, items, root, evaluators
                     fw, usage, store.manifest().get("roles", {})
                 ),
                 "self_judging": judged_by_itself,
+                "concurrency_this_invocation": limits,
                 "seconds_this_invocation": round(time.time() - started, 3)}  # fmt: skip
     if where is not None:  # which replicas (node, process) answered this invocation's NLI
         summary["nli_placement_this_invocation"] = where

@@ -47,11 +47,18 @@ FANOUT = ROOT.parent / "shared" / "data" / "fanoutqa" / "fanout-final-dev.json"
 def sentences(limit: int = 400) -> list[str]:
     """Real sentences: WikiContradict contexts when ../shared is here, else the examples."""
     rows = WC.read_text().splitlines() if WC.is_file() else []
-    texts = [t for line in rows for k in ("context1_self_contained", "context2_self_contained")
-             if (t := json.loads(line).get(k))]  # fmt: skip
+    texts = [
+        t
+        for line in rows
+        for k in ("context1_self_contained", "context2_self_contained")
+        if (t := json.loads(line).get(k))
+    ]
     if not texts:
-        texts = [c for line in (ROOT / "examples/comprehensiveness.jsonl").read_text().splitlines()
-                 for c in json.loads(line)["contexts"]]  # fmt: skip
+        texts = [
+            c
+            for line in (ROOT / "examples/comprehensiveness.jsonl").read_text().splitlines()
+            for c in json.loads(line)["contexts"]
+        ]
     out = [s.strip() + "." for t in texts for s in t.split(". ") if len(s.split()) >= 5]
     return out[:limit]
 
@@ -219,33 +226,123 @@ def rss_mb() -> float:
     return 0.0
 
 
-async def drive(url: str, calls: int, concurrency: int) -> tuple[float, float, float]:
-    """(calls/s, driver CPU ms per call, peak RSS MB) for ``calls`` EvalClient chats."""
-    from serving.client import EvalClient
+BEFORE = "553c29c"  # the last commit with the openai-SDK client and the per-answer cache commit
 
-    messages = nli_messages(1)[0]
+
+def client_before(rev: str, folder: Path):
+    """``EvalClient`` and ``ResponseCache`` as they were at ``rev`` (git), importable beside
+    today's: the "before" columns of the same run."""
+    package = folder / "serving_before"
+    package.mkdir(parents=True, exist_ok=True)
+    (package / "__init__.py").write_text("")
+    for name in ("client", "cache"):
+        text = subprocess.run(
+            ["git", "-C", str(ROOT), "show", f"{rev}:serving/{name}.py"],
+            check=True,
+            capture_output=True,
+            text=True,
+        ).stdout
+        (package / f"{name}.py").write_text(
+            text.replace("from serving.cache", "from serving_before.cache")
+        )
+    sys.path.insert(0, str(folder))
+    import serving_before.cache
+    import serving_before.client
+
+    return serving_before.client.EvalClient, serving_before.cache.ResponseCache
+
+
+def distinct_messages(calls: int) -> list[list[dict]]:
+    """One NLI prompt, made distinct per call so that no call is a cache hit."""
+    base = nli_messages(1)[0]
+    return [
+        base[:-1] + [{**base[-1], "content": f"{base[-1]['content']} ({n})"}] for n in range(calls)
+    ]
+
+
+async def drive_client(make, url: str, messages, concurrency: int, cache=None):
+    """(calls/s, driver CPU ms per call, peak RSS MB): ``EvalClient``-like ``make`` in one loop."""
     peak = rss_mb()
-    async with EvalClient(
+    client = make(
         url,
         "stub",
         concurrency=concurrency,
         max_retries=0,
+        cache=cache,
         default_params={"max_tokens": 4},
         vllm_extensions=False,
-    ) as client:
+    )
+    cpu, started = time.process_time(), time.perf_counter()
+    tasks = [asyncio.create_task(client.chat(m, stage="nli")) for m in messages]
+    while not all(t.done() for t in tasks):
+        await asyncio.sleep(0.05)
+        peak = max(peak, rss_mb())
+    await asyncio.gather(*tasks)
+    elapsed, cpu = time.perf_counter() - started, time.process_time() - cpu
+    await client.aclose()
+    if cache is not None:
+        cache.close()
+    return len(messages) / elapsed, 1000 * cpu / len(messages), peak
+
+
+async def drive_sdk(url: str, messages, concurrency: int):
+    import openai
+
+    client = openai.AsyncOpenAI(base_url=url, api_key="EMPTY", max_retries=0)
+    gate = asyncio.Semaphore(concurrency)
+
+    async def one(m):
+        async with gate:
+            response = await client.chat.completions.create(model="stub", messages=m, max_tokens=4)
+            return response.model_dump(exclude_unset=True)
+
+    cpu, started = time.process_time(), time.perf_counter()
+    await asyncio.gather(*(one(m) for m in messages))
+    elapsed, cpu = time.perf_counter() - started, time.process_time() - cpu
+    await client.close()
+    return len(messages) / elapsed, 1000 * cpu / len(messages), 0.0
+
+
+async def drive_bare(url: str, messages, concurrency: int):
+    """vLLM's benchmark client in miniature: one aiohttp session, a semaphore, POST, read JSON."""
+    import aiohttp
+
+    gate = asyncio.Semaphore(concurrency)
+    connector = aiohttp.TCPConnector(limit=concurrency)
+    async with aiohttp.ClientSession(connector=connector) as session:
+
+        async def one(m):
+            async with gate:
+                body = {"model": "stub", "messages": m, "max_tokens": 4}
+                async with session.post(url + "/chat/completions", json=body) as response:
+                    return json.loads(await response.read())
+
         cpu, started = time.process_time(), time.perf_counter()
-        tasks = [asyncio.create_task(client.chat(messages, stage="nli")) for _ in range(calls)]
-        while not all(t.done() for t in tasks):
-            await asyncio.sleep(0.05)
-            peak = max(peak, rss_mb())
-        await asyncio.gather(*tasks)
+        await asyncio.gather(*(one(m) for m in messages))
         elapsed, cpu = time.perf_counter() - started, time.process_time() - cpu
-    return calls / elapsed, 1000 * cpu / calls, peak
+    return len(messages) / elapsed, 1000 * cpu / len(messages), 0.0
 
 
-def bench_driver(calls: int) -> None:
+def bench_driver(calls: int, concurrencies: list[int], in_flight: list[int], before: str) -> None:
+    from serving.cache import ResponseCache
+    from serving.client import EvalClient
     from serving.launcher import free_port
 
+    work = Path(tempfile.mkdtemp(prefix="gc-driver-"))
+    old_client, old_cache = client_before(before, work)
+    kinds = {
+        "bare aiohttp": lambda url, ms, c: drive_bare(url, ms, c),
+        "openai SDK": lambda url, ms, c: drive_sdk(url, ms, c),
+        f"EvalClient {before}": lambda url, ms, c: drive_client(old_client, url, ms, c),
+        f"+ cache {before}": lambda url, ms, c: drive_client(
+            old_client, url, ms, c, old_cache(work / f"old-{time.time_ns()}.sqlite")
+        ),
+        "EvalClient now": lambda url, ms, c: drive_client(EvalClient, url, ms, c),
+        "+ cache now": lambda url, ms, c: drive_client(
+            EvalClient, url, ms, c, ResponseCache(work / f"new-{time.time_ns()}.sqlite")
+        ),
+    }
+    table: dict[int, dict[str, tuple[float, float]]] = {}
     rows = []
     for delay in (0.0, 2.0):  # instant; then slow, to hold many requests in flight at once
         port = free_port()
@@ -256,28 +353,51 @@ def bench_driver(calls: int) -> None:
         url = f"http://127.0.0.1:{port}/v1"
         try:
             if delay == 0.0:
-                asyncio.run(drive(url, 200, 16))  # warm-up: imports, connection pool
-                for concurrency in (16, 64, 256):
-                    runs = [asyncio.run(drive(url, calls, concurrency)) for _ in range(3)]
-                    rate = statistics.median(r[0] for r in runs)
-                    cpu = statistics.median(r[1] for r in runs)
-                    rows.append(
-                        f"concurrency {concurrency}: {rate:,.0f} calls/s, "
-                        f"{cpu:.2f} ms driver CPU per call"
-                    )
+                messages = distinct_messages(calls)
+                asyncio.run(drive_client(EvalClient, url, messages[:200], 16))  # warm-up
+                for concurrency in concurrencies:
+                    for name, run in kinds.items():
+                        runs = [asyncio.run(run(url, messages, concurrency)) for _ in range(3)]
+                        table.setdefault(concurrency, {})[name] = (
+                            statistics.median(r[0] for r in runs),
+                            statistics.median(r[1] for r in runs),
+                        )
+                        print(
+                            f"   {concurrency} {name}: {table[concurrency][name][0]:,.0f}/s",
+                            flush=True,
+                        )
             else:
                 base = rss_mb()
-                for in_flight in (500, 1000):
-                    _, _, peak = asyncio.run(drive(url, in_flight, in_flight))
+                for count in in_flight:
+                    started = time.perf_counter()
+                    _, _, peak = asyncio.run(
+                        drive_client(EvalClient, url, distinct_messages(count), count)
+                    )
                     rows.append(
-                        f"{in_flight:,} requests in flight: +{peak - base:,.0f} MB, "
-                        f"{1024 * (peak - base) / in_flight:,.1f} KB each"
+                        f"{count:,} requests in flight (a 2 s stub): all answered in "
+                        f"{time.perf_counter() - started:.1f} s, +{peak - base:,.0f} MB, "
+                        f"{1024 * (peak - base) / count:,.1f} KB each"
                     )
         finally:
             stub.kill()
             stub.wait()
+    names = list(kinds)
+    lines = [
+        "| concurrency | " + " | ".join(names) + " | now / bare | now+cache / bare |",
+        "|" + " --- |" * (len(names) + 3),
+    ]
+    for concurrency, found in table.items():
+        cells = [f"{found[n][0]:,.0f} ({found[n][1]:.2f} ms)" for n in names]
+        bare = found["bare aiohttp"][0]
+        lines.append(
+            f"| {concurrency} | " + " | ".join(cells) + f" | "
+            f"{found['EvalClient now'][0] / bare:.2f} | {found['+ cache now'][0] / bare:.2f} |"
+        )
     print(
-        "1c. driver ceiling (EvalClient against an instant stub in its own process):\n   "
+        f"1c. driver ceiling: {calls:,} distinct chat calls against an instant stub in its own "
+        "process, median of 3: calls/s (driver CPU per call)\n"
+        + "\n".join(lines)
+        + "\n   "
         + "\n   ".join(rows),
         flush=True,
     )
@@ -322,7 +442,8 @@ async def plain(url: str, model: str, batch: list[list[dict]], concurrency: int)
         nonlocal tokens
         async with gate:
             answer = await client.chat.completions.create(
-                model=model, messages=messages, max_tokens=24, temperature=0.0)  # fmt: skip
+                model=model, messages=messages, max_tokens=24, temperature=0.0
+            )
             tokens += answer.usage.prompt_tokens + answer.usage.completion_tokens
 
     started = time.perf_counter()
@@ -332,24 +453,53 @@ async def plain(url: str, model: str, batch: list[list[dict]], concurrency: int)
     return {"calls/s": len(batch) / elapsed, "tokens/s": tokens / elapsed}
 
 
-def vllm_bench(url: str, model: str, tokenizer: str, batch: list[list[dict]], concurrency: int,
-               tmp: Path) -> dict:  # fmt: skip
+def vllm_bench(
+    url: str, model: str, tokenizer: str, batch: list[list[dict]], concurrency: int, tmp: Path
+) -> dict:
     """vLLM's own benchmark client (``vllm bench serve``) sending the same prompts to the same
     server. Run as a module: the ``vllm`` command of the CPU wheel cannot find its own version."""
     prompts = tmp / "prompts.jsonl"
     prompts.write_text("".join(json.dumps({"prompt": m[-1]["content"]}) + "\n" for m in batch))
-    code = ("import sys; from vllm.benchmarks.serve import add_cli_args, main; "
-            "from vllm.utils.argparse_utils import FlexibleArgumentParser as P; "
-            "p = P(); add_cli_args(p); main(p.parse_args(sys.argv[1:]))")  # fmt: skip
+    code = (
+        "import sys; from vllm.benchmarks.serve import add_cli_args, main; "
+        "from vllm.utils.argparse_utils import FlexibleArgumentParser as P; "
+        "p = P(); add_cli_args(p); main(p.parse_args(sys.argv[1:]))"
+    )
     base = url.removesuffix("/v1")
-    args = ["--backend", "openai-chat", "--base-url", base, "--endpoint", "/v1/chat/completions",
-            "--model", model, "--tokenizer", tokenizer, "--dataset-name", "custom",
-            "--dataset-path", str(prompts), "--skip-chat-template", "--custom-output-len", "24",
-            "--num-prompts", str(len(batch)), "--max-concurrency", str(concurrency),
-            "--temperature", "0", "--disable-tqdm", "--save-result", "--result-dir", str(tmp),
-            "--result-filename", "vllm-bench.json"]  # fmt: skip
-    subprocess.run([sys.executable, "-c", code, *args], check=True, capture_output=True,
-                   timeout=1800)  # fmt: skip
+    args = [
+        "--backend",
+        "openai-chat",
+        "--base-url",
+        base,
+        "--endpoint",
+        "/v1/chat/completions",
+        "--model",
+        model,
+        "--tokenizer",
+        tokenizer,
+        "--dataset-name",
+        "custom",
+        "--dataset-path",
+        str(prompts),
+        "--skip-chat-template",
+        "--custom-output-len",
+        "24",
+        "--num-prompts",
+        str(len(batch)),
+        "--max-concurrency",
+        str(concurrency),
+        "--temperature",
+        "0",
+        "--disable-tqdm",
+        "--save-result",
+        "--result-dir",
+        str(tmp),
+        "--result-filename",
+        "vllm-bench.json",
+    ]
+    subprocess.run(
+        [sys.executable, "-c", code, *args], check=True, capture_output=True, timeout=1800
+    )
     result = json.loads((tmp / "vllm-bench.json").read_text())
     return {"calls/s": result["request_throughput"], "tokens/s": result["total_token_throughput"]}
 
@@ -359,24 +509,35 @@ def items(n: int):
 
     rows = [json.loads(line) for line in WC.read_text().splitlines()[:n]] if WC.is_file() else []
     if not rows:
-        return [Item(**json.loads(line)) for line in
-                (ROOT / "examples/comprehensiveness.jsonl").read_text().splitlines()]  # fmt: skip
-    return [Item(id=f"wc{k}", query=r["question"], response=r["answer3"],
-                 contexts=[r["context1_self_contained"], r["context2_self_contained"]])
-            for k, r in enumerate(rows)]  # fmt: skip
+        return [
+            Item(**json.loads(line))
+            for line in (ROOT / "examples/comprehensiveness.jsonl").read_text().splitlines()
+        ]
+    return [
+        Item(
+            id=f"wc{k}",
+            query=r["question"],
+            response=r["answer3"],
+            contexts=[r["context1_self_contained"], r["context2_self_contained"]],
+        )
+        for k, r in enumerate(rows)
+    ]
 
 
-async def run_items(url: str, model: str, todo, options, concurrent: bool, cache=None,
-                    judge=None) -> tuple[float, list]:  # fmt: skip
+async def run_items(
+    url: str, model: str, todo, options, concurrent: bool, cache=None, judge=None
+) -> tuple[float, list]:
     from pipelines.comprehensiveness import evaluate_item
     from serving.client import EvalClient
 
-    async with EvalClient(url, model, concurrency=16, cache=cache,
-                          default_params={"temperature": 0.0}) as client:  # fmt: skip
+    async with EvalClient(
+        url, model, concurrency=16, cache=cache, default_params={"temperature": 0.0}
+    ) as client:
         started = time.perf_counter()
         if concurrent:
-            records = await asyncio.gather(*(evaluate_item(client, it, options, nli_judge=judge)
-                                             for it in todo))  # fmt: skip
+            records = await asyncio.gather(
+                *(evaluate_item(client, it, options, nli_judge=judge) for it in todo)
+            )
         else:
             records = [await evaluate_item(client, it, options, nli_judge=judge) for it in todo]
         return time.perf_counter() - started, records
@@ -393,26 +554,36 @@ def bench_llm(tmp: Path, args) -> None:
         with RayReplicas(ServerSpec(model=args.model), replicas=n) as app:
             url, model = app.base_url, app.served_name
             asyncio.run(ours(url, model, batch[:8], 8))  # warm-up
-            runs = [asyncio.run(ours(url, model, batch, args.concurrency))
-                    for _ in range(args.rounds)]  # fmt: skip
+            runs = [
+                asyncio.run(ours(url, model, batch, args.concurrency)) for _ in range(args.rounds)
+            ]
             rates[n] = statistics.median(r["calls/s"] for r in runs)
-            print(f"2. LLM pairwise calls ({args.llm_pairs} NLI prompts, {args.model}, "
-                  f"concurrency {args.concurrency}, median of {args.rounds}): {n} replica(s) "
-                  f"{rates[n]:.1f} calls/s", flush=True)  # fmt: skip
+            print(
+                f"2. LLM pairwise calls ({args.llm_pairs} NLI prompts, {args.model}, "
+                f"concurrency {args.concurrency}, median of {args.rounds}): {n} replica(s) "
+                f"{rates[n]:.1f} calls/s",
+                flush=True,
+            )
             if n != 2:
                 continue
             if 1 in rates:
                 print(f"   2 / 1 replicas: {rates[2] / rates[1]:.2f}x", flush=True)
             tokenizer = model_source(resolve(args.model))
-            ceiling = [asyncio.run(plain(url, model, batch, args.concurrency))
-                       for _ in range(args.rounds)]  # fmt: skip
-            theirs = [vllm_bench(url, model, tokenizer, batch, args.concurrency, tmp)
-                      for _ in range(args.rounds)]  # fmt: skip
-            mine, top, vllm = (statistics.median(r["tokens/s"] for r in x)
-                               for x in (runs, ceiling, theirs))  # fmt: skip
-            print(f"   2 replicas, prompt+completion tokens/s: ours {mine:,.0f}, plain openai "
-                  f"client {top:,.0f}, vLLM's benchmark client {vllm:,.0f}: ours = "
-                  f"{mine / vllm:.2f} of vLLM's ({mine / top:.2f} of plain)")  # fmt: skip
+            ceiling = [
+                asyncio.run(plain(url, model, batch, args.concurrency)) for _ in range(args.rounds)
+            ]
+            theirs = [
+                vllm_bench(url, model, tokenizer, batch, args.concurrency, tmp)
+                for _ in range(args.rounds)
+            ]
+            mine, top, vllm = (
+                statistics.median(r["tokens/s"] for r in x) for x in (runs, ceiling, theirs)
+            )
+            print(
+                f"   2 replicas, prompt+completion tokens/s: ours {mine:,.0f}, plain openai "
+                f"client {top:,.0f}, vLLM's benchmark client {vllm:,.0f}: ours = "
+                f"{mine / vllm:.2f} of vLLM's ({mine / top:.2f} of plain)"
+            )
             if args.items:
                 bench_items(url, model, tmp, args)
 
@@ -424,13 +595,17 @@ def bench_items(url: str, model: str, tmp: Path, args) -> None:
     from serving.cache import ResponseCache
 
     todo = items(args.items)
-    options = ComprehensivenessOptions(method="nli", protocol="spec", t_rel=args.t_rel,
-                                       export_graphs=False)  # fmt: skip
+    options = ComprehensivenessOptions(
+        method="nli", protocol="spec", t_rel=args.t_rel, export_graphs=False
+    )
     together, _ = asyncio.run(run_items(url, model, todo, options, True))
     alone, _ = asyncio.run(run_items(url, model, todo, options, False))
-    print(f"3. cross-item scheduling ({len(todo)} items, NLI method, spec, 2 replicas): "
-          f"{60 * len(todo) / together:.2f} vs {60 * len(todo) / alone:.2f} items/min one at a "
-          f"time = {alone / together:.2f}x", flush=True)  # fmt: skip
+    print(
+        f"3. cross-item scheduling ({len(todo)} items, NLI method, spec, 2 replicas): "
+        f"{60 * len(todo) / together:.2f} vs {60 * len(todo) / alone:.2f} items/min one at a "
+        f"time = {alone / together:.2f}x",
+        flush=True,
+    )
     cache = ResponseCache(tmp / "prune.sqlite")
     _, full = asyncio.run(run_items(url, model, todo, options, True, cache, LlmNli()))
     for threshold in args.prune:
@@ -440,9 +615,12 @@ def bench_items(url: str, model: str, tmp: Path, args) -> None:
         result = edge_recall([r.model_dump() for r in full], [r.model_dump() for r in found])
         saved = result["pairs_skipped"] / max(1, result["pairs_exhaustive"])
         recall = "n/a" if result["recall"] is None else f"{result['recall']:.2f}"
-        print(f"4. pruning below {threshold}: {result['pairs_judged']} of "
-              f"{result['pairs_exhaustive']} pairs judged ({saved:.0%} saved), edge recall "
-              f"{recall} ({result['kept']} of {result['edges']} edges)", flush=True)  # fmt: skip
+        print(
+            f"4. pruning below {threshold}: {result['pairs_judged']} of "
+            f"{result['pairs_exhaustive']} pairs judged ({saved:.0%} saved), edge recall "
+            f"{recall} ({result['kept']} of {result['edges']} edges)",
+            flush=True,
+        )
     cache.close()
 
 
@@ -451,6 +629,9 @@ def main() -> None:
     parser.add_argument("--pairs", type=int, default=4096)
     parser.add_argument("--stream-pairs", type=int, default=10_000)
     parser.add_argument("--driver-calls", type=int, default=2000)
+    parser.add_argument("--driver-concurrency", type=int, nargs="+", default=[16, 64, 256, 1024])
+    parser.add_argument("--in-flight", type=int, nargs="+", default=[1000, 10_000])
+    parser.add_argument("--before", default=BEFORE, help="git revision of the 'before' client")
     parser.add_argument("--llm-pairs", type=int, default=96)
     parser.add_argument("--items", type=int, default=2)
     parser.add_argument("--t-rel", type=float, default=3.5)
@@ -465,7 +646,7 @@ def main() -> None:
         if "nli" not in args.skip:
             bench_nli(Path(tmp), args.pairs, args.stream_pairs)
         if "driver" not in args.skip:
-            bench_driver(args.driver_calls)
+            bench_driver(args.driver_calls, args.driver_concurrency, args.in_flight, args.before)
         if "llm" not in args.skip:
             bench_llm(Path(tmp), args)
 

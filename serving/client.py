@@ -17,22 +17,19 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, TypeVar
 
-import openai
 from pydantic import BaseModel, ValidationError
 
 from serving.cache import ResponseCache, cache_key
+from serving.limits import AdaptiveLimit, FixedLimit
 from serving.parsing import ParseError, extract_json, match_choice
 from serving.templates import REASK
+from serving.transport import HttpTransport, StatusError, TransportError
 
 T = TypeVar("T", bound=BaseModel)
 Status = Literal["ok", "unparseable"]
 
-# Errors worth retrying: the server may come back (restart, overload, transient network).
-RETRYABLE = (
-    openai.APIConnectionError,  # includes APITimeoutError
-    openai.InternalServerError,
-    openai.RateLimitError,
-)
+# The longest Retry-After a client waits for before its next try.
+MAX_RETRY_AFTER = 300.0
 
 
 class EndpointError(RuntimeError):
@@ -230,7 +227,8 @@ class EvalClient:
         adapter: str | None = None,
         adapter_prefix: str = "",
         api_key: str = "EMPTY",
-        concurrency: int = 16,
+        concurrency: int | Literal["auto"] = 16,
+        concurrency_ceiling: int = 256,
         timeout: float = 300.0,
         max_retries: int = 8,
         backoff: float = 0.5,
@@ -259,10 +257,12 @@ class EvalClient:
         self.usage: dict[str, StageUsage] = {}
         self.in_flight = 0
         self.peak_in_flight = 0  # observed concurrency, for accounting and tests
-        self._semaphore = asyncio.Semaphore(concurrency)
-        self._openai = openai.AsyncOpenAI(
-            base_url=base_url, api_key=api_key, timeout=timeout, max_retries=0
+        # requests in flight: a fixed number, or found by AIMD up to the ceiling ("auto")
+        self.limit: FixedLimit | AdaptiveLimit = (
+            AdaptiveLimit(concurrency_ceiling) if concurrency == "auto" else FixedLimit(concurrency)
         )
+        connections = concurrency_ceiling if concurrency == "auto" else concurrency
+        self._http = HttpTransport(base_url, api_key, timeout, connections=connections)
 
     # ---- the one request path -------------------------------------------------------------
 
@@ -284,23 +284,26 @@ class EvalClient:
         model = adapter or self.adapter or self.model
         body = {**self.default_params, **params}
         usage = self.usage.setdefault(stage, StageUsage())
-        key = cache_key(
-            {
-                "base": self.model,
-                "model": model,
-                "messages": messages,
-                "params": body,
-                "template": template,
-            }
-        )
-        # SQLite work runs in a thread: a commit never stalls the other requests in flight.
-        raw = await asyncio.to_thread(self.cache.get, key) if self.cache is not None else None
+        raw, key = None, ""
+        if self.cache is not None:  # the key (canonical JSON, SHA-256) only where it is used
+            key = cache_key(
+                {
+                    "base": self.model,
+                    "model": model,
+                    "messages": messages,
+                    "params": body,
+                    "template": template,
+                }
+            )
+            # a point read on the cache's own connection; the put below only queues the row for
+            # the cache's writer thread: no request waits for SQLite or a thread hop
+            raw = self.cache.get(key)
         cached = raw is not None
         if raw is None:
             served = model if model == self.model else self.adapter_prefix + model
             raw = await self._request(served, messages, body, usage, stage=stage, template=template)
             if self.cache is not None:
-                await asyncio.to_thread(self.cache.put, key, raw)
+                self.cache.put(key, raw)
         else:
             usage.cache_hits += 1
         result = self._result(raw, cached, usage)
@@ -325,26 +328,37 @@ class EvalClient:
     ) -> dict[str, Any]:
         """The network part of ``chat``: one completion as a plain dict (test doubles replace
         only this, so caching, accounting and parsing stay the real code)."""
-        known = {k: v for k, v in body.items() if k != "extra_body"}
+        # the OpenAI wire format: extra_body's fields go at the top level of the JSON
+        request = {"model": model, "messages": messages}
+        request |= {k: v for k, v in body.items() if k != "extra_body"}
+        request |= body.get("extra_body") or {}
         for attempt in range(self.max_retries + 1):
             started = time.perf_counter()
             try:
-                async with self._semaphore:
-                    self.in_flight += 1
-                    self.peak_in_flight = max(self.peak_in_flight, self.in_flight)
-                    try:
-                        response = await self._openai.chat.completions.create(
-                            model=model,
-                            messages=messages,  # type: ignore[arg-type]
-                            extra_body=body.get("extra_body"),
-                            **known,
-                        )
-                    finally:
-                        self.in_flight -= 1
+                await self.limit.acquire()
+                sent = time.perf_counter()  # the limit's latency: without the wait for a slot
+                self.in_flight += 1
+                self.peak_in_flight = max(self.peak_in_flight, self.in_flight)
+                overloaded = False
+                try:
+                    response = await self._http.post("/chat/completions", request)
+                except TransportError as exc:
+                    overloaded = exc.overloaded
+                    raise
+                finally:
+                    self.in_flight -= 1
+                    self.limit.release(time.perf_counter() - sent, overloaded)
                 usage.requests += 1
                 usage.seconds += time.perf_counter() - started
-                return response.model_dump(exclude_unset=True)
-            except RETRYABLE as exc:
+                return response
+            except TransportError as exc:
+                if not exc.retryable:  # 4xx: no retry can help
+                    usage.failures += 1
+                    assert isinstance(exc, StatusError)
+                    message = f"{self.base_url}: {exc.status} {exc.message}"
+                    if exc.status in ITEM_LEVEL_STATUS:
+                        raise RequestRejected(message, stage) from exc
+                    raise EndpointError(message) from exc
                 reason = self.gone() if self.gone is not None else None
                 if attempt == self.max_retries or reason:
                     usage.failures += 1
@@ -352,14 +366,10 @@ class EvalClient:
                         f"{self.base_url}: gave up after {attempt + 1} attempts: {reason or exc}"
                     ) from exc
                 usage.retries += 1
-                delay = min(self.max_backoff, self.backoff * 2**attempt)
-                await asyncio.sleep(delay * (0.5 + random.random()))
-            except openai.APIStatusError as exc:  # 4xx: no retry can help
-                usage.failures += 1
-                message = f"{self.base_url}: {exc.status_code} {_one_line(exc)}"
-                if exc.status_code in ITEM_LEVEL_STATUS:
-                    raise RequestRejected(message, stage) from exc
-                raise EndpointError(message) from exc
+                delay = min(self.max_backoff, self.backoff * 2**attempt) * (0.5 + random.random())
+                if exc.retry_after is not None:  # the server said when to come back
+                    delay = min(MAX_RETRY_AFTER, exc.retry_after)
+                await asyncio.sleep(delay)
         raise AssertionError("unreachable")
 
     @staticmethod
@@ -527,16 +537,16 @@ class EvalClient:
     async def served_models(self) -> list[str] | None:
         """Names the endpoint serves (base models and adapters); None if it does not say."""
         try:
-            page = await self._openai.models.list()
-        except openai.OpenAIError:
+            page = await self._http.get("/models")
+            return [str(m["id"]) for m in page["data"]]
+        except (TransportError, ValueError, KeyError, TypeError):
             return None
-        return [m.id for m in page.data]
 
     def usage_report(self) -> dict[str, dict[str, Any]]:
         return {stage: usage.as_dict() for stage, usage in self.usage.items()}
 
     async def aclose(self) -> None:
-        await self._openai.close()
+        await self._http.close()
 
     async def __aenter__(self) -> EvalClient:
         return self

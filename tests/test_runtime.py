@@ -3,6 +3,7 @@ rebuilding them from a run that was interrupted midway and from the finished run
 
 from __future__ import annotations
 
+import asyncio
 import json
 from pathlib import Path
 
@@ -25,8 +26,9 @@ EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 
 
 def run(study, options, client, run_dir: Path, concurrency: int = 4):
-    evaluator = EvaluatorConfig(model="judge", endpoint="http://127.0.0.1:9/v1",
-                                concurrency=concurrency)  # fmt: skip
+    evaluator = EvaluatorConfig(
+        model="judge", endpoint="http://127.0.0.1:9/v1", concurrency=concurrency
+    )
     request = RunRequest(evaluator, RunConfig(run_dir=run_dir, cache=None), options)
     return execute(study, request, quiet=True, open_client=lambda ev, d: fixed_client(client))
 
@@ -45,9 +47,12 @@ WC_ROW = {
     "context2_self_contained": "Some historians say the treaty was signed in Versailles.",
     **{f"answer{k}": f"Response number {k}." for k in range(5)},
     # answer1 is a one-context answer: its Correct becomes Partially correct (SPEC rule).
-    "label0": "Correct", "label1": "Correct", "label2": "Partially correct",
-    "label3": "Incorrect", "label4": "Correct",
-}  # fmt: skip
+    "label0": "Correct",
+    "label1": "Correct",
+    "label2": "Partially correct",
+    "label3": "Incorrect",
+    "label4": "Correct",
+}
 COVERED, UNCOVERED = "[Covered statements]", "[Uncovered statements]"
 WC_OUTPUTS = {  # S per response: 1, 1/2, 1, 0, unparseable
     "Response number 0.": f"x\n{COVERED}\n- Paris [1]\n- Versailles [2]\n{UNCOVERED}\n",
@@ -82,8 +87,7 @@ def test_lmr_by_hand_through_an_interrupted_and_resumed_run(tmp_path):
     assert partial["summary"]["recorded"] == 3 and partial["summary"]["partial"]
     # Matches: C with S=1 yes; PC with S=1/2 yes; PC with S=1 no -> 2/3.
     assert partial["tables"]["lmr"] == pytest.approx(2 / 3)
-    assert partial["tables"]["by_label"] == {"C": {"n": 1, "lmr": 1.0},
-                                             "PC": {"n": 2, "lmr": 0.5}}  # fmt: skip
+    assert partial["tables"]["by_label"] == {"C": {"n": 1, "lmr": 1.0}, "PC": {"n": 2, "lmr": 0.5}}
 
     client = wc_client()
     outcome = run(COMPREHENSIVENESS, options, client, run_dir)[""]
@@ -91,26 +95,41 @@ def test_lmr_by_hand_through_an_interrupted_and_resumed_run(tmp_path):
     # Adds: I with S=0 yes; C unparseable no (stays in the denominator) -> 3/5.
     lmr = json.loads((run_dir / "lmr.json").read_text())
     assert lmr["lmr"] == pytest.approx(3 / 5) and lmr["n"] == 5
-    assert lmr["by_label"] == {"C": {"n": 2, "lmr": 0.5}, "PC": {"n": 2, "lmr": 0.5},
-                               "I": {"n": 1, "lmr": 1.0}}  # fmt: skip
+    assert lmr["by_label"] == {
+        "C": {"n": 2, "lmr": 0.5},
+        "PC": {"n": 2, "lmr": 0.5},
+        "I": {"n": 1, "lmr": 1.0},
+    }
     assert lmr["not_scored"] == {"unparseable": 1}
     assert outcome.tables == lmr
     [finished] = report_json(run_dir)
     assert finished["tables"] == lmr
-    assert finished["summary"]["statuses"] == {"ok": 4, "unparseable": 1, "undefined": 0,
-                                               "abstained": 0, "error": 0}  # fmt: skip
+    assert finished["summary"]["statuses"] == {
+        "ok": 4,
+        "unparseable": 1,
+        "undefined": 0,
+        "abstained": 0,
+        "error": 0,
+    }
 
 
 # ---- comprehensiveness meta-evaluation: ConflictBank as the paper ran it -----------------------
 
 CB_ROW = {
-    "question": "Who founded X?", "default_claim": "A founded X.",
-    "misinformation_conflict_claim": "B founded X.", "default_evidence": "EVIDENCE D",
-    "misinformation_conflict_evidence": "EVIDENCE M", "temporal_conflict_evidence": "EVIDENCE T",
+    "question": "Who founded X?",
+    "default_claim": "A founded X.",
+    "misinformation_conflict_claim": "B founded X.",
+    "default_evidence": "EVIDENCE D",
+    "misinformation_conflict_evidence": "EVIDENCE M",
+    "temporal_conflict_evidence": "EVIDENCE T",
     "semantic_conflict_evidence": "EVIDENCE S",
-}  # fmt: skip
-CB_SUMMARIES = {"EVIDENCE D": "Sum D.", "EVIDENCE M": "Sum M.", "EVIDENCE T": "Sum T.",
-                "EVIDENCE S": "Sum S."}  # fmt: skip
+}
+CB_SUMMARIES = {
+    "EVIDENCE D": "Sum D.",
+    "EVIDENCE M": "Sum M.",
+    "EVIDENCE T": "Sum T.",
+    "EVIDENCE S": "Sum S.",
+}
 CB_OUTPUTS = {
     # Nodes by source: D 1 of 1 covered; C1 0 of 1; C2 0 of 2; C3 none (not a source).
     "A founded X.": f"x\n{COVERED}\n- A founded X [1]\n{UNCOVERED}\n- B founded X [2, 3]\n"
@@ -124,8 +143,9 @@ CB_OUTPUTS = {
 def test_conflictbank_strict_lax_by_hand_from_one_joint_run_per_claim(tmp_path):
     data = tmp_path / "cb.jsonl"
     data.write_text(json.dumps(CB_ROW) + "\n")
-    options = ComprehensivenessOptions(input=data, dataset="conflictbank", method="e2e",
-                                       resamples=1000)  # fmt: skip
+    options = ComprehensivenessOptions(
+        input=data, dataset="conflictbank", method="e2e", resamples=1000
+    )
     scripts = {
         "summarise": lambda p: by_text(CB_SUMMARIES, field_of(p, "Background text")),
         "coverage": lambda p: CB_OUTPUTS[field_of(p, "Answer")],
@@ -158,19 +178,25 @@ def test_reproduce_grid_by_hand_resumes_cell_by_cell(tmp_path):
     cb_data.write_text(json.dumps(CB_ROW) + "\n")
     url = "http://127.0.0.1:9/v1"
     options = ReproduceOptions(
-        models=[f"Llama-4-Maverick-17B-128E-Instruct@{url}", f"small@{url}"], methods=["e2e"],
-        wikicontradict=wc_data, conflictbank=cb_data,
+        models=[f"Llama-4-Maverick-17B-128E-Instruct@{url}", f"small@{url}"],
+        methods=["e2e"],
+        wikicontradict=wc_data,
+        conflictbank=cb_data,
         metric=ComprehensivenessOptions(resamples=1000),
-    )  # fmt: skip
+    )
     scripts = {
-        "summarise": lambda p: CB_SUMMARIES.get(field_of(p, "Background text"),
-                                                field_of(p, "Background text")),
+        "summarise": lambda p: CB_SUMMARIES.get(
+            field_of(p, "Background text"), field_of(p, "Background text")
+        ),
         "coverage": lambda p: (WC_OUTPUTS | CB_OUTPUTS)[field_of(p, "Answer")],
-    }  # fmt: skip
+    }
     client = ScriptedClient(scripts, check_constraints=False)
     outcomes = run(REPRODUCE, options, client, tmp_path / "grid")
-    assert set(outcomes) == {f"{m}/e2e/{d}" for m in ("Llama-4-Maverick-17B-128E-Instruct", "small")
-                             for d in ("wikicontradict", "conflictbank")}  # fmt: skip
+    assert set(outcomes) == {
+        f"{m}/e2e/{d}"
+        for m in ("Llama-4-Maverick-17B-128E-Instruct", "small")
+        for d in ("wikicontradict", "conflictbank")
+    }
     combined = json.loads((tmp_path / "grid" / "study.json").read_text())["combined"]
     [llama, small] = combined["rows"]
     # WikiContradict (paper thresholds): S = 1 (C) yes, 1/2 (PC) yes, 1 (PC) no, 0 (I) yes,
@@ -214,7 +240,7 @@ def garage_records(tmp_path: Path) -> Path:
 GARAGE_SCRIPTS = {
     "answer": lambda p: by_text(
         {"completed?": G1, "ACME": G2, "How tall": G3}, field_of(p, "Question")
-    ),  # fmt: skip
+    ),
     "deflection": lambda p: "missing" if field_of(p, "Answer") == G2 else "attempted",
     "eligibility": lambda p: (
         "No Issues" if "1889" in field_of(p, "Model answer") else "Major Issue(s)"
@@ -235,10 +261,20 @@ def test_garage_tables_by_hand(tmp_path):
     # expected: 1. g3 factual both ways but ineligible (Major Issue): RAF 0.
     assert scores == {G1_ID: 0.0, G2_ID: 1.0, G3_ID: 0.0}
     tables = json.loads((tmp_path / "run" / "tables.json").read_text())
-    assert tables["table2"] == {"n": 2, "eligibility": 0.5, "unadjusted_factuality": 1.0,
-                                "factuality": 0.5, "uRAF": 0.5, "RAF": 0.0}  # fmt: skip
-    assert tables["table3"] == {"n_deflection_items": 1, "true_positive_rate": 1.0,
-                                "n_answerable_items": 2, "false_positive_rate": 0.0}  # fmt: skip
+    assert tables["table2"] == {
+        "n": 2,
+        "eligibility": 0.5,
+        "unadjusted_factuality": 1.0,
+        "factuality": 0.5,
+        "uRAF": 0.5,
+        "RAF": 0.0,
+    }
+    assert tables["table3"] == {
+        "n_deflection_items": 1,
+        "true_positive_rate": 1.0,
+        "n_answerable_items": 2,
+        "false_positive_rate": 0.0,
+    }
     # Citations vs the human ones {1, 2}: g1 {1,2,3} P 2/3 R 1 F1 0.8; g3 {1} P 1 R 1/2 F1 2/3.
     t4 = tables["table4"]
     assert (t4["precision"], t4["recall"], t4["f1"]) == pytest.approx((5 / 6, 0.75, 11 / 15))
@@ -250,11 +286,14 @@ def test_garage_tables_by_hand(tmp_path):
 # ---- FanOutQA: Table 1 -------------------------------------------------------------------------
 
 FANOUT = [
-    {"id": "f1", "question": "Which French cities host the two largest ports?",
-     "answer": ["Paris", "Lyon"]},
+    {
+        "id": "f1",
+        "question": "Which French cities host the two largest ports?",
+        "answer": ["Paris", "Lyon"],
+    },
     {"id": "f2", "question": "When did the tower open?", "answer": "1889"},
     {"id": "f3", "question": "Is the sky blue?", "answer": True},
-]  # fmt: skip
+]
 FANOUT_SCRIPTS = {
     "answer-closed-book": lambda p: by_text(
         {"French": "Paris and Marseille.", "tower": "It opened in 1889.", "sky": ""}, p
@@ -312,3 +351,36 @@ def test_items_file_changed_mid_run_stops_it_and_restoring_it_resumes(tmp_path):
     outcome = run(GENERATE, options, client, tmp_path / "r", 1)[""]
     assert [r.id for r in outcome.results] == ["q0", "q1", "q2", "q3"]
     assert len(client.calls) == 3  # only what was missing
+
+
+def test_auto_concurrency_reaches_the_client_and_the_summary_reports_the_limit(tmp_path):
+    """--concurrency auto gives the run's client an adaptive limit up to concurrency_max; the
+    summary reports each role's limit (here a scripted client's fixed one)."""
+    from pipelines.evaluator import open_evaluator
+
+    auto = EvaluatorConfig(
+        model="judge", endpoint="http://127.0.0.1:9/v1", concurrency="auto", concurrency_max=64
+    )
+
+    async def opened() -> dict:
+        async with open_evaluator(auto, tmp_path, None) as client:
+            return client.limit.report()
+
+    assert asyncio.run(opened()) == {
+        "mode": "auto",
+        "ceiling": 64,
+        "start": 8,
+        "settled": 8,
+        "mean": 8.0,
+        "peak": 8,
+        "decreases": 0,
+    }
+    data = tmp_path / "wc.jsonl"
+    data.write_text(json.dumps(WC_ROW) + "\n")
+    options = ComprehensivenessOptions(
+        input=data, dataset="wikicontradict", method="e2e", protocol="spec", resamples=100
+    )
+    scripted = wc_client()
+    run(COMPREHENSIVENESS, options, scripted, tmp_path / "run")
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert list(summary["concurrency_this_invocation"].values()) == [scripted.limit.report()]

@@ -1,0 +1,160 @@
+"""The HTTP layer under ``EvalClient``: JSON over one pooled aiohttp session.
+
+Any OpenAI-compatible endpoint (vLLM, SGLang, TGI, Ray Serve, OpenAI) takes the same POST of
+``/chat/completions`` and answers with the same JSON; the client keeps that JSON as a plain dict
+(what it caches and parses), so no per-response model objects are built. Every failure is sorted
+into one of the classes in ``FAULTS``; the client retries the transient ones.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import email.utils
+import time
+from typing import Any
+
+import aiohttp
+import orjson
+
+# status -> what the client does with it (the README's table is this one)
+FAULTS = {
+    "connection refused, reset or dropped; timeout": "retried with backoff",
+    "200 whose body is not a complete completion (cut off, not JSON, no choices)": "retried",
+    "408, 409, 425, 429, 500, 502, 503, 504 and other 5xx": "retried; Retry-After honoured",
+    "400, 413, 422": "the item fails (its request is malformed, e.g. longer than the context)",
+    "401, 403, 404 and other 4xx": "the run stops with one line (auth, unknown model or adapter)",
+}
+RETRY_STATUS = frozenset({408, 409, 425, 429})
+
+
+class TransportError(Exception):
+    """A request that did not produce a completion."""
+
+    retryable = True
+    overloaded = False  # the server says it is too busy: an adaptive limit backs off
+    status: int | None = None
+    retry_after: float | None = None
+
+
+class ConnectionFault(TransportError):
+    """The connection failed or timed out before a whole response arrived."""
+
+    def __init__(self, message: str, timed_out: bool = False):
+        super().__init__(message)
+        self.overloaded = timed_out
+
+
+class BrokenBody(TransportError):
+    """A 2xx whose body is not a complete completion: cut off, not JSON, or without choices."""
+
+
+class StatusError(TransportError):
+    """The server answered with an HTTP error status."""
+
+    def __init__(self, status: int, message: str, retry_after: float | None = None):
+        super().__init__(f"{status} {message}")
+        self.status, self.message, self.retry_after = status, message, retry_after
+        self.retryable = status >= 500 or status in RETRY_STATUS
+        self.overloaded = status in (429, 503, 504)
+
+
+def retry_after(value: str | None, now: float | None = None) -> float | None:
+    """Seconds to wait from a Retry-After header: a number of seconds or an HTTP date."""
+    if not value:
+        return None
+    value = value.strip()
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        pass
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    return max(0.0, when.timestamp() - (time.time() if now is None else now))
+
+
+def error_message(payload: bytes) -> str:
+    """The server's own words, on one line: OpenAI's {"error": {"message"}}, FastAPI's
+    {"detail"}, or the text."""
+    text = payload.decode("utf-8", "replace")
+    try:
+        data = orjson.loads(payload)
+    except orjson.JSONDecodeError:
+        data = None
+    if isinstance(data, dict):
+        error = data.get("error")
+        if isinstance(error, dict) and error.get("message"):
+            text = str(error["message"])
+        elif isinstance(error, str):
+            text = error
+        elif data.get("detail"):
+            text = str(data["detail"])
+        elif data.get("message"):
+            text = str(data["message"])
+    return " ".join(text.split())[:300]
+
+
+class HttpTransport:
+    """POST and GET JSON on one endpoint through one keep-alive connection pool sized to the
+    client's concurrency. The session belongs to the event loop that first used it; a client
+    used from a later loop (a second ``asyncio.run``) gets a new one."""
+
+    def __init__(self, base_url: str, api_key: str, timeout: float, connections: int):
+        self.base_url = base_url.rstrip("/")
+        self.headers = {"Authorization": f"Bearer {api_key}", "Content-Type": "application/json"}
+        self.timeout = aiohttp.ClientTimeout(total=timeout)
+        self.connections = max(1, connections)
+        self._session: aiohttp.ClientSession | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def session(self) -> aiohttp.ClientSession:
+        loop = asyncio.get_running_loop()
+        if self._session is None or self._session.closed or self._loop is not loop:
+            connector = aiohttp.TCPConnector(
+                limit=self.connections, limit_per_host=self.connections, keepalive_timeout=75
+            )
+            self._session = aiohttp.ClientSession(
+                connector=connector, timeout=self.timeout, headers=self.headers
+            )
+            self._loop = loop
+        return self._session
+
+    async def post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        """A completion as a dict, or a ``TransportError`` saying which kind of failure."""
+        payload = await self._send("POST", path, orjson.dumps(body))
+        try:
+            data = orjson.loads(payload)
+        except orjson.JSONDecodeError as exc:
+            raise BrokenBody(
+                f"the response body is not JSON ({len(payload)} bytes): {exc}"
+            ) from exc
+        if not isinstance(data, dict) or not isinstance(data.get("choices"), list):
+            raise BrokenBody(f"the response has no choices: {error_message(payload)}")
+        if not data["choices"]:
+            raise BrokenBody("the response has an empty list of choices")
+        return data
+
+    async def get(self, path: str) -> Any:
+        return orjson.loads(await self._send("GET", path, None))
+
+    async def _send(self, method: str, path: str, data: bytes | None) -> bytes:
+        try:
+            async with self.session().request(method, self.base_url + path, data=data) as response:
+                payload = await response.read()
+                if response.status >= 400:
+                    raise StatusError(
+                        response.status,
+                        error_message(payload),
+                        retry_after(response.headers.get("Retry-After")),
+                    )
+                return payload
+        except asyncio.TimeoutError as exc:
+            raise ConnectionFault(f"no answer within {self.timeout.total} s", True) from exc
+        except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError) as exc:
+            raise ConnectionFault(f"{type(exc).__name__}: {exc}") from exc
+
+    async def close(self) -> None:
+        session, self._session = self._session, None
+        if session is not None and not session.closed and self._loop is asyncio.get_running_loop():
+            await session.close()
