@@ -7,6 +7,7 @@ its version) never serves a stale cached answer.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 from functools import cached_property
 from pathlib import Path
@@ -16,6 +17,13 @@ import yaml
 from pydantic import BaseModel
 
 _ENV = jinja2.Environment(undefined=jinja2.StrictUndefined, keep_trailing_newline=False)
+
+
+@functools.lru_cache(maxsize=1024)
+def compiled(source: str) -> jinja2.Template:
+    """A template body compiled once: compiling took most of a trivial item's time in a run
+    (scripts/bench_runner.py's profile); rendering a compiled template is thread-safe."""
+    return _ENV.from_string(source)
 
 
 class PromptTemplate(BaseModel):
@@ -41,12 +49,8 @@ class PromptTemplate(BaseModel):
     def messages(self, **values) -> list[dict[str, str]]:
         out = []
         if self.system:
-            out.append(
-                {"role": "system", "content": _ENV.from_string(self.system).render(**values)}
-            )
-        out.append(
-            {"role": "user", "content": _ENV.from_string(self.user).render(**values).strip()}
-        )
+            out.append({"role": "system", "content": compiled(self.system).render(**values)})
+        out.append({"role": "user", "content": compiled(self.user).render(**values).strip()})
         return out
 
     def text(self) -> str:

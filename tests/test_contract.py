@@ -15,6 +15,7 @@ from dataclasses import FrozenInstanceError
 from pathlib import Path
 
 import httpx
+import jinja2
 import pytest
 from typer.testing import CliRunner
 
@@ -282,3 +283,25 @@ def test_view_off_loopback_needs_a_key(tmp_path):
     finally:
         process.terminate()
         process.wait(10)
+
+
+def test_prompt_bodies_are_compiled_once_and_render_as_before(tmp_path):
+    """A template body is compiled once per process (compiling took most of a trivial item's
+    time: scripts/bench_runner.py); each render still sees only its own values."""
+    from serving import templates
+
+    path = tmp_path / "t.yaml"
+    path.write_text("name: t\nversion: 1\nsystem: 'Judge {{ who }}.'\nuser: 'Q: {{ q }}'\n")
+    template = templates.PromptTemplate.load(path)
+    templates.compiled.cache_clear()
+    first = template.messages(who="fairly", q="one")
+    second = template.messages(who="strictly", q="two")
+    assert first == [
+        {"role": "system", "content": "Judge fairly."},
+        {"role": "user", "content": "Q: one"},
+    ]
+    assert second[1] == {"role": "user", "content": "Q: two"}
+    assert templates.compiled.cache_info().misses == 2  # system and user, compiled once each
+    assert templates.compiled.cache_info().hits == 2
+    with pytest.raises(jinja2.UndefinedError):  # a missing value still fails loudly
+        template.messages(who="x")
