@@ -150,9 +150,20 @@ def bm25_tokenizer():
     return Tokenizer(stopwords="en", stemmer=Stemmer.Stemmer("english"))
 
 
+def bm25s_writes_with_json() -> None:
+    """bm25s writes its files with orjson whenever orjson is installed (the evaluator client's
+    transport installs it), and orjson refuses the integer keys of an index built from token
+    ids ("Dict key must be str"): its writer is pointed at the stdlib's, which writes what
+    bm25s wrote before orjson was here (its reader takes either)."""
+    from bm25s.utils import json_functions
+
+    json_functions.dumps = json_functions.dumps_with_builtin
+
+
 def build_bm25(out: Path, spec: IndexSpec, n_chunks: int, target: Path) -> dict:
     import bm25s
 
+    bm25s_writes_with_json()
     tokenizer = bm25_tokenizer()
     ids = tokenizer.tokenize(
         iter_chunk_texts(out), update_vocab=True, return_as="ids", show_progress=False,

@@ -1,12 +1,16 @@
-"""The runner's own cost per item: a run of many trivial items against an instant endpoint.
+"""The runner's own cost per item: runs of many trivial items against an instant endpoint.
 
-Each run is the whole runtime (items file, plan, run store appends, accounting, the progress
-display, the summary) with the real ``EvalClient`` over HTTP to the instant stub endpoint of
-``scripts/bench_scale.py`` (its own process), on the ``generate`` framework: one call per item, so
-what is measured is the runtime, not a model. The same runs on an earlier revision (a git
-worktree) come first, for a side-by-side; then the top of a profile of today's run.
+1. ``generate`` (one call per item) through the whole runtime (items file, plan, run store
+   appends, accounting, the progress display, the summary) with the real ``EvalClient`` over HTTP
+   to the instant stub endpoint of ``scripts/bench_scale.py`` (its own process): quiet, with the
+   progress display, and with the response cache.
+2. Comprehensiveness, NLI method, spec protocol: the exact-score test's item (31 calls) repeated,
+   answered in-process by the scripted client (the real client above its network call).
 
-    python scripts/bench_runner.py --items 10000 [--before REV] [--profile]
+Each run is a fresh process on one revision: an earlier one (a git worktree) beside today's, so
+the ratios are side by side; ``--profile`` adds the top of today's profile of run 1.
+
+    python scripts/bench_runner.py --items 10000 --comp-items 1000 [--before REV] [--profile]
 """
 
 from __future__ import annotations
@@ -23,29 +27,56 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "scripts"))
 
 
-def one_run(items: int, url: str, tmp: Path, progress: bool, cache: bool, profile: bool) -> None:
-    """In this process (whose PYTHONPATH picks the revision): run, print items/s as JSON."""
-    from pipelines.config import EvaluatorConfig, RunConfig
-    from pipelines.generate import GENERATE, GenerateOptions
-    from pipelines.protocol import RunRequest
-    from pipelines.runner import execute
-
-    path = tmp / "items.jsonl"
+def write_items(path: Path, items: int, framework: str) -> None:
     with path.open("w") as out:
         for k in range(items):
-            out.write(json.dumps({"id": f"q{k}", "question": f"Question number {k}?"}) + "\n")
-    evaluator = EvaluatorConfig(model="stub", endpoint=url, concurrency=64, max_tokens=16)
-    run = RunConfig(run_dir=tmp / "run", cache=(tmp / "cache.sqlite") if cache else None)
-    request = RunRequest(evaluator, run, GenerateOptions(input=path))
-    profiler = cProfile.Profile() if profile else None
+            if framework == "generate":
+                row = {"id": f"q{k}", "question": f"Question number {k}?"}
+            else:
+                from tests.test_exact_scores import ITEM
+
+                row = {
+                    "id": f"q{k}",
+                    "query": ITEM.query,
+                    "response": ITEM.response,
+                    "contexts": ITEM.contexts,
+                }
+            out.write(json.dumps(row) + "\n")
+
+
+def one_run(args) -> None:
+    """In a fresh process whose sys.path starts at the revision's tree: run, print JSON."""
+    sys.path.insert(0, str(args.tree))
+    from pipelines.config import EvaluatorConfig, RunConfig
+    from pipelines.protocol import RunRequest
+    from pipelines.runner import execute, fixed_client
+
+    path = args.tmp / "items.jsonl"
+    write_items(path, args.one, args.framework)
+    evaluator = EvaluatorConfig(model="stub", endpoint=args.url, concurrency=64, max_tokens=16)
+    run = RunConfig(run_dir=args.tmp / "run", cache=(args.tmp / "c.sqlite") if args.cache else None)
+    kwargs: dict = {"quiet": not args.progress}
+    if args.framework == "generate":
+        from pipelines.generate import GENERATE, GenerateOptions
+
+        study, request = GENERATE, RunRequest(evaluator, run, GenerateOptions(input=path))
+    else:
+        from pipelines.comprehensiveness import ComprehensivenessOptions
+        from pipelines.comprehensiveness.framework import COMPREHENSIVENESS
+        from tests.support.scripted import ScriptedClient
+        from tests.test_exact_scores import NLI_SCRIPTS
+
+        options = ComprehensivenessOptions(input=path, method="nli", protocol="spec")
+        study, request = COMPREHENSIVENESS, RunRequest(evaluator, run, options)
+        client = ScriptedClient(NLI_SCRIPTS, keep_calls=False)
+        kwargs["open_client"] = lambda ev, d: fixed_client(client)
+    profiler = cProfile.Profile() if args.profile else None
     started = time.perf_counter()
     if profiler is not None:
         profiler.enable()
-    execute(GENERATE, request, quiet=not progress)
+    execute(study, request, **kwargs)
     if profiler is not None:
         profiler.disable()
     seconds = time.perf_counter() - started
@@ -54,38 +85,41 @@ def one_run(items: int, url: str, tmp: Path, progress: bool, cache: bool, profil
         text = io.StringIO()
         pstats.Stats(profiler, stream=text).sort_stats("tottime").print_stats(14)
         top = text.getvalue()
-    print(json.dumps({"items_per_s": items / seconds, "seconds": seconds, "top": top}))
+    print(json.dumps({"items_per_s": args.one / seconds, "seconds": seconds, "top": top}))
 
 
-def measure(tree: Path, items: int, url: str, progress: bool, cache: bool, profile: bool) -> dict:
+def measure(
+    tree: Path,
+    items: int,
+    url: str,
+    framework: str = "generate",
+    progress: bool = False,
+    cache: bool = False,
+    profile: bool = False,
+) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
-        args = (
-            [
-                sys.executable,
-                str(ROOT / "scripts" / "bench_runner.py"),
-                "--one",
-                str(items),
-                "--url",
-                url,
-                "--tmp",
-                tmp,
-            ]
-            + ["--progress"] * progress
-            + ["--cache"] * cache
-        )
-        args += ["--profile"] * profile
+        command = [
+            sys.executable,
+            str(ROOT / "scripts" / "bench_runner.py"),
+            "--one",
+            str(items),
+            "--url",
+            url,
+            "--tmp",
+            tmp,
+            "--tree",
+            str(tree),
+            "--framework",
+            framework,
+        ]
+        command += ["--progress"] * progress + ["--cache"] * cache + ["--profile"] * profile
         done = subprocess.run(
-            args,
+            command,
             capture_output=True,
             text=True,
             cwd=tmp,
             check=False,
-            env={
-                "PYTHONPATH": str(tree),
-                "PATH": "/usr/bin:/bin",
-                "HOME": str(Path.home()),
-                "TERM": "dumb",
-            },
+            env={"PATH": "/usr/bin:/bin", "HOME": str(Path.home()), "TERM": "dumb"},
         )
     if done.returncode != 0:
         raise SystemExit(f"{tree}: the run failed:\n{done.stderr[-3000:]}")
@@ -94,18 +128,23 @@ def measure(tree: Path, items: int, url: str, progress: bool, cache: bool, profi
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--items", type=int, default=10_000)
+    parser.add_argument("--items", type=int, default=10_000, help="generate items")
+    parser.add_argument("--comp-items", type=int, default=1000, help="comprehensiveness items")
     parser.add_argument("--before", default="553c29c", help="git revision to compare with")
     parser.add_argument("--profile", action="store_true", help="print today's profile top")
+    for hidden in ("--url", "--framework"):
+        parser.add_argument(hidden, help=argparse.SUPPRESS)
     parser.add_argument("--one", type=int, help=argparse.SUPPRESS)
-    parser.add_argument("--url", help=argparse.SUPPRESS)
-    parser.add_argument("--tmp", type=Path, help=argparse.SUPPRESS)
-    parser.add_argument("--progress", action="store_true", help=argparse.SUPPRESS)
-    parser.add_argument("--cache", action="store_true", help=argparse.SUPPRESS)
+    for hidden in ("--tmp", "--tree"):
+        parser.add_argument(hidden, type=Path, help=argparse.SUPPRESS)
+    for hidden in ("--progress", "--cache"):
+        parser.add_argument(hidden, action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.one:
-        one_run(args.one, args.url, args.tmp, args.progress, args.cache, args.profile)
+        one_run(args)
         return
+    sys.path.insert(0, str(ROOT))
+    sys.path.insert(0, str(ROOT / "scripts"))
     from bench_scale import STUB
 
     from serving.launcher import free_port
@@ -122,26 +161,35 @@ def main() -> None:
         check=True,
         capture_output=True,
     )
+    trees = ((args.before, before), ("now", ROOT))
     try:
-        rows = []
+        print(f"| run | {args.before} items/s | now items/s | now / before |")
+        print("| --- | --- | --- | --- |")
         for progress, cache in ((False, False), (True, False), (False, True)):
-            found = {}
-            for name, tree in ((args.before, before), ("now", ROOT)):
-                found[name] = measure(tree, args.items, url, progress, cache, False)
-            label = ("progress shown" if progress else "quiet") + (", cache on" if cache else "")
-            rows.append(
-                f"| {label} | {found[args.before]['items_per_s']:,.0f} | "
-                f"{found['now']['items_per_s']:,.0f} | "
-                f"{found['now']['items_per_s'] / found[args.before]['items_per_s']:.1f}x |"
+            found = {n: measure(t, args.items, url, "generate", progress, cache) for n, t in trees}
+            label = (
+                f"{args.items:,} generate items (HTTP, instant stub), "
+                + ("progress shown" if progress else "quiet")
+                + (", cache on" if cache else "")
             )
-        print(
-            f"{args.items:,} generate items, one call each, instant stub endpoint, "
-            "concurrency 64: items/s"
-        )
-        print(f"| run | {args.before} | now | now / before |\n| --- | --- | --- | --- |")
-        print("\n".join(rows))
+            rate = {n: found[n]["items_per_s"] for n in found}
+            print(
+                f"| {label} | {rate[args.before]:,.0f} | {rate['now']:,.0f} | "
+                f"{rate['now'] / rate[args.before]:.1f}x |",
+                flush=True,
+            )
+        if args.comp_items:
+            rate = {
+                n: measure(t, args.comp_items, url, "comprehensiveness")["items_per_s"]
+                for n, t in trees
+            }
+            print(
+                f"| {args.comp_items:,} comprehensiveness NLI items (31 scripted calls each) | "
+                f"{rate[args.before]:,.1f} | {rate['now']:,.1f} | "
+                f"{rate['now'] / rate[args.before]:.1f}x |"
+            )
         if args.profile:
-            print(measure(ROOT, args.items, url, False, False, True)["top"])
+            print(measure(ROOT, args.items, url, "generate", profile=True)["top"])
     finally:
         stub.kill()
         subprocess.run(

@@ -406,7 +406,7 @@ def check_nli_pairs(
         for batch in batches:
             gpu.batch_size = batch
             with peak_memory(target) as peak:
-                seconds = median_seconds(lambda g=gpu: g.probabilities(speed), target, 3)
+                seconds = median_seconds(lambda g=gpu: g.probabilities(speed), target, args.repeats)
             host = median_seconds(lambda g=gpu: tokenize_only(g, speed), "cpu", 1)
             report.add(
                 Row(
@@ -492,7 +492,9 @@ def check_embeddings(args, report: Report, tmp: Path, sentences: list[str]) -> N
         max_abs = float(np.abs(reference - other).max())
         for batch in (64, 256):
             with peak_memory(target) as peak:
-                seconds = median_seconds(lambda g=gpu, b=batch: embed_texts(g, speed, b), target, 3)
+                seconds = median_seconds(
+                    lambda g=gpu, b=batch: embed_texts(g, speed, b), target, args.repeats
+                )
             report.add(
                 Row(
                     "embed",
@@ -825,6 +827,7 @@ def main(argv: list[str] | None = None) -> int:
     args.target = "cuda" if args.device == "cuda" else None
     if args.self_check:
         args.target, args.quick = "cpu", True
+    args.repeats = 1 if args.quick else 3  # timings: the median of this many
     if args.quick:
         args.nli_shapes = ["tiny"]
     report = Report(environment(args.device), args.out)

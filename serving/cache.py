@@ -90,6 +90,8 @@ class ResponseCache:
 
     def flush(self) -> None:
         """Wait until every row put so far is committed."""
+        if self._closed:
+            return  # close() committed them
         done = threading.Event()
         self._queue.put(done)
         while not done.wait(0.5):

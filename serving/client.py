@@ -547,6 +547,8 @@ class EvalClient:
 
     async def aclose(self) -> None:
         await self._http.close()
+        if self.cache is not None:  # what this client answered is on disk when it closes
+            await asyncio.to_thread(self.cache.flush)
 
     async def __aenter__(self) -> EvalClient:
         return self

@@ -158,7 +158,17 @@ def test_gpu_check_runs_its_gpu_side_on_the_cpu(tmp_path):
     measurement, all agreeing, JSON written, exit 0."""
     out = tmp_path / "check.json"
     done = subprocess.run(
-        [sys.executable, str(ROOT / "scripts/gpu_check.py"), "--self-check", "--out", str(out)],
+        [
+            sys.executable,
+            str(ROOT / "scripts/gpu_check.py"),
+            "--self-check",
+            "--out",
+            str(out),
+            "--nli-batches",
+            "32",
+            "--lora-steps",
+            "2",
+        ],
         capture_output=True,
         text=True,
         timeout=600,
