@@ -6,6 +6,8 @@
    progress display, and with the response cache.
 2. Comprehensiveness, NLI method, spec protocol: the exact-score test's item (31 calls) repeated,
    answered in-process by the scripted client (the real client above its network call).
+3. FanOutQA closed-book with the judge: the runtime test's first question (an answer and a
+   verdict) repeated, scripted the same way.
 
 Each run is a fresh process on one revision: an earlier one (a git worktree) beside today's, so
 the ratios are side by side; ``--profile`` adds the top of today's profile of run 1.
@@ -30,6 +32,12 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def write_items(path: Path, items: int, framework: str) -> None:
+    if framework == "fanoutqa":  # FanOutQA's dev file is one JSON list
+        from tests.test_runtime import FANOUT
+
+        rows = [dict(FANOUT[0], id=f"f{k}") for k in range(items)]
+        path.write_text(json.dumps(rows))
+        return
     with path.open("w") as out:
         for k in range(items):
             if framework == "generate":
@@ -62,6 +70,15 @@ def one_run(args) -> None:
         from pipelines.generate import GENERATE, GenerateOptions
 
         study, request = GENERATE, RunRequest(evaluator, run, GenerateOptions(input=path))
+    elif args.framework == "fanoutqa":
+        from pipelines.fanoutqa.framework import FANOUTQA, FanoutOptions
+        from tests.support.scripted import ScriptedClient
+        from tests.test_runtime import FANOUT_SCRIPTS
+
+        options = FanoutOptions(input=path, judge=True)
+        study, request = FANOUTQA, RunRequest(evaluator, run, options)
+        client = ScriptedClient(FANOUT_SCRIPTS, check_constraints=False, keep_calls=False)
+        kwargs["open_client"] = lambda ev, d: fixed_client(client)
     else:
         from pipelines.comprehensiveness import ComprehensivenessOptions
         from pipelines.comprehensiveness.framework import COMPREHENSIVENESS
@@ -130,6 +147,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--items", type=int, default=10_000, help="generate items")
     parser.add_argument("--comp-items", type=int, default=1000, help="comprehensiveness items")
+    parser.add_argument("--fan-items", type=int, default=1000, help="FanOutQA judge items")
     parser.add_argument("--before", default="553c29c", help="git revision to compare with")
     parser.add_argument("--profile", action="store_true", help="print today's profile top")
     for hidden in ("--url", "--framework"):
@@ -165,7 +183,7 @@ def main() -> None:
     try:
         print(f"| run | {args.before} items/s | now items/s | now / before |")
         print("| --- | --- | --- | --- |")
-        for progress, cache in ((False, False), (True, False), (False, True)):
+        for progress, cache in ((False, False), (True, False), (False, True)) * bool(args.items):
             found = {n: measure(t, args.items, url, "generate", progress, cache) for n, t in trees}
             label = (
                 f"{args.items:,} generate items (HTTP, instant stub), "
@@ -186,6 +204,13 @@ def main() -> None:
             print(
                 f"| {args.comp_items:,} comprehensiveness NLI items (31 scripted calls each) | "
                 f"{rate[args.before]:,.1f} | {rate['now']:,.1f} | "
+                f"{rate['now'] / rate[args.before]:.1f}x |"
+            )
+        if args.fan_items:
+            rate = {n: measure(t, args.fan_items, url, "fanoutqa")["items_per_s"] for n, t in trees}
+            print(
+                f"| {args.fan_items:,} FanOutQA closed-book items with the judge (2 scripted "
+                f"calls each) | {rate[args.before]:,.1f} | {rate['now']:,.1f} | "
                 f"{rate['now'] / rate[args.before]:.1f}x |"
             )
         if args.profile:
