@@ -9,6 +9,7 @@ into one of the classes in ``FAULTS``; the client retries the transient ones.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import email.utils
 import time
 from typing import Any
@@ -111,6 +112,7 @@ class HttpTransport:
     def session(self) -> aiohttp.ClientSession:
         loop = asyncio.get_running_loop()
         if self._session is None or self._session.closed or self._loop is not loop:
+            self._forget_session()
             connector = aiohttp.TCPConnector(
                 limit=self.connections, limit_per_host=self.connections, keepalive_timeout=75
             )
@@ -154,7 +156,23 @@ class HttpTransport:
         except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError) as exc:
             raise ConnectionFault(f"{type(exc).__name__}: {exc}") from exc
 
+    def _forget_session(self) -> None:
+        """Drop a session whose event loop has ended (a second ``asyncio.run``): its sockets
+        cannot be closed from this loop; mark it closed so it does not warn as unclosed."""
+        old, self._session = self._session, None
+        if old is None or old.closed:
+            return
+        connector = old.connector
+        old.detach()
+        close = getattr(connector, "_close", None)  # aiohttp's own: sync, no await needed
+        if callable(close):
+            with contextlib.suppress(Exception):
+                close()
+
     async def close(self) -> None:
-        session, self._session = self._session, None
-        if session is not None and not session.closed and self._loop is asyncio.get_running_loop():
-            await session.close()
+        if self._session is not None and self._loop is asyncio.get_running_loop():
+            session, self._session = self._session, None
+            if not session.closed:
+                await session.close()
+        else:
+            self._forget_session()

@@ -202,3 +202,47 @@ async def test_one_client_serves_many_requests_in_flight_over_its_pool(server):
         elapsed = time.monotonic() - started
     assert c.peak_in_flight == 16 and len(server.bodies) == 64
     assert elapsed < 64 * 0.05 / 4  # requests overlapped (16 at a time: about 4 rounds)
+
+
+def test_one_client_across_event_loops_answers_and_leaves_no_session_open():
+    """A client used by three ``asyncio.run`` calls (a CLI that runs twice, then closes) opens a
+    new pool in each loop and marks the one of an ended loop closed: both calls answer, and no
+    session is reported unclosed (a dead loop's sockets are the garbage collector's)."""
+    import gc
+    import threading
+    import warnings
+
+    box: list[int] = []
+    ready, stop = threading.Event(), threading.Event()
+
+    def serve() -> None:
+        async def main() -> None:
+            app = web.Application()
+            app.router.add_post("/v1/chat/completions", lambda r: web.json_response(COMPLETION))
+            runner = web.AppRunner(app)
+            await runner.setup()
+            site = web.TCPSite(runner, "127.0.0.1", 0)
+            await site.start()
+            box.append(site._server.sockets[0].getsockname()[1])  # type: ignore[union-attr]
+            ready.set()
+            while not stop.is_set():
+                await asyncio.sleep(0.05)
+            await runner.cleanup()
+
+        asyncio.run(main())
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    assert ready.wait(10)
+    c = client(f"http://127.0.0.1:{box[0]}/v1")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        first = asyncio.run(c.chat([{"role": "user", "content": "one"}]))
+        second = asyncio.run(c.chat([{"role": "user", "content": "two"}]))
+        asyncio.run(c.aclose())
+        gc.collect()
+    stop.set()
+    thread.join(10)
+    assert first.text == second.text == "yes"
+    unclosed = [str(w.message) for w in caught if "Unclosed client session" in str(w.message)]
+    assert not unclosed
