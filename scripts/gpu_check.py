@@ -105,8 +105,12 @@ class Report:
 
     def save(self) -> None:
         if self.path is not None:
-            found = {"environment": self.environment, "rows": [asdict(r) for r in self.rows],
-                     "errors": self.errors, "ok": self.ok}  # fmt: skip
+            found = {
+                "environment": self.environment,
+                "rows": [asdict(r) for r in self.rows],
+                "errors": self.errors,
+                "ok": self.ok,
+            }
             self.path.write_text(json.dumps(found, indent=1))
 
 

@@ -104,6 +104,12 @@ class AdaptiveLimit:
         spans = list(zip(self.changes, self.changes[1:] + [(now, self.limit)], strict=True))
         total = sum(b[0] - a[0] for a, b in spans)
         mean = sum((b[0] - a[0]) * a[1] for a, b in spans) / total if total > 0 else self.limit
-        return {"mode": "auto", "ceiling": self.ceiling, "start": self.start,
-                "settled": self.limit, "mean": round(mean, 1), "peak": self.peak,
-                "decreases": self.decreases}  # fmt: skip
+        return {
+            "mode": "auto",
+            "ceiling": self.ceiling,
+            "start": self.start,
+            "settled": self.limit,
+            "mean": round(mean, 1),
+            "peak": self.peak,
+            "decreases": self.decreases,
+        }

@@ -118,8 +118,10 @@ def load_base(options: TrainOptions, device: str) -> tuple[Any, Any, str]:
         from transformers import BitsAndBytesConfig
 
         load["quantization_config"] = BitsAndBytesConfig(
-            load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_compute_dtype=torch.bfloat16,
-        )  # fmt: skip
+            load_in_4bit=True,
+            bnb_4bit_quant_type="nf4",
+            bnb_4bit_compute_dtype=torch.bfloat16,
+        )
     return AutoModelForCausalLM.from_pretrained(source, **load), tokenizer, source
 
 
@@ -138,21 +140,39 @@ def make_trainer(
     from trl import SFTConfig, SFTTrainer
 
     present = {name.rsplit(".", 1)[-1] for name, _ in model.named_modules()}
-    lora = LoraConfig(r=options.rank, lora_alpha=options.alpha, lora_dropout=options.dropout,
-                      target_modules=[m for m in TARGET_MODULES if m in present],
-                      task_type="CAUSAL_LM")  # fmt: skip
+    lora = LoraConfig(
+        r=options.rank,
+        lora_alpha=options.alpha,
+        lora_dropout=options.dropout,
+        target_modules=[m for m in TARGET_MODULES if m in present],
+        task_type="CAUSAL_LM",
+    )
     config = SFTConfig(
-        output_dir=str(options.out / "checkpoints"), per_device_train_batch_size=min(
-        options.micro_batch, options.batch_size), gradient_accumulation_steps=options.accumulation,
-        learning_rate=options.learning_rate, num_train_epochs=options.epochs,
-        max_steps=options.max_steps or -1, max_length=options.max_length, logging_steps=1,
-        save_steps=options.save_steps, save_total_limit=2, report_to=[], seed=options.seed,
-        use_cpu=device == "cpu", bf16=device == "cuda", disable_tqdm=not progress,
-        completion_only_loss=True, lr_scheduler_type="linear",
-    )  # fmt: skip
-    return SFTTrainer(model=model, args=config, train_dataset=Dataset.from_list(examples),
-                      processing_class=tokenizer,
-                      peft_config=None if options.full else lora)  # fmt: skip
+        output_dir=str(options.out / "checkpoints"),
+        per_device_train_batch_size=min(options.micro_batch, options.batch_size),
+        gradient_accumulation_steps=options.accumulation,
+        learning_rate=options.learning_rate,
+        num_train_epochs=options.epochs,
+        max_steps=options.max_steps or -1,
+        max_length=options.max_length,
+        logging_steps=1,
+        save_steps=options.save_steps,
+        save_total_limit=2,
+        report_to=[],
+        seed=options.seed,
+        use_cpu=device == "cpu",
+        bf16=device == "cuda",
+        disable_tqdm=not progress,
+        completion_only_loss=True,
+        lr_scheduler_type="linear",
+    )
+    return SFTTrainer(
+        model=model,
+        args=config,
+        train_dataset=Dataset.from_list(examples),
+        processing_class=tokenizer,
+        peft_config=None if options.full else lora,
+    )
 
 
 def train(options: TrainOptions, progress: bool = True) -> dict[str, Any]:
