@@ -10,7 +10,9 @@ last one closes.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import threading
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,7 +22,7 @@ from pipelines.config import EvaluatorConfig, UserError
 from serving.cache import ResponseCache
 from serving.client import EvalClient
 from serving.launcher import ServerSpec, VLLMServer
-from serving.registry import lora_adapter, resolve
+from serving.registry import lora_adapter, model_source, resolve
 
 
 def model_record(cfg: EvaluatorConfig) -> dict:
@@ -37,13 +39,51 @@ def sampling_defaults(cfg: EvaluatorConfig) -> dict:
     return defaults
 
 
-def start_server(spec: ServerSpec, cfg: EvaluatorConfig, log: Path):
-    """One vLLM server, or ``cfg.replicas`` of them behind one Ray Serve LLM app."""
+async def start_server(spec: ServerSpec, cfg: EvaluatorConfig, log: Path) -> Any:
+    """One vLLM server, or ``cfg.replicas`` of them behind one Ray Serve LLM app. The waits run
+    in threads, so the servers of a run's roles start side by side; an interrupted start
+    leaves nothing serving."""
     if cfg.replicas > 1 or cfg.ray_address:
         from serving.ray_serve import RayReplicas
 
-        return RayReplicas(spec, cfg.replicas, address=cfg.ray_address).start()
-    return VLLMServer(spec, log).start()
+        replicas = RayReplicas(spec, cfg.replicas, address=cfg.ray_address)
+        return await _AbandonableStart(replicas).run()
+    await asyncio.to_thread(model_source, spec.preset)  # converts the embedded model, once
+    server = VLLMServer(spec, log)
+    server.launch()  # from the loop's thread (the main one): it dies with us, even by SIGKILL
+    try:
+        await asyncio.to_thread(server.wait_ready)
+    except BaseException:
+        server.stop()  # cancelled: the wait's thread sees the process gone and ends
+        raise
+    return server
+
+
+class _AbandonableStart:
+    """A blocking ``start()`` (a Ray Serve app's, whose driver talks over one pipe) in a
+    worker thread, which an interrupted run cannot stop: once abandoned, a server that comes
+    up anyway is stopped by whichever side sees it second."""
+
+    def __init__(self, server: Any):
+        self.server, self.lock, self.abandoned, self.up = server, threading.Lock(), False, False
+
+    async def run(self) -> Any:
+        try:
+            await asyncio.to_thread(self._start)
+        except asyncio.CancelledError:
+            with self.lock:
+                self.abandoned, up = True, self.up
+            if up:
+                self.server.stop()
+            raise
+        return self.server
+
+    def _start(self) -> None:
+        self.server.start()
+        with self.lock:
+            self.up = not self.abandoned
+        if not self.up:
+            self.server.stop()
 
 
 def server_key(cfg: EvaluatorConfig) -> tuple[Any, ...]:
@@ -62,6 +102,9 @@ class Served:
 class Servers:
     """The local servers of one invocation, one per distinct base model.
 
+    A server starts in a thread, so the servers of a run's roles start side by side (each
+    start is mostly imports and weight loading); roles on one base wait for the same start.
+
     ``linger``: a server whose last user is done stays up for the next run of the invocation on
     the same base (a study's runs take turns: the base and adapter runs of ``finetune claims
     eval``, a grid's cells), and is stopped when another base must start -- one base's weights
@@ -78,43 +121,48 @@ class Servers:
             for name, path in ev.adapters.items():
                 if into.setdefault(name, path) != path:
                     raise UserError(f"adapter {name!r} is given two paths: {into[name]}, {path}")
-        self.running: dict[tuple, tuple[Any, int]] = {}  # key -> (server, clients using it)
+        self.running: dict[tuple, Any] = {}  # key -> server
+        self.users: dict[tuple, int] = {}  # key -> clients using it or waiting for its start
+        self.starting: dict[tuple, asyncio.Task] = {}
 
     @contextlib.asynccontextmanager
     async def use(self, cfg: EvaluatorConfig, run_dir: Path) -> AsyncIterator[Served]:
         key = server_key(cfg)
-        if key not in self.running:
-            self._stop_idle()
-            adapters = self.adapters.get(key) or dict(cfg.adapters)
-            base = resolve(cfg.model).name
-            loras = [lora_adapter(n, p, base, cfg.model) for n, p in adapters.items()]
-            spec = ServerSpec(model=cfg.model, loras=loras, max_model_len=cfg.max_model_len)
-            log = "serve.log" if len(self.adapters) <= 1 else f"serve-{_safe(base)}.log"
-            self.running[key] = (start_server(spec, cfg, run_dir / log), 0)
-        server, users = self.running[key]
-        self.running[key] = (server, users + 1)
+        self.users[key] = self.users.get(key, 0) + 1  # before any wait: never stopped as idle
         try:
+            if key not in self.running:
+                if key not in self.starting:
+                    self._stop_idle()
+                    self.starting[key] = asyncio.ensure_future(self._launch(key, cfg, run_dir))
+                await asyncio.shield(self.starting[key])
+            server = self.running[key]
             yield Served(
                 server.base_url, server.adapter_prefix, server.gone, getattr(server, "served", None)
             )
         finally:
-            server, users = self.running[key]
-            self.running[key] = (server, users - 1)
-            if users == 1 and not self.linger:
-                del self.running[key]
-                server.stop()
+            self.users[key] -= 1
+            if not self.users[key] and not self.linger and key in self.running:
+                self.running.pop(key).stop()
+
+    async def _launch(self, key: tuple, cfg: EvaluatorConfig, run_dir: Path) -> None:
+        adapters = self.adapters.get(key) or dict(cfg.adapters)
+        base = resolve(cfg.model).name
+        loras = [lora_adapter(n, p, base, cfg.model) for n, p in adapters.items()]
+        spec = ServerSpec(model=cfg.model, loras=loras, max_model_len=cfg.max_model_len)
+        log = "serve.log" if len(self.adapters) <= 1 else f"serve-{_safe(base)}.log"
+        try:
+            self.running[key] = await start_server(spec, cfg, run_dir / log)
+        finally:
+            del self.starting[key]
 
     def _stop_idle(self) -> None:
-        for key, (server, users) in list(self.running.items()):
-            if users == 0:
-                del self.running[key]
-                server.stop()
+        for key in [k for k in self.running if not self.users.get(k)]:
+            self.running.pop(key).stop()
 
     def close(self) -> None:
         """Stop every server still up (lingering ones; none is in use once a study is done)."""
-        for key, (server, _) in list(self.running.items()):
-            del self.running[key]
-            server.stop()
+        for key in list(self.running):
+            self.running.pop(key).stop()
 
 
 def _safe(name: str) -> str:

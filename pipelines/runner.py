@@ -325,9 +325,23 @@ def close_resources(resources: dict[str, Any]) -> None:
 
 
 async def _open_roles(evaluators: Evaluators, roles: dict[str, EvaluatorConfig], run_dir: Path):
-    """One client per distinct evaluator; roles that resolve to the same one share it."""
-    return {role: await evaluators.client(evaluator_key(ev), ev, run_dir)
-            for role, ev in roles.items()}  # fmt: skip
+    """One client per distinct evaluator; roles that resolve to the same one share it. They
+    open together, so the servers of a run's local models start side by side; every opening
+    ends (what opened is closed with the rest) before the first failure is raised."""
+    keys = {role: evaluator_key(ev) for role, ev in roles.items()}
+    distinct: dict[str, EvaluatorConfig] = {}
+    for role, ev in roles.items():
+        distinct.setdefault(keys[role], ev)
+    opened = await asyncio.gather(
+        *(evaluators.client(key, ev, run_dir) for key, ev in distinct.items()),
+        return_exceptions=True,
+    )
+    clients: dict[str, EvalClient] = {}
+    for key, client in zip(distinct, opened, strict=True):
+        if isinstance(client, BaseException):
+            raise client
+        clients[key] = client
+    return {role: clients[keys[role]] for role in roles}
 
 
 def _usage_since(clients: dict[str, EvalClient], before: dict[int, dict[str, StageUsage]]):

@@ -186,6 +186,14 @@ class VLLMServer:
         return env | self.spec.env
 
     def start(self, timeout: float = 900.0) -> VLLMServer:
+        self.launch()
+        self.wait_ready(timeout)
+        return self
+
+    def launch(self) -> None:
+        """Start the process and return at once (``wait_ready`` waits for it). Call it from
+        the main thread where the server must die with this process even when it is
+        SIGKILLed; ``wait_ready`` may run in any thread."""
         self.spec.check_exposure()
         if port_in_use(connect_host(self.spec.host), self.port):
             raise ServerStartError(f"port {self.port} on {self.spec.host} is already in use")
@@ -207,9 +215,12 @@ class VLLMServer:
         )
         log.close()
         atexit.register(self.stop)
+
+    def wait_ready(self, timeout: float = 900.0) -> None:
+        """Until the server answers its health check (``stop`` from another thread ends the
+        wait with ``ServerStartError``)."""
         with timed("vllm", self.spec.preset.name):
             self._wait_healthy(timeout)
-        return self
 
     def _wait_healthy(self, timeout: float) -> None:
         deadline = time.monotonic() + timeout

@@ -101,7 +101,7 @@ def llm_config(spec: ServerSpec, replicas: int, device: str) -> Any:
         engine["tensor_parallel_size"] = preset.tensor_parallel_size
         bundles = [{"GPU": 1, "CPU": 1}] * preset.tensor_parallel_size
     env = (CPU_ENV if device == "cpu" else {}) | spec.env
-    from serving.ray_replica import CountedServer
+    from serving.ray_replica import NO_MIRROR_CALLBACK, CountedServer
 
     adapters: dict[str, Any] = {"server_cls": CountedServer}  # answers counted per replica
     if spec.loras:  # every replica can load every adapter; Serve decides which one does
@@ -112,6 +112,8 @@ def llm_config(spec: ServerSpec, replicas: int, device: str) -> Any:
         env = env | {ADAPTERS_ENV: json.dumps({a.name: a.path for a in spec.loras})}
         adapters = {"server_cls": AdapterServer,
                     "lora_config": {"max_num_adapters_per_replica": len(spec.loras)}}  # fmt: skip
+    if NO_MIRROR_CALLBACK:  # we name no cloud mirror: the per-node download task is a no-op
+        adapters["callback_config"] = {"callback_class": NO_MIRROR_CALLBACK}
     return LLMConfig(
         model_loading_config={"model_id": preset.name, "model_source": model_source(preset)},
         deployment_config={"num_replicas": replicas, "max_ongoing_requests": 256},
@@ -145,6 +147,9 @@ def _host(channel: Channel, spec: ServerSpec, replicas: int, address: str | None
         # controller + proxy + router + replicas each hold a logical CPU of a local Ray
         connect(address, num_cpus=max(8, 2 * replicas + 4))
         serve.start(http_options={"host": spec.host, "port": port})
+        if spec.api_key:  # before the model is deployed: it is never served without its key
+            _proxy_up(base_url, timeout)
+            _check_key_asked(base_url)
         config = llm_config(spec, replicas, device)
         deployed = True
         with timed("serve-llm", f"{spec.preset.name} x{replicas}"):
@@ -197,9 +202,23 @@ def _wait_ready(base_url: str, name: str, timeout: float, key: str | None = None
     raise ServerStartError(f"Ray Serve app not ready after {timeout:.0f}s")
 
 
+def _proxy_up(base_url: str, timeout: float) -> None:
+    """Wait for Serve's HTTP proxy to answer its open health route."""
+    deadline = time.monotonic() + timeout
+    health = base_url.removesuffix("/v1") + "/-/healthz"
+    while time.monotonic() < deadline:
+        with contextlib.suppress(httpx.HTTPError):
+            httpx.get(health, timeout=5)
+            return
+        time.sleep(0.5)
+    raise ServerStartError(f"Ray Serve's proxy did not answer at {health} in {timeout:.0f}s")
+
+
 def _check_key_asked(base_url: str) -> None:
-    """The app must refuse a request without the key: a cluster whose nodes were started
-    without the proxy callback would otherwise serve anyone who can reach the port."""
+    """A request without the key must be refused (401): a cluster whose nodes were started
+    without the proxy callback would otherwise serve anyone who can reach the port. Asked of
+    the bare proxy before the app is deployed (it answers 404 there without the callback), and
+    of the app once it is up."""
     status = httpx.get(f"{base_url}/models", timeout=10).status_code
     if status != 401:
         raise ServerStartError(

@@ -110,8 +110,9 @@ def test_the_cluster_gone_under_a_run_with_replicas(tiny_model, tmp_path):
 
 def test_a_cluster_whose_proxy_does_not_ask_for_the_key_is_not_served(tiny_model, tmp_path):
     """`serve --host 0.0.0.0 --api-key-env` on a cluster started without our proxy callback:
-    the app answers without the key, so it is taken down and `serve` ends with one `error:`
-    line naming what the nodes need -- nothing is left serving without a key."""
+    its proxy answers without the key, so the model is never deployed and `serve` ends with one
+    `error:` line naming what the nodes need -- nothing is served without a key, not even
+    for a moment."""
     require_engine()
     pytest.importorskip("ray.serve.llm", reason="needs ray[serve] (the engine extra)")
     import httpx
@@ -121,7 +122,9 @@ def test_a_cluster_whose_proxy_does_not_ask_for_the_key_is_not_served(tiny_model
     from tests.support.ray_head import ray_head
 
     port = free_port()
+    starts = tmp_path / "starts.jsonl"  # every part the command starts: no Serve LLM app
     env = dict(os.environ, PYTHONPATH=str(ROOT), GC_SERVE_KEY="k-2b7e")
+    env["GROUNDCOVER_START_LOG"] = str(starts)
     with ray_head(num_cpus=8) as head:  # started without the two variables
         # own server: an app on a cluster without our proxy callback, which must be refused
         command = [sys.executable, "-m", "pipelines.cli", "serve", str(tiny_model),
@@ -133,5 +136,7 @@ def test_a_cluster_whose_proxy_does_not_ask_for_the_key_is_not_served(tiny_model
         assert done.returncode != 0 and len(errors) == 1, done.stderr[-3000:]
         assert "without the API key" in errors[0] and CALLBACK_ENV in errors[0]
         assert KEY_ENV in errors[0]
+        kinds = [json.loads(line)["kind"] for line in starts.read_text().splitlines()]
+        assert "ray-join" in kinds and "serve-llm" not in kinds, kinds
         with pytest.raises(httpx.HTTPError):  # the app is gone (Serve stays for others' apps)
             httpx.get(f"http://127.0.0.1:{port}/v1/models", timeout=10).raise_for_status()

@@ -4,6 +4,7 @@ answering model, and a judge that is the answering model is said so."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 from pathlib import Path
 
@@ -397,7 +398,10 @@ def test_lingering_servers_start_each_base_once_and_hold_one_base_at_a_time(monk
         def stop(self) -> None:
             events.append(f"stop {self.name}")
 
-    monkeypatch.setattr(evaluator, "start_server", lambda spec, cfg, log: Started(spec))
+    async def start_server(spec, cfg, log):
+        return Started(spec)
+
+    monkeypatch.setattr(evaluator, "start_server", start_server)
     monkeypatch.setattr(
         evaluator, "lora_adapter", lambda n, p, base, model: type("L", (), {"name": n})()
     )
@@ -434,3 +438,113 @@ def test_lingering_servers_start_each_base_once_and_hold_one_base_at_a_time(monk
 
     asyncio.run(plain_turns())
     assert events == ["start org/A ['x']", "stop org/A", "start org/A ['x']", "stop org/A"]
+
+
+def test_servers_of_two_bases_start_side_by_side(monkeypatch, tmp_path):
+    """The roles of a run open together: two bases' starts overlap (each waits at a barrier
+    only the other can pass it through), and each stops with its last user."""
+    import asyncio
+    import threading
+
+    from pipelines import evaluator
+    from pipelines.runner import Evaluators, _open_roles, evaluator_key
+
+    both_starting = threading.Barrier(2, timeout=20)
+    events: list[str] = []
+
+    class Started:
+        def __init__(self, spec) -> None:
+            self.name, self.base_url = spec.model, f"http://{spec.model}/v1"
+            self.adapter_prefix, self.gone = "", None
+
+        def stop(self) -> None:
+            events.append(f"stop {self.name}")
+
+    async def start_server(spec, cfg, log):
+        await asyncio.to_thread(both_starting.wait)  # BrokenBarrierError if they take turns
+        return Started(spec)
+
+    monkeypatch.setattr(evaluator, "start_server", start_server)
+    answer, judge = EvaluatorConfig(model="org/A"), EvaluatorConfig(model="org/B")
+    servers = evaluator.Servers([answer, judge])
+
+    async def open_and_close() -> dict:
+        keys = [{evaluator_key(answer), evaluator_key(judge)}]
+        opener = lambda ev, run_dir: open_client(ev, run_dir, servers)  # noqa: E731
+        evaluators = Evaluators(opener, keys)
+        try:
+            clients = await _open_roles(evaluators, {"answer": answer, "judge": judge}, tmp_path)
+            return {role: client.base_url for role, client in clients.items()}
+        finally:
+            await evaluators.aclose()
+
+    assert asyncio.run(open_and_close()) == {
+        "answer": "http://org/A/v1",
+        "judge": "http://org/B/v1",
+    }
+    assert sorted(events) == ["stop org/A", "stop org/B"]
+
+
+@pytest.mark.parametrize("kind", ["vllm", "ray-serve"])
+def test_a_start_interrupted_by_its_run_leaves_nothing_serving(kind, monkeypatch, tmp_path):
+    """A run cancelled while its server starts (in a thread it cannot stop): a vLLM server's
+    process is stopped at once; a Serve app that comes up after the run has ended is stopped
+    by the start's own thread."""
+    import asyncio
+    import threading
+
+    from pipelines import evaluator
+    from serving import ray_serve
+
+    release, events = threading.Event(), []
+
+    class Server:
+        def __init__(self, spec, *args, **kwargs) -> None:
+            self.process = "running"
+
+        def launch(self) -> None:
+            events.append("launched")
+
+        def wait_ready(self, timeout: float = 900.0) -> None:
+            while self.process and not release.wait(0.05):
+                pass
+            if not self.process:
+                raise RuntimeError("stopped while starting")
+
+        def start(self, timeout: float = 900.0):
+            self.wait_ready(timeout)
+            return self
+
+        def stop(self) -> None:
+            self.process = None
+            events.append("stopped")
+
+    monkeypatch.setattr(evaluator, "VLLMServer", Server)
+    monkeypatch.setattr(ray_serve, "RayReplicas", Server)
+    monkeypatch.setattr(evaluator, "model_source", lambda preset: None)
+    cfg = EvaluatorConfig(model="org/A", replicas=2 if kind == "ray-serve" else 1)
+    servers = evaluator.Servers([cfg])
+
+    async def interrupted() -> None:
+        async def run() -> None:
+            async with servers.use(cfg, tmp_path):
+                events.append("used")
+
+        task = asyncio.ensure_future(run())
+        await asyncio.sleep(0.3)
+        task.cancel()  # the run is interrupted while its server is starting
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+    threading.Timer(1.0, release.set).start()  # a start that would come up after the run
+    asyncio.run(interrupted())  # ends when the start's thread has
+    assert "used" not in events and events.count("stopped") == 1 and not servers.running
+    if kind == "vllm":
+        assert events == ["launched", "stopped"]
+
+
+@contextlib.asynccontextmanager
+async def open_client(cfg, run_dir, servers):
+    """A client's place in the pool without a client: the served address is enough here."""
+    async with servers.use(cfg, run_dir) as served:
+        yield type("Opened", (), {"base_url": served.base_url})()
