@@ -1,4 +1,5 @@
-"""Intervals and paired tests shared by the frameworks' tables and ``compare`` (scipy)."""
+"""Intervals and paired tests shared by the frameworks' tables and ``compare`` (scipy, imported
+when first used: every command imports this module, few compute an interval)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from scipy import stats
 
 
 @dataclass
@@ -27,6 +27,8 @@ def bca_interval(values: Sequence[float], resamples: int = 10_000, seed: int = 0
         raise ValueError("no values to bootstrap")
     if np.all(data == data[0]):  # BCa is undefined without variance
         return Interval(float(data[0]), float(data[0]), "degenerate (all values equal)")
+    from scipy import stats
+
     result = stats.bootstrap(
         (data,),
         np.mean,
@@ -83,6 +85,8 @@ def paired_test(
     d[np.abs(d) <= tie] = 0.0
     wins, losses = int((d > 0).sum()), int((d < 0).sum())
     untied = wins + losses
+    from scipy import stats
+
     sign_p = float(stats.binomtest(wins, untied, 0.5).pvalue) if untied else None
     wilcoxon_p = float(stats.wilcoxon(d[d != 0]).pvalue) if untied else None
     return PairedTest(

@@ -24,6 +24,19 @@ def questions(tmp_path):
     return path
 
 
+def test_the_cli_imports_no_statistics_or_model_library_until_a_command_needs_one():
+    """Every CLI process (and every test that spawns one) pays for what `pipelines.cli` imports:
+    scipy.stats, torch and transformers load only where a command uses them."""
+    import subprocess
+    import sys
+
+    probe = "import sys, pipelines.cli; print(sorted(m for m in sys.modules if m in {}))"
+    heavy = {"scipy.stats", "torch", "transformers", "sentence_transformers", "ray", "vllm"}
+    command = [sys.executable, "-c", probe.format(sorted(heavy))]
+    done = subprocess.run(command, capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "[]", done.stdout
+
+
 def test_every_command_has_help():
     commands = [
         [],

@@ -31,7 +31,7 @@ async def test_client_survives_server_killed_and_restarted_mid_batch(
         server.base_url,
         server.served_name,
         concurrency=4,
-        max_retries=10,
+        max_retries=30,  # ~3.5 min of backoff: a restart on a busy machine (-n 2) takes ~1 min
         backoff=0.5,
         max_backoff=8.0,
         default_params={"temperature": 0.0, "max_tokens": 48},

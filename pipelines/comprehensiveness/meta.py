@@ -19,7 +19,6 @@ from typing import Any
 import numpy as np
 from rich.console import Console
 from rich.table import Table
-from scipy import stats
 
 from pipelines.comprehensiveness.common import Item
 from pipelines.comprehensiveness.rules import Rules, rules_for
@@ -369,6 +368,8 @@ def combined_lmr(
     value = float((x.mean() + y.mean()) / 2)
     if np.all(x == x[0]) and np.all(y == y[0]):
         return {"lmr": value, "ci95": Interval(value, value, "degenerate").as_dict()}
+    from scipy import stats  # here: the CLI imports this module, few runs compute an interval
+
     result = stats.bootstrap(
         (x, y), lambda a, b, axis=-1: (a.mean(axis=axis) + b.mean(axis=axis)) / 2,
         paired=False, vectorized=True, confidence_level=0.95, n_resamples=resamples,

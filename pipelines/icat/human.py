@@ -17,14 +17,14 @@ import numpy as np
 import typer
 from rich.console import Console
 from rich.table import Table
-from scipy import stats
 
 from pipelines.config import UserError, iter_jsonl
 from pipelines.icat.framework import NAMES
 from pipelines.options import clean_errors
 from pipelines.runstore import atomic_write_json
 
-MEASURES = {"pearson": stats.pearsonr, "spearman": stats.spearmanr, "kendall": stats.kendalltau}
+# scipy.stats functions by name (scipy imported when first used: the CLI imports this module)
+MEASURES = {"pearson": "pearsonr", "spearman": "spearmanr", "kendall": "kendalltau"}
 OUTPUT = "icat-human.json"
 
 
@@ -51,10 +51,13 @@ def correlate(x: list[float], y: list[float], resamples: int, seed: int = 0) -> 
     data cannot give one (fewer than 3 pairs, or a constant side)."""
     out: dict[str, Any] = {"n": len(x)}
     constant = len(set(x)) < 2 or len(set(y)) < 2
-    for name, function in MEASURES.items():
+    from scipy import stats
+
+    for name, scipy_name in MEASURES.items():
         if len(x) < 3 or constant:
             out[name] = None
             continue
+        function = getattr(stats, scipy_name)
         result = function(x, y)
         entry: dict[str, Any] = {"r": float(result.statistic), "p": float(result.pvalue)}
         try:  # a resample can be constant: its NaN and the warnings about it are expected
