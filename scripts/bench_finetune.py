@@ -83,10 +83,10 @@ def bench_training(tmp: Path, steps: int) -> None:
 
 
 def bench_teacher(tmp: Path, n_topics: int) -> None:
-    from pipelines.config import EvaluatorConfig, RunConfig
     from pipelines.finetune.teacher import TEACHER_DATA, TeacherOptions
-    from pipelines.protocol import RunRequest
-    from pipelines.runner import execute
+    from pipelines.runtime.config import EvaluatorConfig, RunConfig
+    from pipelines.runtime.protocol import RunRequest
+    from pipelines.runtime.runner import execute
 
     topics = tmp / "topics.txt"
     topics.write_text(

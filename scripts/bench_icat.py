@@ -95,10 +95,10 @@ def bench_retrieval(index, responses: list[list[str]], k: int) -> None:
 
 
 def bench_full(tmp: Path, index_dir: Path, model_path: str, n: int) -> None:
-    from pipelines.config import EvaluatorConfig, RunConfig
     from pipelines.icat import ICAT, IcatOptions
-    from pipelines.protocol import RunRequest
-    from pipelines.runner import execute
+    from pipelines.runtime.config import EvaluatorConfig, RunConfig
+    from pipelines.runtime.protocol import RunRequest
+    from pipelines.runtime.runner import execute
 
     topics = [json.loads(line) for line in TOPICS.read_text().splitlines()][:n]
     responses = tmp / "responses.jsonl"

@@ -28,10 +28,10 @@ FILLER = ("The tower was finished in 1889 for the fair and stands about three hu
 
 def one_run(size: int, tmp: Path) -> None:
     """In a fresh process: write the items, run them, print the peak RSS in KB."""
-    from pipelines.config import EvaluatorConfig, RunConfig
     from pipelines.generate import GENERATE, GenerateOptions
-    from pipelines.protocol import RunRequest
-    from pipelines.runner import execute, fixed_client
+    from pipelines.runtime.config import EvaluatorConfig, RunConfig
+    from pipelines.runtime.protocol import RunRequest
+    from pipelines.runtime.runner import execute, fixed_client
     from tests.support.scripted import ScriptedClient
 
     items = tmp / "items.jsonl"

@@ -57,9 +57,14 @@ def write_items(path: Path, items: int, framework: str) -> None:
 def one_run(args) -> None:
     """In a fresh process whose sys.path starts at the revision's tree: run, print JSON."""
     sys.path.insert(0, str(args.tree))
-    from pipelines.config import EvaluatorConfig, RunConfig
-    from pipelines.protocol import RunRequest
-    from pipelines.runner import execute, fixed_client
+    try:
+        from pipelines.runtime.config import EvaluatorConfig, RunConfig
+        from pipelines.runtime.protocol import RunRequest
+        from pipelines.runtime.runner import execute, fixed_client
+    except ImportError:  # a revision before the runtime had its own package
+        from pipelines.config import EvaluatorConfig, RunConfig  # type: ignore[no-redef]
+        from pipelines.protocol import RunRequest  # type: ignore[no-redef]
+        from pipelines.runner import execute, fixed_client  # type: ignore[no-redef]
 
     path = args.tmp / "items.jsonl"
     write_items(path, args.one, args.framework)

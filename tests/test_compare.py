@@ -11,11 +11,11 @@ from scipy import stats
 from typer.testing import CliRunner
 
 from pipelines.cli import app
-from pipelines.compare import compare_runs
-from pipelines.config import UserError
-from pipelines.results import ItemResult, StageFailure
-from pipelines.runstore import RunStore
-from pipelines.stats import paired_test
+from pipelines.reports.compare import compare_runs
+from pipelines.runtime.config import UserError
+from pipelines.runtime.results import ItemResult, StageFailure
+from pipelines.runtime.runstore import RunStore
+from pipelines.runtime.stats import paired_test
 
 # A: i5 unparseable, i6 only here. B: i7 only here. Both scored: i1 i2 i3 i4 i8.
 A = {"i1": 1.0, "i2": 0.5, "i3": 0.0, "i4": 0.75, "i5": None, "i6": 0.2, "i8": 0.3}

@@ -6,9 +6,15 @@ import pytest
 from typer.testing import CliRunner
 
 from pipelines.cli import app
-from pipelines.config import EvaluatorConfig, UserError, items_digest, load_config, read_jsonl
 from pipelines.generate import GenerateItem
-from pipelines.lines import FileChanged
+from pipelines.runtime.config import (
+    EvaluatorConfig,
+    UserError,
+    items_digest,
+    load_config,
+    read_jsonl,
+)
+from pipelines.runtime.lines import FileChanged
 
 runner = CliRunner()
 
@@ -165,7 +171,7 @@ def test_models_lists_presets():
                 ["eval", "fanoutqa"], ["meta-eval", "wikicontradict"], ["eli5"]],
 )  # fmt: skip
 def test_shared_options_appear_once_in_one_group(command):
-    from pipelines.options import SHARED_OPTIONS
+    from pipelines.cli.options import SHARED_OPTIONS
 
     output = run([*command, "--help"]).output
     panel = output.index("Evaluator and run")

@@ -20,7 +20,7 @@ import pytest
 from typer.testing import CliRunner
 
 from pipelines.cli import app
-from pipelines.results import ItemResult, StageFailure, not_scored
+from pipelines.runtime.results import ItemResult, StageFailure, not_scored
 
 ROOT = Path(__file__).resolve().parents[1]
 FRAMEWORK_PACKAGES = [p for p in (ROOT / "pipelines").iterdir()
@@ -42,9 +42,9 @@ def crux_record(i: int, status: str = "ok") -> ItemResult:
 
 def test_tables_parse_each_record_once(tmp_path, monkeypatch):
     """CRUX's aggregate makes many passes over the records; each record is read once."""
-    import pipelines.runstore as runstore
+    import pipelines.runtime.runstore as runstore
     from pipelines.crux.framework import CruxOptions
-    from pipelines.report import load_outcome
+    from pipelines.reports.report import load_outcome
 
     store = runstore.RunStore(tmp_path)
     options = CruxOptions(input=tmp_path / "run.trec", topics=tmp_path / "t.jsonl",
@@ -81,8 +81,8 @@ def test_no_framework_touches_the_client_or_the_meter():
 
 
 async def test_attempt_returns_what_ask_raises_and_account_counts():
-    from pipelines.protocol import ItemContext
-    from pipelines.results import StageFailed
+    from pipelines.runtime.protocol import ItemContext
+    from pipelines.runtime.results import StageFailed
     from serving.templates import REASK
     from tests.support.scripted import ScriptedClient
 
@@ -194,8 +194,8 @@ def test_readme_protocol_table_names_every_rule():
 
 
 def test_every_framework_declares_max_reasks():
-    from pipelines.protocol import Framework, FrameworkOptions
-    from pipelines.registry import studies
+    from pipelines.runtime.protocol import Framework, FrameworkOptions
+    from pipelines.runtime.registry import studies
 
     frameworks = [s for s in studies().values() if isinstance(s, Framework)]
     assert len(frameworks) >= 9
@@ -206,9 +206,9 @@ def test_every_framework_declares_max_reasks():
 
 def test_max_reasks_from_yaml_reaches_the_stage(tmp_path):
     """GaRAGe had no max_reasks: the YAML key was refused; now it bounds the re-asks."""
+    from pipelines.cli.options import Shared, load_request
     from pipelines.garage.framework import GARAGE
-    from pipelines.options import Shared, load_request
-    from pipelines.runner import execute, fixed_client
+    from pipelines.runtime.runner import execute, fixed_client
     from tests.support.scripted import ScriptedClient
 
     config = tmp_path / "c.yaml"
@@ -256,7 +256,7 @@ def test_deeply_nested_inputs_are_one_line(tmp_path):
 
 def test_view_off_loopback_needs_a_key(tmp_path):
     run_dir = tmp_path / "run"
-    from pipelines.runstore import RunStore
+    from pipelines.runtime.runstore import RunStore
 
     store = RunStore(run_dir)
     store.open(framework="generate", task="generate", config={}, options={"input": "x"},

@@ -151,8 +151,8 @@ def test_eval_crux_by_hand(tmp_path, rate):
 
 
 def test_crux_inputs_fail_in_one_line(tmp_path):
-    from pipelines.config import UserError
     from pipelines.crux import data
+    from pipelines.runtime.config import UserError
 
     paths = write_crux(tmp_path, run_lines="t1 Q0 p4 1 9.0 sys\nt9 Q0 p2 2 9.0 sys\n")
     topics = data.load_topics(paths["topics"])

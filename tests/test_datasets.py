@@ -11,7 +11,6 @@ from typer.testing import CliRunner
 
 from pipelines.cli import app
 from pipelines.comprehensiveness.framework import COMPREHENSIVENESS
-from pipelines.config import UserError
 from pipelines.datasets import CATALOG, get, provenance
 from pipelines.datasets.convert import (
     check_corpus,
@@ -19,6 +18,7 @@ from pipelines.datasets.convert import (
     wikicontradict_humaneval,
 )
 from pipelines.datasets.fetch import read_lock
+from pipelines.runtime.config import UserError
 from tests.conftest import SHARED
 from tests.support.fake_hub import FakeHub
 from tests.support.scripted import ScriptedClient
@@ -199,7 +199,7 @@ def test_fanoutqa_dev_comes_from_the_package_with_no_download(home, monkeypatch)
 
 def test_a_command_takes_a_name_for_its_data_and_the_manifest_records_it(home, hub, tmp_path):
     """meta-eval wikicontradict --data NAME: resolved through the cache, recorded by revision."""
-    from pipelines.options import Shared, load_request
+    from pipelines.cli.options import Shared, load_request
 
     commit = hub.repo(WC_REPO).commit({WC_FILE: adjudication("When was X built?")})
     request = load_request(COMPREHENSIVENESS, {"dataset": "wikicontradict", "limit": 1}, Shared())

@@ -13,11 +13,11 @@ from typer.testing import CliRunner
 from pipelines.cli import app
 from pipelines.comprehensiveness import ComprehensivenessOptions
 from pipelines.comprehensiveness.framework import COMPREHENSIVENESS
-from pipelines.config import EvaluatorConfig, RunConfig
-from pipelines.estimate import predict_total
-from pipelines.protocol import RunRequest
-from pipelines.runner import execute, fixed_client
-from pipelines.runstore import RESULTS, results_by_id
+from pipelines.runtime.config import EvaluatorConfig, RunConfig
+from pipelines.runtime.estimate import predict_total
+from pipelines.runtime.protocol import RunRequest
+from pipelines.runtime.runner import execute, fixed_client
+from pipelines.runtime.runstore import RESULTS, results_by_id
 from tests.support.scripted import ScriptedClient, field_of
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
@@ -221,7 +221,7 @@ def test_dry_run_says_when_the_run_directory_holds_another_run(tmp_path):
 
 
 def test_dry_run_replays_the_response_cache(tmp_path):
-    from pipelines.evaluator import client_options
+    from pipelines.runtime.evaluator import client_options
     from serving.cache import ResponseCache
 
     cache_path = tmp_path / "responses.sqlite"

@@ -160,8 +160,8 @@ def test_eval_fanoutqa_end_to_end(vllm_server, tmp_path):
 
 
 def test_fanoutqa_input_errors(tmp_path):
-    from pipelines.config import UserError
     from pipelines.fanoutqa.framework import check_articles, load_questions
+    from pipelines.runtime.config import UserError
 
     bad = tmp_path / "q.json"
     bad.write_text('{"not": "a list"}')
@@ -195,7 +195,7 @@ def test_open_book_tools_search_and_read(tmp_path):
 
 def test_table_row_counts_unanswered_and_reports_bleurt_absent():
     from pipelines.fanoutqa.framework import table_row
-    from pipelines.results import ItemResult
+    from pipelines.runtime.results import ItemResult
 
     def result(status, gold, generation):
         metrics = string_metrics(gold, generation)

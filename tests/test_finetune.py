@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from pipelines.config import UserError
 from pipelines.finetune.examples import TEMPLATE, chat_example
 from pipelines.finetune.teacher import TEACHER_DATA, TeacherOptions
 from pipelines.finetune.train import TrainOptions, read_examples, train
+from pipelines.runtime.config import UserError
 from serving.adapters import AdapterError, register, registered
 from serving.registry import lora_adapter
 from tests.conftest import require_engine
@@ -126,7 +126,7 @@ def test_register_and_refusals(tmp_path, tiny_model):
 
 
 def test_serve_finds_a_registered_adapter_by_name(tmp_path, tiny_model):
-    from pipelines.options import parse_loras
+    from pipelines.cli.options import parse_loras
 
     register("by-name", fake_adapter(tmp_path / "n", str(tiny_model)), replace=True)
     assert parse_loras(["by-name"]) == {"by-name": str(registered("by-name"))}

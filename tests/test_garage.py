@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from pipelines.config import UserError
 from pipelines.garage.data import citations, load_records, quality_band
 from pipelines.garage.framework import attribution, breakdowns, sentences, summarise
-from pipelines.results import ItemResult, StageFailure
+from pipelines.runtime.config import UserError
+from pipelines.runtime.results import ItemResult, StageFailure
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples" / "garage.jsonl"
 # the examples are published-shape rows: their ids are the sample_id UUIDs

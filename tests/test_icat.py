@@ -9,7 +9,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pipelines.config import EvaluatorConfig, RunConfig, UserError
 from pipelines.icat import IcatOptions
 from pipelines.icat.data import load_queries
 from pipelines.icat.framework import Icat, parse_aspects, parse_claims
@@ -20,9 +19,10 @@ from pipelines.icat.scoring import (
     macro_average,
     parse_alignment,
 )
-from pipelines.protocol import RunRequest
-from pipelines.roles import RoleSpec
-from pipelines.runner import execute, fixed_client
+from pipelines.runtime.config import EvaluatorConfig, RunConfig, UserError
+from pipelines.runtime.protocol import RunRequest
+from pipelines.runtime.roles import RoleSpec
+from pipelines.runtime.runner import execute, fixed_client
 from serving.parsing import ParseError
 from tests.conftest import SHARED
 from tests.support.scripted import ScriptedClient, by_text, field_of
@@ -324,8 +324,8 @@ def test_icat_m_grounds_claims_in_a_bm25_index(tmp_path, bm25_index):
 
 
 def _request(options):
-    from pipelines.config import EvaluatorConfig, RunConfig
-    from pipelines.protocol import RunRequest
+    from pipelines.runtime.config import EvaluatorConfig, RunConfig
+    from pipelines.runtime.protocol import RunRequest
 
     return RunRequest(EvaluatorConfig(), RunConfig(), options)
 

@@ -243,9 +243,9 @@ def test_there_are_at_least_fifty_cases_over_every_format():
 
 def test_a_bom_and_crlf_line_ends_are_read_like_the_clean_file(tmp_path):
     from index_build.corpus import read_corpus
-    from pipelines.config import EvaluatorConfig, iter_jsonl, load_config
     from pipelines.crux.data import load_run, load_topics
     from pipelines.fanoutqa.framework import load_questions
+    from pipelines.runtime.config import EvaluatorConfig, iter_jsonl, load_config
 
     def variant(name: str) -> Path:
         path = tmp_path / f"bom-crlf-{name}"

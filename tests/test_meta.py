@@ -19,8 +19,8 @@ from pipelines.comprehensiveness.meta import (
     wikicontradict_items,
 )
 from pipelines.comprehensiveness.rules import rules_for
-from pipelines.config import UserError
-from pipelines.results import ItemResult, StageFailure
+from pipelines.runtime.config import UserError
+from pipelines.runtime.results import ItemResult, StageFailure
 from tests.conftest import SHARED
 
 WC = SHARED / "data" / "wikicontradict" / "humaneval-dev.jsonl"

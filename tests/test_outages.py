@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from pipelines.generate import GENERATE, GenerateOptions
-from pipelines.runstore import RunStoreError
+from pipelines.runtime.runstore import RunStoreError
 from tests.conftest import require_engine, tiny_server
 from tests.support.scripted import ScriptedClient
 from tests.test_runtime import run

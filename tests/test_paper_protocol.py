@@ -18,8 +18,8 @@ from pipelines.comprehensiveness.parsers import parse_answers
 from pipelines.comprehensiveness.qa_method import relation_by_probability
 from pipelines.comprehensiveness.rules import rules_for
 from pipelines.comprehensiveness.units import compare_quantities
-from pipelines.protocol import ItemContext
-from pipelines.results import ItemResult, StageFailure
+from pipelines.runtime.protocol import ItemContext
+from pipelines.runtime.results import ItemResult, StageFailure
 from serving.parsing import ParseError
 from tests.support.scripted import (
     Reply,

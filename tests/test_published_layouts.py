@@ -13,9 +13,9 @@ import pytest
 from typer.testing import CliRunner
 
 from pipelines.cli import app
-from pipelines.config import UserError
 from pipelines.datasets import CATALOG, get
 from pipelines.datasets.fetch import read_lock
+from pipelines.runtime.config import UserError
 from tests.support.fake_hub import FakeHub
 
 PUBLISHED = Path(__file__).parent / "fixtures" / "published"

@@ -10,14 +10,14 @@ import pytest
 from typer.testing import CliRunner
 
 from pipelines.cli import app
-from pipelines.compare import compare_runs
 from pipelines.comprehensiveness import ComprehensivenessOptions
 from pipelines.comprehensiveness.framework import COMPREHENSIVENESS
-from pipelines.config import EvaluatorConfig, RunConfig, UserError
-from pipelines.evaluator import sampling_defaults
-from pipelines.protocol import RunPlan, RunRequest
-from pipelines.repeats import repeat_plans
-from pipelines.runner import execute, fixed_client
+from pipelines.reports.compare import compare_runs
+from pipelines.runtime.config import EvaluatorConfig, RunConfig, UserError
+from pipelines.runtime.evaluator import sampling_defaults
+from pipelines.runtime.protocol import RunPlan, RunRequest
+from pipelines.runtime.repeats import repeat_plans
+from pipelines.runtime.runner import execute, fixed_client
 from tests.support.scripted import Sampled, ScriptedClient, field_of
 
 HALF = "x\n[Covered statements]\n- In Paris [1]\n[Uncovered statements]\n- In Lyon [2]\n"

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from pipelines.report_html import write_html
+from pipelines.reports.report_html import write_html
 from tests.test_report_html import make_run
 
 BROWSER = shutil.which("chromium") or shutil.which("chromium-browser")

@@ -13,8 +13,8 @@ from typer.testing import CliRunner
 from pipelines.cli import app
 from pipelines.comprehensiveness import ComprehensivenessOptions
 from pipelines.comprehensiveness.framework import COMPREHENSIVENESS
-from pipelines.report_html import export_scores, render
-from pipelines.runstore import RunStoreError
+from pipelines.reports.report_html import export_scores, render
+from pipelines.runtime.runstore import RunStoreError
 from serving.client import EndpointError
 from tests.support.scripted import Reply, ScriptedClient, field_of
 from tests.test_runtime import run
@@ -151,7 +151,7 @@ def test_garage_fanoutqa_and_crux_runs_draw_their_figures(tmp_path):
 
 
 def test_score_axis_is_the_scores_range():
-    from pipelines.report_html import score_range
+    from pipelines.reports.report_html import score_range
 
     assert score_range([1.0, 1.0, 1.0]) == (0.0, 1.0)  # not 0.5-1.5 around the one value
     assert score_range([0.25]) == (0.0, 1.0)

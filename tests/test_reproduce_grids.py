@@ -91,8 +91,8 @@ def test_garage_grid_in_percent_beside_the_papers_tables(tmp_path):
 
 
 def test_icat_table3_rows_per_source_and_system(tmp_path):
-    from pipelines.grid import published_row
     from pipelines.icat.reproduce import COLUMNS, PAPER_TABLE3, ReproduceIcat, ReproduceIcatOptions
+    from pipelines.runtime.grid import published_row
     from tests.test_icat import P_ENTAIL, SCRIPTS, StandInIcat, write_inputs
 
     paths = write_inputs(tmp_path)

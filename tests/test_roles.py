@@ -12,13 +12,13 @@ import pytest
 from typer.testing import CliRunner
 
 from pipelines.cli import app
-from pipelines.config import EvaluatorConfig, RunConfig, UserError
 from pipelines.crux.framework import CRUX, CruxOptions
 from pipelines.fanoutqa.framework import FANOUTQA, FanoutOptions
 from pipelines.garage.framework import GARAGE, GarageOptions
-from pipelines.protocol import RunRequest
-from pipelines.roles import RoleSpec, parse_role_options, parse_spec, role_evaluator
-from pipelines.runner import execute, fixed_client
+from pipelines.runtime.config import EvaluatorConfig, RunConfig, UserError
+from pipelines.runtime.protocol import RunRequest
+from pipelines.runtime.roles import RoleSpec, parse_role_options, parse_spec, role_evaluator
+from pipelines.runtime.runner import execute, fixed_client
 from tests.support.scripted import ScriptedClient, by_text
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
@@ -180,7 +180,7 @@ def test_a_judge_that_is_the_answering_model_is_said_so(tmp_path):
     assert "self-judging: the judge role is the answer model answerer" in " ".join(
         result.output.split()
     )
-    from pipelines.report_html import render
+    from pipelines.reports.report_html import render
 
     page = render([outcome.dir])
     assert "self-judging" in page and "answerer" in page
@@ -385,7 +385,7 @@ def test_lingering_servers_start_each_base_once_and_hold_one_base_at_a_time(monk
     run on another base stops the idle one first; close stops the rest."""
     import asyncio
 
-    from pipelines import evaluator
+    from pipelines.runtime import evaluator
 
     events: list[str] = []
 
@@ -446,8 +446,8 @@ def test_servers_of_two_bases_start_side_by_side(monkeypatch, tmp_path):
     import asyncio
     import threading
 
-    from pipelines import evaluator
-    from pipelines.runner import Evaluators, _open_roles, evaluator_key
+    from pipelines.runtime import evaluator
+    from pipelines.runtime.runner import Evaluators, _open_roles, evaluator_key
 
     both_starting = threading.Barrier(2, timeout=20)
     events: list[str] = []
@@ -493,7 +493,7 @@ def test_a_start_interrupted_by_its_run_leaves_nothing_serving(kind, monkeypatch
     import asyncio
     import threading
 
-    from pipelines import evaluator
+    from pipelines.runtime import evaluator
     from serving import ray_serve
 
     release, events = threading.Event(), []

@@ -2,8 +2,8 @@ import json
 
 import pytest
 
-from pipelines.results import ItemResult, StageFailure
-from pipelines.runstore import (
+from pipelines.runtime.results import ItemResult, StageFailure
+from pipelines.runtime.runstore import (
     FORMAT_VERSION,
     RunStore,
     RunStoreError,

@@ -14,11 +14,11 @@ from pipelines.cli import app
 from pipelines.comprehensiveness import ComprehensivenessOptions
 from pipelines.comprehensiveness.framework import COMPREHENSIVENESS
 from pipelines.comprehensiveness.reproduce import REPRODUCE, ReproduceOptions
-from pipelines.config import EvaluatorConfig, RunConfig
 from pipelines.fanoutqa.framework import FANOUTQA, FanoutOptions
 from pipelines.garage.framework import GARAGE, GarageOptions
-from pipelines.protocol import RunRequest
-from pipelines.runner import execute, fixed_client
+from pipelines.runtime.config import EvaluatorConfig, RunConfig
+from pipelines.runtime.protocol import RunRequest
+from pipelines.runtime.runner import execute, fixed_client
 from serving.client import EndpointError
 from tests.support.scripted import Reply, ScriptedClient, by_text, field_of
 
@@ -331,7 +331,7 @@ def test_items_file_changed_mid_run_stops_it_and_restoring_it_resumes(tmp_path):
     """Items are parsed again when a worker takes them: a file edited under a running run stops
     it (what finished stays recorded) instead of answering other questions under the old id."""
     from pipelines.generate import GENERATE, GenerateOptions
-    from pipelines.lines import FileChanged
+    from pipelines.runtime.lines import FileChanged
 
     items = tmp_path / "items.jsonl"
     original = "".join(json.dumps({"id": f"q{k}", "question": f"Q{k}?"}) + "\n" for k in range(4))
@@ -356,7 +356,7 @@ def test_items_file_changed_mid_run_stops_it_and_restoring_it_resumes(tmp_path):
 def test_auto_concurrency_reaches_the_client_and_the_summary_reports_the_limit(tmp_path):
     """--concurrency auto gives the run's client an adaptive limit up to concurrency_max; the
     summary reports each role's limit (here a scripted client's fixed one)."""
-    from pipelines.evaluator import open_evaluator
+    from pipelines.runtime.evaluator import open_evaluator
 
     auto = EvaluatorConfig(
         model="judge", endpoint="http://127.0.0.1:9/v1", concurrency="auto", concurrency_max=64

@@ -10,9 +10,9 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from pipelines.comprehensiveness.formats import Formats
 from pipelines.comprehensiveness.rules import Protocol, Rules, rules_for
-from pipelines.config import RecordId
-from pipelines.nli_placement import NliPlacement
-from pipelines.protocol import FrameworkOptions, ItemContext
+from pipelines.runtime.config import RecordId
+from pipelines.runtime.nli_placement import NliPlacement
+from pipelines.runtime.protocol import FrameworkOptions, ItemContext
 from serving.client import Parsed, marker_label_scores
 from serving.templates import load_dir
 

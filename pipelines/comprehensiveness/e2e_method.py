@@ -7,7 +7,7 @@ from typing import Any
 
 from pipelines.comprehensiveness.common import PROMPTS, Item, formats
 from pipelines.comprehensiveness.parsers import parse_coverage
-from pipelines.protocol import ItemContext
+from pipelines.runtime.protocol import ItemContext
 
 
 async def evaluate(ctx: ItemContext, item: Item, contexts: list[str]) -> dict[str, Any]:

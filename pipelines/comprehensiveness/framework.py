@@ -20,7 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from rich.console import Console
 from rich.table import Table
 
-from pipelines import nli_placement
+from pipelines.cli.options import framework_command
 from pipelines.comprehensiveness import e2e_method, meta, nli_method, qa_method
 from pipelines.comprehensiveness.common import (
     PROMPTS,
@@ -38,13 +38,20 @@ from pipelines.comprehensiveness.graph import (
     source_counts,
 )
 from pipelines.comprehensiveness.rules import Rules
-from pipelines.config import EvaluatorConfig, UserError, read_jsonl
 from pipelines.generate import GENERATE, GenerateItem, GenerateOptions
-from pipelines.nli_placement import PLACEMENT_FIELDS
-from pipelines.options import framework_command
-from pipelines.protocol import Framework, ItemContext, RunOutcome, RunPlan, RunRequest, Study
-from pipelines.results import ItemResult, not_scored
-from pipelines.roles import model_name, responder_config
+from pipelines.runtime import nli_placement
+from pipelines.runtime.config import EvaluatorConfig, UserError, read_jsonl
+from pipelines.runtime.nli_placement import PLACEMENT_FIELDS
+from pipelines.runtime.protocol import (
+    Framework,
+    ItemContext,
+    RunOutcome,
+    RunPlan,
+    RunRequest,
+    Study,
+)
+from pipelines.runtime.results import ItemResult, not_scored
+from pipelines.runtime.roles import model_name, responder_config
 from serving.client import EvalClient
 
 GRAPH_METHODS = {"nli": nli_method.evaluate, "qa": qa_method.evaluate}
@@ -195,7 +202,7 @@ async def evaluate_item(
 ) -> ItemResult:
     """One item outside a run (benchmarks, notebooks): the same solve, recorded failures too.
     Graph files are written under ``run_dir`` only when one is given."""
-    from pipelines.runner import solve_item
+    from pipelines.runtime.runner import solve_item
 
     if run_dir is None:
         options = options.model_copy(update={"export_graphs": False})

@@ -22,9 +22,9 @@ from rich.table import Table
 
 from pipelines.comprehensiveness.common import Item
 from pipelines.comprehensiveness.rules import Rules, rules_for
-from pipelines.config import UserError, iter_jsonl
-from pipelines.results import ItemResult, not_scored
-from pipelines.stats import Interval, bca_interval
+from pipelines.runtime.config import UserError, iter_jsonl
+from pipelines.runtime.results import ItemResult, not_scored
+from pipelines.runtime.stats import Interval, bca_interval
 
 LABELS = {"correct": "C", "partially correct": "PC", "incorrect": "I"}
 SINGLE_CONTEXT_RESPONSES = (1, 2)  # answer1/answer2 were generated from one context only

@@ -27,9 +27,9 @@ from pipelines.comprehensiveness.parsers import (
     parse_statements,
     parse_units,
 )
-from pipelines.nli_placement import placement_of
-from pipelines.protocol import ItemContext
-from pipelines.results import StageFailed
+from pipelines.runtime.nli_placement import placement_of
+from pipelines.runtime.protocol import ItemContext
+from pipelines.runtime.results import StageFailed
 
 Pair = tuple[str, str]  # (premise text, hypothesis text)
 CROSS_ENCODER_STAGE = "nli-cross-encoder"  # pairs a cross-encoder judged (role "nli", no LLM)
@@ -75,7 +75,8 @@ class LlmNli:
 class CrossEncoderNli:
     """A DeBERTa-style NLI cross-encoder (``retrieval.nli``). The pairs of every item in flight
     are pooled and scored together (``NliBatcher``), where ``config``'s placement says: here, on
-    a Ray Serve app, or on Ray Data actors (``pipelines.nli_placement``: the same labels)."""
+    a Ray Serve app, or on Ray Data actors (``pipelines.runtime.nli_placement``: the same
+    labels)."""
 
     name = "cross-encoder"
 

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from pipelines.protocol import ItemContext
+from pipelines.runtime.protocol import ItemContext
 
 Pair = tuple[str, str]  # (premise text, hypothesis text)
 

@@ -29,7 +29,7 @@ from pipelines.comprehensiveness.parsers import (
 )
 from pipelines.comprehensiveness.rules import Rules
 from pipelines.comprehensiveness.units import deterministic_relation, relation_of, units_tool
-from pipelines.protocol import ItemContext
+from pipelines.runtime.protocol import ItemContext
 from serving.client import marker_label_scores
 
 # Relation -> entailment edges between (first, second) answers.

@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from rich.console import Console
 from rich.table import Table
 
+from pipelines.cli.options import framework_command
 from pipelines.comprehensiveness import meta
 from pipelines.comprehensiveness.common import (
     DEFAULT_DATA,
@@ -24,10 +25,9 @@ from pipelines.comprehensiveness.common import (
     Method,
 )
 from pipelines.comprehensiveness.framework import COMPREHENSIVENESS
-from pipelines.config import EvaluatorConfig
-from pipelines.options import framework_command
-from pipelines.protocol import RunOutcome, RunPlan, RunRequest, Study
-from pipelines.roles import responder_config
+from pipelines.runtime.config import EvaluatorConfig
+from pipelines.runtime.protocol import RunOutcome, RunPlan, RunRequest, Study
+from pipelines.runtime.roles import responder_config
 
 # Published values we know exactly (SPEC §1): (model name fragment, method) -> figure values.
 PAPER_VALUES: dict[tuple[str, str], dict[str, float]] = {

@@ -22,11 +22,11 @@ import typer
 from pydantic import Field
 from rich.console import Console
 
-from pipelines.config import Strict, UserError, iter_jsonl
+from pipelines.cli.options import framework_command
 from pipelines.crux import metrics
 from pipelines.crux.framework import PROMPTS, rate
-from pipelines.options import framework_command
-from pipelines.protocol import (
+from pipelines.runtime.config import Strict, UserError, iter_jsonl
+from pipelines.runtime.protocol import (
     Framework,
     FrameworkOptions,
     ItemContext,
@@ -35,8 +35,8 @@ from pipelines.protocol import (
     RunRequest,
     Study,
 )
-from pipelines.results import ItemResult
-from pipelines.runstore import atomic_write_json
+from pipelines.runtime.results import ItemResult
+from pipelines.runtime.runstore import atomic_write_json
 from serving.parsing import ParseError, bullet_list
 
 LONG_DOC, PIECE = 1024, 512  # words

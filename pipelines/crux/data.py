@@ -13,7 +13,7 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
-from pipelines.config import UserError, iter_jsonl
+from pipelines.runtime.config import UserError, iter_jsonl
 
 
 class Topic(BaseModel):

@@ -17,11 +17,11 @@ from pydantic import Field, model_validator
 from rich.console import Console
 from rich.table import Table
 
-from pipelines.config import Strict
+from pipelines.cli.options import framework_command
 from pipelines.crux import data, metrics
-from pipelines.options import framework_command
-from pipelines.protocol import Framework, FrameworkOptions, ItemContext
-from pipelines.results import ItemResult, not_scored
+from pipelines.runtime.config import Strict
+from pipelines.runtime.protocol import Framework, FrameworkOptions, ItemContext
+from pipelines.runtime.results import ItemResult, not_scored
 from serving.templates import load_dir
 
 PROMPTS = load_dir(Path(__file__).parent / "prompts")

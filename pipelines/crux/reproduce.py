@@ -19,11 +19,11 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from rich.console import Console
 from rich.table import Table
 
-from pipelines.config import UserError
+from pipelines.cli.options import framework_command
 from pipelines.crux import data
 from pipelines.crux.framework import CRUX, CruxOptions, TopicItem
-from pipelines.options import framework_command
-from pipelines.protocol import RunOutcome, RunPlan, RunRequest, Study
+from pipelines.runtime.config import UserError
+from pipelines.runtime.protocol import RunOutcome, RunPlan, RunRequest, Study
 
 # Table 1 (Cov(Z), alpha-nDCG, Cov(y), Den(Z), Den(y)), percent, for the systems we share.
 PAPER = {

@@ -1,6 +1,6 @@
 """Datasets by name: a catalogue of the papers' data, fetched, pinned, verified and cached.
 
-``groundcover data list | info | get | path | add`` is ``pipelines.data_cli``; every command that
+``groundcover data list | info | get | path | add`` is ``pipelines.cli.data``; every command that
 reads a data file also takes a catalogue name in its place (``names.resolve_names``).
 """
 

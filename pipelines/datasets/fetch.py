@@ -26,10 +26,10 @@ from typing import Any
 
 from rich.console import Console
 
-from pipelines.config import UserError, file_sha256
 from pipelines.datasets.catalog import Dataset, lookup, parse_spec
 from pipelines.datasets.convert import offline
-from pipelines.lines import stamp
+from pipelines.runtime.config import UserError, file_sha256
+from pipelines.runtime.lines import stamp
 from serving.embedded import cache_root
 
 console = Console(stderr=True)

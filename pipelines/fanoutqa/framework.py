@@ -25,16 +25,16 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from rich.console import Console
 from rich.table import Table
 
-from pipelines.config import (
+from pipelines.cli.options import framework_command
+from pipelines.fanoutqa.metrics import ROUGE_TYPES, aggregate, answer_text, string_metrics
+from pipelines.runtime.config import (
     EvaluatorConfig,
     UserError,
     describe_validation,
     iter_jsonl,
     read_text,
 )
-from pipelines.fanoutqa.metrics import ROUGE_TYPES, aggregate, answer_text, string_metrics
-from pipelines.options import framework_command
-from pipelines.protocol import (
+from pipelines.runtime.protocol import (
     Framework,
     FrameworkOptions,
     ItemContext,
@@ -42,7 +42,7 @@ from pipelines.protocol import (
     RunPlan,
     RunRequest,
 )
-from pipelines.results import ItemResult, StageFailed, not_scored
+from pipelines.runtime.results import ItemResult, StageFailed, not_scored
 from serving.client import Tool
 from serving.parsing import ParseError
 from serving.registry import UnknownModelError, resolve

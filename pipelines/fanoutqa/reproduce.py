@@ -14,9 +14,9 @@ from typing import Annotated, Any
 import typer
 from pydantic import BaseModel, ConfigDict, Field
 
+from pipelines.cli.options import framework_command
 from pipelines.fanoutqa.framework import FANOUTQA, TABLE_COLUMNS, FanoutOptions
-from pipelines.grid import ModelGrid, Published, published_row
-from pipelines.options import framework_command
+from pipelines.runtime.grid import ModelGrid, Published, published_row
 
 # Paper Table 1 (test split): setting -> model name fragment -> the TABLE_COLUMNS values. Longer
 # fragments first: "gpt-4-turbo" must win over "gpt-4".

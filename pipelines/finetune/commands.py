@@ -9,8 +9,8 @@ import typer
 from pydantic import ValidationError
 from rich.console import Console
 
-from pipelines.config import UserError, describe_validation
-from pipelines.options import clean_errors
+from pipelines.cli.options import clean_errors
+from pipelines.runtime.config import UserError, describe_validation
 
 
 @clean_errors

@@ -16,10 +16,10 @@ from pydantic import BaseModel, Field, model_validator
 from rich.console import Console
 from rich.table import Table
 
-from pipelines.config import UserError, iter_jsonl
+from pipelines.cli.options import framework_command
 from pipelines.icat.framework import extract_claims, parse_claims
-from pipelines.options import framework_command
-from pipelines.protocol import (
+from pipelines.runtime.config import UserError, iter_jsonl
+from pipelines.runtime.protocol import (
     Framework,
     FrameworkOptions,
     ItemContext,
@@ -28,8 +28,8 @@ from pipelines.protocol import (
     RunRequest,
     Study,
 )
-from pipelines.results import ItemResult
-from pipelines.roles import RoleSpec, role_evaluator
+from pipelines.runtime.results import ItemResult
+from pipelines.runtime.roles import RoleSpec, role_evaluator
 
 
 class EvalOptions(FrameworkOptions):

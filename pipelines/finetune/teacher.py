@@ -22,12 +22,12 @@ import typer
 from pydantic import BaseModel, Field
 from rich.console import Console
 
-from pipelines.config import UserError, iter_jsonl
+from pipelines.cli.options import framework_command
 from pipelines.finetune.examples import TEMPLATE as CLAIMS_TEMPLATE
 from pipelines.finetune.examples import chat_example
 from pipelines.icat.framework import parse_claims
-from pipelines.options import framework_command
-from pipelines.protocol import (
+from pipelines.runtime.config import UserError, iter_jsonl
+from pipelines.runtime.protocol import (
     Framework,
     FrameworkOptions,
     ItemContext,
@@ -36,8 +36,8 @@ from pipelines.protocol import (
     RunRequest,
     Study,
 )
-from pipelines.results import ItemResult
-from pipelines.runstore import atomic_write_json
+from pipelines.runtime.results import ItemResult
+from pipelines.runtime.runstore import atomic_write_json
 from serving.parsing import bullet_list
 from serving.templates import load_dir
 
@@ -167,7 +167,7 @@ class TeacherData(Study):
         ]  # fmt: skip
 
     def combine(self, outcomes: dict[str, RunOutcome], options: TeacherOptions) -> dict:
-        from pipelines.runstore import MANIFEST, read_manifest
+        from pipelines.runtime.runstore import MANIFEST, read_manifest
 
         outcome = outcomes["examples"]  # in <root>/examples: the dataset goes to <root>
         teacher = read_manifest(outcome.dir / MANIFEST).get("models")

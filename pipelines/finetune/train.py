@@ -19,7 +19,7 @@ from typing import Any
 
 from pydantic import Field, model_validator
 
-from pipelines.config import Strict, UserError, iter_jsonl
+from pipelines.runtime.config import Strict, UserError, iter_jsonl
 
 TARGET_MODULES = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 

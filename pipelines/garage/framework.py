@@ -22,6 +22,7 @@ from pydantic import Field
 from rich.console import Console
 from rich.table import Table
 
+from pipelines.cli.options import framework_command
 from pipelines.garage.data import (
     DIMENSIONS,
     Record,
@@ -31,9 +32,8 @@ from pipelines.garage.data import (
     load_records,
     quality_band,
 )
-from pipelines.options import framework_command
-from pipelines.protocol import Framework, FrameworkOptions, ItemContext
-from pipelines.results import ItemResult, not_scored
+from pipelines.runtime.protocol import Framework, FrameworkOptions, ItemContext
+from pipelines.runtime.results import ItemResult, not_scored
 from serving.templates import load_dir
 
 PROMPTS = load_dir(Path(__file__).parent / "prompts")

@@ -10,9 +10,9 @@ from typing import Annotated, Any
 import typer
 from pydantic import BaseModel, ConfigDict, Field
 
+from pipelines.cli.options import framework_command
 from pipelines.garage.framework import GARAGE, GarageOptions
-from pipelines.grid import ModelGrid, Published, published_row
-from pipelines.options import framework_command
+from pipelines.runtime.grid import ModelGrid, Published, published_row
 
 COLUMNS = ("eligibility", "unadjusted_factuality", "factuality", "uRAF", "RAF",
            "true_positive", "false_positive", "precision", "recall", "f1")  # fmt: skip

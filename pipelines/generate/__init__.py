@@ -13,10 +13,10 @@ from typing import Annotated, Any, Literal
 import typer
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field
 
-from pipelines.config import RecordId, read_jsonl
-from pipelines.options import framework_command
-from pipelines.protocol import Framework, FrameworkOptions, ItemContext
-from pipelines.results import ItemResult
+from pipelines.cli.options import framework_command
+from pipelines.runtime.config import RecordId, read_jsonl
+from pipelines.runtime.protocol import Framework, FrameworkOptions, ItemContext
+from pipelines.runtime.results import ItemResult
 from serving.templates import load_dir
 
 PROMPTS = load_dir(Path(__file__).parent / "prompts")

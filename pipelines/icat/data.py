@@ -18,7 +18,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from pipelines.config import UserError, iter_jsonl
+from pipelines.runtime.config import UserError, iter_jsonl
 
 
 class Subtopic(BaseModel):

@@ -20,14 +20,14 @@ from pydantic import Field, model_validator
 from rich.console import Console
 from rich.table import Table
 
-from pipelines import nli_placement
-from pipelines.config import UserError
+from pipelines.cli.options import framework_command
 from pipelines.icat import data, scoring
 from pipelines.icat.grounding import ClaimGrounding, EntailmentModel, Grounder, NliBatcher
-from pipelines.nli_placement import PLACEMENT_FIELDS, NliPlacement, placement_of
-from pipelines.options import framework_command
-from pipelines.protocol import Framework, FrameworkOptions, ItemContext
-from pipelines.results import ItemResult, not_scored
+from pipelines.runtime import nli_placement
+from pipelines.runtime.config import UserError
+from pipelines.runtime.nli_placement import PLACEMENT_FIELDS, NliPlacement, placement_of
+from pipelines.runtime.protocol import Framework, FrameworkOptions, ItemContext
+from pipelines.runtime.results import ItemResult, not_scored
 from serving.parsing import ParseError
 from serving.templates import load_dir
 

@@ -18,10 +18,10 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from pipelines.config import UserError, iter_jsonl
+from pipelines.cli.options import clean_errors
 from pipelines.icat.framework import NAMES
-from pipelines.options import clean_errors
-from pipelines.runstore import atomic_write_json
+from pipelines.runtime.config import UserError, iter_jsonl
+from pipelines.runtime.runstore import atomic_write_json
 
 # scipy.stats functions by name (scipy imported when first used: the CLI imports this module)
 MEASURES = {"pearson": "pearsonr", "spearman": "spearmanr", "kendall": "kendalltau"}
@@ -137,7 +137,7 @@ def meta_eval_icat(
     """Correlation of ICAT coverage (and ICAT_β) with human coverage, per variant: Pearson,
     Spearman, Kendall with p-values and paired BCa intervals (paper Table 2); writes
     icat-human.json into the run directory."""
-    from pipelines.runstore import MANIFEST, RESULTS, read_manifest, results_by_id
+    from pipelines.runtime.runstore import MANIFEST, RESULTS, read_manifest, results_by_id
 
     manifest = read_manifest(run_dir / MANIFEST)
     if manifest.get("framework") != "icat":

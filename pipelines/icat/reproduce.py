@@ -17,10 +17,10 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from rich.console import Console
 from rich.table import Table
 
-from pipelines.grid import Published, cell_text, published_row
+from pipelines.cli.options import framework_command
 from pipelines.icat.framework import ICAT, IcatOptions
-from pipelines.options import framework_command
-from pipelines.protocol import RunOutcome, RunPlan, RunRequest, Study
+from pipelines.runtime.grid import Published, cell_text, published_row
+from pipelines.runtime.protocol import RunOutcome, RunPlan, RunRequest, Study
 
 COLUMNS = ("S_fact", "ICAT-M S_cov", "ICAT-M_1", "ICAT-S S_cov", "ICAT-S_1", "ICAT-A S_cov",
            "ICAT-A_1")  # fmt: skip

@@ -5,7 +5,7 @@ cluster-gone test, which kills the cluster under it, and the Ray job test, which
     python -m tests.support.ray_gone ITEMS RUN_DIR NLI_MODEL ADDRESS|local [PLACEMENT]
 
 PLACEMENT: ``bulk`` (one Ray Data actor, the default) or a JSON object of NLI placement options
-(``pipelines.nli_placement``), e.g. ``{"nli_replicas": 2, "nli_wait": 10}``.
+(``pipelines.runtime.nli_placement``), e.g. ``{"nli_replicas": 2, "nli_wait": 10}``.
 """
 
 from __future__ import annotations
@@ -22,12 +22,12 @@ def placement(spec: str) -> dict:
 
 
 def main(items: str, run_dir: str, nli_model: str, address: str, where: str = "bulk") -> None:
+    from pipelines.cli.options import clean_errors
     from pipelines.comprehensiveness import ComprehensivenessOptions
     from pipelines.comprehensiveness.framework import COMPREHENSIVENESS
-    from pipelines.config import EvaluatorConfig, RunConfig
-    from pipelines.options import clean_errors
-    from pipelines.protocol import RunRequest
-    from pipelines.runner import execute, fixed_client
+    from pipelines.runtime.config import EvaluatorConfig, RunConfig
+    from pipelines.runtime.protocol import RunRequest
+    from pipelines.runtime.runner import execute, fixed_client
     from tests.support.scripted import ScriptedClient
     from tests.test_exact_scores import NLI_SCRIPTS
 

@@ -17,11 +17,11 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from pipelines.config import UserError
-from pipelines.protocol import RunOutcome, RunPlan, RunRequest, Study
-from pipelines.results import ItemResult
-from pipelines.roles import SYSTEM_ROLES
-from pipelines.stats import bca_interval
+from pipelines.runtime.config import UserError
+from pipelines.runtime.protocol import RunOutcome, RunPlan, RunRequest, Study
+from pipelines.runtime.results import ItemResult
+from pipelines.runtime.roles import SYSTEM_ROLES
+from pipelines.runtime.stats import bca_interval
 
 
 def repeat_key(r: int) -> str:

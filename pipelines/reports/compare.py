@@ -21,10 +21,10 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from pipelines.config import UserError
-from pipelines.results import UNSCORED
-from pipelines.runstore import MANIFEST, RESULTS, STUDY_FILE, read_manifest, results_by_id
-from pipelines.stats import bca_interval, paired_test
+from pipelines.runtime.config import UserError
+from pipelines.runtime.results import UNSCORED
+from pipelines.runtime.runstore import MANIFEST, RESULTS, STUDY_FILE, read_manifest, results_by_id
+from pipelines.runtime.stats import bca_interval, paired_test
 
 
 @dataclass
@@ -96,7 +96,7 @@ def _repeated(path: Path, runs: list[RunScores]) -> RunScores:
 
 
 def _one_run(path: Path) -> RunScores:
-    from pipelines.registry import framework
+    from pipelines.runtime.registry import framework
 
     if not (path / MANIFEST).is_file():
         raise UserError(f"{path}: not a run directory (no {MANIFEST})")

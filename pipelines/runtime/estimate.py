@@ -29,10 +29,10 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
-from pipelines.costs import cost_table
-from pipelines.evaluator import NotCached
-from pipelines.protocol import ItemContext
-from pipelines.results import ItemResult, StageFailed
+from pipelines.runtime.costs import cost_table
+from pipelines.runtime.evaluator import NotCached
+from pipelines.runtime.protocol import ItemContext
+from pipelines.runtime.results import ItemResult, StageFailed
 
 RESAMPLES = 2000
 TOKENS = ("prompt_tokens", "completion_tokens")

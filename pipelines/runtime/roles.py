@@ -13,7 +13,7 @@ from typing import Any
 
 from pydantic import model_validator
 
-from pipelines.config import EvaluatorConfig, Strict, UserError
+from pipelines.runtime.config import EvaluatorConfig, Strict, UserError
 
 # Roles that write the output under evaluation; every other role judges or extracts.
 SYSTEM_ROLES = ("answer", "generate")

@@ -13,8 +13,8 @@ from typing import Any, ClassVar
 from rich.console import Console
 from rich.table import Table
 
-from pipelines.protocol import Framework, RunOutcome, RunPlan, RunRequest, Study
-from pipelines.roles import responder_config
+from pipelines.runtime.protocol import Framework, RunOutcome, RunPlan, RunRequest, Study
+from pipelines.runtime.roles import responder_config
 
 Published = dict[str, dict[str, tuple[float, ...]]]  # run -> model fragment -> column values
 

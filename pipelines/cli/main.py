@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 import time
 from pathlib import Path
 from typing import Annotated, Any
@@ -14,13 +13,13 @@ from pydantic import ValidationError
 from rich.console import Console
 from rich.table import Column, Table
 
-from pipelines import nli_placement
-from pipelines.config import UserError, describe_validation
-from pipelines.data_cli import data_app
+from pipelines.cli.data import data_app
+from pipelines.cli.options import clean_errors, parse_loras
 from pipelines.datasets.catalog import is_name
-from pipelines.options import clean_errors, parse_loras
-from pipelines.registry import commands
-from pipelines.runner import sigterm_as_interrupt
+from pipelines.runtime import nli_placement
+from pipelines.runtime.config import UserError, describe_validation
+from pipelines.runtime.registry import commands
+from pipelines.runtime.runner import sigterm_as_interrupt
 from serving.launcher import ServerSpec, ServerStartError, VLLMServer
 from serving.registry import ADAPTER_PRESETS, PRESETS, lora_adapter, resolve
 from serving.templates import REASK, load_dir
@@ -276,7 +275,7 @@ def models() -> None:
 
 def all_templates() -> dict[str, Any]:
     templates = {REASK.name: REASK}
-    for folder in sorted(Path(__file__).parent.rglob("prompts")):
+    for folder in sorted(Path(__file__).parents[1].rglob("prompts")):
         templates |= load_dir(folder)
     return templates
 
@@ -455,20 +454,20 @@ def report(
 ) -> None:
     """Rebuild and print the summary and tables of runs from what is on disk (no model calls;
     partial runs too); optionally an HTML page (--html) and per-item scores (--export)."""
-    from pipelines.report import report as rebuild
+    from pipelines.reports.report import report as rebuild
 
     if format not in ("csv", "parquet"):
         raise UserError(f"--format must be csv or parquet, got {format!r}")
-    from pipelines.costs import load_prices
+    from pipelines.runtime.costs import load_prices
 
     priced = load_prices(prices)
     rebuild(run_dir, as_json, Console(), priced)
     if html is not None:
-        from pipelines.report_html import write_html
+        from pipelines.reports.report_html import write_html
 
         Console(stderr=True).print(f"html: {write_html(run_dir, html, prices=priced)}")
     if export is not None:
-        from pipelines.report_html import export_scores
+        from pipelines.reports.report_html import export_scores
 
         Console(stderr=True).print(f"export: {export_scores(run_dir, export, format)}")
 
@@ -489,7 +488,7 @@ def compare(
     mean difference with a paired BCa interval, win/tie/loss, sign and Wilcoxon p-values, the
     largest per-item differences, and items only one run has. Runs of different frameworks or
     protocols are refused. No model is called."""
-    from pipelines.compare import compare_runs, print_comparison, run_dirs
+    from pipelines.reports.compare import compare_runs, print_comparison, run_dirs
 
     if resamples < 100:
         raise UserError(f"--resamples {resamples}: use at least 100")
@@ -499,7 +498,7 @@ def compare(
     else:
         print_comparison(result, Console(), top)
     if html is not None:
-        from pipelines.report_html import write_html
+        from pipelines.reports.report_html import write_html
 
         pages = [page for run in result["runs"] for page in run_dirs(Path(run["run"]))]
         Console(stderr=True).print(f"html: {write_html(pages, html, result)}")
@@ -521,7 +520,7 @@ def view(
     is asked for (any user name), a client as a Bearer token."""
     import http.server
 
-    from pipelines.report_html import render
+    from pipelines.reports.report_html import render
     from serving.launcher import is_loopback
 
     key = api_key_from(api_key_env)
@@ -567,7 +566,3 @@ for path, command in commands().items():
 
 def main() -> None:  # pragma: no cover - console entry
     app()
-
-
-if __name__ == "__main__":  # pragma: no cover
-    sys.exit(app())

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pipelines.config import EvaluatorConfig, UserError
+from pipelines.runtime.config import EvaluatorConfig, UserError
 from serving.cache import ResponseCache
 from serving.client import EvalClient
 from serving.launcher import ServerSpec, VLLMServer

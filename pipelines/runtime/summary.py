@@ -1,13 +1,8 @@
-"""Summaries of a run, and ``report``: every framework's tables rebuilt from what is on disk.
-
-``report`` makes no model call: it reads a run directory's manifest and results once, finds the
-framework by the name the manifest records, and calls its pure ``aggregate`` with the options
-the run was made with, so a partial or resumed run's tables can be looked at any time.
-"""
+"""A run's summary: status counts, mean score, usage and cost of its records, computed at the
+end of every invocation (and by ``report``), and the tables printed after it."""
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
@@ -15,15 +10,8 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from pipelines.results import STATUSES, ItemResult
-from pipelines.runstore import (
-    MANIFEST,
-    RESULTS,
-    STUDY_FILE,
-    invocation_seconds,
-    read_manifest,
-    results_by_id,
-)
+from pipelines.runtime.results import STATUSES, ItemResult
+from pipelines.runtime.runstore import invocation_seconds
 
 USAGE_KEYS = ("calls", "requests", "cache_hits", "retries", "prompt_tokens", "completion_tokens")
 
@@ -65,7 +53,7 @@ def recorded_usage(results: Iterable[ItemResult]) -> dict[str, dict[str, float]]
 def recorded_cost(fw: Any, usage: dict[str, dict[str, Any]], roles: dict[str, dict[str, Any]],
                   prices: dict[str, Any], run_dir: Path) -> dict[str, Any]:  # fmt: skip
     """What a run's recorded items cost: their usage, and the GPU time of every invocation."""
-    from pipelines.costs import cost_table
+    from pipelines.runtime.costs import cost_table
 
     return cost_table(fw, usage, roles, prices, invocation_seconds(run_dir))
 
@@ -135,64 +123,6 @@ def print_cost(cost: dict[str, Any], title: str, out: Console) -> None:
         out.print(f"no price for {', '.join(cost['unpriced'])}: not in the total")
 
 
-def report(
-    paths: list[Path], as_json: bool, out: Console, prices: dict[str, Any] | None = None
-) -> None:
-    """Print each run's summary and tables (``as_json``: one JSON object per line instead); a
-    study root also gets the study's combined tables."""
-    from pipelines.registry import study as find_study
-
-    for path in paths:
-        study_file = path / STUDY_FILE
-        if (path / MANIFEST).is_file() or not study_file.is_file():
-            _print(load_outcome(path, prices), as_json, out, label=str(path))
-            continue
-        meta = json.loads(study_file.read_text())
-        study = find_study(meta["study"])
-        outcomes = {key: load_outcome(path / key, prices) for key in meta["runs"]
-                    if (path / key / MANIFEST).is_file()}  # fmt: skip
-        for key, outcome in outcomes.items():
-            _print(outcome, as_json, out, label=str(path / key))
-        if meta.get("repeats"):
-            from pipelines.repeats import print_repeats, repeats_table
-
-            table = repeats_table(outcomes)
-            if as_json:
-                print(json.dumps({"study": str(path), "repeats": table}, default=str))
-            else:
-                print_repeats(table, out)
-            continue
-        combined = study.combine(outcomes, study.Options.model_validate(meta["options"]))
-        if combined is None:
-            continue
-        if as_json:
-            print(json.dumps({"study": str(path), "combined": combined}, default=str))
-        else:
-            study.render_combined(combined, out)
-
-
-def load_outcome(run_dir: Path, prices: dict[str, Any] | None = None):
-    """A run's outcome rebuilt from disk: summary and tables from manifest and results (and
-    with ``prices``, what the recorded items cost)."""
-    from pipelines.protocol import RunOutcome
-    from pipelines.registry import framework
-
-    manifest = read_manifest(run_dir / MANIFEST)
-    fw = framework(manifest["framework"])
-    options = fw.Options.model_validate(manifest["options"])
-    results = records_for_tables(fw, options, results_by_id(run_dir / RESULTS))
-    summary = summarise(fw.name, manifest["task"], manifest["items"], results)
-    summary["usage_recorded"] = recorded_usage(results)
-    summary["usage_by_role"] = usage_by_role(fw, summary["usage_recorded"],
-                                             manifest.get("roles") or {})  # fmt: skip
-    summary["self_judging"] = manifest.get("self_judging") or []
-    if prices:
-        summary["cost_recorded"] = recorded_cost(
-            fw, summary["usage_recorded"], manifest.get("roles") or {}, prices, run_dir
-        )
-    return RunOutcome(run_dir, results, tables_of(fw, options, results), summary, fw)
-
-
 def records_for_tables(
     fw: Any, options: Any, records: Sequence[ItemResult]
 ) -> Sequence[ItemResult]:
@@ -206,13 +136,3 @@ def tables_of(fw: Any, options: Any, results: Sequence[ItemResult]) -> dict[str,
     if fw.tables_file(options) is None:
         return None
     return fw.aggregate(results, options)
-
-
-def _print(outcome, as_json: bool, out: Console, label: str) -> None:
-    if as_json:  # plain print: rich would wrap long lines inside the JSON
-        payload = {"run": label, "summary": outcome.summary, "tables": outcome.tables}
-        print(json.dumps(payload, default=str))
-        return
-    print_summary(outcome.summary, out)
-    if outcome.tables is not None:
-        outcome.framework.render(outcome.tables, out)

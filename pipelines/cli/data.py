@@ -10,10 +10,10 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from pipelines.config import UserError
+from pipelines.cli.options import clean_errors
 from pipelines.datasets.catalog import CATALOG, lookup, parse_spec
 from pipelines.datasets.fetch import LOCK, add, cached, data_root, get, read_lock
-from pipelines.options import clean_errors
+from pipelines.runtime.config import UserError
 
 data_app = typer.Typer(
     help="Datasets by name: fetched, pinned (lock file with sha256) and cached under "

@@ -6,10 +6,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from pipelines.config import EvaluatorConfig, items_digest
-from pipelines.evaluator import model_record
-from pipelines.protocol import Framework, RunPlan, RunRequest
-from pipelines.runstore import fingerprint
+from pipelines.runtime.config import EvaluatorConfig, items_digest
+from pipelines.runtime.evaluator import model_record
+from pipelines.runtime.protocol import Framework, RunPlan, RunRequest
+from pipelines.runtime.runstore import fingerprint
 
 
 def evaluator_identity(ev: EvaluatorConfig) -> dict[str, Any]:

@@ -21,7 +21,7 @@ from typing import Annotated, Any
 import typer
 from pydantic import Field, model_validator
 
-from pipelines.config import Strict
+from pipelines.runtime.config import Strict
 
 # where NLI runs changes no number: not part of a run's identity
 PLACEMENT_FIELDS = frozenset({"nli_replicas", "nli_app", "nli_bulk", "nli_resources", "nli_wait"})

@@ -19,8 +19,9 @@ from typing import Any
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
 
-from pipelines.config import EvaluatorConfig, UserError, items_digest
-from pipelines.costs import (
+from pipelines.datasets.names import data_provenance
+from pipelines.runtime.config import EvaluatorConfig, UserError, items_digest
+from pipelines.runtime.costs import (
     Budget,
     BudgetReached,
     cost_table,
@@ -28,10 +29,9 @@ from pipelines.costs import (
     load_prices,
     require_prices,
 )
-from pipelines.datasets.names import data_provenance
-from pipelines.estimate import print_estimate
-from pipelines.evaluator import Servers, model_record, open_evaluator
-from pipelines.identity import (
+from pipelines.runtime.estimate import print_estimate
+from pipelines.runtime.evaluator import Servers, model_record, open_evaluator
+from pipelines.runtime.identity import (
     evaluator_identity,
     evaluator_key,
     lead_evaluator,
@@ -39,22 +39,20 @@ from pipelines.identity import (
     role_records,
     run_identity,
 )
-from pipelines.lines import item_ids, select
-from pipelines.planning import estimate_from_disk, print_dry_run
-from pipelines.protocol import Framework, ItemContext, RunOutcome, RunPlan, RunRequest, Study
-from pipelines.repeats import print_repeats, repeat_plans, repeats_table
-from pipelines.report import (
-    print_summary,
-    recorded_cost,
-    recorded_usage,
-    records_for_tables,
-    summarise,
-    tables_of,
-    usage_by_role,
+from pipelines.runtime.lines import item_ids, select
+from pipelines.runtime.planning import estimate_from_disk, print_dry_run
+from pipelines.runtime.protocol import (
+    Framework,
+    ItemContext,
+    RunOutcome,
+    RunPlan,
+    RunRequest,
+    Study,
 )
-from pipelines.results import ItemResult, StageFailed, StageFailure
-from pipelines.roles import self_judging
-from pipelines.runstore import (
+from pipelines.runtime.repeats import print_repeats, repeat_plans, repeats_table
+from pipelines.runtime.results import ItemResult, StageFailed, StageFailure
+from pipelines.runtime.roles import self_judging
+from pipelines.runtime.runstore import (
     STUDY_FILE,
     RunStore,
     RunStoreError,
@@ -62,6 +60,15 @@ from pipelines.runstore import (
     fingerprint,
     invocation_seconds,
     record_invocation,
+)
+from pipelines.runtime.summary import (
+    print_summary,
+    recorded_cost,
+    recorded_usage,
+    records_for_tables,
+    summarise,
+    tables_of,
+    usage_by_role,
 )
 from serving.client import EndpointError, EvalClient, RequestRejected, StageUsage
 from serving.launcher import ServerStartError

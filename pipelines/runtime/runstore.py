@@ -27,8 +27,8 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from pipelines.lines import JsonlView
-from pipelines.results import STATUSES, ItemResult
+from pipelines.runtime.lines import JsonlView
+from pipelines.runtime.results import STATUSES, ItemResult
 
 MANIFEST = "manifest.json"
 RESULTS = "results.jsonl"

@@ -24,7 +24,7 @@ from pydantic import (
     model_validator,
 )
 
-from pipelines.lines import JsonlView, stamp
+from pipelines.runtime.lines import JsonlView, stamp
 from serving.embedded import cache_root
 from serving.registry import ModelRef, UnknownModelError
 

@@ -1,6 +1,6 @@
 """Before a run, and after its pilot: what each run would still ask (``--dry-run``, ``--pilot``),
 from what its directory holds, the items and the response cache. Nothing here starts a model or
-writes a file; the numbers come from ``pipelines.estimate``."""
+writes a file; the numbers come from ``pipelines.runtime.estimate``."""
 
 from __future__ import annotations
 
@@ -9,13 +9,13 @@ from pathlib import Path
 
 from rich.console import Console
 
-from pipelines.estimate import estimate_run, print_estimate, replay_cached
-from pipelines.evaluator import CacheReplay
-from pipelines.identity import lead_evaluator, role_records, run_identity
-from pipelines.lines import item_ids, select
-from pipelines.protocol import RunPlan, RunRequest
-from pipelines.roles import self_judging
-from pipelines.runstore import MANIFEST, RunStore, fingerprint, invocations, read_manifest
+from pipelines.runtime.estimate import estimate_run, print_estimate, replay_cached
+from pipelines.runtime.evaluator import CacheReplay
+from pipelines.runtime.identity import lead_evaluator, role_records, run_identity
+from pipelines.runtime.lines import item_ids, select
+from pipelines.runtime.protocol import RunPlan, RunRequest
+from pipelines.runtime.roles import self_judging
+from pipelines.runtime.runstore import MANIFEST, RunStore, fingerprint, invocations, read_manifest
 from serving.cache import ResponseCache
 
 

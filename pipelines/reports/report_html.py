@@ -21,8 +21,8 @@ from typing import Any
 
 from jinja2 import Environment, select_autoescape
 
-from pipelines.report import load_outcome
-from pipelines.runstore import MANIFEST, read_manifest
+from pipelines.reports.report import load_outcome
+from pipelines.runtime.runstore import MANIFEST, read_manifest
 
 TEMPLATE = Path(__file__).parent / "report_html.html.j2"
 
@@ -82,7 +82,7 @@ def run_view(path: Path, prices: dict[str, Any] | None = None) -> dict[str, Any]
         item["graph"] = _graph(path, item.get("details", {}))
     scores = [r.score for r in outcome.results if r.score is not None]
     summary = outcome.summary
-    from pipelines import plots
+    from pipelines.reports import plots
 
     figures = [
         (title, plots.draw(spec)) for title, spec in outcome.framework.figures(outcome.tables)
@@ -105,7 +105,7 @@ def run_view(path: Path, prices: dict[str, Any] | None = None) -> dict[str, Any]
 def headline(outcome: Any, manifest: dict[str, Any], scores: list[float]) -> dict[str, Any]:
     """What a reader looks for first: the mean with its interval, how many items are in it,
     the statuses, the model of each role and (with prices) the cost."""
-    from pipelines.stats import bca_interval, percentile_interval
+    from pipelines.runtime.stats import bca_interval, percentile_interval
 
     summary = outcome.summary
     interval = None

@@ -32,9 +32,9 @@ from typing import Any, ClassVar
 from pydantic import BaseModel, Field
 from rich.console import Console
 
-from pipelines.config import EvaluatorConfig, RunConfig, Strict, UserError, file_sha256
-from pipelines.results import ItemResult, StageFailed, StageFailure, Status
-from pipelines.roles import RoleSpec, role_evaluator
+from pipelines.runtime.config import EvaluatorConfig, RunConfig, Strict, UserError, file_sha256
+from pipelines.runtime.results import ItemResult, StageFailed, StageFailure, Status
+from pipelines.runtime.roles import RoleSpec, role_evaluator
 from serving.client import ChatResult, EvalClient, LabelScore, Parsed, StageUsage, Tool, ToolRun
 from serving.templates import REASK, PromptTemplate
 
@@ -194,7 +194,7 @@ class Framework(Study):
 
     def figures(self, tables: dict[str, Any] | None) -> list[tuple[str, dict[str, Any]]]:
         """Plots of the tables for the HTML report, as (title, spec) pairs that
-        ``pipelines.plots.draw`` renders (none by default)."""
+        ``pipelines.reports.plots.draw`` renders (none by default)."""
         return []
 
 

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from functools import cache
 from typing import Any
 
-from pipelines.config import UserError
+from pipelines.runtime.config import UserError
 
 PACKAGES = (
     "pipelines.generate",
@@ -44,7 +44,7 @@ def study(name: str):
 
 
 def framework(name: str):
-    from pipelines.protocol import Framework
+    from pipelines.runtime.protocol import Framework
 
     found = study(name)
     if not isinstance(found, Framework):

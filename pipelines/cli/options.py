@@ -22,13 +22,13 @@ import typer
 from pydantic import Field, create_model
 from rich.console import Console
 
-from pipelines.config import EvaluatorConfig, RunConfig, Strict, UserError, load_config
-from pipelines.costs import BudgetReached
 from pipelines.datasets.names import resolve_names
-from pipelines.lines import FileChanged
-from pipelines.protocol import RunRequest, Study
-from pipelines.roles import RoleSpec, parse_role_options
-from pipelines.runstore import RunStoreError
+from pipelines.runtime.config import EvaluatorConfig, RunConfig, Strict, UserError, load_config
+from pipelines.runtime.costs import BudgetReached
+from pipelines.runtime.lines import FileChanged
+from pipelines.runtime.protocol import RunRequest, Study
+from pipelines.runtime.roles import RoleSpec, parse_role_options
+from pipelines.runtime.runstore import RunStoreError
 from serving.client import EndpointError
 from serving.embedded import EmbeddedModelMissing
 from serving.launcher import ServerStartError
@@ -213,7 +213,7 @@ def framework_command(study: Study) -> Callable[[Callable[..., dict]], Callable[
         own = inspect.signature(fn, eval_str=True)
 
         def command(**kwargs: Any) -> None:
-            from pipelines.runner import execute
+            from pipelines.runtime.runner import execute
 
             shared = Shared(**{name: kwargs.pop(name) for name in SHARED_OPTIONS})
             request = load_request(study, fn(**kwargs), shared)
