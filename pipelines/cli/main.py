@@ -13,6 +13,7 @@ from pydantic import ValidationError
 from rich.console import Console
 from rich.table import Column, Table
 
+from pipelines.cli import options
 from pipelines.cli.data import data_app
 from pipelines.cli.options import clean_errors, parse_loras
 from pipelines.datasets.catalog import is_name
@@ -81,7 +82,7 @@ def serve(
     nli_replicas: Annotated[int, typer.Option(help="NLI replicas")] = 1,
     nli_device: Annotated[str, typer.Option(help="cpu | cuda (one GPU per replica)")] = "cpu",
     nli_batch: Annotated[int, typer.Option(help="pairs per forward pass")] = 32,
-    nli_resources: nli_placement.ResourcesOpt = None,
+    nli_resources: options.NliResourcesOpt = None,
     stop: Annotated[bool, typer.Option("--stop", help="delete the NLI app --nli-app")] = False,
 ) -> None:
     """Start the vLLM OpenAI-compatible server for MODEL (plus adapters) and wait. It binds

@@ -236,3 +236,35 @@ def framework_command(study: Study) -> Callable[[Callable[..., dict]], Callable[
         return clean_errors(command)
 
     return decorate
+
+
+# ---- where a cross-encoder runs (pipelines.runtime.nli_placement) ----
+
+NliReplicasOpt = Annotated[
+    int | None, typer.Option(help="NLI on a Ray Serve app of N replicas (0: here)")
+]
+NliAppOpt = Annotated[
+    str | None, typer.Option(help="NLI on the running Serve app NAME (`serve --nli`)")
+]
+NliBulkOpt = Annotated[
+    bool | None, typer.Option("--nli-bulk", help="NLI replicas as Ray Data actors per call")
+]
+NliWaitOpt = Annotated[
+    float | None, typer.Option(help="seconds to wait for a live NLI replica, then stop (120)")
+]
+NliResourcesOpt = Annotated[
+    str | None, typer.Option(help='Ray resources per NLI replica, JSON: {"CPU": 4, "nli": 1}')
+]
+
+
+def nli_overrides(
+    replicas: int | None,
+    app: str | None,
+    bulk: bool | None,
+    resources: str | None,
+    wait: float | None,
+) -> dict[str, Any]:
+    """The NLI placement options a command was given (None: not given, the config's value
+    stays; ``pipelines.runtime.nli_placement``)."""
+    given = {"replicas": replicas, "app": app, "bulk": bulk, "resources": resources, "wait": wait}
+    return {f"nli_{name}": value for name, value in given.items()}

@@ -20,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from rich.console import Console
 from rich.table import Table
 
+from pipelines.cli import options
 from pipelines.cli.options import framework_command
 from pipelines.comprehensiveness import e2e_method, meta, nli_method, qa_method
 from pipelines.comprehensiveness.common import (
@@ -39,7 +40,6 @@ from pipelines.comprehensiveness.graph import (
 )
 from pipelines.comprehensiveness.rules import Rules
 from pipelines.generate import GENERATE, GenerateItem, GenerateOptions
-from pipelines.runtime import nli_placement
 from pipelines.runtime.config import EvaluatorConfig, UserError, read_jsonl
 from pipelines.runtime.nli_placement import PLACEMENT_FIELDS
 from pipelines.runtime.protocol import (
@@ -362,11 +362,11 @@ def eval_comprehensiveness(
     ] = None,
     nli_backend: Annotated[str | None, typer.Option(help="llm | cross-encoder")] = None,
     nli_model: Annotated[str | None, typer.Option(help="cross-encoder checkpoint")] = None,
-    nli_replicas: nli_placement.ReplicasOpt = None,
-    nli_app: nli_placement.AppOpt = None,
-    nli_bulk: nli_placement.BulkOpt = None,
-    nli_resources: nli_placement.ResourcesOpt = None,
-    nli_wait: nli_placement.WaitOpt = None,
+    nli_replicas: options.NliReplicasOpt = None,
+    nli_app: options.NliAppOpt = None,
+    nli_bulk: options.NliBulkOpt = None,
+    nli_resources: options.NliResourcesOpt = None,
+    nli_wait: options.NliWaitOpt = None,
     prune_below: Annotated[
         float | None, typer.Option(help="skip NLI pairs below this cosine (spec only)")
     ] = None,
@@ -388,7 +388,7 @@ def eval_comprehensiveness(
         "prune_model": prune_model,
         "tools": tools,
         "limit": limit,
-        **nli_placement.cli_overrides(nli_replicas, nli_app, nli_bulk, nli_resources, nli_wait),
+        **options.nli_overrides(nli_replicas, nli_app, nli_bulk, nli_resources, nli_wait),
     }
 
 

@@ -20,10 +20,10 @@ from pydantic import Field, model_validator
 from rich.console import Console
 from rich.table import Table
 
+from pipelines.cli import options
 from pipelines.cli.options import framework_command
 from pipelines.icat import data, scoring
 from pipelines.icat.grounding import ClaimGrounding, EntailmentModel, Grounder, NliBatcher
-from pipelines.runtime import nli_placement
 from pipelines.runtime.config import UserError
 from pipelines.runtime.nli_placement import PLACEMENT_FIELDS, NliPlacement, placement_of
 from pipelines.runtime.protocol import Framework, FrameworkOptions, ItemContext
@@ -428,11 +428,11 @@ def eval_icat(
         str | None, typer.Option(help="claim-extractor adapter on --model (= --role extract=:NAME)")
     ] = None,
     limit: Annotated[int | None, typer.Option(help="only the first N responses")] = None,
-    nli_replicas: nli_placement.ReplicasOpt = None,
-    nli_app: nli_placement.AppOpt = None,
-    nli_bulk: nli_placement.BulkOpt = None,
-    nli_resources: nli_placement.ResourcesOpt = None,
-    nli_wait: nli_placement.WaitOpt = None,
+    nli_replicas: options.NliReplicasOpt = None,
+    nli_app: options.NliAppOpt = None,
+    nli_bulk: options.NliBulkOpt = None,
+    nli_resources: options.NliResourcesOpt = None,
+    nli_wait: options.NliWaitOpt = None,
 ) -> dict[str, Any]:
     """ICAT: factuality (claims grounded by retrieval + NLI) and aspect coverage of each
     response, ICAT-M / ICAT-S / ICAT-A and ICAT_β; writes icat.json (paper Table 3 layout)."""
@@ -440,7 +440,7 @@ def eval_icat(
             "snippets": snippets, "qrels": qrels, "k": k, "retrieval": retrieval,
             "roles.extract": extractor and {"adapter": extractor},
             "limit": limit,
-            **nli_placement.cli_overrides(nli_replicas, nli_app, nli_bulk, nli_resources, nli_wait),
+            **options.nli_overrides(nli_replicas, nli_app, nli_bulk, nli_resources, nli_wait),
             "variants": _split(variant),
             "betas": _split(beta, float)}  # fmt: skip
 

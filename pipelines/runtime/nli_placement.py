@@ -16,43 +16,14 @@ The cluster is the evaluator's ``--ray-address`` (none: a local Ray of the run's
 from __future__ import annotations
 
 import json
-from typing import Annotated, Any
+from typing import Any
 
-import typer
 from pydantic import Field, model_validator
 
 from pipelines.runtime.config import Strict
 
 # where NLI runs changes no number: not part of a run's identity
 PLACEMENT_FIELDS = frozenset({"nli_replicas", "nli_app", "nli_bulk", "nli_resources", "nli_wait"})
-
-ReplicasOpt = Annotated[
-    int | None, typer.Option(help="NLI on a Ray Serve app of N replicas (0: here)")
-]
-AppOpt = Annotated[
-    str | None, typer.Option(help="NLI on the running Serve app NAME (`serve --nli`)")
-]
-BulkOpt = Annotated[
-    bool | None, typer.Option("--nli-bulk", help="NLI replicas as Ray Data actors per call")
-]
-WaitOpt = Annotated[
-    float | None, typer.Option(help="seconds to wait for a live NLI replica, then stop (120)")
-]
-ResourcesOpt = Annotated[
-    str | None, typer.Option(help='Ray resources per NLI replica, JSON: {"CPU": 4, "nli": 1}')
-]
-
-
-def cli_overrides(
-    replicas: int | None,
-    app: str | None,
-    bulk: bool | None,
-    resources: str | None,
-    wait: float | None,
-) -> dict[str, Any]:
-    """The placement options a command was given (None: not given, the config's value stays)."""
-    given = {"replicas": replicas, "app": app, "bulk": bulk, "resources": resources, "wait": wait}
-    return {f"nli_{name}": value for name, value in given.items()}
 
 
 class NliPlacement(Strict):
