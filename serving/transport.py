@@ -17,7 +17,7 @@ from typing import Any
 import aiohttp
 import orjson
 
-# status -> what the client does with it (the README's table is this one)
+# status -> what the client does with it (docs/serving.md's table is this one)
 FAULTS = {
     "connection refused, reset or dropped; timeout": "retried with backoff",
     "200 whose body is not a complete completion (cut off, not JSON, no choices)": "retried",

@@ -179,10 +179,10 @@ def test_no_comprehensiveness_code_asks_the_protocol_by_name():
     assert hits == []
 
 
-def test_readme_protocol_table_names_every_rule():
+def test_docs_protocol_table_names_every_rule():
     from pipelines.comprehensiveness.rules import Rules
 
-    readme = (ROOT / "README.md").read_text()
+    readme = (ROOT / "docs" / "comprehensiveness.md").read_text()
     table = readme[readme.index("| rule (field of `Rules`) |") :]
     table = table[: table.index("\n\n")]
     for name in Rules.__dataclass_fields__:

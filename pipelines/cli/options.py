@@ -90,7 +90,7 @@ SHARED_OPTIONS: dict[str, tuple[Any, Any]] = {
         _opt(
             list[str] | None,
             "ROLE=MODEL, ROLE=MODEL@URL, ROLE=MODEL:ADAPTER or ROLE=:ADAPTER: another model for "
-            "one role (repeat; see the framework's roles in the README)",
+            "one role (repeat; see the framework's roles in docs/roles.md)",
         ),
         None,
     ),

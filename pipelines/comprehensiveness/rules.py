@@ -2,8 +2,8 @@
 
 ``paper`` follows the authors' code that produced the paper's numbers (SPEC §1 "Reference
 behaviour"); ``spec`` is a plain reading of the paper. Each field belongs to one row of the
-README's protocol table (the prefix names the row); code asks ``rules.<field>``, never the
-protocol's name.
+protocol table in docs/comprehensiveness.md (the prefix names the row); code asks
+``rules.<field>``, never the protocol's name.
 """
 
 from __future__ import annotations
