@@ -166,16 +166,25 @@ def build_bm25(out: Path, spec: IndexSpec, n_chunks: int, target: Path) -> dict:
     bm25s_writes_with_json()
     tokenizer = bm25_tokenizer()
     ids = tokenizer.tokenize(
-        iter_chunk_texts(out), update_vocab=True, return_as="ids", show_progress=False,
+        iter_chunk_texts(out),
+        update_vocab=True,
+        return_as="ids",
+        show_progress=False,
         length=n_chunks,
-    )  # fmt: skip
+    )
     retriever = bm25s.BM25(k1=spec.bm25_k1, b=spec.bm25_b, backend="numba")
     retriever.index(ids, show_progress=False)
     target.mkdir()
     retriever.save(target, show_progress=False)
     tokenizer.save_vocab(target)
-    return {"k1": spec.bm25_k1, "b": spec.bm25_b, "method": "lucene", "stemmer": "english",
-            "stopwords": "en", "vocab": len(tokenizer.get_vocab_dict())}  # fmt: skip
+    return {
+        "k1": spec.bm25_k1,
+        "b": spec.bm25_b,
+        "method": "lucene",
+        "stemmer": "english",
+        "stopwords": "en",
+        "vocab": len(tokenizer.get_vocab_dict()),
+    }
 
 
 # ---- dense ----------------------------------------------------------------------------------

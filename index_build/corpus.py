@@ -66,8 +66,10 @@ def read_jsonl(path: Path) -> Iterator[Document]:
                 raise CorpusError(f"{path}:{lineno}: field id: missing (id, _id, docid or pageid)")
             text = row.get("contents", row.get("text"))
             if not isinstance(text, str):
-                raise CorpusError(f"{path}:{lineno}: record {str(doc_id)!r}: field contents: "
-                                  "missing or not a string ('contents' or 'text')")  # fmt: skip
+                raise CorpusError(
+                    f"{path}:{lineno}: record {str(doc_id)!r}: field contents: "
+                    "missing or not a string ('contents' or 'text')"
+                )
             yield Document(str(doc_id), text, str(row.get("title") or ""), lineno)
 
 

@@ -95,8 +95,10 @@ class SearchIndex:
 
             self.embeddings = np.load(self.path / "embeddings.npy", mmap_mode="r")
             if self.embeddings.shape != (self.n, self.manifest["dense"]["dim"]):
-                raise IndexError_(f"{self.path}: embeddings shape {self.embeddings.shape} "
-                                  f"!= ({self.n}, {self.manifest['dense']['dim']})")  # fmt: skip
+                raise IndexError_(
+                    f"{self.path}: embeddings shape {self.embeddings.shape} "
+                    f"!= ({self.n}, {self.manifest['dense']['dim']})"
+                )
             # memory-mapped, not read: IVF lists (IO_FLAG_MMAP) or flat storage (_IFC), so a
             # large index costs page cache that several processes share, not private memory
             ivf = self.manifest["faiss"]["kind"].startswith("ivf")
@@ -106,8 +108,9 @@ class SearchIndex:
             except RuntimeError:
                 self.faiss = faiss.read_index(str(self.path / "faiss.index"))
             if self.faiss.ntotal != self.n:
-                raise IndexError_(f"{self.path}: faiss holds {self.faiss.ntotal} vectors, "
-                                  f"manifest {self.n}")  # fmt: skip
+                raise IndexError_(
+                    f"{self.path}: faiss holds {self.faiss.ntotal} vectors, manifest {self.n}"
+                )
             apply_search_params(self.faiss, self.manifest["faiss"])  # as built, or as tuned
 
     # ---- chunks ----------------------------------------------------------------------------
@@ -159,8 +162,9 @@ class SearchIndex:
         rows = np.asarray([r for d in docs for r in self.doc_rows.get(d, ())], dtype=np.int64)
         if rows.size == 0:
             return []
-        ids = self.tokenizer.tokenize([query], update_vocab=False, return_as="ids",
-                                      show_progress=False)[0]  # fmt: skip
+        ids = self.tokenizer.tokenize(
+            [query], update_vocab=False, return_as="ids", show_progress=False
+        )[0]
         known = [int(i) for i in ids if int(i) in self._known_ids]
         scores = self.bm25.get_scores(known)[rows] if known else np.zeros(rows.size)
         order = np.argsort(-scores, kind="stable")
@@ -177,8 +181,9 @@ class SearchIndex:
             from sentence_transformers import SentenceTransformer
 
             self._encoder = SentenceTransformer(self.manifest["dense"]["model_path"], device="cpu")
-        vectors = self._encoder.encode(queries, normalize_embeddings=True, convert_to_numpy=True,
-                                       show_progress_bar=False)  # fmt: skip
+        vectors = self._encoder.encode(
+            queries, normalize_embeddings=True, convert_to_numpy=True, show_progress_bar=False
+        )
         return np.asarray(vectors, dtype=np.float32)
 
     def dense_search(self, queries: list[str], k: int) -> tuple[np.ndarray, np.ndarray]:
@@ -298,9 +303,13 @@ def rrf(
 
 
 def mmr_select(
-    query: np.ndarray, vectors: np.ndarray, rows: np.ndarray, scores: np.ndarray, k: int,
+    query: np.ndarray,
+    vectors: np.ndarray,
+    rows: np.ndarray,
+    scores: np.ndarray,
+    k: int,
     lam: float = 0.7,
-) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
+) -> tuple[np.ndarray, np.ndarray]:
     """Maximal marginal relevance over candidates: lam * sim(q, d) - (1 - lam) * max sim(d, s)."""
     relevance = vectors @ query
     chosen: list[int] = []
@@ -335,7 +344,13 @@ class CrossEncoderReranker:
         scores = np.asarray(scores, dtype=float).reshape(len(hits), -1)[:, -1]
         order = np.argsort(-scores, kind="stable")
         return [
-            Hit(hits[i].row, hits[i].chunk_id, hits[i].doc_id, float(scores[i]), hits[i].text,
-                hits[i].title)
+            Hit(
+                hits[i].row,
+                hits[i].chunk_id,
+                hits[i].doc_id,
+                float(scores[i]),
+                hits[i].text,
+                hits[i].title,
+            )
             for i in order
-        ]  # fmt: skip
+        ]

@@ -15,8 +15,13 @@ from typing import Any, Protocol
 import numpy as np
 
 CANONICAL = ("entailment", "neutral", "contradiction")
-_ALIASES = {"entail": "entailment", "entailed": "entailment", "not_entailment": "neutral",
-            "contradict": "contradiction", "contradictory": "contradiction"}  # fmt: skip
+_ALIASES = {
+    "entail": "entailment",
+    "entailed": "entailment",
+    "not_entailment": "neutral",
+    "contradict": "contradiction",
+    "contradictory": "contradiction",
+}
 
 
 class NliModelError(ValueError):
@@ -41,9 +46,12 @@ def canonical_columns(id2label: dict) -> list[int]:
 
 
 def plan_batches(
-    tokenizer, pairs: Sequence[tuple[str, str]], batch_size: int, max_length: int,
+    tokenizer,
+    pairs: Sequence[tuple[str, str]],
+    batch_size: int,
+    max_length: int,
     dynamic_padding: bool = True,
-) -> list[np.ndarray]:  # fmt: skip
+) -> list[np.ndarray]:
     """The batches (row indices into ``pairs``) a scorer runs: longest pairs first, so each
     batch pads to few tokens. Any executor that scores these batches (``NliScorer`` here, Ray
     actors in ``retrieval.nli_ray``) gets the same numbers."""
@@ -132,8 +140,9 @@ class NliScorer(NliDecisions):
         return scored[[index[p] for p in pairs]].reshape(len(pairs), len(CANONICAL))
 
     def plan(self, pairs: Sequence[tuple[str, str]]) -> list[np.ndarray]:
-        return plan_batches(self.tokenizer, pairs, self.batch_size, self.max_length,
-                            self.dynamic_padding)  # fmt: skip
+        return plan_batches(
+            self.tokenizer, pairs, self.batch_size, self.max_length, self.dynamic_padding
+        )
 
     def score_batch(self, pairs: Sequence[tuple[str, str]]) -> np.ndarray:
         """One forward pass: (len(pairs), 3) probabilities in CANONICAL order."""

@@ -37,16 +37,20 @@ class _BatchScorer:
     """A Ray Data actor: loads the model once, scores one planned batch per row."""
 
     def __init__(self, model: str, device: str, max_length: int, dynamic_padding: bool):
-        self.scorer = NliScorer(model, device=device, max_length=max_length,
-                                dynamic_padding=dynamic_padding)  # fmt: skip
+        self.scorer = NliScorer(
+            model, device=device, max_length=max_length, dynamic_padding=dynamic_padding
+        )
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, Any]:
         probs = []
         for premises, hypotheses in zip(batch["premises"], batch["hypotheses"], strict=True):
             pairs = list(zip(list(premises), list(hypotheses), strict=True))
             probs.append(self.scorer.score_batch(pairs).astype(np.float32).tobytes())
-        return {"batch": batch["batch"], "probs": np.array(probs, dtype=object),
-                "worker": np.full(len(probs), os.getpid())}  # fmt: skip
+        return {
+            "batch": batch["batch"],
+            "probs": np.array(probs, dtype=object),
+            "worker": np.full(len(probs), os.getpid()),
+        }
 
 
 def _execute(batches: list[dict[str, Any]], settings: dict[str, Any]) -> tuple[list, set[int]]:
@@ -59,10 +63,14 @@ def _execute(batches: list[dict[str, Any]], settings: dict[str, Any]) -> tuple[l
     per_task = max(1, min(16, len(batches) // (4 * actors)))
     dataset = ray.data.from_items(batches, override_num_blocks=min(len(batches), 4 * actors))
     results = dataset.map_batches(
-        _BatchScorer, batch_size=per_task, compute=ray.data.ActorPoolStrategy(size=actors),
-        num_cpus=1, num_gpus=settings["gpus_per_actor"], batch_format="numpy",
+        _BatchScorer,
+        batch_size=per_task,
+        compute=ray.data.ActorPoolStrategy(size=actors),
+        num_cpus=1,
+        num_gpus=settings["gpus_per_actor"],
+        batch_format="numpy",
         fn_constructor_kwargs=settings["model"],
-    ).take_all()  # fmt: skip
+    ).take_all()
     scored: list[bytes | None] = [None] * len(batches)
     for row in results:
         scored[int(row["batch"])] = bytes(row["probs"])
@@ -95,9 +103,19 @@ class RayNliScorer(NliDecisions):
     # ``NliBatcher`` takes every pair waiting when a call ends, up to this many, into the next.
     pool_pairs, pool_wait = 1 << 16, 0.05
 
-    def __init__(self, model: str, *, actors: int = 2, device: str = "cpu", batch_size: int = 32,
-                 max_length: int = 512, dynamic_padding: bool = True, gpus_per_actor: float = 0,
-                 address: str | None = None, start_timeout: float = 300.0):  # fmt: skip
+    def __init__(
+        self,
+        model: str,
+        *,
+        actors: int = 2,
+        device: str = "cpu",
+        batch_size: int = 32,
+        max_length: int = 512,
+        dynamic_padding: bool = True,
+        gpus_per_actor: float = 0,
+        address: str | None = None,
+        start_timeout: float = 300.0,
+    ):
         from transformers import AutoTokenizer
 
         self.model, self.actors, self.device, self.address = model, actors, device, address
@@ -107,11 +125,19 @@ class RayNliScorer(NliDecisions):
         self.gpus_per_actor = gpus_per_actor or (1 if device.startswith("cuda") else 0)
         self.tokenizer = AutoTokenizer.from_pretrained(model)  # to plan; the model stays remote
         self.executions, self.workers = 0, set[str]()
-        settings = {"actors": actors, "gpus_per_actor": self.gpus_per_actor,
-                    "model": {"model": model, "device": device, "max_length": max_length,
-                              "dynamic_padding": dynamic_padding}}  # fmt: skip
-        self.child = DriverChild(_driver, (address, max(2, actors + 1), settings),
-                                 "groundcover-ray-nli")  # fmt: skip
+        settings = {
+            "actors": actors,
+            "gpus_per_actor": self.gpus_per_actor,
+            "model": {
+                "model": model,
+                "device": device,
+                "max_length": max_length,
+                "dynamic_padding": dynamic_padding,
+            },
+        }
+        self.child = DriverChild(
+            _driver, (address, max(2, actors + 1), settings), "groundcover-ray-nli"
+        )
         answer, _ = self._receive(start_timeout)
         if "error" in answer:
             raise ClusterGone(answer["error"])
@@ -121,8 +147,9 @@ class RayNliScorer(NliDecisions):
         unique = list(dict.fromkeys(pairs))
         if not unique:
             return out
-        batches = plan_batches(self.tokenizer, unique, self.batch_size, self.max_length,
-                               self.dynamic_padding)  # fmt: skip
+        batches = plan_batches(
+            self.tokenizer, unique, self.batch_size, self.max_length, self.dynamic_padding
+        )
         scored = self._run(unique, batches)
         rows = np.zeros((len(unique), len(CANONICAL)), dtype=np.float32)
         for number, members in enumerate(batches):
@@ -132,9 +159,14 @@ class RayNliScorer(NliDecisions):
         return out
 
     def _run(self, unique: list[tuple[str, str]], batches: list[np.ndarray]) -> list[np.ndarray]:
-        items = [{"batch": n, "premises": [unique[i][0] for i in members],
-                  "hypotheses": [unique[i][1] for i in members]}
-                 for n, members in enumerate(batches)]  # fmt: skip
+        items = [
+            {
+                "batch": n,
+                "premises": [unique[i][0] for i in members],
+                "hypotheses": [unique[i][1] for i in members],
+            }
+            for n, members in enumerate(batches)
+        ]
         self.child.send({"batches": items})
         answer, payload = self._receive(None)
         if "gone" in answer:
@@ -144,8 +176,9 @@ class RayNliScorer(NliDecisions):
         self.executions += 1
         self.workers = set(answer["workers"])  # which actors did the work
         flat = np.frombuffer(payload, dtype=np.float32).reshape(-1, len(CANONICAL))
-        return np.split(flat, np.cumsum([size // (4 * len(CANONICAL))
-                                         for size in answer["sizes"]])[:-1])  # fmt: skip
+        return np.split(
+            flat, np.cumsum([size // (4 * len(CANONICAL)) for size in answer["sizes"]])[:-1]
+        )
 
     def _receive(self, timeout: float | None) -> tuple[dict[str, Any], bytes]:
         """The child's next answer; ``ClusterGone`` when it died without one (Ray ended it)."""
@@ -156,8 +189,10 @@ class RayNliScorer(NliDecisions):
         if self.child.alive():
             self.close()
             raise ClusterGone(f"Ray at {where} did not start within {timeout:.0f}s")
-        raise ClusterGone(f"the Ray cluster at {where} is gone ({self.child.ended()}); the run "
-                          "directory is resumable")  # fmt: skip
+        raise ClusterGone(
+            f"the Ray cluster at {where} is gone ({self.child.ended()}); the run "
+            "directory is resumable"
+        )
 
     def close(self) -> None:
         self.child.stop(tidy=True, wait=30)

@@ -39,10 +39,14 @@ def load_items(rows: int) -> list[Item]:
             if n >= rows:
                 break
             row = json.loads(line)
-            items.append(Item(
-                id=f"wc{n}", query=row["question"], response=row["answer3"],
-                contexts=[row["context1_self_contained"], row["context2_self_contained"]],
-            ))  # fmt: skip
+            items.append(
+                Item(
+                    id=f"wc{n}",
+                    query=row["question"],
+                    response=row["answer3"],
+                    contexts=[row["context1_self_contained"], row["context2_self_contained"]],
+                )
+            )
     return items
 
 
@@ -95,8 +99,10 @@ async def bench(url: str, model: str, args) -> None:
         for method in args.methods
         for mode in MODES
     ]
-    print(f"{len(items)} items, model {model}, concurrency {args.concurrency}, no cache, "
-          f"t_rel {args.t_rel}")  # fmt: skip
+    print(
+        f"{len(items)} items, model {model}, concurrency {args.concurrency}, no cache, "
+        f"t_rel {args.t_rel}"
+    )
     for row in rows:
         print(json.dumps(row))
     for row in rows:

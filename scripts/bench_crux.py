@@ -49,8 +49,13 @@ async def rate_all(client: EvalClient, work: list[tuple[str, str]], concurrent: 
     template = PROMPTS["rate"]
 
     async def one(question: str, text: str) -> int:
-        result = await client.chat(template.messages(question=question, text=text), stage="rate",
-                                   template=template.id, temperature=0.0, max_tokens=8)  # fmt: skip
+        result = await client.chat(
+            template.messages(question=question, text=text),
+            stage="rate",
+            template=template.id,
+            temperature=0.0,
+            max_tokens=8,
+        )
         return parse_rating(result.text)
 
     started = time.perf_counter()
@@ -76,14 +81,18 @@ async def bench(url: str, model: str, args) -> None:
     rate = len(work) / concurrent
     print(f"{len(work)} ratings, model {model}")
     print(f"sequential: {len(work) / sequential:7.2f} ratings/s")
-    print(f"concurrent ({args.concurrency}): {rate:7.2f} ratings/s "
-          f"= {sequential / concurrent:.2f}x sequential")  # fmt: skip
+    print(
+        f"concurrent ({args.concurrency}): {rate:7.2f} ratings/s "
+        f"= {sequential / concurrent:.2f}x sequential"
+    )
     print(f"cached rerun: hit rate {hits / len(work):.0%}, {concurrent / cached:.0f}x faster")
     for name, (topics, passages, questions) in DATASETS.items():
         calls = passages * questions
         hours = calls / rate / 3600
-        print(f"full build {name}: {topics} topics, {passages} passages x {questions} "
-              f"questions = {calls:,} ratings = {hours:.1f} h at the concurrent rate")  # fmt: skip
+        print(
+            f"full build {name}: {topics} topics, {passages} passages x {questions} "
+            f"questions = {calls:,} ratings = {hours:.1f} h at the concurrent rate"
+        )
 
 
 def main() -> None:

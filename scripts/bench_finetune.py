@@ -28,31 +28,61 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 PARAGRAPHS = [
-    ("The river city has a tower. The tower is old and tall.",
-     ["The river city has a tower.", "The tower is old.", "The tower is tall."]),
-    ("Water and energy come from the river. The city sells music.",
-     ["Water comes from the river.", "Energy comes from the river.", "The city sells music."]),
-    ("The family history of the city starts with a tower.",
-     ["The family history of the city starts with a tower."]),
-    ("Science and music are taught in the city near the water.",
-     ["Science is taught in the city.", "Music is taught in the city.",
-      "The city is near the water."]),
-]  # fmt: skip
+    (
+        "The river city has a tower. The tower is old and tall.",
+        ["The river city has a tower.", "The tower is old.", "The tower is tall."],
+    ),
+    (
+        "Water and energy come from the river. The city sells music.",
+        ["Water comes from the river.", "Energy comes from the river.", "The city sells music."],
+    ),
+    (
+        "The family history of the city starts with a tower.",
+        ["The family history of the city starts with a tower."],
+    ),
+    (
+        "Science and music are taught in the city near the water.",
+        [
+            "Science is taught in the city.",
+            "Music is taught in the city.",
+            "The city is near the water.",
+        ],
+    ),
+]
 
 
 def one_mode(args) -> None:
     """Child process: train one mode, print its numbers and peak RSS as JSON."""
     from pipelines.finetune.train import TrainOptions, train
 
-    options = TrainOptions(data=Path(args.data), base=args.base, out=Path(args.out), rank=16,
-                           alpha=32, learning_rate=1e-3, batch_size=4, micro_batch=4,
-                           max_steps=args.steps, save_steps=10_000,
-                           full=args.mode == "full")  # fmt: skip
+    options = TrainOptions(
+        data=Path(args.data),
+        base=args.base,
+        out=Path(args.out),
+        rank=16,
+        alpha=32,
+        learning_rate=1e-3,
+        batch_size=4,
+        micro_batch=4,
+        max_steps=args.steps,
+        save_steps=10_000,
+        full=args.mode == "full",
+    )
     card = train(options, progress=False)
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB -> MiB on Linux
-    print(json.dumps({"mode": args.mode, "seconds": card["seconds"], "tokens": card["tokens"],
-                      "steps": card["steps"], "first_loss": card["first_loss"],
-                      "final_loss": card["final_loss"], "peak_rss_mib": peak}))  # fmt: skip
+    print(
+        json.dumps(
+            {
+                "mode": args.mode,
+                "seconds": card["seconds"],
+                "tokens": card["tokens"],
+                "steps": card["steps"],
+                "first_loss": card["first_loss"],
+                "final_loss": card["final_loss"],
+                "peak_rss_mib": peak,
+            }
+        )
+    )
 
 
 def bench_training(tmp: Path, steps: int) -> None:
@@ -66,20 +96,39 @@ def bench_training(tmp: Path, steps: int) -> None:
     rows = {}
     for mode in ("lora", "full"):
         out = subprocess.run(
-            [sys.executable, __file__, "--child", mode, "--data", str(data), "--base", str(base),
-             "--out", str(tmp / mode), "--steps", str(steps)],
-            capture_output=True, text=True, check=True, cwd=ROOT,
-        )  # fmt: skip
+            [
+                sys.executable,
+                __file__,
+                "--child",
+                mode,
+                "--data",
+                str(data),
+                "--base",
+                str(base),
+                "--out",
+                str(tmp / mode),
+                "--steps",
+                str(steps),
+            ],
+            capture_output=True,
+            text=True,
+            check=True,
+            cwd=ROOT,
+        )
         rows[mode] = json.loads(out.stdout.strip().splitlines()[-1])
     for mode, row in rows.items():
-        print(f"{mode:4s}: {row['tokens'] / row['seconds']:8.0f} tokens/s, "
-              f"{row['seconds'] / row['steps']:.3f} s/step, "
-              f"peak RSS {row['peak_rss_mib']:.0f} MiB, "
-              f"loss {row['first_loss']:.3f} -> {row['final_loss']:.3f}")  # fmt: skip
+        print(
+            f"{mode:4s}: {row['tokens'] / row['seconds']:8.0f} tokens/s, "
+            f"{row['seconds'] / row['steps']:.3f} s/step, "
+            f"peak RSS {row['peak_rss_mib']:.0f} MiB, "
+            f"loss {row['first_loss']:.3f} -> {row['final_loss']:.3f}"
+        )
     lora, full = rows["lora"], rows["full"]
     speed = (lora["tokens"] / lora["seconds"]) / (full["tokens"] / full["seconds"])
-    print(f"LoRA / full: speed {speed:.2f}x, peak memory "
-          f"{lora['peak_rss_mib'] / full['peak_rss_mib']:.2f}x")  # fmt: skip
+    print(
+        f"LoRA / full: speed {speed:.2f}x, peak memory "
+        f"{lora['peak_rss_mib'] / full['peak_rss_mib']:.2f}x"
+    )
 
 
 def bench_teacher(tmp: Path, n_topics: int) -> None:
@@ -98,14 +147,17 @@ def bench_teacher(tmp: Path, n_topics: int) -> None:
         )
     )
     options = TeacherOptions(topics=topics, entities=2)
-    request = RunRequest(EvaluatorConfig(concurrency=8, max_tokens=256),
-                         RunConfig(run_dir=tmp / "teacher"), options)  # fmt: skip
+    request = RunRequest(
+        EvaluatorConfig(concurrency=8, max_tokens=256), RunConfig(run_dir=tmp / "teacher"), options
+    )
     started = time.perf_counter()
     outcomes = execute(TEACHER_DATA, request, quiet=True)
     elapsed = time.perf_counter() - started
     examples = sum(len(r.details.get("examples", [])) for r in outcomes["examples"].results)
-    print(f"teacher data (embedded, incl. server start): {examples} examples in {elapsed:.0f} s "
-          f"= {60 * examples / elapsed:.1f} examples/min")  # fmt: skip
+    print(
+        f"teacher data (embedded, incl. server start): {examples} examples in {elapsed:.0f} s "
+        f"= {60 * examples / elapsed:.1f} examples/min"
+    )
 
 
 def main() -> None:

@@ -34,8 +34,9 @@ def corpus_rows() -> list[dict]:
         topic = json.loads(line)
         rows.append({"id": f"t{topic['topic_id']}", "contents": topic["description"]})
         for sub in topic["subtopics"]:
-            rows.append({"id": f"t{topic['topic_id']}.{sub['subtopic_id']}",
-                         "contents": sub["description"]})  # fmt: skip
+            rows.append(
+                {"id": f"t{topic['topic_id']}.{sub['subtopic_id']}", "contents": sub["description"]}
+            )
     return rows
 
 
@@ -54,7 +55,7 @@ def bench_nli(model_path: str, responses: list[list[str]], index, k: int) -> Non
         [(h.text, claim) for h in hits]
         for claims in responses
         for claim, hits in zip(claims, index.search(claims, k, "bm25"), strict=True)
-    ]  # fmt: skip
+    ]
     n_pairs = sum(len(p) for p in per_claim)
     scorer.probabilities(per_claim[0])  # warm-up
 
@@ -68,8 +69,10 @@ def bench_nli(model_path: str, responses: list[list[str]], index, k: int) -> Non
             scorer.probabilities(pairs)
 
     rates = {}
-    for name, run in (("batched across responses", lambda: asyncio.run(batched())),
-                      ("one claim at a time", one_claim_at_a_time)):  # fmt: skip
+    for name, run in (
+        ("batched across responses", lambda: asyncio.run(batched())),
+        ("one claim at a time", one_claim_at_a_time),
+    ):
         times = []
         for _ in range(3):
             started = time.perf_counter()
@@ -102,11 +105,20 @@ def bench_full(tmp: Path, index_dir: Path, model_path: str, n: int) -> None:
 
     topics = [json.loads(line) for line in TOPICS.read_text().splitlines()][:n]
     responses = tmp / "responses.jsonl"
-    responses.write_text("".join(json.dumps({"query_id": t["topic_id"],
-                                             "response": t["description"]}) + "\n"
-                                 for t in topics))  # fmt: skip
-    options = IcatOptions(input=responses, queries=TOPICS, index=index_dir, nli_model=model_path,
-                          retrieval="hybrid", variants=["s", "a"])  # fmt: skip
+    responses.write_text(
+        "".join(
+            json.dumps({"query_id": t["topic_id"], "response": t["description"]}) + "\n"
+            for t in topics
+        )
+    )
+    options = IcatOptions(
+        input=responses,
+        queries=TOPICS,
+        index=index_dir,
+        nli_model=model_path,
+        retrieval="hybrid",
+        variants=["s", "a"],
+    )
     request = RunRequest(EvaluatorConfig(concurrency=8), RunConfig(run_dir=tmp / "run"), options)
     started = time.perf_counter()
     outcome = execute(ICAT, request, quiet=True)[""]
@@ -116,8 +128,10 @@ def bench_full(tmp: Path, index_dir: Path, model_path: str, n: int) -> None:
         for stage, seconds in record.details.get("seconds", {}).items():
             stages.setdefault(stage, []).append(seconds)
     claims = sum(len(r.details.get("claims", [])) for r in outcome.results)
-    print(f"full run: {len(outcome.results)} responses in {elapsed:.1f} s, {claims} claims "
-          f"({claims / elapsed:.2f} claims/s end to end)")  # fmt: skip
+    print(
+        f"full run: {len(outcome.results)} responses in {elapsed:.1f} s, {claims} claims "
+        f"({claims / elapsed:.2f} claims/s end to end)"
+    )
     for stage, values in stages.items():
         print(f"  {stage:10s} median {statistics.median(values):7.2f} s per response")
 
@@ -146,8 +160,9 @@ def main() -> None:
         index = SearchIndex.load(tmp / "index")
         model_path = args.nli_model or str(build_tiny_classifier(tmp / "nli"))
         responses = claims_of(rows, args.responses, args.claims)
-        print(f"{args.responses} responses x {args.claims} claims, k={args.k}, "
-              f"{len(rows)} documents")  # fmt: skip
+        print(
+            f"{args.responses} responses x {args.claims} claims, k={args.k}, {len(rows)} documents"
+        )
         bench_nli(model_path, responses, index, args.k)
         bench_retrieval(index, responses, args.k)
         if args.full:

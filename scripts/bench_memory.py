@@ -22,8 +22,10 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-FILLER = ("The tower was finished in 1889 for the fair and stands about three hundred metres "
-          "tall in the middle of the city. ")  # fmt: skip
+FILLER = (
+    "The tower was finished in 1889 for the fair and stands about three hundred metres "
+    "tall in the middle of the city. "
+)
 
 
 def one_run(size: int, tmp: Path) -> None:
@@ -37,13 +39,16 @@ def one_run(size: int, tmp: Path) -> None:
     items = tmp / "items.jsonl"
     with items.open("w") as out:
         for k in range(size):
-            out.write(json.dumps({"id": f"q{k}", "question": f"Question {k}? " + FILLER * 18})
-                      + "\n")  # fmt: skip
-    client = ScriptedClient({"generate": lambda prompt: "An answer. " + FILLER * 3},
-                            keep_calls=False)  # fmt: skip
+            out.write(
+                json.dumps({"id": f"q{k}", "question": f"Question {k}? " + FILLER * 18}) + "\n"
+            )
+    client = ScriptedClient(
+        {"generate": lambda prompt: "An answer. " + FILLER * 3}, keep_calls=False
+    )
     evaluator = EvaluatorConfig(model="judge", endpoint="http://127.0.0.1:9/v1", concurrency=64)
-    request = RunRequest(evaluator, RunConfig(run_dir=tmp / "run", cache=None),
-                         GenerateOptions(input=items))  # fmt: skip
+    request = RunRequest(
+        evaluator, RunConfig(run_dir=tmp / "run", cache=None), GenerateOptions(input=items)
+    )
     execute(GENERATE, request, quiet=True, open_client=lambda ev, d: fixed_client(client))
     print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
 
@@ -59,8 +64,12 @@ def main() -> None:
         return
     peaks = {}
     for size in args.sizes:
-        done = subprocess.run([sys.executable, __file__, "--one", str(size)], check=True,
-                              capture_output=True, text=True)  # fmt: skip
+        done = subprocess.run(
+            [sys.executable, __file__, "--one", str(size)],
+            check=True,
+            capture_output=True,
+            text=True,
+        )
         peaks[size] = int(done.stdout.split()[-1]) / 1024
         print(f"{size:>7} items: peak RSS {peaks[size]:,.0f} MiB", flush=True)
     sizes = sorted(peaks)

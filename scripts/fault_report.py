@@ -89,10 +89,19 @@ def malformed_inputs() -> int:
                 before = snapshot(root)
                 result = CliRunner().invoke(app, args)
                 lines = result.output.strip().splitlines()
-                clean = (result.exit_code == 2 and len(lines) == 1 and bad.file in lines[0]
-                         and bad.expect in lines[0])  # fmt: skip
-                outcome = ("wrote files" if snapshot(root) != before
-                           else "refused cleanly" if clean else "escaped")  # fmt: skip
+                clean = (
+                    result.exit_code == 2
+                    and len(lines) == 1
+                    and bad.file in lines[0]
+                    and bad.expect in lines[0]
+                )
+                outcome = (
+                    "wrote files"
+                    if snapshot(root) != before
+                    else "refused cleanly"
+                    if clean
+                    else "escaped"
+                )
             finally:
                 os.chdir(here)
         table.setdefault(bad.file, Counter())[outcome] += 1
@@ -119,19 +128,48 @@ def short_kinds(totals: dict[str, Replay], target: int) -> set[str]:
 
 
 def print_tables(rows: list[tuple[str, Replay]]) -> None:
-    head = ["case", "calls", "adversarial", *DEFINED, "error", "recorded", "escaped", "lost",
-            "problems"]  # fmt: skip
+    head = [
+        "case",
+        "calls",
+        "adversarial",
+        *DEFINED,
+        "error",
+        "recorded",
+        "escaped",
+        "lost",
+        "problems",
+    ]
     lines = [head]
     for name, r in rows:
-        lines.append([name, r.calls, sum(r.families.values()),
-                      *(r.statuses[s] for s in DEFINED), r.statuses["error"], r.recorded,
-                      len(r.escaped), r.lost, len(r.problems)])  # fmt: skip
+        lines.append(
+            [
+                name,
+                r.calls,
+                sum(r.families.values()),
+                *(r.statuses[s] for s in DEFINED),
+                r.statuses["error"],
+                r.recorded,
+                len(r.escaped),
+                r.lost,
+                len(r.problems),
+            ]
+        )
     total = Replay()
     for _, r in rows:
         total.merge(r)
-    lines.append(["all", total.calls, sum(total.families.values()),
-                  *(total.statuses[s] for s in DEFINED), total.statuses["error"], total.recorded,
-                  len(total.escaped), total.lost, len(total.problems)])  # fmt: skip
+    lines.append(
+        [
+            "all",
+            total.calls,
+            sum(total.families.values()),
+            *(total.statuses[s] for s in DEFINED),
+            total.statuses["error"],
+            total.recorded,
+            len(total.escaped),
+            total.lost,
+            len(total.problems),
+        ]
+    )
     show(lines)
     print()
     families: Counter[str] = total.families
@@ -150,8 +188,12 @@ def print_tables(rows: list[tuple[str, Replay]]) -> None:
 def show(lines: list[list]) -> None:
     widths = [max(len(str(line[i])) for line in lines) for i in range(len(lines[0]))]
     for n, line in enumerate(lines):
-        print(" | ".join(str(v).rjust(w) if i else str(v).ljust(w)
-                         for i, (v, w) in enumerate(zip(line, widths, strict=True))))  # fmt: skip
+        print(
+            " | ".join(
+                str(v).rjust(w) if i else str(v).ljust(w)
+                for i, (v, w) in enumerate(zip(line, widths, strict=True))
+            )
+        )
         if n == 0:
             print("-+-".join("-" * w for w in widths))
 

@@ -52,21 +52,48 @@ TOLERANCES = {"float32": 1e-4, "float16": 32 * 2.0**-10, "bfloat16": 32 * 2.0**-
 INIT_RANGE = 0.1
 
 DEBERTA_V3_LARGE = {
-    "vocab_size": 128100, "hidden_size": 1024, "num_hidden_layers": 24,
-    "num_attention_heads": 16, "intermediate_size": 4096, "max_position_embeddings": 512,
-    "relative_attention": True, "position_buckets": 256, "norm_rel_ebd": "layer_norm",
-    "share_att_key": True, "pos_att_type": ["p2c", "c2p"], "layer_norm_eps": 1e-7,
-    "max_relative_positions": -1, "position_biased_input": False, "pad_token_id": 0,
-}  # fmt: skip
-MINILM_L6 = {"vocab_size": 30522, "hidden_size": 384, "num_hidden_layers": 6,
-             "num_attention_heads": 12, "intermediate_size": 1536, "pad_token_id": 0}  # fmt: skip
+    "vocab_size": 128100,
+    "hidden_size": 1024,
+    "num_hidden_layers": 24,
+    "num_attention_heads": 16,
+    "intermediate_size": 4096,
+    "max_position_embeddings": 512,
+    "relative_attention": True,
+    "position_buckets": 256,
+    "norm_rel_ebd": "layer_norm",
+    "share_att_key": True,
+    "pos_att_type": ["p2c", "c2p"],
+    "layer_norm_eps": 1e-7,
+    "max_relative_positions": -1,
+    "position_biased_input": False,
+    "pad_token_id": 0,
+}
+MINILM_L6 = {
+    "vocab_size": 30522,
+    "hidden_size": 384,
+    "num_hidden_layers": 6,
+    "num_attention_heads": 12,
+    "intermediate_size": 1536,
+    "pad_token_id": 0,
+}
 LLAMA_8B = {
-    "vocab_size": 128256, "hidden_size": 4096, "intermediate_size": 14336,
-    "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
-    "max_position_embeddings": 8192, "rope_theta": 500000.0, "rms_norm_eps": 1e-5,
-}  # fmt: skip
-LLAMA_TINY = {"hidden_size": 256, "intermediate_size": 512, "num_hidden_layers": 2,
-              "num_attention_heads": 4, "num_key_value_heads": 2}  # fmt: skip
+    "vocab_size": 128256,
+    "hidden_size": 4096,
+    "intermediate_size": 14336,
+    "num_hidden_layers": 32,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+    "max_position_embeddings": 8192,
+    "rope_theta": 500000.0,
+    "rms_norm_eps": 1e-5,
+}
+LLAMA_TINY = {
+    "hidden_size": 256,
+    "intermediate_size": 512,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+}
 
 
 @dataclass

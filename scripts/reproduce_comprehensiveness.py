@@ -32,16 +32,30 @@ def main(argv: list[str]) -> int:
         print(__doc__)
         return 2
     grid = [arg for spec in known.evaluators for arg in ("--evaluators", spec)]
-    code = _run(["reproduce", "comprehensiveness", *grid, *rest,
-                 "--run-dir", f"{known.run_dir}/grid"])  # fmt: skip
+    code = _run(
+        ["reproduce", "comprehensiveness", *grid, *rest, "--run-dir", f"{known.run_dir}/grid"]
+    )
     if code or not known.eli5:
         return code
     judge = known.eli5_judge or known.evaluators[0]
     model, _, url = judge.partition("@")
     responders = [arg for spec in known.evaluators for arg in ("--responder", spec)]
-    return _run(["eli5", known.eli5, *responders, "--method", "qa", "--method", "e2e",
-                 "--model", model, *(["--endpoint", url] if url else []),
-                 "--run-dir", f"{known.run_dir}/eli5"])  # fmt: skip
+    return _run(
+        [
+            "eli5",
+            known.eli5,
+            *responders,
+            "--method",
+            "qa",
+            "--method",
+            "e2e",
+            "--model",
+            model,
+            *(["--endpoint", url] if url else []),
+            "--run-dir",
+            f"{known.run_dir}/eli5",
+        ]
+    )
 
 
 def _run(args: list[str]) -> int:

@@ -57,10 +57,17 @@ def register(name: str, source: Path | str, *, replace: bool = False) -> Path:
     for item in Path(source).iterdir():
         if item.is_file() and (item.name in keep or item.name.startswith("tokenizer")):
             shutil.copy2(item, staging / item.name)
-    (staging / "registered.json").write_text(json.dumps({
-        "name": name, "source": str(Path(source).resolve()),
-        "base": config.get("base_model_name_or_path"), "rank": config.get("r"),
-    }, indent=1))  # fmt: skip
+    (staging / "registered.json").write_text(
+        json.dumps(
+            {
+                "name": name,
+                "source": str(Path(source).resolve()),
+                "base": config.get("base_model_name_or_path"),
+                "rank": config.get("r"),
+            },
+            indent=1,
+        )
+    )
     if target.exists():
         shutil.rmtree(target)
     staging.rename(target)  # the registry never holds a half-copied adapter
@@ -81,15 +88,20 @@ def check_base(name: str, path: Path | str, served: set[str]) -> None:
     if not base:
         return  # the adapter does not say: nothing to check
     names = {s for s in served if s}
-    aliases = names | {Path(s).name for s in names} | {str(Path(s).resolve()) for s in names
-                                                        if Path(s).exists()}  # fmt: skip
+    aliases = (
+        names
+        | {Path(s).name for s in names}
+        | {str(Path(s).resolve()) for s in names if Path(s).exists()}
+    )
     if base in aliases or Path(base).name in aliases:
         return
-    raise AdapterError(f"adapter {name!r} was trained on {base!r}, not on the served model "
-                       f"{sorted(names)[0]!r}")  # fmt: skip
+    raise AdapterError(
+        f"adapter {name!r} was trained on {base!r}, not on the served model {sorted(names)[0]!r}"
+    )
 
 
 def check_rank(name: str, rank: int) -> None:
     if rank > MAX_SERVED_RANK:
-        raise AdapterError(f"adapter {name!r} has rank {rank}, above the server's limit "
-                           f"({MAX_SERVED_RANK})")  # fmt: skip
+        raise AdapterError(
+            f"adapter {name!r} has rank {rank}, above the server's limit ({MAX_SERVED_RANK})"
+        )

@@ -173,8 +173,9 @@ class DriverChild:
     def __init__(self, target: Callable[..., None], args: tuple, name: str):
         context = multiprocessing.get_context("spawn")  # a fresh interpreter: no inherited Ray
         self.conn, child = context.Pipe()
-        self.process = context.Process(target=_child_main, args=(target, child, args),
-                                       name=name, daemon=True)  # fmt: skip
+        self.process = context.Process(
+            target=_child_main, args=(target, child, args), name=name, daemon=True
+        )
         self.process.start()
         child.close()
 
@@ -204,8 +205,9 @@ class DriverChild:
 
     def ended(self) -> str:
         code = self.process.exitcode
-        return "its Ray driver process " + ("is not answering" if code is None else
-                                            f"ended (exit code {code})")  # fmt: skip
+        return "its Ray driver process " + (
+            "is not answering" if code is None else f"ended (exit code {code})"
+        )
 
     def stop(self, *, tidy: bool, wait: float) -> None:
         """Ask the child to stop (``tidy``: it may still reach its cluster) and wait ``wait``

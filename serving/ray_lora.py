@@ -34,11 +34,15 @@ class PathAdapterLoader(LoraModelLoader):
         paths = json.loads(os.environ.get(ADAPTERS_ENV, "{}"))
         name = get_lora_id(lora_model_id)
         if name not in paths:  # a client error, answered at once (vLLM says 404 too)
-            raise HTTPException(404, f"adapter {name!r} does not exist here "
-                                     f"(served: {', '.join(sorted(paths))})")  # fmt: skip
-        config = DiskMultiplexConfig(model_id=lora_model_id, max_total_tokens=None,
-                                     local_path=paths[name],
-                                     lora_assigned_int_id=global_id_manager.next())  # fmt: skip
+            raise HTTPException(
+                404, f"adapter {name!r} does not exist here (served: {', '.join(sorted(paths))})"
+            )
+        config = DiskMultiplexConfig(
+            model_id=lora_model_id,
+            max_total_tokens=None,
+            local_path=paths[name],
+            lora_assigned_int_id=global_id_manager.next(),
+        )
         self.disk_cache[lora_model_id] = config
         return config
 
@@ -46,7 +50,15 @@ class PathAdapterLoader(LoraModelLoader):
 class AdapterServer(CountedServer):
     """Our counting server with the path loader."""
 
-    async def __init__(self, llm_config: Any, *, engine_cls: Any = None,  # type: ignore[misc]
-                       model_downloader: Any = None):  # fmt: skip
-        await super().__init__(llm_config, engine_cls=engine_cls,
-                               model_downloader=model_downloader or PathAdapterLoader)  # fmt: skip
+    async def __init__(  # type: ignore[misc]  # Serve LLM's servers have an async __init__
+        self,
+        llm_config: Any,
+        *,
+        engine_cls: Any = None,
+        model_downloader: Any = None,
+    ):
+        await super().__init__(
+            llm_config,
+            engine_cls=engine_cls,
+            model_downloader=model_downloader or PathAdapterLoader,
+        )

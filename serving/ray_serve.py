@@ -107,11 +107,16 @@ def llm_config(spec: ServerSpec, replicas: int, device: str) -> Any:
     if spec.loras:  # every replica can load every adapter; Serve decides which one does
         from serving.ray_lora import ADAPTERS_ENV, AdapterServer
 
-        engine |= {"enable_lora": True, "max_lora_rank": lora_rank_for(spec.loras),
-                   "max_loras": len(spec.loras)}  # fmt: skip
+        engine |= {
+            "enable_lora": True,
+            "max_lora_rank": lora_rank_for(spec.loras),
+            "max_loras": len(spec.loras),
+        }
         env = env | {ADAPTERS_ENV: json.dumps({a.name: a.path for a in spec.loras})}
-        adapters = {"server_cls": AdapterServer,
-                    "lora_config": {"max_num_adapters_per_replica": len(spec.loras)}}  # fmt: skip
+        adapters = {
+            "server_cls": AdapterServer,
+            "lora_config": {"max_num_adapters_per_replica": len(spec.loras)},
+        }
     if NO_MIRROR_CALLBACK:  # we name no cloud mirror: the per-node download task is a no-op
         adapters["callback_config"] = {"callback_class": NO_MIRROR_CALLBACK}
     return LLMConfig(
@@ -132,8 +137,15 @@ def _bytes(text: str) -> int:
     )
 
 
-def _host(channel: Channel, spec: ServerSpec, replicas: int, address: str | None, port: int,
-          device: str, timeout: float) -> None:  # fmt: skip
+def _host(
+    channel: Channel,
+    spec: ServerSpec,
+    replicas: int,
+    address: str | None,
+    port: int,
+    device: str,
+    timeout: float,
+) -> None:
     """The app's Ray driver, in a child process: deploys, reports, answers, and when the run
     says stop (or is gone) deletes the app and leaves Ray."""
     import ray
@@ -251,8 +263,14 @@ class RayReplicas:
     exception when its raylet or the cluster's GCS dies, and the run must outlive that to say so
     in one line (``gone``) and stop cleanly."""
 
-    def __init__(self, spec: ServerSpec, replicas: int, *, address: str | None = None,
-                 port: int | None = None):  # fmt: skip
+    def __init__(
+        self,
+        spec: ServerSpec,
+        replicas: int,
+        *,
+        address: str | None = None,
+        port: int | None = None,
+    ):
         spec.check_exposure()  # off loopback only with a key
         from serving.launcher import free_port
 

@@ -82,9 +82,12 @@ async def test_qa_method(vllm_server, tmp_path, protocol):
             assert pair != ("response", "response")
         assert comparison["first"].split(".")[0] == comparison["second"].split(".")[0]  # same q
         assert comparison["relation"] in {
-            "equivalent", "first implies second", "second implies first", "contradictory",
+            "equivalent",
+            "first implies second",
+            "second implies first",
+            "contradictory",
             "neutral",
-        }  # fmt: skip
+        }
     for answer in details["answers"]:
         assert answer["kept"] == (answer["confidence"] >= config.t_conf)
     assert all(q["weighted"] for q in details["refined_questions"])  # logprob-weighted
@@ -98,9 +101,11 @@ async def test_unconstrained_garbage_is_recorded_unparseable_never_scored(vllm_s
     # model's 4,096-token window, which the server rejects (status error, rightly).
     config = ComprehensivenessOptions(method=method, max_reasks=1, summarise=False, **SMALL)
     client = EvalClient(
-        vllm_server.base_url, vllm_server.served_name, default_params={"temperature": 0.0},
+        vllm_server.base_url,
+        vllm_server.served_name,
+        default_params={"temperature": 0.0},
         vllm_extensions=False,
-    )  # fmt: skip
+    )
     async with client:
         record = await evaluate_item(client, ITEM, config)
     assert record.status == "unparseable", record.failure
@@ -126,10 +131,21 @@ def test_cli_runs_resumes_and_exports(vllm_server, tmp_path):
     cfg = tmp_path / "c.yaml"
     cfg.write_text("comprehensiveness:\n" + "".join(f"  {k}: {v}\n" for k, v in SMALL.items()))
     args = [
-        "eval", "comprehensiveness", str(data), "--method", "nli", "--config", str(cfg),
-        "--endpoint", vllm_server.base_url, "--model", vllm_server.served_name,
-        "--run-dir", str(tmp_path / "run"), "--quiet",
-    ]  # fmt: skip
+        "eval",
+        "comprehensiveness",
+        str(data),
+        "--method",
+        "nli",
+        "--config",
+        str(cfg),
+        "--endpoint",
+        vllm_server.base_url,
+        "--model",
+        vllm_server.served_name,
+        "--run-dir",
+        str(tmp_path / "run"),
+        "--quiet",
+    ]
     runner = CliRunner()
     first = runner.invoke(app, args, catch_exceptions=False)
     assert first.exit_code == 0, first.output
@@ -176,7 +192,7 @@ def test_meta_eval_wikicontradict_on_real_rows(vllm_server, tmp_path):
             "--quiet",
             "--resamples",
             "2000",
-        ],  # fmt: skip
+        ],
         catch_exceptions=False,
     )
     assert result.exit_code == 0, result.output
@@ -234,7 +250,7 @@ def test_eli5_study_table(vllm_server, tmp_path):
             "--run-dir",
             str(tmp_path / "run"),
             "--quiet",
-        ],  # fmt: skip
+        ],
         catch_exceptions=False,
     )
     assert result.exit_code == 0, result.output

@@ -123,8 +123,13 @@ def test_graphml_holds_model_text_with_characters_xml_forbids(tmp_path):
 
 
 def test_coverage_by_source_counts_nodes_not_components():
-    statements = [S("r1", "r", "response"), S("c1.a1", "x", "c1"), S("c1.a2", "y", "c1"),
-                  S("c2.a1", "x'", "c2"), S("c3.a1", "z", "c3")]  # fmt: skip
+    statements = [
+        S("r1", "r", "response"),
+        S("c1.a1", "x", "c1"),
+        S("c1.a2", "y", "c1"),
+        S("c2.a1", "x'", "c2"),
+        S("c3.a1", "z", "c3"),
+    ]
     # r1 covers c1.a1, which is equivalent to c2.a1 (one component); c1.a2 and c3.a1 are not.
     edges = [("r1", "c1.a1"), ("c1.a1", "c2.a1"), ("c2.a1", "c1.a1")]
     result = coverage(build_graph(statements, edges))

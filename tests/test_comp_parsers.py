@@ -23,8 +23,10 @@ def test_units_keep_type_and_split_on_last_colon():
         "- no type here\n- x: Banana\n- The ratio is 3:1: Fact\n"
     )
     assert [(u.text, u.type) for u in units] == [
-        ("The ratio is 3:1", "fact"), ("I think so", "claim"), ("Do this", "instruction"),
-    ]  # fmt: skip
+        ("The ratio is 3:1", "fact"),
+        ("I think so", "claim"),
+        ("Do this", "instruction"),
+    ]
 
 
 @pytest.mark.parametrize("bad", ["", "Sure, here are the units.", "- text without type", "- x:"])
@@ -58,8 +60,9 @@ def test_answers_match_questions_and_flag_unknown():
     )
     sheet = parse_answers(text, questions)
     assert [(a.text, a.confidence, a.position) for a in sheet.by_question[0]] == [
-        ("330 m", 5, 0), ("300 m", 2, 1),
-    ]  # fmt: skip
+        ("330 m", 5, 0),
+        ("300 m", 2, 1),
+    ]
     assert sheet.by_question[1][0].unknown
     assert sheet.markers == 3
 

@@ -167,9 +167,16 @@ def test_models_lists_presets():
 
 
 @pytest.mark.parametrize(
-    "command", [["generate"], ["eval", "comprehensiveness"], ["eval", "garage"],
-                ["eval", "fanoutqa"], ["meta-eval", "wikicontradict"], ["eli5"]],
-)  # fmt: skip
+    "command",
+    [
+        ["generate"],
+        ["eval", "comprehensiveness"],
+        ["eval", "garage"],
+        ["eval", "fanoutqa"],
+        ["meta-eval", "wikicontradict"],
+        ["eli5"],
+    ],
+)
 def test_shared_options_appear_once_in_one_group(command):
     from pipelines.cli.options import SHARED_OPTIONS
 
@@ -246,12 +253,18 @@ def test_items_read_on_use_equal_an_eager_read(tmp_path):
     """Items kept as byte offsets parse to what reading every line at once gives, with the
     same content digest (the run identity), also for a limit and a subset."""
     path = tmp_path / "items.jsonl"
-    lines = ['\ufeff{"id": "q1", "question": "a?"}', "", '{"question": "b?", "contexts": ["x"]}',
-             '{"id": 7, "query": "c?"}']  # fmt: skip
+    lines = [
+        '\ufeff{"id": "q1", "question": "a?"}',
+        "",
+        '{"question": "b?", "contexts": ["x"]}',
+        '{"id": 7, "query": "c?"}',
+    ]
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
-    eager = [GenerateItem(id="q1", question="a?"),
-             GenerateItem(id="3", question="b?", contexts=["x"]),  # id: its line number
-             GenerateItem(id="7", question="c?")]  # fmt: skip
+    eager = [
+        GenerateItem(id="q1", question="a?"),
+        GenerateItem(id="3", question="b?", contexts=["x"]),  # id: its line number
+        GenerateItem(id="7", question="c?"),
+    ]
     view = read_jsonl(path, GenerateItem)
     assert list(view) == eager and view[2] == eager[2] and view.ids == ["q1", "3", "7"]
     assert view.digest == items_digest(list(eager))

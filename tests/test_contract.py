@@ -23,8 +23,9 @@ from pipelines.cli import app
 from pipelines.runtime.results import ItemResult, StageFailure, not_scored
 
 ROOT = Path(__file__).resolve().parents[1]
-FRAMEWORK_PACKAGES = [p for p in (ROOT / "pipelines").iterdir()
-                      if p.is_dir() and (p / "__init__.py").is_file()]  # fmt: skip
+FRAMEWORK_PACKAGES = [
+    p for p in (ROOT / "pipelines").iterdir() if p.is_dir() and (p / "__init__.py").is_file()
+]
 
 
 def cli(args: list[str]):
@@ -36,8 +37,7 @@ def cli(args: list[str]):
 
 def crux_record(i: int, status: str = "ok") -> ItemResult:
     details = {"cov": 0.5, "alpha_ndcg": 0.4, "den": 0.9, "unrated": 1, "rated": []}
-    return ItemResult(id=f"t{i}", status=status, score=0.5, explanation="by hand",
-                      details=details)  # fmt: skip
+    return ItemResult(id=f"t{i}", status=status, score=0.5, explanation="by hand", details=details)
 
 
 def test_tables_parse_each_record_once(tmp_path, monkeypatch):
@@ -47,10 +47,12 @@ def test_tables_parse_each_record_once(tmp_path, monkeypatch):
     from pipelines.reports.report import load_outcome
 
     store = runstore.RunStore(tmp_path)
-    options = CruxOptions(input=tmp_path / "run.trec", topics=tmp_path / "t.jsonl",
-                          passages=tmp_path / "p.jsonl")  # fmt: skip
-    store.open(framework="crux", task="crux", config={}, options=options.model_dump(mode="json"),
-               items=3)  # fmt: skip
+    options = CruxOptions(
+        input=tmp_path / "run.trec", topics=tmp_path / "t.jsonl", passages=tmp_path / "p.jsonl"
+    )
+    store.open(
+        framework="crux", task="crux", config={}, options=options.model_dump(mode="json"), items=3
+    )
     for i in range(3):
         store.append(crux_record(i))
     store.close()
@@ -75,8 +77,12 @@ def _context_internals(path: Path) -> list[str]:
 
 
 def test_no_framework_touches_the_client_or_the_meter():
-    offenders = [hit for package in FRAMEWORK_PACKAGES for path in package.rglob("*.py")
-                 for hit in _context_internals(path)]  # fmt: skip
+    offenders = [
+        hit
+        for package in FRAMEWORK_PACKAGES
+        for path in package.rglob("*.py")
+        for hit in _context_internals(path)
+    ]
     assert offenders == []
 
 
@@ -130,8 +136,10 @@ def test_not_scored_is_one_definition():
     records = mixed({})
     assert not_scored(records) == {"abstained": 1, "undefined": 1, "unparseable": 1, "error": 1}
     assert not_scored(records, lambda r: 0.0 if r.status == "undefined" else r.score) == {
-        "abstained": 1, "unparseable": 1, "error": 1,
-    }  # fmt: skip
+        "abstained": 1,
+        "unparseable": 1,
+        "error": 1,
+    }
 
 
 def test_every_frameworks_table_counts_not_scored_the_same_way(tmp_path):
@@ -140,16 +148,20 @@ def test_every_frameworks_table_counts_not_scored_the_same_way(tmp_path):
     from pipelines.garage.framework import summarise
     from pipelines.icat.framework import IcatOptions, table3
 
-    garage = {"expects_deflection": True, "deflected": True, "attribution": {
-        "precision": None, "recall": None, "f1": None}}  # fmt: skip
+    garage = {
+        "expects_deflection": True,
+        "deflected": True,
+        "attribution": {"precision": None, "recall": None, "f1": None},
+    }
     records = mixed({"setting": "closed-book", "query_id": "q", "system": "s"} | garage)
     expected = not_scored(records)
     assert table_row(records)["not_scored"] == expected
     assert summarise(records)["not_scored"] == expected
     crux = CruxOptions(input=tmp_path / "r", topics=tmp_path / "t", passages=tmp_path / "p")
     assert CRUX.aggregate(records, crux)["not_scored"] == expected
-    icat = IcatOptions(input=tmp_path / "r", queries=tmp_path / "q", snippets=tmp_path / "s",
-                       nli_model="x")  # fmt: skip
+    icat = IcatOptions(
+        input=tmp_path / "r", queries=tmp_path / "q", snippets=tmp_path / "s", nli_model="x"
+    )
     assert table3(records, icat)["s"]["not_scored"] == expected
 
 
@@ -173,9 +185,13 @@ def test_comprehensiveness_rules_are_one_frozen_object_per_protocol():
 def test_no_comprehensiveness_code_asks_the_protocol_by_name():
     pattern = re.compile(r"protocol\s*[!=]=|\bpaper\(|\bsummarises\(|is_paper")
     package = ROOT / "pipelines" / "comprehensiveness"
-    hits = [f"{path.name}:{n}" for path in package.glob("*.py") if path.name != "rules.py"
-            for n, line in enumerate(path.read_text().splitlines(), 1)
-            if pattern.search(line)]  # fmt: skip
+    hits = [
+        f"{path.name}:{n}"
+        for path in package.glob("*.py")
+        if path.name != "rules.py"
+        for n, line in enumerate(path.read_text().splitlines(), 1)
+        if pattern.search(line)
+    ]
     assert hits == []
 
 
@@ -212,17 +228,26 @@ def test_max_reasks_from_yaml_reaches_the_stage(tmp_path):
     from tests.support.scripted import ScriptedClient
 
     config = tmp_path / "c.yaml"
-    config.write_text("garage:\n  max_reasks: 0\nevaluator:\n  endpoint: http://127.0.0.1:9/v1\n"
-                      "  model: m\n")  # fmt: skip
+    config.write_text(
+        "garage:\n  max_reasks: 0\nevaluator:\n  endpoint: http://127.0.0.1:9/v1\n  model: m\n"
+    )
     records = ROOT / "examples" / "garage.jsonl"
-    request = load_request(GARAGE, {"input": records, "limit": 1},
-                           Shared(config=config, run_dir=tmp_path / "run"))  # fmt: skip
+    request = load_request(
+        GARAGE, {"input": records, "limit": 1}, Shared(config=config, run_dir=tmp_path / "run")
+    )
     assert request.options.max_reasks == 0
-    client = ScriptedClient({"answer": "It is 330 m tall [1].", "deflection": "attempted",
-                             "eligibility": "not a label"}, check_constraints=False)  # fmt: skip
+    client = ScriptedClient(
+        {
+            "answer": "It is 330 m tall [1].",
+            "deflection": "attempted",
+            "eligibility": "not a label",
+        },
+        check_constraints=False,
+    )
     request.run.cache = None
-    [outcome] = execute(GARAGE, request, quiet=True,
-                        open_client=lambda ev, d: fixed_client(client)).values()  # fmt: skip
+    [outcome] = execute(
+        GARAGE, request, quiet=True, open_client=lambda ev, d: fixed_client(client)
+    ).values()
     assert outcome.results[0].status == "unparseable"
     assert len(client.stage_calls("eligibility")) == 1  # no re-ask
 
@@ -259,16 +284,37 @@ def test_view_off_loopback_needs_a_key(tmp_path):
     from pipelines.runtime.runstore import RunStore
 
     store = RunStore(run_dir)
-    store.open(framework="generate", task="generate", config={}, options={"input": "x"},
-               models={}, prompts={}, items=0)  # fmt: skip
+    store.open(
+        framework="generate",
+        task="generate",
+        config={},
+        options={"input": "x"},
+        models={},
+        prompts={},
+        items=0,
+    )
     result = cli(["view", str(run_dir), "--host", "0.0.0.0", "--port", "0"])
     assert result.exit_code == 2 and "--api-key-env" in result.output
     env = os.environ | {"VIEW_KEY": "s3cret"}
     process = subprocess.Popen(
-        [sys.executable, "-m", "pipelines.cli", "view", str(run_dir), "--host", "0.0.0.0",
-         "--port", "0", "--api-key-env", "VIEW_KEY"],
-        stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "pipelines.cli",
+            "view",
+            str(run_dir),
+            "--host",
+            "0.0.0.0",
+            "--port",
+            "0",
+            "--api-key-env",
+            "VIEW_KEY",
+        ],
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        cwd=ROOT,
+    )
     try:
         line = ""
         deadline = time.time() + 60

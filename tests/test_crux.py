@@ -95,24 +95,35 @@ def test_alpha_ndcg_keeps_the_runs_order():
 
 # ---- eval crux on a TREC run, scripted ratings for the pairs the file lacks --------------------
 
-TEXTS = {"p0": "a b c d e", "p1": "one two three", "p2": "two words", "p3": "x",
-         "p4": "four words text here"}  # fmt: skip
+TEXTS = {
+    "p0": "a b c d e",
+    "p1": "one two three",
+    "p2": "two words",
+    "p3": "x",
+    "p4": "four words text here",
+}
 
 
 def write_crux(tmp_path, ratings=RATINGS, run_lines=None):
     import json
 
-    files = {"topics": [{"topic": "t1", "query": "q", "questions": ["Q0?", "Q1?", "Q2?", "Q3?"]}],
-             "passages": [{"id": p, "topic": "t1", "text": t} for p, t in TEXTS.items()],
-             "ratings": [{"topic": "t1", "passage_id": p, "question": q, "rating": r}
-                         for p, row in ratings.items() for q, r in enumerate(row)]}  # fmt: skip
+    files = {
+        "topics": [{"topic": "t1", "query": "q", "questions": ["Q0?", "Q1?", "Q2?", "Q3?"]}],
+        "passages": [{"id": p, "topic": "t1", "text": t} for p, t in TEXTS.items()],
+        "ratings": [
+            {"topic": "t1", "passage_id": p, "question": q, "rating": r}
+            for p, row in ratings.items()
+            for q, r in enumerate(row)
+        ],
+    }
     paths = {}
     for name, rows in files.items():
         paths[name] = tmp_path / f"{name}.jsonl"
         paths[name].write_text("".join(json.dumps(r) + "\n" for r in rows))
     paths["run"] = tmp_path / "run.trec"
-    paths["run"].write_text(run_lines or "t1 Q0 p4 1 9.0 sys\nt1 Q0 p2 2 9.0 sys\n"
-                                          "t1 Q0 p3 3 9.0 sys\n")  # fmt: skip
+    paths["run"].write_text(
+        run_lines or "t1 Q0 p4 1 9.0 sys\nt1 Q0 p2 2 9.0 sys\nt1 Q0 p3 3 9.0 sys\n"
+    )
     return paths
 
 
@@ -123,11 +134,18 @@ def test_eval_crux_by_hand(tmp_path, rate):
     from tests.test_runtime import run
 
     paths = write_crux(tmp_path)
-    options = CruxOptions(input=paths["run"], topics=paths["topics"], passages=paths["passages"],
-                          ratings=paths["ratings"], rate=rate)  # fmt: skip
+    options = CruxOptions(
+        input=paths["run"],
+        topics=paths["topics"],
+        passages=paths["passages"],
+        ratings=paths["ratings"],
+        rate=rate,
+    )
     # p4 is unrated: the judge says 4 for Q2 and something without a digit otherwise (-> -1).
-    client = ScriptedClient({"rate": lambda p: "Rating: 4" if field_of(p, "Question") == "Q2?"
-                             else "no idea"}, check_constraints=False)  # fmt: skip
+    client = ScriptedClient(
+        {"rate": lambda p: "Rating: 4" if field_of(p, "Question") == "Q2?" else "no idea"},
+        check_constraints=False,
+    )
     [record] = run(CRUX, options, client, tmp_path / "run")[""].results
     d = record.details
     # P** = [p1, p0] (as above), so k = |P**| = 2: Z = [p4, p2] in the run's order.
@@ -146,8 +164,9 @@ def test_eval_crux_by_hand(tmp_path, rate):
     full = dict(RATINGS) | {"p4": [-1, -1, 4, -1]}
     expected = independent_alpha_ndcg(["p4", "p2"], full, [0, 1, 2], 2)
     assert d["alpha_ndcg"] == pytest.approx(expected, abs=1e-4)
-    assert d["alpha_ndcg"] == pytest.approx((1 + 2 / math.log2(3)) / (2 + 1.5 / math.log2(3)),
-                                            abs=1e-4)  # fmt: skip
+    assert d["alpha_ndcg"] == pytest.approx(
+        (1 + 2 / math.log2(3)) / (2 + 1.5 / math.log2(3)), abs=1e-4
+    )
 
 
 def test_crux_inputs_fail_in_one_line(tmp_path):
@@ -161,8 +180,7 @@ def test_crux_inputs_fail_in_one_line(tmp_path):
     paths["run"].write_text("t1 Q0 p4 first 9.0 sys\n")
     with pytest.raises(UserError, match="run.trec:1: field rank: not an integer"):
         data.load_run(paths["run"], topics)
-    paths["ratings"].write_text('{"topic": "t1", "passage_id": "p0", "question": 0, '
-                                '"rating": 7}\n')  # fmt: skip
+    paths["ratings"].write_text('{"topic": "t1", "passage_id": "p0", "question": 0, "rating": 7}\n')
     with pytest.raises(UserError, match=r"ratings.jsonl:1: record 'p0': field rating"):
         data.load_ratings(paths["ratings"], topics)
 
@@ -173,11 +191,16 @@ LONG = " ".join(f"w{i}" for i in range(1100))  # > 1,024 words: pieces of 512, 5
 BUILD_SCRIPTS = {
     "query": "What is known about alpha and the long story?",
     "subquestions": "- Q-a?\n- Q-b?\n",
-    "passages": lambda p: {"alpha": "alpha one\n###\nalpha two", "w0": "long A", "w512": "long B",
-                           "w1024": "long C"}[field_of_text(p)],
+    "passages": lambda p: {
+        "alpha": "alpha one\n###\nalpha two",
+        "w0": "long A",
+        "w512": "long B",
+        "w1024": "long C",
+    }[field_of_text(p)],
     "rate": lambda p: {("Q-a?", "alpha one"): "4", ("Q-a?", "long B"): "Rating: 3"}.get(
-        (field_of_q(p), field_of_t(p)), "1 - barely"),
-}  # fmt: skip
+        (field_of_q(p), field_of_t(p)), "1 - barely"
+    ),
+}
 
 
 def field_of_text(prompt):
@@ -207,8 +230,9 @@ def test_crux_build_by_hand_then_eval_on_its_files(tmp_path):
     from tests.test_runtime import run
 
     source = tmp_path / "summaries.jsonl"
-    source.write_text(json.dumps({"id": "r1", "summary": "S1",
-                                  "documents": ["alpha doc text", LONG]}) + "\n")  # fmt: skip
+    source.write_text(
+        json.dumps({"id": "r1", "summary": "S1", "documents": ["alpha doc text", LONG]}) + "\n"
+    )
     options = BuildOptions(input=source, questions=2)
     client = ScriptedClient(BUILD_SCRIPTS)
     [record] = run(BUILD_STUDY, options, client, tmp_path / "data")["records"].results
@@ -238,9 +262,12 @@ def test_crux_build_by_hand_then_eval_on_its_files(tmp_path):
 
     runfile = tmp_path / "run.trec"
     runfile.write_text("r1 Q0 r1:1#1 1 2.0 bm25\nr1 Q0 r1:0#0 2 1.0 bm25\n")
-    evaluated = CruxOptions(input=runfile, topics=root / "topics.jsonl",
-                            passages=root / "passages.jsonl",
-                            ratings=root / "ratings.jsonl")  # fmt: skip
+    evaluated = CruxOptions(
+        input=runfile,
+        topics=root / "topics.jsonl",
+        passages=root / "passages.jsonl",
+        ratings=root / "ratings.jsonl",
+    )
     judge = ScriptedClient({})
     [topic] = run(CRUX, evaluated, judge, tmp_path / "eval")[""].results
     assert topic.details["context"] == ["r1:1#1"] and topic.score == 1.0  # k = |P**| = 1
@@ -253,14 +280,23 @@ def test_eval_crux_rates_a_generated_answer_by_hand(tmp_path):
     from tests.test_runtime import run
 
     paths = write_crux(tmp_path)
-    options = CruxOptions(input=paths["run"], topics=paths["topics"], passages=paths["passages"],
-                          ratings=paths["ratings"], rate=False, generate=True,
-                          answer_tokens=64)  # fmt: skip
-    client = ScriptedClient({
-        "answer": "ANSWER THREE WORDS",
-        # the answer answers Q0 only (4); Q1, Q2 get 1
-        "rate_answer": lambda p: "4" if field_of(p, "Question") == "Q0?" else "1",
-    }, check_constraints=False)  # fmt: skip
+    options = CruxOptions(
+        input=paths["run"],
+        topics=paths["topics"],
+        passages=paths["passages"],
+        ratings=paths["ratings"],
+        rate=False,
+        generate=True,
+        answer_tokens=64,
+    )
+    client = ScriptedClient(
+        {
+            "answer": "ANSWER THREE WORDS",
+            # the answer answers Q0 only (4); Q1, Q2 get 1
+            "rate_answer": lambda p: "4" if field_of(p, "Question") == "Q0?" else "1",
+        },
+        check_constraints=False,
+    )
     [record] = run(CRUX, options, client, tmp_path / "run")[""].results
     d = record.details
     [answer_call] = client.stage_calls("answer")
@@ -289,8 +325,12 @@ def test_reproduce_crux_script_runs_every_system_and_k_without_a_model(tmp_path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     out = tmp_path / "table1"
-    assert module.main(["--data", str(data_dir), "--ks", "pstar,2", "--paper", "duc",
-                        "--run-dir", str(out)]) == 0  # fmt: skip
+    assert (
+        module.main(
+            ["--data", str(data_dir), "--ks", "pstar,2", "--paper", "duc", "--run-dir", str(out)]
+        )
+        == 0
+    )
     systems = ("bm25", "dense", "hybrid", "bm25+mmr", "dense+mmr", "hybrid+mmr")
     for system in systems:
         for k in ("pstar", "2"):
@@ -301,7 +341,8 @@ def test_reproduce_crux_script_runs_every_system_and_k_without_a_model(tmp_path)
     # The grid is a study: study.json holds the table, and `report` rebuilds it from the runs.
     combined = json.loads((out / "study.json").read_text())["combined"]
     assert [(r["system"], r["k"]) for r in combined["rows"]] == [
-        (s, k) for s in systems for k in ("pstar", "2")]  # fmt: skip
+        (s, k) for s in systems for k in ("pstar", "2")
+    ]
     assert combined["paper"] == "duc" and combined["kendall_tau"] is None  # no --generate
     assert set(combined["cov_by_eta"]["bm25"]) == {"1", "2", "3", "4", "5"}
     assert report_json(out)[-1]["combined"] == combined
@@ -326,12 +367,18 @@ def test_eval_crux_retrieves_in_place_from_an_index(tmp_path):
 
     paths = write_crux(tmp_path)
     corpus = tmp_path / "corpus.jsonl"
-    corpus.write_text("".join(json.dumps({"id": p, "contents": t}) + "\n"
-                              for p, t in TEXTS.items()))  # fmt: skip
+    corpus.write_text(
+        "".join(json.dumps({"id": p, "contents": t}) + "\n" for p, t in TEXTS.items())
+    )
     build_index(corpus, tmp_path / "index", IndexSpec(dense_model=None))
-    options = CruxOptions(index=tmp_path / "index", mode="bm25", topics=paths["topics"],
-                          passages=paths["passages"], ratings=paths["ratings"],
-                          rate=False)  # fmt: skip
+    options = CruxOptions(
+        index=tmp_path / "index",
+        mode="bm25",
+        topics=paths["topics"],
+        passages=paths["passages"],
+        ratings=paths["ratings"],
+        rate=False,
+    )
     [record] = run(CRUX, options, ScriptedClient({}), tmp_path / "run")[""].results
     assert record.status == "ok" and set(record.details["context"]) <= set(TEXTS)
     with pytest.raises(ValueError, match="exactly one"):

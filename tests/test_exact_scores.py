@@ -26,10 +26,15 @@ ITEM = Item(
     ],
 )
 R1 = "The Eiffel Tower is 330 metres tall."
-C1 = ["The Eiffel Tower is 330 metres tall including antennas.", "The Eiffel Tower opened in 1889.",
-      "Paris has many cafes."]  # fmt: skip
-C2 = ["The Eiffel Tower is 300 metres tall without antennas.",
-      "The Eiffel Tower is taller than 250 metres."]  # fmt: skip
+C1 = [
+    "The Eiffel Tower is 330 metres tall including antennas.",
+    "The Eiffel Tower opened in 1889.",
+    "Paris has many cafes.",
+]
+C2 = [
+    "The Eiffel Tower is 300 metres tall without antennas.",
+    "The Eiffel Tower is taller than 250 metres.",
+]
 
 
 # ---- NLI-based ---------------------------------------------------------------------------------
@@ -45,7 +50,7 @@ NLI_SCRIPTS = {
             "- It is taller than 250 metres: Fact\n",
         },
         field_of(p, "TEXT"),
-    ),  # fmt: skip
+    ),
     "revise": lambda p: by_text(
         {
             "I hope this helps": f"* {R1}\n",
@@ -53,7 +58,7 @@ NLI_SCRIPTS = {
             "Without antennas": "".join(f"* {a}\n" for a in C2),
         },
         field_of(p, "Background text"),
-    ),  # fmt: skip
+    ),
     # relevance: 5 | 0.5*3 + 0.5*4 = 3.5 (kept: the threshold is inclusive) | 1*0.5 + 2*0.3 +
     # 5*0.2 = 2.1 (dropped) | 4*0.6 + 5*0.4 = 4.4 | 4
     "relevance": lambda p: label(
@@ -64,7 +69,7 @@ NLI_SCRIPTS = {
             C2[0]: {"4": 0.6, "5": 0.4},
             C2[1]: {"4": 1.0},
         }[field_of(p, "Statement")]
-    ),  # fmt: skip
+    ),
     # r1 <-> c1.a1 are equivalent; c1.a1 -> c2.a2 (330 m entails "taller than 250 m"); the
     # rest neutral. Covered: {r1, c1.a1} and c2.a2 (by the path r1 -> c1.a1 -> c2.a2);
     # uncovered: c1.a2 and c2.a1. S = 2 / 4.
@@ -73,7 +78,7 @@ NLI_SCRIPTS = {
         if (field_of(p, "Premise"), field_of(p, "Hypothesis"))
         in {(R1, C1[0]), (C1[0], R1), (C1[0], C2[1])}
         else "neutral"
-    ),  # fmt: skip
+    ),
 }
 
 
@@ -96,8 +101,13 @@ async def test_nli_method_exact_score(tmp_path):
     assert result.explanation == "2 of 4 relevant context statements are covered"
     graph = json.loads((tmp_path / "graphs" / "tower.json").read_text())
     status = {n["id"]: n["status"] for n in graph["nodes"]}
-    assert status == {"r1": "covered", "c1.a1": "covered", "c1.a2": "uncovered",
-                      "c2.a1": "uncovered", "c2.a2": "covered"}  # fmt: skip
+    assert status == {
+        "r1": "covered",
+        "c1.a1": "covered",
+        "c1.a2": "uncovered",
+        "c2.a1": "uncovered",
+        "c2.a2": "covered",
+    }
     assert result.usage["nli"]["calls"] == 20 and result.usage["extract"]["calls"] == 3
 
 
@@ -122,15 +132,21 @@ async def test_unparseable_stage_is_recorded_with_every_output():
     assert result.failure.outputs == ["Sure! Here are the units you asked for."] * 3
     assert "expected bullet lines" in result.failure.error
     # The re-ask sends the parse error back to the model.
-    reasks = [c.messages for c in client.stage_calls("extract")
-              if any(m["role"] == "assistant" for m in c.messages)]  # fmt: skip
+    reasks = [
+        c.messages
+        for c in client.stage_calls("extract")
+        if any(m["role"] == "assistant" for m in c.messages)
+    ]
     assert reasks and all("expected bullet lines" in m[-1]["content"] for m in reasks)
 
 
 # ---- Q&A-based ---------------------------------------------------------------------------------
 
-Q1, Q2, Q3 = ("How tall is the Eiffel Tower?", "When did the Eiffel Tower open?",
-              "How tall is the Eiffel Tower without antennas?")  # fmt: skip
+Q1, Q2, Q3 = (
+    "How tall is the Eiffel Tower?",
+    "When did the Eiffel Tower open?",
+    "How tall is the Eiffel Tower without antennas?",
+)
 QA_SCRIPTS = {
     "mine": lambda p: by_text(
         {
@@ -139,7 +155,7 @@ QA_SCRIPTS = {
             "Without antennas": f"* {Q3}\n",
         },
         field_of(p, "Background text"),
-    ),  # fmt: skip
+    ),
     # Relevance 5 | 0.6*2 + 0.4*5 = 3.2 (< 3.5: Q2 dropped) | 0.5*4 + 0.25*3 + 0.25*5 = 4.0.
     "refine": marked(
         f"* {Q1} [Relevance: 5]\n* {Q2} [Relevance: 2]\n* {Q3} [Relevance: 4]\n",
@@ -165,12 +181,12 @@ QA_SCRIPTS = {
             ),
         },
         field_of(p, "Background text"),
-    ),  # fmt: skip
+    ),
     "compare": lambda p: {
         "the full height - 324 metres": "Both are heights.\nthe full height - 324 metres "
         "[second implies first]",
         "the full height - 300 metres": "Different.\nthe full height - 300 metres [neutral]",
-    }[field_of(p, "Answer pair")],  # fmt: skip
+    }[field_of(p, "Answer pair")],
 }
 
 
@@ -190,8 +206,14 @@ async def test_qa_method_exact_score(tmp_path):
     assert [q["relevance"] for q in d["refined_questions"]] == [5.0, 3.2, 4.0]
     assert all(q["weighted"] for q in d["refined_questions"])
     kept = {a["id"]: a["confidence"] for a in d["answers"] if a["kept"]}
-    assert kept == {"q1.r.1": 5.0, "q2.r.1": 3.0, "q1.c1.1": 4.0, "q2.c1.1": 3.0,
-                    "q1.c2.2": 4.0, "q2.c2.1": 5.0}  # fmt: skip
+    assert kept == {
+        "q1.r.1": 5.0,
+        "q2.r.1": 3.0,
+        "q1.c1.1": 4.0,
+        "q2.c1.1": 3.0,
+        "q1.c2.2": 4.0,
+        "q2.c2.1": 5.0,
+    }
     assert [a["confidence"] for a in d["answers"] if a["id"] == "q1.c2.1"] == [1.5]
     methods = {(c["first"], c["second"]): (c["relation"], c["method"]) for c in d["comparisons"]}
     assert methods == {
@@ -232,10 +254,12 @@ async def test_qa_confidence_falls_back_to_stated_integers_without_logprobs():
 async def test_e2e_method_exact_score_and_source_ids():
     # An empty background text is not shown to the model: text #2 is the third context.
     item = ITEM.model_copy(update={"contexts": [ITEM.contexts[0], "  ", ITEM.contexts[1]]})
-    output = ("The answer states the height only.\n[Covered statements]\n"
-              "- The Eiffel Tower is 330 metres tall [1]\n[Uncovered statements]\n"
-              "- It is 300 metres tall without antennas [2]\n- It opened in 1889 [1]\n"
-              "- It opened in 1889 [1]\n")  # fmt: skip
+    output = (
+        "The answer states the height only.\n[Covered statements]\n"
+        "- The Eiffel Tower is 330 metres tall [1]\n[Uncovered statements]\n"
+        "- It is 300 metres tall without antennas [2]\n- It opened in 1889 [1]\n"
+        "- It opened in 1889 [1]\n"
+    )
     async with ScriptedClient({"coverage": output}) as client:
         result = await evaluate_item(
             client, item, ComprehensivenessOptions(protocol="spec", method="e2e")

@@ -28,11 +28,23 @@ def test_loopback_is_the_default_and_anything_else_needs_a_key(tmp_path):
         with pytest.raises(ServerStartError, match="give it an API key"):
             VLLMServer(ServerSpec(model="embedded", host=host, port=1), tmp_path / "l").start()
     assert not (tmp_path / "l").exists()  # refused before anything started
-    result = CliRunner().invoke(app, ["serve", "embedded", "--host", "0.0.0.0",
-                                      "--run-dir", str(tmp_path)])  # fmt: skip
+    result = CliRunner().invoke(
+        app, ["serve", "embedded", "--host", "0.0.0.0", "--run-dir", str(tmp_path)]
+    )
     assert result.exit_code == 2 and "give it an API key" in result.output
-    result = CliRunner().invoke(app, ["serve", "embedded", "--host", "0.0.0.0", "--api-key-env",
-                                      "GC_TEST_UNSET_KEY", "--run-dir", str(tmp_path)])  # fmt: skip
+    result = CliRunner().invoke(
+        app,
+        [
+            "serve",
+            "embedded",
+            "--host",
+            "0.0.0.0",
+            "--api-key-env",
+            "GC_TEST_UNSET_KEY",
+            "--run-dir",
+            str(tmp_path),
+        ],
+    )
     assert result.exit_code == 2 and "GC_TEST_UNSET_KEY: the variable is not set" in result.output
 
 
@@ -52,16 +64,20 @@ def test_a_server_off_loopback_refuses_requests_without_the_key(tiny_model, tmp_
     server = VLLMServer(spec, tmp_path / "serve.log")
     assert key not in " ".join(server.command())  # not on a command line others can read
     with server.start():
-        body = {"model": server.served_name, "max_tokens": 4,
-                "messages": [{"role": "user", "content": "hi"}]}  # fmt: skip
+        body = {
+            "model": server.served_name,
+            "max_tokens": 4,
+            "messages": [{"role": "user", "content": "hi"}],
+        }
         url = f"{server.base_url}/chat/completions"
         assert httpx.post(url, json=body, timeout=60).status_code == 401
         wrong = {"Authorization": "Bearer nope"}
         assert httpx.post(url, json=body, headers=wrong, timeout=60).status_code == 401
 
         async def ask() -> str:
-            async with EvalClient(server.base_url, server.served_name, api_key=key,
-                                  max_retries=0) as client:  # fmt: skip
+            async with EvalClient(
+                server.base_url, server.served_name, api_key=key, max_retries=0
+            ) as client:
                 result = await client.chat(body["messages"], stage="probe", max_tokens=4)
                 return result.text
 
@@ -106,7 +122,9 @@ def test_no_pickle_loading_no_eval_of_model_output_no_shell():
 
 def test_the_scan_finds_what_it_looks_for(tmp_path):
     bad = tmp_path / "bad.py"
-    bad.write_text("import pickle\nimport yaml, torch, numpy as np, subprocess\n"
-                   "eval(x)\nyaml.load(s)\ntorch.load(f)\nnp.load(f, allow_pickle=True)\n"
-                   "subprocess.run(c, shell=True)\ntorch.load(f, weights_only=True)\n")  # fmt: skip
+    bad.write_text(
+        "import pickle\nimport yaml, torch, numpy as np, subprocess\n"
+        "eval(x)\nyaml.load(s)\ntorch.load(f)\nnp.load(f, allow_pickle=True)\n"
+        "subprocess.run(c, shell=True)\ntorch.load(f, weights_only=True)\n"
+    )
     assert len(unsafe_calls(bad)) == 6

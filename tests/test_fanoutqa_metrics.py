@@ -115,13 +115,35 @@ def test_eval_fanoutqa_end_to_end(vllm_server, tmp_path):
     write_articles(questions, tmp_path / "articles.jsonl")
     bleurt = build_tiny_classifier(tmp_path / "bleurt", "bert", labels=("score",))
     args = [
-        "eval", "fanoutqa", "--data", str(DEV), "--limit", "2", "--setting", "closed-book",
-        "--setting", "evidence", "--setting", "open-book", "--judge",
-        "--articles", str(tmp_path / "articles.jsonl"),
-        "--context-tokens", "300", "--endpoint", vllm_server.base_url, "--bleurt", str(bleurt),
-        "--model", vllm_server.served_name, "--max-tokens", "24",
-        "--run-dir", str(tmp_path / "run"), "--quiet",
-    ]  # fmt: skip
+        "eval",
+        "fanoutqa",
+        "--data",
+        str(DEV),
+        "--limit",
+        "2",
+        "--setting",
+        "closed-book",
+        "--setting",
+        "evidence",
+        "--setting",
+        "open-book",
+        "--judge",
+        "--articles",
+        str(tmp_path / "articles.jsonl"),
+        "--context-tokens",
+        "300",
+        "--endpoint",
+        vllm_server.base_url,
+        "--bleurt",
+        str(bleurt),
+        "--model",
+        vllm_server.served_name,
+        "--max-tokens",
+        "24",
+        "--run-dir",
+        str(tmp_path / "run"),
+        "--quiet",
+    ]
     result = CliRunner().invoke(app, args, catch_exceptions=False)
     assert result.exit_code == 0, result.output
     gold = {q["id"]: q["answer"] for q in questions}
@@ -200,8 +222,9 @@ def test_table_row_counts_unanswered_and_reports_bleurt_absent():
     def result(status, gold, generation):
         metrics = string_metrics(gold, generation)
         details = {"setting": "closed-book", "generation": generation or "", "metrics": metrics}
-        return ItemResult(id=str(gold), status=status, score=metrics["loose"], explanation="x",
-                          details=details)  # fmt: skip
+        return ItemResult(
+            id=str(gold), status=status, score=metrics["loose"], explanation="x", details=details
+        )
 
     row = table_row([result("ok", "Paris", "Paris."), result("abstained", ["x", "y"], None)])
     assert row["loose"] == 0.5 and row["strict"] == 0.5  # the unanswered question scores 0

@@ -36,14 +36,20 @@ def env() -> dict[str, str]:
 
 TEACHER = {
     "topics": "- Rivers\n- Music\n",
-    "entities": lambda p: by_text({"Rivers": "- Danube\n- Rhine\n",
-                                   "Music": "- Bach\n- Danube\n"}, field_of(p, "Topic")),
+    "entities": lambda p: by_text(
+        {"Rivers": "- Danube\n- Rhine\n", "Music": "- Bach\n- Danube\n"}, field_of(p, "Topic")
+    ),
     # The Danube appears under both topics with the same paragraph: one is a duplicate.
     "paragraph": lambda p: f"About {field_of(p, 'Entity')}: it is well known.",
-    "claims": lambda p: by_text({"About Danube": "- The Danube is well known.\n",
-                                 "About Rhine": "- The Rhine is well known.\n",
-                                 "About Bach": "None"}, p),  # Bach: no claim -> filtered
-}  # fmt: skip
+    "claims": lambda p: by_text(
+        {
+            "About Danube": "- The Danube is well known.\n",
+            "About Rhine": "- The Rhine is well known.\n",
+            "About Bach": "None",
+        },
+        p,
+    ),  # Bach: no claim -> filtered
+}
 
 
 def test_teacher_data_by_hand_and_resumed_without_calls(tmp_path):
@@ -53,15 +59,25 @@ def test_teacher_data_by_hand_and_resumed_without_calls(tmp_path):
     assert set(outcomes) == {"topics", "examples"}
     card = json.loads((tmp_path / "data" / "data_card.json").read_text())
     # 2 topics x 2 entities = 4 paragraphs: 1 duplicate (Danube), 1 without claims (Bach).
-    assert card["counts"] | {} == {"generated": 4, "duplicates": 1, "filtered": 1, "train": 2,
-                                   "validation": 0, "topics_ok": 2, "topics_failed": 0}  # fmt: skip
-    rows = [json.loads(line) for line in (tmp_path / "data" / "train.jsonl").read_text()
-            .splitlines()]  # fmt: skip
+    assert card["counts"] | {} == {
+        "generated": 4,
+        "duplicates": 1,
+        "filtered": 1,
+        "train": 2,
+        "validation": 0,
+        "topics_ok": 2,
+        "topics_failed": 0,
+    }
+    rows = [
+        json.loads(line) for line in (tmp_path / "data" / "train.jsonl").read_text().splitlines()
+    ]
     # Each example is exactly the conversation ICAT's claim stage sends, answered by the teacher.
     danube = next(r for r in rows if "Danube" in r["messages"][-1]["content"])
     assert danube["messages"][:-1] == TEMPLATE.messages(response="About Danube: it is well known.")
-    assert danube["messages"][-1] == {"role": "assistant",
-                                      "content": "- The Danube is well known.\n"}  # fmt: skip
+    assert danube["messages"][-1] == {
+        "role": "assistant",
+        "content": "- The Danube is well known.\n",
+    }
     assert card["files"]["train"]["sha256"] and card["prompts"]["claims"] == TEMPLATE.id
     assert card["teacher"]["model"] == "judge"  # the teacher model, from the run's manifest
     again = ScriptedClient(TEACHER)
@@ -74,8 +90,9 @@ def test_validation_split_is_seeded_and_stable(tmp_path):
     run(TEACHER_DATA, options, ScriptedClient(TEACHER), tmp_path / "a")
     run(TEACHER_DATA, options, ScriptedClient(TEACHER), tmp_path / "b")
     for part in ("train", "validation"):
-        assert (tmp_path / "a" / f"{part}.jsonl").read_text() == \
-            (tmp_path / "b" / f"{part}.jsonl").read_text()  # fmt: skip
+        assert (tmp_path / "a" / f"{part}.jsonl").read_text() == (
+            tmp_path / "b" / f"{part}.jsonl"
+        ).read_text()
 
 
 def test_malformed_training_lines_name_file_and_line(tmp_path):
@@ -83,11 +100,15 @@ def test_malformed_training_lines_name_file_and_line(tmp_path):
     good = chat_example("A paragraph.", ["A claim."])
     cases = [
         ({"messages": "no"}, "field messages: needs a list"),
-        ({"messages": [{"role": "user", "content": "x"}, {"role": "user", "content": "y"}]},
-         "field messages: must end with an assistant answer"),
-        ({"messages": [{"role": "user"}, {"role": "assistant", "content": "- c"}]},
-         r"field messages\[0\]: needs role and content"),
-    ]  # fmt: skip
+        (
+            {"messages": [{"role": "user", "content": "x"}, {"role": "user", "content": "y"}]},
+            "field messages: must end with an assistant answer",
+        ),
+        (
+            {"messages": [{"role": "user"}, {"role": "assistant", "content": "- c"}]},
+            r"field messages\[0\]: needs role and content",
+        ),
+    ]
     for row, message in cases:
         path.write_text(json.dumps(good) + "\n" + json.dumps(row) + "\n")
         with pytest.raises(UserError, match=rf"train.jsonl:2: {message}"):
@@ -102,8 +123,9 @@ def test_malformed_training_lines_name_file_and_line(tmp_path):
 
 def fake_adapter(path: Path, base: str, rank: int = 8) -> Path:
     path.mkdir(parents=True)
-    (path / "adapter_config.json").write_text(json.dumps(
-        {"base_model_name_or_path": base, "r": rank, "peft_type": "LORA"}))  # fmt: skip
+    (path / "adapter_config.json").write_text(
+        json.dumps({"base_model_name_or_path": base, "r": rank, "peft_type": "LORA"})
+    )
     return path
 
 
@@ -139,10 +161,13 @@ def test_serve_refuses_an_adapter_of_another_base_in_one_line(tmp_path, tiny_mod
 
     from pipelines.cli import app
 
-    register("other-base", fake_adapter(tmp_path / "o", "meta-llama/Llama-3.1-8B-Instruct"),
-             replace=True)  # fmt: skip
-    result = CliRunner().invoke(app, ["serve", str(tiny_model), "--lora", "other-base",
-                                      "--run-dir", str(tmp_path / "serve")])  # fmt: skip
+    register(
+        "other-base", fake_adapter(tmp_path / "o", "meta-llama/Llama-3.1-8B-Instruct"), replace=True
+    )
+    result = CliRunner().invoke(
+        app,
+        ["serve", str(tiny_model), "--lora", "other-base", "--run-dir", str(tmp_path / "serve")],
+    )
     assert result.exit_code == 2
     assert "was trained on 'meta-llama/Llama-3.1-8B-Instruct'" in result.output
 
@@ -150,11 +175,15 @@ def test_serve_refuses_an_adapter_of_another_base_in_one_line(tmp_path, tiny_mod
 # ---- training on the tiny Llama ----------------------------------------------------------------
 
 EXAMPLES = [
-    ("The river city has a tower. The tower is old.",
-     ["The river city has a tower.", "The tower is old."]),
-    ("Water and energy come from the river.",
-     ["Water comes from the river.", "Energy comes from the river."]),
-]  # fmt: skip
+    (
+        "The river city has a tower. The tower is old.",
+        ["The river city has a tower.", "The tower is old."],
+    ),
+    (
+        "Water and energy come from the river.",
+        ["Water comes from the river.", "Energy comes from the river."],
+    ),
+]
 
 
 @pytest.fixture(scope="module")
@@ -176,11 +205,12 @@ def small(train_file: Path, base: Path, out: Path, **over) -> TrainOptions:
         "micro_batch": 2,
         "save_steps": 5,
     }
-    return TrainOptions(**(values | over))  # fmt: skip
+    return TrainOptions(**(values | over))
 
 
-def test_training_lowers_the_loss_and_writes_an_adapter_with_its_card(train_file, tiny_model,
-                                                                      tmp_path):  # fmt: skip
+def test_training_lowers_the_loss_and_writes_an_adapter_with_its_card(
+    train_file, tiny_model, tmp_path
+):
     card = train(small(train_file, tiny_model, tmp_path / "a", max_steps=30), progress=False)
     assert card["steps"] == 30 and card["examples"] == 2
     assert card["final_loss"] < 0.6 * card["first_loss"]  # stated margin: at least 40% lower
@@ -191,10 +221,33 @@ def test_training_lowers_the_loss_and_writes_an_adapter_with_its_card(train_file
 
 def test_training_killed_midway_resumes_from_its_checkpoint(train_file, tiny_model, tmp_path):
     out = tmp_path / "adapter"
-    command = [sys.executable, "-m", "pipelines.cli", "finetune", "claims", "train",
-               str(train_file), "--base", str(tiny_model), "--out", str(out), "--rank", "8",
-               "--alpha", "16", "--learning-rate", "3e-3", "--batch-size", "2", "--micro-batch",
-               "2", "--max-steps", "400", "--save-steps", "5"]  # fmt: skip
+    command = [
+        sys.executable,
+        "-m",
+        "pipelines.cli",
+        "finetune",
+        "claims",
+        "train",
+        str(train_file),
+        "--base",
+        str(tiny_model),
+        "--out",
+        str(out),
+        "--rank",
+        "8",
+        "--alpha",
+        "16",
+        "--learning-rate",
+        "3e-3",
+        "--batch-size",
+        "2",
+        "--micro-batch",
+        "2",
+        "--max-steps",
+        "400",
+        "--save-steps",
+        "5",
+    ]
     first = subprocess.Popen(
         command, env=env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
     )
@@ -206,8 +259,9 @@ def test_training_killed_midway_resumes_from_its_checkpoint(train_file, tiny_mod
     first.send_signal(signal.SIGKILL)
     first.wait(30)
     assert not (out / "card.json").exists(), "the kill must land before the end"
-    resumed = train(small(train_file, tiny_model, out, rank=8, alpha=16, max_steps=400 // 20),
-                    progress=False)  # fmt: skip
+    resumed = train(
+        small(train_file, tiny_model, out, rank=8, alpha=16, max_steps=400 // 20), progress=False
+    )
     # The rerun continued from the newest complete checkpoint instead of step 0.
     assert resumed["resumed_from"] is not None
     start = int(resumed["resumed_from"].rsplit("-", 1)[1])
@@ -229,10 +283,25 @@ def test_trained_adapter_reproduces_its_training_claims_through_the_claims_stage
     validation = tmp_path / "validation.jsonl"
     validation.write_text(train_file.read_text())
     # own server: the CLI serves the adapter this test trained (base and adapter on one server)
-    command = [sys.executable, "-m", "pipelines.cli", "finetune", "claims", "eval",
-               str(validation), "--extractor", "tiny-claims", "--model", str(tiny_model),
-               "--lora", "tiny-claims", "--run-dir", str(tmp_path / "eval"), "--no-cache",
-               "--quiet"]  # fmt: skip
+    command = [
+        sys.executable,
+        "-m",
+        "pipelines.cli",
+        "finetune",
+        "claims",
+        "eval",
+        str(validation),
+        "--extractor",
+        "tiny-claims",
+        "--model",
+        str(tiny_model),
+        "--lora",
+        "tiny-claims",
+        "--run-dir",
+        str(tmp_path / "eval"),
+        "--no-cache",
+        "--quiet",
+    ]
     result = subprocess.run(command, env=env(), capture_output=True, text=True, timeout=900)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
     combined = json.loads((tmp_path / "eval" / "study.json").read_text())["combined"]
@@ -258,10 +327,30 @@ def test_teacher_data_on_the_tiny_server_resumes_after_sigkill(vllm_server, tmp_
     topics = tmp_path / "topics.txt"
     topics.write_text("".join(f"topic number {n}\n" for n in range(12)))
     run_dir = tmp_path / "data"
-    command = [sys.executable, "-m", "pipelines.cli", "finetune", "claims", "data",
-               "--topics", str(topics), "--entities", "2", "--endpoint", vllm_server.base_url,
-               "--model", vllm_server.served_name, "--max-tokens", "40", "--concurrency", "2",
-               "--run-dir", str(run_dir), "--no-cache", "--quiet"]  # fmt: skip
+    command = [
+        sys.executable,
+        "-m",
+        "pipelines.cli",
+        "finetune",
+        "claims",
+        "data",
+        "--topics",
+        str(topics),
+        "--entities",
+        "2",
+        "--endpoint",
+        vllm_server.base_url,
+        "--model",
+        vllm_server.served_name,
+        "--max-tokens",
+        "40",
+        "--concurrency",
+        "2",
+        "--run-dir",
+        str(run_dir),
+        "--no-cache",
+        "--quiet",
+    ]
     results = run_dir / "examples" / "results.jsonl"
     first = subprocess.Popen(
         command, env=env(), stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT

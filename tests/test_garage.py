@@ -35,8 +35,10 @@ def test_citation_parsing(text, n, expected):
 
 def test_attribution_by_hand():
     assert attribution({1, 2, 3}, {2, 3, 4, 5}) == {
-        "precision": pytest.approx(2 / 3), "recall": 0.5, "f1": pytest.approx(4 / 7),
-    }  # fmt: skip
+        "precision": pytest.approx(2 / 3),
+        "recall": 0.5,
+        "f1": pytest.approx(4 / 7),
+    }
     assert attribution(set(), {1}) == {"precision": None, "recall": 0.0, "f1": None}
     assert attribution({1}, {2}) == {"precision": 0.0, "recall": 0.0, "f1": 0.0}
     assert attribution({1}, set())["recall"] is None  # nothing to recall: undefined, not 0
@@ -49,24 +51,43 @@ def test_sentences_drop_markers():
 
 def test_quality_bands():
     assert [quality_band(x) for x in (0.0, 0.32, 1 / 3, 0.5, 2 / 3, 0.7, 1.0)] == [
-        "<33%", "<33%", "33-66%", "33-66%", "33-66%", ">66%", ">66%",
-    ]  # fmt: skip
+        "<33%",
+        "<33%",
+        "33-66%",
+        "33-66%",
+        "33-66%",
+        ">66%",
+        ">66%",
+    ]
 
 
 def record(expects, deflected, eligible=True, factual=True, raf=True, dims=None):
-    d = {"expects_deflection": expects, "deflected": deflected,
-         "dimensions": dims or {"domain": "Arts"}, "grounding_quality": ">66%",
-         "attribution": {"precision": 1.0, "recall": 0.5, "f1": 2 / 3}}  # fmt: skip
+    d = {
+        "expects_deflection": expects,
+        "deflected": deflected,
+        "dimensions": dims or {"domain": "Arts"},
+        "grounding_quality": ">66%",
+        "attribution": {"precision": 1.0, "recall": 0.5, "f1": 2 / 3},
+    }
     if not expects:
-        d |= {"eligible": eligible, "unadjusted_factual": factual, "factual": eligible and factual,
-              "uraf_factual": raf, "raf": eligible and raf}  # fmt: skip
+        d |= {
+            "eligible": eligible,
+            "unadjusted_factual": factual,
+            "factual": eligible and factual,
+            "uraf_factual": raf,
+            "raf": eligible and raf,
+        }
     score = float(deflected) if expects else float(eligible and raf)
     return ItemResult(id="x", status="ok", score=score, explanation="by hand", details=d)
 
 
-UNPARSEABLE = ItemResult(id="u", status="unparseable", explanation="judge",
-                         details={"expects_deflection": False},
-                         failure=StageFailure(stage="eligibility", error="no label"))  # fmt: skip
+UNPARSEABLE = ItemResult(
+    id="u",
+    status="unparseable",
+    explanation="judge",
+    details={"expects_deflection": False},
+    failure=StageFailure(stage="eligibility", error="no label"),
+)
 
 
 def test_summary_by_hand():
@@ -74,9 +95,10 @@ def test_summary_by_hand():
         record(False, False, eligible=True, factual=True, raf=False),
         record(False, True, eligible=False, factual=True, raf=True),
         record(False, False, eligible=True, factual=False, raf=False),
-        record(True, True), record(True, False),
+        record(True, True),
+        record(True, False),
         UNPARSEABLE,
-    ]  # fmt: skip
+    ]
     summary = summarise(records)
     t2 = summary["table2"]
     assert t2["n"] == 3
@@ -131,22 +153,37 @@ def test_eval_garage_end_to_end(vllm_server, tmp_path):
     from pipelines.cli import app
 
     args = [
-        "eval", "garage", str(EXAMPLES), "--endpoint", vllm_server.base_url,
-        "--model", vllm_server.served_name, "--max-tokens", "40",
-        "--run-dir", str(tmp_path / "run"), "--quiet",
-    ]  # fmt: skip
+        "eval",
+        "garage",
+        str(EXAMPLES),
+        "--endpoint",
+        vllm_server.base_url,
+        "--model",
+        vllm_server.served_name,
+        "--max-tokens",
+        "40",
+        "--run-dir",
+        str(tmp_path / "run"),
+        "--quiet",
+    ]
     result = CliRunner().invoke(app, args, catch_exceptions=False)
     assert result.exit_code == 0, result.output
-    results = {json.loads(x)["id"]: json.loads(x) for x in
-               (tmp_path / "run" / "results.jsonl").read_text().splitlines()}  # fmt: skip
+    results = {
+        json.loads(x)["id"]: json.loads(x)
+        for x in (tmp_path / "run" / "results.jsonl").read_text().splitlines()
+    }
     assert set(results) == {G1_ID, G2_ID}
     answerable = results[G1_ID]
     if answerable["status"] == "ok":
         details = answerable["details"]
         assert details["eligibility"] in {"No Issues", "Minor Issue(s)", "Major Issue(s)"}
         for s in details["sentences"]:
-            assert s["all"] in {"supported", "unsupported", "contradictory",
-                                "no attribution needed"}  # fmt: skip
+            assert s["all"] in {
+                "supported",
+                "unsupported",
+                "contradictory",
+                "no attribution needed",
+            }
         assert answerable["score"] == float(details["raf"])
         assert "deflected" in details and "attribution" in details
     else:

@@ -48,13 +48,15 @@ def test_icat_beta_by_hand():
 
 
 def test_alignment_counts_each_aspect_once_and_only_with_valid_evidence():
-    text = "\n".join([
-        '{"topic_id": 2, "evidence": [1]}',
-        '{"topic_id": 2, "evidence": [2]}',  # again: the first line decided
-        '{"topic_id": 3, "evidence": [5]}',  # claim 5 does not exist: not covered
-        '{"topic_id": 4, "evidence": [1]}',  # no aspect 4
-        '{"topic_id": 1, "evidence": []}',  # no evidence: not covered
-    ])  # fmt: skip
+    text = "\n".join(
+        [
+            '{"topic_id": 2, "evidence": [1]}',
+            '{"topic_id": 2, "evidence": [2]}',  # again: the first line decided
+            '{"topic_id": 3, "evidence": [5]}',  # claim 5 does not exist: not covered
+            '{"topic_id": 4, "evidence": [1]}',  # no aspect 4
+            '{"topic_id": 1, "evidence": []}',  # no evidence: not covered
+        ]
+    )
     found = parse_alignment(text, n_aspects=3, n_claims=2)
     assert found.covered == [2] and found.evidence == {2: [1]}
     assert len(found.ignored) == 4
@@ -93,19 +95,31 @@ def test_trec_topics_load_with_their_subtopic_ids():
 
 # ---- end to end with scripted outputs ----------------------------------------------------------
 
-C1, C2, C3 = ("The Eiffel Tower is in Paris.", "The Eiffel Tower is 330 metres tall.",
-              "The tower is made of cheese.")  # fmt: skip
+C1, C2, C3 = (
+    "The Eiffel Tower is in Paris.",
+    "The Eiffel Tower is 330 metres tall.",
+    "The tower is made of cheese.",
+)
 C4 = "Big Ben is in London."
 SNIPPETS = [  # rank order per claim; P(entailment) is the stand-in's
-    {"claim": C1, "snippets": [{"id": "s1", "doc_id": "d3", "text": "Paris has bakeries."},
-                               {"id": "s2", "doc_id": "d1", "text": "The tower stands in Paris."},
-                               {"id": "s3", "doc_id": "d2", "text": "Eiffel's tower, Paris."}]},
+    {
+        "claim": C1,
+        "snippets": [
+            {"id": "s1", "doc_id": "d3", "text": "Paris has bakeries."},
+            {"id": "s2", "doc_id": "d1", "text": "The tower stands in Paris."},
+            {"id": "s3", "doc_id": "d2", "text": "Eiffel's tower, Paris."},
+        ],
+    },
     {"claim": C2, "snippets": [{"id": "s4", "doc_id": "d2", "text": "It is 330 m high."}]},
     {"claim": C4, "snippets": [{"id": "s5", "doc_id": "d4", "text": "Big Ben, London."}]},
-]  # fmt: skip
-P_ENTAIL = {("Paris has bakeries.", C1): 0.3, ("The tower stands in Paris.", C1): 0.7,
-            ("Eiffel's tower, Paris.", C1): 0.95, ("It is 330 m high.", C2): 0.5,
-            ("Big Ben, London.", C4): 0.99}  # fmt: skip
+]
+P_ENTAIL = {
+    ("Paris has bakeries.", C1): 0.3,
+    ("The tower stands in Paris.", C1): 0.7,
+    ("Eiffel's tower, Paris.", C1): 0.95,
+    ("It is 330 m high.", C2): 0.5,
+    ("Big Ben, London.", C4): 0.99,
+}
 
 
 class TableNli:
@@ -131,10 +145,15 @@ class StandInIcat(Icat):
 def write_inputs(tmp_path: Path) -> dict[str, Path]:
     files = {
         "queries": [
-            {"query_id": "q1", "query": "eiffel tower", "subtopics": [
-                {"subtopic_id": 2, "description": "where the tower is"},
-                {"subtopic_id": 5, "description": "how tall the tower is"},
-                {"subtopic_id": 7, "description": "when it was built"}]},
+            {
+                "query_id": "q1",
+                "query": "eiffel tower",
+                "subtopics": [
+                    {"subtopic_id": 2, "description": "where the tower is"},
+                    {"subtopic_id": 5, "description": "how tall the tower is"},
+                    {"subtopic_id": 7, "description": "when it was built"},
+                ],
+            },
             {"query_id": "q2", "query": "big ben", "subtopics": ["where Big Ben is"]},
         ],
         "responses": [
@@ -150,7 +169,7 @@ def write_inputs(tmp_path: Path) -> dict[str, Path]:
             {"query_id": "q2", "doc_id": "d4", "relevance": 1, "subtopic_id": 1},
         ],
         "snippets": SNIPPETS,
-    }  # fmt: skip
+    }
     paths = {}
     for name, rows in files.items():
         paths[name] = tmp_path / f"{name}.jsonl"
@@ -159,33 +178,56 @@ def write_inputs(tmp_path: Path) -> dict[str, Path]:
 
 
 SCRIPTS = {
-    "claims": lambda p: by_text({"RESPONSE A1": f"- {C1}\n- {C2}\n- {C3}\n",
-                                 "RESPONSE A2": f"- {C4}\n", "RESPONSE B1": "None"}, p),
-    "aspects": lambda p: by_text({
-        "eiffel tower": '{"topic": "where it is"}\n{"topic": "where it is"}\n'
-                        '{"topic": "its height"}\n',
-        "big ben": '{"topic": "location"}\n'}, field_of(p, "Query")),
+    "claims": lambda p: by_text(
+        {
+            "RESPONSE A1": f"- {C1}\n- {C2}\n- {C3}\n",
+            "RESPONSE A2": f"- {C4}\n",
+            "RESPONSE B1": "None",
+        },
+        p,
+    ),
+    "aspects": lambda p: by_text(
+        {
+            "eiffel tower": '{"topic": "where it is"}\n{"topic": "where it is"}\n'
+            '{"topic": "its height"}\n',
+            "big ben": '{"topic": "location"}\n',
+        },
+        field_of(p, "Query"),
+    ),
     # q1: only C1 is grounded (claim 1); aspect 3 (= subtopic 7) cites it, aspect 1 cites a
     # claim 2 that is not among the grounded claims.
-    "align_s": lambda p: by_text({"eiffel tower": '{"topic_id": 3, "evidence": [1]}\n'
-                                                  '{"topic_id": 1, "evidence": [2]}\n',
-                                  "big ben": '{"topic_id": 1, "evidence": [1]}\n'},
-                                 field_of(p, "Query")),
+    "align_s": lambda p: by_text(
+        {
+            "eiffel tower": '{"topic_id": 3, "evidence": [1]}\n{"topic_id": 1, "evidence": [2]}\n',
+            "big ben": '{"topic_id": 1, "evidence": [1]}\n',
+        },
+        field_of(p, "Query"),
+    ),
     "align_a": '{"topic_id": 1, "evidence": [1]}\n',
-}  # fmt: skip
+}
 
 
 def test_icat_m_s_a_and_beta_sweep_by_hand(tmp_path):
     paths = write_inputs(tmp_path)
-    options = IcatOptions(input=paths["responses"], queries=paths["queries"],
-                          qrels=paths["qrels"], snippets=paths["snippets"], nli_model="stand-in",
-                          variants=["m", "s", "a"], betas=[1.0, 2.0])  # fmt: skip
+    options = IcatOptions(
+        input=paths["responses"],
+        queries=paths["queries"],
+        qrels=paths["qrels"],
+        snippets=paths["snippets"],
+        nli_model="stand-in",
+        variants=["m", "s", "a"],
+        betas=[1.0, 2.0],
+    )
     client = ScriptedClient(SCRIPTS)
     extractor = ScriptedClient(SCRIPTS, adapter="claims-lora")
     framework = StandInIcat(P_ENTAIL)
     evaluator = EvaluatorConfig(model="scripted", endpoint="http://127.0.0.1:9/v1")
-    request = RunRequest(evaluator, RunConfig(run_dir=tmp_path / "run", cache=None), options,
-                         roles={"extract": RoleSpec(adapter="claims-lora")})  # fmt: skip
+    request = RunRequest(
+        evaluator,
+        RunConfig(run_dir=tmp_path / "run", cache=None),
+        options,
+        roles={"extract": RoleSpec(adapter="claims-lora")},
+    )
     by_adapter = {None: client, "claims-lora": extractor}
 
     def open_client(ev, run_dir):
@@ -202,9 +244,12 @@ def test_icat_m_s_a_and_beta_sweep_by_hand(tmp_path):
     # C1: s1 0.3, s2 0.7 -> grounded by s2 (rank 1, doc d1), not the more probable s3.
     # C2: 0.5 is not > 0.5; C3: no snippet. S_fact = 1/3.
     assert [g["grounded"] for g in a1.details["grounding"]] == [True, False, False]
-    assert a1.details["grounding"][0]["support"] == {"id": "s2", "doc_id": "d1", "text":
-                                                     "The tower stands in Paris.",
-                                                     "p_entailment": 0.7}  # fmt: skip
+    assert a1.details["grounding"][0]["support"] == {
+        "id": "s2",
+        "doc_id": "d1",
+        "text": "The tower stands in Paris.",
+        "p_entailment": 0.7,
+    }
     assert a1.details["s_fact"] == pytest.approx(1 / 3)
     m, s, a = (a1.details["variants"][v] for v in "msa")
     # ICAT-M: d1 -> q1's subtopics 2 and 7 (q2's qrels for d1 do not count): S_cov 2/3.
@@ -289,8 +334,9 @@ def bm25_index(tmp_path_factory):
 
     root = tmp_path_factory.mktemp("icat-index")
     corpus = root / "corpus.jsonl"
-    corpus.write_text("".join(json.dumps({"id": k, "contents": v}) + "\n"
-                              for k, v in CORPUS.items()))  # fmt: skip
+    corpus.write_text(
+        "".join(json.dumps({"id": k, "contents": v}) + "\n" for k, v in CORPUS.items())
+    )
     build_index(corpus, root / "index", IndexSpec(dense_model=None, chunk_trailing=True))
     return root / "index"
 
@@ -300,11 +346,19 @@ def test_icat_m_grounds_claims_in_a_bm25_index(tmp_path, bm25_index):
     responses = tmp_path / "one.jsonl"
     responses.write_text(json.dumps({"query_id": "q1", "response": "RESPONSE A1"}) + "\n")
     qrels = tmp_path / "qrels-index.jsonl"
-    qrels.write_text(json.dumps({"query_id": "q1", "doc_id": "d2", "relevance": 1,
-                                 "subtopic_id": 5}) + "\n")  # fmt: skip
-    options = IcatOptions(input=responses, queries=paths["queries"], qrels=qrels,
-                          index=bm25_index, retrieval="bm25", k=2, nli_model="stand-in",
-                          variants=["m"])  # fmt: skip
+    qrels.write_text(
+        json.dumps({"query_id": "q1", "doc_id": "d2", "relevance": 1, "subtopic_id": 5}) + "\n"
+    )
+    options = IcatOptions(
+        input=responses,
+        queries=paths["queries"],
+        qrels=qrels,
+        index=bm25_index,
+        retrieval="bm25",
+        k=2,
+        nli_model="stand-in",
+        variants=["m"],
+    )
     table = {(CORPUS["d2"], C2): 0.8, (CORPUS["d1"], C1): 0.6}
     outcome = run(StandInIcat(table), options, ScriptedClient(SCRIPTS), tmp_path / "run")[""]
     [record] = outcome.results
@@ -316,10 +370,14 @@ def test_icat_m_grounds_claims_in_a_bm25_index(tmp_path, bm25_index):
     # d2 marks subtopic 5 for q1: S_cov 1/3.
     assert record.details["variants"]["m"]["covered"] == ["5"]
 
-    qrels.write_text(json.dumps({"query_id": "q1", "doc_id": "d9", "relevance": 1,
-                                 "subtopic_id": 5}) + "\n")  # fmt: skip
-    with pytest.raises(UserError, match=r"qrels-index.jsonl:1: record 'q1': field doc_id: 'd9' "
-                                        r"is not in the index"):  # fmt: skip
+    qrels.write_text(
+        json.dumps({"query_id": "q1", "doc_id": "d9", "relevance": 1, "subtopic_id": 5}) + "\n"
+    )
+    with pytest.raises(
+        UserError,
+        match=r"qrels-index.jsonl:1: record 'q1': field doc_id: 'd9' "
+        r"is not in the index",
+    ):
         StandInIcat(table).setup(_request(options), tmp_path)
 
 
@@ -334,8 +392,14 @@ def _request(options):
 
 
 def icat_record(system, qid, s_cov, icat):
-    return {"id": f"{system}:{qid}", "details": {"system": system, "query_id": qid, "variants": {
-        "s": {"s_cov": s_cov, "icat": {"1.0": icat}}}}}  # fmt: skip
+    return {
+        "id": f"{system}:{qid}",
+        "details": {
+            "system": system,
+            "query_id": qid,
+            "variants": {"s": {"s_cov": s_cov, "icat": {"1.0": icat}}},
+        },
+    }
 
 
 def test_human_correlations_by_hand():
@@ -344,8 +408,9 @@ def test_human_correlations_by_hand():
     s_cov = [0.2, 0.4, 0.5, 0.9, None]
     icat = [0.1, 0.5, 0.3, 0.8, None]
     human_scores = [0.1, 0.5, 0.4, 1.0, 0.7]
-    records = [icat_record("A", f"q{i}", c, v)
-               for i, (c, v) in enumerate(zip(s_cov, icat, strict=True))]  # fmt: skip
+    records = [
+        icat_record("A", f"q{i}", c, v) for i, (c, v) in enumerate(zip(s_cov, icat, strict=True))
+    ]
     human = {("A", f"q{i}"): h for i, h in enumerate(human_scores)} | {("B", "q0"): 0.3}
     table = human_table(records, human, [1.0], ["s"], resamples=500)
     entry = table["variants"]["ICAT-S"]["s_cov"]
@@ -366,20 +431,31 @@ def test_meta_eval_icat_cli(tmp_path):
     from pipelines.cli import app
 
     paths = write_inputs(tmp_path)
-    options = IcatOptions(input=paths["responses"], queries=paths["queries"], variants=["s"],
-                          snippets=paths["snippets"], nli_model="stand-in")  # fmt: skip
+    options = IcatOptions(
+        input=paths["responses"],
+        queries=paths["queries"],
+        variants=["s"],
+        snippets=paths["snippets"],
+        nli_model="stand-in",
+    )
     run(StandInIcat(P_ENTAIL), options, ScriptedClient(SCRIPTS), tmp_path / "run")
     human = tmp_path / "human.jsonl"
     human.write_text(json.dumps({"system": "A", "query_id": "q1", "coverage": 0.5}) + "\n")
-    result = CliRunner().invoke(app, ["meta-eval", "icat", str(tmp_path / "run"),
-                                      "--human", str(human)])  # fmt: skip
+    result = CliRunner().invoke(
+        app, ["meta-eval", "icat", str(tmp_path / "run"), "--human", str(human)]
+    )
     assert result.exit_code == 0, result.output
     written = json.loads((tmp_path / "run" / "icat-human.json").read_text())
-    assert written["variants"]["ICAT-S"]["s_cov"] == {"n": 1, "pearson": None, "spearman": None,
-                                                     "kendall": None}  # fmt: skip
+    assert written["variants"]["ICAT-S"]["s_cov"] == {
+        "n": 1,
+        "pearson": None,
+        "spearman": None,
+        "kendall": None,
+    }
     human.write_text(json.dumps({"system": "A", "query_id": "q1", "coverage": 1.5}) + "\n")
-    bad = CliRunner().invoke(app, ["meta-eval", "icat", str(tmp_path / "run"),
-                                   "--human", str(human)])  # fmt: skip
+    bad = CliRunner().invoke(
+        app, ["meta-eval", "icat", str(tmp_path / "run"), "--human", str(human)]
+    )
     assert bad.exit_code == 2 and "human.jsonl:1: record 'q1': field coverage" in bad.output
 
 
@@ -388,7 +464,11 @@ def test_reproduce_icat_script_is_the_cli_command():
     import sys
 
     path = Path(__file__).resolve().parents[1] / "scripts" / "reproduce_icat.py"
-    done = subprocess.run([sys.executable, str(path), "r.jsonl", "--nli-model", "m"],
-                          capture_output=True, text=True, timeout=300)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, str(path), "r.jsonl", "--nli-model", "m"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 2  # no knowledge source given: one line, as the CLI says it
     assert "--index (corpus) and/or --snippets (web)" in done.stderr + done.stdout

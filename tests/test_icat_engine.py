@@ -33,11 +33,23 @@ def icat_inputs(tmp_path_factory):
         for sub in topic["subtopics"]:
             doc = f"t{topic['topic_id']}.{sub['subtopic_id']}"
             corpus.append({"id": doc, "contents": sub["description"]})
-            qrels.append({"query_id": topic["topic_id"], "doc_id": doc, "relevance": 1,
-                          "subtopic_id": sub["subtopic_id"]})  # fmt: skip
-    responses = [{"system": system, "query_id": topic["topic_id"], "response":
-                  f"{topic['description']} ({system})"}
-                 for topic in topics[:N_TOPICS] for system in SYSTEMS]  # fmt: skip
+            qrels.append(
+                {
+                    "query_id": topic["topic_id"],
+                    "doc_id": doc,
+                    "relevance": 1,
+                    "subtopic_id": sub["subtopic_id"],
+                }
+            )
+    responses = [
+        {
+            "system": system,
+            "query_id": topic["topic_id"],
+            "response": f"{topic['description']} ({system})",
+        }
+        for topic in topics[:N_TOPICS]
+        for system in SYSTEMS
+    ]
     paths = {}
     for name, rows in (("corpus", corpus), ("qrels", qrels), ("responses", responses)):
         paths[name] = root / f"{name}.jsonl"
@@ -57,15 +69,45 @@ def test_icat_all_variants_on_real_parts_resume_after_sigkill(vllm_server, icat_
     config = tmp_path / "icat.yaml"  # short lists and lines: the random model finishes them
     config.write_text("icat:\n  line_max_chars: 30\n  list_max_items: 4\n  max_aspects: 3\n")
     command = [
-        sys.executable, "-m", "pipelines.cli", "eval", "icat", str(icat_inputs["responses"]),
-        "--queries", str(TOPICS), "--qrels", str(icat_inputs["qrels"]),
-        "--index", str(icat_inputs["index"]), "--retrieval", "hybrid", "--k", "3",
-        "--nli-model", str(icat_inputs["nli"]), "--variant", "m,s,a", "--beta", "1,2",
-        "--extractor", ADAPTER, "--endpoint", vllm_server.base_url,
-        "--model", vllm_server.served_name, "--max-tokens", "200", "--concurrency", "2",
-        "--config", str(config),
-        "--run-dir", str(run_dir), "--no-cache", "--quiet",
-    ]  # fmt: skip
+        sys.executable,
+        "-m",
+        "pipelines.cli",
+        "eval",
+        "icat",
+        str(icat_inputs["responses"]),
+        "--queries",
+        str(TOPICS),
+        "--qrels",
+        str(icat_inputs["qrels"]),
+        "--index",
+        str(icat_inputs["index"]),
+        "--retrieval",
+        "hybrid",
+        "--k",
+        "3",
+        "--nli-model",
+        str(icat_inputs["nli"]),
+        "--variant",
+        "m,s,a",
+        "--beta",
+        "1,2",
+        "--extractor",
+        ADAPTER,
+        "--endpoint",
+        vllm_server.base_url,
+        "--model",
+        vllm_server.served_name,
+        "--max-tokens",
+        "200",
+        "--concurrency",
+        "2",
+        "--config",
+        str(config),
+        "--run-dir",
+        str(run_dir),
+        "--no-cache",
+        "--quiet",
+    ]
     env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]))
     results = run_dir / "results.jsonl"
     first = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)

@@ -67,10 +67,20 @@ def test_marker_scores_follow_each_marker_in_order():
         }
 
     tokens = [
-        tok("* Q1 "), tok("[Relevance"), tok(":"),
-        tok(" 4", [{"token": " 4", "logprob": math.log(0.75)},
-                   {"token": " 5", "logprob": math.log(0.25)}]),
-        tok("]\n* Q2 has 3 parts "), tok("[Relevance:"), tok("2"), tok("]"),
-    ]  # fmt: skip
+        tok("* Q1 "),
+        tok("[Relevance"),
+        tok(":"),
+        tok(
+            " 4",
+            [
+                {"token": " 4", "logprob": math.log(0.75)},
+                {"token": " 5", "logprob": math.log(0.25)},
+            ],
+        ),
+        tok("]\n* Q2 has 3 parts "),
+        tok("[Relevance:"),
+        tok("2"),
+        tok("]"),
+    ]
     scores = marker_label_scores(tokens, "Relevance", LABELS)
     assert [round(s.score, 6) for s in scores] == [4.25, 2.0]  # the bare "3" is not after a marker

@@ -35,8 +35,12 @@ QUERY = {"query_id": "q1", "query": "eiffel tower", "subtopics": ["where it is"]
 RESPONSE = {"system": "A", "query_id": "q1", "response": "It is in Paris."}
 QREL = {"query_id": "q1", "doc_id": "d1", "relevance": 1, "subtopic_id": 1}
 SNIPPET = {"claim": "It is in Paris.", "snippets": [{"id": "s1", "doc_id": "d1", "text": "Paris."}]}
-CHAT = {"messages": [{"role": "user", "content": "Paragraph."},
-                     {"role": "assistant", "content": "- A claim."}]}  # fmt: skip
+CHAT = {
+    "messages": [
+        {"role": "user", "content": "Paragraph."},
+        {"role": "assistant", "content": "- A claim."},
+    ]
+}
 
 GOOD = {  # every input file, well-formed
     "items.jsonl": jsonl(ITEM, ITEM | {"id": "b"}),
@@ -47,7 +51,7 @@ GOOD = {  # every input file, well-formed
     "garage.jsonl": (EXAMPLES / "garage.jsonl").read_text(),
     "corpus.jsonl": jsonl(
         {"id": "d1", "contents": "The tower is in Paris."}, {"id": "d2", "contents": "It is tall."}
-    ),  # fmt: skip
+    ),
     "topics.jsonl": jsonl(TOPIC),
     "passages.jsonl": jsonl(PASSAGE, PASSAGE | {"id": "p2", "text": "x"}),
     "ratings.jsonl": jsonl(RATING, RATING | {"question": 1, "rating": 2}),
@@ -68,16 +72,45 @@ COMMANDS = {  # what reads each file (paths relative to the case's directory)
     "dev.json": ["eval", "fanoutqa", "--data", "dev.json"],
     "garage.jsonl": ["eval", "garage", "garage.jsonl"],
     "corpus.jsonl": ["index", "build", "corpus.jsonl", "index", "--dense-model", "none"],
-    "topics.jsonl": ["eval", "crux", "run.trec", "--topics", "topics.jsonl",
-                     "--passages", "passages.jsonl", "--ratings", "ratings.jsonl"],
+    "topics.jsonl": [
+        "eval",
+        "crux",
+        "run.trec",
+        "--topics",
+        "topics.jsonl",
+        "--passages",
+        "passages.jsonl",
+        "--ratings",
+        "ratings.jsonl",
+    ],
     "records.jsonl": ["crux", "build", "records.jsonl"],
-    "responses.jsonl": ["eval", "icat", "responses.jsonl", "--queries", "queries.jsonl",
-                        "--qrels", "qrels.jsonl", "--snippets", "snippets.jsonl",
-                        "--variant", "m", "--nli-model", "none"],
-    "train.jsonl": ["finetune", "claims", "train", "train.jsonl", "--base", "embedded",
-                    "--out", "adapter"],
+    "responses.jsonl": [
+        "eval",
+        "icat",
+        "responses.jsonl",
+        "--queries",
+        "queries.jsonl",
+        "--qrels",
+        "qrels.jsonl",
+        "--snippets",
+        "snippets.jsonl",
+        "--variant",
+        "m",
+        "--nli-model",
+        "none",
+    ],
+    "train.jsonl": [
+        "finetune",
+        "claims",
+        "train",
+        "train.jsonl",
+        "--base",
+        "embedded",
+        "--out",
+        "adapter",
+    ],
     "config.yaml": ["eval", "comprehensiveness", "items.jsonl", "--config", "config.yaml"],
-}  # fmt: skip
+}
 for name in ("passages.jsonl", "ratings.jsonl", "run.trec"):
     COMMANDS[name] = COMMANDS["topics.jsonl"]
 for name in ("queries.jsonl", "qrels.jsonl", "snippets.jsonl"):
@@ -133,9 +166,13 @@ def duplicate_first(good: str) -> bytes:
 
 
 EVERY_JSONL = [f for f in GOOD if f.endswith(".jsonl")]
-EMPTY = {"topics.jsonl": "no topics", "queries.jsonl": "no queries",
-         "responses.jsonl": "no responses", "corpus.jsonl": "no text to index",
-         "train.jsonl": "no examples"}  # fmt: skip
+EMPTY = {
+    "topics.jsonl": "no topics",
+    "queries.jsonl": "no queries",
+    "responses.jsonl": "no responses",
+    "corpus.jsonl": "no text to index",
+    "train.jsonl": "no examples",
+}
 CASES: list[Bad] = [
     *(Bad(f, b"", EMPTY.get(f, "no records")) for f in EVERY_JSONL),
     *(Bad(f, binary, ":1: not UTF-8") for f in EVERY_JSONL),
@@ -192,12 +229,21 @@ CASES: list[Bad] = [
     Bad("dev.json", binary, "dev.json"),
     Bad("dev.json", truncated, "not valid JSON"),
     Bad("dev.json", b'{"id": "x"}', "a JSON list"),
-    Bad("dev.json", lambda g: json.dumps([FANOUT[0], {"id": "f2"}]).encode(),
-        "question #1 ('f2'): field answer"),
-    Bad("dev.json", lambda g: json.dumps([FANOUT[0], {**FANOUT[1], "question": 5}]).encode(),
-        "question #1 ('f2'): field question"),
-    Bad("dev.json", lambda g: json.dumps([FANOUT[0], FANOUT[0]]).encode(),
-        "question #1 ('f1'): field id: duplicate"),
+    Bad(
+        "dev.json",
+        lambda g: json.dumps([FANOUT[0], {"id": "f2"}]).encode(),
+        "question #1 ('f2'): field answer",
+    ),
+    Bad(
+        "dev.json",
+        lambda g: json.dumps([FANOUT[0], {**FANOUT[1], "question": 5}]).encode(),
+        "question #1 ('f2'): field question",
+    ),
+    Bad(
+        "dev.json",
+        lambda g: json.dumps([FANOUT[0], FANOUT[0]]).encode(),
+        "question #1 ('f1'): field id: duplicate",
+    ),
     # TREC runs
     Bad("run.trec", b"", "run.trec"),
     Bad("run.trec", binary, "run.trec:2: not UTF-8"),  # the first line is whole
@@ -211,7 +257,7 @@ CASES: list[Bad] = [
     Bad("config.yaml", b"evaluator:\n  concurrency: many\n", "evaluator.concurrency"),
     Bad("config.yaml", b"- a\n- b\n", "config.yaml"),
     Bad("config.yaml", binary, "config.yaml"),
-]  # fmt: skip
+]
 
 
 def snapshot(root: Path) -> dict[str, bytes]:

@@ -29,8 +29,14 @@ WC = SHARED / "data" / "wikicontradict" / "humaneval-dev.jsonl"
 def scored(score, meta, status=None):
     status = status or ("ok" if score is not None else "undefined")
     failure = StageFailure(stage="coverage", error="x") if status == "unparseable" else None
-    return ItemResult(id="i", status=status, score=score, explanation="by hand",
-                      details={"meta": meta}, failure=failure)  # fmt: skip
+    return ItemResult(
+        id="i",
+        status=status,
+        score=score,
+        explanation="by hand",
+        details={"meta": meta},
+        failure=failure,
+    )
 
 
 def rec(score, label, status=None):
@@ -46,10 +52,14 @@ def test_wc_match_rules():
 
 def test_lmr_wc_by_hand():
     records = [
-        rec(1.0, "C"), rec(0.5, "C"),  # 1, 0
-        rec(0.5, "PC"), rec(0.0, "PC"), rec(None, "PC", "undefined"),  # 1, 0, 0
-        rec(0.0, "I"), rec(None, "I", "unparseable"),  # 1, 0
-    ]  # fmt: skip
+        rec(1.0, "C"),
+        rec(0.5, "C"),  # 1, 0
+        rec(0.5, "PC"),
+        rec(0.0, "PC"),
+        rec(None, "PC", "undefined"),  # 1, 0, 0
+        rec(0.0, "I"),
+        rec(None, "I", "unparseable"),  # 1, 0
+    ]
     result = lmr_wikicontradict(records, resamples=2000, rules=rules_for("spec"))
     assert result["lmr"] == pytest.approx(3 / 7)
     assert result["n"] == 7  # failures stay in the denominator
@@ -64,9 +74,12 @@ def test_bca_interval_is_scipys_bca():
     values = [1, 0, 1, 1, 0, 1, 1, 1, 0, 1, 1, 0]
     ours = bca_interval(values, resamples=10_000, seed=3)
     ref = stats.bootstrap(
-        (np.asarray(values, float),), np.mean, n_resamples=10_000, method="BCa",
+        (np.asarray(values, float),),
+        np.mean,
+        n_resamples=10_000,
+        method="BCa",
         random_state=np.random.default_rng(3),
-    ).confidence_interval  # fmt: skip
+    ).confidence_interval
     assert (ours.low, ours.high) == pytest.approx((ref.low, ref.high))
     assert ours.low < np.mean(values) < ours.high
     assert "BCa" in ours.method
@@ -237,13 +250,14 @@ def test_wikicontradict_loader_errors(tmp_path):
 
 def cb_row(**over):
     row = {
-        "question": "Who founded X?", "default_claim": "A founded X.",
+        "question": "Who founded X?",
+        "default_claim": "A founded X.",
         "misinformation_conflict_claim": "B founded X.",
         "default_evidence": "Records show A founded X.",
         "misinformation_conflict_evidence": "A blog says B founded X.",
         "temporal_conflict_evidence": "In 2031 B founded X.",
         "semantic_conflict_evidence": "X, founded by B, ...",
-    }  # fmt: skip
+    }
     return row | over
 
 
@@ -252,9 +266,15 @@ def test_conflictbank_loader_paper_one_joint_item_per_claim(tmp_path):
     path.write_text(json.dumps(cb_row()) + "\n")
     items = conflictbank_items(path)
     assert [i.id for i in items] == ["1:RD", "1:RC"]
-    assert items[0].contexts == [cb_row()[f] for f in (
-        "default_evidence", "misinformation_conflict_evidence", "temporal_conflict_evidence",
-        "semantic_conflict_evidence")]  # fmt: skip
+    assert items[0].contexts == [
+        cb_row()[f]
+        for f in (
+            "default_evidence",
+            "misinformation_conflict_evidence",
+            "temporal_conflict_evidence",
+            "semantic_conflict_evidence",
+        )
+    ]
     assert items[1].response == "B founded X." and items[1].meta["roles"] == ["D", "C1", "C2", "C3"]
 
 

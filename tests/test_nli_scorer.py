@@ -78,9 +78,13 @@ def tokenizer_padded(scorer: NliScorer, pairs, padding: str) -> np.ndarray:
     out = np.zeros((len(pairs), 3), dtype=np.float32)
     for rows in scorer.plan(pairs):
         batch = scorer.tokenizer(
-            [pairs[i][0] for i in rows], [pairs[i][1] for i in rows], padding=padding,
-            truncation=True, max_length=scorer.max_length, return_tensors="pt",
-        )  # fmt: skip
+            [pairs[i][0] for i in rows],
+            [pairs[i][1] for i in rows],
+            padding=padding,
+            truncation=True,
+            max_length=scorer.max_length,
+            return_tensors="pt",
+        )
         with scorer.torch.inference_mode():
             logits = scorer.model(**batch).logits.float()
         out[rows] = scorer.torch.softmax(logits, dim=-1)[:, scorer.columns].numpy()

@@ -35,8 +35,11 @@ def small_disk(tmp_path):
     """A real 256 KB filesystem (tmpfs); skipped where this process may not mount one."""
     mount = tmp_path / "disk"
     mount.mkdir()
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(mount)],
-                          capture_output=True, text=True)  # fmt: skip
+    done = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(mount)],
+        capture_output=True,
+        text=True,
+    )
     if done.returncode != 0:
         pytest.skip(f"cannot mount a small tmpfs here ({done.stderr.strip()}); needs root")
     yield mount
@@ -71,8 +74,12 @@ def test_a_full_disk_stops_the_run_with_one_error_and_a_valid_results_file(tmp_p
 
 def write_questions(path: Path, n: int) -> list[str]:
     ids = [f"q{i:03d}" for i in range(n)]
-    path.write_text("".join(json.dumps({"id": i, "question": f"What about topic {k}?"}) + "\n"
-                            for k, i in enumerate(ids)))  # fmt: skip
+    path.write_text(
+        "".join(
+            json.dumps({"id": i, "question": f"What about topic {k}?"}) + "\n"
+            for k, i in enumerate(ids)
+        )
+    )
     return ids
 
 
@@ -90,9 +97,23 @@ def wait_for_lines(path: Path, n: int, proc: subprocess.Popen, timeout: float = 
 
 
 def generate_command(questions: Path, run_dir: Path, base_url: str, served: str, *extra: str):
-    return [sys.executable, "-m", "pipelines.cli", "generate", str(questions),
-            "--endpoint", base_url, "--model", served, "--run-dir", str(run_dir),
-            "--max-tokens", "24", "--quiet", *extra]  # fmt: skip
+    return [
+        sys.executable,
+        "-m",
+        "pipelines.cli",
+        "generate",
+        str(questions),
+        "--endpoint",
+        base_url,
+        "--model",
+        served,
+        "--run-dir",
+        str(run_dir),
+        "--max-tokens",
+        "24",
+        "--quiet",
+        *extra,
+    ]
 
 
 def retries_config(path: Path, retries: int) -> Path:
@@ -157,8 +178,9 @@ def test_server_never_back_one_error_and_a_resumable_run(tiny_model, tiny_lora, 
         "--config",
         str(config),
     )
-    proc = subprocess.Popen(command, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)  # fmt: skip
+    proc = subprocess.Popen(
+        command, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
     try:
         wait_for_lines(run_dir / "results.jsonl", 10, proc)
         server.kill()
@@ -215,8 +237,9 @@ def test_ten_kills_at_random_points_end_with_the_uninterrupted_results(vllm_serv
     points = sorted(rng.sample(range(1, len(ids) - 2), 10))  # records done when each kill lands
     landed = []
     for point in points:
-        proc = subprocess.Popen(killed, env=env, stdout=subprocess.DEVNULL,
-                                stderr=subprocess.DEVNULL)  # fmt: skip
+        proc = subprocess.Popen(
+            killed, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        )
         wait_for_lines(run_dir / "results.jsonl", point, proc)
         time.sleep(rng.random() * 0.2)  # land anywhere: between records, mid-append, mid-request
         proc.send_signal(signal.SIGKILL)

@@ -46,7 +46,9 @@ def test_edge_rule_by_hand():
 
     # Both entail: an equivalence, whatever the probabilities.
     assert edges_from_judgements([pair("entailment", 0.6, "entailment", 0.9)])[0] == [
-        ("a", "b"), ("b", "a")]  # fmt: skip
+        ("a", "b"),
+        ("b", "a"),
+    ]
     # A more probable neutral overrules entailment: no edge (the plain reading would add b->a).
     edges, kept = edges_from_judgements([pair("neutral", 0.95, "entailment", 0.80)])
     assert edges == [] and kept[0]["relation"] == "neutral"
@@ -60,8 +62,12 @@ def test_edge_rule_by_hand():
 
 # ---- NLI-based, end to end ---------------------------------------------------------------------
 
-ITEM = Item(id="t", query="Who designed the tower?", response="Gustave Eiffel's firm designed it.",
-            contexts=["CTX ONE about the design.", "CTX TWO about the engineers."])  # fmt: skip
+ITEM = Item(
+    id="t",
+    query="Who designed the tower?",
+    response="Gustave Eiffel's firm designed it.",
+    contexts=["CTX ONE about the design.", "CTX TWO about the engineers."],
+)
 R, A1, A2 = (
     "Eiffel's firm designed the tower.",
     "Koechlin drew the tower.",
@@ -73,14 +79,23 @@ SUMMARIES = {"CTX ONE": "Summary one.", "CTX TWO": "Summary two."}
 def nli_scripts(nli) -> dict:
     return {
         "summarise": lambda p: by_text(SUMMARIES, field_of(p, "Background text")),
-        "extract": lambda p: by_text({"Gustave": f"- {R}: Fact\n", "Summary one": f"- {A1}: Fact\n",
-                                      "Summary two": f"- {A2}: Fact\n"}, p),  # fmt: skip
-        "revise": lambda p: by_text({"Gustave": f"* {R}\n", "Summary one": f"* {A1}\n",
-                                     "Summary two": f"* {A2}\n"}, field_of(p, "Background text")),
+        "extract": lambda p: by_text(
+            {
+                "Gustave": f"- {R}: Fact\n",
+                "Summary one": f"- {A1}: Fact\n",
+                "Summary two": f"- {A2}: Fact\n",
+            },
+            p,
+        ),
+        "revise": lambda p: by_text(
+            {"Gustave": f"* {R}\n", "Summary one": f"* {A1}\n", "Summary two": f"* {A2}\n"},
+            field_of(p, "Background text"),
+        ),
         "relevance": rated({"5": 1.0}),
-        "nli": lambda p: nli.get((field_of(p, "Premise"), field_of(p, "Hypothesis")),
-                                 nli_label("neutral", 0.99)),
-    }  # fmt: skip
+        "nli": lambda p: nli.get(
+            (field_of(p, "Premise"), field_of(p, "Hypothesis")), nli_label("neutral", 0.99)
+        ),
+    }
 
 
 async def score(scripts, protocol="paper", **kwargs):
@@ -115,10 +130,14 @@ async def test_paper_nli_summarises_first_and_a_confident_neutral_wins():
 )
 async def test_paper_nli_tie_break_between_contexts(c2_to_c1, c1_to_c2, expected):
     # r -> c2 entails (0.9 beats neutral 0.6), so c2 is covered; c1 only through c2 -> c1.
-    scripts = nli_scripts({
-        (R, A2): nli_label("entailment", 0.9), (A2, R): nli_label("neutral", 0.6),
-        (A2, A1): nli_label(*c2_to_c1), (A1, A2): nli_label(*c1_to_c2),
-    })  # fmt: skip
+    scripts = nli_scripts(
+        {
+            (R, A2): nli_label("entailment", 0.9),
+            (A2, R): nli_label("neutral", 0.6),
+            (A2, A1): nli_label(*c2_to_c1),
+            (A1, A2): nli_label(*c1_to_c2),
+        }
+    )
     result, _ = await score(scripts)
     assert result.score == expected
 
@@ -196,7 +215,7 @@ QA_SCRIPTS = {
             "[Confidence: 4]\n",
         },
         field_of(p, "Background text"),
-    ),  # fmt: skip
+    ),
     # Only the two response answers are judged equivalent; every other pair is neutral.
     "compare": lambda p: compared(field_of(p, "Answer pair")),
 }
@@ -217,8 +236,9 @@ async def test_paper_qa_compares_response_answers_which_merges_context_answers()
     async with ScriptedClient(QA_SCRIPTS) as client:
         spec = await evaluate_item(client, ITEM, spec_options)
     assert spec.score == pytest.approx(2 / 3)
-    assert ("q1.r.1", "q1.r.2") not in {(c["first"], c["second"])
-                                         for c in spec.details["comparisons"]}  # fmt: skip
+    assert ("q1.r.1", "q1.r.2") not in {
+        (c["first"], c["second"]) for c in spec.details["comparisons"]
+    }
 
 
 def test_missing_question_is_skipped_in_paper_and_fails_in_spec():
@@ -235,9 +255,11 @@ def label_tokens(head: str, alternatives: dict[str, float], tail: str = "]") -> 
     """Output tokens: ``head`` (ending at '['), the label token with its alternatives, ``tail``."""
     emitted = max(alternatives, key=alternatives.__getitem__)
     top = [{"token": t, "logprob": math.log(p)} for t, p in alternatives.items()]
-    return [{"token": head, "logprob": 0.0, "top_logprobs": []},
-            {"token": emitted, "logprob": math.log(alternatives[emitted]), "top_logprobs": top},
-            {"token": tail, "logprob": 0.0, "top_logprobs": []}]  # fmt: skip
+    return [
+        {"token": head, "logprob": 0.0, "top_logprobs": []},
+        {"token": emitted, "logprob": math.log(alternatives[emitted]), "top_logprobs": top},
+        {"token": tail, "logprob": 0.0, "top_logprobs": []},
+    ]
 
 
 def test_relation_by_probability_reads_the_label_token():
@@ -246,8 +268,9 @@ def test_relation_by_probability_reads_the_label_token():
     # more probable one at its first token.
     relation, probabilities = relation_by_probability(tokens, "neutral")
     assert relation == "equivalent"
-    assert probabilities == pytest.approx({"neutral": 0.3, "equivalent": 0.6,
-                                           "first implies second": 0.1})  # fmt: skip
+    assert probabilities == pytest.approx(
+        {"neutral": 0.3, "equivalent": 0.6, "first implies second": 0.1}
+    )
     # A token that starts the label inside it ("[sec"), and one that fits no relation ("[x").
     merged = label_tokens("x\na - b ", {" [sec": 0.5, " [neutral": 0.2, " [x": 0.3})
     assert relation_by_probability(merged, "neutral")[0] == "second implies first"
@@ -262,8 +285,9 @@ async def test_paper_comparator_label_is_the_most_probable_of_the_five():
         pair = field_of(prompt, "Answer pair")
         if pair != "Gustave Eiffel - Eiffel's company":
             return f"x\n{pair} [neutral]"
-        tokens = label_tokens(f"x\n{pair} [", {"neutral": 0.4, "equivalent": 0.45,
-                                                 "contradictory": 0.15})  # fmt: skip
+        tokens = label_tokens(
+            f"x\n{pair} [", {"neutral": 0.4, "equivalent": 0.45, "contradictory": 0.15}
+        )
         tokens[1]["token"] = "neutral"  # emitted under a constraint, not the most probable
         return Reply(f"x\n{pair} [neutral]", tokens)
 
@@ -309,8 +333,10 @@ def test_reference_tolerances_of_the_units_tool():
 
 
 async def test_paper_e2e_counts_repeated_statements_as_listed():
-    output = ("x\n[Covered statements]\n- Eiffel designed it [1]\n- Eiffel designed it [1]\n"
-              "[Uncovered statements]\n- Koechlin drew it [2]\n")  # fmt: skip
+    output = (
+        "x\n[Covered statements]\n- Eiffel designed it [1]\n- Eiffel designed it [1]\n"
+        "[Uncovered statements]\n- Koechlin drew it [2]\n"
+    )
     scripts = {"summarise": "Short.", "coverage": output}
     for protocol, expected in (("paper", 2 / 3), ("spec", 1 / 2)):
         options = ComprehensivenessOptions(method="e2e", protocol=protocol, summarise=False)
@@ -321,8 +347,13 @@ async def test_paper_e2e_counts_repeated_statements_as_listed():
 
 def wc(score, label_, status=None):
     status = status or ("ok" if score is not None else "undefined")
-    return ItemResult(id=str(score), status=status, score=score, explanation="by hand",
-                      details={"meta": {"label": label_}})  # fmt: skip
+    return ItemResult(
+        id=str(score),
+        status=status,
+        score=score,
+        explanation="by hand",
+        details={"meta": {"label": label_}},
+    )
 
 
 def test_paper_lmr_thresholds_and_undefined_as_zero():
@@ -340,8 +371,12 @@ def test_paper_lmr_thresholds_and_undefined_as_zero():
 
 
 def test_eli5_mean_counts_undefined_answers_as_zero_in_paper():
-    failed = ItemResult(id="u", status="unparseable", explanation="by hand",
-                        failure=StageFailure(stage="coverage", error="x"))  # fmt: skip
+    failed = ItemResult(
+        id="u",
+        status="unparseable",
+        explanation="by hand",
+        failure=StageFailure(stage="coverage", error="x"),
+    )
     records = [wc(0.5, "-"), wc(None, "-"), failed]
     paper = _mean_with_ci(records, rules_for("paper"))
     assert (paper["n"], paper["mean"], paper["not_scored"]) == (2, 0.25, {"unparseable": 1})

@@ -37,15 +37,22 @@ def replicas(tiny_model, tiny_lora):
     from serving.ray_serve import RayReplicas
 
     adapter = LoraAdapter(name=ADAPTER, path=str(tiny_lora), base=tiny_model.name, rank=8)
-    spec = ServerSpec(model=str(tiny_model), loras=[adapter], env=TEST_SERVER_ENV,
-                      host="0.0.0.0", api_key=KEY)  # fmt: skip
+    spec = ServerSpec(
+        model=str(tiny_model), loras=[adapter], env=TEST_SERVER_ENV, host="0.0.0.0", api_key=KEY
+    )
     # own server: a two-replica Serve LLM app (one per module, shared by its tests)
     with RayReplicas(spec, replicas=2) as app:
         yield app
 
 
-async def answers(base_url: str, model: str, prompts: list[str], concurrency: int,
-                  adapter: str | None = None, prefix: str = "") -> list[str]:  # fmt: skip
+async def answers(
+    base_url: str,
+    model: str,
+    prompts: list[str],
+    concurrency: int,
+    adapter: str | None = None,
+    prefix: str = "",
+) -> list[str]:
     async with EvalClient(
         base_url,
         model,
@@ -59,7 +66,7 @@ async def answers(base_url: str, model: str, prompts: list[str], concurrency: in
         results = await asyncio.gather(
             *(client.chat([{"role": "user", "content": p}], stage="probe") for p in prompts)
         )
-    return [r.text for r in results]  # fmt: skip
+    return [r.text for r in results]
 
 
 def test_two_replicas_both_serve_and_answer_like_one_plain_server(replicas, vllm_server):
@@ -97,11 +104,18 @@ def test_the_app_refuses_requests_without_its_key(replicas):
 
     url = replicas.base_url
     assert url.startswith("http://127.0.0.1:")  # bound to every interface, reached on loopback
-    body = {"model": replicas.served_name, "max_tokens": 4,
-            "messages": [{"role": "user", "content": "hi"}]}  # fmt: skip
+    body = {
+        "model": replicas.served_name,
+        "max_tokens": 4,
+        "messages": [{"role": "user", "content": "hi"}],
+    }
     for headers in ({}, {"Authorization": "Bearer nope"}, {"Authorization": KEY}):
-        assert httpx.post(f"{url}/chat/completions", json=body, headers=headers,
-                          timeout=60).status_code == 401  # fmt: skip
+        assert (
+            httpx.post(
+                f"{url}/chat/completions", json=body, headers=headers, timeout=60
+            ).status_code
+            == 401
+        )
         assert httpx.get(f"{url}/models", headers=headers, timeout=60).status_code == 401
     keyed = {"Authorization": f"Bearer {KEY}"}
     models = httpx.get(f"{url}/models", headers=keyed, timeout=60).json()
@@ -120,8 +134,9 @@ def test_an_adapter_through_serve_answers_like_the_plain_servers_adapter(replica
     url, name, prefix = replicas.base_url, replicas.served_name, replicas.adapter_prefix
     assert prefix == f"{name}:"  # Serve routes BASE:ADAPTER to a replica that loads it
     tuned = asyncio.run(answers(url, name, prompts, 1, adapter=ADAPTER, prefix=prefix))
-    plain = asyncio.run(answers(vllm_server.base_url, vllm_server.served_name, prompts, 1,
-                                adapter=ADAPTER))  # fmt: skip
+    plain = asyncio.run(
+        answers(vllm_server.base_url, vllm_server.served_name, prompts, 1, adapter=ADAPTER)
+    )
     base = asyncio.run(answers(url, name, prompts, 1))
     assert tuned == plain  # the same adapter weights, greedy
     assert tuned != base  # and really the adapter, not the base model
@@ -135,17 +150,36 @@ def test_a_run_reaches_the_adapter_of_a_serve_app_by_its_prefix(replicas, vllm_s
 
     def generate(url: str, name: str, *extra: str) -> dict[str, str]:
         run_dir = tmp_path / f"run{len(list(tmp_path.iterdir()))}"
-        command = [sys.executable, "-m", "pipelines.cli", "generate", str(questions),
-                   "--endpoint", url, "--model", name, "--adapter", ADAPTER, *extra,
-                   "--run-dir", str(run_dir), "--max-tokens", "16", "--concurrency", "1",
-                   "--no-cache", "--quiet"]  # fmt: skip
+        command = [
+            sys.executable,
+            "-m",
+            "pipelines.cli",
+            "generate",
+            str(questions),
+            "--endpoint",
+            url,
+            "--model",
+            name,
+            "--adapter",
+            ADAPTER,
+            *extra,
+            "--run-dir",
+            str(run_dir),
+            "--max-tokens",
+            "16",
+            "--concurrency",
+            "1",
+            "--no-cache",
+            "--quiet",
+        ]
         done = subprocess.run(command, env=KEYED, capture_output=True, text=True, timeout=600)
         assert done.returncode == 0, done.stderr[-3000:]
         lines = (run_dir / "results.jsonl").read_text().splitlines()
         return {r["id"]: r["details"]["response"] for r in map(json.loads, lines)}
 
-    served = generate(replicas.base_url, replicas.served_name,
-                      "--adapter-prefix", replicas.adapter_prefix)  # fmt: skip
+    served = generate(
+        replicas.base_url, replicas.served_name, "--adapter-prefix", replicas.adapter_prefix
+    )
     assert served == generate(vllm_server.base_url, vllm_server.served_name)
 
 
@@ -153,10 +187,25 @@ def test_a_replica_killed_mid_run_costs_no_item(replicas, tmp_path):
     questions, run_dir = tmp_path / "q.jsonl", tmp_path / "run"
     ids = [f"q{i:03d}" for i in range(60)]
     questions_file(questions, ids, "What about {}?")
-    command = [sys.executable, "-m", "pipelines.cli", "generate", str(questions),
-               "--endpoint", replicas.base_url, "--model", replicas.served_name,
-               "--run-dir", str(run_dir), "--max-tokens", "24", "--concurrency", "8",
-               "--no-cache", "--quiet"]  # fmt: skip
+    command = [
+        sys.executable,
+        "-m",
+        "pipelines.cli",
+        "generate",
+        str(questions),
+        "--endpoint",
+        replicas.base_url,
+        "--model",
+        replicas.served_name,
+        "--run-dir",
+        str(run_dir),
+        "--max-tokens",
+        "24",
+        "--concurrency",
+        "8",
+        "--no-cache",
+        "--quiet",
+    ]
     proc = subprocess.Popen(command, env=KEYED, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     results = run_dir / "results.jsonl"
     wait_for_records(results, 10, proc, timeout=300)
@@ -168,7 +217,8 @@ def test_a_replica_killed_mid_run_costs_no_item(replicas, tmp_path):
     assert sorted(r["id"] for r in records) == ids  # every item, none twice
     assert all(r["status"] in ("ok", "abstained") for r in records)
     deadline = time.monotonic() + 300  # and Serve brings the replica count back to two
-    while time.monotonic() < deadline and (len(pids := replicas.replica_pids()) < 2
-                                           or victim in pids):  # fmt: skip
+    while time.monotonic() < deadline and (
+        len(pids := replicas.replica_pids()) < 2 or victim in pids
+    ):
         time.sleep(2)
     assert len(replicas.replica_pids()) == 2 and victim not in replicas.replica_pids()

@@ -20,18 +20,38 @@ pytestmark = pytest.mark.engine
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def test_generate_with_two_replicas_started_by_the_run(tiny_model, tiny_lora, vllm_server,
-                                                       tmp_path):  # fmt: skip
+def test_generate_with_two_replicas_started_by_the_run(
+    tiny_model, tiny_lora, vllm_server, tmp_path
+):
     require_engine()
     pytest.importorskip("ray.serve.llm", reason="needs ray[serve] (the engine extra)")
     questions, run_dir = tmp_path / "q.jsonl", tmp_path / "run"
     ids = [f"q{i}" for i in range(12)]
     questions_file(questions, ids)
     # own server: the app a run starts with --replicas, and its teardown, is the subject
-    command = [sys.executable, "-m", "pipelines.cli", "generate", str(questions),
-               "--model", str(tiny_model), "--replicas", "2", "--run-dir", str(run_dir),
-               "--lora", f"{ADAPTER}={tiny_lora}", "--adapter", ADAPTER, "--concurrency", "1",
-               "--max-tokens", "16", "--no-cache", "--quiet"]  # fmt: skip
+    command = [
+        sys.executable,
+        "-m",
+        "pipelines.cli",
+        "generate",
+        str(questions),
+        "--model",
+        str(tiny_model),
+        "--replicas",
+        "2",
+        "--run-dir",
+        str(run_dir),
+        "--lora",
+        f"{ADAPTER}={tiny_lora}",
+        "--adapter",
+        ADAPTER,
+        "--concurrency",
+        "1",
+        "--max-tokens",
+        "16",
+        "--no-cache",
+        "--quiet",
+    ]
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -45,16 +65,36 @@ def test_generate_with_two_replicas_started_by_the_run(tiny_model, tiny_lora, vl
     assert not ray_workers_after(30), "the run left Ray processes behind"
     # every answer is the adapter's: the same run against the plain server's adapter agrees
     plain_dir = tmp_path / "plain"
-    command = [sys.executable, "-m", "pipelines.cli", "generate", str(questions),
-               "--endpoint", vllm_server.base_url, "--model", vllm_server.served_name,
-               "--adapter", ADAPTER, "--run-dir", str(plain_dir), "--max-tokens", "16",
-               "--concurrency", "1", "--no-cache", "--quiet"]  # fmt: skip
+    command = [
+        sys.executable,
+        "-m",
+        "pipelines.cli",
+        "generate",
+        str(questions),
+        "--endpoint",
+        vllm_server.base_url,
+        "--model",
+        vllm_server.served_name,
+        "--adapter",
+        ADAPTER,
+        "--run-dir",
+        str(plain_dir),
+        "--max-tokens",
+        "16",
+        "--concurrency",
+        "1",
+        "--no-cache",
+        "--quiet",
+    ]
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]
-    plain = {json.loads(line)["id"]: json.loads(line) for line in
-             (plain_dir / "results.jsonl").read_text().splitlines()}  # fmt: skip
+    plain = {
+        json.loads(line)["id"]: json.loads(line)
+        for line in (plain_dir / "results.jsonl").read_text().splitlines()
+    }
     assert {r["id"]: r["details"]["response"] for r in records} == {
-        i: r["details"]["response"] for i, r in plain.items()}  # fmt: skip
+        i: r["details"]["response"] for i, r in plain.items()
+    }
 
 
 def ray_workers_after(seconds: float) -> list[int]:
@@ -63,8 +103,11 @@ def ray_workers_after(seconds: float) -> list[int]:
 
     deadline = time.monotonic() + seconds
     while True:
-        alive = [p.pid for p in psutil.process_iter(["cmdline"])
-                 if (p.info["cmdline"] or [""])[0].startswith("ray::")]  # fmt: skip
+        alive = [
+            p.pid
+            for p in psutil.process_iter(["cmdline"])
+            if (p.info["cmdline"] or [""])[0].startswith("ray::")
+        ]
         if not alive or time.monotonic() > deadline:
             return alive
         time.sleep(1)
@@ -83,15 +126,30 @@ def test_the_cluster_gone_under_a_run_with_replicas(tiny_model, tmp_path):
     ids = [f"q{i:03d}" for i in range(200)]
     questions_file(questions, ids)
     # own server: replicas on a cluster this test kills; the resume starts a plain server
-    command = [sys.executable, "-m", "pipelines.cli", "generate", str(questions),
-               "--model", str(tiny_model), "--run-dir", str(run_dir), "--max-tokens", "24",
-               "--concurrency", "2", "--no-cache", "--quiet"]  # fmt: skip
+    command = [
+        sys.executable,
+        "-m",
+        "pipelines.cli",
+        "generate",
+        str(questions),
+        "--model",
+        str(tiny_model),
+        "--run-dir",
+        str(run_dir),
+        "--max-tokens",
+        "24",
+        "--concurrency",
+        "2",
+        "--no-cache",
+        "--quiet",
+    ]
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     results = run_dir / "results.jsonl"
     with ray_head(num_cpus=8) as head:
         on_ray = [*command, "--ray-address", f"127.0.0.1:{head.port}"]
-        run = subprocess.Popen(on_ray, env=env, text=True, stdout=subprocess.PIPE,
-                               stderr=subprocess.PIPE)  # fmt: skip
+        run = subprocess.Popen(
+            on_ray, env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+        )
         wait_for_records(results, 5, run, timeout=600)
         os.killpg(head.pid, signal.SIGKILL)  # GCS, raylet, proxy and replicas with it
         killed = time.monotonic()
@@ -127,10 +185,25 @@ def test_a_cluster_whose_proxy_does_not_ask_for_the_key_is_not_served(tiny_model
     env["GROUNDCOVER_START_LOG"] = str(starts)
     with ray_head(num_cpus=8) as head:  # started without the two variables
         # own server: an app on a cluster without our proxy callback, which must be refused
-        command = [sys.executable, "-m", "pipelines.cli", "serve", str(tiny_model),
-                   "--replicas", "1", "--ray-address", f"127.0.0.1:{head.port}",
-                   "--host", "0.0.0.0", "--api-key-env", "GC_SERVE_KEY", "--port", str(port),
-                   "--run-dir", str(tmp_path)]  # fmt: skip
+        command = [
+            sys.executable,
+            "-m",
+            "pipelines.cli",
+            "serve",
+            str(tiny_model),
+            "--replicas",
+            "1",
+            "--ray-address",
+            f"127.0.0.1:{head.port}",
+            "--host",
+            "0.0.0.0",
+            "--api-key-env",
+            "GC_SERVE_KEY",
+            "--port",
+            str(port),
+            "--run-dir",
+            str(tmp_path),
+        ]
         done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=900)
         errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
         assert done.returncode != 0 and len(errors) == 1, done.stderr[-3000:]

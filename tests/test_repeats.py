@@ -27,10 +27,14 @@ FULL = "x\n[Covered statements]\n- In Paris [1]\n- In Lyon [2]\n[Uncovered state
 def items_file(tmp_path: Path) -> Path:
     path = tmp_path / "items.jsonl"
     rows = [
-        {"id": f"q{k}", "query": "Where?", "response": f"Paris {k}.",
-         "contexts": ["In Paris.", "In Lyon."]}
+        {
+            "id": f"q{k}",
+            "query": "Where?",
+            "response": f"Paris {k}.",
+            "contexts": ["In Paris.", "In Lyon."],
+        }
         for k in range(4)
-    ]  # fmt: skip
+    ]
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     return path
 
@@ -88,10 +92,15 @@ def test_repeats_record_k_judgements_and_their_spread(tmp_path):
     assert table["mean_between_repeat_sd"] == pytest.approx((1 / 12) ** 0.5 / 4)
     assert (table["items_changed"], table["items_with_two_scores"]) == (1, 4)
     assert table["repeat_means"] == {
-        "repeat-1": pytest.approx(0.875), "repeat-2": 1.0, "repeat-3": pytest.approx(0.875)
-    }  # fmt: skip
-    assert table["per_item"]["q0"] == {"scores": [0.5, 1.0, 0.5], "mean": pytest.approx(2 / 3),
-                                       "sd": pytest.approx((1 / 12) ** 0.5)}  # fmt: skip
+        "repeat-1": pytest.approx(0.875),
+        "repeat-2": 1.0,
+        "repeat-3": pytest.approx(0.875),
+    }
+    assert table["per_item"]["q0"] == {
+        "scores": [0.5, 1.0, 0.5],
+        "mean": pytest.approx(2 / 3),
+        "sd": pytest.approx((1 / 12) ** 0.5),
+    }
     assert table["per_item"]["q1"] == {"scores": [1.0, 1.0, 1.0], "mean": 1.0, "sd": 0.0}
     # each repeat is a whole run with its own manifest: a seeded judge is part of its identity
     manifest = json.loads((root / "repeat-2" / "manifest.json").read_text())
@@ -116,8 +125,12 @@ def test_compare_scores_a_repeats_root_by_item_means(tmp_path):
     assert rep["repeats"] == 3 and rep["between_repeat_sd"] == pytest.approx((1 / 12) ** 0.5 / 4)
     assert one["repeats"] == 1 and one["mean"] == pytest.approx(0.875)
     (pair,) = result["pairs"]
-    assert pair["deltas"][0] == {"id": "q0", "a": pytest.approx(2 / 3), "b": 0.5,
-                                 "delta": pytest.approx(1 / 6)}  # fmt: skip
+    assert pair["deltas"][0] == {
+        "id": "q0",
+        "a": pytest.approx(2 / 3),
+        "b": 0.5,
+        "delta": pytest.approx(1 / 6),
+    }
     assert (pair["test"]["wins"], pair["test"]["ties"], pair["test"]["losses"]) == (1, 3, 0)
 
 

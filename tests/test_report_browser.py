@@ -23,10 +23,22 @@ ARTIFACTS = Path(__file__).resolve().parents[1] / "test-artifacts"
 
 def chromium(url: str, *extra: str) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [BROWSER, "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
-         "--enable-logging=stderr", "--v=0", "--virtual-time-budget=3000", *extra, url],
-        capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+        [
+            BROWSER,
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--no-first-run",
+            "--enable-logging=stderr",
+            "--v=0",
+            "--virtual-time-budget=3000",
+            *extra,
+            url,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 def test_report_in_a_real_browser(tmp_path):
@@ -103,8 +115,11 @@ def probe(page: Path, tmp_path: Path, *extra: str) -> tuple[dict, str, list[str]
     assert loaded.returncode == 0, loaded.stderr[-2000:]
     found = re.search(r'data-probe="([^"]*)"', loaded.stdout)
     assert found, "the probe did not run"
-    errors = [line for line in loaded.stderr.splitlines()
-              if ":CONSOLE(" in line and ("rror" in line or "Uncaught" in line)]  # fmt: skip
+    errors = [
+        line
+        for line in loaded.stderr.splitlines()
+        if ":CONSOLE(" in line and ("rror" in line or "Uncaught" in line)
+    ]
     return json.loads(html.unescape(found.group(1))), loaded.stdout, errors
 
 
@@ -129,8 +144,9 @@ def test_compare_view_is_drawn_above_the_runs(tmp_path):
     from pipelines.cli import app
     from tests.test_report_html import OUTPUTS
 
-    other = dict(OUTPUTS) | {"Paris.": "x\n[Covered statements]\n- In Paris [1]\n- In Lyon [2]\n"
-                                       "[Uncovered statements]\n"}  # fmt: skip
+    other = dict(OUTPUTS) | {
+        "Paris.": "x\n[Covered statements]\n- In Paris [1]\n- In Lyon [2]\n[Uncovered statements]\n"
+    }
     one, two = make_run(tmp_path, "one"), make_run(tmp_path, "two", outputs=other)
     page = tmp_path / "compare.html"
     out = CliRunner().invoke(app, ["compare", str(one), str(two), "--html", str(page)])

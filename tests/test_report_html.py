@@ -33,8 +33,9 @@ OUTPUTS = {
 def make_run(tmp_path, name, fail_on=None, outputs=OUTPUTS):
     data = tmp_path / "items.jsonl"
     data.write_text("".join(json.dumps(i) + "\n" for i in ITEMS))
-    options = ComprehensivenessOptions(input=data, method="e2e", summarise=False,
-                                       export_graphs=False)  # fmt: skip
+    options = ComprehensivenessOptions(
+        input=data, method="e2e", summarise=False, export_graphs=False
+    )
 
     def coverage(prompt):
         answer = field_of(prompt, "Answer")
@@ -66,8 +67,9 @@ def test_partial_run_says_so_and_two_runs_are_compared(tmp_path):
     partial = make_run(tmp_path, "partial", fail_on="EVIL")
     page = render([partial])
     assert "Partial run: 1 of 2 items recorded." in page
-    other = dict(OUTPUTS) | {"Paris.": "x\n[Covered statements]\n- In Paris [1]\n- In Lyon [2]\n"
-                                       "[Uncovered statements]\n"}  # fmt: skip
+    other = dict(OUTPUTS) | {
+        "Paris.": "x\n[Covered statements]\n- In Paris [1]\n- In Lyon [2]\n[Uncovered statements]\n"
+    }
     first, second = make_run(tmp_path, "one"), make_run(tmp_path, "two", outputs=other)
     page = render([first, second])
     # item a: 0.5 vs 1.0 -> spread 0.5000, listed first; item b: 1.0 vs 1.0
@@ -80,15 +82,18 @@ def test_exports_and_cli(tmp_path):
     path = make_run(tmp_path, "run")
     out = export_scores([path], tmp_path / "scores.csv", "csv")
     rows = list(csv.DictReader(out.open()))
-    assert [(r["id"], r["status"], r["score"]) for r in rows] == [("a", "ok", "0.5"),
-                                                                  ("b", "ok", "1.0")]  # fmt: skip
+    assert [(r["id"], r["status"], r["score"]) for r in rows] == [
+        ("a", "ok", "0.5"),
+        ("b", "ok", "1.0"),
+    ]
     parquet = export_scores([path], tmp_path / "scores.parquet", "parquet")
     import pyarrow.parquet as pq
 
     assert pq.read_table(parquet).to_pylist()[0]["score"] == 0.5
     html = tmp_path / "report.html"
-    result = CliRunner().invoke(app, ["report", str(path), "--html", str(html), "--export",
-                                      str(tmp_path / "x.csv")])  # fmt: skip
+    result = CliRunner().invoke(
+        app, ["report", str(path), "--html", str(html), "--export", str(tmp_path / "x.csv")]
+    )
     assert result.exit_code == 0, result.output
     assert html.read_text().startswith("<!DOCTYPE html>")
     bad = CliRunner().invoke(app, ["report", str(tmp_path / "nope"), "--html", str(html)])
@@ -110,8 +115,9 @@ def test_framework_figures_lmr_and_icat_beta_sweep(tmp_path):
 
     data = tmp_path / "wc.jsonl"
     data.write_text(json.dumps(WC_ROW) + "\n")
-    options = ComprehensivenessOptions(input=data, dataset="wikicontradict", method="e2e",
-                                       protocol="spec", resamples=1000)  # fmt: skip
+    options = ComprehensivenessOptions(
+        input=data, dataset="wikicontradict", method="e2e", protocol="spec", resamples=1000
+    )
     run(COMPREHENSIVENESS, options, wc_client(), tmp_path / "wc")
     page = render([tmp_path / "wc"])
     figure = page[page.index("<h3>LMR per label") :]
@@ -119,9 +125,14 @@ def test_framework_figures_lmr_and_icat_beta_sweep(tmp_path):
     assert "LMR on wikicontradict (e2e)" in page  # the same table `report` prints
 
     paths = write_inputs(tmp_path)
-    icat = IcatOptions(input=paths["responses"], queries=paths["queries"], variants=["s"],
-                       snippets=paths["snippets"], nli_model="stand-in",
-                       betas=[0.5, 1.0, 2.0])  # fmt: skip
+    icat = IcatOptions(
+        input=paths["responses"],
+        queries=paths["queries"],
+        variants=["s"],
+        snippets=paths["snippets"],
+        nli_model="stand-in",
+        betas=[0.5, 1.0, 2.0],
+    )
     run(StandInIcat(P_ENTAIL), icat, ScriptedClient(SCRIPTS), tmp_path / "icat")
     page = render([tmp_path / "icat"])
     assert "<h3>ICAT_β sweep</h3>" in page
@@ -141,11 +152,17 @@ def test_garage_fanoutqa_and_crux_runs_draw_their_figures(tmp_path):
     dev.write_text(json.dumps(FANOUT))
     fanout = FanoutOptions(input=dev, judge=True)
     run(FANOUTQA, fanout, ScriptedClient(FANOUT_SCRIPTS, check_constraints=False), tmp_path / "f")
-    assert "<h3>FanOutQA closed-book (Table 1 columns)</h3>" in render([tmp_path / "f" /
-                                                                        "closed-book"])  # fmt: skip
+    assert "<h3>FanOutQA closed-book (Table 1 columns)</h3>" in render(
+        [tmp_path / "f" / "closed-book"]
+    )
     paths = write_crux(tmp_path)
-    crux = CruxOptions(input=paths["run"], topics=paths["topics"], passages=paths["passages"],
-                       ratings=paths["ratings"], rate=False)  # fmt: skip
+    crux = CruxOptions(
+        input=paths["run"],
+        topics=paths["topics"],
+        passages=paths["passages"],
+        ratings=paths["ratings"],
+        rate=False,
+    )
     run(CRUX, crux, ScriptedClient({}), tmp_path / "c")
     assert "<h3>CRUX context (and answer) metrics</h3>" in render([tmp_path / "c"])
 

@@ -35,8 +35,10 @@ def test_grid_runs_each_model_and_setting_and_puts_the_paper_beside(tmp_path):
     options = ReproduceFanoutOptions(models=[LLAMA, OTHER], fanoutqa=FanoutOptions(input=data))
     client = ScriptedClient(FANOUT_SCRIPTS, check_constraints=False)
     outcomes = run(REPRODUCE_FANOUTQA, options, client, tmp_path / "grid")
-    assert sorted(outcomes) == ["meta-llama_Llama-2-70b-chat-hf/closed-book",
-                                "tiny-model/closed-book"]  # fmt: skip
+    assert sorted(outcomes) == [
+        "meta-llama_Llama-2-70b-chat-hf/closed-book",
+        "tiny-model/closed-book",
+    ]
     assert len(client.stage_calls("answer-closed-book")) == 2 * 3  # each model answers each
     study = json.loads((tmp_path / "grid" / "study.json").read_text())
     llama, other = study["combined"]["rows"]
@@ -46,8 +48,9 @@ def test_grid_runs_each_model_and_setting_and_puts_the_paper_beside(tmp_path):
     assert (llama["run"], llama["n"]) == ("closed-book", 3)
     assert llama["paper"]["loose"] == 0.440 and llama["paper"]["gpt_judge"] == 0.120
     assert "paper" not in other
-    manifest = json.loads((tmp_path / "grid" / "tiny-model" / "closed-book" / "manifest.json")
-                          .read_text())  # fmt: skip
+    manifest = json.loads(
+        (tmp_path / "grid" / "tiny-model" / "closed-book" / "manifest.json").read_text()
+    )
     assert manifest["roles"]["answer"]["model"] == "tiny-model"
     assert report_json(tmp_path / "grid")[-1]["combined"] == study["combined"]
 
@@ -98,9 +101,13 @@ def test_icat_table3_rows_per_source_and_system(tmp_path):
     paths = write_inputs(tmp_path)
     study = ReproduceIcat()
     study.framework = StandInIcat(P_ENTAIL)  # the NLI stand-in of test_icat
-    options = ReproduceIcatOptions(input=paths["responses"], queries=paths["queries"],
-                                   qrels=paths["qrels"], snippets=paths["snippets"],
-                                   nli_model="stand-in")  # fmt: skip
+    options = ReproduceIcatOptions(
+        input=paths["responses"],
+        queries=paths["queries"],
+        qrels=paths["qrels"],
+        snippets=paths["snippets"],
+        nli_model="stand-in",
+    )
     outcomes = run(study, options, ScriptedClient(SCRIPTS), tmp_path / "t3")
     assert list(outcomes) == ["web"]  # no --index: no corpus rows
     rows = json.loads((tmp_path / "t3" / "study.json").read_text())["combined"]["rows"]

@@ -79,11 +79,24 @@ def test_sigkilled_run_resumes_with_exactly_one_result_per_item(vllm_server, tmp
     ids = write_questions(questions, 80)
     run_dir = tmp_path / "run"
     command = [
-        sys.executable, "-m", "pipelines.cli", "generate", str(questions),
-        "--endpoint", vllm_server.base_url, "--model", vllm_server.served_name,
-        "--run-dir", str(run_dir), "--concurrency", "2", "--max-tokens", "96",
-        "--no-cache", "--quiet",
-    ]  # fmt: skip
+        sys.executable,
+        "-m",
+        "pipelines.cli",
+        "generate",
+        str(questions),
+        "--endpoint",
+        vllm_server.base_url,
+        "--model",
+        vllm_server.served_name,
+        "--run-dir",
+        str(run_dir),
+        "--concurrency",
+        "2",
+        "--max-tokens",
+        "96",
+        "--no-cache",
+        "--quiet",
+    ]
     env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]))
     first = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     results = run_dir / "results.jsonl"
@@ -96,8 +109,10 @@ def test_sigkilled_run_resumes_with_exactly_one_result_per_item(vllm_server, tmp
     assert 10 <= done_before < len(ids), "the kill must land mid-run"
     partial = report_json(run_dir)
     assert partial["summary"]["recorded"] == done_before and partial["summary"]["partial"]
-    assert partial["summary"]["statuses"]["ok"] + partial["summary"]["statuses"]["abstained"] \
-        == done_before  # fmt: skip
+    assert (
+        partial["summary"]["statuses"]["ok"] + partial["summary"]["statuses"]["abstained"]
+        == done_before
+    )
 
     second = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
     assert second.returncode == 0, second.stdout + second.stderr
@@ -135,9 +150,16 @@ def test_serve_command_starts_on_loopback_and_stops_its_process_group(tiny_model
     port = free_port()
     command = [
         # own server: what `groundcover serve` starts and stops is the subject
-        sys.executable, "-m", "pipelines.cli", "serve", str(tiny_model),
-        "--port", str(port), "--run-dir", str(tmp_path),
-    ]  # fmt: skip
+        sys.executable,
+        "-m",
+        "pipelines.cli",
+        "serve",
+        str(tiny_model),
+        "--port",
+        str(port),
+        "--run-dir",
+        str(tmp_path),
+    ]
     env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]))
     proc = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     try:

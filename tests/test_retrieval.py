@@ -32,11 +32,13 @@ def corpus_file(tmp_path_factory):
     rows = []
     for line in TOPICS.read_text().splitlines():
         topic = json.loads(line)
-        rows.append({"id": f"t{topic['topic_id']}", "title": topic["query"],
-                     "text": topic["description"]})  # fmt: skip
+        rows.append(
+            {"id": f"t{topic['topic_id']}", "title": topic["query"], "text": topic["description"]}
+        )
         for sub in topic["subtopics"]:
-            rows.append({"id": f"t{topic['topic_id']}.{sub['subtopic_id']}",
-                         "contents": sub["description"]})  # fmt: skip
+            rows.append(
+                {"id": f"t{topic['topic_id']}.{sub['subtopic_id']}", "contents": sub["description"]}
+            )
     for n, line in enumerate(WC.read_text().splitlines()):
         row = json.loads(line)
         rows.append({"id": f"wc{n}", "contents": row["context1_self_contained"]})
@@ -67,11 +69,13 @@ def test_corpus_formats(tmp_path):
         "<DOC><DOCNO>X-2</DOCNO><TEXT>two</TEXT></DOC>"
     )
     assert list(read_corpus(tmp_path / "a.tsv")) == [
-        Document("d1", "first text"), Document("d2", "second text", "Title"),
-    ]  # fmt: skip
+        Document("d1", "first text"),
+        Document("d2", "second text", "Title"),
+    ]
     assert list(read_corpus(tmp_path / "b.trec")) == [
-        Document("X-1", "Hello world", "T"), Document("X-2", "two"),
-    ]  # fmt: skip
+        Document("X-1", "Hello world", "T"),
+        Document("X-2", "two"),
+    ]
 
 
 @pytest.mark.parametrize(
@@ -104,7 +108,10 @@ def test_icat_windows_every_96_words_keep_the_trailing_ones():
     word = text.split()
     # windows start at words 0, 96, 192: the third (8 words) is kept only with trailing
     assert [text[a:b].split() for a, b in word_spans(text, 128, 32, trailing=True)] == [
-        word[0:128], word[96:200], word[192:200]]  # fmt: skip
+        word[0:128],
+        word[96:200],
+        word[192:200],
+    ]
     assert len(word_spans(text, 128, 32)) == 2
     assert ChunkSpec("words", 128, 32, trailing=True).describe()["trailing"] is True
     assert "trailing" not in ChunkSpec("words", 128, 32).describe()  # older manifests still match
@@ -142,13 +149,16 @@ def test_bm25_equals_bm25s_queried_directly(searcher, index_dir):
         texts.append(f"{c['title']}\n{c['text']}" if c["title"] else c["text"])
     stemmer = Stemmer.Stemmer("english")
     reference = bm25s.BM25(k1=1.5, b=0.75)
-    reference.index(bm25s.tokenize(texts, stopwords="en", stemmer=stemmer, show_progress=False),
-                    show_progress=False)  # fmt: skip
+    reference.index(
+        bm25s.tokenize(texts, stopwords="en", stemmer=stemmer, show_progress=False),
+        show_progress=False,
+    )
     qs = queries()
     ref_rows, ref_scores = reference.retrieve(
-        bm25s.tokenize(qs, stopwords="en", stemmer=stemmer, show_progress=False), k=10,
+        bm25s.tokenize(qs, stopwords="en", stemmer=stemmer, show_progress=False),
+        k=10,
         show_progress=False,
-    )  # fmt: skip
+    )
     rows, scores = searcher.bm25_search(qs, 10)
     assert np.allclose(scores, ref_scores, atol=1e-5)
     # Same documents wherever the score is not (nearly) tied; the last rank may tie with rank 11.
@@ -328,8 +338,10 @@ def test_cli_build_and_search(corpus_file, tmp_path):
     args = ["index", "build", str(corpus_file), str(out), "--chunk-by", "chars"]
     built = runner.invoke(app, [*args, "--chunk-size", "1024", "--dense-model", "none"])
     assert built.exit_code == 0, built.output
-    found = runner.invoke(app, ["index", "search", str(out), "obama family tree", "--mode",
-                                "bm25", "--k", "3", "--json"])  # fmt: skip
+    found = runner.invoke(
+        app,
+        ["index", "search", str(out), "obama family tree", "--mode", "bm25", "--k", "3", "--json"],
+    )
     assert found.exit_code == 0, found.output
     lines = [json.loads(line) for line in found.output.splitlines()]
     assert len(lines) == 3 and lines[0]["doc_id"].startswith("t1")

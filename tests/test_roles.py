@@ -58,13 +58,17 @@ def report_json(path: Path) -> list[dict]:
         ("gpt-oss-20b", {"model": "gpt-oss-20b", "endpoint": None, "adapter": None}),
         ("m@http://gpu:8000/v1", {"model": "m", "endpoint": "http://gpu:8000/v1", "adapter": None}),
         ("m@http://gpu:8000", {"model": "m", "endpoint": "http://gpu:8000", "adapter": None}),
-        ("m@http://gpu:8000/v1:claims",
-         {"model": "m", "endpoint": "http://gpu:8000/v1", "adapter": "claims"}),
-        ("m:claims@http://gpu/v1", {"model": "m:claims", "endpoint": "http://gpu/v1",
-                                    "adapter": None}),  # the colon is resolved by the config
+        (
+            "m@http://gpu:8000/v1:claims",
+            {"model": "m", "endpoint": "http://gpu:8000/v1", "adapter": "claims"},
+        ),
+        (
+            "m:claims@http://gpu/v1",
+            {"model": "m:claims", "endpoint": "http://gpu/v1", "adapter": None},
+        ),  # the colon is resolved by the config
         (":claims", {"adapter": "claims", "endpoint": None}),
     ],
-)  # fmt: skip
+)
 def test_role_spec_grammar(text, expected):
     assert parse_spec(text) == expected
 
@@ -92,9 +96,16 @@ def test_an_unknown_role_is_refused_in_one_line(tmp_path):
     questions = tmp_path / "q.jsonl"
     questions.write_text('{"id": "a", "question": "Why?"}\n')
     result = CliRunner().invoke(
-        app, ["generate", str(questions), "--role", "judge=x@http://127.0.0.1:9/v1",
-              "--run-dir", str(tmp_path / "r")],
-    )  # fmt: skip
+        app,
+        [
+            "generate",
+            str(questions),
+            "--role",
+            "judge=x@http://127.0.0.1:9/v1",
+            "--run-dir",
+            str(tmp_path / "r"),
+        ],
+    )
     assert result.exit_code == 2
     assert "--role judge: generate has the roles answer" in result.output
     assert len(result.output.strip().splitlines()) == 1
@@ -104,10 +115,13 @@ def test_an_unknown_role_is_refused_in_one_line(tmp_path):
 # ---- FanOutQA: answerer and judge ---------------------------------------------------------------
 
 FANOUT = [
-    {"id": "f1", "question": "Which French cities host the two largest ports?",
-     "answer": ["Marseille", "Le Havre"]},
+    {
+        "id": "f1",
+        "question": "Which French cities host the two largest ports?",
+        "answer": ["Marseille", "Le Havre"],
+    },
     {"id": "f2", "question": "When did the tower open?", "answer": "1889"},
-]  # fmt: skip
+]
 ANSWERS = {"French": "Marseille and Paris.", "tower": "It opened in 1887."}
 
 
@@ -115,12 +129,14 @@ def fanout_clients() -> dict[str, ScriptedClient]:
     # The answering model would grade its own answers F; the judge grades f1 B, f2 D.
     answerer = ScriptedClient(
         {"answer-closed-book": lambda p: by_text(ANSWERS, p), "judge": "Wrong.\nF"},
-        model="answerer", check_constraints=False,
-    )  # fmt: skip
+        model="answerer",
+        check_constraints=False,
+    )
     grader = ScriptedClient(
         {"judge": lambda p: "Partly right.\nB" if "Marseille" in p else "Wrong year.\nD"},
-        model="grader", check_constraints=False,
-    )  # fmt: skip
+        model="grader",
+        check_constraints=False,
+    )
     return {"answerer": answerer, "grader": grader}
 
 
@@ -128,8 +144,9 @@ def test_fanoutqa_stages_reach_their_roles_and_the_judge_decides(tmp_path):
     data = tmp_path / "dev.json"
     data.write_text(json.dumps(FANOUT))
     clients = fanout_clients()
-    request = request_for(FanoutOptions(input=data, judge=True), tmp_path / "run",
-                          judge=f"grader@{GRADER}")  # fmt: skip
+    request = request_for(
+        FanoutOptions(input=data, judge=True), tmp_path / "run", judge=f"grader@{GRADER}"
+    )
     outcome = run_with(FANOUTQA, request, clients)["closed-book"]
     answerer, grader = clients["answerer"], clients["grader"]
     assert [c.stage for c in answerer.calls] == ["answer-closed-book"] * 2
@@ -161,8 +178,9 @@ def test_another_judge_is_another_run(tmp_path):
     data = tmp_path / "dev.json"
     data.write_text(json.dumps(FANOUT))
     options = FanoutOptions(input=data, judge=True)
-    run_with(FANOUTQA, request_for(options, tmp_path / "run", judge=f"grader@{GRADER}"),
-             fanout_clients())  # fmt: skip
+    run_with(
+        FANOUTQA, request_for(options, tmp_path / "run", judge=f"grader@{GRADER}"), fanout_clients()
+    )
     with pytest.raises(Exception, match="different task or config"):
         run_with(FANOUTQA, request_for(options, tmp_path / "run"), fanout_clients())
 
@@ -171,8 +189,9 @@ def test_a_judge_that_is_the_answering_model_is_said_so(tmp_path):
     data = tmp_path / "dev.json"
     data.write_text(json.dumps(FANOUT))
     clients = fanout_clients()
-    outcome = run_with(FANOUTQA, request_for(FanoutOptions(input=data, judge=True),
-                                             tmp_path / "run"), clients)["closed-book"]  # fmt: skip
+    outcome = run_with(
+        FANOUTQA, request_for(FanoutOptions(input=data, judge=True), tmp_path / "run"), clients
+    )["closed-book"]
     assert outcome.tables["gpt_judge"] == 0.0  # the answerer judged itself: F, F
     manifest = json.loads((outcome.dir / "manifest.json").read_text())
     assert manifest["self_judging"] == [{"system": "answer", "judge": "judge", "model": "answerer"}]
@@ -190,10 +209,14 @@ def test_fanoutqa_answers_made_elsewhere_start_no_answering_model(tmp_path, caps
     data = tmp_path / "dev.json"
     data.write_text(json.dumps(FANOUT))
     answers = tmp_path / "submission.json"
-    answers.write_text(json.dumps([
-        {"id": "f1", "answer": "Marseille and Le Havre."},
-        {"id": "nope", "answer": "not a question of ours"},
-    ]))  # fmt: skip
+    answers.write_text(
+        json.dumps(
+            [
+                {"id": "f1", "answer": "Marseille and Le Havre."},
+                {"id": "nope", "answer": "not a question of ours"},
+            ]
+        )
+    )
     clients, opened = fanout_clients(), []
     options = FanoutOptions(input=data, judge=True, answers=answers)
     request = request_for(options, tmp_path / "run", judge=f"grader@{GRADER}")
@@ -233,8 +256,19 @@ def test_bad_fanoutqa_answers_are_one_line_and_write_nothing(tmp_path, content, 
     data.write_text(json.dumps(FANOUT))
     answers = tmp_path / "answers.json"
     answers.write_text(content)
-    result = CliRunner().invoke(app, ["eval", "fanoutqa", "--data", str(data), "--answers",
-                                      str(answers), "--run-dir", str(tmp_path / "r")])  # fmt: skip
+    result = CliRunner().invoke(
+        app,
+        [
+            "eval",
+            "fanoutqa",
+            "--data",
+            str(data),
+            "--answers",
+            str(answers),
+            "--run-dir",
+            str(tmp_path / "r"),
+        ],
+    )
     assert result.exit_code == 2, result.output
     assert message in result.output and len(result.output.strip().splitlines()) == 1
     assert not (tmp_path / "r").exists()
@@ -249,15 +283,25 @@ def test_garage_answers_made_elsewhere_are_judged_by_the_judge_role(tmp_path):
     g1, g2 = (row["sample_id"] for row in rows)  # published rows: the id is sample_id
     records.write_text("".join(json.dumps(r) + "\n" for r in rows))
     answers = tmp_path / "answers.jsonl"
-    answers.write_text(json.dumps({"sample_id": g1, "answer": "It is 330 m tall [1]. "
-                                   "It was completed in 1889 [2]."}) + "\n")  # fmt: skip
-    grader = ScriptedClient({
-        "deflection": "attempted", "eligibility": "No Issues",
-        "support-all": "supported", "support-relevant": "supported",
-    }, model="grader")  # fmt: skip
+    answers.write_text(
+        json.dumps(
+            {"sample_id": g1, "answer": "It is 330 m tall [1]. It was completed in 1889 [2]."}
+        )
+        + "\n"
+    )
+    grader = ScriptedClient(
+        {
+            "deflection": "attempted",
+            "eligibility": "No Issues",
+            "support-all": "supported",
+            "support-relevant": "supported",
+        },
+        model="grader",
+    )
     opened: list[str] = []
-    request = request_for(GarageOptions(input=records, answers=answers), tmp_path / "run",
-                          judge=f"grader@{GRADER}")  # fmt: skip
+    request = request_for(
+        GarageOptions(input=records, answers=answers), tmp_path / "run", judge=f"grader@{GRADER}"
+    )
     outcome = run_with(GARAGE, request, {"grader": grader}, opened)[""]
     assert opened == ["grader"]
     statuses = {r.id: (r.status, r.score) for r in outcome.results}
@@ -267,20 +311,32 @@ def test_garage_answers_made_elsewhere_are_judged_by_the_judge_role(tmp_path):
     assert outcome.tables["table2"]["RAF"] == 1.0 and outcome.tables["not_scored"] == {
         "abstained": 1
     }
-    assert {c.stage for c in grader.calls} == {"deflection", "eligibility", "support-all",
-                                               "support-relevant"}  # fmt: skip
+    assert {c.stage for c in grader.calls} == {
+        "deflection",
+        "eligibility",
+        "support-all",
+        "support-relevant",
+    }
 
 
 def test_garage_reads_the_published_fields():
     from pipelines.garage.data import Record
 
-    record = Record.model_validate({
-        "id": "s1", "question": "q?", "grounding": [{"text": "a", "provider": "ent"},
-                                                    {"text": "b", "provider": "web"}],
-        "evidence_relevant": ["YES", "NO"], "evidence_cited": ["NO", "YES"],
-        "question_sensitive": "No", "question_type": "", "question_complexity": "Comparison",
-        "question_popularity": "Tail", "question_category": "Finance", "question_tag": "arxiv",
-    })  # fmt: skip
+    record = Record.model_validate(
+        {
+            "id": "s1",
+            "question": "q?",
+            "grounding": [{"text": "a", "provider": "ent"}, {"text": "b", "provider": "web"}],
+            "evidence_relevant": ["YES", "NO"],
+            "evidence_cited": ["NO", "YES"],
+            "question_sensitive": "No",
+            "question_type": "",
+            "question_complexity": "Comparison",
+            "question_popularity": "Tail",
+            "question_category": "Finance",
+            "question_tag": "arxiv",
+        }
+    )
     assert record.evidence_relevant == [True, False] and record.human_citations == {2}
     assert record.dimension("time_sensitivity") == "Static"
     assert record.dimension("complexity") == "Comparison"
@@ -291,9 +347,15 @@ def test_garage_reads_the_published_fields():
     fast.model_extra.update(question_sensitive="Yes", question_type="Fast-Changing")
     assert fast.dimension("time_sensitivity") == "Fast-Changing"
     with pytest.raises(ValueError, match="3 tags for 2 grounding passages"):
-        Record.model_validate({"id": "s", "question": "q", "grounding": [{"text": "a"},
-                               {"text": "b"}], "evidence_relevant": ["YES", "NO"],
-                               "evidence_cited": ["YES", "NO", "NO"]})  # fmt: skip
+        Record.model_validate(
+            {
+                "id": "s",
+                "question": "q",
+                "grounding": [{"text": "a"}, {"text": "b"}],
+                "evidence_relevant": ["YES", "NO"],
+                "evidence_cited": ["YES", "NO", "NO"],
+            }
+        )
 
 
 # ---- CRUX: a generator and a rater ---------------------------------------------------------------
@@ -301,28 +363,41 @@ def test_garage_reads_the_published_fields():
 
 def test_crux_generator_and_rater_are_different_models(tmp_path):
     topics = tmp_path / "topics.jsonl"
-    topics.write_text(json.dumps({"topic": "t1", "query": "What about the tower?",
-                                  "questions": ["How tall?", "When built?"]}) + "\n")  # fmt: skip
+    topics.write_text(
+        json.dumps(
+            {
+                "topic": "t1",
+                "query": "What about the tower?",
+                "questions": ["How tall?", "When built?"],
+            }
+        )
+        + "\n"
+    )
     passages = tmp_path / "passages.jsonl"
     texts = [("p1", "It is 330 m tall."), ("p2", "Built in 1889.")]
     passages.write_text(
         "".join(json.dumps({"id": i, "topic": "t1", "text": t}) + "\n" for i, t in texts)
     )
     ratings = tmp_path / "ratings.jsonl"
-    ratings.write_text("".join(json.dumps({"topic": "t1", "passage_id": p, "question": q,
-                                           "rating": r}) + "\n"
-                               for p, q, r in [("p1", 0, 5), ("p1", 1, 0), ("p2", 0, 0),
-                                               ("p2", 1, 4)]))  # fmt: skip
+    ratings.write_text(
+        "".join(
+            json.dumps({"topic": "t1", "passage_id": p, "question": q, "rating": r}) + "\n"
+            for p, q, r in [("p1", 0, 5), ("p1", 1, 0), ("p2", 0, 0), ("p2", 1, 4)]
+        )
+    )
     run = tmp_path / "run.trec"
     run.write_text("t1 Q0 p1 1 2.0 bm25\nt1 Q0 p2 2 1.0 bm25\n")
     writer = ScriptedClient({"answer": "The tower is 330 m tall."}, model="writer")
     # The rater finds the answer covers sub-question 0 only; the writer would rate it 5 on both.
-    rater = ScriptedClient({"rate_answer": lambda p: "5" if "How tall" in p else "1"},
-                           model="rater")  # fmt: skip
-    options = CruxOptions(input=run, topics=topics, passages=passages, ratings=ratings,
-                          generate=True)  # fmt: skip
-    request = request_for(options, tmp_path / "out", generate=f"writer@{ANSWERER}",
-                          rate=f"rater@{GRADER}")  # fmt: skip
+    rater = ScriptedClient(
+        {"rate_answer": lambda p: "5" if "How tall" in p else "1"}, model="rater"
+    )
+    options = CruxOptions(
+        input=run, topics=topics, passages=passages, ratings=ratings, generate=True
+    )
+    request = request_for(
+        options, tmp_path / "out", generate=f"writer@{ANSWERER}", rate=f"rater@{GRADER}"
+    )
     [outcome] = run_with(CRUX, request, {"writer": writer, "rater": rater}).values()
     [record] = outcome.results
     assert [c.stage for c in writer.calls] == ["answer"]
@@ -338,17 +413,25 @@ def test_eli5_says_when_the_judge_is_the_responder(tmp_path):
     from pipelines.comprehensiveness.framework import ELI5, Eli5Options
 
     questions = tmp_path / "q.jsonl"
-    questions.write_text(json.dumps({"id": "q1", "query": "Where is the tower?",
-                                     "contexts": ["The tower is in Paris."]}) + "\n")  # fmt: skip
+    questions.write_text(
+        json.dumps(
+            {"id": "q1", "query": "Where is the tower?", "contexts": ["The tower is in Paris."]}
+        )
+        + "\n"
+    )
     coverage = "Done.\n[Covered statements]\n- The tower is in Paris. [1]\n[Uncovered statements]\n"
 
     def clients() -> dict[str, ScriptedClient]:
         return {
-            "answerer": ScriptedClient({"generate": "It is in Paris.", "coverage": coverage},
-                                       model="answerer", check_constraints=False),
-            "grader": ScriptedClient({"coverage": coverage}, model="grader",
-                                     check_constraints=False),
-        }  # fmt: skip
+            "answerer": ScriptedClient(
+                {"generate": "It is in Paris.", "coverage": coverage},
+                model="answerer",
+                check_constraints=False,
+            ),
+            "grader": ScriptedClient(
+                {"coverage": coverage}, model="grader", check_constraints=False
+            ),
+        }
 
     metric = ComprehensivenessOptions(summarise=False, export_graphs=False)
     options = Eli5Options(input=questions, methods=["e2e"], metric=metric)
@@ -356,8 +439,9 @@ def test_eli5_says_when_the_judge_is_the_responder(tmp_path):
     manifest = json.loads((tmp_path / "same" / "e2e-answerer" / "manifest.json").read_text())
     assert manifest["self_judging"] == [{"system": "answer", "judge": "judge", "model": "answerer"}]
     found = clients()
-    outcomes = run_with(ELI5, request_for(options, tmp_path / "other", judge=f"grader@{GRADER}"),
-                        found)  # fmt: skip
+    outcomes = run_with(
+        ELI5, request_for(options, tmp_path / "other", judge=f"grader@{GRADER}"), found
+    )
     manifest = json.loads((tmp_path / "other" / "e2e-answerer" / "manifest.json").read_text())
     assert manifest["self_judging"] == [] and manifest["roles"]["judge"]["model"] == "grader"
     assert [c.stage for c in found["grader"].calls] == ["coverage"]

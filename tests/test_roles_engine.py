@@ -19,10 +19,15 @@ from tests.conftest import ADAPTER, require_engine
 pytestmark = pytest.mark.engine
 ROOT = Path(__file__).resolve().parents[1]
 QUESTIONS = [
-    {"id": f"q{n}", "question": f"Which river runs through city number {n}?",
-     "answer": ["Seine", "Loire"], "decomposition": [], "categories": []}
+    {
+        "id": f"q{n}",
+        "question": f"Which river runs through city number {n}?",
+        "answer": ["Seine", "Loire"],
+        "decomposition": [],
+        "categories": [],
+    }
     for n in range(1, 7)
-]  # fmt: skip
+]
 
 
 @pytest.fixture(scope="module")
@@ -49,15 +54,34 @@ def test_two_local_models_in_one_invocation_survive_a_kill(tiny_model, tiny_mode
     config.write_text("fanoutqa:\n  max_reasks: 0\n")
     run_dir = tmp_path / "run"
     # own server: one server per local base model, started by the run itself, is the subject
-    command = cli([
-        "eval", "fanoutqa", "--data", str(data), "--judge", "--model", str(tiny_model),
-        "--role", f"judge={tiny_model_b}", "--max-tokens", "24", "--concurrency", "1",
-        "--config", str(config), "--run-dir", str(run_dir), "--no-cache", "--quiet",
-    ])  # fmt: skip
+    command = cli(
+        [
+            "eval",
+            "fanoutqa",
+            "--data",
+            str(data),
+            "--judge",
+            "--model",
+            str(tiny_model),
+            "--role",
+            f"judge={tiny_model_b}",
+            "--max-tokens",
+            "24",
+            "--concurrency",
+            "1",
+            "--config",
+            str(config),
+            "--run-dir",
+            str(run_dir),
+            "--no-cache",
+            "--quiet",
+        ]
+    )
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     results = run_dir / "closed-book" / "results.jsonl"
-    first = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                             start_new_session=True)  # fmt: skip
+    first = subprocess.Popen(
+        command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True
+    )
     deadline = time.monotonic() + 600
     while count_lines(results) < 1 and time.monotonic() < deadline and first.poll() is None:
         time.sleep(0.01)
@@ -118,9 +142,27 @@ def test_answers_made_elsewhere_judged_by_an_adapter(vllm_server, tmp_path):
     config = tmp_path / "c.yaml"
     config.write_text("fanoutqa:\n  max_reasks: 0\n")
     run_dir = tmp_path / "fanout"
-    done = subprocess.run(cli(["eval", "fanoutqa", "--data", str(data), "--answers", str(answers),
-                               "--judge", "--config", str(config), "--run-dir", str(run_dir),
-                               *base]), capture_output=True, text=True, timeout=600)  # fmt: skip
+    done = subprocess.run(
+        cli(
+            [
+                "eval",
+                "fanoutqa",
+                "--data",
+                str(data),
+                "--answers",
+                str(answers),
+                "--judge",
+                "--config",
+                str(config),
+                "--run-dir",
+                str(run_dir),
+                *base,
+            ]
+        ),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     records = {
         json.loads(line)["id"]: json.loads(line)
@@ -143,9 +185,23 @@ def test_answers_made_elsewhere_judged_by_an_adapter(vllm_server, tmp_path):
         + "\n"
     )
     run_dir = tmp_path / "garage"
-    done = subprocess.run(cli(["eval", "garage", str(garage), "--answers", str(given),
-                               "--run-dir", str(run_dir), *base]),
-                          capture_output=True, text=True, timeout=600)  # fmt: skip
+    done = subprocess.run(
+        cli(
+            [
+                "eval",
+                "garage",
+                str(garage),
+                "--answers",
+                str(given),
+                "--run-dir",
+                str(run_dir),
+                *base,
+            ]
+        ),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     records = [json.loads(line) for line in (run_dir / "results.jsonl").read_text().splitlines()]
     assert sorted(r["id"] for r in records) == sorted([g1, g2])

@@ -16,8 +16,9 @@ CONFIG = {"model": "m", "temperature": 0}
 
 def open_store(path, config=CONFIG):
     store = RunStore(path)
-    store.open(framework="f", task="t", config=config, models={"model": "m"},
-               prompts={"p": "p@v1#x"})  # fmt: skip
+    store.open(
+        framework="f", task="t", config=config, models={"model": "m"}, prompts={"p": "p@v1#x"}
+    )
     return store
 
 
@@ -97,9 +98,14 @@ def test_corrupt_middle_line_is_an_error_naming_file_and_line(tmp_path):
 
 def test_every_status_is_counted_none_dropped(tmp_path):
     store = open_store(tmp_path / "run")
-    records = [ok("0"), failed("1", "unparseable"), failed("2", "error"), ok("4"),
-               ItemResult(id="3", status="undefined", explanation="nothing to cover"),
-               ItemResult(id="5", status="abstained", explanation="no answer")]  # fmt: skip
+    records = [
+        ok("0"),
+        failed("1", "unparseable"),
+        failed("2", "error"),
+        ok("4"),
+        ItemResult(id="3", status="undefined", explanation="nothing to cover"),
+        ItemResult(id="5", status="abstained", explanation="no answer"),
+    ]
     for record in records:
         store.append(record)
     store.close()

@@ -53,7 +53,8 @@ def test_ray_data_nli_equals_the_local_scorer(tiny_nli, ray_local, monkeypatch):
     claim, passages = hypotheses[0], premises[:6]
     for threshold in (None, 0.2, 0.5):
         assert scorer.supported(claim, passages, threshold) == here.supported(
-            claim, passages, threshold)  # fmt: skip
+            claim, passages, threshold
+        )
 
 
 # ---- opt-in candidate pruning of the pairwise NLI stage ---------------------------------------
@@ -130,14 +131,21 @@ def test_comprehensiveness_cross_encoder_on_ray_actors_equals_local(tiny_nli, ra
     from tests.test_runtime import run
 
     data = tmp_path / "items.jsonl"
-    data.write_text("".join(json.dumps(ITEM.model_dump() | {"id": f"t{k}"}) + "\n"
-                            for k in range(4)))  # fmt: skip
+    data.write_text(
+        "".join(json.dumps(ITEM.model_dump() | {"id": f"t{k}"}) + "\n" for k in range(4))
+    )
     scripts = {k: v for k, v in NLI_SCRIPTS.items() if k != "nli"}
     outcomes = {}
     for actors in (0, 2):
-        options = ComprehensivenessOptions(input=data, method="nli", protocol="spec",
-                                           nli_backend="cross-encoder", nli_model=tiny_nli,
-                                           nli_actors=actors, export_graphs=False)  # fmt: skip
+        options = ComprehensivenessOptions(
+            input=data,
+            method="nli",
+            protocol="spec",
+            nli_backend="cross-encoder",
+            nli_model=tiny_nli,
+            nli_actors=actors,
+            export_graphs=False,
+        )
         client = ScriptedClient(scripts)
         outcomes[actors] = run(COMPREHENSIVENESS, options, client, tmp_path / f"a{actors}")[""]
     local, remote = ({r.id: r for r in outcomes[a].results} for a in (0, 2))
@@ -146,7 +154,8 @@ def test_comprehensiveness_cross_encoder_on_ray_actors_equals_local(tiny_nli, ra
         here, there = record.details["relations"], remote[item_id].details["relations"]
         assert [r["label"] for r in here] == [r["label"] for r in there]
         assert [r["probability"] for r in here] == pytest.approx(
-            [r["probability"] for r in there], abs=1e-6)  # fmt: skip
+            [r["probability"] for r in there], abs=1e-6
+        )
         assert (record.status, record.score) == (remote[item_id].status, remote[item_id].score)
 
 
@@ -207,12 +216,16 @@ def test_the_cluster_gone_mid_run_ends_with_one_error_and_resumes(tiny_nli, tmp_
     ids = [f"t{k:03d}" for k in range(200)]
     items.write_text("".join(json.dumps(ITEM.model_dump() | {"id": i}) + "\n" for i in ids))
     env = dict(os.environ, PYTHONPATH=str(root))
-    command = [sys.executable, "-m", "tests.support.ray_gone", str(items), str(run_dir),
-               tiny_nli]  # fmt: skip
+    command = [sys.executable, "-m", "tests.support.ray_gone", str(items), str(run_dir), tiny_nli]
     results = run_dir / "results.jsonl"
     with ray_head(num_cpus=2) as head:
-        run = subprocess.Popen([*command, f"127.0.0.1:{head.port}"], env=env, text=True,
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
+        run = subprocess.Popen(
+            [*command, f"127.0.0.1:{head.port}"],
+            env=env,
+            text=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
         wait_for_records(results, 8, run, timeout=300)
         os.killpg(head.pid, signal.SIGKILL)  # the head: GCS, raylet, and the actors with them
         killed = time.monotonic()
@@ -223,8 +236,9 @@ def test_the_cluster_gone_mid_run_ends_with_one_error_and_resumes(tiny_nli, tmp_
         assert time.monotonic() - killed < 55  # ours, not Ray's exit after 60 s
         done = [json.loads(line) for line in results.read_text().splitlines()]
         assert 0 < len(done) < len(ids)
-    resumed = subprocess.run([*command, "local"], env=env, text=True, capture_output=True,
-                             timeout=600)  # fmt: skip
+    resumed = subprocess.run(
+        [*command, "local"], env=env, text=True, capture_output=True, timeout=600
+    )
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     records = [json.loads(line) for line in results.read_text().splitlines()]
     assert sorted(r["id"] for r in records) == ids  # every item, none twice
@@ -248,8 +262,9 @@ def test_a_run_submitted_as_a_ray_job_scores_on_the_cluster(tiny_nli, tmp_path):
 
     root = Path(__file__).resolve().parents[1]
     items = tmp_path / "items.jsonl"
-    items.write_text("".join(json.dumps(ITEM.model_dump() | {"id": f"t{k}"}) + "\n"
-                             for k in range(6)))  # fmt: skip
+    items.write_text(
+        "".join(json.dumps(ITEM.model_dump() | {"id": f"t{k}"}) + "\n" for k in range(6))
+    )
     run = [sys.executable, "-m", "tests.support.ray_gone", str(items)]
     ray = str(Path(sys.executable).with_name("ray"))
     # Ray 2.60's job CLI sends the token `ray start` saved only in token mode
@@ -265,18 +280,39 @@ def test_a_run_submitted_as_a_ray_job_scores_on_the_cluster(tiny_nli, tmp_path):
                 break
             time.sleep(2)
         assert done.returncode == 0 and "succeeded" in said, said[-4000:]
-        listed = subprocess.run([ray, "list", "actors", "--address", head.dashboard, "--format",
-                                 "json", "--limit", "1000"], env=env, capture_output=True,
-                                text=True, timeout=120)  # fmt: skip
+        listed = subprocess.run(
+            [
+                ray,
+                "list",
+                "actors",
+                "--address",
+                head.dashboard,
+                "--format",
+                "json",
+                "--limit",
+                "1000",
+            ],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         classes = [a["class_name"] for a in json.loads(listed.stdout)]
         assert any("_BatchScorer" in c for c in classes), classes  # the NLI ran on the cluster
-    here = subprocess.run([*run, str(tmp_path / "here"), tiny_nli, "local"], env=env,
-                          capture_output=True, text=True, timeout=600)  # fmt: skip
+    here = subprocess.run(
+        [*run, str(tmp_path / "here"), tiny_nli, "local"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert here.returncode == 0, here.stderr[-3000:]
 
     def records(run_dir: str) -> dict[str, tuple]:
         lines = (tmp_path / run_dir / "results.jsonl").read_text().splitlines()
-        return {r["id"]: (r["status"], r["score"], [x["label"] for x in r["details"]["relations"]])
-                for r in map(json.loads, lines)}  # fmt: skip
+        return {
+            r["id"]: (r["status"], r["score"], [x["label"] for x in r["details"]["relations"]])
+            for r in map(json.loads, lines)
+        }
 
     assert records("job") == records("here") and len(records("job")) == 6

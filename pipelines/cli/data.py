@@ -30,8 +30,11 @@ def data_list() -> None:
     table = Table("name", "home", "license", "size", "cached")
     lock = read_lock()
     for name, entry in CATALOG.items():
-        here = [f"{k.rsplit('@', 1)[1]} -> {v['revision']}" for k, v in sorted(lock.items())
-                if k.rsplit("@", 1)[0] == name]  # fmt: skip
+        here = [
+            f"{k.rsplit('@', 1)[1]} -> {v['revision']}"
+            for k, v in sorted(lock.items())
+            if k.rsplit("@", 1)[0] == name
+        ]
         table.add_row(name, entry.home, entry.license, entry.size, ", ".join(here) or "-")
     out.print(table)
 
@@ -69,8 +72,11 @@ def data_get(
 ) -> None:
     """Download (resumable), verify against the lock, convert and cache; print the path."""
     found = get(spec)
-    out.print(f"{found.name}@{found.revision}: {found.path} (sha256 {found.sha256[:16]})",
-              highlight=False, soft_wrap=True)  # fmt: skip
+    out.print(
+        f"{found.name}@{found.revision}: {found.path} (sha256 {found.sha256[:16]})",
+        highlight=False,
+        soft_wrap=True,
+    )
 
 
 @data_app.command("path")

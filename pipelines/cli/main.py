@@ -36,19 +36,26 @@ reproduce_app = typer.Typer(
     help="Reproduce a paper's tables (a grid of runs).", no_args_is_help=True
 )
 app.add_typer(reproduce_app, name="reproduce")
-meta_eval_app = typer.Typer(help="Meta-evaluate a metric against labels or human judgements.",
-                            no_args_is_help=True)  # fmt: skip
+meta_eval_app = typer.Typer(
+    help="Meta-evaluate a metric against labels or human judgements.", no_args_is_help=True
+)
 app.add_typer(meta_eval_app, name="meta-eval")
 finetune_app = typer.Typer(help="Fine-tune models for the stack's stages.", no_args_is_help=True)
-claims_app = typer.Typer(help="Claim extractors (ICAT's AC): data, training, evaluation.",
-                         no_args_is_help=True)  # fmt: skip
+claims_app = typer.Typer(
+    help="Claim extractors (ICAT's AC): data, training, evaluation.", no_args_is_help=True
+)
 finetune_app.add_typer(claims_app, name="claims")
 app.add_typer(finetune_app, name="finetune")
 app.add_typer(data_app, name="data")
 crux_app = typer.Typer(help="CRUX evaluation data.", no_args_is_help=True)
 app.add_typer(crux_app, name="crux")
-GROUPS = {"eval": eval_app, "reproduce": reproduce_app, "meta-eval": meta_eval_app,
-          "finetune claims": claims_app, "crux": crux_app}  # fmt: skip
+GROUPS = {
+    "eval": eval_app,
+    "reproduce": reproduce_app,
+    "meta-eval": meta_eval_app,
+    "finetune claims": claims_app,
+    "crux": crux_app,
+}
 console = Console(stderr=True)
 NLI_APP = "groundcover-nli"
 
@@ -204,8 +211,10 @@ def serve_replicas(spec: ServerSpec, replicas: int, address: str | None, timeout
         names = ", ".join([app.served_name, *(app.adapter_prefix + a.name for a in spec.loras)])
         console.print(f"serving {names} at {app.base_url}  (Ctrl-C stops)")
         if spec.loras:
-            console.print(f"evaluations reach the adapters with --endpoint {app.base_url} "
-                          f"--adapter-prefix {app.adapter_prefix}")  # fmt: skip
+            console.print(
+                f"evaluations reach the adapters with --endpoint {app.base_url} "
+                f"--adapter-prefix {app.adapter_prefix}"
+            )
         while app.alive():
             time.sleep(1.0)
         raise ServerStartError(f"the Ray Serve app ended: {app.gone()}")
@@ -270,8 +279,10 @@ def models() -> None:
 
     for entry in listing():  # trained and registered with `finetune claims register`
         name = entry["name"]
-        Console().print(f"registered adapter {name}: base {entry['base']}, rank {entry['rank']} "
-                        f"at {entry['path']} (serve with --lora {name})")  # fmt: skip
+        Console().print(
+            f"registered adapter {name}: base {entry['base']}, rank {entry['rank']} "
+            f"at {entry['path']} (serve with --lora {name})"
+        )
 
 
 def all_templates() -> dict[str, Any]:
@@ -359,12 +370,25 @@ def index_build_command(
         corpus = dataset_file(str(corpus))
     try:
         spec = IndexSpec(
-            chunk_by=chunk_by, chunk_size=chunk_size, chunk_overlap=chunk_overlap,
-            chunk_trailing=chunk_trailing, faiss=faiss, bm25=not no_bm25, shards=shards, ray=ray,
-            dense_model=None if dense_model == "none" else dense_model, ivf_nlist=nlist,
-            ivf_nprobe=nprobe, pq_m=pq_m, pq_bits=pq_bits, opq=opq, refine=refine,
-            vectors=vectors, memory_budget=memory_budget, device=device,
-        )  # fmt: skip
+            chunk_by=chunk_by,
+            chunk_size=chunk_size,
+            chunk_overlap=chunk_overlap,
+            chunk_trailing=chunk_trailing,
+            faiss=faiss,
+            bm25=not no_bm25,
+            shards=shards,
+            ray=ray,
+            dense_model=None if dense_model == "none" else dense_model,
+            ivf_nlist=nlist,
+            ivf_nprobe=nprobe,
+            pq_m=pq_m,
+            pq_bits=pq_bits,
+            opq=opq,
+            refine=refine,
+            vectors=vectors,
+            memory_budget=memory_budget,
+            device=device,
+        )
     except ValidationError as exc:
         raise UserError(f"index options: {describe_validation(exc)}") from exc
     try:
@@ -526,8 +550,10 @@ def view(
 
     key = api_key_from(api_key_env)
     if key is None and not is_loopback(host):
-        raise UserError(f"--host {host} shows the runs beyond this machine: give it a key "
-                        "(--api-key-env NAME, the key in that variable)")  # fmt: skip
+        raise UserError(
+            f"--host {host} shows the runs beyond this machine: give it a key "
+            "(--api-key-env NAME, the key in that variable)"
+        )
 
     class Page(http.server.BaseHTTPRequestHandler):
         def do_GET(self) -> None:  # noqa: N802 - the stdlib's name

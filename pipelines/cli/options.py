@@ -195,8 +195,10 @@ def request_model(study: Study) -> type[Strict]:
 def load_request(study: Study, own: dict[str, Any], shared: Shared) -> RunRequest:
     """The command's configuration; a command's ``roles.<role>`` keys (``--extractor``) set a
     role like ``--role`` does, which wins over them."""
-    overrides = {key if key.startswith("roles.") else f"{study.name}.{key}": _plain(value)
-                 for key, value in own.items()}  # fmt: skip
+    overrides = {
+        key if key.startswith("roles.") else f"{study.name}.{key}": _plain(value)
+        for key, value in own.items()
+    }
     cfg: Any = load_config(request_model(study), shared.config, overrides | shared.overrides())
     options = resolve_names(getattr(cfg, study.name))  # --data NAME: the catalogued file
     return RunRequest(cfg.evaluator, cfg.run, options, dict(cfg.roles))
@@ -219,14 +221,21 @@ def framework_command(study: Study) -> Callable[[Callable[..., dict]], Callable[
             request = load_request(study, fn(**kwargs), shared)
             if shared.pilot is not None and (shared.pilot < 1 or shared.dry_run):
                 raise UserError("--pilot K needs K >= 1 and no --dry-run (a pilot runs items)")
-            execute(study, request, no_cache=shared.no_cache, quiet=shared.quiet,
-                    dry_run=shared.dry_run, pilot=shared.pilot)  # fmt: skip
+            execute(
+                study,
+                request,
+                no_cache=shared.no_cache,
+                quiet=shared.quiet,
+                dry_run=shared.dry_run,
+                pilot=shared.pilot,
+            )
 
         shared_params = [
-            inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default,
-                              annotation=annotation)
+            inspect.Parameter(
+                name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=annotation
+            )
             for name, (annotation, default) in SHARED_OPTIONS.items()
-        ]  # fmt: skip
+        ]
         params = [p.replace(kind=inspect.Parameter.KEYWORD_ONLY) for p in own.parameters.values()]
         command.__signature__ = own.replace(parameters=params + shared_params)  # type: ignore
         command.__annotations__ = {p.name: p.annotation for p in params + shared_params}

@@ -122,9 +122,13 @@ async def summarise_contexts(ctx: ItemContext, query: str, contexts: list[str]) 
 
     async def one(text: str) -> str:
         parsed = await ctx.ask(
-            template, "summarise", lambda t: t.strip(), "the summary text or None",
-            {"query": query, "text": text}, max_tokens=ctx.options.list_max_tokens,
-        )  # fmt: skip
+            template,
+            "summarise",
+            lambda t: t.strip(),
+            "the summary text or None",
+            {"query": query, "text": text},
+            max_tokens=ctx.options.list_max_tokens,
+        )
         summary = parsed.value
         return "" if summary.strip().strip(".").lower() == "none" else summary
 

@@ -14,13 +14,15 @@ async def evaluate(ctx: ItemContext, item: Item, contexts: list[str]) -> dict[st
     numbered = [text for text in contexts if text.strip()]
     repeats_listed = ctx.options.rules.e2e_repeats_listed
     parsed = await ctx.ask(
-        PROMPTS["coverage"], "coverage",
+        PROMPTS["coverage"],
+        "coverage",
         lambda t: parse_coverage(t, len(numbered), repeats_listed),
         "the two lists '[Covered statements]' and '[Uncovered statements]', each line "
         "'- <statement> [<text ids>]'",
         {"query": item.query, "contexts": numbered, "response": item.response},
-        regex=formats(ctx.options).coverage(len(numbered)), max_tokens=ctx.options.list_max_tokens,
-    )  # fmt: skip
+        regex=formats(ctx.options).coverage(len(numbered)),
+        max_tokens=ctx.options.list_max_tokens,
+    )
     covered, uncovered = parsed.value
     # Text ids refer to the non-empty contexts in order; map them back to c1..cn.
     original = [f"c{i}" for i, text in enumerate(contexts, 1) if text.strip()]

@@ -151,15 +151,26 @@ class Comprehensiveness(Framework):
             ci = tables.get("ci95") or {}
             low = [ci.get("low"), *[None] * len(tables["by_label"])]
             high = [ci.get("high"), *[None] * len(tables["by_label"])]
-            spec = {"kind": "bars", "labels": labels, "values": values, "low": low, "high": high,
-                    "ylabel": "LMR"}  # fmt: skip
+            spec = {
+                "kind": "bars",
+                "labels": labels,
+                "values": values,
+                "low": low,
+                "high": high,
+                "ylabel": "LMR",
+            }
             return [("LMR per label (95% BCa for all)", spec)]
         keys = [("strict", "strict_ci95"), ("lax", "lax_ci95"), ("mean", "ci95")]
         values = [tables["strict"], tables["lax"], tables["lmr"]]
         intervals = [tables.get(c) or {} for _, c in keys]
-        spec = {"kind": "bars", "labels": [k for k, _ in keys], "values": values,
-                "low": [i.get("low") for i in intervals],
-                "high": [i.get("high") for i in intervals], "ylabel": "LMR"}  # fmt: skip
+        spec = {
+            "kind": "bars",
+            "labels": [k for k, _ in keys],
+            "values": values,
+            "low": [i.get("low") for i in intervals],
+            "high": [i.get("high") for i in intervals],
+            "ylabel": "LMR",
+        }
         return [("ConflictBank LMR (95% BCa)", spec)]
 
 
@@ -234,8 +245,10 @@ class Eli5(Study):
 
     name = "eli5"
     Options = Eli5Options
-    roles = {"answer": "the responders (--responder repeats it)",
-             "judge": "scores every answer's comprehensiveness"}  # fmt: skip
+    roles = {
+        "answer": "the responders (--responder repeats it)",
+        "judge": "scores every answer's comprehensiveness",
+    }
 
     def responders(self, request: RunRequest) -> list[tuple[str, EvaluatorConfig]]:
         specs = request.options.responders
@@ -259,14 +272,28 @@ class Eli5(Study):
         answer_options = GenerateOptions(input=options.input, template="answer_from_texts")
         plans = []
         for name, responder in self.responders(request):
-            plans.append(RunPlan(f"answers-{name}", "eli5-answers", answer_options,
-                                 framework=GENERATE, roles={"answer": responder}))  # fmt: skip
+            plans.append(
+                RunPlan(
+                    f"answers-{name}",
+                    "eli5-answers",
+                    answer_options,
+                    framework=GENERATE,
+                    roles={"answer": responder},
+                )
+            )
             answered = functools.partial(_answered_items, questions, f"answers-{name}", name)
             for method in options.methods:
                 metric = options.metric.model_copy(update={"method": method, "dataset": "items"})
-                plans.append(RunPlan(f"{method}-{name}", f"eli5-{method}", metric,
-                                     framework=COMPREHENSIVENESS, items=answered,
-                                     systems={"answer": responder}))  # fmt: skip
+                plans.append(
+                    RunPlan(
+                        f"{method}-{name}",
+                        f"eli5-{method}",
+                        metric,
+                        framework=COMPREHENSIVENESS,
+                        items=answered,
+                        systems={"answer": responder},
+                    )
+                )
         return plans
 
     def combine(self, outcomes: dict[str, RunOutcome], options: Eli5Options) -> dict[str, Any]:
@@ -300,19 +327,27 @@ class Eli5(Study):
                     continue
                 ci = entry["ci95"]
                 paper = f" ({entry['paper']:g})" if "paper" in entry else ""
-                cells.append(f"{entry['mean']:.3f} [{ci['low']:.3f}, {ci['high']:.3f}] "
-                             f"n={entry['n']}{paper}")  # fmt: skip
+                cells.append(
+                    f"{entry['mean']:.3f} [{ci['low']:.3f}, {ci['high']:.3f}] n={entry['n']}{paper}"
+                )
             out.add_row(name, f"{row['answered']}/{row['questions']}", *cells)
         console.print(out)
 
 
-def _answered_items(questions: dict[str, GenerateItem], key: str, responder: str,
-                    outcomes: dict[str, RunOutcome]) -> list[Item]:  # fmt: skip
+def _answered_items(
+    questions: dict[str, GenerateItem], key: str, responder: str, outcomes: dict[str, RunOutcome]
+) -> list[Item]:
     return [
-        Item(id=r.id, query=questions[r.id].question, contexts=questions[r.id].contexts,
-             response=r.details["response"], responder=responder)
-        for r in outcomes[key].results if r.status == "ok"
-    ]  # fmt: skip
+        Item(
+            id=r.id,
+            query=questions[r.id].question,
+            contexts=questions[r.id].contexts,
+            response=r.details["response"],
+            responder=responder,
+        )
+        for r in outcomes[key].results
+        if r.status == "ok"
+    ]
 
 
 def _mean_with_ci(results: Sequence[ItemResult], rules: Rules = meta.PAPER) -> dict[str, Any]:
@@ -409,8 +444,14 @@ def meta_eval_wikicontradict(
 ) -> dict[str, Any]:
     """LMR_WC of comprehensiveness on WikiContradict, per label, with a 95% BCa interval;
     writes lmr.json (paper Figure 3)."""
-    return {"dataset": "wikicontradict", "input": data, "method": method,
-            "limit": limit, "resamples": resamples, "protocol": protocol}  # fmt: skip
+    return {
+        "dataset": "wikicontradict",
+        "input": data,
+        "method": method,
+        "limit": limit,
+        "resamples": resamples,
+        "protocol": protocol,
+    }
 
 
 @framework_command(COMPREHENSIVENESS)
@@ -426,8 +467,14 @@ def meta_eval_conflictbank(
 ) -> dict[str, Any]:
     """Strict / lax / mean LMR of comprehensiveness on ConflictBank, each with a 95% BCa
     interval; writes lmr.json (paper Figures 4 and 7)."""
-    return {"dataset": "conflictbank", "input": data, "method": method, "limit": limit,
-            "resamples": resamples, "protocol": protocol}  # fmt: skip
+    return {
+        "dataset": "conflictbank",
+        "input": data,
+        "method": method,
+        "limit": limit,
+        "resamples": resamples,
+        "protocol": protocol,
+    }
 
 
 @framework_command(ELI5)

@@ -100,15 +100,21 @@ def edges_from_judgements(
     for preferred, other in pairs:
         if preferred.label == other.label == "entailment":
             edges += [(preferred.premise, preferred.hypothesis), (other.premise, other.hypothesis)]
-            kept.append({"pair": [preferred.premise, preferred.hypothesis],
-                         "relation": "equivalence"})  # fmt: skip
+            kept.append(
+                {"pair": [preferred.premise, preferred.hypothesis], "relation": "equivalence"}
+            )
             continue
         winner = other if other.probability > preferred.probability else preferred
         if winner.label == "entailment":
             edges.append((winner.premise, winner.hypothesis))
-        kept.append({"pair": [preferred.premise, preferred.hypothesis],
-                     "kept": [winner.premise, winner.hypothesis], "relation": winner.label,
-                     "probability": winner.probability})  # fmt: skip
+        kept.append(
+            {
+                "pair": [preferred.premise, preferred.hypothesis],
+                "kept": [winner.premise, winner.hypothesis],
+                "relation": winner.label,
+                "probability": winner.probability,
+            }
+        )
     return edges, kept
 
 

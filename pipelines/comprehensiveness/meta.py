@@ -74,11 +74,15 @@ def wikicontradict_items(path: Path, limit: int | None = None) -> list[Item]:
                 label = "PC"  # full marks for one context is partial for both
             items.append(
                 Item(
-                    id=f"{lineno}-{k}", query=row["question"], response=row[f"answer{k}"],
+                    id=f"{lineno}-{k}",
+                    query=row["question"],
+                    response=row[f"answer{k}"],
                     contexts=[row["context1_self_contained"], row["context2_self_contained"]],
-                    label=label, original_label=raw_label, model=row.get("model"),
+                    label=label,
+                    original_label=raw_label,
+                    model=row.get("model"),
                 )
-            )  # fmt: skip
+            )
     if not items:
         raise UserError(f"{path}: no records")
     return items
@@ -177,16 +181,27 @@ def conflictbank_items(path: Path, limit: int | None = None, rules: Rules = PAPE
         _require_strings(path, lineno, row, needed)
         contexts = [row[field] for field in CB_CONTEXTS.values()]
         for kind, field in CB_RESPONSES.items():
-            common = {"query": row[CB_QUESTION], "response": row[field], "sample": str(lineno),
-                      "response_kind": kind, "roles": list(CB_ROLES)}  # fmt: skip
+            common = {
+                "query": row[CB_QUESTION],
+                "response": row[field],
+                "sample": str(lineno),
+                "response_kind": kind,
+                "roles": list(CB_ROLES),
+            }
             if rules.conflictbank_one_run_per_claim:
                 items.append(Item(id=f"{lineno}:{kind}", contexts=contexts, **common))
                 continue
             for ctx_set in ("all", *CB_ROLES):
                 chosen = contexts if ctx_set == "all" else [row[CB_CONTEXTS[ctx_set]]]
                 roles = list(CB_ROLES) if ctx_set == "all" else [ctx_set]
-                items.append(Item(id=f"{lineno}:{kind}:{ctx_set}", contexts=chosen,
-                                  **(common | {"roles": roles}), context_set=ctx_set))  # fmt: skip
+                items.append(
+                    Item(
+                        id=f"{lineno}:{kind}:{ctx_set}",
+                        contexts=chosen,
+                        **(common | {"roles": roles}),
+                        context_set=ctx_set,
+                    )
+                )
     return items
 
 
@@ -275,8 +290,11 @@ def cb_terms(records: Sequence[ItemResult], rules: Rules = PAPER) -> dict[str, A
             one_source += claim.sources == 1
             no_default += not sources["D"]["nodes"]
             terms.append((r.id, claim.strict, claim.lax, claim.moderate))
-        return {"terms": terms, "single_source_lax": one_source,
-                "default_source_without_nodes": no_default}  # fmt: skip
+        return {
+            "terms": terms,
+            "single_source_lax": one_source,
+            "default_source_without_nodes": no_default,
+        }
     grouped: dict[tuple[str, str], dict[str, float | None]] = {}
     for r in records:
         meta = r.details["meta"]
@@ -306,8 +324,11 @@ def lmr_conflictbank(
     found = cb_terms(records, rules)
     terms = found["terms"]
     seed = rules.bootstrap_seed
-    out: dict[str, Any] = {"protocol": rules.protocol, "n_claims": len(terms),
-                           "not_scored": not_scored(records)}  # fmt: skip
+    out: dict[str, Any] = {
+        "protocol": rules.protocol,
+        "n_claims": len(terms),
+        "not_scored": not_scored(records),
+    }
     if rules.conflictbank_one_run_per_claim:
         out["undefined_scored_as_zero"] = sum(r.status == "undefined" for r in records)
         out["single_source_lax"] = found["single_source_lax"]
@@ -330,9 +351,11 @@ def lmr_conflictbank(
     for kind in CB_RESPONSES:  # default claim (RD) and conflict claim (RC) apart
         picked = [i for i, claim_id in enumerate(ids) if claim_id.endswith(f":{kind}")]
         if picked:
-            by_claim[kind] = {"n": len(picked),
-                              "strict": float(np.mean([strict[i] for i in picked])),
-                              "lax": float(np.mean([lax[i] for i in picked]))}  # fmt: skip
+            by_claim[kind] = {
+                "n": len(picked),
+                "strict": float(np.mean([strict[i] for i in picked])),
+                "lax": float(np.mean([lax[i] for i in picked])),
+            }
     return out | {
         "by_claim": by_claim,
         "strict": float(np.mean(strict)),
@@ -351,8 +374,10 @@ def wc_matches(records: Sequence[ItemResult], rules: Rules = PAPER) -> list[int]
     """1 per WikiContradict record whose score matches its label, else 0."""
     scores = [table_score(r, rules) for r in records]
     if rules.wikicontradict_thresholds:
-        return [int(s is not None and wc_predicted(s) == _label(r))
-                for s, r in zip(scores, records, strict=True)]  # fmt: skip
+        return [
+            int(s is not None and wc_predicted(s) == _label(r))
+            for s, r in zip(scores, records, strict=True)
+        ]
     return [wc_match(s, _label(r)) for s, r in zip(scores, records, strict=True)]
 
 
@@ -371,10 +396,15 @@ def combined_lmr(
     from scipy import stats  # here: the CLI imports this module, few runs compute an interval
 
     result = stats.bootstrap(
-        (x, y), lambda a, b, axis=-1: (a.mean(axis=axis) + b.mean(axis=axis)) / 2,
-        paired=False, vectorized=True, confidence_level=0.95, n_resamples=resamples,
-        method="BCa", random_state=np.random.default_rng(seed),
-    )  # fmt: skip
+        (x, y),
+        lambda a, b, axis=-1: (a.mean(axis=axis) + b.mean(axis=axis)) / 2,
+        paired=False,
+        vectorized=True,
+        confidence_level=0.95,
+        n_resamples=resamples,
+        method="BCa",
+        random_state=np.random.default_rng(seed),
+    )
     ci = result.confidence_interval
     interval = Interval(float(ci.low), float(ci.high), f"BCa unpaired, {resamples} resamples")
     return {"lmr": value, "ci95": interval.as_dict()}
@@ -394,8 +424,10 @@ def print_lmr(result: dict[str, Any], console: Console) -> None:
     for label, entry in result.get("by_label", {}).items():
         table.add_row(f"label {label}", f"{entry['lmr']:.4f} (n={entry['n']})")
     for claim, entry in result.get("by_claim", {}).items():
-        table.add_row(f"claim {claim} strict / lax",
-                      f"{entry['strict']:.4f} / {entry['lax']:.4f} (n={entry['n']})")  # fmt: skip
+        table.add_row(
+            f"claim {claim} strict / lax",
+            f"{entry['strict']:.4f} / {entry['lax']:.4f} (n={entry['n']})",
+        )
     table.add_row("not scored", json.dumps(result["not_scored"]))
     if "undefined_scored_as_zero" in result:
         table.add_row("undefined, scored 0 (paper)", str(result["undefined_scored_as_zero"]))

@@ -59,8 +59,9 @@ class LlmNli:
         async def one(pair: Pair) -> Labelled:
             values = {"premise": pair[0], "hypothesis": pair[1]}
             # max_tokens: room for a label under any tokenizer
-            parsed = await ctx.choice(template, list(NLI_LABELS), "nli", values, max_tokens=24,
-                                      logprobs=True)  # fmt: skip
+            parsed = await ctx.choice(
+                template, list(NLI_LABELS), "nli", values, max_tokens=24, logprobs=True
+            )
             if parsed.ok:
                 probability = parsed.result.sequence_probability if parsed.result else None
                 return parsed.value, 1.0 if probability is None else probability
@@ -118,17 +119,26 @@ async def atoms_of(ctx: ItemContext, text: str) -> list[str]:
     if not text.strip():
         return []
     units = await ctx.ask(
-        PROMPTS["extract_atoms"], "extract", parse_units, "bullet lines '- <unit>: <Type>'",
-        {"text": text}, regex=formats(ctx.options).units, max_tokens=ctx.options.list_max_tokens,
-    )  # fmt: skip
+        PROMPTS["extract_atoms"],
+        "extract",
+        parse_units,
+        "bullet lines '- <unit>: <Type>'",
+        {"text": text},
+        regex=formats(ctx.options).units,
+        max_tokens=ctx.options.list_max_tokens,
+    )
     factual = [u.text for u in units.value if u.type in FACTUAL_TYPES]
     if not factual:
         return []
     revised = await ctx.ask(
-        PROMPTS["revise_atoms"], "revise", parse_statements, "one '* <statement>' per line",
-        {"text": text, "statements": factual}, regex=formats(ctx.options).statements,
+        PROMPTS["revise_atoms"],
+        "revise",
+        parse_statements,
+        "one '* <statement>' per line",
+        {"text": text, "statements": factual},
+        regex=formats(ctx.options).statements,
         max_tokens=ctx.options.list_max_tokens,
-    )  # fmt: skip
+    )
     return revised.value
 
 
@@ -147,11 +157,15 @@ async def source_relevance(ctx: ItemContext, query: str, atoms: list[str]) -> li
     if not atoms:
         return []
     parsed = await ctx.ask(
-        PROMPTS["relevance_batch"], "relevance", lambda t: parse_rated(t, atoms),
+        PROMPTS["relevance_batch"],
+        "relevance",
+        lambda t: parse_rated(t, atoms),
         "one line '* <statement> [Relevance: <1-5>]' per statement, in the given order",
-        {"query": query, "statements": atoms}, regex=formats(ctx.options).rated(atoms),
-        max_tokens=ctx.options.list_max_tokens, **LOGPROBS,
-    )  # fmt: skip
+        {"query": query, "statements": atoms},
+        regex=formats(ctx.options).rated(atoms),
+        max_tokens=ctx.options.list_max_tokens,
+        **LOGPROBS,
+    )
     scores, weighted = weighted_scores(parsed, "Relevance", parsed.value, any_integer=True)
     if not weighted:
         ctx.details["relevance_unweighted"] = ctx.details.get("relevance_unweighted", 0) + 1
@@ -207,15 +221,22 @@ async def evaluate(ctx: ItemContext, item: Item, contexts: list[str]) -> dict[st
     for premise, hypothesis in pairs:
         texts = (by_id[premise].text, by_id[hypothesis].text)
         label, probability = ("entailment", 1.0) if texts[0] == texts[1] else labels[texts]
-        relations.append({"premise": premise, "hypothesis": hypothesis, "label": label,
-                          "probability": probability})  # fmt: skip
+        relations.append(
+            {
+                "premise": premise,
+                "hypothesis": hypothesis,
+                "label": label,
+                "probability": probability,
+            }
+        )
     if ctx.options.rules.nli_edges_one_per_pair:
         entailments, kept = edges_from_judgements(
             unordered_pairs(response_atoms, context_atoms, relations)
         )
     else:  # spec: every ordered entailment is an edge
-        entailments = [(r["premise"], r["hypothesis"]) for r in relations
-                       if r["label"] == "entailment"]  # fmt: skip
+        entailments = [
+            (r["premise"], r["hypothesis"]) for r in relations if r["label"] == "entailment"
+        ]
         kept = None
     return {
         "statements": response_atoms + context_atoms,

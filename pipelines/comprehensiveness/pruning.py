@@ -53,8 +53,11 @@ class PrunedJudge:
         similarity = await asyncio.to_thread(self.pruner.similarities, pairs)
         keep = [p for p, s in zip(pairs, similarity, strict=True) if s >= self.pruner.threshold]
         judged = dict(zip(keep, await self.inner.judge(ctx, keep), strict=True)) if keep else {}
-        ctx.details["pruning"] = {"threshold": self.pruner.threshold, "judged": len(keep),
-                                  "skipped": len(pairs) - len(keep)}  # fmt: skip
+        ctx.details["pruning"] = {
+            "threshold": self.pruner.threshold,
+            "judged": len(keep),
+            "skipped": len(pairs) - len(keep),
+        }
         return [judged.get(p, ("neutral", 1.0)) for p in pairs]
 
     def placement(self) -> dict[str, Any] | None:
@@ -69,9 +72,11 @@ class PrunedJudge:
 def entailment_edges(record: dict[str, Any]) -> set[tuple[str, str]]:
     """The ordered (premise text, hypothesis text) entailments an NLI-method record judged."""
     text = {s["id"]: s["text"] for s in record["details"].get("statements", [])}
-    return {(text[r["premise"]], text[r["hypothesis"]])
-            for r in record["details"].get("relations", []) if r["label"] == "entailment"
-            and r["premise"] in text and r["hypothesis"] in text}  # fmt: skip
+    return {
+        (text[r["premise"]], text[r["hypothesis"]])
+        for r in record["details"].get("relations", [])
+        if r["label"] == "entailment" and r["premise"] in text and r["hypothesis"] in text
+    }
 
 
 def edge_recall(exhaustive: list[dict], pruned: list[dict]) -> dict[str, Any]:
@@ -90,5 +95,11 @@ def edge_recall(exhaustive: list[dict], pruned: list[dict]) -> dict[str, Any]:
         pruning = other["details"].get("pruning", {})
         judged += pruning.get("judged", other["details"].get("pairs", {}).get("judged", 0))
         skipped += pruning.get("skipped", 0)
-    return {"edges": total, "kept": found, "recall": found / total if total else None,
-            "pairs_exhaustive": full, "pairs_judged": judged, "pairs_skipped": skipped}  # fmt: skip
+    return {
+        "edges": total,
+        "kept": found,
+        "recall": found / total if total else None,
+        "pairs_exhaustive": full,
+        "pairs_judged": judged,
+        "pairs_skipped": skipped,
+    }

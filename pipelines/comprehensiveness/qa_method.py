@@ -46,10 +46,14 @@ async def mine(ctx: ItemContext, query: str, text: str) -> list[str]:
     if not text.strip():
         return []
     parsed = await ctx.ask(
-        PROMPTS["mine_questions"], "mine", parse_statements, "one '* <question>' per line",
-        {"query": query, "text": text}, regex=formats(ctx.options).questions,
+        PROMPTS["mine_questions"],
+        "mine",
+        parse_statements,
+        "one '* <question>' per line",
+        {"query": query, "text": text},
+        regex=formats(ctx.options).questions,
         max_tokens=ctx.options.list_max_tokens,
-    )  # fmt: skip
+    )
     return parsed.value
 
 
@@ -57,10 +61,15 @@ async def refine(ctx: ItemContext, query: str, raw: list[str]) -> tuple[list[str
     if not raw:
         return [], []
     parsed = await ctx.ask(
-        PROMPTS["refine_questions"], "refine", lambda t: parse_scored_items(t, "Relevance"),
-        "lines '* <question> [Relevance: <1-5>]'", {"query": query, "questions": raw},
-        regex=formats(ctx.options).refined, max_tokens=ctx.options.list_max_tokens, **LOGPROBS,
-    )  # fmt: skip
+        PROMPTS["refine_questions"],
+        "refine",
+        lambda t: parse_scored_items(t, "Relevance"),
+        "lines '* <question> [Relevance: <1-5>]'",
+        {"query": query, "questions": raw},
+        regex=formats(ctx.options).refined,
+        max_tokens=ctx.options.list_max_tokens,
+        **LOGPROBS,
+    )
     items = parsed.value
     # paper: every integer among the top alternatives weighs in, as in the reference
     ints = [n for _, n in items]
@@ -82,14 +91,17 @@ async def answer(ctx: ItemContext, questions: list[str], text: str) -> dict[int,
     if not text.strip():
         return {}
     parsed = await ctx.ask(
-        PROMPTS["answer_questions"], "answer",
+        PROMPTS["answer_questions"],
+        "answer",
         lambda t: parse_answers(
             t, questions, require_all=not ctx.options.rules.qa_answer_sheet_skips_missing
         ),
         "for each question its line, then 'A: <answer> [Confidence: <1-5>]' joined by ' | '",
-        {"text": text, "questions": questions}, regex=formats(ctx.options).answers(questions),
-        max_tokens=ctx.options.list_max_tokens, **LOGPROBS,
-    )  # fmt: skip
+        {"text": text, "questions": questions},
+        regex=formats(ctx.options).answers(questions),
+        max_tokens=ctx.options.list_max_tokens,
+        **LOGPROBS,
+    )
     sheet: AnswerSheet = parsed.value
     tokens = parsed.result.token_logprobs if parsed.result else []
     markers = marker_label_scores(tokens, "Confidence", LABELS)
@@ -129,23 +141,33 @@ async def compare(ctx: ItemContext, question: str, first: str, second: str) -> d
     values = {"question": question, "first": first, "second": second, "tools": ctx.options.tools}
     if ctx.options.tools:
         run = await ctx.run_tools(
-            template.messages(**values), [units_tool(relative=rules.units_tool_decides)],
+            template.messages(**values),
+            [units_tool(relative=rules.units_tool_decides)],
             max_rounds=2,
-            stage="compare", template=template.id,
-        )  # fmt: skip
+            stage="compare",
+            template=template.id,
+        )
         decided = _tool_decision(run.calls) if rules.units_tool_decides else None
         if decided:
             return {"relation": decided, "method": "tool", "tool_calls": run.calls}
         try:
-            return {"relation": parse_relation(run.final.text), "method": "llm+tool",
-                    "tool_calls": run.calls}  # fmt: skip
+            return {
+                "relation": parse_relation(run.final.text),
+                "method": "llm+tool",
+                "tool_calls": run.calls,
+            }
         except ValueError:
             pass  # fall through to the plain re-asking path
     parsed = await ctx.ask(
-        template, "compare", parse_relation, "a last line '<answer 1> - <answer 2> [<relation>]'",
-        values, regex=formats(ctx.options).relation, max_tokens=ctx.options.list_max_tokens,
+        template,
+        "compare",
+        parse_relation,
+        "a last line '<answer 1> - <answer 2> [<relation>]'",
+        values,
+        regex=formats(ctx.options).relation,
+        max_tokens=ctx.options.list_max_tokens,
         **(LOGPROBS if rules.qa_label_by_probability else {}),
-    )  # fmt: skip
+    )
     if not rules.qa_label_by_probability:
         return {"relation": parsed.value, "method": "llm"}
     tokens = parsed.result.token_logprobs if parsed.result else []

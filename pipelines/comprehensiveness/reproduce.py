@@ -88,8 +88,11 @@ class Reproduce(Study):
 
     def load(self, options: ReproduceOptions) -> list[Item]:
         """Every dataset's items (read now, so a bad file stops the grid before any call)."""
-        return [item for dataset in _datasets(options)
-                for item in COMPREHENSIVENESS.load(_cell_options(options, dataset))]  # fmt: skip
+        return [
+            item
+            for dataset in _datasets(options)
+            for item in COMPREHENSIVENESS.load(_cell_options(options, dataset))
+        ]
 
     def plan(self, request: RunRequest, root: Path) -> list[RunPlan]:
         options: ReproduceOptions = request.options
@@ -101,9 +104,16 @@ class Reproduce(Study):
                 for dataset in _datasets(options):
                     cell = _cell_options(options, dataset, method)
                     cell_items = functools.partial(_items_of, items, dataset)
-                    plans.append(RunPlan(_cell(name, method, dataset), f"meta-{dataset}-{method}",
-                                         cell, framework=COMPREHENSIVENESS,
-                                         roles={"judge": evaluator}, items=cell_items))  # fmt: skip
+                    plans.append(
+                        RunPlan(
+                            _cell(name, method, dataset),
+                            f"meta-{dataset}-{method}",
+                            cell,
+                            framework=COMPREHENSIVENESS,
+                            roles={"judge": evaluator},
+                            items=cell_items,
+                        )
+                    )
         return plans
 
     def combine(self, outcomes: dict[str, RunOutcome], options: ReproduceOptions) -> dict:
@@ -136,19 +146,28 @@ class Reproduce(Study):
         return {"protocol": protocol, "rows": rows}
 
     def render_combined(self, combined: dict[str, Any], console: Console) -> None:
-        table = Table("model", "method", "WikiContradict LMR",
-                      "ConflictBank strict / lax (moderate; main)",
-                      "ConflictBank LMR", "average",
-                      title=f"Comprehensiveness meta-evaluation ({combined['protocol']} protocol; "
-                            "paper value in parentheses)")  # fmt: skip
+        table = Table(
+            "model",
+            "method",
+            "WikiContradict LMR",
+            "ConflictBank strict / lax (moderate; main)",
+            "ConflictBank LMR",
+            "average",
+            title=f"Comprehensiveness meta-evaluation ({combined['protocol']} protocol; "
+            "paper value in parentheses)",
+        )
         for row in combined["rows"]:
             paper = row.get("paper", {})
             cb = row.get("conflictbank")
             split = _split_text(cb)
-            table.add_row(row["model"], row["method"],
-                          _cell_text(row.get("wikicontradict"), paper.get("wikicontradict")),
-                          split, _cell_text(cb, paper.get("conflictbank")),
-                          _cell_text(row.get("average"), paper.get("average")))  # fmt: skip
+            table.add_row(
+                row["model"],
+                row["method"],
+                _cell_text(row.get("wikicontradict"), paper.get("wikicontradict")),
+                split,
+                _cell_text(cb, paper.get("conflictbank")),
+                _cell_text(row.get("average"), paper.get("average")),
+            )
         console.print(table)
 
 
@@ -199,6 +218,11 @@ def reproduce_comprehensiveness(
     """Figures 3-5 of the comprehensiveness paper: LMR on WikiContradict and ConflictBank for
     every evaluator model x method, the average with an unpaired BCa interval, and the
     published values beside ours. Resumes cell by cell."""
-    return {"models": evaluators, "methods": method, "wikicontradict": wikicontradict,
-            "conflictbank": conflictbank, "metric.protocol": protocol,
-            "metric.limit": limit}  # fmt: skip
+    return {
+        "models": evaluators,
+        "methods": method,
+        "wikicontradict": wikicontradict,
+        "conflictbank": conflictbank,
+        "metric.protocol": protocol,
+        "metric.limit": limit,
+    }

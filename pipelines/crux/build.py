@@ -102,8 +102,12 @@ class Build(Framework):
     Options = BuildOptions
     prompts = PROMPTS
     roles = BUILD_ROLES
-    stage_roles = {"query": "writer", "subquestions": "writer", "passages": "writer",
-                   "rate": "rate"}  # fmt: skip
+    stage_roles = {
+        "query": "writer",
+        "subquestions": "writer",
+        "passages": "writer",
+        "rate": "rate",
+    }
 
     def load(self, options: BuildOptions) -> list[Record]:
         return read_records(options.input)[: options.limit]
@@ -111,19 +115,39 @@ class Build(Framework):
     async def solve(self, item: Record, ctx: ItemContext) -> ItemResult:
         n = ctx.options.questions
         query, questions = await asyncio.gather(
-            ctx.ask(PROMPTS["query"], "query", lambda t: t.strip(), "the request",
-                    {"summary": item.summary}),
-            ctx.ask(PROMPTS["subquestions"], "subquestions", bullet_list,
-                    "one '- <question>' per line", {"summary": item.summary, "n": n},
-                    regex=rf"(- [^\n]{{1,200}}\n){{1,{n}}}"),
-        )  # fmt: skip
+            ctx.ask(
+                PROMPTS["query"],
+                "query",
+                lambda t: t.strip(),
+                "the request",
+                {"summary": item.summary},
+            ),
+            ctx.ask(
+                PROMPTS["subquestions"],
+                "subquestions",
+                bullet_list,
+                "one '- <question>' per line",
+                {"summary": item.summary, "n": n},
+                regex=rf"(- [^\n]{{1,200}}\n){{1,{n}}}",
+            ),
+        )
         sub = questions.value[:n]
         passages: dict[str, str] = {}
         for d, document in enumerate(item.documents):
-            written = await asyncio.gather(*(
-                ctx.ask(PROMPTS["passages"], "passages", parse_passages,
-                        "passages separated by lines '###'", {"text": piece},
-                        temperature=0.7, top_p=0.95) for piece in pieces(document)))  # fmt: skip
+            written = await asyncio.gather(
+                *(
+                    ctx.ask(
+                        PROMPTS["passages"],
+                        "passages",
+                        parse_passages,
+                        "passages separated by lines '###'",
+                        {"text": piece},
+                        temperature=0.7,
+                        top_p=0.95,
+                    )
+                    for piece in pieces(document)
+                )
+            )
             texts = [p for parsed in written for p in parsed.value]
             passages |= {f"{item.id}:{d}#{k}": t for k, t in enumerate(texts)}
         pairs = [(pid, q) for pid in passages for q in range(len(sub))]
@@ -133,13 +157,21 @@ class Build(Framework):
             ratings[pid][q] = value
         kept = metrics.answerable(ratings, len(sub))
         best = metrics.oracle(ratings, list(passages), kept)
-        ctx.details |= {"query": query.value, "questions": sub, "passages": passages,
-                        "ratings": ratings, "answerable": kept, "oracle": best,
-                        "unreadable_ratings": sum(v == -1 for v, _ in found)}  # fmt: skip
+        ctx.details |= {
+            "query": query.value,
+            "questions": sub,
+            "passages": passages,
+            "ratings": ratings,
+            "answerable": kept,
+            "oracle": best,
+            "unreadable_ratings": sum(v == -1 for v, _ in found),
+        }
         if not kept:
             return ctx.result("undefined", None, "no passage answers any sub-question")
-        explanation = (f"{len(kept)} of {len(sub)} sub-questions answerable from "
-                       f"{len(passages)} passages; |P**| = {len(best)}")  # fmt: skip
+        explanation = (
+            f"{len(kept)} of {len(sub)} sub-questions answerable from "
+            f"{len(passages)} passages; |P**| = {len(best)}"
+        )
         return ctx.result("ok", len(kept) / len(sub), explanation)
 
 
@@ -159,8 +191,10 @@ class BuildStudy(Study):
         return write_exchange(outcome.dir.parent, outcome.results)
 
     def render_combined(self, combined: dict[str, Any], console: Console) -> None:
-        console.print(f"CRUX data: {combined['topics']} topics, {combined['passages']} passages, "
-                      f"{combined['ratings']} ratings in {combined['dir']}")  # fmt: skip
+        console.print(
+            f"CRUX data: {combined['topics']} topics, {combined['passages']} passages, "
+            f"{combined['ratings']} ratings in {combined['dir']}"
+        )
 
 
 def write_exchange(root: Path, records: Sequence[ItemResult]) -> dict[str, Any]:
@@ -173,13 +207,24 @@ def write_exchange(root: Path, records: Sequence[ItemResult]) -> dict[str, Any]:
             continue
         d = record.details
         kept = d["answerable"]
-        topics.append({"topic": record.id, "query": d["query"],
-                       "questions": [d["questions"][q] for q in kept]})  # fmt: skip
+        topics.append(
+            {
+                "topic": record.id,
+                "query": d["query"],
+                "questions": [d["questions"][q] for q in kept],
+            }
+        )
         for pid, text in d["passages"].items():
             passages.append({"id": pid, "topic": record.id, "text": text})
             for new, q in enumerate(kept):
-                ratings.append({"topic": record.id, "passage_id": pid, "question": new,
-                                "rating": d["ratings"][pid][q]})  # fmt: skip
+                ratings.append(
+                    {
+                        "topic": record.id,
+                        "passage_id": pid,
+                        "question": new,
+                        "rating": d["ratings"][pid][q],
+                    }
+                )
         for eta in qrels:
             answerable = metrics.answerable(d["ratings"], len(d["questions"]), eta)
             best = metrics.oracle(d["ratings"], list(d["passages"]), answerable, eta)
@@ -191,8 +236,13 @@ def write_exchange(root: Path, records: Sequence[ItemResult]) -> dict[str, Any]:
     for eta, lines in qrels.items():
         _write(root / f"qrels-eta{eta}.txt", "".join(line + "\n" for line in lines))
     not_ok = sum(r.status != "ok" for r in records)
-    card = {"dir": str(root), "topics": len(topics), "passages": len(passages),
-            "ratings": len(ratings), "records_not_ok": not_ok}  # fmt: skip
+    card = {
+        "dir": str(root),
+        "topics": len(topics),
+        "passages": len(passages),
+        "ratings": len(ratings),
+        "records_not_ok": not_ok,
+    }
     atomic_write_json(root / "data_card.json", card)
     return card
 

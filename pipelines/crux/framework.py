@@ -71,9 +71,14 @@ async def rate(ctx: ItemContext, question: str, text: str, stage: str = "rate") 
     answer without one (or with 6-9 on the 0-5 scale) is re-asked; still none -> -1, counted 0
     as the authors count it, and counted in ``details["unreadable"]`` (never silently)."""
     parsed = await ctx.attempt(
-        PROMPTS["rate"], stage, metrics.read_rating, "a rating from 0 to 5",
-        {"question": question, "text": text}, temperature=0.0, max_tokens=8,
-    )  # fmt: skip
+        PROMPTS["rate"],
+        stage,
+        metrics.read_rating,
+        "a rating from 0 to 5",
+        {"question": question, "text": text},
+        temperature=0.0,
+        max_tokens=8,
+    )
     if not parsed.ok:
         ctx.details["unreadable"] = ctx.details.get("unreadable", 0) + 1
         return -1, parsed.outputs[-1]
@@ -104,8 +109,9 @@ class Crux(Framework):
             index = SearchIndex.load(options.index)  # type: ignore[arg-type]
             queries = [t.query for t in topics.values()]
             reranker = CrossEncoderReranker(options.reranker) if options.reranker else None
-            hits = index.search(queries, options.depth, options.mode, mmr=options.mmr,
-                                reranker=reranker)  # fmt: skip
+            hits = index.search(
+                queries, options.depth, options.mode, mmr=options.mmr, reranker=reranker
+            )
             run = {t: [h.doc_id for h in found] for t, found in zip(topics, hits, strict=True)}
             index.close()
         return [TopicItem(id=t, ranked=list(dict.fromkeys(docs))) for t, docs in run.items()]
@@ -132,8 +138,13 @@ class Crux(Framework):
         best = metrics.oracle(known, order, questions, options.eta)
         depth = options.k or len(best)
         context = item.ranked[:depth]
-        ctx.details |= {"topic": item.id, "answerable": questions, "oracle": best,
-                        "context": context, "depth": depth}  # fmt: skip
+        ctx.details |= {
+            "topic": item.id,
+            "answerable": questions,
+            "oracle": best,
+            "context": context,
+            "depth": depth,
+        }
         if not questions:
             return ctx.result("undefined", None, "no answerable sub-question for this topic")
         ratings = {pid: list(known.get(pid, [-1] * n)) for pid in context}
@@ -145,8 +156,9 @@ class Crux(Framework):
             if unknown:
                 ctx.details["no_text"] = sorted(set(unknown))
             jobs = [(pid, q) for pid, q in missing if pid in texts]
-            found = await asyncio.gather(*(rate(ctx, topic.questions[q], texts[pid])
-                                           for pid, q in jobs))  # fmt: skip
+            found = await asyncio.gather(
+                *(rate(ctx, topic.questions[q], texts[pid]) for pid, q in jobs)
+            )
             rated = []
             for (pid, q), (value, raw) in zip(jobs, found, strict=True):
                 ratings[pid][q] = value
@@ -159,43 +171,69 @@ class Crux(Framework):
         oracle_tokens = res.tokens(" ".join(texts.get(p, "") for p in best))
         den = metrics.density(cov, tokens, oracle_cov, oracle_tokens)
         full = {**known, **ratings}
-        ndcg = metrics.alpha_ndcg({item.id: context}, {item.id: full}, {item.id: questions},
-                                  {item.id: depth}, options.eta)  # fmt: skip
-        ctx.details |= {"cov": cov, "alpha_ndcg": ndcg.get(item.id, 0.0), "den": den,
-                        "tokens": tokens, "oracle_tokens": oracle_tokens}  # fmt: skip
+        ndcg = metrics.alpha_ndcg(
+            {item.id: context}, {item.id: full}, {item.id: questions}, {item.id: depth}, options.eta
+        )
+        ctx.details |= {
+            "cov": cov,
+            "alpha_ndcg": ndcg.get(item.id, 0.0),
+            "den": den,
+            "tokens": tokens,
+            "oracle_tokens": oracle_tokens,
+        }
         answer = await self._answer(ctx, item, topic.query, [texts.get(p, "") for p in context])
         if answer is not None:
             await self._rate_answer(ctx, topic, answer, questions, oracle_cov, oracle_tokens)
         unreadable = ctx.details.get("unreadable", 0)
         note = f"; {unreadable} ratings unreadable after re-asks (counted 0)" if unreadable else ""
-        return ctx.result("ok", cov, f"{round((cov or 0) * len(questions))} of {len(questions)} "
-                          f"answerable sub-questions covered by the top {depth}{note}")  # fmt: skip
+        return ctx.result(
+            "ok",
+            cov,
+            f"{round((cov or 0) * len(questions))} of {len(questions)} "
+            f"answerable sub-questions covered by the top {depth}{note}",
+        )
 
-    async def _answer(self, ctx: ItemContext, item: TopicItem, query: str,
-                      context: list[str]) -> str | None:  # fmt: skip
+    async def _answer(
+        self, ctx: ItemContext, item: TopicItem, query: str, context: list[str]
+    ) -> str | None:
         """The result y: given in --answers, or written from Z with --generate, else None."""
         if ctx.options.generate:
             parsed = await ctx.ask(
-                PROMPTS["answer"], "answer", lambda t: t.strip(), "the answer",
-                {"query": query, "passages": context}, max_tokens=ctx.options.answer_tokens,
-            )  # fmt: skip
+                PROMPTS["answer"],
+                "answer",
+                lambda t: t.strip(),
+                "the answer",
+                {"query": query, "passages": context},
+                max_tokens=ctx.options.answer_tokens,
+            )
             return parsed.value
         return ctx.resources.answers.get(item.id)
 
-    async def _rate_answer(self, ctx: ItemContext, topic: data.Topic, answer: str,
-                           questions: list[int], oracle_cov: float | None,
-                           oracle_tokens: int) -> None:  # fmt: skip
+    async def _rate_answer(
+        self,
+        ctx: ItemContext,
+        topic: data.Topic,
+        answer: str,
+        questions: list[int],
+        oracle_cov: float | None,
+        oracle_tokens: int,
+    ) -> None:
         """Cov(y) and Den(y): y rated against every answerable sub-question like a passage."""
-        found = await asyncio.gather(*(rate(ctx, topic.questions[q], answer, "rate_answer")
-                                       for q in questions))  # fmt: skip
+        found = await asyncio.gather(
+            *(rate(ctx, topic.questions[q], answer, "rate_answer") for q in questions)
+        )
         row = [-1] * len(topic.questions)
         for q, (value, _) in zip(questions, found, strict=True):
             row[q] = value
         cov_y = metrics.coverage(["y"], {"y": row}, questions, ctx.options.eta)
         tokens_y = ctx.resources.tokens(answer)
-        ctx.details |= {"answer": answer, "answer_ratings": row, "cov_y": cov_y,
-                        "den_y": metrics.density(cov_y, tokens_y, oracle_cov, oracle_tokens),
-                        "answer_tokens": tokens_y}  # fmt: skip
+        ctx.details |= {
+            "answer": answer,
+            "answer_ratings": row,
+            "cov_y": cov_y,
+            "den_y": metrics.density(cov_y, tokens_y, oracle_cov, oracle_tokens),
+            "answer_tokens": tokens_y,
+        }
 
     def tables_file(self, options: CruxOptions) -> str:
         return "crux.json"
@@ -209,14 +247,18 @@ class Crux(Framework):
             "topics": len(results),
             "undefined_topics": sum(r.status == "undefined" for r in results),
             "not_scored": not_scored(results),
-            "cov": mean("cov"), "alpha_ndcg": mean("alpha_ndcg"), "den": mean("den"),
-            "cov_y": mean("cov_y"), "den_y": mean("den_y"),
+            "cov": mean("cov"),
+            "alpha_ndcg": mean("alpha_ndcg"),
+            "den": mean("den"),
+            "cov_y": mean("cov_y"),
+            "den_y": mean("den_y"),
             "unrated_pairs": sum(r.details.get("unrated", 0) for r in results),
             "rated_now": sum(len(r.details.get("rated", [])) for r in results),
-            "counted_zero": 0 if options.rate else sum(r.details.get("unrated", 0)
-                                                       for r in results),
+            "counted_zero": 0
+            if options.rate
+            else sum(r.details.get("unrated", 0) for r in results),
             "unreadable_ratings": sum(r.details.get("unreadable", 0) for r in results),
-        }  # fmt: skip
+        }
 
     def figures(self, tables: dict[str, Any] | None) -> list[tuple[str, dict[str, Any]]]:
         if not tables:
@@ -224,8 +266,12 @@ class Crux(Framework):
         keys = [k for k in ("cov", "alpha_ndcg", "den", "cov_y", "den_y") if tables.get(k)]
         if not keys:
             return []
-        spec = {"kind": "bars", "labels": keys, "values": [tables[k] for k in keys],
-                "ylabel": "mean over topics"}  # fmt: skip
+        spec = {
+            "kind": "bars",
+            "labels": keys,
+            "values": [tables[k] for k in keys],
+            "ylabel": "mean over topics",
+        }
         return [("CRUX context (and answer) metrics", spec)]
 
     def render(self, tables: dict[str, Any], console: Console) -> None:
@@ -268,7 +314,18 @@ def eval_crux(
 ) -> dict[str, Any]:
     """CRUX: Cov, alpha-nDCG and Den of a run's top-k contexts per topic against the oracle
     P** of the ratings; unrated pairs rated on the fly (cached) or counted 0 with --no-rate."""
-    return {"input": input, "topics": topics, "passages": passages, "ratings": ratings, "k": k,
-            "eta": eta, "rate": rate, "tokenizer": tokenizer, "answers": answers,
-            "generate": generate, "answer_tokens": answer_tokens, "index": index,
-            "mode": mode}  # fmt: skip
+    return {
+        "input": input,
+        "topics": topics,
+        "passages": passages,
+        "ratings": ratings,
+        "k": k,
+        "eta": eta,
+        "rate": rate,
+        "tokenizer": tokenizer,
+        "answers": answers,
+        "generate": generate,
+        "answer_tokens": answer_tokens,
+        "index": index,
+        "mode": mode,
+    }

@@ -37,8 +37,9 @@ def answerable(ratings: Ratings, n_questions: int, eta: int = ETA) -> list[int]:
     return [q for q in range(n_questions) if any(r[q] >= eta for r in ratings.values())]
 
 
-def oracle(ratings: Ratings, order: Sequence[str], questions: Sequence[int],
-           eta: int = ETA) -> list[str]:  # fmt: skip
+def oracle(
+    ratings: Ratings, order: Sequence[str], questions: Sequence[int], eta: int = ETA
+) -> list[str]:
     """P** by greedy set cover: repeatedly the passage answering the most still-uncovered
     answerable sub-questions at >= eta, plus 0.1 if it has any rating > 0; ties -> the lowest
     index in ``order``; stops when everything is covered or no passage adds any."""
@@ -76,19 +77,26 @@ def graded_qrels(ratings: Ratings, oracle_ids: Sequence[str], questions: Sequenc
     return grades
 
 
-def coverage(context: Sequence[str], ratings: Ratings, questions: Sequence[int],
-             eta: int = ETA) -> float | None:  # fmt: skip
+def coverage(
+    context: Sequence[str], ratings: Ratings, questions: Sequence[int], eta: int = ETA
+) -> float | None:
     """Cov(Z): share of answerable sub-questions some passage of Z answers at >= eta; a passage
     without a rating counts 0. None (undefined) when the topic has no answerable question."""
     if not questions:
         return None
-    covered = sum(1 for q in questions
-                  if any(p in ratings and ratings[p][q] >= eta for p in context))  # fmt: skip
+    covered = sum(
+        1 for q in questions if any(p in ratings and ratings[p][q] >= eta for p in context)
+    )
     return covered / len(questions)
 
 
-def density(cov: float | None, tokens: int, oracle_cov: float | None, oracle_tokens: int,
-            weight: float = DENSITY_WEIGHT) -> float | None:  # fmt: skip
+def density(
+    cov: float | None,
+    tokens: int,
+    oracle_cov: float | None,
+    oracle_tokens: int,
+    weight: float = DENSITY_WEIGHT,
+) -> float | None:
     """Den(Z) = ((Cov(Z)/tokens(Z)) / (Cov(Z*)/tokens(Z*)))^w; None where a part is undefined."""
     if cov is None or not oracle_cov or not tokens or not oracle_tokens:
         return None
@@ -110,13 +118,18 @@ def alpha_ndcg(
 
     out: dict[str, float] = {}
     for topic, passages in ranked.items():
-        qrels = [ir_measures.Qrel(topic, pid, 1, str(q))  # iteration field = subtopic
-                 for pid, row in ratings[topic].items() for q in questions[topic]
-                 if row[q] >= eta]  # fmt: skip
+        qrels = [
+            ir_measures.Qrel(topic, pid, 1, str(q))  # iteration field = subtopic
+            for pid, row in ratings[topic].items()
+            for q in questions[topic]
+            if row[q] >= eta
+        ]
         if not qrels:
             continue
-        run = [ir_measures.ScoredDoc(topic, pid, float(len(passages) - rank))
-               for rank, pid in enumerate(passages)]  # fmt: skip
+        run = [
+            ir_measures.ScoredDoc(topic, pid, float(len(passages) - rank))
+            for rank, pid in enumerate(passages)
+        ]
         measure = alpha_nDCG(alpha=alpha, judged_only=False) @ max(1, min(depth[topic], 20))
         values = list(ir_measures.iter_calc([measure], qrels, run))
         out[topic] = float(values[0].value) if values else 0.0

@@ -27,20 +27,27 @@ from pipelines.runtime.protocol import RunOutcome, RunPlan, RunRequest, Study
 
 # Table 1 (Cov(Z), alpha-nDCG, Cov(y), Den(Z), Den(y)), percent, for the systems we share.
 PAPER = {
-    "duc": {"oracle": (100, 80.6, 64.6, 100, 93.8), "bm25": (44.4, 35.7, 35.8, 61.2, 53.4),
-            "dense": (52.1, 45.2, 41.7, 70.3, 60.5), "bm25+mmr": (45.6, 36.7, 36.4, 65.8, 57.2),
-            "dense+mmr": (42.7, 35.1, 33.8, 62.6, 53.5),
-            "bm25+rerank": (49.0, 42.5, 38.4, 67.9, 57.9),
-            "dense+rerank": (49.3, 42.9, 39.9, 69.3, 59.7),
-            "tau": (0.676, 0.724, None, 0.733, None)},
-    "multi-news": {"oracle": (100, 80.6, 61.8, 100, 84.7),
-                   "bm25": (39.3, 35.4, 38.2, 50.6, 60.0), "dense": (43.1, 36.6, 36.6, 55.4, 58.3),
-                   "bm25+mmr": (41.4, 35.2, 37.9, 52.9, 58.9),
-                   "dense+mmr": (39.0, 33.5, 36.1, 51.3, 57.6),
-                   "bm25+rerank": (45.3, 39.8, 41.2, 58.2, 63.0),
-                   "dense+rerank": (45.1, 40.3, 40.4, 57.8, 62.4),
-                   "tau": (0.838, 0.800, None, 0.810, None)},
-}  # fmt: skip
+    "duc": {
+        "oracle": (100, 80.6, 64.6, 100, 93.8),
+        "bm25": (44.4, 35.7, 35.8, 61.2, 53.4),
+        "dense": (52.1, 45.2, 41.7, 70.3, 60.5),
+        "bm25+mmr": (45.6, 36.7, 36.4, 65.8, 57.2),
+        "dense+mmr": (42.7, 35.1, 33.8, 62.6, 53.5),
+        "bm25+rerank": (49.0, 42.5, 38.4, 67.9, 57.9),
+        "dense+rerank": (49.3, 42.9, 39.9, 69.3, 59.7),
+        "tau": (0.676, 0.724, None, 0.733, None),
+    },
+    "multi-news": {
+        "oracle": (100, 80.6, 61.8, 100, 84.7),
+        "bm25": (39.3, 35.4, 38.2, 50.6, 60.0),
+        "dense": (43.1, 36.6, 36.6, 55.4, 58.3),
+        "bm25+mmr": (41.4, 35.2, 37.9, 52.9, 58.9),
+        "dense+mmr": (39.0, 33.5, 36.1, 51.3, 57.6),
+        "bm25+rerank": (45.3, 39.8, 41.2, 58.2, 63.0),
+        "dense+rerank": (45.1, 40.3, 40.4, 57.8, 62.4),
+        "tau": (0.838, 0.800, None, 0.810, None),
+    },
+}
 COLUMNS = ("cov", "alpha_ndcg", "cov_y", "den", "den_y")
 MMR = 0.7
 ETAS = range(1, 6)
@@ -77,9 +84,17 @@ class ReproduceCruxOptions(BaseModel):
 
     def cell(self, index: Path, system: dict[str, Any], k: str, eta: int | None = None):
         extra = {"eta": eta} if eta is not None else {"generate": self.generate}
-        return CruxOptions(index=index, topics=self.topics, passages=self.passages,
-                           ratings=self.ratings, rate=False, depth=20,
-                           k=None if k == "pstar" else int(k), **system, **extra)  # fmt: skip
+        return CruxOptions(
+            index=index,
+            topics=self.topics,
+            passages=self.passages,
+            ratings=self.ratings,
+            rate=False,
+            depth=20,
+            k=None if k == "pstar" else int(k),
+            **system,
+            **extra,
+        )
 
 
 def _items(cell: CruxOptions, outcomes: dict[str, RunOutcome]) -> list[TopicItem]:
@@ -94,17 +109,23 @@ def build_passage_index(options: ReproduceCruxOptions, out: Path) -> None:
     rows = data.load_passages(options.passages, topics)
     out.parent.mkdir(parents=True, exist_ok=True)
     corpus = out.parent / "corpus.jsonl"
-    corpus.write_text("".join(
-        json.dumps({"id": pid, "contents": text}, ensure_ascii=False) + "\n"
-        for by_topic in rows.values() for pid, text in by_topic.items()))  # fmt: skip
+    corpus.write_text(
+        "".join(
+            json.dumps({"id": pid, "contents": text}, ensure_ascii=False) + "\n"
+            for by_topic in rows.values()
+            for pid, text in by_topic.items()
+        )
+    )
     build_index(corpus, out, IndexSpec(chunk_size=100_000, chunk_overlap=0))
 
 
 class ReproduceCrux(Study):
     name = "reproduce-crux"
     Options = ReproduceCruxOptions
-    roles = {"generate": "the RAG answer from Z (--generate)",
-             "rate": "answerability of the generated answers (--generate)"}  # fmt: skip
+    roles = {
+        "generate": "the RAG answer from Z (--generate)",
+        "rate": "answerability of the generated answers (--generate)",
+    }
 
     def load(self, options: ReproduceCruxOptions) -> list[TopicItem]:
         return [TopicItem(id=t, ranked=[]) for t in data.load_topics(options.topics)]
@@ -125,8 +146,10 @@ class ReproduceCrux(Study):
         for name, system in options.systems().items():
             cells = [(f"{name}-k{k}", options.cell(index, system, k)) for k in options.ks]
             first = options.ks[0]
-            cells += [(f"{name}-k{first}-eta{eta}", options.cell(index, system, first, eta))
-                      for eta in ETAS]  # fmt: skip
+            cells += [
+                (f"{name}-k{first}-eta{eta}", options.cell(index, system, first, eta))
+                for eta in ETAS
+            ]
             for key, cell in cells:
                 items = functools.partial(_items, cell)  # the cell's own retrieval, when it runs
                 plans.append(RunPlan(key, "crux", cell, framework=CRUX, items=items))
@@ -160,8 +183,9 @@ class ReproduceCrux(Study):
                 cells.append(text)
             table.add_row(row["system"], row["k"], *cells)
         console.print(table)
-        eta = Table("system", *(f"eta {e}" for e in ETAS),
-                    title="Cov(Z) by answerability threshold (x100)")  # fmt: skip
+        eta = Table(
+            "system", *(f"eta {e}" for e in ETAS), title="Cov(Z) by answerability threshold (x100)"
+        )
         for name, values in combined["cov_by_eta"].items():
             eta.add_row(name, *("-" if v is None else f"{100 * v:.1f}" for v in values.values()))
         console.print(eta)
@@ -179,8 +203,11 @@ def kendall(rows: list[dict[str, Any]], k: str) -> dict[str, float | None]:
     at_k = [r for r in rows if r["k"] == k]
     out: dict[str, float | None] = {}
     for context, answer in (("cov", "cov_y"), ("alpha_ndcg", "cov_y"), ("den", "den_y")):
-        pairs = [(r[context], r[answer]) for r in at_k
-                 if r[context] is not None and r[answer] is not None]  # fmt: skip
+        pairs = [
+            (r[context], r[answer])
+            for r in at_k
+            if r[context] is not None and r[answer] is not None
+        ]
         tau = stats.kendalltau(*zip(*pairs, strict=True)).statistic if len(pairs) > 2 else None
         out[f"{context} vs {answer}"] = None if tau is None else float(tau)
     return out
@@ -212,5 +239,10 @@ def reproduce_crux(
         for name in found:
             if found[name] is None and (data_dir / f"{name}.jsonl").is_file():
                 found[name] = data_dir / f"{name}.jsonl"
-    return found | {"index": index, "reranker": reranker, "generate": generate, "paper": paper,
-                    "ks": ks.split(",") if ks else None}  # fmt: skip
+    return found | {
+        "index": index,
+        "reranker": reranker,
+        "generate": generate,
+        "paper": paper,
+        "ks": ks.split(",") if ks else None,
+    }

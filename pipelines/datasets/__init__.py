@@ -7,5 +7,16 @@ reads a data file also takes a catalogue name in its place (``names.resolve_name
 from pipelines.datasets.catalog import CATALOG, Dataset, is_name, lookup, parse_spec
 from pipelines.datasets.fetch import Resolved, add, cached, data_root, get, provenance
 
-__all__ = ["CATALOG", "Dataset", "Resolved", "add", "cached", "data_root", "get", "is_name",
-           "lookup", "parse_spec", "provenance"]  # fmt: skip
+__all__ = [
+    "CATALOG",
+    "Dataset",
+    "Resolved",
+    "add",
+    "cached",
+    "data_root",
+    "get",
+    "is_name",
+    "lookup",
+    "parse_spec",
+    "provenance",
+]

@@ -248,8 +248,12 @@ def crux_mds(sources: list[Path], out: Path) -> None:
                 if not isinstance(found, list) or not all(isinstance(q, str) for q in found):
                     raise UserError(f"{path}: {where}: field subquestions: not a list of strings")
                 questions[_text(path, where, row, "id")] = found
-        lines = [json.dumps({"topic": t, "query": q, "questions": questions[t]}, ensure_ascii=False)
-                 + "\n" for t, q in requests.items() if t in questions]  # fmt: skip
+        lines = [
+            json.dumps({"topic": t, "query": q, "questions": questions[t]}, ensure_ascii=False)
+            + "\n"
+            for t, q in requests.items()
+            if t in questions
+        ]
         if not lines:
             raise UserError(f"crux-mds-{subset}: no topic with sub-questions")
         (out / f"topics-{subset}.jsonl").write_text("".join(lines), encoding="utf-8")
@@ -375,8 +379,9 @@ def fanoutqa_wiki(sources: list[Path], out: Path) -> None:
                 missing.append(pageid)
                 continue
             else:
-                text = wiki.wiki_content(Evidence(pageid, page["revid"], page.get("title", ""),
-                                                  page.get("url", "")))  # fmt: skip
+                text = wiki.wiki_content(
+                    Evidence(pageid, page["revid"], page.get("title", ""), page.get("url", ""))
+                )
             row = {"pageid": pageid, "title": page.get("title", ""), "text": text}
             sink.write(json.dumps(row, ensure_ascii=False) + "\n")
     if missing:

@@ -127,8 +127,9 @@ def get(spec: str, *, quiet: bool = False) -> Resolved:
     return _convert_and_lock(entry, key, revision, raw, digests)
 
 
-def _convert_and_lock(entry: Dataset, key: str, revision: str, raw: dict[str, Path],
-                      digests: dict[str, str]) -> Resolved:  # fmt: skip
+def _convert_and_lock(
+    entry: Dataset, key: str, revision: str, raw: dict[str, Path], digests: dict[str, str]
+) -> Resolved:
     """Convert the published files, check the main file came out, lock every digest."""
     out = _convert(entry, revision, list(raw.values()))
     return _lock_converted(entry, key, revision, out, digests)
@@ -141,13 +142,24 @@ def _lock_converted(
     outputs = {p.name: file_sha256(p) for p in sorted(out.iterdir()) if p.is_file()}
     if main.name not in outputs:
         shutil.rmtree(out)
-        raise UserError(f"dataset {key}: the published files gave no {main.name} "
-                        f"(made: {', '.join(outputs) or 'nothing'})")  # fmt: skip
+        raise UserError(
+            f"dataset {key}: the published files gave no {main.name} "
+            f"(made: {', '.join(outputs) or 'nothing'})"
+        )
     fetched = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
     stamps = {name: list(stamp(out / name)) for name in outputs}
-    write_lock_entry(key, {"home": entry.home, "revision": revision, "files": digests,
-                           "outputs": outputs, "stamps": stamps, "main": main.name,
-                           "fetched": fetched})  # fmt: skip
+    write_lock_entry(
+        key,
+        {
+            "home": entry.home,
+            "revision": revision,
+            "files": digests,
+            "outputs": outputs,
+            "stamps": stamps,
+            "main": main.name,
+            "fetched": fetched,
+        },
+    )
     return Resolved(entry.name, key.rsplit("@", 1)[1], revision, main, outputs[main.name])
 
 
@@ -196,8 +208,9 @@ def _check_fingerprints(
             )
 
 
-def _verify(name: str, requested: str, expected: dict[str, str], got: dict[str, str],
-            raw: dict[str, Path]) -> None:  # fmt: skip
+def _verify(
+    name: str, requested: str, expected: dict[str, str], got: dict[str, str], raw: dict[str, Path]
+) -> None:
     for rel, digest in got.items():
         if rel in expected and expected[rel] != digest:
             _forget(raw, rel)
@@ -233,8 +246,9 @@ def _convert(entry: Dataset, revision: str, raw: list[Any]) -> Path:
 # ---- homes -----------------------------------------------------------------------------------
 
 
-def _hub_files(entry: Dataset, requested: str, known: dict[str, Any] | None,
-               quiet: bool) -> tuple[str, dict[str, Path]]:  # fmt: skip
+def _hub_files(
+    entry: Dataset, requested: str, known: dict[str, Any] | None, quiet: bool
+) -> tuple[str, dict[str, Path]]:
     """(commit, repo path -> local file) from the Hub. A locked entry names its commit and
     files, so nothing is listed; otherwise the revision is resolved and the files matched."""
     import huggingface_hub as hub
@@ -255,18 +269,28 @@ def _hub_files(entry: Dataset, requested: str, known: dict[str, Any] | None,
             if not quiet:
                 _announce_files(entry, info, {f: sizes[f] for f in wanted})
         files = {
-            rel: Path(hub.hf_hub_download(entry.repo, rel, repo_type="dataset", revision=commit,
-                                          cache_dir=cache, endpoint=endpoint,
-                                          local_files_only=offline()))
+            rel: Path(
+                hub.hf_hub_download(
+                    entry.repo,
+                    rel,
+                    repo_type="dataset",
+                    revision=commit,
+                    cache_dir=cache,
+                    endpoint=endpoint,
+                    local_files_only=offline(),
+                )
+            )
             for rel in wanted
-        }  # fmt: skip
+        }
     except LocalEntryNotFoundError:
         raise UserError(
             f"dataset {entry.name}@{requested}: not in the cache and offline; get it online first"
         ) from None
     except (HfHubHTTPError, OSError) + HTTP_ERRORS as exc:
-        raise UserError(f"dataset {entry.name}@{requested} ({entry.home}): {first_line(exc)}; "
-                        "check the network, HF_ENDPOINT and HF_TOKEN") from None  # fmt: skip
+        raise UserError(
+            f"dataset {entry.name}@{requested} ({entry.home}): {first_line(exc)}; "
+            "check the network, HF_ENDPOINT and HF_TOKEN"
+        ) from None
     return commit, files
 
 
@@ -312,8 +336,11 @@ def _announce_files(entry: Dataset, info: Any, sizes: dict[str, int | None]) -> 
     card = getattr(info, "card_data", None)
     license_ = card.get("license") if card is not None else None
     total = sum(s or 0 for s in sizes.values())
-    console.print(f"  dataset card license: {license_ or 'not stated'}; {len(sizes)} file(s), "
-                  f"{total / 1e6:.1f} MB to download", highlight=False)  # fmt: skip
+    console.print(
+        f"  dataset card license: {license_ or 'not stated'}; {len(sizes)} file(s), "
+        f"{total / 1e6:.1f} MB to download",
+        highlight=False,
+    )
     for rel, size in list(sizes.items())[:12]:
         shown = "size not listed" if size is None else f"{size / 1e6:,.1f} MB"
         console.print(f"    {rel}: {shown}", highlight=False)
@@ -327,8 +354,9 @@ def _from_package(entry: Dataset) -> Resolved:
     package = entry.repo
     spec = importlib.util.find_spec(package)
     if spec is None or spec.origin is None:
-        raise UserError(f"dataset {entry.name}: the {package} package is not installed "
-                        f"(pip install {package})")  # fmt: skip
+        raise UserError(
+            f"dataset {entry.name}: the {package} package is not installed (pip install {package})"
+        )
     paths = {rel: Path(spec.origin).parent / rel for rel in entry.files}
     for path in paths.values():
         if not path.is_file():
@@ -349,8 +377,9 @@ def _from_package(entry: Dataset) -> Resolved:
     if known is not None and known["revision"] == revision and known["sha256"] != digest:
         raise UserError(f"{path}: sha256 differs from {data_root() / LOCK} ({entry.name})")
     if known is None or known["revision"] != revision:
-        write_lock_entry(key, {"home": entry.home, "revision": revision, "sha256": digest,
-                               "path": str(path)})  # fmt: skip
+        write_lock_entry(
+            key, {"home": entry.home, "revision": revision, "sha256": digest, "path": str(path)}
+        )
     return Resolved(entry.name, entry.revision, revision, path, digest)
 
 
@@ -413,8 +442,10 @@ def add(name: str, path: Path) -> Resolved:
         raise UserError(f"{path}: not found")
     digest = file_sha256(path) if path.is_file() else ""
     revision = f"local-{digest[:12]}" if digest else "local"
-    write_lock_entry(lock_key(name, "local"), {"home": "local", "revision": revision,
-                                                "sha256": digest, "path": str(path)})  # fmt: skip
+    write_lock_entry(
+        lock_key(name, "local"),
+        {"home": "local", "revision": revision, "sha256": digest, "path": str(path)},
+    )
     return Resolved(name, "local", revision, path, digest)
 
 
@@ -425,8 +456,9 @@ def cached(name: str) -> Resolved | None:
     if known is None:
         return None
     if "path" in known:  # a file used where it is (a package's, a registered copy)
-        return Resolved(name, entry.revision, known["revision"], Path(known["path"]),
-                        known["sha256"])  # fmt: skip
+        return Resolved(
+            name, entry.revision, known["revision"], Path(known["path"]), known["sha256"]
+        )
     return _ready(entry, entry.revision, known)
 
 
@@ -446,8 +478,14 @@ def provenance(paths: list[Path]) -> list[dict[str, str]]:
                 hit = resolved.parent == folder and resolved.name in entry.get("outputs", {})
                 digest = entry.get("outputs", {}).get(resolved.name, "")
             if hit:
-                found.append({"path": str(path), "dataset": name, "requested":
-                              key.rsplit("@", 1)[1], "revision": entry["revision"],
-                              "sha256": digest})  # fmt: skip
+                found.append(
+                    {
+                        "path": str(path),
+                        "dataset": name,
+                        "requested": key.rsplit("@", 1)[1],
+                        "revision": entry["revision"],
+                        "sha256": digest,
+                    }
+                )
                 break
     return found

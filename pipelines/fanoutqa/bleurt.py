@@ -17,8 +17,10 @@ class Bleurt:
         self.model = AutoModelForSequenceClassification.from_pretrained(checkpoint).to(device)
         self.model.eval()
         if self.model.config.num_labels != 1:
-            raise ValueError(f"{checkpoint}: a BLEURT checkpoint has one regression output, "
-                             f"this one has {self.model.config.num_labels}")  # fmt: skip
+            raise ValueError(
+                f"{checkpoint}: a BLEURT checkpoint has one regression output, "
+                f"this one has {self.model.config.num_labels}"
+            )
         self.device, self.batch_size = device, batch_size
 
     def score(self, references: Sequence[str], candidates: Sequence[str]) -> list[float]:
@@ -27,8 +29,11 @@ class Bleurt:
             batch = self.tokenizer(
                 list(references[start : start + self.batch_size]),
                 list(candidates[start : start + self.batch_size]),
-                padding="longest", truncation=True, max_length=512, return_tensors="pt",
-            ).to(self.device)  # fmt: skip
+                padding="longest",
+                truncation=True,
+                max_length=512,
+                return_tensors="pt",
+            ).to(self.device)
             with self.torch.inference_mode():
                 out += self.model(**batch).logits[:, 0].float().cpu().tolist()
         return out

@@ -200,8 +200,12 @@ class ArticleIndex:
                 break
             parts.append(piece)
             budget_chars -= len(piece)
-        info = {"chunks": len(hits), "used": len(parts), "missing_pages": missing,
-                "chunk_ids": [h.chunk_id for h in hits[: len(parts)]]}  # fmt: skip
+        info = {
+            "chunks": len(hits),
+            "used": len(parts),
+            "missing_pages": missing,
+            "chunk_ids": [h.chunk_id for h in hits[: len(parts)]],
+        }
         return "\n\n".join(parts), info
 
     def search(self, args: SearchArgs) -> list[dict]:
@@ -210,8 +214,10 @@ class ArticleIndex:
         for hit in hits:
             if hit.score > 0:
                 best.setdefault(hit.doc_id, hit)
-        return [{"pageid": int(h.doc_id), "title": h.title, "snippet": h.text[:200]}
-                for h in list(best.values())[:5]]  # fmt: skip
+        return [
+            {"pageid": int(h.doc_id), "title": h.title, "snippet": h.text[:200]}
+            for h in list(best.values())[:5]
+        ]
 
     def tools(self, budget_tokens: int) -> list[Tool]:
         read_chars = budget_tokens * CHARS_PER_TOKEN // 2  # at most half the budget per read
@@ -223,11 +229,19 @@ class ArticleIndex:
             return {"pageid": args.pageid, "content": text, "chunks_used": info["used"]}
 
         return [
-            Tool("search", "Search Wikipedia articles by keywords; returns pageids and titles.",
-                 SearchArgs, self.search),
-            Tool("read", "Read the parts of one article (by pageid) most relevant to a query.",
-                 ReadArgs, read),
-        ]  # fmt: skip
+            Tool(
+                "search",
+                "Search Wikipedia articles by keywords; returns pageids and titles.",
+                SearchArgs,
+                self.search,
+            ),
+            Tool(
+                "read",
+                "Read the parts of one article (by pageid) most relevant to a query.",
+                ReadArgs,
+                read,
+            ),
+        ]
 
 
 class SearchArgs(BaseModel):
@@ -255,8 +269,10 @@ class FanOutQA(Framework):
     name = "fanoutqa"
     Options = FanoutOptions
     prompts = PROMPTS
-    roles = {"answer": "the benchmarked model (none with --answers)",
-             "judge": "the A-F judge (--judge)"}  # fmt: skip
+    roles = {
+        "answer": "the benchmarked model (none with --answers)",
+        "judge": "the A-F judge (--judge)",
+    }
     stage_roles = {"answer-*": "answer", "judge": "judge"}
     content_options = ("answers",)
 
@@ -294,8 +310,10 @@ class FanOutQA(Framework):
             return [RunPlan("answers", "fanoutqa-answers", run_options)]
         needs_articles = [s for s in options.settings if s != "closed-book"]
         if needs_articles and options.articles is None and options.index is None:
-            raise UserError(f"the {needs_articles[0]} setting needs --articles (JSONL of pageid, "
-                            "title, text) or --index")  # fmt: skip
+            raise UserError(
+                f"the {needs_articles[0]} setting needs --articles (JSONL of pageid, "
+                "title, text) or --index"
+            )
         if options.bleurt is not None and not (options.bleurt / "config.json").is_file():
             raise UserError(f"--bleurt {options.bleurt}: no checkpoint (config.json) there")
         to_build = options.index is None and not (root / "articles-index").is_dir()
@@ -305,11 +323,14 @@ class FanOutQA(Framework):
         plans = []
         for setting in dict.fromkeys(options.settings):
             closed = setting == "closed-book"
-            run_options = options.model_copy(update={
-                "settings": [setting], "context_tokens": None if closed else budget,
-                "articles": None if closed else options.articles,
-                "index": None if closed else options.index,
-            })  # fmt: skip
+            run_options = options.model_copy(
+                update={
+                    "settings": [setting],
+                    "context_tokens": None if closed else budget,
+                    "articles": None if closed else options.articles,
+                    "index": None if closed else options.index,
+                }
+            )
             plans.append(RunPlan(setting, f"fanoutqa-{setting}", run_options))
         return plans
 
@@ -361,8 +382,10 @@ class FanOutQA(Framework):
             ctx.details["judge"] = await judge_answer(ctx, question, generation)
         if not generation:
             return ctx.result("abstained", 0.0, "the model returned no answer: every metric is 0")
-        explanation = (f"found {metrics['loose']:.0%} of the reference answer strings "
-                       f"({'all' if metrics['strict'] else 'not all'})")  # fmt: skip
+        explanation = (
+            f"found {metrics['loose']:.0%} of the reference answer strings "
+            f"({'all' if metrics['strict'] else 'not all'})"
+        )
         return ctx.result("ok", metrics["loose"], explanation)
 
     def tables_file(self, options: FanoutOptions) -> str:
@@ -378,8 +401,12 @@ class FanOutQA(Framework):
         if not tables or not tables.get("n"):
             return []
         columns = [c for c in TABLE_COLUMNS if tables.get(c) is not None]
-        spec = {"kind": "bars", "labels": columns, "values": [tables[c] for c in columns],
-                "ylabel": tables.get("setting") or ""}  # fmt: skip
+        spec = {
+            "kind": "bars",
+            "labels": columns,
+            "values": [tables[c] for c in columns],
+            "ylabel": tables.get("setting") or "",
+        }
         return [(f"FanOutQA {tables.get('setting')} (Table 1 columns)", spec)]
 
     def combine(self, outcomes: dict[str, RunOutcome], options: FanoutOptions) -> dict[str, Any]:
@@ -402,18 +429,24 @@ async def generate(ctx: ItemContext, question: Question, setting: str, budget: i
     if setting == "open-book":
         template = PROMPTS["open_book"]
         run = await ctx.run_tools(
-            template.messages(question=question.question), ctx.resources.articles.tools(budget),
-            max_rounds=5, stage="answer-open-book", template=template.id,
-        )  # fmt: skip
-        ctx.details["tool_calls"] = [{"name": c["name"], "arguments": c["arguments"]}
-                                     for c in run.calls]  # fmt: skip
+            template.messages(question=question.question),
+            ctx.resources.articles.tools(budget),
+            max_rounds=5,
+            stage="answer-open-book",
+            template=template.id,
+        )
+        ctx.details["tool_calls"] = [
+            {"name": c["name"], "arguments": c["arguments"]} for c in run.calls
+        ]
         return run.final
     if setting == "evidence":
         assert budget is not None  # plan() sets it for every setting but closed-book
         context, ctx.details["evidence"] = await asyncio.to_thread(
-            ctx.resources.articles.passages, question.question, question.evidence_pageids(),
+            ctx.resources.articles.passages,
+            question.question,
+            question.evidence_pageids(),
             budget * CHARS_PER_TOKEN,
-        )  # fmt: skip
+        )
         template = PROMPTS["evidence"]
         messages = template.messages(question=question.question, documents=context)
     else:
@@ -439,10 +472,14 @@ async def judge_answer(ctx: ItemContext, question: Question, generation: str) ->
     }  # the original trims answers at 4,000 chars
     try:
         verdict = await ctx.ask(
-            PROMPTS["judge"], "judge", judge_letter,
-            "your reasoning, then the letter A-F alone on the last line", values,
-            regex=r"[^\[\]]{0,1500}\n[A-F]", max_tokens=768,  # reasoning, then the letter
-        )  # fmt: skip
+            PROMPTS["judge"],
+            "judge",
+            judge_letter,
+            "your reasoning, then the letter A-F alone on the last line",
+            values,
+            regex=r"[^\[\]]{0,1500}\n[A-F]",
+            max_tokens=768,  # reasoning, then the letter
+        )
     except StageFailed as failure:
         return {"status": "unparseable", "failure": failure.failure().model_dump()}
     return {"category": verdict.value, "score": int(verdict.value in JUDGE_PASS)}
@@ -460,15 +497,19 @@ def table_row(results: list[ItemResult]) -> dict[str, Any]:
     bleurt = [r.details["bleurt"] for r in results if "bleurt" in r.details]
     judged = [r.details["judge"]["score"] for r in results if "score" in r.details.get("judge", {})]
     return {
-        "setting": setting, "n": n, "loose": agg["loose"], "strict": agg["strict"],
+        "setting": setting,
+        "n": n,
+        "loose": agg["loose"],
+        "strict": agg["strict"],
         **{k: agg[k]["f1"] for k in ROUGE_TYPES},
         "bleurt": sum(bleurt) / n if bleurt else None,
         "gpt_judge": sum(judged) / n if judged else None,
-        "judge_unparseable": sum(r.details.get("judge", {}).get("status") == "unparseable"
-                                 for r in results),
+        "judge_unparseable": sum(
+            r.details.get("judge", {}).get("status") == "unparseable" for r in results
+        ),
         "unanswered": sum(r.status == "abstained" for r in results),  # scored 0, as the original
         "not_scored": not_scored(results),
-    }  # fmt: skip
+    }
 
 
 def print_table(rows: dict[str, dict[str, Any]], console: Console) -> None:
@@ -504,7 +545,14 @@ def eval_fanoutqa(
     with tool calling) answers with loose, strict, ROUGE (equal to the original scorer), BLEURT
     and the optional A-F model judge; prints the paper's Table 1 columns. With --answers (the
     official submission format) no model answers: the given answers are scored."""
-    return {"input": data, "answers": answers, "settings": setting, "articles": articles,
-            "index": index,
-            "context_tokens": context_tokens, "judge": judge, "bleurt": bleurt,
-            "limit": limit}  # fmt: skip
+    return {
+        "input": data,
+        "answers": answers,
+        "settings": setting,
+        "articles": articles,
+        "index": index,
+        "context_tokens": context_tokens,
+        "judge": judge,
+        "bleurt": bleurt,
+        "limit": limit,
+    }

@@ -77,9 +77,10 @@ def _leaf(reference: Answer) -> str:
 def match_answer(reference: Answer, generation: str) -> Match:
     if isinstance(reference, (list, dict)):
         parts = (
-            list(reference) if isinstance(reference, list)
+            list(reference)
+            if isinstance(reference, list)
             else [*reference.keys(), *reference.values()]
-        )  # fmt: skip
+        )
         missing = [m for part in parts for m in match_answer(part, generation).missing]
         # As in the original: a nested container adds one per missing leaf to the missing count.
         found = len(parts) - len(missing)
@@ -122,8 +123,12 @@ def string_metrics(reference: Answer, generation: str | None) -> dict[str, Any]:
         zero = {k: {"precision": 0.0, "recall": 0.0, "f1": 0.0} for k in ROUGE_TYPES}
         return {"loose": 0.0, "strict": False, "missing": [], "rouge": zero}
     match = match_answer(reference, generation)
-    return {"loose": match.score, "strict": match.found, "missing": match.missing,
-            "rouge": rouge(reference, generation)}  # fmt: skip
+    return {
+        "loose": match.score,
+        "strict": match.found,
+        "missing": match.missing,
+        "rouge": rouge(reference, generation),
+    }
 
 
 def aggregate(per_question: list[dict[str, Any]]) -> dict[str, Any]:
@@ -134,6 +139,8 @@ def aggregate(per_question: list[dict[str, Any]]) -> dict[str, Any]:
         "strict": sum(bool(q["strict"]) for q in per_question) / n,
     }
     for k in ROUGE_TYPES:
-        out[k] = {m: sum(q["rouge"][k][m] for q in per_question) / n
-                  for m in ("precision", "recall", "f1")}  # fmt: skip
+        out[k] = {
+            m: sum(q["rouge"][k][m] for q in per_question) / n
+            for m in ("precision", "recall", "f1")
+        }
     return out

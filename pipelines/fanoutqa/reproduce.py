@@ -95,6 +95,13 @@ def reproduce_fanoutqa(
 ) -> dict[str, Any]:
     """FanOutQA Table 1: loose, strict, ROUGE, BLEURT and the model judge for every answering
     model x setting, the paper's values beside ours. Resumes cell by cell."""
-    return {"models": models, "fanoutqa.settings": setting, "fanoutqa.input": data,
-            "fanoutqa.articles": articles, "fanoutqa.index": index, "fanoutqa.judge": judge,
-            "fanoutqa.bleurt": bleurt, "fanoutqa.limit": limit}  # fmt: skip
+    return {
+        "models": models,
+        "fanoutqa.settings": setting,
+        "fanoutqa.input": data,
+        "fanoutqa.articles": articles,
+        "fanoutqa.index": index,
+        "fanoutqa.judge": judge,
+        "fanoutqa.bleurt": bleurt,
+        "fanoutqa.limit": limit,
+    }

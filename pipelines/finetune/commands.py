@@ -34,16 +34,28 @@ def finetune_claims_train(
     from pipelines.finetune.train import TrainOptions, train
 
     try:
-        options = TrainOptions(data=data, base=base, out=out, rank=rank, alpha=alpha,
-                               learning_rate=learning_rate, batch_size=batch_size,
-                               micro_batch=micro_batch, epochs=epochs, max_steps=max_steps,
-                               qlora=qlora, save_steps=save_steps)  # fmt: skip
+        options = TrainOptions(
+            data=data,
+            base=base,
+            out=out,
+            rank=rank,
+            alpha=alpha,
+            learning_rate=learning_rate,
+            batch_size=batch_size,
+            micro_batch=micro_batch,
+            epochs=epochs,
+            max_steps=max_steps,
+            qlora=qlora,
+            save_steps=save_steps,
+        )
     except ValidationError as exc:
         raise UserError(f"training options: {describe_validation(exc)}") from exc
     card = train(options)
     console = Console()
-    console.print(f"adapter written to {out}: {card['steps']} steps, loss {card['first_loss']:.4f}"
-                  f" -> {card['final_loss']:.4f}")  # fmt: skip
+    console.print(
+        f"adapter written to {out}: {card['steps']} steps, loss {card['first_loss']:.4f}"
+        f" -> {card['final_loss']:.4f}"
+    )
     if register_as:
         finetune_claims_register(register_as, out, replace=True)
 

@@ -94,8 +94,13 @@ def match_exact(predicted: list[str], gold: list[str]) -> tuple[int, int]:
 def prf(matched_pred: int, n_pred: int, matched_gold: int, n_gold: int) -> dict[str, float | None]:
     precision = matched_pred / n_pred if n_pred else None
     recall = matched_gold / n_gold if n_gold else None
-    f1 = (2 * precision * recall / (precision + recall) if precision and recall
-          else 0.0 if precision is not None and recall is not None else None)  # fmt: skip
+    f1 = (
+        2 * precision * recall / (precision + recall)
+        if precision and recall
+        else 0.0
+        if precision is not None and recall is not None
+        else None
+    )
     return {"precision": precision, "recall": recall, "f1": f1}
 
 
@@ -123,12 +128,18 @@ class ClaimsEval(Framework):
         else:
             matched = match_exact(predicted, item.claims)
         scores = prf(matched[0], len(predicted), matched[1], len(item.claims))
-        ctx.details |= {"predicted": predicted, "teacher": item.claims, **scores,
-                        "matched": {"predicted": matched[0], "teacher": matched[1]}}  # fmt: skip
+        ctx.details |= {
+            "predicted": predicted,
+            "teacher": item.claims,
+            **scores,
+            "matched": {"predicted": matched[0], "teacher": matched[1]},
+        }
         if scores["f1"] is None:
             return ctx.result("undefined", None, "no claims on either side")
-        explanation = (f"{matched[0]}/{len(predicted)} predicted claims match, "
-                       f"{matched[1]}/{len(item.claims)} teacher claims found")  # fmt: skip
+        explanation = (
+            f"{matched[0]}/{len(predicted)} predicted claims match, "
+            f"{matched[1]}/{len(item.claims)} teacher claims found"
+        )
         return ctx.result("ok", scores["f1"], explanation)
 
 
@@ -139,8 +150,9 @@ def match_nli(scorer, predicted: list[str], gold: list[str]) -> tuple[int, int]:
         return 0, 0
     forward = scorer.labels(pairs)
     backward = scorer.labels([(g, p) for p, g in pairs])
-    both = {pair for pair, f, b in zip(pairs, forward, backward, strict=True)
-            if f == b == "entailment"}  # fmt: skip
+    both = {
+        pair for pair, f, b in zip(pairs, forward, backward, strict=True) if f == b == "entailment"
+    }
     return (
         sum(any((p, g) in both for g in gold) for p in predicted),
         sum(any((p, g) in both for p in predicted) for g in gold),
@@ -166,12 +178,22 @@ class Compare(Study):
         model = request.role("extract")
         base = metric.model_copy(update={"extractor": None})
         without = model.model_copy(update={"adapter": None})
-        plans = [RunPlan("base", "claims-eval-base", base, framework=CLAIMS_EVAL,
-                         roles={"extract": without})]  # fmt: skip
+        plans = [
+            RunPlan(
+                "base", "claims-eval-base", base, framework=CLAIMS_EVAL, roles={"extract": without}
+            )
+        ]
         if metric.extractor:
             adapter = role_evaluator(model, RoleSpec(adapter=metric.extractor))
-            plans.append(RunPlan("adapter", "claims-eval-adapter", metric, framework=CLAIMS_EVAL,
-                                 roles={"extract": adapter}))  # fmt: skip
+            plans.append(
+                RunPlan(
+                    "adapter",
+                    "claims-eval-adapter",
+                    metric,
+                    framework=CLAIMS_EVAL,
+                    roles={"extract": adapter},
+                )
+            )
         return plans
 
     def combine(self, outcomes: dict[str, RunOutcome], options: CompareOptions) -> dict:
@@ -182,8 +204,13 @@ class Compare(Study):
         table = Table("extractor", *columns, title="claims vs the teacher's")
         for name, row in combined.items():
             cells = [_fmt(row["micro"][k]) for k in ("precision", "recall", "f1")]
-            table.add_row(name, *cells, _fmt(row["macro_f1"]), _fmt(row["claims_per_paragraph"]),
-                          f"{row['unparseable_rate']:.1%}")  # fmt: skip
+            table.add_row(
+                name,
+                *cells,
+                _fmt(row["macro_f1"]),
+                _fmt(row["claims_per_paragraph"]),
+                f"{row['unparseable_rate']:.1%}",
+            )
         console.print(table)
 
 
@@ -223,5 +250,10 @@ def finetune_claims_eval(
 ) -> dict[str, Any]:
     """A claim extractor's claims vs the teacher's on the validation split: precision, recall,
     F1, claims per paragraph, unparseable rate; base model and adapter side by side."""
-    return {"metric.input": input, "metric.extractor": extractor, "metric.matcher": matcher,
-            "metric.nli_model": nli_model, "metric.limit": limit}  # fmt: skip
+    return {
+        "metric.input": input,
+        "metric.extractor": extractor,
+        "metric.matcher": matcher,
+        "metric.nli_model": nli_model,
+        "metric.limit": limit,
+    }

@@ -16,5 +16,9 @@ def claims_text(claims: list[str]) -> str:
 
 def chat_example(paragraph: str, claims: list[str], **meta: Any) -> dict[str, Any]:
     messages = TEMPLATE.messages(response=paragraph)
-    return {"messages": [*messages, {"role": "assistant", "content": claims_text(claims)}],
-            "template": TEMPLATE.id, "paragraph": paragraph, **meta}  # fmt: skip
+    return {
+        "messages": [*messages, {"role": "assistant", "content": claims_text(claims)}],
+        "template": TEMPLATE.id,
+        "paragraph": paragraph,
+        **meta,
+    }

@@ -97,10 +97,15 @@ class TopicBatches(Framework):
     async def solve(self, item: Topic, ctx: ItemContext) -> ItemResult:
         n = min(TOPICS_PER_CALL, ctx.options.n_topics)
         parsed = await ctx.ask(
-            PROMPTS["teacher_topics"], "topics", bullet_list, "one '- <topic>' per line",
-            {"n": n, "avoid": []}, regex=_list_regex(n, ctx.options.line_max_chars),
-            temperature=0.9, seed=int(item.id),
-        )  # fmt: skip
+            PROMPTS["teacher_topics"],
+            "topics",
+            bullet_list,
+            "one '- <topic>' per line",
+            {"n": n, "avoid": []},
+            regex=_list_regex(n, ctx.options.line_max_chars),
+            temperature=0.9,
+            seed=int(item.id),
+        )
         ctx.details["topics"] = parsed.value
         return ctx.result("ok", None, f"{len(parsed.value)} topics")
 
@@ -117,10 +122,13 @@ class TopicExamples(Framework):
     async def solve(self, item: Topic, ctx: ItemContext) -> ItemResult:
         options: TeacherOptions = ctx.options
         entities = await ctx.ask(
-            PROMPTS["teacher_entities"], "entities", bullet_list, "one '- <entity>' per line",
+            PROMPTS["teacher_entities"],
+            "entities",
+            bullet_list,
+            "one '- <entity>' per line",
             {"n": options.entities, "topic": item.topic},
             regex=_list_regex(options.entities, options.line_max_chars),
-        )  # fmt: skip
+        )
         chosen = entities.value[: options.entities]
         rng = random.Random(f"{options.seed}:{item.id}")
         lengths = [rng.choice([2, 3, 4, 6, 8]) for _ in chosen]  # variable-length paragraphs
@@ -133,15 +141,21 @@ class TopicExamples(Framework):
 
     async def _example(self, ctx: ItemContext, topic: str, entity: str, sentences: int) -> dict:
         paragraph = await ctx.ask(
-            PROMPTS["teacher_paragraph"], "paragraph", lambda t: t.strip(), "the paragraph",
+            PROMPTS["teacher_paragraph"],
+            "paragraph",
+            lambda t: t.strip(),
+            "the paragraph",
             {"topic": topic, "entity": entity, "sentences": sentences},
-        )  # fmt: skip
+        )
         chars = ctx.options.line_max_chars
         claims = await ctx.ask(
-            CLAIMS_TEMPLATE, "claims", parse_claims, "one '- <claim>' per line, or None",
+            CLAIMS_TEMPLATE,
+            "claims",
+            parse_claims,
+            "one '- <claim>' per line, or None",
             {"response": paragraph.value},
             regex=rf"((- [^\n]{{1,{chars}}}\n){{1,{ctx.options.max_claims}}}|None\n?)",
-        )  # fmt: skip
+        )
         return {"entity": entity, "paragraph": paragraph.value, "claims": claims.value}
 
 
@@ -162,9 +176,14 @@ class TeacherData(Study):
             return [RunPlan("examples", "teacher-examples", options, framework=EXAMPLES)]
         return [
             RunPlan("topics", "teacher-topics", options, framework=TOPIC_BATCHES),
-            RunPlan("examples", "teacher-examples", options, framework=EXAMPLES,
-                    items=lambda outcomes: generated_topics(outcomes["topics"], options)),
-        ]  # fmt: skip
+            RunPlan(
+                "examples",
+                "teacher-examples",
+                options,
+                framework=EXAMPLES,
+                items=lambda outcomes: generated_topics(outcomes["topics"], options),
+            ),
+        ]
 
     def combine(self, outcomes: dict[str, RunOutcome], options: TeacherOptions) -> dict:
         from pipelines.runtime.runstore import MANIFEST, read_manifest
@@ -175,9 +194,11 @@ class TeacherData(Study):
 
     def render_combined(self, combined: dict[str, Any], console: Console) -> None:
         counts = combined["counts"]
-        console.print(f"dataset: {counts['train']} train, {counts['validation']} validation "
-                      f"({counts['generated']} generated, {counts['duplicates']} duplicates, "
-                      f"{counts['filtered']} filtered) in {combined['dir']}")  # fmt: skip
+        console.print(
+            f"dataset: {counts['train']} train, {counts['validation']} validation "
+            f"({counts['generated']} generated, {counts['duplicates']} duplicates, "
+            f"{counts['filtered']} filtered) in {combined['dir']}"
+        )
 
 
 def generated_topics(outcome: RunOutcome, options: TeacherOptions) -> list[Topic]:
@@ -194,8 +215,15 @@ def write_dataset(
     """De-duplicate (same paragraph), filter (no claims, overlong paragraph, too many claims),
     split by a seeded hash of the paragraph, and write the files and the card atomically."""
     seen: set[str] = set()
-    counts = {"generated": 0, "duplicates": 0, "filtered": 0, "train": 0, "validation": 0,
-              "topics_ok": 0, "topics_failed": 0}  # fmt: skip
+    counts = {
+        "generated": 0,
+        "duplicates": 0,
+        "filtered": 0,
+        "train": 0,
+        "validation": 0,
+        "topics_ok": 0,
+        "topics_failed": 0,
+    }
     split: dict[str, list[str]] = {"train": [], "validation": []}
     for record in records:
         counts["topics_ok" if record.status == "ok" else "topics_failed"] += 1
@@ -215,8 +243,13 @@ def write_dataset(
                 continue
             digest = hashlib.sha256(f"{options.seed}:{key}".encode()).digest()
             part = "validation" if digest[0] / 256 < options.validation else "train"
-            row = chat_example(example["paragraph"], example["claims"], topic=record.details.get(
-                "topic"), entity=example["entity"], source=record.id)  # fmt: skip
+            row = chat_example(
+                example["paragraph"],
+                example["claims"],
+                topic=record.details.get("topic"),
+                entity=example["entity"],
+                source=record.id,
+            )
             split[part].append(json.dumps(row, ensure_ascii=False))
     files = {}
     for part, rows in split.items():
@@ -226,9 +259,14 @@ def write_dataset(
         tmp.write_text("".join(r + "\n" for r in rows), encoding="utf-8")
         tmp.replace(path)
         files[part] = {"path": str(path), "sha256": hashlib.sha256(path.read_bytes()).hexdigest()}
-    card = {"dir": str(root), "teacher": teacher, "counts": counts, "files": files,
-            "prompts": {n: t.id for n, t in (PROMPTS | {"claims": CLAIMS_TEMPLATE}).items()},
-            "options": options.model_dump(mode="json")}  # fmt: skip
+    card = {
+        "dir": str(root),
+        "teacher": teacher,
+        "counts": counts,
+        "files": files,
+        "prompts": {n: t.id for n, t in (PROMPTS | {"claims": CLAIMS_TEMPLATE}).items()},
+        "options": options.model_dump(mode="json"),
+    }
     atomic_write_json(root / "data_card.json", card)
     return card
 
@@ -248,5 +286,4 @@ def finetune_claims_data(
     """Teacher data for a claim extractor: topics -> entities -> paragraphs -> claims from the
     teacher model (--model / --endpoint); writes train.jsonl, validation.jsonl and
     data_card.json in the run directory. Resumable."""
-    return {"topics": topics, "n_topics": n_topics, "entities": entities,
-            "validation": validation}  # fmt: skip
+    return {"topics": topics, "n_topics": n_topics, "entities": entities, "validation": validation}

@@ -86,8 +86,11 @@ CHECKPOINT_FILES = ("trainer_state.json", "adapter_model.safetensors", "optimize
 
 def last_checkpoint(directory: Path) -> Path | None:
     """The newest complete checkpoint: one cut short by a kill lacks some of its files."""
-    found = [p for p in directory.glob("checkpoint-*") if p.name.split("-")[-1].isdigit()
-             and all((p / f).is_file() for f in CHECKPOINT_FILES)]  # fmt: skip
+    found = [
+        p
+        for p in directory.glob("checkpoint-*")
+        if p.name.split("-")[-1].isdigit() and all((p / f).is_file() for f in CHECKPOINT_FILES)
+    ]
     return max(found, key=lambda p: int(p.name.split("-")[-1]), default=None)
 
 
@@ -188,17 +191,29 @@ def train(options: TrainOptions, progress: bool = True) -> dict[str, Any]:
     tokenizer.save_pretrained(str(options.out))
     losses = [e["loss"] for e in trainer.state.log_history if "loss" in e]
     card = {
-        "base": options.base, "base_source": str(source), "data": str(options.data),
-        "data_sha256": sha256(options.data), "examples": len(examples),
+        "base": options.base,
+        "base_source": str(source),
+        "data": str(options.data),
+        "data_sha256": sha256(options.data),
+        "examples": len(examples),
         "hyperparameters": options.model_dump(mode="json", exclude={"data", "out", "base"}),
-        "steps": trainer.state.global_step, "resumed_from": str(resume) if resume else None,
-        "first_loss": losses[0] if losses else None, "final_loss": losses[-1] if losses else None,
-        "losses": losses, "device": device,
+        "steps": trainer.state.global_step,
+        "resumed_from": str(resume) if resume else None,
+        "first_loss": losses[0] if losses else None,
+        "final_loss": losses[-1] if losses else None,
+        "losses": losses,
+        "device": device,
         "seconds": round(trainer.state.log_history[-1].get("train_runtime", 0.0), 3),
-        "tokens": next((int(float(e["num_tokens"])) for e in reversed(trainer.state.log_history)
-                        if "num_tokens" in e), None),  # fmt: skip
+        "tokens": next(
+            (
+                int(float(e["num_tokens"]))
+                for e in reversed(trainer.state.log_history)
+                if "num_tokens" in e
+            ),
+            None,
+        ),
         "versions": {p: version(p) for p in ("trl", "peft", "transformers", "torch")},
-    }  # fmt: skip
+    }
     final = card["final_loss"]
     if final is not None and not math.isfinite(float(final)):
         raise UserError(f"training diverged (final loss {card['final_loss']}): lower the rate")

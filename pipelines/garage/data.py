@@ -173,11 +173,15 @@ class Record(BaseModel):
     def _aligned(self) -> Record:
         n = len(self.grounding)
         if len(self.evidence_relevant) != n:
-            raise ValueError(f"evidence_relevant has {len(self.evidence_relevant)} labels for "
-                             f"{n} grounding passages")  # fmt: skip
+            raise ValueError(
+                f"evidence_relevant has {len(self.evidence_relevant)} labels for "
+                f"{n} grounding passages"
+            )
         if self.evidence_correct and len(self.evidence_correct) != n:
-            raise ValueError(f"evidence_correct has {len(self.evidence_correct)} labels for "
-                             f"{n} grounding passages")  # fmt: skip
+            raise ValueError(
+                f"evidence_correct has {len(self.evidence_correct)} labels for "
+                f"{n} grounding passages"
+            )
         for i in self.evidence_cited or []:
             if not 1 <= i <= n:
                 raise ValueError(f"evidence_cited names passage {i}, outside 1..{n}")

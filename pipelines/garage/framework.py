@@ -61,8 +61,13 @@ def attribution(predicted: set[int], gold: set[int]) -> dict[str, float | None]:
     hits = len(predicted & gold)
     precision = hits / len(predicted) if predicted else None
     recall = hits / len(gold) if gold else None
-    f1 = (2 * precision * recall / (precision + recall) if precision and recall
-          else 0.0 if precision is not None and recall is not None else None)  # fmt: skip
+    f1 = (
+        2 * precision * recall / (precision + recall)
+        if precision and recall
+        else 0.0
+        if precision is not None and recall is not None
+        else None
+    )
     return {"precision": precision, "recall": recall, "f1": f1}
 
 
@@ -70,8 +75,10 @@ class Garage(Framework):
     name = "garage"
     Options = GarageOptions
     prompts = PROMPTS
-    roles = {"answer": "the benchmarked model (none with --answers)",
-             "judge": "eligibility, per-sentence support, deflection"}  # fmt: skip
+    roles = {
+        "answer": "the benchmarked model (none with --answers)",
+        "judge": "eligibility, per-sentence support, deflection",
+    }
     stage_roles = {"answer": "answer", "*": "judge"}
     content_options = ("answers",)
 
@@ -112,29 +119,42 @@ class Garage(Framework):
             given = ctx.resources.get(record.id)
             if given is None:
                 ctx.details["missing_answer"] = True
-                return ctx.result("abstained", None, "the answers file has no answer for this "
-                                  "sample_id: not scored, counted")  # fmt: skip
+                return ctx.result(
+                    "abstained",
+                    None,
+                    "the answers file has no answer for this sample_id: not scored, counted",
+                )
             answer = given.strip()
         else:
             answer = await generate_answer(ctx, record)
         ctx.details["answer"] = answer
         if not answer:
             return ctx.result("abstained", None, "the model returned no text")
-        deflected = await ctx.choose(PROMPTS["deflection"], ["missing", "attempted"], "deflection",
-                                     {"question": record.question, "answer": answer},
-                                     max_tokens=16) == "missing"  # fmt: skip
+        deflected = (
+            await ctx.choose(
+                PROMPTS["deflection"],
+                ["missing", "attempted"],
+                "deflection",
+                {"question": record.question, "answer": answer},
+                max_tokens=16,
+            )
+            == "missing"
+        )
         ctx.details["deflected"] = deflected
-        ctx.details["attribution"] = attribution(citations(answer, len(record.grounding)),
-                                                 record.human_citations)  # fmt: skip
+        ctx.details["attribution"] = attribution(
+            citations(answer, len(record.grounding)), record.human_citations
+        )
         if record.expects_deflection:
             verdict = "deflected, as expected" if deflected else "answered instead of deflecting"
             return ctx.result("ok", float(deflected), verdict)
         await judge_answer(ctx, record, answer)
         d = ctx.details
-        explanation = (f"{d['eligibility']}; {sum(s['all'] in FACTUAL for s in d['sentences'])} of "
-                       f"{len(d['sentences'])} sentences factual against all passages, "
-                       f"{sum(s['relevant'] in FACTUAL for s in d['sentences'])} against the "
-                       f"relevant ones: RAF {int(d['raf'])}")  # fmt: skip
+        explanation = (
+            f"{d['eligibility']}; {sum(s['all'] in FACTUAL for s in d['sentences'])} of "
+            f"{len(d['sentences'])} sentences factual against all passages, "
+            f"{sum(s['relevant'] in FACTUAL for s in d['sentences'])} against the "
+            f"relevant ones: RAF {int(d['raf'])}"
+        )
         return ctx.result("ok", float(d["raf"]), explanation)
 
     def tables_file(self, options: GarageOptions) -> str:
@@ -152,8 +172,12 @@ class Garage(Framework):
         table2 = {k: v for k, v in tables["table2"].items() if k != "n" and v is not None}
         if not table2:
             return []
-        spec = {"kind": "bars", "labels": list(table2), "values": list(table2.values()),
-                "ylabel": "share of answerable questions"}  # fmt: skip
+        spec = {
+            "kind": "bars",
+            "labels": list(table2),
+            "values": list(table2.values()),
+            "ylabel": "share of answerable questions",
+        }
         return [("GaRAGe Table 2", spec)]
 
 
@@ -162,31 +186,44 @@ async def generate_answer(ctx: ItemContext, record: Record) -> str:
     template = PROMPTS["answer"]
     passages = [p.model_dump() for p in record.grounding]
     result = await ctx.chat(
-        template.messages(question=record.question, question_date=record.question_date,
-                          passages=passages),
-        stage="answer", template=template.id,
-    )  # fmt: skip
+        template.messages(
+            question=record.question, question_date=record.question_date, passages=passages
+        ),
+        stage="answer",
+        template=template.id,
+    )
     return result.text.strip()
 
 
 async def support_labels(ctx: ItemContext, passages: list[str], parts: list[str], stage: str):
     if not passages:  # nothing to rest on: every claim is unsupported, asked or not
         return ["unsupported"] * len(parts)
-    return list(await asyncio.gather(*(
-        ctx.choose(PROMPTS["support"], SUPPORT, stage, {"passages": passages, "sentence": s},
-                   max_tokens=16)
-        for s in parts
-    )))  # fmt: skip
+    return list(
+        await asyncio.gather(
+            *(
+                ctx.choose(
+                    PROMPTS["support"],
+                    SUPPORT,
+                    stage,
+                    {"passages": passages, "sentence": s},
+                    max_tokens=16,
+                )
+                for s in parts
+            )
+        )
+    )
 
 
 async def judge_answer(ctx: ItemContext, record: Record, answer: str) -> None:
     """Eligibility against the human answer; each sentence's support against all passages and
     against the relevant ones (unadjusted factuality, uRAF); Factuality and RAF follow."""
     eligibility = await ctx.choose(
-        PROMPTS["eligibility"], ELIGIBILITY, "eligibility",
+        PROMPTS["eligibility"],
+        ELIGIBILITY,
+        "eligibility",
         {"question": record.question, "reference": record.answer_generate, "answer": answer},
         max_tokens=16,
-    )  # fmt: skip
+    )
     parts = sentences(answer)
     texts = [p.text for p in record.grounding]
     relevant = [p.text for p, r in zip(record.grounding, record.relevant, strict=True) if r]
@@ -198,12 +235,17 @@ async def judge_answer(ctx: ItemContext, record: Record, answer: str) -> None:
     raf_factual = bool(parts) and all(label in FACTUAL for label in relevant_labels)
     eligible = eligibility != "Major Issue(s)"
     ctx.details |= {
-        "eligibility": eligibility, "eligible": eligible,
-        "sentences": [{"text": s, "all": a, "relevant": r}
-                      for s, a, r in zip(parts, all_labels, relevant_labels, strict=True)],
-        "unadjusted_factual": factual, "factual": eligible and factual,
-        "uraf_factual": raf_factual, "raf": eligible and raf_factual,
-    }  # fmt: skip
+        "eligibility": eligibility,
+        "eligible": eligible,
+        "sentences": [
+            {"text": s, "all": a, "relevant": r}
+            for s, a, r in zip(parts, all_labels, relevant_labels, strict=True)
+        ],
+        "unadjusted_factual": factual,
+        "factual": eligible and factual,
+        "uraf_factual": raf_factual,
+        "raf": eligible and raf_factual,
+    }
 
 
 # ---- aggregation -------------------------------------------------------------------------------
@@ -251,7 +293,7 @@ def summarise(records: list[ItemResult]) -> dict[str, Any]:
             "recall": _mean([a["recall"] for a in attributions]),
             "f1": _mean([a["f1"] for a in attributions]),
         },
-    }  # fmt: skip
+    }
 
 
 def breakdowns(records: list[ItemResult]) -> dict[str, dict[str, Any]]:
@@ -296,15 +338,33 @@ def print_tables(tables: dict[str, Any], console: Console) -> None:
         return "-" if value is None else f"{100 * value:.2f}"
 
     t2, t3, t4 = tables["table2"], tables["table3"], tables["table4"]
-    out = Table("Eligibility", "Unadj. Factuality", "Factuality", "uRAF", "RAF",
-                title=f"GaRAGe Table 2 (n={t2['n']})")  # fmt: skip
-    out.add_row(*(fmt(t2[k]) for k in ("eligibility", "unadjusted_factuality", "factuality",
-                                       "uRAF", "RAF")))  # fmt: skip
+    out = Table(
+        "Eligibility",
+        "Unadj. Factuality",
+        "Factuality",
+        "uRAF",
+        "RAF",
+        title=f"GaRAGe Table 2 (n={t2['n']})",
+    )
+    out.add_row(
+        *(fmt(t2[k]) for k in ("eligibility", "unadjusted_factuality", "factuality", "uRAF", "RAF"))
+    )
     console.print(out)
-    out = Table("deflection TP", "deflection FP", "attr. P", "attr. R", "attr. F1",
-                title="GaRAGe Tables 3-4")  # fmt: skip
-    out.add_row(fmt(t3["true_positive_rate"]), fmt(t3["false_positive_rate"]),
-                fmt(t4["precision"]), fmt(t4["recall"]), fmt(t4["f1"]))  # fmt: skip
+    out = Table(
+        "deflection TP",
+        "deflection FP",
+        "attr. P",
+        "attr. R",
+        "attr. F1",
+        title="GaRAGe Tables 3-4",
+    )
+    out.add_row(
+        fmt(t3["true_positive_rate"]),
+        fmt(t3["false_positive_rate"]),
+        fmt(t4["precision"]),
+        fmt(t4["recall"]),
+        fmt(t4["f1"]),
+    )
     console.print(out)
     console.print(f"not scored: {tables['not_scored']}")
 

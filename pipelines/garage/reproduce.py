@@ -14,8 +14,18 @@ from pipelines.cli.options import framework_command
 from pipelines.garage.framework import GARAGE, GarageOptions
 from pipelines.runtime.grid import ModelGrid, Published, published_row
 
-COLUMNS = ("eligibility", "unadjusted_factuality", "factuality", "uRAF", "RAF",
-           "true_positive", "false_positive", "precision", "recall", "f1")  # fmt: skip
+COLUMNS = (
+    "eligibility",
+    "unadjusted_factuality",
+    "factuality",
+    "uRAF",
+    "RAF",
+    "true_positive",
+    "false_positive",
+    "precision",
+    "recall",
+    "f1",
+)
 # Tables 2, 3 and 4 of the paper (percent), by model name fragment (all words must occur).
 PAPER_TABLES: Published = {
     "": {

@@ -56,12 +56,16 @@ class Generate(Framework):
 
     async def solve(self, item: GenerateItem, ctx: ItemContext) -> ItemResult:
         template = PROMPTS[ctx.options.template]
-        messages = template.messages(question=item.question, query=item.question,
-                                     contexts=item.contexts)  # fmt: skip
+        messages = template.messages(
+            question=item.question, query=item.question, contexts=item.contexts
+        )
         result = await ctx.chat(messages, stage="generate", template=template.id)
         text = result.text.strip()
-        ctx.details |= {"response": text, "finish_reason": result.finish_reason,
-                        "truncated": result.finish_reason == "length"}  # fmt: skip
+        ctx.details |= {
+            "response": text,
+            "finish_reason": result.finish_reason,
+            "truncated": result.finish_reason == "length",
+        }
         if not text:  # an empty answer is an abstention, never an ok empty string
             return ctx.result("abstained", None, "the model returned no text")
         return ctx.result("ok", None, f"answered in {result.completion_tokens} tokens")

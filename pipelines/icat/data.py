@@ -112,9 +112,17 @@ def load_responses(path: Path, queries: dict[str, Query], need_subtopics: bool) 
             raise UserError(f"{where}: duplicate id")
         seen.add(rid)
         extra = {k: v for k, v in row.items() if k not in {"id", "query_id", "response", "system"}}
-        items.append(Response(id=rid, query_id=qid, response=row["response"],
-                              system=_id(row.get("system")) or "response", query=query.query,
-                              subtopics=query.subtopics, **extra))  # fmt: skip
+        items.append(
+            Response(
+                id=rid,
+                query_id=qid,
+                response=row["response"],
+                system=_id(row.get("system")) or "response",
+                query=query.query,
+                subtopics=query.subtopics,
+                **extra,
+            )
+        )
     if not items:
         raise UserError(f"{path}: no responses")
     return items
@@ -172,8 +180,13 @@ def load_snippets(path: Path) -> dict[str, list[Snippet]]:
             if text is None:
                 raise UserError(f"{record}: field snippets[{n}]: no text")
             ident = entry if isinstance(entry, dict) else {}
-            snippets.append(Snippet(text=text, id=_id(ident.get("id")) or f"{lineno}#{n}",
-                                    doc_id=_id(ident.get("doc_id"))))  # fmt: skip
+            snippets.append(
+                Snippet(
+                    text=text,
+                    id=_id(ident.get("id")) or f"{lineno}#{n}",
+                    doc_id=_id(ident.get("doc_id")),
+                )
+            )
         out[" ".join(claim.split())] = snippets
     if not out:
         raise UserError(f"{path}: no records")

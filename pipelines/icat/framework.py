@@ -117,9 +117,13 @@ async def extract_claims(ctx: ItemContext, response: str) -> list[str]:
         return []
     options: IcatOptions = ctx.options
     parsed = await ctx.ask(
-        PROMPTS["extract_claims"], "claims", parse_claims, "one '- <claim>' per line, or None",
-        {"response": response}, regex=claims_regex(options),
-    )  # fmt: skip
+        PROMPTS["extract_claims"],
+        "claims",
+        parse_claims,
+        "one '- <claim>' per line, or None",
+        {"response": response},
+        regex=claims_regex(options),
+    )
     return parsed.value
 
 
@@ -155,10 +159,13 @@ async def _generate(ctx: ItemContext, query: str) -> list[data.Subtopic]:
     options: IcatOptions = ctx.options
     topic = rf'\{{"topic": "[^"\n\\]{{1,{options.line_max_chars}}}"\}}\n'
     parsed = await ctx.ask(
-        PROMPTS["generate_aspects"], "aspects", lambda t: parse_aspects(t, options.max_aspects),
-        'one {"topic": "<aspect>"} per line', {"query": query, "max_aspects": options.max_aspects},
+        PROMPTS["generate_aspects"],
+        "aspects",
+        lambda t: parse_aspects(t, options.max_aspects),
+        'one {"topic": "<aspect>"} per line',
+        {"query": query, "max_aspects": options.max_aspects},
         regex=rf"({topic}){{1,{options.max_aspects}}}",
-    )  # fmt: skip
+    )
     return [data.Subtopic(id=str(n), text=t) for n, t in enumerate(parsed.value, 1)]
 
 
@@ -170,26 +177,35 @@ def alignment_regex(n_aspects: int, n_claims: int) -> str:
 
 
 async def covered_llm(
-    ctx: ItemContext, item: data.Response, aspects: list[data.Subtopic], claims: list[str],
+    ctx: ItemContext,
+    item: data.Response,
+    aspects: list[data.Subtopic],
+    claims: list[str],
     stage: str,
-) -> tuple[list[str], dict[str, Any]]:  # fmt: skip
+) -> tuple[list[str], dict[str, Any]]:
     """ICAT-S/A: the LLM aligns the grounded claims (numbered 1..n) with the aspects (numbered
     1..m, mapped back to their real ids); no grounded claim covers nothing, without a call."""
     if not claims:
         return [], {"aspects": [a.id for a in aspects], "covered": [], "note": "no grounded claim"}
     parsed = await ctx.ask(
-        PROMPTS["align_aspects"], stage,
+        PROMPTS["align_aspects"],
+        stage,
         lambda t: scoring.parse_alignment(t, len(aspects), len(claims)),
         'lines {"topic_id": <aspect number>, "evidence": [<claim numbers>]}',
         {"query": item.query, "aspects": [a.text for a in aspects], "claims": claims},
         regex=alignment_regex(len(aspects), len(claims)),
-    )  # fmt: skip
+    )
     found: scoring.Alignment = parsed.value
     covered = [aspects[n - 1].id for n in found.covered]
-    evidence = {aspects[n - 1].id: [claims[i - 1] for i in found.evidence[n]]
-                for n in found.covered}  # fmt: skip
-    return covered, {"aspects": [a.id for a in aspects], "covered": covered,
-                     "evidence": evidence, "ignored": found.ignored}  # fmt: skip
+    evidence = {
+        aspects[n - 1].id: [claims[i - 1] for i in found.evidence[n]] for n in found.covered
+    }
+    return covered, {
+        "aspects": [a.id for a in aspects],
+        "covered": covered,
+        "evidence": evidence,
+        "ignored": found.ignored,
+    }
 
 
 def covered_m(
@@ -200,9 +216,16 @@ def covered_m(
     query_qrels = qrels.get(item.query_id, {})
     covered_ids = scoring.covered_by_qrels((g.supporting_doc for g in grounding), query_qrels)
     covered = [s.id for s in item.subtopics if s.id in covered_ids]
-    via = {s: sorted({g.supporting_doc or "" for g in grounding if g.grounded
-                      and s in query_qrels.get(g.supporting_doc or "", set())})
-           for s in covered}  # fmt: skip
+    via = {
+        s: sorted(
+            {
+                g.supporting_doc or ""
+                for g in grounding
+                if g.grounded and s in query_qrels.get(g.supporting_doc or "", set())
+            }
+        )
+        for s in covered
+    }
     return covered, {"aspects": [s.id for s in item.subtopics], "covered": covered, "via": via}
 
 
@@ -214,8 +237,10 @@ class Icat(Framework):
     Options = IcatOptions
     prompts = PROMPTS
     report_only = frozenset({"nli_device", "nli_batch"}) | PLACEMENT_FIELDS
-    roles = {"extract": "the claims of a response (--extractor NAME: an adapter on --model)",
-             "judge": "ICAT-A's aspects and ICAT-S/A's alignment"}  # fmt: skip
+    roles = {
+        "extract": "the claims of a response (--extractor NAME: an adapter on --model)",
+        "judge": "ICAT-A's aspects and ICAT-S/A's alignment",
+    }
     stage_roles = {"claims": "extract", NLI_STAGE: "nli", "aspects": "judge", "align_*": "judge"}
 
     def roles_used(self, options: IcatOptions) -> list[str]:
@@ -252,11 +277,12 @@ class Icat(Framework):
             if index is not None:
                 for (qid, doc), lineno in sorted(where.items(), key=lambda kv: kv[1]):
                     if doc not in index.doc_rows:
-                        raise UserError(f"{options.qrels}:{lineno}: record {qid!r}: field doc_id: "
-                                        f"{doc!r} is not in the index {options.index}")  # fmt: skip
+                        raise UserError(
+                            f"{options.qrels}:{lineno}: record {qid!r}: field doc_id: "
+                            f"{doc!r} is not in the index {options.index}"
+                        )
         nli = NliBatcher(self.nli(options, ev.ray_address))
-        grounder = Grounder(nli, options.k, index, options.retrieval, web,
-                            options.threshold)  # fmt: skip
+        grounder = Grounder(nli, options.k, index, options.retrieval, web, options.threshold)
         return Resources(grounder, qrels)
 
     def nli(self, options: IcatOptions, ray_address: str | None = None) -> EntailmentModel:
@@ -317,16 +343,21 @@ class Icat(Framework):
             covered, found = await covered_llm(ctx, item, aspects, grounded, f"align_{variant}")
         s_cov = scoring.ratio(len(covered), len(found["aspects"]))
         s_fact = ctx.details["s_fact"]
-        icat = {str(b): None if s_cov is None else scoring.icat_beta(s_fact, s_cov, b)
-                for b in ctx.options.betas}  # fmt: skip
+        icat = {
+            str(b): None if s_cov is None else scoring.icat_beta(s_fact, s_cov, b)
+            for b in ctx.options.betas
+        }
         return found | {"s_cov": s_cov, "icat": icat}
 
     def tables_file(self, options: IcatOptions) -> str:
         return "icat.json"
 
     def aggregate(self, results: list[ItemResult], options: IcatOptions) -> dict[str, Any]:
-        return {"betas": options.betas, "variants": options.variants,
-                "systems": table3(results, options)}  # fmt: skip
+        return {
+            "betas": options.betas,
+            "variants": options.variants,
+            "systems": table3(results, options),
+        }
 
     def render(self, tables: dict[str, Any], console: Console) -> None:
         render_table3(tables, console)
@@ -340,8 +371,13 @@ class Icat(Framework):
             for v in tables["variants"]:
                 sweep = row[NAMES[v]]["icat"]
                 series[f"{system} {NAMES[v]}"] = [sweep[str(b)]["mean"] for b in tables["betas"]]
-        spec = {"kind": "lines", "x": tables["betas"], "series": series, "xlabel": "β",
-                "ylabel": "ICAT_β"}  # fmt: skip
+        spec = {
+            "kind": "lines",
+            "x": tables["betas"],
+            "series": series,
+            "xlabel": "β",
+            "ylabel": "ICAT_β",
+        }
         return [("ICAT_β sweep", spec)]
 
 
@@ -381,16 +417,18 @@ def table3(results: list[ItemResult], options: IcatOptions) -> dict[str, Any]:
             "items": len(records),
             "statuses": {
                 s: sum(r.status == s for r in records) for s in sorted({r.status for r in records})
-            },  # fmt: skip
+            },
             "not_scored": not_scored(records),
             "s_fact": _column(records, lambda r: r.details.get("s_fact")),
         }
         for v in options.variants:
             row[NAMES[v]] = {
                 "s_cov": _column(records, lambda r, v=v: _variant_value(r, v)),
-                "icat": {str(b): _column(records, lambda r, v=v, b=b: _variant_value(r, v, b))
-                         for b in options.betas},
-            }  # fmt: skip
+                "icat": {
+                    str(b): _column(records, lambda r, v=v, b=b: _variant_value(r, v, b))
+                    for b in options.betas
+                },
+            }
         out[system] = row
     return out
 
@@ -436,13 +474,21 @@ def eval_icat(
 ) -> dict[str, Any]:
     """ICAT: factuality (claims grounded by retrieval + NLI) and aspect coverage of each
     response, ICAT-M / ICAT-S / ICAT-A and ICAT_β; writes icat.json (paper Table 3 layout)."""
-    return {"input": input, "queries": queries, "nli_model": nli_model, "index": index,
-            "snippets": snippets, "qrels": qrels, "k": k, "retrieval": retrieval,
-            "roles.extract": extractor and {"adapter": extractor},
-            "limit": limit,
-            **options.nli_overrides(nli_replicas, nli_app, nli_bulk, nli_resources, nli_wait),
-            "variants": _split(variant),
-            "betas": _split(beta, float)}  # fmt: skip
+    return {
+        "input": input,
+        "queries": queries,
+        "nli_model": nli_model,
+        "index": index,
+        "snippets": snippets,
+        "qrels": qrels,
+        "k": k,
+        "retrieval": retrieval,
+        "roles.extract": extractor and {"adapter": extractor},
+        "limit": limit,
+        **options.nli_overrides(nli_replicas, nli_app, nli_bulk, nli_resources, nli_wait),
+        "variants": _split(variant),
+        "betas": _split(beta, float),
+    }
 
 
 def _split(text: str | None, cast=str) -> list | None:

@@ -46,9 +46,10 @@ class ClaimGrounding:
             "claim": self.claim,
             "grounded": self.grounded,
             "support": support,
-            "snippets": [{k: s[k] for k in ("id", "doc_id", "p_entailment")}
-                         for s in self.snippets],
-        }  # fmt: skip
+            "snippets": [
+                {k: s[k] for k in ("id", "doc_id", "p_entailment")} for s in self.snippets
+            ],
+        }
 
 
 @dataclass
@@ -69,21 +70,26 @@ class Grounder:
     async def snippets(self, claims: list[str]) -> list[list[dict[str, Any]]]:
         if self.web is not None:
             return [
-                [{"id": s.id, "doc_id": s.doc_id, "text": s.text}
-                 for s in self.web.get(" ".join(c.split()), [])[: self.k]]
+                [
+                    {"id": s.id, "doc_id": s.doc_id, "text": s.text}
+                    for s in self.web.get(" ".join(c.split()), [])[: self.k]
+                ]
                 for c in claims
-            ]  # fmt: skip
+            ]
         loop = asyncio.get_running_loop()
         hits = await loop.run_in_executor(
             self.search_worker, lambda: self.index.search(claims, self.k, self.mode)
         )
-        return [[{"id": h.chunk_id, "doc_id": h.doc_id, "text": h.text} for h in found]
-                for found in hits]  # fmt: skip
+        return [
+            [{"id": h.chunk_id, "doc_id": h.doc_id, "text": h.text} for h in found]
+            for found in hits
+        ]
 
     async def ground(self, claims: list[str]) -> list[ClaimGrounding]:
         ranked = await self.snippets(claims)
-        pairs = [(s["text"], claim) for claim, found in zip(claims, ranked, strict=True)
-                 for s in found]  # fmt: skip
+        pairs = [
+            (s["text"], claim) for claim, found in zip(claims, ranked, strict=True) for s in found
+        ]
         probs = iter(await self.batcher.entailment(pairs))
         out = []
         for claim, found in zip(claims, ranked, strict=True):

@@ -64,10 +64,14 @@ def correlate(x: list[float], y: list[float], resamples: int, seed: int = 0) -> 
             with warnings.catch_warnings(), np.errstate(all="ignore"):
                 warnings.simplefilter("ignore")
                 boot = stats.bootstrap(
-                    (np.asarray(x), np.asarray(y)), lambda a, b, f=function: f(a, b).statistic,
-                    paired=True, vectorized=False, n_resamples=resamples, method="BCa",
+                    (np.asarray(x), np.asarray(y)),
+                    lambda a, b, f=function: f(a, b).statistic,
+                    paired=True,
+                    vectorized=False,
+                    n_resamples=resamples,
+                    method="BCa",
                     random_state=np.random.default_rng(seed),
-                )  # fmt: skip
+                )
             low, high = boot.confidence_interval
             if math.isfinite(low) and math.isfinite(high):
                 entry["ci95"] = {"low": float(low), "high": float(high)}
@@ -110,8 +114,7 @@ def human_table(
 
 
 def render(table: dict[str, Any], console: Console) -> None:
-    out = Table("variant", "score", "n", *MEASURES,
-                title="ICAT vs human coverage (r [95% BCa], p)")  # fmt: skip
+    out = Table("variant", "score", "n", *MEASURES, title="ICAT vs human coverage (r [95% BCa], p)")
     for variant, by_measure in table["variants"].items():
         for measure, entry in by_measure.items():
             label = "S_cov" if measure == "s_cov" else f"ICAT_{table['beta']:g}"
@@ -144,8 +147,9 @@ def meta_eval_icat(
         raise UserError(f"{run_dir}: not an ICAT run (framework {manifest.get('framework')!r})")
     results = [r.model_dump(mode="json") for r in results_by_id(run_dir / RESULTS)]
     options = manifest["options"]
-    table = human_table(results, load_human(human), options["betas"], options["variants"],
-                        resamples)  # fmt: skip
+    table = human_table(
+        results, load_human(human), options["betas"], options["variants"], resamples
+    )
     atomic_write_json(run_dir / OUTPUT, table)
     console = Console()
     render(table, console)

@@ -22,8 +22,15 @@ from pipelines.icat.framework import ICAT, IcatOptions
 from pipelines.runtime.grid import Published, cell_text, published_row
 from pipelines.runtime.protocol import RunOutcome, RunPlan, RunRequest, Study
 
-COLUMNS = ("S_fact", "ICAT-M S_cov", "ICAT-M_1", "ICAT-S S_cov", "ICAT-S_1", "ICAT-A S_cov",
-           "ICAT-A_1")  # fmt: skip
+COLUMNS = (
+    "S_fact",
+    "ICAT-M S_cov",
+    "ICAT-M_1",
+    "ICAT-S S_cov",
+    "ICAT-S_1",
+    "ICAT-A S_cov",
+    "ICAT-A_1",
+)
 # Table 3 by source and system name fragment; the alignment model was Llama-3.1-70B.
 PAPER_TABLE3: Published = {
     "corpus": {
@@ -92,8 +99,10 @@ class ReproduceIcat(Study):
         self.framework.check_inputs(next(iter(options.sources().values())))
 
     def plan(self, request: RunRequest, root: Path) -> list[RunPlan]:
-        return [RunPlan(source, "icat", cell, framework=self.framework)
-                for source, cell in request.options.sources().items()]  # fmt: skip
+        return [
+            RunPlan(source, "icat", cell, framework=self.framework)
+            for source, cell in request.options.sources().items()
+        ]
 
     def combine(self, outcomes: dict[str, RunOutcome], options: Any) -> dict[str, Any]:
         rows = []
@@ -135,5 +144,13 @@ def reproduce_icat(
 ) -> dict[str, Any]:
     """ICAT Table 3: S_fact, and S_cov and ICAT_1 of ICAT-M / -S / -A, per system and knowledge
     source, the paper's values beside ours. Resumes source by source."""
-    return {"input": input, "nli_model": nli_model, "index": index, "snippets": snippets,
-            "queries": queries, "qrels": qrels, "retrieval": retrieval, "limit": limit}  # fmt: skip
+    return {
+        "input": input,
+        "nli_model": nli_model,
+        "index": index,
+        "snippets": snippets,
+        "queries": queries,
+        "qrels": qrels,
+        "retrieval": retrieval,
+        "limit": limit,
+    }

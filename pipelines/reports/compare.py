@@ -80,8 +80,15 @@ def _repeated(path: Path, runs: list[RunScores]) -> RunScores:
     if not runs:
         raise UserError(f"{path}: no repeat has been recorded yet")
     first = runs[0]
-    out = RunScores(path, first.framework, first.task, first.protocol, first.roles,
-                    first.items, repeats=len(runs))  # fmt: skip
+    out = RunScores(
+        path,
+        first.framework,
+        first.task,
+        first.protocol,
+        first.roles,
+        first.items,
+        repeats=len(runs),
+    )
     spreads = []
     for i in sorted(set().union(*(r.recorded for r in runs))):
         scores = [r.scores[i] for r in runs if i in r.scores]

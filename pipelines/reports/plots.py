@@ -39,8 +39,10 @@ def bars(spec: dict[str, Any]) -> str:
     if spec.get("low") and spec.get("high"):
         below = zip(values, spec["low"], strict=True)
         above = zip(values, spec["high"], strict=True)
-        errors = [[max(0.0, v - lo) if lo is not None else 0 for v, lo in below],
-                  [max(0.0, hi - v) if hi is not None else 0 for v, hi in above]]  # fmt: skip
+        errors = [
+            [max(0.0, v - lo) if lo is not None else 0 for v, lo in below],
+            [max(0.0, hi - v) if hi is not None else 0 for v, hi in above],
+        ]
     axes.bar(spec["labels"], values, yerr=errors, capsize=4, color="#4a7ab5")
     axes.set_ylabel(spec.get("ylabel", ""))
     axes.set_ylim(0, max(1.0, max(values, default=0) * 1.1))
@@ -51,8 +53,9 @@ def lines(spec: dict[str, Any]) -> str:
     """{"kind": "lines", "x": [...], "series": {name: [y...]}, "xlabel", "ylabel"}."""
     figure, axes = _axes()
     for name, ys in spec["series"].items():
-        axes.plot(spec["x"], [y if y is not None else float("nan") for y in ys], marker="o",
-                  label=name)  # fmt: skip
+        axes.plot(
+            spec["x"], [y if y is not None else float("nan") for y in ys], marker="o", label=name
+        )
     axes.set_xlabel(spec.get("xlabel", ""))
     axes.set_ylabel(spec.get("ylabel", ""))
     if len(spec["series"]) > 1:

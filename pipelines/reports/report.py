@@ -45,8 +45,11 @@ def report(
             continue
         meta = json.loads(study_file.read_text())
         study = find_study(meta["study"])
-        outcomes = {key: load_outcome(path / key, prices) for key in meta["runs"]
-                    if (path / key / MANIFEST).is_file()}  # fmt: skip
+        outcomes = {
+            key: load_outcome(path / key, prices)
+            for key in meta["runs"]
+            if (path / key / MANIFEST).is_file()
+        }
         for key, outcome in outcomes.items():
             _print(outcome, as_json, out, label=str(path / key))
         if meta.get("repeats"):
@@ -79,8 +82,9 @@ def load_outcome(run_dir: Path, prices: dict[str, Any] | None = None):
     results = records_for_tables(fw, options, results_by_id(run_dir / RESULTS))
     summary = summarise(fw.name, manifest["task"], manifest["items"], results)
     summary["usage_recorded"] = recorded_usage(results)
-    summary["usage_by_role"] = usage_by_role(fw, summary["usage_recorded"],
-                                             manifest.get("roles") or {})  # fmt: skip
+    summary["usage_by_role"] = usage_by_role(
+        fw, summary["usage_recorded"], manifest.get("roles") or {}
+    )
     summary["self_judging"] = manifest.get("self_judging") or []
     if prices:
         summary["cost_recorded"] = recorded_cost(

@@ -110,8 +110,9 @@ def headline(outcome: Any, manifest: dict[str, Any], scores: list[float]) -> dic
     summary = outcome.summary
     interval = None
     if len(scores) > 1:  # BCa's jackknife is quadratic: a large run gets the percentile one
-        interval = (bca_interval(scores, 2000) if len(scores) <= 5000
-                    else percentile_interval(scores, 2000)).as_dict()  # fmt: skip
+        interval = (
+            bca_interval(scores, 2000) if len(scores) <= 5000 else percentile_interval(scores, 2000)
+        ).as_dict()
     roles = manifest.get("roles") or {"judge": manifest.get("models") or {}}
     cost = summary.get("cost_recorded")
     return {
@@ -138,8 +139,10 @@ def _graph(run_dir: Path, details: dict[str, Any]) -> dict[str, Any] | None:
         data = json.loads(path.read_text())
     except (OSError, json.JSONDecodeError):
         return None
-    nodes = [{k: n.get(k) for k in ("id", "source", "status", "component", "text")}
-             for n in data.get("nodes", [])]  # fmt: skip
+    nodes = [
+        {k: n.get(k) for k in ("id", "source", "status", "component", "text")}
+        for n in data.get("nodes", [])
+    ]
     edges = [[e.get("source"), e.get("target")] for e in data.get("edges", [])]
     return {"nodes": nodes, "edges": edges}
 
@@ -206,8 +209,15 @@ def export_scores(paths: list[Path], out: Path, kind: str) -> Path:
     rows = []
     for path in paths:
         for item in run_view(path)["items"]:
-            rows.append({"run": str(path), "id": item["id"], "status": item["status"],
-                         "score": item["score"], "explanation": item["explanation"]})  # fmt: skip
+            rows.append(
+                {
+                    "run": str(path),
+                    "id": item["id"],
+                    "status": item["status"],
+                    "score": item["score"],
+                    "explanation": item["explanation"],
+                }
+            )
     tmp = out.with_name(out.name + ".tmp")
     if kind == "parquet":
         import pyarrow as pa
@@ -216,8 +226,9 @@ def export_scores(paths: list[Path], out: Path, kind: str) -> Path:
         pq.write_table(pa.Table.from_pylist(rows), tmp)
     else:
         with open(tmp, "w", newline="", encoding="utf-8") as handle:
-            writer = csv.DictWriter(handle, fieldnames=["run", "id", "status", "score",
-                                                        "explanation"])  # fmt: skip
+            writer = csv.DictWriter(
+                handle, fieldnames=["run", "id", "status", "score", "explanation"]
+            )
             writer.writeheader()
             writer.writerows(rows)
     tmp.replace(out)

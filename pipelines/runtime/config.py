@@ -53,8 +53,11 @@ class EvaluatorConfig(Strict):
     endpoint: str | None = Field(None, description="OpenAI-compatible base URL; none: start vLLM")
     adapter: str | None = Field(None, description="LoRA adapter every request is sent to")
     adapters: dict[str, str] = Field(default_factory=dict, description="NAME: PATH to serve")
-    adapter_prefix: str = Field("", description="what an --endpoint puts before adapter names "
-                                "(a Ray Serve LLM app routes BASE:ADAPTER)")  # fmt: skip
+    adapter_prefix: str = Field(
+        "",
+        description="what an --endpoint puts before adapter names "
+        "(a Ray Serve LLM app routes BASE:ADAPTER)",
+    )
     api_key_env: str = "OPENAI_API_KEY"
     replicas: int = Field(1, ge=1, le=1024, description="model replicas (Ray Serve) if started")
     ray_address: str | None = Field(None, description="Ray cluster for replicas (default: local)")

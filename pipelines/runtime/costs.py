@@ -103,8 +103,10 @@ def cost_table(
         else:
             by_stage[stage] = price.tokens(u.get("prompt_tokens", 0), u.get("completion_tokens", 0))
     for price, stages in hourly.values():
-        tokens = {s: usage[s].get("prompt_tokens", 0) + usage[s].get("completion_tokens", 0)
-                  for s in stages}  # fmt: skip
+        tokens = {
+            s: usage[s].get("prompt_tokens", 0) + usage[s].get("completion_tokens", 0)
+            for s in stages
+        }
         weight = sum(tokens.values())
         for s in stages:
             share = tokens[s] / weight if weight else 1 / len(stages)
@@ -134,8 +136,10 @@ def require_prices(runs: list[dict[str, dict[str, Any]]], prices: dict[str, Mode
     for roles in runs:
         for role, record in roles.items():
             if record["stages"] and price_of(prices, record) is None:
-                raise UserError(f"--max-cost: no price for {record['model']} (role {role}); "
-                                "add it to the --prices file")  # fmt: skip
+                raise UserError(
+                    f"--max-cost: no price for {record['model']} (role {role}); "
+                    "add it to the --prices file"
+                )
 
 
 # ---- budgets -----------------------------------------------------------------------------------
@@ -174,8 +178,9 @@ class Budget:
 
     def record(self, usage: dict[str, dict[str, Any]], *, new: bool) -> None:
         """One recorded item's usage (``new``: solved by this invocation)."""
-        tokens = sum(u.get("prompt_tokens", 0) + u.get("completion_tokens", 0)
-                     for u in usage.values())  # fmt: skip
+        tokens = sum(
+            u.get("prompt_tokens", 0) + u.get("completion_tokens", 0) for u in usage.values()
+        )
         cost = self.item_cost(usage)
         self.spent_tokens += tokens
         self.spent_cost += cost
@@ -209,11 +214,15 @@ class Budget:
         cost = self.spent_cost + ahead * self.peak_cost + gpu_spent + gpu_next
         why = None
         if self.max_tokens is not None and tokens > self.max_tokens:
-            why = (f"--max-run-tokens {self.max_tokens}: {round(self.spent_tokens)} tokens "
-                   f"recorded, the next item may take {round(self.peak_tokens)}")  # fmt: skip
+            why = (
+                f"--max-run-tokens {self.max_tokens}: {round(self.spent_tokens)} tokens "
+                f"recorded, the next item may take {round(self.peak_tokens)}"
+            )
         elif self.max_cost is not None and cost > self.max_cost + 1e-12:
-            why = (f"--max-cost {self.max_cost:g}: ${self.spent_cost + gpu_spent:.4f} spent, "
-                   f"the next item may cost ${self.peak_cost + gpu_next:.4f}")  # fmt: skip
+            why = (
+                f"--max-cost {self.max_cost:g}: ${self.spent_cost + gpu_spent:.4f} spent, "
+                f"the next item may cost ${self.peak_cost + gpu_next:.4f}"
+            )
         if why is None:
             self.in_flight += 1
             return True

@@ -127,9 +127,12 @@ def estimate_run(
             more = predict_total(extra, fixed.get(stage, 0), seed=k) if extra else (0, 0, 0)
             rest = predict_total(observed, n_rest - fixed.get(stage, 0), seed=k)
             calls = _plus(more, rest)
-            tokens = {t: _plus(exact_tokens[t],
-                               predict_total([u.get(t, 0) for u in per_item], n_rest, seed=k))
-                      for t in TOKENS}  # fmt: skip
+            tokens = {
+                t: _plus(
+                    exact_tokens[t], predict_total([u.get(t, 0) for u in per_item], n_rest, seed=k)
+                )
+                for t in TOKENS
+            }
         out.append(
             StageEstimate(
                 stage,
@@ -166,9 +169,14 @@ def _usage_at(stages: list[StageEstimate], i: int) -> dict[str, dict[str, float]
 
 
 async def replay_cached(
-    fw: Any, items: Iterable[Any], options: Any, clients: dict[str, Any], resources: Any,
-    max_reasks: int, width: int = 64,
-) -> dict[str, dict[str, dict[str, Any]]]:  # fmt: skip
+    fw: Any,
+    items: Iterable[Any],
+    options: Any,
+    clients: dict[str, Any],
+    resources: Any,
+    max_reasks: int,
+    width: int = 64,
+) -> dict[str, dict[str, dict[str, Any]]]:
     """Per item the response cache answers wholly (every request it makes is cached), the
     usage of solving it; an item with a request the cache has not seen is left out. Files a
     framework writes while solving go to a directory deleted afterwards."""
@@ -177,8 +185,9 @@ async def replay_cached(
     with tempfile.TemporaryDirectory(prefix="groundcover-dry-") as scratch:
 
         async def one(item: Any) -> None:
-            ctx = ItemContext(str(item.id), clients, options, resources, Path(scratch),
-                              max_reasks, fw)  # fmt: skip
+            ctx = ItemContext(
+                str(item.id), clients, options, resources, Path(scratch), max_reasks, fw
+            )
             async with gate:
                 try:
                     await fw.solve(item, ctx)
@@ -214,32 +223,57 @@ def _calls(stage: dict[str, Any], rest: int) -> str:
 
 
 def print_estimate(label: str, estimate: dict[str, Any], out: Console) -> None:
-    title = (f"{label}: {estimate['missing']} items to solve"
-             + (f", {estimate['cached_items']} of them answered by the response cache"
-                if estimate.get("cached_items") else "")
-             + f"; estimated from {estimate['recorded']} recorded")  # fmt: skip
+    title = (
+        f"{label}: {estimate['missing']} items to solve"
+        + (
+            f", {estimate['cached_items']} of them answered by the response cache"
+            if estimate.get("cached_items")
+            else ""
+        )
+        + f"; estimated from {estimate['recorded']} recorded"
+    )
     if not estimate["stages"]:
         out.print(f"{title}: which stages it asks is known once an item is recorded")
         return
     rest = estimate["missing"] - estimate.get("cached_items", 0)
-    table = Table("stage", "role", "calls from the cache", "calls fixed by the items",
-                  "calls (95% PI)", "prompt tokens", "completion tokens", title=title)  # fmt: skip
+    table = Table(
+        "stage",
+        "role",
+        "calls from the cache",
+        "calls fixed by the items",
+        "calls (95% PI)",
+        "prompt tokens",
+        "completion tokens",
+        title=title,
+    )
     for s in estimate["stages"]:
         tokens = s["tokens"] or {}
         fixed = f"{s['exact_calls']:,} in {s['fixed_items']:,} items" if s["fixed_items"] else "-"
-        table.add_row(s["stage"], s["role"], f"{s['cached_calls']:,}", fixed, _calls(s, rest),
-                      _triple(tokens.get("prompt_tokens")),
-                      _triple(tokens.get("completion_tokens")))  # fmt: skip
+        table.add_row(
+            s["stage"],
+            s["role"],
+            f"{s['cached_calls']:,}",
+            fixed,
+            _calls(s, rest),
+            _triple(tokens.get("prompt_tokens")),
+            _triple(tokens.get("completion_tokens")),
+        )
     out.print(table)
     if not estimate["recorded"] and rest:
-        out.print("no item recorded yet: calls not fixed by the items and every token count are "
-                  "unknown; --pilot K solves K items for real and estimates the rest")  # fmt: skip
+        out.print(
+            "no item recorded yet: calls not fixed by the items and every token count are "
+            "unknown; --pilot K solves K items for real and estimates the rest"
+        )
     if estimate.get("cost"):
         cost = estimate["cost"]
-        out.print(f"cost ${cost['estimate']['total']:.4f} (95% PI ${cost['low']['total']:.4f}-"
-                  f"${cost['high']['total']:.4f})"
-                  + (f"; no price for {', '.join(cost['estimate']['unpriced'])}"
-                     if cost["estimate"]["unpriced"] else ""))  # fmt: skip
+        out.print(
+            f"cost ${cost['estimate']['total']:.4f} (95% PI ${cost['low']['total']:.4f}-"
+            f"${cost['high']['total']:.4f})"
+            + (
+                f"; no price for {', '.join(cost['estimate']['unpriced'])}"
+                if cost["estimate"]["unpriced"]
+                else ""
+            )
+        )
     if estimate["seconds"] is not None:
-        out.print(f"wall time about {estimate['seconds'] / 60:.1f} min at the recorded "
-                  "throughput")  # fmt: skip
+        out.print(f"wall time about {estimate['seconds'] / 60:.1f} min at the recorded throughput")

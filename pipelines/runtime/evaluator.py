@@ -190,8 +190,9 @@ class CacheReplay(EvalClient):
     ``NotCached`` instead of reaching a server."""
 
     def __init__(self, cfg: EvaluatorConfig, cache: ResponseCache):
-        super().__init__("http://cache-replay.invalid/v1", **client_options(cfg), cache=cache,
-                         max_retries=0)  # fmt: skip
+        super().__init__(
+            "http://cache-replay.invalid/v1", **client_options(cfg), cache=cache, max_retries=0
+        )
 
     async def _request(self, model, messages, body, usage, *, stage, template):
         raise NotCached(stage)
@@ -232,8 +233,9 @@ async def open_evaluator(
             cache.close()
 
 
-async def check_served(client: EvalClient, cfg: EvaluatorConfig, base_url: str,
-                       adapter_prefix: str) -> None:  # fmt: skip
+async def check_served(
+    client: EvalClient, cfg: EvaluatorConfig, base_url: str, adapter_prefix: str
+) -> None:
     """At an endpoint: ``NAME:TAG`` the server lists only as ``TAG`` is an adapter; an asked
     adapter the server does not list stops the run in one line (Serve lists none)."""
     if adapter_prefix:

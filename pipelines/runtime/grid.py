@@ -58,16 +58,27 @@ class ModelGrid(Study):
             inner = RunRequest(answerer, request.run, self.inner(request.options), request.roles)
             for plan in self.framework.plan(inner, root):
                 key = f"{name}/{plan.key}" if plan.key else name
-                plans.append(RunPlan(key, plan.task, plan.options, framework=self.framework,
-                                     roles={"answer": answerer}))  # fmt: skip
+                plans.append(
+                    RunPlan(
+                        key,
+                        plan.task,
+                        plan.options,
+                        framework=self.framework,
+                        roles={"answer": answerer},
+                    )
+                )
         return plans
 
     def combine(self, outcomes: dict[str, RunOutcome], options: Any) -> dict[str, Any]:
         rows = []
         for key, outcome in outcomes.items():
             model, _, run = key.partition("/")
-            row: dict[str, Any] = {"model": model, "run": run, "n": (outcome.tables or {}).get("n"),
-                                   "ours": self.flat(outcome.tables)}  # fmt: skip
+            row: dict[str, Any] = {
+                "model": model,
+                "run": run,
+                "n": (outcome.tables or {}).get("n"),
+                "ours": self.flat(outcome.tables),
+            }
             if (published := self.paper(model, run)) is not None:
                 row["paper"] = published
             rows.append(row)
@@ -75,9 +86,13 @@ class ModelGrid(Study):
         return {"data": Path(str(data)).name if data else None, "rows": rows}
 
     def render_combined(self, combined: dict[str, Any], console: Console) -> None:
-        table = Table("model", "run", "n", *self.columns,
-                      title=f"{self.title}: ours on {combined['data']}; the paper's value in "
-                            "parentheses")  # fmt: skip
+        table = Table(
+            "model",
+            "run",
+            "n",
+            *self.columns,
+            title=f"{self.title}: ours on {combined['data']}; the paper's value in parentheses",
+        )
         for row in combined["rows"]:
             ours, paper = row["ours"], row.get("paper") or {}
             cells = [cell_text(ours.get(c), paper.get(c)) for c in self.columns]

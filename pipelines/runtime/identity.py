@@ -14,8 +14,12 @@ from pipelines.runtime.runstore import fingerprint
 
 def evaluator_identity(ev: EvaluatorConfig) -> dict[str, Any]:
     """What of the evaluator changes answers: not concurrency, timeouts or the URL."""
-    found = {"model": ev.model, "adapter": ev.adapter, "temperature": ev.temperature,
-             "max_tokens": ev.max_tokens}  # fmt: skip
+    found = {
+        "model": ev.model,
+        "adapter": ev.adapter,
+        "temperature": ev.temperature,
+        "max_tokens": ev.max_tokens,
+    }
     if ev.seed is not None:  # only when set: runs without a seed keep their identity
         found["seed"] = ev.seed
     return found
@@ -28,8 +32,9 @@ def evaluator_key(ev: EvaluatorConfig) -> str:
 
 def plan_roles(fw: Framework, plan: RunPlan, request: RunRequest) -> dict[str, EvaluatorConfig]:
     """The evaluator of every role a run uses: the plan's, else ``--role``, else the default."""
-    return {role: plan.roles.get(role) or request.role(role)
-            for role in fw.roles_used(plan.options)}  # fmt: skip
+    return {
+        role: plan.roles.get(role) or request.role(role) for role in fw.roles_used(plan.options)
+    }
 
 
 def lead_evaluator(roles: dict[str, EvaluatorConfig], default: EvaluatorConfig) -> EvaluatorConfig:
@@ -38,15 +43,19 @@ def lead_evaluator(roles: dict[str, EvaluatorConfig], default: EvaluatorConfig) 
 
 
 def run_identity(
-    fw: Framework, options: Any, roles: dict[str, EvaluatorConfig], default: EvaluatorConfig,
+    fw: Framework,
+    options: Any,
+    roles: dict[str, EvaluatorConfig],
+    default: EvaluatorConfig,
     items: Sequence[Any],
-) -> dict[str, Any]:  # fmt: skip
+) -> dict[str, Any]:
     """What a run's answers depend on. The first role's evaluator is written flat (so a run with
     one model keeps the identity it always had); every other role whose model differs is
     listed under ``roles``."""
     lead = evaluator_identity(lead_evaluator(roles, default))
-    others = {role: evaluator_identity(ev) for role, ev in roles.items()
-              if evaluator_identity(ev) != lead}  # fmt: skip
+    others = {
+        role: evaluator_identity(ev) for role, ev in roles.items() if evaluator_identity(ev) != lead
+    }
     return {
         "items_sha256": items_digest(items),
         "items": len(items),

@@ -30,9 +30,16 @@ class JsonlView(Sequence[T]):
     line)`` on access. Given the file's ``stamp`` as it was validated (the items file), a file
     that changed since is refused rather than read as something else."""
 
-    def __init__(self, path: Path, offsets: array, parse: Callable[[int, bytes], T], *,
-                 positions: array | None = None, stamp: tuple[int, int] | None = None,
-                 ids: list[str] | None = None):  # fmt: skip
+    def __init__(
+        self,
+        path: Path,
+        offsets: array,
+        parse: Callable[[int, bytes], T],
+        *,
+        positions: array | None = None,
+        stamp: tuple[int, int] | None = None,
+        ids: list[str] | None = None,
+    ):
         self.path = Path(path)
         self.offsets = offsets
         self.positions = positions if positions is not None else array("q", range(len(offsets)))
@@ -64,10 +71,13 @@ class JsonlView(Sequence[T]):
     def take(self, indices: Sequence[int]) -> JsonlView[T]:
         """The records at ``indices`` (in that order), still read on access."""
         return JsonlView(
-            self.path, array("q", (self.offsets[k] for k in indices)), self.parse,
-            positions=array("q", (self.positions[k] for k in indices)), stamp=self.stamp,
+            self.path,
+            array("q", (self.offsets[k] for k in indices)),
+            self.parse,
+            positions=array("q", (self.positions[k] for k in indices)),
+            stamp=self.stamp,
             ids=None if self.ids is None else [self.ids[k] for k in indices],
-        )  # fmt: skip
+        )
 
     def _read(self, handle, k: int) -> T:
         self._check()  # per record: a run takes items over hours

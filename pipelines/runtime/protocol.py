@@ -94,8 +94,9 @@ class Study:
     def check_roles(self, names: list[str]) -> None:
         unknown = [n for n in names if n not in self.roles]
         if unknown:
-            raise UserError(f"--role {unknown[0]}: {self.name} has the roles "
-                            f"{', '.join(self.roles)}")  # fmt: skip
+            raise UserError(
+                f"--role {unknown[0]}: {self.name} has the roles {', '.join(self.roles)}"
+            )
 
     def load(self, options: Any) -> Sequence[Any]:
         raise NotImplementedError
@@ -222,8 +223,9 @@ class ItemContext:
             raise KeyError(f"stage {stage!r} asks role {role!r}, which this run did not open")
         return self.clients[role]
 
-    async def chat(self, messages: list[dict], *, stage: str, template: str | None = None,
-                   **params: Any) -> ChatResult:  # fmt: skip
+    async def chat(
+        self, messages: list[dict], *, stage: str, template: str | None = None, **params: Any
+    ) -> ChatResult:
         return await self._client(stage).chat(
             messages, stage=stage, template=template, meter=self.meter, **params
         )
@@ -247,10 +249,15 @@ class ItemContext:
             extra = dict(params.pop("extra_body", None) or {})
             params["extra_body"] = extra | {"structured_outputs": {"regex": regex}}
         return await client.parsed(
-            template.messages(**values), parse, expected,
+            template.messages(**values),
+            parse,
+            expected,
             self.max_reasks if max_reasks is None else max_reasks,
-            stage=stage, template=template.id, meter=self.meter, **params,
-        )  # fmt: skip
+            stage=stage,
+            template=template.id,
+            meter=self.meter,
+            **params,
+        )
 
     async def ask(
         self,
@@ -265,8 +272,9 @@ class ItemContext:
         **params: Any,
     ) -> Parsed:
         """``attempt``, with ``StageFailed`` when the output stays unparseable."""
-        parsed = await self.attempt(template, stage, parse, expected, values, regex=regex,
-                                    max_reasks=max_reasks, **params)  # fmt: skip
+        parsed = await self.attempt(
+            template, stage, parse, expected, values, regex=regex, max_reasks=max_reasks, **params
+        )
         if not parsed.ok:
             raise StageFailed(stage, parsed)
         return parsed
@@ -275,35 +283,64 @@ class ItemContext:
         """Work of a stage that is no model request (a cross-encoder's pairs), in the usage."""
         self.meter.setdefault(stage, StageUsage()).calls += calls
 
-    async def choice(self, template: PromptTemplate, choices: list[str], stage: str,
-                     values: dict[str, Any], **params: Any) -> Parsed:  # fmt: skip
+    async def choice(
+        self,
+        template: PromptTemplate,
+        choices: list[str],
+        stage: str,
+        values: dict[str, Any],
+        **params: Any,
+    ) -> Parsed:
         """One of ``choices`` (constrained on vLLM), or the unparseable record: the caller
         decides what an unreadable answer means."""
         return await self._client(stage).choice(
-            template.messages(**values), choices, max_reasks=self.max_reasks, stage=stage,
-            template=template.id, meter=self.meter, **params,
-        )  # fmt: skip
+            template.messages(**values),
+            choices,
+            max_reasks=self.max_reasks,
+            stage=stage,
+            template=template.id,
+            meter=self.meter,
+            **params,
+        )
 
-    async def choose(self, template: PromptTemplate, choices: list[str], stage: str,
-                     values: dict[str, Any], **params: Any) -> str:  # fmt: skip
+    async def choose(
+        self,
+        template: PromptTemplate,
+        choices: list[str],
+        stage: str,
+        values: dict[str, Any],
+        **params: Any,
+    ) -> str:
         """One of ``choices`` (constrained on vLLM); ``StageFailed`` when none can be read."""
         parsed = await self.choice(template, choices, stage, values, **params)
         if not parsed.ok:
             raise StageFailed(stage, parsed)
         return parsed.value
 
-    async def label_score(self, template: PromptTemplate, stage: str, values: dict[str, Any],
-                          **params: Any) -> LabelScore:  # fmt: skip
+    async def label_score(
+        self, template: PromptTemplate, stage: str, values: dict[str, Any], **params: Any
+    ) -> LabelScore:
         scored = await self._client(stage).label_score(
-            template.messages(**values), max_reasks=self.max_reasks, stage=stage,
-            template=template.id, meter=self.meter, **params,
-        )  # fmt: skip
+            template.messages(**values),
+            max_reasks=self.max_reasks,
+            stage=stage,
+            template=template.id,
+            meter=self.meter,
+            **params,
+        )
         if scored.status != "ok":
             raise StageFailed(stage, error=scored.error)
         return scored
 
-    async def run_tools(self, messages: list[dict], tools: list[Tool], *, stage: str,
-                        template: str | None = None, **params: Any) -> ToolRun:  # fmt: skip
+    async def run_tools(
+        self,
+        messages: list[dict],
+        tools: list[Tool],
+        *,
+        stage: str,
+        template: str | None = None,
+        **params: Any,
+    ) -> ToolRun:
         return await self._client(stage).run_tools(
             messages, tools, stage=stage, template=template, meter=self.meter, **params
         )
@@ -313,12 +350,20 @@ class ItemContext:
 
     def result(self, status: Status, score: float | None, explanation: str) -> ItemResult:
         return ItemResult(
-            id=self.item_id, status=status, score=score, explanation=explanation,
-            details=self.details, usage=self.usage(),
-        )  # fmt: skip
+            id=self.item_id,
+            status=status,
+            score=score,
+            explanation=explanation,
+            details=self.details,
+            usage=self.usage(),
+        )
 
     def failed(self, failure: StageFailure, status: Status, explanation: str) -> ItemResult:
         return ItemResult(
-            id=self.item_id, status=status, explanation=explanation, details=self.details,
-            usage=self.usage(), failure=failure,
-        )  # fmt: skip
+            id=self.item_id,
+            status=status,
+            explanation=explanation,
+            details=self.details,
+            usage=self.usage(),
+            failure=failure,
+        )

@@ -88,9 +88,14 @@ def role_evaluator(default: EvaluatorConfig, spec: RoleSpec | None) -> Evaluator
         adapters = {k: v for k, v in default.adapters.items() if spec.model.endswith(f":{k}")}
         if spec.adapter and spec.adapter in default.adapters:
             adapters[spec.adapter] = default.adapters[spec.adapter]
-        update = {"model": spec.model, "endpoint": spec.endpoint, "adapter": spec.adapter,
-                  "adapters": {} if spec.endpoint else adapters, "adapter_prefix": "",
-                  "replicas": 1 if spec.endpoint else default.replicas}  # fmt: skip
+        update = {
+            "model": spec.model,
+            "endpoint": spec.endpoint,
+            "adapter": spec.adapter,
+            "adapters": {} if spec.endpoint else adapters,
+            "adapter_prefix": "",
+            "replicas": 1 if spec.endpoint else default.replicas,
+        }
     if spec.api_key_env:
         update["api_key_env"] = spec.api_key_env
     return EvaluatorConfig.model_validate(base | update)

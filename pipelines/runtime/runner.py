@@ -95,17 +95,24 @@ async def solve_item(fw: Framework, item: Any, ctx: ItemContext) -> ItemResult:
     try:
         return await fw.solve(item, ctx)
     except StageFailed as failure:
-        return ctx.failed(failure.failure(), "unparseable",
-                          f"stage {failure.stage} stayed unparseable after re-asks")  # fmt: skip
+        return ctx.failed(
+            failure.failure(),
+            "unparseable",
+            f"stage {failure.stage} stayed unparseable after re-asks",
+        )
     except RequestRejected as exc:
-        return ctx.failed(StageFailure(stage=exc.stage, error=str(exc)), "error",
-                          f"the server rejected a request of stage {exc.stage}")  # fmt: skip
+        return ctx.failed(
+            StageFailure(stage=exc.stage, error=str(exc)),
+            "error",
+            f"the server rejected a request of stage {exc.stage}",
+        )
     except (EndpointError, UserError, RunStoreError, ServerStartError):
         raise
     except Exception as exc:  # a defect on this item: recorded, retried on resume, run goes on
         error = f"{type(exc).__name__}: {' '.join(str(exc).split())[:500]}"
-        return ctx.failed(StageFailure(stage="solve", error=error), "error",
-                          "solving the item raised an error")  # fmt: skip
+        return ctx.failed(
+            StageFailure(stage="solve", error=error), "error", "solving the item raised an error"
+        )
 
 
 async def run_items(
@@ -147,9 +154,14 @@ async def run_items(
 
     total = total or len(items)
     with Progress(
-        "[progress.description]{task.description}", BarColumn(), MofNCompleteColumn(),
-        TimeElapsedColumn(), disable=not show_progress, transient=True, console=console,
-    ) as progress:  # fmt: skip
+        "[progress.description]{task.description}",
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        disable=not show_progress,
+        transient=True,
+        console=console,
+    ) as progress:
         bar = progress.add_task("items", total=total, completed=total - len(items))
         tasks = [asyncio.create_task(worker()) for _ in range(max(1, min(workers, len(items))))]
         try:
@@ -248,13 +260,20 @@ def execute(
     roles = [plan_roles(p.framework or study, p, request) for p in plans]  # type: ignore[arg-type]
     prices = load_prices(request.run.prices)
     if request.run.max_cost is not None:
-        require_prices([role_records(p.framework or study, found)  # type: ignore[arg-type]
-                        for p, found in zip(plans, roles, strict=True)], prices)  # fmt: skip
+        require_prices(
+            [
+                role_records(p.framework or study, found)  # type: ignore[arg-type]
+                for p, found in zip(plans, roles, strict=True)
+            ],
+            prices,
+        )
     cache = None if no_cache else request.run.cache
     if dry_run:  # the outcomes hold only each run's estimate
         estimates = print_dry_run(study, request, items, plans, roles, root, prices, cache)
-        return {str(run_dir): RunOutcome(run_dir, [], None, {"estimate": estimate})
-                for run_dir, estimate in estimates}  # fmt: skip
+        return {
+            str(run_dir): RunOutcome(run_dir, [], None, {"estimate": estimate})
+            for run_dir, estimate in estimates
+        }
     servers = None
     if open_client is None:
         servers = Servers([ev for found in roles for ev in found.values()], linger=len(plans) > 1)
@@ -269,11 +288,16 @@ def execute(
             servers.close()
     combined = repeats_table(outcomes) if repeats else study.combine(outcomes, request.options)
     if len(plans) > 1 or combined is not None:
-        atomic_write_json(root / STUDY_FILE, {
-            "study": study.name, "options": request.options.model_dump(mode="json"),
-            "runs": [p.key for p in plans], "combined": combined,
-            **({"repeats": request.run.repeats} if repeats else {}),
-        })  # fmt: skip
+        atomic_write_json(
+            root / STUDY_FILE,
+            {
+                "study": study.name,
+                "options": request.options.model_dump(mode="json"),
+                "runs": [p.key for p in plans],
+                "combined": combined,
+                **({"repeats": request.run.repeats} if repeats else {}),
+            },
+        )
     if repeats and combined is not None:
         print_repeats(combined, Console())
     elif combined is not None:
@@ -290,9 +314,19 @@ async def _execute(study, request, items, plans, roles, root, opener, quiet, pri
         for plan, plan_roles_ in zip(plans, roles, strict=True):
             run_items_ = plan.items(outcomes) if plan.items else items
             outcomes[plan.key] = await _run_one(
-                study, request, plan, plan_roles_, run_items_, root, evaluators, resources, quiet,
-                prices, pilot, len(items),
-            )  # fmt: skip
+                study,
+                request,
+                plan,
+                plan_roles_,
+                run_items_,
+                root,
+                evaluators,
+                resources,
+                quiet,
+                prices,
+                pilot,
+                len(items),
+            )
             await evaluators.done_with_run()
     finally:
         await evaluators.aclose()
@@ -367,32 +401,50 @@ def open_budget(request: RunRequest, fw: Framework, records, prices, store: RunS
     if run.max_cost is None and run.max_run_tokens is None:
         return None
     budget = Budget(
-        run.max_run_tokens, run.max_cost,
+        run.max_run_tokens,
+        run.max_cost,
         item_cost=lambda usage: cost_table(fw, usage, records, prices)["total"],
         hourly_rate=hourly_rate(records, prices),
-        clock_start=time.time(), prior_seconds=invocation_seconds(store.dir),
-    )  # fmt: skip
+        clock_start=time.time(),
+        prior_seconds=invocation_seconds(store.dir),
+    )
     pending = store.pending(ids)
     for record in store.results([i for i in ids if i not in pending]):
         budget.record(record.usage, new=False)
     return budget
 
 
-async def _run_one(study, request, plan: RunPlan, roles, items, root, evaluators, resources, quiet,
-                   prices, pilot, study_items):  # fmt: skip
+async def _run_one(
+    study,
+    request,
+    plan: RunPlan,
+    roles,
+    items,
+    root,
+    evaluators,
+    resources,
+    quiet,
+    prices,
+    pilot,
+    study_items,
+):
     fw: Framework = plan.framework or study
     lead = lead_evaluator(roles, request.evaluator)
     judged_by_itself = self_judging(plan.systems | roles)
     store = RunStore(root / plan.key if plan.key else root)
     records = role_records(fw, roles)
     store.open(
-        framework=fw.name, task=plan.task,
+        framework=fw.name,
+        task=plan.task,
         config=run_identity(fw, plan.options, roles, request.evaluator, items),
-        options=plan.options.model_dump(mode="json"), models=model_record(lead),
-        roles=records, self_judging=judged_by_itself,
-        prompts=fw.prompt_ids(plan.options), items=len(items),
+        options=plan.options.model_dump(mode="json"),
+        models=model_record(lead),
+        roles=records,
+        self_judging=judged_by_itself,
+        prompts=fw.prompt_ids(plan.options),
+        items=len(items),
         data=data_provenance(plan.options),
-    )  # fmt: skip
+    )
     console.print(f"run directory: {store.dir}")
     for pair in judged_by_itself:
         console.print(
@@ -416,8 +468,15 @@ async def _run_one(study, request, plan: RunPlan, roles, items, root, evaluators
         max_reasks = plan.options.max_reasks
 
         async def solve(item):
-            ctx = ItemContext(str(item.id), clients, plan.options, resources[resource_key],
-                              store.dir, max_reasks, fw)  # fmt: skip
+            ctx = ItemContext(
+                str(item.id),
+                clients,
+                plan.options,
+                resources[resource_key],
+                store.dir,
+                max_reasks,
+                fw,
+            )
             return await solve_item(fw, item, ctx)
 
         budget = open_budget(request, fw, records, prices, store, ids)
@@ -426,8 +485,15 @@ async def _run_one(study, request, plan: RunPlan, roles, items, root, evaluators
             budget.clock_start = solving
         try:
             workers = lead.concurrency_max if lead.concurrency == "auto" else lead.concurrency
-            await run_items(todo, solve, store, workers=workers,
-                            show_progress=not quiet, total=len(items), budget=budget)  # fmt: skip
+            await run_items(
+                todo,
+                solve,
+                store,
+                workers=workers,
+                show_progress=not quiet,
+                total=len(items),
+                budget=budget,
+            )
         finally:
             solved = len(pending) - len(store.pending(ids))
             record_invocation(store.dir, solving, time.time() - solving, solved)
@@ -440,13 +506,15 @@ async def _run_one(study, request, plan: RunPlan, roles, items, root, evaluators
     results = records_for_tables(fw, plan.options, store.results(sorted(ids)))
     tables = tables_of(fw, plan.options, results)
     summary = summarise(fw.name, plan.task, len(items), results)
-    summary |= {"usage_this_invocation": usage,
-                "usage_by_role_this_invocation": usage_by_role(
-                    fw, usage, store.manifest().get("roles", {})
-                ),
-                "self_judging": judged_by_itself,
-                "concurrency_this_invocation": limits,
-                "seconds_this_invocation": round(time.time() - started, 3)}  # fmt: skip
+    summary |= {
+        "usage_this_invocation": usage,
+        "usage_by_role_this_invocation": usage_by_role(
+            fw, usage, store.manifest().get("roles", {})
+        ),
+        "self_judging": judged_by_itself,
+        "concurrency_this_invocation": limits,
+        "seconds_this_invocation": round(time.time() - started, 3),
+    }
     if where is not None:  # which replicas (node, process) answered this invocation's NLI
         summary["nli_placement_this_invocation"] = where
     if spread:  # how the requests spread over the replicas of an app the run started

@@ -45,8 +45,7 @@ def percentile_interval(values: Sequence[float], resamples: int = 2000, seed: in
     """95% percentile bootstrap interval of the mean: linear in the items (for large runs)."""
     data = np.asarray(values, dtype=float)
     rng = np.random.default_rng(seed)
-    means = np.array([data[rng.integers(0, data.size, data.size)].mean()
-                      for _ in range(resamples)])  # fmt: skip
+    means = np.array([data[rng.integers(0, data.size, data.size)].mean() for _ in range(resamples)])
     low, high = np.percentile(means, [2.5, 97.5])
     return Interval(float(low), float(high), f"percentile, {resamples} resamples")
 

@@ -50,22 +50,30 @@ def recorded_usage(results: Iterable[ItemResult]) -> dict[str, dict[str, float]]
     return total
 
 
-def recorded_cost(fw: Any, usage: dict[str, dict[str, Any]], roles: dict[str, dict[str, Any]],
-                  prices: dict[str, Any], run_dir: Path) -> dict[str, Any]:  # fmt: skip
+def recorded_cost(
+    fw: Any,
+    usage: dict[str, dict[str, Any]],
+    roles: dict[str, dict[str, Any]],
+    prices: dict[str, Any],
+    run_dir: Path,
+) -> dict[str, Any]:
     """What a run's recorded items cost: their usage, and the GPU time of every invocation."""
     from pipelines.runtime.costs import cost_table
 
     return cost_table(fw, usage, roles, prices, invocation_seconds(run_dir))
 
 
-def usage_by_role(fw: Any, usage: dict[str, dict[str, Any]],
-                  roles: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:  # fmt: skip
+def usage_by_role(
+    fw: Any, usage: dict[str, dict[str, Any]], roles: dict[str, dict[str, Any]]
+) -> dict[str, dict[str, Any]]:
     """Per-stage usage summed per role (the framework's stage_roles), each with its model."""
     out: dict[str, dict[str, Any]] = {}
     for stage, u in usage.items():
         role = fw.role_of(stage, "unknown")  # "unknown": a stage an older version recorded
-        into = out.setdefault(role, {"model": (roles.get(role) or {}).get("request_model"),
-                                     **dict.fromkeys(USAGE_KEYS, 0)})  # fmt: skip
+        into = out.setdefault(
+            role,
+            {"model": (roles.get(role) or {}).get("request_model"), **dict.fromkeys(USAGE_KEYS, 0)},
+        )
         for key in USAGE_KEYS:
             into[key] += u.get(key, 0)
     return out
@@ -81,10 +89,13 @@ def print_summary(summary: dict[str, Any], out: Console) -> None:
             table.add_row(status, str(count))
     out.print(table)
     if "mean_score" in summary:
-        out.print(f"mean score {summary['mean_score']:.4f} over {summary['scored_items']} "
-                  "scored items")  # fmt: skip
-    for key, title in (("usage_this_invocation", "model usage (this invocation)"),
-                       ("usage_recorded", "model usage (recorded items)")):  # fmt: skip
+        out.print(
+            f"mean score {summary['mean_score']:.4f} over {summary['scored_items']} scored items"
+        )
+    for key, title in (
+        ("usage_this_invocation", "model usage (this invocation)"),
+        ("usage_recorded", "model usage (recorded items)"),
+    ):
         usage = summary.get(key) or {}
         if usage:
             stages = Table("stage", *(k.replace("_", " ") for k in USAGE_KEYS), title=title)
@@ -97,18 +108,22 @@ def print_summary(summary: dict[str, Any], out: Console) -> None:
         title = "model usage by role" + (" (this invocation)" if this_invocation else "")
         roles = Table("role", "model", *(k.replace("_", " ") for k in USAGE_KEYS), title=title)
         for role, u in by_role.items():
-            roles.add_row(role, str(u.get("model") or "-"),
-                          *(str(round(u.get(k, 0))) for k in USAGE_KEYS))  # fmt: skip
+            roles.add_row(
+                role, str(u.get("model") or "-"), *(str(round(u.get(k, 0))) for k in USAGE_KEYS)
+            )
         out.print(roles)
-    for key, title in (("cost_this_invocation", "cost in $ (this invocation)"),
-                       ("cost_recorded", "cost in $ (recorded items)")):  # fmt: skip
+    for key, title in (
+        ("cost_this_invocation", "cost in $ (this invocation)"),
+        ("cost_recorded", "cost in $ (recorded items)"),
+    ):
         if summary.get(key):
             print_cost(summary[key], title, out)
     if summary.get("budget_stop"):
         out.print(f"budget: stopped admitting items ({summary['budget_stop']})")
     for pair in summary.get("self_judging") or []:
-        out.print(f"self-judging: the {pair['judge']} role is the {pair['system']} model "
-                  f"{pair['model']}")  # fmt: skip
+        out.print(
+            f"self-judging: the {pair['judge']} role is the {pair['system']} model {pair['model']}"
+        )
 
 
 def print_cost(cost: dict[str, Any], title: str, out: Console) -> None:

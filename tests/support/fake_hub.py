@@ -94,8 +94,12 @@ class FakeHub:
             return self._send(req, 404, b'{"error": "Revision not found"}', {}, body)
         files = repo.commits[sha]
         siblings = [{"rfilename": p, "size": len(b)} for p, b in files.items()]
-        info = {"id": repo_id, "sha": sha, "cardData": {"license": repo.license},
-                "siblings": siblings}  # fmt: skip
+        info = {
+            "id": repo_id,
+            "sha": sha,
+            "cardData": {"license": repo.license},
+            "siblings": siblings,
+        }
         self._send(req, 200, json.dumps(info).encode(), {"Content-Type": "application/json"}, body)
 
     def _file(self, req, repo_id: str, rev: str, file: str, body: bool) -> None:
@@ -105,8 +109,11 @@ class FakeHub:
             headers = {"X-Error-Code": "EntryNotFound"}
             return self._send(req, 404, b'{"error": "Entry not found"}', headers, body)
         data = repo.commits[sha][file]
-        headers = {"X-Repo-Commit": sha, "ETag": f'"{hashlib.sha256(data).hexdigest()}"',
-                   "Accept-Ranges": "bytes"}  # fmt: skip
+        headers = {
+            "X-Repo-Commit": sha,
+            "ETag": f'"{hashlib.sha256(data).hexdigest()}"',
+            "Accept-Ranges": "bytes",
+        }
         self._bytes(req, file, data, headers, body)
 
     def _bytes(self, req, file: str, data: bytes, headers: dict[str, str], body: bool) -> None:
@@ -130,8 +137,14 @@ class FakeHub:
         self._send(req, status, data[start:], headers, body, length=len(data) - start)
 
     @staticmethod
-    def _send(req, status: int, data: bytes, headers: dict[str, str], body: bool,
-              length: int | None = None) -> None:  # fmt: skip
+    def _send(
+        req,
+        status: int,
+        data: bytes,
+        headers: dict[str, str],
+        body: bool,
+        length: int | None = None,
+    ) -> None:
         req.send_response(status)
         for k, v in headers.items():
             req.send_header(k, v)

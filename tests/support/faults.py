@@ -33,7 +33,7 @@ STAGE_KINDS = {  # what each stage's parser reads (the issue's stage families)
     "citations": {"coverage", "garage:answer"},
     "judge letters": {"judge"},
     "free text": {"summarise", "paragraph", "answer-closed-book", "crux:answer"},
-}  # fmt: skip
+}
 
 
 def stage_kind(case: str, stage: str) -> str:
@@ -189,19 +189,28 @@ def walk(value: Any, where: str = "") -> Any:
 
 A = "Eiffel's firm designed the tower."
 COMPREHENSIVENESS_VALID: Valid = {
-    "summarise": A, "extract": f"- {A[:-1]}: Fact\n", "revise": f"* {A}\n",
-    "relevance": lambda p: (f"* {A} [Relevance: 5]\n" if "Rated statements:" in p
-                            else label({"5": 0.9, "4": 0.1})),
-    "nli": "entailment", "mine": "* Who designed the tower?\n",
+    "summarise": A,
+    "extract": f"- {A[:-1]}: Fact\n",
+    "revise": f"* {A}\n",
+    "relevance": lambda p: (
+        f"* {A} [Relevance: 5]\n" if "Rated statements:" in p else label({"5": 0.9, "4": 0.1})
+    ),
+    "nli": "entailment",
+    "mine": "* Who designed the tower?\n",
     "refine": "* Who designed the tower? [Relevance: 5]\n",
     "answer": "* Who designed the tower?\nA: Eiffel's firm [Confidence: 5]\n",
     "compare": "x\nEiffel - firm [equivalent]\n",
     "coverage": "x\n[Covered statements]\n- a [1]\n[Uncovered statements]\n- b [2]\n",
-}  # fmt: skip
+}
 COMPREHENSIVENESS_ITEMS = [
-    {"id": f"i{k}", "query": "Who designed the tower?", "response": f"Response {k}.",
-     "contexts": ["The tower was designed by Eiffel's firm.", "Koechlin drew it."]}
-    for k in range(8)]  # fmt: skip
+    {
+        "id": f"i{k}",
+        "query": "Who designed the tower?",
+        "response": f"Response {k}.",
+        "contexts": ["The tower was designed by Eiffel's firm.", "Koechlin drew it."],
+    }
+    for k in range(8)
+]
 
 
 def comprehensiveness(method: str, protocol: str) -> Case:
@@ -210,8 +219,9 @@ def comprehensiveness(method: str, protocol: str) -> Case:
 
         data = root / "items.jsonl"
         data.write_text("".join(json.dumps(i) + "\n" for i in COMPREHENSIVENESS_ITEMS))
-        return ComprehensivenessOptions(input=data, method=method, protocol=protocol,
-                                        export_graphs=False, max_reasks=1)  # fmt: skip
+        return ComprehensivenessOptions(
+            input=data, method=method, protocol=protocol, export_graphs=False, max_reasks=1
+        )
 
     def study():
         from pipelines.comprehensiveness.framework import COMPREHENSIVENESS
@@ -219,9 +229,14 @@ def comprehensiveness(method: str, protocol: str) -> Case:
         return COMPREHENSIVENESS
 
     # NLI has the longest chain of stages per item: more well-formed answers to get through it
-    return Case(f"comprehensiveness-{method}-{protocol}", study, options,
-                lambda: COMPREHENSIVENESS_VALID, {"": len(COMPREHENSIVENESS_ITEMS)},
-                share=0.9 if method == "nli" else 0.6)  # fmt: skip
+    return Case(
+        f"comprehensiveness-{method}-{protocol}",
+        study,
+        options,
+        lambda: COMPREHENSIVENESS_VALID,
+        {"": len(COMPREHENSIVENESS_ITEMS)},
+        share=0.9 if method == "nli" else 0.6,
+    )
 
 
 ICAT_COPIES = 10
@@ -234,13 +249,23 @@ def icat() -> Case:
 
         paths = write_inputs(root)  # 3 responses of systems A and B; 10 copies of each
         rows = [json.loads(line) for line in paths["responses"].read_text().splitlines()]
-        paths["responses"].write_text("".join(
-            json.dumps(r | {"system": f"{r['system']}{k}"}) + "\n"
-            for k in range(ICAT_COPIES) for r in rows))  # fmt: skip
-        return IcatOptions(input=paths["responses"], queries=paths["queries"],
-                           qrels=paths["qrels"], snippets=paths["snippets"],
-                           variants=["m", "s", "a"], nli_model="stand-in",
-                           betas=[1.0, 2.0], max_reasks=1)  # fmt: skip
+        paths["responses"].write_text(
+            "".join(
+                json.dumps(r | {"system": f"{r['system']}{k}"}) + "\n"
+                for k in range(ICAT_COPIES)
+                for r in rows
+            )
+        )
+        return IcatOptions(
+            input=paths["responses"],
+            queries=paths["queries"],
+            qrels=paths["qrels"],
+            snippets=paths["snippets"],
+            variants=["m", "s", "a"],
+            nli_model="stand-in",
+            betas=[1.0, 2.0],
+            max_reasks=1,
+        )
 
     def study():
         from tests.test_icat import P_ENTAIL, StandInIcat
@@ -284,8 +309,9 @@ def fanoutqa() -> Case:
         from tests.test_runtime import FANOUT
 
         dev = root / "dev.json"
-        dev.write_text(json.dumps([q | {"id": f"{q['id']}-{k}"} for k in range(FANOUT_COPIES)
-                                   for q in FANOUT]))  # fmt: skip
+        dev.write_text(
+            json.dumps([q | {"id": f"{q['id']}-{k}"} for k in range(FANOUT_COPIES) for q in FANOUT])
+        )
         return FanoutOptions(input=dev, judge=True)
 
     def study():
@@ -325,37 +351,59 @@ def crux() -> Case:
 
         topics = [f"t{k}" for k in range(CRUX_TOPICS)]
         files = {
-            "topics": [{"topic": t, "query": "q", "questions": ["Q0?", "Q1?", "Q2?", "Q3?"]}
-                       for t in topics],
-            "passages": [{"id": f"{t}-{p}", "topic": t, "text": x}
-                         for t in topics for p, x in TEXTS.items()],
-            "ratings": [{"topic": t, "passage_id": f"{t}-{p}", "question": q, "rating": r}
-                        for t in topics for p, row in RATINGS.items() for q, r in enumerate(row)],
-        }  # fmt: skip
+            "topics": [
+                {"topic": t, "query": "q", "questions": ["Q0?", "Q1?", "Q2?", "Q3?"]}
+                for t in topics
+            ],
+            "passages": [
+                {"id": f"{t}-{p}", "topic": t, "text": x} for t in topics for p, x in TEXTS.items()
+            ],
+            "ratings": [
+                {"topic": t, "passage_id": f"{t}-{p}", "question": q, "rating": r}
+                for t in topics
+                for p, row in RATINGS.items()
+                for q, r in enumerate(row)
+            ],
+        }
         paths = {}
         for name, rows in files.items():
             paths[name] = root / f"{name}.jsonl"
             paths[name].write_text("".join(json.dumps(r) + "\n" for r in rows))
         run = root / "run.trec"
-        run.write_text("".join(f"{t} Q0 {t}-{p} {r} 9.0 sys\n" for t in topics
-                               for r, p in enumerate(["p4", "p2", "p3"], 1)))  # fmt: skip
-        return CruxOptions(input=run, topics=paths["topics"], passages=paths["passages"],
-                           ratings=paths["ratings"], rate=True, generate=True,
-                           answer_tokens=64)  # fmt: skip
+        run.write_text(
+            "".join(
+                f"{t} Q0 {t}-{p} {r} 9.0 sys\n"
+                for t in topics
+                for r, p in enumerate(["p4", "p2", "p3"], 1)
+            )
+        )
+        return CruxOptions(
+            input=run,
+            topics=paths["topics"],
+            passages=paths["passages"],
+            ratings=paths["ratings"],
+            rate=True,
+            generate=True,
+            answer_tokens=64,
+        )
 
     def study():
         from pipelines.crux.framework import CRUX
 
         return CRUX
 
-    valid: Valid = {"rate": "Rating: 4", "answer": "An answer from the passages.",
-                    "rate_answer": "3"}  # fmt: skip
+    valid: Valid = {
+        "rate": "Rating: 4",
+        "answer": "An answer from the passages.",
+        "rate_answer": "3",
+    }
 
     def unreadable(key: str, outcome: Any) -> int:
         return sum(r.details.get("unreadable", 0) for r in outcome.results)
 
-    return Case("crux", study, options, lambda: valid, {"": CRUX_TOPICS}, share=0.6,
-                recorded=unreadable)  # fmt: skip
+    return Case(
+        "crux", study, options, lambda: valid, {"": CRUX_TOPICS}, share=0.6, recorded=unreadable
+    )
 
 
 def teacher() -> Case:
@@ -369,15 +417,21 @@ def teacher() -> Case:
 
         return TEACHER_DATA
 
-    valid: Valid = {"topics": "- Rivers\n- Music\n- Cities\n- Trees\n",
-                    "entities": "- Danube\n- Rhine\n",
-                    "paragraph": lambda p: f"About {p[-40:]!r}: it is well known.",
-                    "claims": "- It is well known.\n"}  # fmt: skip
+    valid: Valid = {
+        "topics": "- Rivers\n- Music\n- Cities\n- Trees\n",
+        "entities": "- Danube\n- Rhine\n",
+        "paragraph": lambda p: f"About {p[-40:]!r}: it is well known.",
+        "claims": "- It is well known.\n",
+    }
     return Case("finetune-teacher", study, options, lambda: valid, {"topics": 1}, share=0.4)
 
 
 def cases() -> list[Case]:
     return [
         *(comprehensiveness(m, p) for m in ("e2e", "qa", "nli") for p in ("paper", "spec")),
-        icat(), garage(), fanoutqa(), crux(), teacher(),
-    ]  # fmt: skip
+        icat(),
+        garage(),
+        fanoutqa(),
+        crux(),
+        teacher(),
+    ]

@@ -8,6 +8,5 @@ from pathlib import Path
 
 def questions_file(path: Path, ids: list[str], text: str = "Why {}?") -> Path:
     """One ``{"id", "question"}`` line per id; ``text`` is formatted with the id."""
-    path.write_text("".join(json.dumps({"id": i, "question": text.format(i)}) + "\n"
-                            for i in ids))  # fmt: skip
+    path.write_text("".join(json.dumps({"id": i, "question": text.format(i)}) + "\n" for i in ids))
     return path

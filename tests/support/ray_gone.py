@@ -41,8 +41,12 @@ def main(items: str, run_dir: str, nli_model: str, address: str, where: str = "b
         export_graphs=False,
         **(placement(where) if on_ray else {}),
     )
-    evaluator = EvaluatorConfig(model="judge", endpoint="http://127.0.0.1:9/v1", concurrency=8,
-                                ray_address=address if on_ray else None)  # fmt: skip
+    evaluator = EvaluatorConfig(
+        model="judge",
+        endpoint="http://127.0.0.1:9/v1",
+        concurrency=8,
+        ray_address=address if on_ray else None,
+    )
     client = ScriptedClient({k: v for k, v in NLI_SCRIPTS.items() if k != "nli"})
     request = RunRequest(evaluator, RunConfig(run_dir=Path(run_dir), cache=None), options)
 

@@ -31,10 +31,16 @@ def ray_head(
     port, dashboard_port = free_port(), free_port()
     # with the dashboard, its job agent's own port too: the default (52365) may belong to
     # another Ray on this machine, and jobs then find "no available agent"
-    flags = (["--include-dashboard=true", "--dashboard-host=127.0.0.1",
-              f"--dashboard-port={dashboard_port}",
-              f"--dashboard-agent-listen-port={free_port()}"] if dashboard
-             else ["--include-dashboard=false"])  # fmt: skip
+    flags = (
+        [
+            "--include-dashboard=true",
+            "--dashboard-host=127.0.0.1",
+            f"--dashboard-port={dashboard_port}",
+            f"--dashboard-agent-listen-port={free_port()}",
+        ]
+        if dashboard
+        else ["--include-dashboard=false"]
+    )
     head = subprocess.Popen(
         [
             str(Path(sys.executable).with_name("ray")),
@@ -88,12 +94,22 @@ def ray_worker(
     address = f"127.0.0.1:{head.port}"  # type: ignore[attr-defined]
     before = _node_count(address, ray)
     worker = subprocess.Popen(
-        [ray, "start", f"--address={address}", "--block", f"--num-cpus={num_cpus}",
-         *_resources(resources), "--disable-usage-stats",
-         f"--node-manager-port={free_port()}", f"--object-manager-port={free_port()}"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+        [
+            ray,
+            "start",
+            f"--address={address}",
+            "--block",
+            f"--num-cpus={num_cpus}",
+            *_resources(resources),
+            "--disable-usage-stats",
+            f"--node-manager-port={free_port()}",
+            f"--object-manager-port={free_port()}",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
         env=dict(os.environ, RAY_AUTH_MODE="token"),  # joins with the token the head saved
-    )  # fmt: skip
+    )
     try:
         began = time.monotonic()
         deadline = began + 120

@@ -92,8 +92,12 @@ def rated(distribution: dict[str, float]) -> Callable[[str], Reply]:
 
 
 def tool_call(name: str, arguments: str, call_id: str = "call-1") -> Reply:
-    return Reply("", tool_calls=[{"id": call_id, "type": "function",
-                                  "function": {"name": name, "arguments": arguments}}])  # fmt: skip
+    return Reply(
+        "",
+        tool_calls=[
+            {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
+        ],
+    )
 
 
 def field_of(prompt: str, name: str) -> str:
@@ -113,8 +117,14 @@ def by_text(mapping: dict[str, str | Reply], prompt: str) -> str | Reply:
 
 
 class ScriptedClient(EvalClient):
-    def __init__(self, scripts: dict[str, Script], *, check_constraints: bool = True,
-                 keep_calls: bool = True, **kwargs: Any):  # fmt: skip
+    def __init__(
+        self,
+        scripts: dict[str, Script],
+        *,
+        check_constraints: bool = True,
+        keep_calls: bool = True,
+        **kwargs: Any,
+    ):
         kwargs.setdefault("max_retries", 0)
         super().__init__("http://scripted.invalid/v1", kwargs.pop("model", "scripted"), **kwargs)
         self.scripts = {k: list(v) if isinstance(v, list) else v for k, v in scripts.items()}
@@ -152,8 +162,10 @@ class ScriptedClient(EvalClient):
         choice: dict[str, Any] = {"index": 0, "message": message, "finish_reason": "stop"}
         if reply.logprobs is not None:
             choice["logprobs"] = {"content": reply.logprobs}
-        tokens = {"prompt_tokens": len(prompt.split()),
-                  "completion_tokens": len(reply.text.split())}  # fmt: skip
+        tokens = {
+            "prompt_tokens": len(prompt.split()),
+            "completion_tokens": len(reply.text.split()),
+        }
         return {"choices": [choice], "usage": tokens, "model": model}
 
     def _next(self, stage: str, prompt: str, body: dict[str, Any] | None = None) -> Reply:

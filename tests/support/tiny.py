@@ -188,10 +188,13 @@ def build_tiny_lora(base: Path | str, target: Path | str, rank: int = 8, seed: i
 
 
 def build_tiny_classifier(
-    target: Path | str, architecture: str = "deberta-v2", labels: tuple[str, ...] = (
-        "ENTAILMENT", "NEUTRAL", "CONTRADICTION"), seed: int = 0, tokenizer=None,
+    target: Path | str,
+    architecture: str = "deberta-v2",
+    labels: tuple[str, ...] = ("ENTAILMENT", "NEUTRAL", "CONTRADICTION"),
+    seed: int = 0,
+    tokenizer=None,
     shape: dict | None = None,
-) -> Path:  # fmt: skip
+) -> Path:
     """A random sequence-classification model (DeBERTa-v2 or BERT) with the given label order.
 
     ``tokenizer`` (a loaded pair tokenizer, e.g. a real WordPiece one for real token counts) and
@@ -217,11 +220,17 @@ def build_tiny_classifier(
             special_tokens=[("<s>", cls), ("</s>", sep)],
         )  # a real pair encoding: [CLS] premise [SEP] hypothesis [SEP]
     common = {
-        "vocab_size": len(tokenizer), "hidden_size": 64, "num_hidden_layers": 2,
-        "num_attention_heads": 2, "intermediate_size": 128, "max_position_embeddings": 512,
-        "pad_token_id": tokenizer.pad_token_id, "num_labels": len(labels),
-        "id2label": dict(enumerate(labels)), "label2id": {n: i for i, n in enumerate(labels)},
-    }  # fmt: skip
+        "vocab_size": len(tokenizer),
+        "hidden_size": 64,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 2,
+        "intermediate_size": 128,
+        "max_position_embeddings": 512,
+        "pad_token_id": tokenizer.pad_token_id,
+        "num_labels": len(labels),
+        "id2label": dict(enumerate(labels)),
+        "label2id": {n: i for i, n in enumerate(labels)},
+    }
     common |= shape or {}
     torch.manual_seed(seed)
     if architecture == "bert":
