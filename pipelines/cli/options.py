@@ -19,15 +19,14 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from pydantic import Field, create_model
 from rich.console import Console
 
 from pipelines.datasets.names import resolve_names
-from pipelines.runtime.config import EvaluatorConfig, RunConfig, Strict, UserError, load_config
+from pipelines.runtime.config import UserError, load_config
 from pipelines.runtime.costs import BudgetReached
 from pipelines.runtime.lines import FileChanged
-from pipelines.runtime.protocol import RunRequest, Study
-from pipelines.runtime.roles import RoleSpec, parse_role_options
+from pipelines.runtime.protocol import RunRequest, Study, request_model
+from pipelines.runtime.roles import parse_role_options
 from pipelines.runtime.runstore import RunStoreError
 from serving.client import EndpointError
 from serving.embedded import EmbeddedModelMissing
@@ -178,18 +177,6 @@ class Shared:
             "run.max_run_tokens": self.max_run_tokens,
             "run.repeats": self.repeats,
         }
-
-
-def request_model(study: Study) -> type[Strict]:
-    """The whole configuration of a study's command: evaluator, run, and the study's options
-    under its own name (the YAML file uses the same sections)."""
-    fields: dict[str, Any] = {
-        "evaluator": (EvaluatorConfig, Field(default_factory=EvaluatorConfig)),
-        "roles": (dict[str, RoleSpec], Field(default_factory=dict)),
-        "run": (RunConfig, Field(default_factory=RunConfig)),
-        study.name: (study.Options, ...),
-    }
-    return create_model(f"{study.name.title()}Config", __base__=Strict, **fields)
 
 
 def load_request(study: Study, own: dict[str, Any], shared: Shared) -> RunRequest:

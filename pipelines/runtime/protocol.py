@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, create_model
 from rich.console import Console
 
 from pipelines.runtime.config import EvaluatorConfig, RunConfig, Strict, UserError, file_sha256
@@ -367,3 +367,15 @@ class ItemContext:
             usage=self.usage(),
             failure=failure,
         )
+
+
+def request_model(study: Study) -> type[Strict]:
+    """The whole configuration of a study's command: evaluator, run, and the study's options
+    under its own name (the YAML file uses the same sections)."""
+    fields: dict[str, Any] = {
+        "evaluator": (EvaluatorConfig, Field(default_factory=EvaluatorConfig)),
+        "roles": (dict[str, RoleSpec], Field(default_factory=dict)),
+        "run": (RunConfig, Field(default_factory=RunConfig)),
+        study.name: (study.Options, ...),
+    }
+    return create_model(f"{study.name.title()}Config", __base__=Strict, **fields)

@@ -1,0 +1,137 @@
+"""The Python API beside the ``groundcover`` command: run a framework (or a study) on its items and
+get the typed results back, or score one item outside a run.
+
+One configuration, three ways in: the sections a YAML file holds (``evaluator``, ``roles``,
+``run`` and the study's own options under its name) are keyword arguments here, a YAML file may
+give them first, and the command line's flags are the same fields. A run made here is an
+ordinary run directory: it resumes, and ``groundcover report`` reads it.
+
+    from pipelines.api import evaluate
+
+    done = evaluate(
+        "comprehensiveness",
+        options={"input": "examples/comprehensiveness.jsonl", "method": "qa"},
+        evaluator={"model": "gpt-oss-20b", "endpoint": "http://gpu:8000/v1"},
+        roles={"judge": "Qwen2.5-72B-Instruct@http://judge:8000/v1"},
+    )
+    print(done.summary["mean_score"], [r.score for r in done.results])
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pipelines.datasets.names import resolve_names
+from pipelines.runtime.config import load_config
+from pipelines.runtime.protocol import (
+    Framework,
+    ItemContext,
+    RunOutcome,
+    RunRequest,
+    request_model,
+)
+from pipelines.runtime.registry import framework, study
+from pipelines.runtime.results import ItemResult
+from pipelines.runtime.runner import execute, fixed_client, solve_item
+from serving.client import EvalClient
+
+__all__ = ["Evaluation", "ItemResult", "RunOutcome", "evaluate", "score_item"]
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    """What ``evaluate`` returns: every run of the study by its key (``""``: the only run of a
+    plain framework), each with its directory, per-item results, summary and tables."""
+
+    runs: dict[str, RunOutcome]
+
+    @property
+    def only(self) -> RunOutcome:
+        if len(self.runs) != 1:
+            raise ValueError(f"{len(self.runs)} runs: pick one of {sorted(self.runs)}")
+        return next(iter(self.runs.values()))
+
+    @property
+    def results(self) -> Sequence[ItemResult]:
+        return self.only.results
+
+    @property
+    def summary(self) -> dict[str, Any]:
+        return self.only.summary
+
+    @property
+    def tables(self) -> dict[str, Any] | None:
+        return self.only.tables
+
+    @property
+    def run_dir(self) -> Path:
+        return self.only.dir
+
+
+def evaluate(
+    name: str,
+    config: str | Path | None = None,
+    *,
+    options: Mapping[str, Any] | None = None,
+    evaluator: Mapping[str, Any] | None = None,
+    roles: Mapping[str, str | Mapping[str, Any]] | None = None,
+    run: Mapping[str, Any] | None = None,
+    client: EvalClient | None = None,
+    no_cache: bool = False,
+    quiet: bool = True,
+) -> Evaluation:
+    """Run (or resume) framework or study ``name`` as ``groundcover eval NAME`` would.
+
+    ``config``: a YAML file with the same sections, read first; the keyword sections override
+    it field by field. ``roles``: ``{"judge": "MODEL@URL"}`` as ``--role`` takes them.
+    ``client``: an open client that answers every role (a notebook's own ``EvalClient``);
+    without it each role's model is connected or started as on the command line. Bad input
+    raises ``UserError`` with the same one line the command prints."""
+    found = study(name)
+    overrides: dict[str, Any] = {}
+    for section, values in (
+        ("evaluator", evaluator),
+        ("roles", roles),
+        ("run", run),
+        (found.name, options),
+    ):
+        for key, value in (values or {}).items():
+            overrides[f"{section}.{key}"] = str(value) if isinstance(value, Path) else value
+    cfg: Any = load_config(request_model(found), Path(config) if config else None, overrides)
+    request = RunRequest(
+        cfg.evaluator, cfg.run, resolve_names(getattr(cfg, found.name)), dict(cfg.roles)
+    )
+    opener = None if client is None else (lambda ev, run_dir: fixed_client(client))
+    return Evaluation(execute(found, request, no_cache=no_cache, quiet=quiet, open_client=opener))
+
+
+async def score_item(
+    name: str,
+    item: Any,
+    clients: EvalClient | Mapping[str, EvalClient],
+    options: Mapping[str, Any] | Any = None,
+    *,
+    resources: Any = None,
+    run_dir: Path | None = None,
+) -> ItemResult:
+    """One item scored outside a run, by the framework's own ``solve``: a stage that stays
+    unparseable, or an error, is recorded in the result as a run records it. ``clients``: one
+    client for every role, or one per role. ``options``: the framework's options (a mapping or
+    its ``Options`` model); ``resources``: what the framework's ``setup`` returns, where it
+    needs one (an index, an NLI scorer)."""
+    fw: Framework = framework(name)
+    if not isinstance(options, fw.Options):
+        options = fw.Options.model_validate(dict(options or {}))
+    ctx = ItemContext(
+        str(item.id),
+        clients if isinstance(clients, EvalClient) else dict(clients),
+        options,
+        resources,
+        run_dir or Path("."),
+        options.max_reasks,
+        fw,
+    )
+    return await solve_item(fw, item, ctx)
