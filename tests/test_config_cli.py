@@ -15,6 +15,7 @@ from pipelines.runtime.config import (
     read_jsonl,
 )
 from pipelines.runtime.lines import FileChanged
+from pipelines.runtime.registry import PACKAGES
 
 runner = CliRunner()
 
@@ -41,6 +42,18 @@ def test_the_cli_imports_no_statistics_or_model_library_until_a_command_needs_on
     command = [sys.executable, "-c", probe.format(sorted(heavy))]
     done = subprocess.run(command, capture_output=True, text=True, check=True)
     assert done.stdout.strip() == "[]", done.stdout
+
+
+@pytest.mark.parametrize("package", PACKAGES)
+def test_each_framework_imports_first_in_a_fresh_interpreter(package):
+    """A framework imported before the CLI (a notebook, a script, a Ray worker) loads: the CLI
+    package builds its app only when asked for it, so no import runs in a circle."""
+    import subprocess
+    import sys
+
+    command = [sys.executable, "-c", f"import {package}"]
+    done = subprocess.run(command, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
 
 
 def test_every_command_has_help():
