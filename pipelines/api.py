@@ -31,6 +31,7 @@ from pipelines.runtime.protocol import (
     ItemContext,
     RunOutcome,
     RunRequest,
+    Study,
     request_model,
 )
 from pipelines.runtime.registry import framework, study
@@ -100,12 +101,18 @@ def evaluate(
     ):
         for key, value in (values or {}).items():
             overrides[f"{section}.{key}"] = str(value) if isinstance(value, Path) else value
-    cfg: Any = load_config(request_model(found), Path(config) if config else None, overrides)
-    request = RunRequest(
-        cfg.evaluator, cfg.run, resolve_names(getattr(cfg, found.name)), dict(cfg.roles)
-    )
+    request = request_from(found, Path(config) if config else None, overrides)
     opener = None if client is None else (lambda ev, run_dir: fixed_client(client))
     return Evaluation(execute(found, request, no_cache=no_cache, quiet=quiet, open_client=opener))
+
+
+def request_from(found: Study, yaml_path: Path | None, overrides: dict[str, Any]) -> RunRequest:
+    """The one way a run's configuration is built, for the command line and for ``evaluate``:
+    the YAML file's sections, then dotted overrides (``evaluator.model``, ``<study>.input``),
+    validated together; a dataset name given for a path becomes the catalogued file."""
+    cfg: Any = load_config(request_model(found), yaml_path, overrides)
+    options = resolve_names(getattr(cfg, found.name))
+    return RunRequest(cfg.evaluator, cfg.run, options, dict(cfg.roles))
 
 
 async def score_item(

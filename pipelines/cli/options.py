@@ -21,11 +21,11 @@ from typing import Annotated, Any
 import typer
 from rich.console import Console
 
-from pipelines.datasets.names import resolve_names
-from pipelines.runtime.config import UserError, load_config
+from pipelines.api import request_from  # the one configuration builder, CLI and API
+from pipelines.runtime.config import UserError
 from pipelines.runtime.costs import BudgetReached
 from pipelines.runtime.lines import FileChanged
-from pipelines.runtime.protocol import RunRequest, Study, request_model
+from pipelines.runtime.protocol import RunRequest, Study
 from pipelines.runtime.roles import parse_role_options
 from pipelines.runtime.runstore import RunStoreError
 from serving.client import EndpointError
@@ -186,9 +186,7 @@ def load_request(study: Study, own: dict[str, Any], shared: Shared) -> RunReques
         key if key.startswith("roles.") else f"{study.name}.{key}": _plain(value)
         for key, value in own.items()
     }
-    cfg: Any = load_config(request_model(study), shared.config, overrides | shared.overrides())
-    options = resolve_names(getattr(cfg, study.name))  # --data NAME: the catalogued file
-    return RunRequest(cfg.evaluator, cfg.run, options, dict(cfg.roles))
+    return request_from(study, shared.config, overrides | shared.overrides())
 
 
 def _plain(value: Any) -> Any:
