@@ -22,7 +22,8 @@ import statistics
 import time
 from pathlib import Path
 
-from pipelines.comprehensiveness import ComprehensivenessOptions, Item, evaluate_item
+from pipelines.comprehensiveness.common import ComprehensivenessOptions, Item
+from pipelines.comprehensiveness.framework import evaluate_item
 from serving.client import EvalClient
 from serving.launcher import endpoint_or_local
 

@@ -98,7 +98,7 @@ def bench_retrieval(index, responses: list[list[str]], k: int) -> None:
 
 
 def bench_full(tmp: Path, index_dir: Path, model_path: str, n: int) -> None:
-    from pipelines.icat import ICAT, IcatOptions
+    from pipelines.icat.framework import ICAT, IcatOptions
     from pipelines.runtime.config import EvaluatorConfig, RunConfig
     from pipelines.runtime.protocol import RunRequest
     from pipelines.runtime.runner import execute

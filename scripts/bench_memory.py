@@ -30,7 +30,7 @@ FILLER = (
 
 def one_run(size: int, tmp: Path) -> None:
     """In a fresh process: write the items, run them, print the peak RSS in KB."""
-    from pipelines.generate import GENERATE, GenerateOptions
+    from pipelines.generate.framework import GENERATE, GenerateOptions
     from pipelines.runtime.config import EvaluatorConfig, RunConfig
     from pipelines.runtime.protocol import RunRequest
     from pipelines.runtime.runner import execute, fixed_client

@@ -72,7 +72,7 @@ def one_run(args) -> None:
     run = RunConfig(run_dir=args.tmp / "run", cache=(args.tmp / "c.sqlite") if args.cache else None)
     kwargs: dict = {"quiet": not args.progress}
     if args.framework == "generate":
-        from pipelines.generate import GENERATE, GenerateOptions
+        from pipelines.generate.framework import GENERATE, GenerateOptions
 
         study, request = GENERATE, RunRequest(evaluator, run, GenerateOptions(input=path))
     elif args.framework == "fanoutqa":
@@ -85,7 +85,7 @@ def one_run(args) -> None:
         client = ScriptedClient(FANOUT_SCRIPTS, check_constraints=False, keep_calls=False)
         kwargs["open_client"] = lambda ev, d: fixed_client(client)
     else:
-        from pipelines.comprehensiveness import ComprehensivenessOptions
+        from pipelines.comprehensiveness.common import ComprehensivenessOptions
         from pipelines.comprehensiveness.framework import COMPREHENSIVENESS
         from tests.support.scripted import ScriptedClient
         from tests.test_exact_scores import NLI_SCRIPTS

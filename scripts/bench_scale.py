@@ -505,7 +505,7 @@ def vllm_bench(
 
 
 def items(n: int):
-    from pipelines.comprehensiveness import Item
+    from pipelines.comprehensiveness.common import Item
 
     rows = [json.loads(line) for line in WC.read_text().splitlines()[:n]] if WC.is_file() else []
     if not rows:
@@ -527,7 +527,7 @@ def items(n: int):
 async def run_items(
     url: str, model: str, todo, options, concurrent: bool, cache=None, judge=None
 ) -> tuple[float, list]:
-    from pipelines.comprehensiveness import evaluate_item
+    from pipelines.comprehensiveness.framework import evaluate_item
     from serving.client import EvalClient
 
     async with EvalClient(
@@ -589,7 +589,7 @@ def bench_llm(tmp: Path, args) -> None:
 
 
 def bench_items(url: str, model: str, tmp: Path, args) -> None:
-    from pipelines.comprehensiveness import ComprehensivenessOptions
+    from pipelines.comprehensiveness.common import ComprehensivenessOptions
     from pipelines.comprehensiveness.nli_method import LlmNli
     from pipelines.comprehensiveness.pruning import PrunedJudge, Pruner, edge_recall
     from serving.cache import ResponseCache

@@ -11,7 +11,7 @@ import pytest
 import typer
 
 from pipelines.cli.options import clean_errors
-from pipelines.comprehensiveness import ComprehensivenessOptions
+from pipelines.comprehensiveness.common import ComprehensivenessOptions
 from pipelines.comprehensiveness.framework import COMPREHENSIVENESS
 from pipelines.runtime.config import EvaluatorConfig, RunConfig, UserError
 from pipelines.runtime.costs import BudgetReached, ModelPrice, cost_table, load_prices

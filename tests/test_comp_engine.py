@@ -8,7 +8,8 @@ import pytest
 from typer.testing import CliRunner
 
 from pipelines.cli import app
-from pipelines.comprehensiveness import ComprehensivenessOptions, Item, evaluate_item
+from pipelines.comprehensiveness.common import ComprehensivenessOptions, Item
+from pipelines.comprehensiveness.framework import evaluate_item
 from pipelines.comprehensiveness.nli_method import LlmNli
 from serving.client import EvalClient
 from tests.conftest import SHARED

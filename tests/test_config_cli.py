@@ -6,7 +6,7 @@ import pytest
 from typer.testing import CliRunner
 
 from pipelines.cli import app
-from pipelines.generate import GenerateItem
+from pipelines.generate.framework import GenerateItem
 from pipelines.runtime.config import (
     EvaluatorConfig,
     UserError,

@@ -169,7 +169,7 @@ def test_every_frameworks_table_counts_not_scored_the_same_way(tmp_path):
 
 
 def test_comprehensiveness_rules_are_one_frozen_object_per_protocol():
-    from pipelines.comprehensiveness import ComprehensivenessOptions
+    from pipelines.comprehensiveness.common import ComprehensivenessOptions
     from pipelines.comprehensiveness.rules import rules_for
 
     paper = ComprehensivenessOptions(protocol="paper")

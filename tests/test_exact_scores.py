@@ -11,7 +11,8 @@ import json
 
 import pytest
 
-from pipelines.comprehensiveness import ComprehensivenessOptions, Item, evaluate_item
+from pipelines.comprehensiveness.common import ComprehensivenessOptions, Item
+from pipelines.comprehensiveness.framework import evaluate_item
 from pipelines.comprehensiveness.nli_method import LlmNli
 from tests.support.scripted import Reply, ScriptedClient, by_text, field_of, label, marked
 

@@ -9,9 +9,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pipelines.icat import IcatOptions
 from pipelines.icat.data import load_queries
-from pipelines.icat.framework import Icat, parse_aspects, parse_claims
+from pipelines.icat.framework import Icat, IcatOptions, parse_aspects, parse_claims
 from pipelines.icat.scoring import (
     covered_by_qrels,
     first_entailing,

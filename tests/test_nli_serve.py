@@ -88,7 +88,7 @@ def test_a_serve_app_scores_as_the_local_scorer(tiny_nli):
 
 
 def test_placement_options_are_checked_in_one_line():
-    from pipelines.comprehensiveness import ComprehensivenessOptions
+    from pipelines.comprehensiveness.common import ComprehensivenessOptions
     from pipelines.runtime.nli_placement import parse_resources
 
     base = {"nli_backend": "cross-encoder", "nli_model": "m", "method": "nli"}

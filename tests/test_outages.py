@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from pipelines.generate import GENERATE, GenerateOptions
+from pipelines.generate.framework import GENERATE, GenerateOptions
 from pipelines.runtime.runstore import RunStoreError
 from tests.conftest import require_engine, tiny_server
 from tests.support.scripted import ScriptedClient

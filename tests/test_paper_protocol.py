@@ -9,8 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from pipelines.comprehensiveness import ComprehensivenessOptions, Item, evaluate_item, qa_method
-from pipelines.comprehensiveness.framework import _mean_with_ci
+from pipelines.comprehensiveness import qa_method
+from pipelines.comprehensiveness.common import ComprehensivenessOptions, Item
+from pipelines.comprehensiveness.framework import _mean_with_ci, evaluate_item
 from pipelines.comprehensiveness.graph import Judgement, edges_from_judgements
 from pipelines.comprehensiveness.meta import lmr_wikicontradict
 from pipelines.comprehensiveness.nli_method import LlmNli

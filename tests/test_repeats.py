@@ -10,7 +10,7 @@ import pytest
 from typer.testing import CliRunner
 
 from pipelines.cli import app
-from pipelines.comprehensiveness import ComprehensivenessOptions
+from pipelines.comprehensiveness.common import ComprehensivenessOptions
 from pipelines.comprehensiveness.framework import COMPREHENSIVENESS
 from pipelines.reports.compare import compare_runs
 from pipelines.runtime.config import EvaluatorConfig, RunConfig, UserError

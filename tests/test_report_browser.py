@@ -68,7 +68,7 @@ def test_report_in_a_real_browser(tmp_path):
 def test_fact_graph_is_drawn_in_the_drill_down(tmp_path):
     import json
 
-    from pipelines.comprehensiveness import ComprehensivenessOptions
+    from pipelines.comprehensiveness.common import ComprehensivenessOptions
     from pipelines.comprehensiveness.framework import COMPREHENSIVENESS
     from tests.support.scripted import ScriptedClient
     from tests.test_paper_protocol import ITEM, QA_SCRIPTS

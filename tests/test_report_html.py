@@ -11,7 +11,7 @@ import pytest
 from typer.testing import CliRunner
 
 from pipelines.cli import app
-from pipelines.comprehensiveness import ComprehensivenessOptions
+from pipelines.comprehensiveness.common import ComprehensivenessOptions
 from pipelines.comprehensiveness.framework import COMPREHENSIVENESS
 from pipelines.reports.report_html import export_scores, render
 from pipelines.runtime.runstore import RunStoreError
@@ -109,7 +109,7 @@ def test_an_older_format_is_refused_in_one_line(tmp_path):
 
 
 def test_framework_figures_lmr_and_icat_beta_sweep(tmp_path):
-    from pipelines.icat import IcatOptions
+    from pipelines.icat.framework import IcatOptions
     from tests.test_icat import P_ENTAIL, SCRIPTS, StandInIcat, write_inputs
     from tests.test_runtime import WC_ROW, wc_client
 

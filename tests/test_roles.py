@@ -409,7 +409,7 @@ def test_crux_generator_and_rater_are_different_models(tmp_path):
 
 
 def test_eli5_says_when_the_judge_is_the_responder(tmp_path):
-    from pipelines.comprehensiveness import ComprehensivenessOptions
+    from pipelines.comprehensiveness.common import ComprehensivenessOptions
     from pipelines.comprehensiveness.framework import ELI5, Eli5Options
 
     questions = tmp_path / "q.jsonl"

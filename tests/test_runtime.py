@@ -11,7 +11,7 @@ import pytest
 from typer.testing import CliRunner
 
 from pipelines.cli import app
-from pipelines.comprehensiveness import ComprehensivenessOptions
+from pipelines.comprehensiveness.common import ComprehensivenessOptions
 from pipelines.comprehensiveness.framework import COMPREHENSIVENESS
 from pipelines.comprehensiveness.reproduce import REPRODUCE, ReproduceOptions
 from pipelines.fanoutqa.framework import FANOUTQA, FanoutOptions
@@ -330,7 +330,7 @@ def test_fanoutqa_table_by_hand(tmp_path):
 def test_items_file_changed_mid_run_stops_it_and_restoring_it_resumes(tmp_path):
     """Items are parsed again when a worker takes them: a file edited under a running run stops
     it (what finished stays recorded) instead of answering other questions under the old id."""
-    from pipelines.generate import GENERATE, GenerateOptions
+    from pipelines.generate.framework import GENERATE, GenerateOptions
     from pipelines.runtime.lines import FileChanged
 
     items = tmp_path / "items.jsonl"

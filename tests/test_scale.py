@@ -68,7 +68,8 @@ def pruner_model():
 
 
 async def judged_with(threshold: float | None, pruner) -> tuple[dict, int]:
-    from pipelines.comprehensiveness import ComprehensivenessOptions, evaluate_item
+    from pipelines.comprehensiveness.common import ComprehensivenessOptions
+    from pipelines.comprehensiveness.framework import evaluate_item
     from pipelines.comprehensiveness.nli_method import LlmNli
     from pipelines.comprehensiveness.pruning import PrunedJudge
     from tests.support.scripted import ScriptedClient
@@ -113,7 +114,7 @@ async def test_pruning_skips_far_pairs_and_reports_recall(pruner_model):
 
 
 def test_pruning_is_refused_in_the_paper_protocol():
-    from pipelines.comprehensiveness import ComprehensivenessOptions
+    from pipelines.comprehensiveness.common import ComprehensivenessOptions
 
     with pytest.raises(ValueError, match="pruning is off in the paper protocol"):
         ComprehensivenessOptions(method="nli", prune_below=0.3)
@@ -124,7 +125,7 @@ def test_comprehensiveness_cross_encoder_on_ray_actors_equals_local(tiny_nli, ra
     two Ray Data actors -- the same relations (labels and probabilities) and scores."""
     import json
 
-    from pipelines.comprehensiveness import ComprehensivenessOptions
+    from pipelines.comprehensiveness.common import ComprehensivenessOptions
     from pipelines.comprehensiveness.framework import COMPREHENSIVENESS
     from tests.support.scripted import ScriptedClient
     from tests.test_exact_scores import ITEM, NLI_SCRIPTS

@@ -1,18 +1,10 @@
 """What every framework command shares, declared once: the evaluator and run options, the
-YAML + flags configuration, and turning expected failures into one line and an exit code.
-
-A framework's command declares only its own options and returns them as overrides of its
-``Options``; ``framework_command`` adds the shared options (one help group) and runs the study.
-
-    @framework_command(GARAGE)
-    def eval_garage(input: Annotated[Path, typer.Argument()], limit: ... = None) -> dict:
-        return {"input": input, "limit": limit}
-"""
+YAML + flags configuration, and turning expected failures into one line and an exit code. The
+framework commands themselves are built from their declarations in ``frameworks``."""
 
 from __future__ import annotations
 
 import functools
-import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,22 +13,26 @@ from typing import Annotated, Any
 import typer
 from rich.console import Console
 
-from pipelines.api import request_from  # the one configuration builder, CLI and API
-from pipelines.runtime.config import UserError
-from pipelines.runtime.costs import BudgetReached
-from pipelines.runtime.lines import FileChanged
-from pipelines.runtime.protocol import RunRequest, Study
-from pipelines.runtime.roles import parse_role_options
-from pipelines.runtime.runstore import RunStoreError
-from serving.client import EndpointError
-from serving.embedded import EmbeddedModelMissing
-from serving.launcher import ServerStartError
-from serving.registry import UnknownModelError
-
 PANEL = "Evaluator and run options (shared by every framework)"
-USER_ERRORS = (UserError, RunStoreError, UnknownModelError, EmbeddedModelMissing, FileChanged)
-RUNTIME_ERRORS = (ServerStartError, EndpointError)
 console = Console(stderr=True)
+
+
+def expected_errors() -> tuple[
+    tuple[type[Exception], ...], type[Exception], tuple[type[Exception], ...]
+]:
+    """(bad input or configuration, a budget reached, a server or endpoint failing), imported
+    when a command runs, not when the CLI starts."""
+    from pipelines.runtime.config import UserError
+    from pipelines.runtime.costs import BudgetReached
+    from pipelines.runtime.lines import FileChanged
+    from pipelines.runtime.runstore import RunStoreError
+    from serving.client import EndpointError
+    from serving.embedded import EmbeddedModelMissing
+    from serving.launcher import ServerStartError
+    from serving.registry import UnknownModelError
+
+    user = (UserError, RunStoreError, UnknownModelError, EmbeddedModelMissing, FileChanged)
+    return user, BudgetReached, (ServerStartError, EndpointError)
 
 
 def clean_errors(command: Callable) -> Callable:
@@ -44,15 +40,16 @@ def clean_errors(command: Callable) -> Callable:
 
     @functools.wraps(command)
     def wrapper(*args, **kwargs):
+        user_errors, budget_reached, runtime_errors = expected_errors()
         try:
             return command(*args, **kwargs)
-        except USER_ERRORS as exc:  # bad input or configuration: nothing was written
+        except user_errors as exc:  # bad input or configuration: nothing was written
             console.print(f"[red]error:[/red] {exc}", highlight=False, soft_wrap=True)
             raise typer.Exit(2) from None
-        except BudgetReached as exc:  # the run is partial on purpose: a distinct exit code
+        except budget_reached as exc:  # the run is partial on purpose: a distinct exit code
             console.print(f"stopped: {exc}", highlight=False, soft_wrap=True)
             raise typer.Exit(3) from None
-        except RUNTIME_ERRORS as exc:
+        except runtime_errors as exc:
             console.print(f"[red]error:[/red] {exc}", highlight=False, soft_wrap=True)
             console.print("finished items are saved; rerun the same command to resume")
             raise typer.Exit(1) from None
@@ -62,6 +59,7 @@ def clean_errors(command: Callable) -> Callable:
 
 def parse_loras(values: list[str] | None) -> dict[str, str]:
     """NAME=PATH, or NAME of an adapter registered with `finetune claims register`."""
+    from pipelines.runtime.config import UserError
     from serving.adapters import registered
 
     out = {}
@@ -159,6 +157,8 @@ class Shared:
 
     def overrides(self) -> dict[str, Any]:
         """Dotted config keys; None means 'not given' (the YAML file or the default stands)."""
+        from pipelines.runtime.roles import parse_role_options
+
         roles = {f"roles.{r}": spec for r, spec in parse_role_options(self.role).items()}
         return roles | {
             "evaluator.model": self.model,
@@ -179,86 +179,14 @@ class Shared:
         }
 
 
-def load_request(study: Study, own: dict[str, Any], shared: Shared) -> RunRequest:
-    """The command's configuration; a command's ``roles.<role>`` keys (``--extractor``) set a
-    role like ``--role`` does, which wins over them."""
+def load_request(study: Any, own: dict[str, Any], shared: Shared) -> Any:
+    """The command's ``RunRequest``: its own options (dotted keys of the study's options; a
+    ``roles.<role>`` key sets a role like ``--role`` does, which wins over it), the shared
+    options and the YAML file, by the one configuration builder of the CLI and the API."""
+    from pipelines.api import request_from
+
     overrides = {
-        key if key.startswith("roles.") else f"{study.name}.{key}": _plain(value)
+        key if key.startswith("roles.") else f"{study.name}.{key}": value
         for key, value in own.items()
     }
     return request_from(study, shared.config, overrides | shared.overrides())
-
-
-def _plain(value: Any) -> Any:
-    return str(value) if isinstance(value, Path) else value
-
-
-def framework_command(study: Study) -> Callable[[Callable[..., dict]], Callable[..., None]]:
-    """Turn ``fn(**own options) -> overrides`` into a command with the shared options added."""
-
-    def decorate(fn: Callable[..., dict]) -> Callable[..., None]:
-        own = inspect.signature(fn, eval_str=True)
-
-        def command(**kwargs: Any) -> None:
-            from pipelines.runtime.runner import execute
-
-            shared = Shared(**{name: kwargs.pop(name) for name in SHARED_OPTIONS})
-            request = load_request(study, fn(**kwargs), shared)
-            if shared.pilot is not None and (shared.pilot < 1 or shared.dry_run):
-                raise UserError("--pilot K needs K >= 1 and no --dry-run (a pilot runs items)")
-            execute(
-                study,
-                request,
-                no_cache=shared.no_cache,
-                quiet=shared.quiet,
-                dry_run=shared.dry_run,
-                pilot=shared.pilot,
-            )
-
-        shared_params = [
-            inspect.Parameter(
-                name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=annotation
-            )
-            for name, (annotation, default) in SHARED_OPTIONS.items()
-        ]
-        params = [p.replace(kind=inspect.Parameter.KEYWORD_ONLY) for p in own.parameters.values()]
-        command.__signature__ = own.replace(parameters=params + shared_params)  # type: ignore
-        command.__annotations__ = {p.name: p.annotation for p in params + shared_params}
-        roles = "; ".join(f"{role}: {what}" for role, what in study.roles.items())
-        command.__name__ = fn.__name__
-        command.__doc__ = f"{fn.__doc__ or ''}\n\nRoles (--role=ROLE=MODEL...): {roles}."
-        return clean_errors(command)
-
-    return decorate
-
-
-# ---- where a cross-encoder runs (pipelines.runtime.nli_placement) ----
-
-NliReplicasOpt = Annotated[
-    int | None, typer.Option(help="NLI on a Ray Serve app of N replicas (0: here)")
-]
-NliAppOpt = Annotated[
-    str | None, typer.Option(help="NLI on the running Serve app NAME (`serve --nli`)")
-]
-NliBulkOpt = Annotated[
-    bool | None, typer.Option("--nli-bulk", help="NLI replicas as Ray Data actors per call")
-]
-NliWaitOpt = Annotated[
-    float | None, typer.Option(help="seconds to wait for a live NLI replica, then stop (120)")
-]
-NliResourcesOpt = Annotated[
-    str | None, typer.Option(help='Ray resources per NLI replica, JSON: {"CPU": 4, "nli": 1}')
-]
-
-
-def nli_overrides(
-    replicas: int | None,
-    app: str | None,
-    bulk: bool | None,
-    resources: str | None,
-    wait: float | None,
-) -> dict[str, Any]:
-    """The NLI placement options a command was given (None: not given, the config's value
-    stays; ``pipelines.runtime.nli_placement``)."""
-    given = {"replicas": replicas, "app": app, "bulk": bulk, "resources": resources, "wait": wait}
-    return {f"nli_{name}": value for name, value in given.items()}

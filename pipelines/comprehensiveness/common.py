@@ -44,7 +44,7 @@ class ComprehensivenessOptions(FrameworkOptions, NliPlacement):
     dataset: Dataset = Field("items", description="items | wikicontradict | conflictbank")
     limit: int | None = Field(None, ge=1, description="only the first N data rows")
     resamples: int = Field(10_000, ge=100, description="bootstrap resamples of LMR intervals")
-    method: Method = "qa"
+    method: Method = Field("qa", description="NLI-based, Q&A-based or end-to-end")
     protocol: Protocol = Field("paper", description="paper (authors' code) | spec")
     t_rel: float = Field(
         3.5, ge=1, le=5, description="keep context atoms/questions scoring >= this"
@@ -53,7 +53,9 @@ class ComprehensivenessOptions(FrameworkOptions, NliPlacement):
     summarise: bool | None = Field(
         None, description="condense each context to the query first (default: on in paper)"
     )
-    nli_backend: Literal["llm", "cross-encoder"] = "llm"
+    nli_backend: Literal["llm", "cross-encoder"] = Field(
+        "llm", description="NLI by the judge model or by a cross-encoder (nli_model)"
+    )
     nli_model: str | None = Field(
         None, description="NLI checkpoint (name or path) for cross-encoder"
     )

@@ -13,15 +13,12 @@ import dataclasses
 import functools
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Any
 
-import typer
 from pydantic import BaseModel, ConfigDict, Field
 from rich.console import Console
 from rich.table import Table
 
-from pipelines.cli import options
-from pipelines.cli.options import framework_command
 from pipelines.comprehensiveness import e2e_method, meta, nli_method, qa_method
 from pipelines.comprehensiveness.common import (
     PROMPTS,
@@ -39,7 +36,7 @@ from pipelines.comprehensiveness.graph import (
     source_counts,
 )
 from pipelines.comprehensiveness.rules import Rules
-from pipelines.generate import GENERATE, GenerateItem, GenerateOptions
+from pipelines.generate.framework import GENERATE, GenerateItem, GenerateOptions
 from pipelines.runtime.config import EvaluatorConfig, UserError, read_jsonl
 from pipelines.runtime.nli_placement import PLACEMENT_FIELDS
 from pipelines.runtime.protocol import (
@@ -233,9 +230,13 @@ async def evaluate_item(
 class Eli5Options(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    input: Path
-    responders: list[str] = Field(default_factory=list, description="default: the answer role")
-    methods: list[Method] = Field(default=["qa", "e2e"], min_length=1)
+    input: Path = Field(description="JSONL: id, query, contexts (background texts)")
+    responders: list[str] = Field(
+        default_factory=list, description="answering MODEL or MODEL@URL (default: the answer role)"
+    )
+    methods: list[Method] = Field(
+        default=["qa", "e2e"], min_length=1, description="the methods each answer is scored by"
+    )
     metric: ComprehensivenessOptions = Field(default_factory=ComprehensivenessOptions)
 
 
@@ -378,113 +379,3 @@ def _eli5_paper(responder: str) -> dict[str, float]:
 
 
 ELI5 = Eli5()
-
-
-# ---- commands ----------------------------------------------------------------------------------
-
-MethodOpt = Annotated[str | None, typer.Option(help="nli | qa | e2e (default qa)")]
-
-
-@framework_command(COMPREHENSIVENESS)
-def eval_comprehensiveness(
-    input: Annotated[Path, typer.Argument(help="JSONL: id, query, response, contexts")],
-    method: MethodOpt = None,
-    t_rel: Annotated[float | None, typer.Option(help="relevance threshold (3.5)")] = None,
-    t_conf: Annotated[float | None, typer.Option(help="confidence threshold (2)")] = None,
-    protocol: Annotated[str | None, typer.Option(help="paper (default) | spec")] = None,
-    summarise: Annotated[
-        bool | None, typer.Option(help="condense contexts first (paper: on)")
-    ] = None,
-    nli_backend: Annotated[str | None, typer.Option(help="llm | cross-encoder")] = None,
-    nli_model: Annotated[str | None, typer.Option(help="cross-encoder checkpoint")] = None,
-    nli_replicas: options.NliReplicasOpt = None,
-    nli_app: options.NliAppOpt = None,
-    nli_bulk: options.NliBulkOpt = None,
-    nli_resources: options.NliResourcesOpt = None,
-    nli_wait: options.NliWaitOpt = None,
-    prune_below: Annotated[
-        float | None, typer.Option(help="skip NLI pairs below this cosine (spec only)")
-    ] = None,
-    prune_model: Annotated[str | None, typer.Option(help="embedder for pruning")] = None,
-    tools: Annotated[bool | None, typer.Option(help="comparator may call the units tool")] = None,
-    limit: Annotated[int | None, typer.Option(help="only the first N items")] = None,
-) -> dict[str, Any]:
-    """Comprehensiveness of each response against its contexts (NLI, Q&A or end-to-end)."""
-    return {
-        "input": input,
-        "method": method,
-        "t_rel": t_rel,
-        "t_conf": t_conf,
-        "protocol": protocol,
-        "summarise": summarise,
-        "nli_backend": nli_backend,
-        "nli_model": nli_model,
-        "prune_below": prune_below,
-        "prune_model": prune_model,
-        "tools": tools,
-        "limit": limit,
-        **options.nli_overrides(nli_replicas, nli_app, nli_bulk, nli_resources, nli_wait),
-    }
-
-
-ProtocolOpt = Annotated[str | None, typer.Option(help="paper (default) | spec")]
-ResamplesOpt = Annotated[int | None, typer.Option(help="bootstrap resamples (10,000)")]
-
-
-@framework_command(COMPREHENSIVENESS)
-def meta_eval_wikicontradict(
-    data: Annotated[
-        Path | None,
-        typer.Option(help="human-evaluation JSONL or dataset name (wikicontradict-humaneval)"),
-    ] = None,
-    method: MethodOpt = None,
-    limit: Annotated[int | None, typer.Option(help="only the first N rows")] = None,
-    resamples: ResamplesOpt = None,
-    protocol: ProtocolOpt = None,
-) -> dict[str, Any]:
-    """LMR_WC of comprehensiveness on WikiContradict, per label, with a 95% BCa interval;
-    writes lmr.json (paper Figure 3)."""
-    return {
-        "dataset": "wikicontradict",
-        "input": data,
-        "method": method,
-        "limit": limit,
-        "resamples": resamples,
-        "protocol": protocol,
-    }
-
-
-@framework_command(COMPREHENSIVENESS)
-def meta_eval_conflictbank(
-    data: Annotated[
-        Path | None,
-        typer.Option(help="CB_qa_v2 train split (JSONL, Parquet) or dataset name (conflictbank)"),
-    ] = None,
-    method: MethodOpt = None,
-    limit: Annotated[int | None, typer.Option(help="sample size (500)")] = None,
-    resamples: ResamplesOpt = None,
-    protocol: ProtocolOpt = None,
-) -> dict[str, Any]:
-    """Strict / lax / mean LMR of comprehensiveness on ConflictBank, each with a 95% BCa
-    interval; writes lmr.json (paper Figures 4 and 7)."""
-    return {
-        "dataset": "conflictbank",
-        "input": data,
-        "method": method,
-        "limit": limit,
-        "resamples": resamples,
-        "protocol": protocol,
-    }
-
-
-@framework_command(ELI5)
-def eli5(
-    input: Annotated[Path, typer.Argument(help="JSONL: id, query, contexts (background texts)")],
-    responder: Annotated[
-        list[str] | None, typer.Option(help="answering model: MODEL or MODEL@URL (repeat)")
-    ] = None,
-    method: Annotated[list[str] | None, typer.Option(help="qa / e2e / nli (repeat)")] = None,
-) -> dict[str, Any]:
-    """ELI5-style study: each responder answers from the background texts only, then the
-    evaluator scores every answer's comprehensiveness (paper Figure 6 table)."""
-    return {"input": input, "responders": responder, "methods": method}

@@ -9,14 +9,12 @@ from __future__ import annotations
 
 import functools
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Any
 
-import typer
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from rich.console import Console
 from rich.table import Table
 
-from pipelines.cli.options import framework_command
 from pipelines.comprehensiveness import meta
 from pipelines.comprehensiveness.common import (
     DEFAULT_DATA,
@@ -48,9 +46,13 @@ class ReproduceOptions(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     models: list[str] = Field(min_length=1, description="MODEL or MODEL@URL, one per grid row")
-    methods: list[Method] = Field(default=["nli", "qa", "e2e"], min_length=1)
-    wikicontradict: Path | None = None
-    conflictbank: Path | None = None
+    methods: list[Method] = Field(
+        default=["nli", "qa", "e2e"], min_length=1, description="the grid's methods"
+    )
+    wikicontradict: Path | None = Field(
+        None, description="file or dataset name (wikicontradict-humaneval)"
+    )
+    conflictbank: Path | None = Field(None, description="file or dataset name (conflictbank)")
     metric: ComprehensivenessOptions = Field(default_factory=ComprehensivenessOptions)
 
     @model_validator(mode="after")
@@ -198,31 +200,3 @@ def _cell_text(entry: dict[str, Any] | None, published: float | None) -> str:
 
 
 REPRODUCE = Reproduce()
-
-
-@framework_command(REPRODUCE)
-def reproduce_comprehensiveness(
-    evaluators: Annotated[
-        list[str], typer.Option(help="evaluator MODEL or MODEL@URL (repeat: a grid row each)")
-    ],
-    method: Annotated[list[str] | None, typer.Option(help="nli / qa / e2e (repeat)")] = None,
-    wikicontradict: Annotated[
-        Path | None, typer.Option(help="file or dataset name (wikicontradict-humaneval)")
-    ] = None,
-    conflictbank: Annotated[
-        Path | None, typer.Option(help="file or dataset name (conflictbank)")
-    ] = None,
-    protocol: Annotated[str | None, typer.Option(help="paper (default) | spec")] = None,
-    limit: Annotated[int | None, typer.Option(help="rows per dataset (CB: sample size)")] = None,
-) -> dict[str, Any]:
-    """Figures 3-5 of the comprehensiveness paper: LMR on WikiContradict and ConflictBank for
-    every evaluator model x method, the average with an unpaired BCa interval, and the
-    published values beside ours. Resumes cell by cell."""
-    return {
-        "models": evaluators,
-        "methods": method,
-        "wikicontradict": wikicontradict,
-        "conflictbank": conflictbank,
-        "metric.protocol": protocol,
-        "metric.limit": limit,
-    }

@@ -16,13 +16,11 @@ import asyncio
 import json
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Any
 
-import typer
 from pydantic import Field
 from rich.console import Console
 
-from pipelines.cli.options import framework_command
 from pipelines.crux import metrics
 from pipelines.crux.framework import PROMPTS, rate
 from pipelines.runtime.config import Strict, UserError, iter_jsonl
@@ -46,7 +44,7 @@ BUILD_ROLES = {"writer": "the query, sub-questions and passages", "rate": "answe
 class BuildOptions(FrameworkOptions):
     input: Path = Field(description='JSONL: {"id", "summary", "documents": [...]}')
     questions: int = Field(10, ge=1, le=50, description="sub-questions per topic (DUC: 15)")
-    limit: int | None = Field(None, ge=1)
+    limit: int | None = Field(None, ge=1, description="only the first N records")
 
 
 class Record(Strict):
@@ -255,14 +253,3 @@ def _write(path: Path, text: str) -> None:
 
 BUILD = Build()
 BUILD_STUDY = BuildStudy()
-
-
-@framework_command(BUILD_STUDY)
-def crux_build(
-    input: Annotated[Path, typer.Argument(help='JSONL: {"id", "summary", "documents"}')],
-    questions: Annotated[int | None, typer.Option(help="sub-questions per topic (10)")] = None,
-    limit: Annotated[int | None, typer.Option(help="only the first N records")] = None,
-) -> dict[str, Any]:
-    """Build CRUX evaluation data from summarisation records: query, sub-questions, passages,
-    the full rating matrix, answerable filter, P** and graded qrels for eta 1..5. Resumable."""
-    return {"input": input, "questions": questions, "limit": limit}

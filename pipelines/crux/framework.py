@@ -10,14 +10,12 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Any, Literal
 
-import typer
 from pydantic import Field, model_validator
 from rich.console import Console
 from rich.table import Table
 
-from pipelines.cli.options import framework_command
 from pipelines.crux import data, metrics
 from pipelines.runtime.config import Strict
 from pipelines.runtime.protocol import Framework, FrameworkOptions, ItemContext
@@ -30,15 +28,17 @@ PROMPTS = load_dir(Path(__file__).parent / "prompts")
 class CruxOptions(FrameworkOptions):
     input: Path | None = Field(None, description="TREC run file")
     index: Path | None = Field(None, description="or: retrieve in place from this index")
-    mode: Literal["bm25", "dense", "hybrid"] = "bm25"
+    mode: Literal["bm25", "dense", "hybrid"] = Field(
+        "bm25", description="retrieval in place from the index"
+    )
     depth: int = Field(20, ge=1, description="passages retrieved per topic in place")
     mmr: float | None = Field(None, gt=0, le=1, description="MMR lambda (in place)")
     reranker: str | None = Field(None, description="cross-encoder reranking (in place)")
-    topics: Path
-    passages: Path
-    ratings: Path | None = None
+    topics: Path = Field(description="topics JSONL: topic, query, questions")
+    passages: Path = Field(description="passages JSONL: id, topic, text")
+    ratings: Path | None = Field(None, description="ratings JSONL (exchange format)")
     k: int | None = Field(None, ge=1, description="top-k of the run (default: |P**| per topic)")
-    eta: int = Field(metrics.ETA, ge=1, le=5)
+    eta: int = Field(metrics.ETA, ge=1, le=5, description="answerable at rating >= eta")
     rate: bool = Field(True, description="rate unrated pairs with the evaluator (else count 0)")
     tokenizer: str | None = Field(None, description="HF tokenizer for Den (default: words)")
     answers: Path | None = Field(None, description='results to rate: {"topic", "answer"} JSONL')
@@ -292,40 +292,3 @@ class Crux(Framework):
 
 
 CRUX = Crux()
-
-
-@framework_command(CRUX)
-def eval_crux(
-    topics: Annotated[Path, typer.Option(help="topics JSONL: topic, query, questions")],
-    passages: Annotated[Path, typer.Option(help="passages JSONL: id, topic, text")],
-    input: Annotated[
-        Path | None, typer.Argument(help="TREC run: qid Q0 docid rank score tag")
-    ] = None,
-    ratings: Annotated[Path | None, typer.Option(help="ratings JSONL (exchange format)")] = None,
-    k: Annotated[int | None, typer.Option(help="top-k (default |P**|)")] = None,
-    eta: Annotated[int | None, typer.Option(help="answerable at rating >= eta (3)")] = None,
-    rate: Annotated[bool | None, typer.Option(help="rate unrated pairs (else count 0)")] = None,
-    tokenizer: Annotated[str | None, typer.Option(help="HF tokenizer for Den")] = None,
-    answers: Annotated[Path | None, typer.Option(help="results JSONL: topic, answer")] = None,
-    generate: Annotated[bool | None, typer.Option(help="write a RAG answer from Z")] = None,
-    answer_tokens: Annotated[int | None, typer.Option(help="token cap of it (512)")] = None,
-    index: Annotated[Path | None, typer.Option(help="retrieve in place from this index")] = None,
-    mode: Annotated[str | None, typer.Option(help="bm25 | dense | hybrid (in place)")] = None,
-) -> dict[str, Any]:
-    """CRUX: Cov, alpha-nDCG and Den of a run's top-k contexts per topic against the oracle
-    P** of the ratings; unrated pairs rated on the fly (cached) or counted 0 with --no-rate."""
-    return {
-        "input": input,
-        "topics": topics,
-        "passages": passages,
-        "ratings": ratings,
-        "k": k,
-        "eta": eta,
-        "rate": rate,
-        "tokenizer": tokenizer,
-        "answers": answers,
-        "generate": generate,
-        "answer_tokens": answer_tokens,
-        "index": index,
-        "mode": mode,
-    }

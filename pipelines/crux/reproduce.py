@@ -12,14 +12,12 @@ from __future__ import annotations
 import functools
 import json
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Any, Literal
 
-import typer
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from rich.console import Console
 from rich.table import Table
 
-from pipelines.cli.options import framework_command
 from pipelines.crux import data
 from pipelines.crux.framework import CRUX, CruxOptions, TopicItem
 from pipelines.runtime.config import UserError
@@ -56,14 +54,35 @@ ETAS = range(1, 6)
 class ReproduceCruxOptions(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
+    data: Path | None = Field(
+        None, description="folder of `crux build` output: topics, passages, ratings"
+    )
     topics: Path = Field(description="topics JSONL (exchange format) or dataset name")
     passages: Path = Field(description="passages JSONL (exchange format)")
-    ratings: Path | None = None
+    ratings: Path | None = Field(None, description="ratings JSONL (exchange format)")
     index: Path | None = Field(None, description="an index of the passages (default: built)")
     reranker: str | None = Field(None, description="cross-encoder: adds the +rerank systems")
-    ks: list[str] = Field(default=["pstar", "10", "20"], min_length=1)
-    generate: bool = False
-    paper: Literal["duc", "multi-news"] | None = None
+    ks: list[str] = Field(
+        default=["pstar", "10", "20"], min_length=1, description="top-k values (pstar: |P**|)"
+    )
+    generate: bool = Field(False, description="RAG answers: Cov(y), Den(y) and Kendall's tau")
+    paper: Literal["duc", "multi-news"] | None = Field(
+        None, description="the paper's values beside ours for this dataset"
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _from_folder(cls, given: Any) -> Any:
+        """``data``: each of topics, passages and ratings not given is its file in the folder."""
+        if not isinstance(given, dict) or given.get("data") is None:
+            return given
+        folder = Path(given["data"])
+        found = {
+            name: folder / f"{name}.jsonl"
+            for name in ("topics", "passages", "ratings")
+            if given.get(name) is None and (folder / f"{name}.jsonl").is_file()
+        }
+        return given | found
 
     @field_validator("ks")
     @classmethod
@@ -214,35 +233,3 @@ def kendall(rows: list[dict[str, Any]], k: str) -> dict[str, float | None]:
 
 
 REPRODUCE_CRUX = ReproduceCrux()
-
-
-@framework_command(REPRODUCE_CRUX)
-def reproduce_crux(
-    data_dir: Annotated[
-        Path | None,
-        typer.Option("--data", help="folder of `crux build` output: topics, passages, ratings"),
-    ] = None,
-    topics: Annotated[Path | None, typer.Option(help="topics JSONL or dataset name")] = None,
-    passages: Annotated[Path | None, typer.Option(help="passages JSONL")] = None,
-    ratings: Annotated[Path | None, typer.Option(help="ratings JSONL")] = None,
-    index: Annotated[Path | None, typer.Option(help="an index of the passages")] = None,
-    reranker: Annotated[str | None, typer.Option(help="cross-encoder: the +rerank systems")] = None,
-    ks: Annotated[str | None, typer.Option(help="top-k values, e.g. pstar,10,20")] = None,
-    generate: Annotated[bool | None, typer.Option(help="RAG answers: Cov(y), Den(y), tau")] = None,
-    paper: Annotated[str | None, typer.Option(help="duc | multi-news: the paper's values")] = None,
-) -> dict[str, Any]:
-    """CRUX Table 1: BM25, dense and hybrid retrieval (each also with MMR and, with --reranker,
-    a cross-encoder) at every k, Cov(Z), alpha-nDCG and Den(Z) (with --generate also Cov(y),
-    Den(y) and Kendall's tau), Cov(Z) by threshold; unrated passages count 0, as in the paper."""
-    found = {"topics": topics, "passages": passages, "ratings": ratings}
-    if data_dir is not None:
-        for name in found:
-            if found[name] is None and (data_dir / f"{name}.jsonl").is_file():
-                found[name] = data_dir / f"{name}.jsonl"
-    return found | {
-        "index": index,
-        "reranker": reranker,
-        "generate": generate,
-        "paper": paper,
-        "ks": ks.split(",") if ks else None,
-    }

@@ -18,14 +18,12 @@ import json
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Any, Literal
 
-import typer
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from rich.console import Console
 from rich.table import Table
 
-from pipelines.cli.options import framework_command
 from pipelines.fanoutqa.metrics import ROUGE_TYPES, aggregate, answer_text, string_metrics
 from pipelines.runtime.config import (
     EvaluatorConfig,
@@ -145,11 +143,13 @@ class FanoutOptions(FrameworkOptions):
         Path("fanoutqa-dev"), description="questions JSON, or a dataset name (fanoutqa-dev)"
     )
     answers: Path | None = Field(None, description='answers made elsewhere: [{"id", "answer"}]')
-    settings: list[Setting] = Field(default=["closed-book"], min_length=1)
+    settings: list[Setting] = Field(
+        default=["closed-book"], min_length=1, description="the settings to answer in"
+    )
     articles: Path | None = Field(None, description="JSONL {pageid, title, text}")
     index: Path | None = Field(None, description="index of the articles (chars, 1024)")
     context_tokens: int | None = Field(None, ge=256, description="evidence budget in tokens")
-    judge: bool = False
+    judge: bool = Field(False, description="also run the A-F model judge")
     bleurt: Path | None = Field(None, description="BLEURT PyTorch checkpoint (absent if unset)")
     limit: int | None = Field(None, ge=1, description="only the first N questions")
 
@@ -521,38 +521,3 @@ def print_table(rows: dict[str, dict[str, Any]], console: Console) -> None:
 
 
 FANOUTQA = FanOutQA()
-
-
-@framework_command(FANOUTQA)
-def eval_fanoutqa(
-    data: Annotated[
-        Path | None, typer.Option(help="dev/test JSON or dataset name (default: fanoutqa-dev)")
-    ] = None,
-    setting: Annotated[
-        list[str] | None, typer.Option(help="closed-book | evidence | open-book (repeat)")
-    ] = None,
-    articles: Annotated[Path | None, typer.Option(help="JSONL {pageid, title, text}")] = None,
-    index: Annotated[Path | None, typer.Option(help="index dir of the articles")] = None,
-    context_tokens: Annotated[int | None, typer.Option(help="evidence budget (tokens)")] = None,
-    judge: Annotated[bool | None, typer.Option(help="also run the A-F model judge")] = None,
-    bleurt: Annotated[Path | None, typer.Option(help="BLEURT PyTorch checkpoint path")] = None,
-    limit: Annotated[int | None, typer.Option(help="only the first N questions")] = None,
-    answers: Annotated[
-        Path | None, typer.Option(help='score answers made elsewhere: [{"id", "answer"}] JSON')
-    ] = None,
-) -> dict[str, Any]:
-    """FanOutQA closed-book / evidence-provided / open-book (search + read tools; needs a server
-    with tool calling) answers with loose, strict, ROUGE (equal to the original scorer), BLEURT
-    and the optional A-F model judge; prints the paper's Table 1 columns. With --answers (the
-    official submission format) no model answers: the given answers are scored."""
-    return {
-        "input": data,
-        "answers": answers,
-        "settings": setting,
-        "articles": articles,
-        "index": index,
-        "context_tokens": context_tokens,
-        "judge": judge,
-        "bleurt": bleurt,
-        "limit": limit,
-    }

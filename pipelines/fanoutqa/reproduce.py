@@ -8,13 +8,10 @@ columns compare a model across splits, and the table says so.
 
 from __future__ import annotations
 
-from pathlib import Path
-from typing import Annotated, Any
+from typing import Any
 
-import typer
 from pydantic import BaseModel, ConfigDict, Field
 
-from pipelines.cli.options import framework_command
 from pipelines.fanoutqa.framework import FANOUTQA, TABLE_COLUMNS, FanoutOptions
 from pipelines.runtime.grid import ModelGrid, Published, published_row
 
@@ -74,34 +71,3 @@ class ReproduceFanout(ModelGrid):
 
 
 REPRODUCE_FANOUTQA = ReproduceFanout()
-
-
-@framework_command(REPRODUCE_FANOUTQA)
-def reproduce_fanoutqa(
-    models: Annotated[
-        list[str], typer.Option(help="answering MODEL or MODEL@URL (repeat: a table row each)")
-    ],
-    setting: Annotated[
-        list[str] | None, typer.Option(help="closed-book | evidence | open-book (repeat)")
-    ] = None,
-    data: Annotated[
-        Path | None, typer.Option(help="questions JSON or dataset name (default: fanoutqa-dev)")
-    ] = None,
-    articles: Annotated[Path | None, typer.Option(help="JSONL {pageid, title, text}")] = None,
-    index: Annotated[Path | None, typer.Option(help="index dir of the articles")] = None,
-    judge: Annotated[bool | None, typer.Option(help="also run the A-F model judge")] = None,
-    bleurt: Annotated[Path | None, typer.Option(help="BLEURT PyTorch checkpoint path")] = None,
-    limit: Annotated[int | None, typer.Option(help="only the first N questions")] = None,
-) -> dict[str, Any]:
-    """FanOutQA Table 1: loose, strict, ROUGE, BLEURT and the model judge for every answering
-    model x setting, the paper's values beside ours. Resumes cell by cell."""
-    return {
-        "models": models,
-        "fanoutqa.settings": setting,
-        "fanoutqa.input": data,
-        "fanoutqa.articles": articles,
-        "fanoutqa.index": index,
-        "fanoutqa.judge": judge,
-        "fanoutqa.bleurt": bleurt,
-        "fanoutqa.limit": limit,
-    }

@@ -9,14 +9,12 @@ import asyncio
 import re
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Any, Literal
 
-import typer
 from pydantic import BaseModel, Field, model_validator
 from rich.console import Console
 from rich.table import Table
 
-from pipelines.cli.options import framework_command
 from pipelines.icat.framework import extract_claims, parse_claims
 from pipelines.runtime.config import UserError, iter_jsonl
 from pipelines.runtime.protocol import (
@@ -35,10 +33,12 @@ from pipelines.runtime.roles import RoleSpec, role_evaluator
 class EvalOptions(FrameworkOptions):
     input: Path = Field(description="validation.jsonl from `finetune claims data`")
     extractor: str | None = Field(None, description="adapter (None: the base model alone)")
-    matcher: Literal["exact", "nli"] = "exact"
-    nli_model: str | None = None
+    matcher: Literal["exact", "nli"] = Field(
+        "exact", description="how a claim is matched: exact text or mutual entailment"
+    )
+    nli_model: str | None = Field(None, description="NLI cross-encoder (matcher nli)")
     nli_device: str = "cpu"
-    limit: int | None = Field(None, ge=1)
+    limit: int | None = Field(None, ge=1, description="only the first N examples")
     list_max_items: int = Field(60, ge=1, le=500)
     line_max_chars: int = Field(300, ge=20, le=2000)
 
@@ -238,22 +238,3 @@ def summary_row(results: Sequence[ItemResult]) -> dict[str, Any]:
 
 CLAIMS_EVAL = ClaimsEval()
 COMPARE = Compare()
-
-
-@framework_command(COMPARE)
-def finetune_claims_eval(
-    input: Annotated[Path, typer.Argument(help="validation.jsonl")],
-    extractor: Annotated[str | None, typer.Option(help="adapter name to compare")] = None,
-    matcher: Annotated[str | None, typer.Option(help="exact | nli")] = None,
-    nli_model: Annotated[str | None, typer.Option(help="NLI cross-encoder (matcher nli)")] = None,
-    limit: Annotated[int | None, typer.Option(help="only the first N examples")] = None,
-) -> dict[str, Any]:
-    """A claim extractor's claims vs the teacher's on the validation split: precision, recall,
-    F1, claims per paragraph, unparseable rate; base model and adapter side by side."""
-    return {
-        "metric.input": input,
-        "metric.extractor": extractor,
-        "metric.matcher": matcher,
-        "metric.nli_model": nli_model,
-        "metric.limit": limit,
-    }

@@ -16,13 +16,11 @@ import json
 import random
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Any
 
-import typer
 from pydantic import BaseModel, Field
 from rich.console import Console
 
-from pipelines.cli.options import framework_command
 from pipelines.finetune.examples import TEMPLATE as CLAIMS_TEMPLATE
 from pipelines.finetune.examples import chat_example
 from pipelines.icat.framework import parse_claims
@@ -48,7 +46,7 @@ TEACHER_ROLES = {"teacher": "topics, entities, paragraphs and their claims"}
 
 class TeacherOptions(FrameworkOptions):
     topics: Path | None = Field(None, description="topics file (JSONL 'topic' or one per line)")
-    n_topics: int = Field(200, ge=1, le=10_000)
+    n_topics: int = Field(200, ge=1, le=10_000, description="topics generated (no topics file)")
     entities: int = Field(5, ge=1, le=50, description="entities per topic")
     validation: float = Field(0.1, ge=0, lt=1, description="share held out")
     seed: int = 0
@@ -274,16 +272,3 @@ def write_dataset(
 TOPIC_BATCHES = TopicBatches()
 EXAMPLES = TopicExamples()
 TEACHER_DATA = TeacherData()
-
-
-@framework_command(TEACHER_DATA)
-def finetune_claims_data(
-    topics: Annotated[Path | None, typer.Option(help="topics file; default: generated")] = None,
-    n_topics: Annotated[int | None, typer.Option(help="topics (200)")] = None,
-    entities: Annotated[int | None, typer.Option(help="entities per topic (5)")] = None,
-    validation: Annotated[float | None, typer.Option(help="held-out share (0.1)")] = None,
-) -> dict[str, Any]:
-    """Teacher data for a claim extractor: topics -> entities -> paragraphs -> claims from the
-    teacher model (--model / --endpoint); writes train.jsonl, validation.jsonl and
-    data_card.json in the run directory. Resumable."""
-    return {"topics": topics, "n_topics": n_topics, "entities": entities, "validation": validation}

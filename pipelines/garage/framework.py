@@ -15,14 +15,12 @@ import asyncio
 import re
 from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Any
 
-import typer
 from pydantic import Field
 from rich.console import Console
 from rich.table import Table
 
-from pipelines.cli.options import framework_command
 from pipelines.garage.data import (
     DIMENSIONS,
     Record,
@@ -370,19 +368,3 @@ def print_tables(tables: dict[str, Any], console: Console) -> None:
 
 
 GARAGE = Garage()
-
-
-@framework_command(GARAGE)
-def eval_garage(
-    input: Annotated[
-        Path | None, typer.Argument(help="GaRAGe JSONL (published schema) or dataset name")
-    ] = None,
-    limit: Annotated[int | None, typer.Option(help="only the first N records")] = None,
-    answers: Annotated[
-        Path | None, typer.Option(help='score answers made elsewhere: {"sample_id", "answer"}')
-    ] = None,
-) -> dict[str, Any]:
-    """GaRAGe: cited answers judged for eligibility, (relevance-aware) factuality, deflection and
-    attribution; writes tables.json with Tables 2-4 and their breakdowns. With --answers no
-    model answers: the given answers (with the benchmark's numbered citation markers) are judged."""
-    return {"input": input, "limit": limit, "answers": answers}

@@ -4,13 +4,10 @@ deflection rates and attribution P/R/F1 (percentages, as the paper prints them),
 
 from __future__ import annotations
 
-from pathlib import Path
-from typing import Annotated, Any
+from typing import Any
 
-import typer
 from pydantic import BaseModel, ConfigDict, Field
 
-from pipelines.cli.options import framework_command
 from pipelines.garage.framework import GARAGE, GarageOptions
 from pipelines.runtime.grid import ModelGrid, Published, published_row
 
@@ -78,19 +75,3 @@ class ReproduceGarage(ModelGrid):
 
 
 REPRODUCE_GARAGE = ReproduceGarage()
-
-
-@framework_command(REPRODUCE_GARAGE)
-def reproduce_garage(
-    models: Annotated[
-        list[str], typer.Option(help="answering MODEL or MODEL@URL (repeat: a table row each)")
-    ],
-    data: Annotated[
-        Path | None, typer.Option(help="GaRAGe JSONL or dataset name (default: garage)")
-    ] = None,
-    limit: Annotated[int | None, typer.Option(help="only the first N records")] = None,
-) -> dict[str, Any]:
-    """GaRAGe Tables 2-4: every answering model's answers judged for eligibility, factuality,
-    relevance-aware factuality, deflection and attribution, the paper's values beside ours
-    (the judge: --role judge=MODEL@URL). Resumes model by model."""
-    return {"models": models, "garage.input": data, "garage.limit": limit}

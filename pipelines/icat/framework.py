@@ -13,15 +13,12 @@ import json
 import re
 import time
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Any, Literal
 
-import typer
 from pydantic import Field, model_validator
 from rich.console import Console
 from rich.table import Table
 
-from pipelines.cli import options
-from pipelines.cli.options import framework_command
 from pipelines.icat import data, scoring
 from pipelines.icat.grounding import ClaimGrounding, EntailmentModel, Grounder, NliBatcher
 from pipelines.runtime.config import UserError
@@ -43,10 +40,16 @@ class IcatOptions(FrameworkOptions, NliPlacement):
     qrels: Path | None = Field(None, description="qrels JSONL (ICAT-M)")
     index: Path | None = Field(None, description="corpus index built by `index build`")
     snippets: Path | None = Field(None, description="web snippets per claim (JSONL)")
-    variants: list[Variant] = Field(default=["s", "a"], min_length=1)
-    betas: list[float] = Field(default_factory=lambda: [1.0], min_length=1)
+    variants: list[Variant] = Field(
+        default=["s", "a"], min_length=1, description="ICAT-M / -S / -A, e.g. m,s,a"
+    )
+    betas: list[float] = Field(
+        default_factory=lambda: [1.0], min_length=1, description="beta of ICAT_beta, e.g. 0.5,1,2"
+    )
     k: int = Field(10, ge=1, le=1000, description="snippets per claim")
-    retrieval: Literal["dense", "bm25", "hybrid"] = "dense"
+    retrieval: Literal["dense", "bm25", "hybrid"] = Field(
+        "dense", description="how a claim's evidence is retrieved from the corpus"
+    )
     nli_model: str = Field(description="NLI cross-encoder (DeBERTa-v3 MNLI/FEVER/ANLI)")
     nli_device: str = "cpu"
     nli_batch: int = Field(32, ge=1)
@@ -54,7 +57,7 @@ class IcatOptions(FrameworkOptions, NliPlacement):
     max_aspects: int = Field(10, ge=1, le=50)
     list_max_items: int = Field(60, ge=1, le=500, description="most claims per response (vLLM)")
     line_max_chars: int = Field(300, ge=20, le=2000)
-    limit: int | None = Field(None, ge=1)
+    limit: int | None = Field(None, ge=1, description="only the first N responses")
 
     @model_validator(mode="after")
     def _sources(self) -> IcatOptions:
@@ -448,53 +451,3 @@ def render_table3(tables: dict[str, Any], console: Console) -> None:
 
 
 ICAT = Icat()
-
-
-@framework_command(ICAT)
-def eval_icat(
-    input: Annotated[Path, typer.Argument(help="responses JSONL: query_id, response")],
-    queries: Annotated[Path, typer.Option(help="queries JSONL (or our TREC topics file)")],
-    nli_model: Annotated[str, typer.Option(help="NLI cross-encoder name or path")],
-    index: Annotated[Path | None, typer.Option(help="corpus index (`index build`)")] = None,
-    snippets: Annotated[Path | None, typer.Option(help="web snippets per claim JSONL")] = None,
-    qrels: Annotated[Path | None, typer.Option(help="qrels JSONL (ICAT-M)")] = None,
-    variant: Annotated[str | None, typer.Option(help="m,s,a (default s,a)")] = None,
-    beta: Annotated[str | None, typer.Option(help="e.g. 0.5,1,2 (default 1)")] = None,
-    k: Annotated[int | None, typer.Option(help="snippets per claim (10)")] = None,
-    retrieval: Annotated[str | None, typer.Option(help="dense | bm25 | hybrid")] = None,
-    extractor: Annotated[
-        str | None, typer.Option(help="claim-extractor adapter on --model (= --role extract=:NAME)")
-    ] = None,
-    limit: Annotated[int | None, typer.Option(help="only the first N responses")] = None,
-    nli_replicas: options.NliReplicasOpt = None,
-    nli_app: options.NliAppOpt = None,
-    nli_bulk: options.NliBulkOpt = None,
-    nli_resources: options.NliResourcesOpt = None,
-    nli_wait: options.NliWaitOpt = None,
-) -> dict[str, Any]:
-    """ICAT: factuality (claims grounded by retrieval + NLI) and aspect coverage of each
-    response, ICAT-M / ICAT-S / ICAT-A and ICAT_β; writes icat.json (paper Table 3 layout)."""
-    return {
-        "input": input,
-        "queries": queries,
-        "nli_model": nli_model,
-        "index": index,
-        "snippets": snippets,
-        "qrels": qrels,
-        "k": k,
-        "retrieval": retrieval,
-        "roles.extract": extractor and {"adapter": extractor},
-        "limit": limit,
-        **options.nli_overrides(nli_replicas, nli_app, nli_bulk, nli_resources, nli_wait),
-        "variants": _split(variant),
-        "betas": _split(beta, float),
-    }
-
-
-def _split(text: str | None, cast=str) -> list | None:
-    if text is None:
-        return None
-    try:
-        return [cast(part.strip()) for part in text.split(",") if part.strip()]
-    except ValueError as exc:
-        raise UserError(f"not a comma-separated list of numbers: {text!r}") from exc

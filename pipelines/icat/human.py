@@ -11,14 +11,12 @@ from __future__ import annotations
 import math
 import warnings
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Any
 
 import numpy as np
-import typer
 from rich.console import Console
 from rich.table import Table
 
-from pipelines.cli.options import clean_errors
 from pipelines.icat.framework import NAMES
 from pipelines.runtime.config import UserError, iter_jsonl
 from pipelines.runtime.runstore import atomic_write_json
@@ -131,15 +129,9 @@ def render(table: dict[str, Any], console: Console) -> None:
     console.print(out)
 
 
-@clean_errors
-def meta_eval_icat(
-    run_dir: Annotated[Path, typer.Argument(help="an ICAT run directory")],
-    human: Annotated[Path, typer.Option(help="JSONL: query_id, system, coverage in [0, 1]")],
-    resamples: Annotated[int, typer.Option(help="bootstrap resamples")] = 2000,
-) -> None:
-    """Correlation of ICAT coverage (and ICAT_β) with human coverage, per variant: Pearson,
-    Spearman, Kendall with p-values and paired BCa intervals (paper Table 2); writes
-    icat-human.json into the run directory."""
+def validate(run_dir: Path, human: Path, resamples: int) -> dict[str, Any]:
+    """Correlation of an ICAT run's coverage (and ICAT_beta) with human coverage, per variant;
+    written to icat-human.json in the run directory."""
     from pipelines.runtime.runstore import MANIFEST, RESULTS, read_manifest, results_by_id
 
     manifest = read_manifest(run_dir / MANIFEST)
@@ -151,6 +143,4 @@ def meta_eval_icat(
         results, load_human(human), options["betas"], options["variants"], resamples
     )
     atomic_write_json(run_dir / OUTPUT, table)
-    console = Console()
-    render(table, console)
-    console.print(f"written: {run_dir / OUTPUT}")
+    return table

@@ -10,14 +10,12 @@ the systems' responses are the user's.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Any, Literal
 
-import typer
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from rich.console import Console
 from rich.table import Table
 
-from pipelines.cli.options import framework_command
 from pipelines.icat.framework import ICAT, IcatOptions
 from pipelines.runtime.grid import Published, cell_text, published_row
 from pipelines.runtime.protocol import RunOutcome, RunPlan, RunRequest, Study
@@ -56,10 +54,12 @@ class ReproduceIcatOptions(BaseModel):
     qrels: Path = Field(Path("trec-web-topics/qrels.jsonl"), description="subtopic qrels")
     index: Path | None = Field(None, description="corpus index (`index build`): source corpus")
     snippets: Path | None = Field(None, description="web snippets per claim: source web")
-    nli_model: str
-    retrieval: Literal["dense", "bm25", "hybrid"] = "dense"
-    k: int = Field(10, ge=1, le=1000)
-    limit: int | None = Field(None, ge=1)
+    nli_model: str = Field(description="NLI cross-encoder name or path")
+    retrieval: Literal["dense", "bm25", "hybrid"] = Field(
+        "dense", description="how a claim's evidence is retrieved from the corpus"
+    )
+    k: int = Field(10, ge=1, le=1000, description="snippets per claim")
+    limit: int | None = Field(None, ge=1, description="only the first N responses")
 
     @model_validator(mode="after")
     def _a_source(self) -> ReproduceIcatOptions:
@@ -125,32 +125,3 @@ class ReproduceIcat(Study):
 
 
 REPRODUCE_ICAT = ReproduceIcat()
-
-
-@framework_command(REPRODUCE_ICAT)
-def reproduce_icat(
-    input: Annotated[Path, typer.Argument(help="responses JSONL: query_id, response, system")],
-    nli_model: Annotated[str, typer.Option(help="NLI cross-encoder name or path")],
-    index: Annotated[Path | None, typer.Option(help="corpus index: the 'corpus' rows")] = None,
-    snippets: Annotated[Path | None, typer.Option(help="web snippets: the 'web' rows")] = None,
-    queries: Annotated[
-        Path | None, typer.Option(help="queries file or dataset (default: trec-web-topics)")
-    ] = None,
-    qrels: Annotated[
-        Path | None, typer.Option(help="qrels file or dataset (trec-web-topics/qrels.jsonl)")
-    ] = None,
-    retrieval: Annotated[str | None, typer.Option(help="dense | bm25 | hybrid")] = None,
-    limit: Annotated[int | None, typer.Option(help="only the first N responses")] = None,
-) -> dict[str, Any]:
-    """ICAT Table 3: S_fact, and S_cov and ICAT_1 of ICAT-M / -S / -A, per system and knowledge
-    source, the paper's values beside ours. Resumes source by source."""
-    return {
-        "input": input,
-        "nli_model": nli_model,
-        "index": index,
-        "snippets": snippets,
-        "queries": queries,
-        "qrels": qrels,
-        "retrieval": retrieval,
-        "limit": limit,
-    }

@@ -24,15 +24,12 @@ from pydantic import (
     model_validator,
 )
 
+from pipelines.runtime.errors import UserError as UserError  # raised by the readers here
 from pipelines.runtime.lines import JsonlView, stamp
 from serving.embedded import cache_root
 from serving.registry import ModelRef, UnknownModelError
 
 M = TypeVar("M", bound=BaseModel)
-
-
-class UserError(ValueError):
-    """Bad configuration or input: printed as one line, exit code 2, nothing written."""
 
 
 def _number_as_id(value: Any) -> Any:

@@ -1,18 +1,18 @@
 """Frameworks and studies by name, and the commands they bring.
 
-Adding a framework: one sub-package of ``pipelines`` whose ``__init__`` exposes ``STUDIES`` (its
-framework objects, plus any multi-run studies) and ``COMMANDS`` (CLI path -> command function),
-and one line in ``PACKAGES`` below.
+Adding a framework: one sub-package of ``pipelines`` with a light ``plugin`` module that names
+its study objects (``STUDIES``, as ``"module:NAME"``) and declares its commands (``COMMANDS``,
+``pipelines.runtime.commands.Command``), and one line in ``PACKAGES`` below. Commands are read
+without importing any framework; a study is imported when it is asked for by name.
 """
 
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable
 from functools import cache
 from typing import Any
 
-from pipelines.runtime.config import UserError
+from pipelines.runtime.commands import Command, load_object
 
 PACKAGES = (
     "pipelines.generate",
@@ -25,16 +25,23 @@ PACKAGES = (
 )
 
 
+def _plugin(package: str) -> Any:
+    return importlib.import_module(f"{package}.plugin")
+
+
 @cache
 def studies() -> dict[str, Any]:
     found: dict[str, Any] = {}
     for package in PACKAGES:
-        for item in importlib.import_module(package).STUDIES:
+        for ref in _plugin(package).STUDIES:
+            item = load_object(ref)
             found[item.name] = item
     return found
 
 
-def study(name: str):
+def study(name: str) -> Any:
+    from pipelines.runtime.config import UserError
+
     try:
         return studies()[name]
     except KeyError:
@@ -43,7 +50,8 @@ def study(name: str):
         ) from None
 
 
-def framework(name: str):
+def framework(name: str) -> Any:
+    from pipelines.runtime.config import UserError
     from pipelines.runtime.protocol import Framework
 
     found = study(name)
@@ -52,9 +60,7 @@ def framework(name: str):
     return found
 
 
-def commands() -> dict[str, Callable[..., Any]]:
-    """CLI path ("eval garage", "meta-eval") -> command function, from every package."""
-    out: dict[str, Callable[..., Any]] = {}
-    for package in PACKAGES:
-        out |= importlib.import_module(package).COMMANDS
-    return out
+def commands() -> dict[str, Command]:
+    """CLI path ("eval garage", "meta-eval conflictbank") -> its declaration, from every
+    package, importing no framework."""
+    return {c.path: c for package in PACKAGES for c in _plugin(package).COMMANDS}

@@ -215,7 +215,7 @@ COMPREHENSIVENESS_ITEMS = [
 
 def comprehensiveness(method: str, protocol: str) -> Case:
     def options(root: Path):
-        from pipelines.comprehensiveness import ComprehensivenessOptions
+        from pipelines.comprehensiveness.common import ComprehensivenessOptions
 
         data = root / "items.jsonl"
         data.write_text("".join(json.dumps(i) + "\n" for i in COMPREHENSIVENESS_ITEMS))
@@ -244,7 +244,7 @@ ICAT_COPIES = 10
 
 def icat() -> Case:
     def options(root: Path):
-        from pipelines.icat import IcatOptions
+        from pipelines.icat.framework import IcatOptions
         from tests.test_icat import write_inputs
 
         paths = write_inputs(root)  # 3 responses of systems A and B; 10 copies of each

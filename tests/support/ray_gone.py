@@ -23,7 +23,7 @@ def placement(spec: str) -> dict:
 
 def main(items: str, run_dir: str, nli_model: str, address: str, where: str = "bulk") -> None:
     from pipelines.cli.options import clean_errors
-    from pipelines.comprehensiveness import ComprehensivenessOptions
+    from pipelines.comprehensiveness.common import ComprehensivenessOptions
     from pipelines.comprehensiveness.framework import COMPREHENSIVENESS
     from pipelines.runtime.config import EvaluatorConfig, RunConfig
     from pipelines.runtime.protocol import RunRequest

@@ -1,4 +1,5 @@
-"""`finetune claims train` and `finetune claims register` (no evaluator: plain commands)."""
+"""`finetune claims train` and `finetune claims register` (no evaluator: plain commands; the
+studies `finetune claims data` and `eval` come from ``pipelines.finetune.plugin``)."""
 
 from __future__ import annotations
 

@@ -1,0 +1,181 @@
+"""The framework commands, built from their declarations (``pipelines.runtime.commands``).
+
+A flag's name, type, help and default come from a field of the study's options model, so an
+option is declared once, in the framework; every command gets the shared evaluator and run
+options (``options.SHARED_OPTIONS``). A command group lists its commands from the declarations
+alone: a framework is imported only when one of its commands runs or shows its own help.
+"""
+
+from __future__ import annotations
+
+import inspect
+import types
+from pathlib import Path
+from typing import Annotated, Any, Literal, Union, get_args, get_origin
+
+import typer
+from typer import _click as click  # the click typer vendors (0.29+): its groups' base
+from typer.core import TyperCommand, TyperGroup
+
+from pipelines.cli.options import SHARED_OPTIONS, Shared, clean_errors, load_request
+from pipelines.runtime.commands import Command, Flag
+
+SCALARS = (bool, int, float, str, Path)
+
+
+def option_field(model: Any, dotted: str) -> Any:
+    """The pydantic ``FieldInfo`` at a dotted path (``metric.protocol``)."""
+    *parents, name = dotted.split(".")
+    for part in parents:
+        model = _without_none(model.model_fields[part].annotation)
+    if name not in model.model_fields:
+        raise KeyError(f"{model.__name__} has no field {name!r}")
+    return model.model_fields[name]
+
+
+def _without_none(annotation: Any) -> Any:
+    if get_origin(annotation) in (Union, types.UnionType):
+        rest = [a for a in get_args(annotation) if a is not type(None)]
+        return rest[0] if len(rest) == 1 else annotation
+    return annotation
+
+
+def _scalar(annotation: Any) -> tuple[Any, list[str] | None]:
+    """The command-line type of one value, and its choices where the field lists them."""
+    if get_origin(annotation) is Literal:
+        return str, [str(choice) for choice in get_args(annotation)]
+    return (annotation, None) if annotation in SCALARS else (str, None)
+
+
+def cli_type(annotation: Any, flag: Flag) -> tuple[Any, list[str] | None]:
+    """``X | None`` for a single value, ``list[X] | None`` for a repeatable flag."""
+    annotation = _without_none(annotation)
+    if get_origin(annotation) is list:
+        kind, choices = _scalar(get_args(annotation)[0])
+        if flag.comma:
+            return str | None, choices
+        return list[kind] | None, choices  # type: ignore[valid-type]
+    kind, choices = _scalar(annotation)
+    return kind | None, choices
+
+
+def _default_text(info: Any) -> str | None:
+    """The model's default, shown in --help (the flag itself defaults to 'not given')."""
+    if info.is_required():
+        return None
+    default = info.get_default(call_default_factory=True)
+    if default is None or default is False or default == []:
+        return None
+    if isinstance(default, list):
+        return ",".join(map(str, default))
+    return str(default)
+
+
+def flag_parameter(model: Any, flag: Flag) -> inspect.Parameter:
+    """One keyword parameter of the command function, annotated for typer."""
+    decls = [f"--{flag.name}"] if flag.name and not flag.argument else []
+    if flag.role is not None:
+        kind: Any = str | None
+        help_text, choices, shown = flag.help or f"adapter of role {flag.role}", None, None
+    else:
+        info = option_field(model, flag.field)
+        kind, choices = cli_type(info.annotation, flag)
+        help_text = flag.help or info.description or ""
+        shown = _default_text(info)
+    if flag.argument:
+        info_obj: Any = typer.Argument(help=help_text, show_default=shown or False)
+    else:
+        metavar = f"[{'|'.join(choices)}]" if choices and not flag.comma else None
+        info_obj = typer.Option(
+            *decls, help=help_text, show_default=shown or False, metavar=metavar
+        )
+    default = inspect.Parameter.empty if flag.required else None
+    if flag.required:
+        kind = _without_none(kind)
+    return inspect.Parameter(
+        flag.param,
+        inspect.Parameter.KEYWORD_ONLY,
+        default=default,
+        annotation=Annotated[kind, info_obj],
+    )
+
+
+def build(spec: Command) -> click.Command:
+    """The click command of a declaration (imports its study)."""
+    study = spec.load_study()
+    own = [flag_parameter(study.Options, flag) for flag in spec.flags]
+    clash = {p.name for p in own} & set(SHARED_OPTIONS)
+    if clash:
+        raise ValueError(f"{spec.path}: flags {sorted(clash)} are shared options")
+    shared = [
+        inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=kind)
+        for name, (kind, default) in SHARED_OPTIONS.items()
+    ]
+
+    def command(**given: Any) -> None:
+        from pipelines.runtime.config import UserError
+        from pipelines.runtime.runner import execute
+
+        common = Shared(**{name: given.pop(name) for name in SHARED_OPTIONS})
+        request = load_request(study, spec.overrides(given), common)
+        if common.pilot is not None and (common.pilot < 1 or common.dry_run):
+            raise UserError("--pilot K needs K >= 1 and no --dry-run (a pilot runs items)")
+        execute(
+            study,
+            request,
+            no_cache=common.no_cache,
+            quiet=common.quiet,
+            dry_run=common.dry_run,
+            pilot=common.pilot,
+        )
+
+    command.__signature__ = inspect.Signature(own + shared)  # type: ignore[attr-defined]
+    command.__annotations__ = {p.name: p.annotation for p in own + shared}
+    roles = "; ".join(f"{role}: {what}" for role, what in study.roles.items())
+    text = "\n\n".join(
+        part
+        for part in (spec.summary, spec.help, f"Roles (--role=ROLE=MODEL...): {roles}.")
+        if part
+    )
+    app = typer.Typer(add_completion=False)
+    app.command(spec.name, help=text)(clean_errors(command))
+    built = typer.main.get_command(app)
+    built.name = spec.name
+    return built
+
+
+class LazyGroup(TyperGroup):
+    """A group whose declared framework commands are built when invoked, not when listed."""
+
+    path = ""
+
+    def declared(self) -> dict[str, Command]:
+        from pipelines.runtime.registry import commands
+
+        return {c.name: c for c in commands().values() if c.group == self.path}
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        own = super().list_commands(ctx)
+        return own + [name for name in self.declared() if name not in own]
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        found = super().get_command(ctx, cmd_name)
+        if found is not None:
+            return found
+        spec = self.declared().get(cmd_name)
+        if spec is None:
+            return None
+        # listed by its summary alone; ``resolve_command`` builds it when it is asked for
+        return TyperCommand(cmd_name, help=spec.summary, short_help=spec.summary)
+
+    def resolve_command(
+        self, ctx: click.Context, args: list[str]
+    ) -> tuple[str | None, click.Command | None, list[str]]:
+        if args and args[0] not in self.commands and args[0] in self.declared():
+            self.commands[args[0]] = build(self.declared()[args[0]])
+        return super().resolve_command(ctx, args)
+
+
+def lazy_group(path: str) -> type[LazyGroup]:
+    """The group class of ``groundcover PATH`` ("" for the top level)."""
+    return type(f"LazyGroup[{path}]", (LazyGroup,), {"path": path})

@@ -1,0 +1,136 @@
+"""`groundcover report`, `compare` and `view`: runs shown from what is on disk (no model calls)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+
+from pipelines.cli.options import clean_errors
+from pipelines.cli.serve import api_key_from, authorised
+from pipelines.runtime.errors import UserError
+
+console = Console(stderr=True)
+
+
+@clean_errors
+def report(
+    run_dir: Annotated[list[Path], typer.Argument(help="run directories (or a study's root)")],
+    as_json: Annotated[bool, typer.Option("--json", help="one JSON object per run")] = False,
+    html: Annotated[
+        Path | None, typer.Option(help="also write one self-contained HTML page")
+    ] = None,
+    export: Annotated[
+        Path | None, typer.Option(help="also write per-item scores to a file")
+    ] = None,
+    format: Annotated[str, typer.Option(help="export format: csv | parquet")] = "csv",
+    prices: Annotated[
+        Path | None, typer.Option(help="YAML: model -> $ per million tokens or GPU-hour")
+    ] = None,
+) -> None:
+    """Rebuild and print the summary and tables of runs from what is on disk (no model calls;
+    partial runs too); optionally an HTML page (--html) and per-item scores (--export)."""
+    from pipelines.reports.report import report as rebuild
+
+    if format not in ("csv", "parquet"):
+        raise UserError(f"--format must be csv or parquet, got {format!r}")
+    from pipelines.runtime.costs import load_prices
+
+    priced = load_prices(prices)
+    rebuild(run_dir, as_json, Console(), priced)
+    if html is not None:
+        from pipelines.reports.report_html import write_html
+
+        Console(stderr=True).print(f"html: {write_html(run_dir, html, prices=priced)}")
+    if export is not None:
+        from pipelines.reports.report_html import export_scores
+
+        Console(stderr=True).print(f"export: {export_scores(run_dir, export, format)}")
+
+
+@clean_errors
+def compare(
+    run_dir: Annotated[list[Path], typer.Argument(help="two or more runs over the same items")],
+    as_json: Annotated[bool, typer.Option("--json", help="print one JSON object")] = False,
+    html: Annotated[
+        Path | None, typer.Option(help="also write an HTML page: this comparison, then each run")
+    ] = None,
+    top: Annotated[int, typer.Option(help="largest per-item differences printed per pair")] = 10,
+    resamples: Annotated[int, typer.Option(help="bootstrap resamples")] = 10_000,
+    seed: Annotated[int, typer.Option(help="bootstrap seed")] = 0,
+) -> None:
+    """Compare runs item by item: each run's mean with a 95% BCa interval; per pair the paired
+    mean difference with a paired BCa interval, win/tie/loss, sign and Wilcoxon p-values, the
+    largest per-item differences, and items only one run has. Runs of different frameworks or
+    protocols are refused. No model is called."""
+    from pipelines.reports.compare import compare_runs, print_comparison, run_dirs
+
+    if resamples < 100:
+        raise UserError(f"--resamples {resamples}: use at least 100")
+    result = compare_runs(run_dir, resamples, seed)
+    if as_json:
+        typer.echo(json.dumps(result))
+    else:
+        print_comparison(result, Console(), top)
+    if html is not None:
+        from pipelines.reports.report_html import write_html
+
+        pages = [page for run in result["runs"] for page in run_dirs(Path(run["run"]))]
+        Console(stderr=True).print(f"html: {write_html(pages, html, result)}")
+
+
+@clean_errors
+def view(
+    run_dir: Annotated[list[Path], typer.Argument(help="run directories")],
+    port: Annotated[int, typer.Option(help="0 picks a free port")] = 8765,
+    host: Annotated[str, typer.Option(help="bind address")] = "127.0.0.1",
+    api_key_env: Annotated[
+        str | None, typer.Option(help="variable holding the key (needed off loopback)")
+    ] = None,
+) -> None:
+    """Serve the HTML report of the runs at http://127.0.0.1:PORT/ until Ctrl-C (rebuilt on
+    every request, so a running evaluation shows its progress). Opens nothing else. Another
+    --host needs a key, as `serve` does: a browser gives it as the password of the login it
+    is asked for (any user name), a client as a Bearer token."""
+    import http.server
+
+    from pipelines.reports.report_html import render
+    from serving.launcher import is_loopback
+
+    key = api_key_from(api_key_env)
+    if key is None and not is_loopback(host):
+        raise UserError(
+            f"--host {host} shows the runs beyond this machine: give it a key "
+            "(--api-key-env NAME, the key in that variable)"
+        )
+
+    class Page(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 - the stdlib's name
+            if key is not None and not authorised(self.headers.get("Authorization"), key):
+                self.send_response(401)
+                self.send_header("WWW-Authenticate", 'Basic realm="groundcover"')
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+                return
+            body = render(run_dir).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "text/html; charset=utf-8")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args) -> None:
+            pass
+
+    render(run_dir)  # bad run directories stop here, with one line
+    server = http.server.ThreadingHTTPServer((host, port), Page)
+    console.print(f"report at http://{host}:{server.server_address[1]}/  (Ctrl-C stops)")
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.server_close()
