@@ -123,12 +123,14 @@ async def score_item(
     *,
     resources: Any = None,
     run_dir: Path | None = None,
+    answers: Mapping[str, str] | None = None,
 ) -> ItemResult:
     """One item scored outside a run, by the framework's own ``solve``: a stage that stays
     unparseable, or an error, is recorded in the result as a run records it. ``clients``: one
     client for every role, or one per role. ``options``: the framework's options (a mapping or
     its ``Options`` model); ``resources``: what the framework's ``setup`` returns, where it
-    needs one (an index, an NLI scorer)."""
+    needs one (an index, an NLI scorer); ``answers``: answers made elsewhere (id -> answer),
+    in place of the answering role, for a framework that reads an answers file."""
     fw: Framework = framework(name)
     if not isinstance(options, fw.Options):
         options = fw.Options.model_validate(dict(options or {}))
@@ -140,5 +142,6 @@ async def score_item(
         run_dir or Path("."),
         options.max_reasks,
         fw,
+        answers,
     )
     return await solve_item(fw, item, ctx)

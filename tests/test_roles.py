@@ -248,7 +248,7 @@ def test_fanoutqa_answers_made_elsewhere_start_no_answering_model(tmp_path, caps
         ('{"id": "f1"}', "expected a JSON list"),
         ('[{"id": "f1"}]', "answer #0 ('f1'): field answer: missing or not a string"),
         ('[{"id": "f1", "answer": "a"}, {"id": "f1", "answer": "b"}]', "field id: duplicate"),
-        ('[{"id": "x", "answer": "a"}]', "no answer id is a question id"),
+        ('[{"id": "x", "answer": "a"}]', "no answer's id is an item of the data file"),
     ],
 )
 def test_bad_fanoutqa_answers_are_one_line_and_write_nothing(tmp_path, content, message):

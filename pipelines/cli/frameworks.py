@@ -71,17 +71,20 @@ def _default_text(info: Any) -> str | None:
     return str(default)
 
 
-def flag_parameter(model: Any, flag: Flag) -> inspect.Parameter:
+def flag_parameter(study: Any, flag: Flag) -> inspect.Parameter:
     """One keyword parameter of the command function, annotated for typer."""
     decls = [f"--{flag.name}"] if flag.name and not flag.argument else []
     if flag.role is not None:
         kind: Any = str | None
         help_text, choices, shown = flag.help or f"adapter of role {flag.role}", None, None
     else:
-        info = option_field(model, flag.field)
+        info = option_field(study.Options, flag.field)
         kind, choices = cli_type(info.annotation, flag)
         help_text = flag.help or info.description or ""
         shown = _default_text(info)
+        answers = getattr(study, "answer_file", None)
+        if flag.field == "answers" and answers is not None:  # the format the framework reads
+            help_text += f": {answers.shape}; an item without one: {answers.missing}"
     if flag.argument:
         info_obj: Any = typer.Argument(help=help_text, show_default=shown or False)
     else:
@@ -103,7 +106,7 @@ def flag_parameter(model: Any, flag: Flag) -> inspect.Parameter:
 def build(spec: Command) -> click.Command:
     """The click command of a declaration (imports its study)."""
     study = spec.load_study()
-    own = [flag_parameter(study.Options, flag) for flag in spec.flags]
+    own = [flag_parameter(study, flag) for flag in spec.flags]
     clash = {p.name for p in own} & set(SHARED_OPTIONS)
     if clash:
         raise ValueError(f"{spec.path}: flags {sorted(clash)} are shared options")

@@ -116,17 +116,3 @@ def load_run(path: Path, topics: dict[str, Topic]) -> dict[str, list[str]]:
     if not ranked:
         raise UserError(f"{path}: no run lines")
     return {q: [doc for _, _, doc in sorted(rows)] for q, rows in ranked.items()}
-
-
-def load_answers(path: Path, topics: dict[str, Topic]) -> dict[str, str]:
-    """topic -> the result to evaluate."""
-    answers: dict[str, str] = {}
-    for lineno, row in iter_jsonl(path):
-        where = f"{path}:{lineno}"
-        tid = _text(row, "topic", where)
-        if tid not in topics:
-            raise UserError(f"{where}: record {tid!r}: field topic: unknown topic")
-        if not isinstance(row.get("answer"), str):
-            raise UserError(f"{where}: record {tid!r}: field answer: missing or not a string")
-        answers[tid] = row["answer"]
-    return answers

@@ -9,6 +9,7 @@ metrics with ``metrics`` against P** from the ratings file. The item's score is 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal
 
@@ -17,6 +18,7 @@ from rich.console import Console
 from rich.table import Table
 
 from pipelines.crux import data, metrics
+from pipelines.runtime.answers import AnswerFile, GivenAnswers
 from pipelines.runtime.config import Strict
 from pipelines.runtime.protocol import Framework, FrameworkOptions, ItemContext
 from pipelines.runtime.results import ItemResult, not_scored
@@ -25,7 +27,7 @@ from serving.templates import load_dir
 PROMPTS = load_dir(Path(__file__).parent / "prompts")
 
 
-class CruxOptions(FrameworkOptions):
+class CruxOptions(FrameworkOptions, GivenAnswers):
     input: Path | None = Field(None, description="TREC run file")
     index: Path | None = Field(None, description="or: retrieve in place from this index")
     mode: Literal["bm25", "dense", "hybrid"] = Field(
@@ -41,7 +43,6 @@ class CruxOptions(FrameworkOptions):
     eta: int = Field(metrics.ETA, ge=1, le=5, description="answerable at rating >= eta")
     rate: bool = Field(True, description="rate unrated pairs with the evaluator (else count 0)")
     tokenizer: str | None = Field(None, description="HF tokenizer for Den (default: words)")
-    answers: Path | None = Field(None, description='results to rate: {"topic", "answer"} JSONL')
     generate: bool = Field(False, description="write a RAG answer from Z, then rate it")
     answer_tokens: int = Field(512, ge=16, description="token cap of a generated answer")
 
@@ -63,7 +64,6 @@ class Resources:
         self.passages = data.load_passages(options.passages, self.topics)
         self.ratings = data.load_ratings(options.ratings, self.topics)
         self.tokens = metrics.token_counter(options.tokenizer)
-        self.answers = data.load_answers(options.answers, self.topics) if options.answers else {}
 
 
 async def rate(ctx: ItemContext, question: str, text: str, stage: str = "rate") -> tuple[int, str]:
@@ -94,6 +94,11 @@ class Crux(Framework):
         "generate": "the RAG answer from Z (--generate; the paper: an 8B generator)",
     }
     stage_roles = {"rate": "rate", "rate_answer": "rate", "answer": "generate"}
+    # the results to rate, per topic; a topic the topics file lacks is refused
+    answer_file = AnswerFile(id_field="topic", unknown="error", missing="no Cov(y)")
+
+    def answer_ids(self, options: CruxOptions, items: Sequence[Any]) -> list[str]:
+        return list(data.load_topics(options.topics))
 
     def roles_used(self, options: CruxOptions) -> list[str]:
         rates = options.rate or options.generate or options.answers is not None
@@ -120,8 +125,6 @@ class Crux(Framework):
         topics = data.load_topics(options.topics)
         data.load_passages(options.passages, topics)
         data.load_ratings(options.ratings, topics)
-        if options.answers:
-            data.load_answers(options.answers, topics)
 
     def setup(self, request, root: Path) -> Resources:
         return Resources(request.options)
@@ -207,7 +210,7 @@ class Crux(Framework):
                 max_tokens=ctx.options.answer_tokens,
             )
             return parsed.value
-        return ctx.resources.answers.get(item.id)
+        return ctx.given_answer() if ctx.answered_elsewhere else None
 
     async def _rate_answer(
         self,

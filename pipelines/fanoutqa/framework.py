@@ -25,6 +25,7 @@ from rich.console import Console
 from rich.table import Table
 
 from pipelines.fanoutqa.metrics import ROUGE_TYPES, aggregate, answer_text, string_metrics
+from pipelines.runtime.answers import AnswerFile, GivenAnswers
 from pipelines.runtime.config import (
     EvaluatorConfig,
     UserError,
@@ -114,35 +115,10 @@ def load_questions(path: Path, limit: int | None = None) -> list[Question]:
     return out
 
 
-def load_answers(path: Path, questions: list[Question]) -> dict[str, str]:
-    """The official submission format: a JSON list of {"id", "answer"}. A question without an
-    answer scores 0 everywhere, as the official scorer counts it; an answer whose id is no
-    question of ours is not scored (the scorer ignores it too), but none matching is an error."""
-    rows = load_json(path)
-    if not isinstance(rows, list):
-        raise UserError(f'{path}: expected a JSON list of {{"id", "answer"}} objects')
-    answers: dict[str, str] = {}
-    for n, row in enumerate(rows):
-        record = f"{path}: answer #{n}"
-        if not isinstance(row, dict):
-            raise UserError(f"{record}: not a JSON object")
-        record += f" ({row.get('id')!r})"
-        for name in ("id", "answer"):
-            if not isinstance(row.get(name), str):
-                raise UserError(f"{record}: field {name}: missing or not a string")
-        if row["id"] in answers:
-            raise UserError(f"{record}: field id: duplicate")
-        answers[row["id"]] = row["answer"]
-    if questions and answers and not set(answers) & {q.id for q in questions}:
-        raise UserError(f"{path}: no answer id is a question id of the questions file")
-    return answers
-
-
-class FanoutOptions(FrameworkOptions):
+class FanoutOptions(FrameworkOptions, GivenAnswers):
     input: Path | None = Field(
         Path("fanoutqa-dev"), description="questions JSON, or a dataset name (fanoutqa-dev)"
     )
-    answers: Path | None = Field(None, description='answers made elsewhere: [{"id", "answer"}]')
     settings: list[Setting] = Field(
         default=["closed-book"], min_length=1, description="the settings to answer in"
     )
@@ -262,7 +238,6 @@ class ReadArgs(BaseModel):
 class Resources:
     articles: ArticleIndex | None
     bleurt: Any
-    answers: dict[str, str] | None = None  # made elsewhere (--answers)
 
 
 class FanOutQA(Framework):
@@ -274,7 +249,9 @@ class FanOutQA(Framework):
         "judge": "the A-F judge (--judge)",
     }
     stage_roles = {"answer-*": "answer", "judge": "judge"}
-    content_options = ("answers",)
+    # the official submission format; a question without an answer scores 0 everywhere, as the
+    # official scorer counts it, and an answer for no question of ours is not scored
+    answer_file = AnswerFile(layout="json-list", missing="0 in every column")
 
     def roles_used(self, options: FanoutOptions) -> list[str]:
         return ["answer"] * (options.answers is None) + ["judge"] * options.judge
@@ -293,10 +270,6 @@ class FanOutQA(Framework):
         if options.input is None:
             raise UserError("eval fanoutqa: give --data FILE or a dataset name (fanoutqa-dev)")
         return load_questions(options.input, options.limit)
-
-    def check_inputs(self, options: FanoutOptions) -> None:
-        if options.answers is not None:
-            load_answers(options.answers, self.load(options))
 
     def plan(self, request: RunRequest, root: Path) -> list[RunPlan]:
         """One run per setting, in ``<root>/<setting>``; each run's options hold only what
@@ -344,16 +317,13 @@ class FanOutQA(Framework):
             from pipelines.fanoutqa.bleurt import Bleurt
 
             bleurt = Bleurt(str(options.bleurt))
-        answers = None
-        if options.answers is not None:
-            answers = load_answers(options.answers, [])
-        return Resources(articles, bleurt, answers)
+        return Resources(articles, bleurt)
 
     async def solve(self, question: Question, ctx: ItemContext) -> ItemResult:
         options: FanoutOptions = ctx.options
-        if ctx.resources.answers is not None:
+        if ctx.answered_elsewhere:
             ctx.details["setting"] = "answers"
-            given = ctx.resources.answers.get(question.id)
+            given = ctx.given_answer()
             if given is None:  # the official scorer counts it 0 in every column
                 metrics = string_metrics(question.answer, None)
                 ctx.details |= {"missing_answer": True, "metrics": metrics}

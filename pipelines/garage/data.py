@@ -279,29 +279,6 @@ def counts(records: list[Record]) -> dict[str, Any]:
     }
 
 
-def load_answers(path: Path, records: list[Record]) -> dict[str, str]:
-    """Answers made elsewhere: JSONL ``{"sample_id", "answer"}`` with the benchmark's citation
-    markers. An answer for no record of ours is not scored; none matching is an error."""
-    answers: dict[str, str] = {}
-    for lineno, row in iter_jsonl(path):
-        sample = row.get("sample_id")
-        record = f"{path}:{lineno}: record {sample!r}"
-        if isinstance(sample, int) and not isinstance(sample, bool):
-            sample = str(sample)
-        if not isinstance(sample, str) or not sample:
-            raise UserError(f"{record}: field sample_id: missing or not a string")
-        if not isinstance(row.get("answer"), str):
-            raise UserError(f"{record}: field answer: missing or not a string")
-        if sample in answers:
-            raise UserError(f"{record}: field sample_id: duplicate")
-        answers[sample] = row["answer"]
-    if not answers:
-        raise UserError(f"{path}: no answers")
-    if records and not set(answers) & {r.id for r in records}:
-        raise UserError(f"{path}: no sample_id is a record of the benchmark file")
-    return answers
-
-
 def citations(text: str, n_passages: int | None = None) -> set[int]:
     """Cited passage numbers from markers like [cite_1], [1], [2, 5], [3][4] or 【2】; out-of-range
     numbers are kept out (they cite nothing that exists)."""

@@ -26,10 +26,10 @@ from pipelines.garage.data import (
     Record,
     citations,
     counts,
-    load_answers,
     load_records,
     quality_band,
 )
+from pipelines.runtime.answers import AnswerFile, GivenAnswers
 from pipelines.runtime.protocol import Framework, FrameworkOptions, ItemContext
 from pipelines.runtime.results import ItemResult, not_scored
 from serving.templates import load_dir
@@ -42,9 +42,8 @@ _SENTENCE = re.compile(r"(?<=[.!?])\s+(?=[A-Z0-9\"'(\[])")
 _MARKERS = re.compile(r"\s*(\[(?:cite_)?\d+(?:\s*,\s*(?:cite_)?\d+)*\]|【\d+】)")
 
 
-class GarageOptions(FrameworkOptions):
+class GarageOptions(FrameworkOptions, GivenAnswers):
     input: Path = Field(Path("garage"), description="GaRAGe JSONL, or a dataset name")
-    answers: Path | None = Field(None, description="answers made elsewhere (JSONL)")
     limit: int | None = Field(None, ge=1, description="only the first N records")
 
 
@@ -78,7 +77,9 @@ class Garage(Framework):
         "judge": "eligibility, per-sentence support, deflection",
     }
     stage_roles = {"answer": "answer", "*": "judge"}
-    content_options = ("answers",)
+    # answers with the benchmark's numbered citation markers; one for no record of ours is not
+    # scored, a record without one is counted as such
+    answer_file = AnswerFile(id_field="sample_id", missing="not scored, counted")
 
     def light_setup(self, options: GarageOptions) -> bool:
         return True  # the answers file at most
@@ -93,14 +94,7 @@ class Garage(Framework):
         return load_records(options.input, options.limit)
 
     def check_inputs(self, options: GarageOptions) -> None:
-        records = self.load(options)
-        if options.answers is not None:
-            load_answers(options.answers, records)
-        print_counts(options.input, counts(records))
-
-    def setup(self, request, root: Path) -> dict[str, str] | None:
-        answers = request.options.answers
-        return None if answers is None else load_answers(answers, [])
+        print_counts(options.input, counts(self.load(options)))
 
     async def solve(self, record: Record, ctx: ItemContext) -> ItemResult:
         """Answer from the numbered passages (or take the answer made elsewhere), then judge.
@@ -113,8 +107,8 @@ class Garage(Framework):
             "grounding_quality": quality_band(record.relevant_share),
             "unannotated": record.unannotated,
         }
-        if ctx.resources is not None:  # answers made elsewhere
-            given = ctx.resources.get(record.id)
+        if ctx.answered_elsewhere:
+            given = ctx.given_answer()
             if given is None:
                 ctx.details["missing_answer"] = True
                 return ctx.result(

@@ -182,11 +182,12 @@ async def replay_cached(
     framework writes while solving go to a directory deleted afterwards."""
     answered: dict[str, dict[str, dict[str, Any]]] = {}
     gate = asyncio.Semaphore(width)
+    answers = fw.given_answers(options)
     with tempfile.TemporaryDirectory(prefix="groundcover-dry-") as scratch:
 
         async def one(item: Any) -> None:
             ctx = ItemContext(
-                str(item.id), clients, options, resources, Path(scratch), max_reasks, fw
+                str(item.id), clients, options, resources, Path(scratch), max_reasks, fw, answers
             )
             async with gate:
                 try:

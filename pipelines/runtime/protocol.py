@@ -24,7 +24,7 @@ lists its runs (each a sub-directory, maybe another framework, evaluator or deri
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
@@ -32,6 +32,7 @@ from typing import Any, ClassVar
 from pydantic import BaseModel, Field, create_model
 from rich.console import Console
 
+from pipelines.runtime.answers import AnswerFile, read_answers
 from pipelines.runtime.config import EvaluatorConfig, RunConfig, Strict, UserError, file_sha256
 from pipelines.runtime.results import ItemResult, StageFailed, StageFailure, Status
 from pipelines.runtime.roles import RoleSpec, role_evaluator
@@ -124,6 +125,9 @@ class Framework(Study):
     # options naming a file whose content is scored (answers made elsewhere): its SHA-256 is
     # part of the run's identity, not only its path
     content_options: ClassVar[tuple[str, ...]] = ()
+    # how a record of an answers file (``--answers``, options from ``GivenAnswers``) maps to an
+    # item; the runtime then supplies each item's answer (``ItemContext.given_answer``)
+    answer_file: ClassVar[AnswerFile | None] = None
     # stage -> role; "prefix*" matches every stage that starts with prefix. A stage that is not
     # a model call (a cross-encoder) maps to the name of its backend, e.g. "nli".
     stage_roles: ClassVar[dict[str, str]] = {"*": "judge"}
@@ -147,9 +151,24 @@ class Framework(Study):
     def plan(self, request: RunRequest, root: Path) -> list[RunPlan]:
         return [RunPlan("", self.name, request.options)]
 
+    def given_answers(
+        self, options: Any, item_ids: Collection[str] | None = None
+    ) -> dict[str, str] | None:
+        """The run's answers made elsewhere (id -> answer), None where it has no answers file;
+        read and checked against ``item_ids`` with one-line errors."""
+        path = getattr(options, "answers", None) if self.answer_file is not None else None
+        if self.answer_file is None or path is None:
+            return None
+        return read_answers(Path(path), self.answer_file, item_ids)
+
+    def answer_ids(self, options: Any, items: Sequence[Any]) -> Collection[str]:
+        """The ids an answers file may name (default: the items')."""
+        return [str(item.id) for item in items]
+
     def identity(self, options: Any) -> dict[str, Any]:
         found = options.model_dump(mode="json", exclude=set(self.report_only))
-        for name in self.content_options:
+        names = (*self.content_options, *(("answers",) if self.answer_file else ()))
+        for name in dict.fromkeys(names):
             path = getattr(options, name)
             if path is not None:
                 found[f"{name}_sha256"] = file_sha256(path)
@@ -212,8 +231,20 @@ class ItemContext:
     run_dir: Path = Path(".")
     max_reasks: int = 2
     framework: Framework | None = None  # its stage_roles route each stage
+    answers: Mapping[str, str] | None = None  # answers made elsewhere (``--answers``)
     details: dict[str, Any] = field(default_factory=dict)
     meter: dict[str, StageUsage] = field(default_factory=dict)
+
+    @property
+    def answered_elsewhere(self) -> bool:
+        """The run scores a file's answers: no answering model is asked."""
+        return self.answers is not None
+
+    def given_answer(self) -> str | None:
+        """This item's answer in the run's answers file (None: the file has none for it)."""
+        if self.answers is None:
+            raise RuntimeError("given_answer: this run has no answers file")
+        return self.answers.get(self.item_id)
 
     def _client(self, stage: str) -> EvalClient:
         if isinstance(self.clients, EvalClient):

@@ -252,6 +252,8 @@ def execute(
     study.check_roles(list(request.roles))
     items = study.load(request.options)
     study.check_inputs(request.options)
+    if isinstance(study, Framework):  # an answers file: read and checked before anything is written
+        study.given_answers(request.options, set(study.answer_ids(request.options, items)))
     root = study_root(study, request, items)
     plans = study.plan(request, root)
     repeats = request.run.repeats > 1
@@ -463,6 +465,7 @@ async def _run_one(
         if resource_key not in resources:
             run_request = RunRequest(lead, request.run, plan.options, request.roles)
             resources[resource_key] = await asyncio.to_thread(fw.setup, run_request, root)
+        answers = fw.given_answers(plan.options)
         before = {id(c): copy.deepcopy(c.usage) for c in clients.values()}
         spread = await replica_counts(clients)
         max_reasks = plan.options.max_reasks
@@ -476,6 +479,7 @@ async def _run_one(
                 store.dir,
                 max_reasks,
                 fw,
+                answers,
             )
             return await solve_item(fw, item, ctx)
 

@@ -1,0 +1,90 @@
+"""Answers made elsewhere (``--answers``): the runtime reads the file and supplies each item's
+answer in place of the answering role, for every framework with an answering stage. A
+framework states only how a record of the file maps to its items (``AnswerFile``); reading,
+one-line errors, duplicates, the run's identity (the file's SHA-256) and the per-item lookup
+(``ItemContext.given_answer``) are the runtime's.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Collection, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field
+
+from pipelines.runtime.config import iter_jsonl
+from pipelines.runtime.errors import UserError
+
+
+@dataclass(frozen=True)
+class AnswerFile:
+    """The layout of a framework's answers file, as its authors publish submissions."""
+
+    id_field: str = "id"  # the field naming the item ("sample_id", "topic")
+    answer_field: str = "answer"
+    layout: Literal["jsonl", "json-list"] = "jsonl"  # one object per line, or one JSON list
+    unknown: Literal["ignore", "error"] = "ignore"  # an answer for no item: not scored, or refused
+    missing: str = "not scored"  # what an item without an answer becomes (said in --help)
+
+    @property
+    def shape(self) -> str:
+        record = f'{{"{self.id_field}", "{self.answer_field}"}}'
+        return f"[{record}, ...] JSON" if self.layout == "json-list" else f"{record} JSONL"
+
+
+class GivenAnswers(BaseModel):
+    """The options of a framework whose answering role a file can stand in for."""
+
+    answers: Path | None = Field(
+        None, description="score answers made elsewhere (no answering model is asked)"
+    )
+
+
+def _records(path: Path, spec: AnswerFile) -> Iterator[tuple[str, Any]]:
+    """(where, row) per record: ``file:line`` for JSONL, ``file: answer #n`` for a JSON list."""
+    if spec.layout == "jsonl":
+        for lineno, row in iter_jsonl(path):
+            yield f"{path}:{lineno}", row
+        return
+    try:
+        rows = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise UserError(f"{path}: not readable as JSON: {' '.join(str(exc).split())}") from None
+    if not isinstance(rows, list):
+        record = f'{{"{spec.id_field}", "{spec.answer_field}"}}'
+        raise UserError(f"{path}: expected a JSON list of {record} objects")
+    for n, row in enumerate(rows):
+        yield f"{path}: answer #{n}", row
+
+
+def read_answers(
+    path: Path, spec: AnswerFile, item_ids: Collection[str] | None = None
+) -> dict[str, str]:
+    """id -> answer. Each record an object with a string (or integer) id and a string answer;
+    a duplicate id, an empty file, an unknown id where ``spec.unknown`` is "error", and a file
+    whose ids match none of ``item_ids`` are refused in one line."""
+    answers: dict[str, str] = {}
+    for where, row in _records(path, spec):
+        if not isinstance(row, dict):
+            raise UserError(f"{where}: not a JSON object")
+        key = row.get(spec.id_field)
+        if isinstance(key, int) and not isinstance(key, bool):
+            key = str(key)
+        record = f"{where}: record {key!r}" if spec.layout == "jsonl" else f"{where} ({key!r})"
+        if not isinstance(key, str) or not key:
+            raise UserError(f"{record}: field {spec.id_field}: missing or not a string")
+        if not isinstance(row.get(spec.answer_field), str):
+            raise UserError(f"{record}: field {spec.answer_field}: missing or not a string")
+        if key in answers:
+            raise UserError(f"{record}: field {spec.id_field}: duplicate")
+        if spec.unknown == "error" and item_ids is not None and key not in item_ids:
+            raise UserError(f"{record}: field {spec.id_field}: unknown {spec.id_field}")
+        answers[key] = row[spec.answer_field]
+    if not answers:
+        raise UserError(f"{path}: no answers")
+    if item_ids is not None and not set(answers) & set(item_ids):
+        raise UserError(f"{path}: no answer's {spec.id_field} is an item of the data file")
+    return answers
