@@ -14,7 +14,7 @@ ordinary run directory: it resumes, and ``groundcover report`` reads it.
         evaluator={"model": "gpt-oss-20b", "endpoint": "http://gpu:8000/v1"},
         roles={"judge": "Qwen2.5-72B-Instruct@http://judge:8000/v1"},
     )
-    print(done.summary["mean_score"], [r.score for r in done.results])
+    print(done.summary.mean_score, [r.score for r in done.results])
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ from pipelines.runtime.protocol import (
     Study,
     request_model,
 )
+from pipelines.runtime.records import RunSummary
 from pipelines.runtime.registry import framework, study
 from pipelines.runtime.results import ItemResult
 from pipelines.runtime.runner import execute, fixed_client, solve_item
@@ -60,7 +61,8 @@ class Evaluation:
         return self.only.results
 
     @property
-    def summary(self) -> dict[str, Any]:
+    def summary(self) -> RunSummary | None:
+        """The run's typed summary (None after a dry run, which records nothing)."""
         return self.only.summary
 
     @property

@@ -46,15 +46,15 @@ def test_evaluate_runs_a_framework_from_yaml_and_keywords_and_resumes(tmp_path):
     done = run(client)
     assert done.run_dir == run_dir and sorted(r.id for r in done.results) == ["a", "b"]
     assert all(r.score == pytest.approx(1 / 3) for r in done.results)
-    assert done.summary["mean_score"] == pytest.approx(1 / 3)
+    assert done.summary.mean_score == pytest.approx(1 / 3)
     manifest = json.loads((run_dir / "manifest.json").read_text())
     assert manifest["options"]["method"] == "qa" and manifest["options"]["protocol"] == "spec"
     asked = len(client.calls)
     again = run(client)  # the same call resumes: nothing is asked twice
     assert len(client.calls) == asked  # every item was recorded: no request this time
-    stable = ("recorded", "statuses", "mean_score", "scored_items")
-    assert {k: again.summary[k] for k in stable} == {k: done.summary[k] for k in stable}
-    assert again.summary["usage_this_invocation"] == {}
+    stable = {"recorded", "statuses", "mean_score", "scored_items"}
+    assert again.summary.model_dump(include=stable) == done.summary.model_dump(include=stable)
+    assert again.summary.usage_this_invocation == {}
 
 
 def test_evaluate_refuses_bad_configuration_in_one_line(tmp_path):

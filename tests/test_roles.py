@@ -166,7 +166,7 @@ def test_fanoutqa_stages_reach_their_roles_and_the_judge_decides(tmp_path):
     assert manifest["self_judging"] == []
     assert manifest["config"]["model"] == "answerer"
     assert manifest["config"]["roles"]["judge"]["model"] == "grader"
-    by_role = outcome.summary["usage_by_role_this_invocation"]
+    by_role = outcome.summary.usage_by_role_this_invocation
     assert (by_role["answer"]["calls"], by_role["answer"]["model"]) == (2, "answerer")
     assert (by_role["judge"]["calls"], by_role["judge"]["model"]) == (2, "grader")
     [rebuilt] = report_json(outcome.dir)

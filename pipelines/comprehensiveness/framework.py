@@ -304,7 +304,8 @@ class Eli5(Study):
                 continue
             name = key.removeprefix("answers-")
             answered = sum(r.status == "ok" for r in answers.results)
-            row: dict[str, Any] = {"answered": answered, "questions": answers.summary["items"]}
+            questions = answers.summary.items if answers.summary else len(answers.results)
+            row: dict[str, Any] = {"answered": answered, "questions": questions}
             for method in options.methods:
                 if f"{method}-{name}" in outcomes:
                     results = outcomes[f"{method}-{name}"].results

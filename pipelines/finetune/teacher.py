@@ -187,7 +187,7 @@ class TeacherData(Study):
         from pipelines.runtime.runstore import MANIFEST, read_manifest
 
         outcome = outcomes["examples"]  # in <root>/examples: the dataset goes to <root>
-        teacher = read_manifest(outcome.dir / MANIFEST).get("models")
+        teacher = read_manifest(outcome.dir / MANIFEST).models
         return write_dataset(outcome.dir.parent, outcome.results, options, teacher)
 
     def render_combined(self, combined: dict[str, Any], console: Console) -> None:

@@ -135,10 +135,10 @@ def validate(run_dir: Path, human: Path, resamples: int) -> dict[str, Any]:
     from pipelines.runtime.runstore import MANIFEST, RESULTS, read_manifest, results_by_id
 
     manifest = read_manifest(run_dir / MANIFEST)
-    if manifest.get("framework") != "icat":
-        raise UserError(f"{run_dir}: not an ICAT run (framework {manifest.get('framework')!r})")
+    if manifest.framework != "icat":
+        raise UserError(f"{run_dir}: not an ICAT run (framework {manifest.framework!r})")
     results = [r.model_dump(mode="json") for r in results_by_id(run_dir / RESULTS)]
-    options = manifest["options"]
+    options = manifest.options
     table = human_table(
         results, load_human(human), options["betas"], options["variants"], resamples
     )

@@ -108,15 +108,10 @@ def _one_run(path: Path) -> RunScores:
     if not (path / MANIFEST).is_file():
         raise UserError(f"{path}: not a run directory (no {MANIFEST})")
     manifest = read_manifest(path / MANIFEST)
-    fw = framework(manifest["framework"])
-    options = fw.Options.model_validate(manifest["options"])
+    fw = framework(manifest.framework)
+    options = fw.Options.model_validate(manifest.options)
     run = RunScores(
-        path,
-        fw.name,
-        manifest["task"],
-        fw.score_protocol(options),
-        manifest.get("roles") or {},
-        manifest["items"],
+        path, fw.name, manifest.task, fw.score_protocol(options), manifest.roles, manifest.items
     )
     for record in results_by_id(path / RESULTS):
         if record.score is None or record.status in UNSCORED:

@@ -18,6 +18,7 @@ from pipelines.runtime.runstore import (
     RESULTS,
     STUDY_FILE,
     read_manifest,
+    read_study,
     results_by_id,
 )
 from pipelines.runtime.summary import (
@@ -43,16 +44,16 @@ def report(
         if (path / MANIFEST).is_file() or not study_file.is_file():
             _print(load_outcome(path, prices), as_json, out, label=str(path))
             continue
-        meta = json.loads(study_file.read_text())
-        study = find_study(meta["study"])
+        meta = read_study(path)
+        study = find_study(meta.study)
         outcomes = {
             key: load_outcome(path / key, prices)
-            for key in meta["runs"]
+            for key in meta.runs
             if (path / key / MANIFEST).is_file()
         }
         for key, outcome in outcomes.items():
             _print(outcome, as_json, out, label=str(path / key))
-        if meta.get("repeats"):
+        if meta.repeats:
             from pipelines.runtime.repeats import print_repeats, repeats_table
 
             table = repeats_table(outcomes)
@@ -61,7 +62,7 @@ def report(
             else:
                 print_repeats(table, out)
             continue
-        combined = study.combine(outcomes, study.Options.model_validate(meta["options"]))
+        combined = study.combine(outcomes, study.Options.model_validate(meta.options))
         if combined is None:
             continue
         if as_json:
@@ -77,27 +78,28 @@ def load_outcome(run_dir: Path, prices: dict[str, Any] | None = None):
     from pipelines.runtime.registry import framework
 
     manifest = read_manifest(run_dir / MANIFEST)
-    fw = framework(manifest["framework"])
-    options = fw.Options.model_validate(manifest["options"])
+    fw = framework(manifest.framework)
+    options = fw.Options.model_validate(manifest.options)
     results = records_for_tables(fw, options, results_by_id(run_dir / RESULTS))
-    summary = summarise(fw.name, manifest["task"], manifest["items"], results)
-    summary["usage_recorded"] = recorded_usage(results)
-    summary["usage_by_role"] = usage_by_role(
-        fw, summary["usage_recorded"], manifest.get("roles") or {}
+    summary = summarise(fw.name, manifest.task, manifest.items, results)
+    usage = recorded_usage(results)
+    summary.add(
+        usage_recorded=usage,
+        usage_by_role=usage_by_role(fw, usage, manifest.roles),
+        self_judging=manifest.self_judging,
     )
-    summary["self_judging"] = manifest.get("self_judging") or []
     if prices:
-        summary["cost_recorded"] = recorded_cost(
-            fw, summary["usage_recorded"], manifest.get("roles") or {}, prices, run_dir
-        )
+        summary.add(cost_recorded=recorded_cost(fw, usage, manifest.roles, prices, run_dir))
     return RunOutcome(run_dir, results, tables_of(fw, options, results), summary, fw)
 
 
 def _print(outcome, as_json: bool, out: Console, label: str) -> None:
     if as_json:  # plain print: rich would wrap long lines inside the JSON
-        payload = {"run": label, "summary": outcome.summary, "tables": outcome.tables}
+        summary = outcome.summary.to_json() if outcome.summary else None
+        payload = {"run": label, "summary": summary, "tables": outcome.tables}
         print(json.dumps(payload, default=str))
         return
-    print_summary(outcome.summary, out)
+    if outcome.summary is not None:
+        print_summary(outcome.summary, out)
     if outcome.tables is not None:
         outcome.framework.render(outcome.tables, out)

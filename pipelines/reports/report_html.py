@@ -22,6 +22,7 @@ from typing import Any
 from jinja2 import Environment, select_autoescape
 
 from pipelines.reports.report import load_outcome
+from pipelines.runtime.records import RunManifest
 from pipelines.runtime.runstore import MANIFEST, read_manifest
 
 TEMPLATE = Path(__file__).parent / "report_html.html.j2"
@@ -92,17 +93,17 @@ def run_view(path: Path, prices: dict[str, Any] | None = None) -> dict[str, Any]
         "figures": figures,
         "tables_html": terminal_tables(outcome.framework, outcome.tables),
         "path": str(path),
-        "manifest": manifest,
-        "summary": summary,
-        "partial": bool(summary.get("partial")) or summary.get("recorded", 0) < manifest["items"],
+        "manifest": manifest.model_dump(mode="json"),
+        "summary": summary.model_dump(mode="json", exclude_none=True),  # absent: "-"
+        "partial": summary.partial or summary.recorded < manifest.items,
         "tables_json": json.dumps(outcome.tables, indent=1, default=str),
-        "usage": summary.get("usage_recorded", {}),
+        "usage": summary.usage_recorded,
         "plot": score_plot(scores),
         "items": items,
     }
 
 
-def headline(outcome: Any, manifest: dict[str, Any], scores: list[float]) -> dict[str, Any]:
+def headline(outcome: Any, manifest: RunManifest, scores: list[float]) -> dict[str, Any]:
     """What a reader looks for first: the mean with its interval, how many items are in it,
     the statuses, the model of each role and (with prices) the cost."""
     from pipelines.runtime.stats import bca_interval, percentile_interval
@@ -113,15 +114,15 @@ def headline(outcome: Any, manifest: dict[str, Any], scores: list[float]) -> dic
         interval = (
             bca_interval(scores, 2000) if len(scores) <= 5000 else percentile_interval(scores, 2000)
         ).as_dict()
-    roles = manifest.get("roles") or {"judge": manifest.get("models") or {}}
-    cost = summary.get("cost_recorded")
+    roles = manifest.roles or {"judge": manifest.models or {}}
+    cost = summary.cost_recorded
     return {
-        "mean": summary.get("mean_score"),
+        "mean": summary.mean_score,
         "interval": interval,
         "scored": len(scores),
-        "recorded": summary.get("recorded", 0),
-        "items": manifest["items"],
-        "statuses": {s: n for s, n in summary["statuses"].items() if n},
+        "recorded": summary.recorded,
+        "items": manifest.items,
+        "statuses": {s: n for s, n in summary.statuses.items() if n},
         "roles": {role: m.get("request_model") or m.get("model") for role, m in roles.items()},
         "cost": cost["total"] if cost else None,
         "unpriced": cost["unpriced"] if cost else [],

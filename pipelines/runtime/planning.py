@@ -77,7 +77,7 @@ def holds_another_run(run_dir: Path, fw, plan: RunPlan, found, request: RunReque
     if not (run_dir / MANIFEST).is_file():
         return False
     config = run_identity(fw, plan.options, found, request.evaluator, items)
-    held = read_manifest(run_dir / MANIFEST).get("config_fingerprint")
+    held = read_manifest(run_dir / MANIFEST).config_fingerprint
     return held != fingerprint({"task": plan.task, "config": config})
 
 

@@ -34,6 +34,7 @@ from rich.console import Console
 
 from pipelines.runtime.answers import AnswerFile, read_answers
 from pipelines.runtime.config import EvaluatorConfig, RunConfig, Strict, UserError, file_sha256
+from pipelines.runtime.records import RunSummary
 from pipelines.runtime.results import ItemResult, StageFailed, StageFailure, Status
 from pipelines.runtime.roles import RoleSpec, role_evaluator
 from serving.client import ChatResult, EvalClient, LabelScore, Parsed, StageUsage, Tool, ToolRun
@@ -69,8 +70,9 @@ class RunOutcome:
     dir: Path
     results: Sequence[ItemResult]  # a list when the framework has tables, else read on use
     tables: dict[str, Any] | None
-    summary: dict[str, Any]
+    summary: RunSummary | None  # None: a dry run, which records nothing
     framework: Framework | None = None
+    estimate: dict[str, Any] | None = None  # a dry run's: what the run would still ask
 
 
 @dataclass

@@ -99,7 +99,9 @@ def repeats_table(outcomes: dict[str, RunOutcome], resamples: int = 2000) -> dic
         "mean_between_repeat_sd": statistics.fmean(spreads) if spreads else None,
         "items_with_two_scores": len(spreads),
         "items_changed": changed,
-        "repeat_means": {key: o.summary.get("mean_score") for key, o in outcomes.items()},
+        "repeat_means": {
+            key: o.summary.mean_score if o.summary else None for key, o in outcomes.items()
+        },
         "per_item": rows,
     }
 

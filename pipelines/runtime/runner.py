@@ -49,6 +49,7 @@ from pipelines.runtime.protocol import (
     RunRequest,
     Study,
 )
+from pipelines.runtime.records import StudyRecord
 from pipelines.runtime.repeats import print_repeats, repeat_plans, repeats_table
 from pipelines.runtime.results import ItemResult, StageFailed, StageFailure
 from pipelines.runtime.roles import self_judging
@@ -273,7 +274,7 @@ def execute(
     if dry_run:  # the outcomes hold only each run's estimate
         estimates = print_dry_run(study, request, items, plans, roles, root, prices, cache)
         return {
-            str(run_dir): RunOutcome(run_dir, [], None, {"estimate": estimate})
+            str(run_dir): RunOutcome(run_dir, [], None, None, estimate=estimate)
             for run_dir, estimate in estimates
         }
     servers = None
@@ -292,13 +293,13 @@ def execute(
     if len(plans) > 1 or combined is not None:
         atomic_write_json(
             root / STUDY_FILE,
-            {
-                "study": study.name,
-                "options": request.options.model_dump(mode="json"),
-                "runs": [p.key for p in plans],
-                "combined": combined,
+            StudyRecord(
+                study=study.name,
+                options=request.options.model_dump(mode="json"),
+                runs=[p.key for p in plans],
+                combined=combined,
                 **({"repeats": request.run.repeats} if repeats else {}),
-            },
+            ).to_json(),
         )
     if repeats and combined is not None:
         print_repeats(combined, Console())
@@ -510,33 +511,33 @@ async def _run_one(
     results = records_for_tables(fw, plan.options, store.results(sorted(ids)))
     tables = tables_of(fw, plan.options, results)
     summary = summarise(fw.name, plan.task, len(items), results)
-    summary |= {
-        "usage_this_invocation": usage,
-        "usage_by_role_this_invocation": usage_by_role(
-            fw, usage, store.manifest().get("roles", {})
-        ),
-        "self_judging": judged_by_itself,
-        "concurrency_this_invocation": limits,
-        "seconds_this_invocation": round(time.time() - started, 3),
-    }
+    summary.add(
+        usage_this_invocation=usage,
+        usage_by_role_this_invocation=usage_by_role(fw, usage, store.manifest().roles),
+        self_judging=judged_by_itself,
+        concurrency_this_invocation=limits,
+        seconds_this_invocation=round(time.time() - started, 3),
+    )
     if where is not None:  # which replicas (node, process) answered this invocation's NLI
-        summary["nli_placement_this_invocation"] = where
+        summary.add(nli_placement_this_invocation=where)
     if spread:  # how the requests spread over the replicas of an app the run started
-        summary["replicas_this_invocation"] = spread
+        summary.add(replicas_this_invocation=spread)
     if prices:
-        summary["cost_this_invocation"] = cost_table(
-            fw, usage, records, prices, summary["seconds_this_invocation"]
-        )
-        summary["cost_recorded"] = recorded_cost(
-            fw, recorded_usage(results), records, prices, store.dir
+        summary.add(
+            cost_this_invocation=cost_table(
+                fw, usage, records, prices, summary.seconds_this_invocation or 0.0
+            ),
+            cost_recorded=recorded_cost(fw, recorded_usage(results), records, prices, store.dir),
         )
     remaining = len(store.pending(ids))
     if budget is not None and budget.stopped and remaining:
-        summary["budget_stop"] = budget.stopped
+        summary.add(budget_stop=budget.stopped)
     if pilot is not None:  # what the rest will ask, from every item recorded so far
         derived = study_items if plan.items is not None else None
-        summary["estimate_of_the_rest"] = estimate_from_disk(
-            fw, plan.options, store.dir, items, ids, records, prices, derived
+        summary.add(
+            estimate_of_the_rest=estimate_from_disk(
+                fw, plan.options, store.dir, items, ids, records, prices, derived
+            )
         )
     store.write_summary(summary)
     name = fw.tables_file(plan.options)
@@ -546,10 +547,12 @@ async def _run_one(
     if tables is not None:
         fw.render(tables, Console())
     if pilot is not None:
-        print_estimate(f"after the pilot, {store.dir}", summary["estimate_of_the_rest"], Console())
-    if "budget_stop" in summary:
+        print_estimate(
+            f"after the pilot, {store.dir}", summary.estimate_of_the_rest or {}, Console()
+        )
+    if summary.budget_stop:
         raise BudgetReached(
-            f"{store.dir}: stopped admitting items ({summary['budget_stop']}); {remaining} of "
+            f"{store.dir}: stopped admitting items ({summary.budget_stop}); {remaining} of "
             f"{len(items)} items remain: rerun with a higher cap to resume"
         )
     return RunOutcome(store.dir, results, tables, summary, fw)

@@ -28,6 +28,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from pipelines.runtime.lines import JsonlView
+from pipelines.runtime.records import FORMAT_VERSION, RunManifest, RunSummary, StudyRecord
 from pipelines.runtime.results import STATUSES, ItemResult
 
 MANIFEST = "manifest.json"
@@ -35,8 +36,8 @@ RESULTS = "results.jsonl"
 SUMMARY = "summary.json"
 STUDY_FILE = "study.json"  # a study's root: its runs and combined tables
 INVOCATIONS = "invocations.jsonl"  # one line per invocation that solved items: wall time
-# 2: typed records (status, score, explanation, details, usage, failure) and the framework name.
-FORMAT_VERSION = 2
+# FORMAT_VERSION (pipelines.runtime.records) 2: typed item records (status, score, explanation,
+# details, usage, failure) and the framework name in the manifest.
 
 
 class RunStoreError(RuntimeError):
@@ -86,21 +87,46 @@ def package_version() -> str:
         return "unknown"
 
 
-def read_manifest(path: Path) -> dict[str, Any]:
+def read_manifest(path: Path) -> RunManifest:
     """A run's manifest, refused with one line when missing, unreadable or of another format."""
     if not path.is_file():
         raise RunStoreError(f"{path.parent}: not a run directory (no {MANIFEST})")
     try:
-        manifest = json.loads(path.read_text())
+        raw = json.loads(path.read_text())
     except (OSError, json.JSONDecodeError) as exc:
         raise RunStoreError(f"{path}: unreadable manifest: {exc}") from exc
-    version = manifest.get("format_version", 1)
+    version = raw.get("format_version", 1) if isinstance(raw, dict) else None
     if version != FORMAT_VERSION:
         raise RunStoreError(
             f"{path}: run directory of format version {version}; this groundcover reads version "
             f"{FORMAT_VERSION} (rerun into a new --run-dir)"
         )
-    return manifest
+    try:
+        return RunManifest.model_validate(raw)
+    except ValidationError as exc:
+        raise RunStoreError(f"{path}: corrupt manifest: {_first_error(exc)}") from exc
+
+
+def read_study(root: Path) -> StudyRecord:
+    """A study root's ``study.json``."""
+    path = root / STUDY_FILE
+    try:
+        return StudyRecord.model_validate_json(path.read_bytes())
+    except OSError as exc:
+        raise RunStoreError(f"{path}: unreadable: {exc.strerror or exc}") from exc
+    except ValidationError as exc:
+        raise RunStoreError(f"{path}: corrupt study record: {_first_error(exc)}") from exc
+
+
+def read_summary(run_dir: Path) -> RunSummary:
+    """A run's ``summary.json`` as its last invocation wrote it."""
+    path = run_dir / SUMMARY
+    try:
+        return RunSummary.model_validate_json(path.read_bytes())
+    except OSError as exc:
+        raise RunStoreError(f"{path}: unreadable: {exc.strerror or exc}") from exc
+    except ValidationError as exc:
+        raise RunStoreError(f"{path}: corrupt summary: {_first_error(exc)}") from exc
 
 
 def index_results(path: Path) -> dict[str, tuple[int, str]]:
@@ -162,34 +188,33 @@ class RunStore:
         config_fp = fingerprint({"task": task, "config": config})
         if self.manifest_path.exists():
             manifest = read_manifest(self.manifest_path)
-            if manifest.get("config_fingerprint") != config_fp:
+            if manifest.config_fingerprint != config_fp:
                 raise RunStoreError(
                     f"{self.manifest_path}: this run directory holds a different task or config "
-                    f"(fingerprint {manifest.get('config_fingerprint')} != {config_fp}); "
+                    f"(fingerprint {manifest.config_fingerprint} != {config_fp}); "
                     "use a new --run-dir"
                 )
-            manifest.setdefault("resumed_at", []).append(time.time())
+            manifest.resumed_at = [*manifest.resumed_at, time.time()]
         else:
-            manifest = {
-                "format_version": FORMAT_VERSION,
-                "framework": framework,
-                "task": task,
-                "command": sys.argv,
-                "config": config,
-                "config_fingerprint": config_fp,
+            manifest = RunManifest(
+                framework=framework,
+                task=task,
+                command=list(sys.argv),
+                config=config,
+                config_fingerprint=config_fp,
                 **provenance,
-                "package_version": package_version(),
-                "git_revision": git_revision(),
-                "python": sys.version.split()[0],
-                "host": platform.node(),
-                "created_at": time.time(),
-            }
-        atomic_write_json(self.manifest_path, manifest)
+                package_version=package_version(),
+                git_revision=git_revision(),
+                python=sys.version.split()[0],
+                host=platform.node(),
+                created_at=time.time(),
+            )
+        atomic_write_json(self.manifest_path, manifest.to_json())
         self._repair_tail()
         self.index = index_results(self.results_path)
         return manifest
 
-    def manifest(self) -> dict[str, Any]:
+    def manifest(self) -> RunManifest:
         return read_manifest(self.manifest_path)
 
     @classmethod
@@ -255,8 +280,8 @@ class RunStore:
         self.index.pop(result.id, None)
         self.index[result.id] = (end, result.status)
 
-    def write_summary(self, summary: dict[str, Any]) -> None:
-        atomic_write_json(self.summary_path, summary)
+    def write_summary(self, summary: RunSummary) -> None:
+        atomic_write_json(self.summary_path, summary.to_json())
 
     def close(self) -> None:
         if self._fd is not None:

@@ -10,13 +10,14 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from pipelines.runtime.records import RunSummary
 from pipelines.runtime.results import STATUSES, ItemResult
 from pipelines.runtime.runstore import invocation_seconds
 
 USAGE_KEYS = ("calls", "requests", "cache_hits", "retries", "prompt_tokens", "completion_tokens")
 
 
-def summarise(framework: str, task: str, n_items: int, results: Iterable[ItemResult]) -> dict:
+def summarise(framework: str, task: str, n_items: int, results: Iterable[ItemResult]) -> RunSummary:
     """Status counts over every item and the mean score over the scored ones, in one pass."""
     statuses = dict.fromkeys(STATUSES, 0)
     scores = []
@@ -25,17 +26,16 @@ def summarise(framework: str, task: str, n_items: int, results: Iterable[ItemRes
         if r.score is not None:
             scores.append(r.score)
     recorded = sum(statuses.values())
-    summary: dict[str, Any] = {
-        "framework": framework,
-        "task": task,
-        "items": n_items,
-        "recorded": recorded,
-        "partial": recorded < n_items,
-        "statuses": statuses,
-    }
+    summary = RunSummary(
+        framework=framework,
+        task=task,
+        items=n_items,
+        recorded=recorded,
+        partial=recorded < n_items,
+        statuses=statuses,
+    )
     if scores:  # over items with a defined score; every status is counted above
-        summary["mean_score"] = sum(scores) / len(scores)
-        summary["scored_items"] = len(scores)
+        summary.add(mean_score=sum(scores) / len(scores), scored_items=len(scores))
     return summary
 
 
@@ -79,31 +79,28 @@ def usage_by_role(
     return out
 
 
-def print_summary(summary: dict[str, Any], out: Console) -> None:
-    title = f"{summary['task']}: {summary['recorded']}/{summary['items']} recorded"
-    if summary.get("partial"):
+def print_summary(summary: RunSummary, out: Console) -> None:
+    title = f"{summary.task}: {summary.recorded}/{summary.items} recorded"
+    if summary.partial:
         title += " (partial run)"
     table = Table("status", "items", title=title)
-    for status, count in summary["statuses"].items():
+    for status, count in summary.statuses.items():
         if count:
             table.add_row(status, str(count))
     out.print(table)
-    if "mean_score" in summary:
-        out.print(
-            f"mean score {summary['mean_score']:.4f} over {summary['scored_items']} scored items"
-        )
-    for key, title in (
-        ("usage_this_invocation", "model usage (this invocation)"),
-        ("usage_recorded", "model usage (recorded items)"),
+    if summary.mean_score is not None:
+        out.print(f"mean score {summary.mean_score:.4f} over {summary.scored_items} scored items")
+    for usage, title in (
+        (summary.usage_this_invocation, "model usage (this invocation)"),
+        (summary.usage_recorded, "model usage (recorded items)"),
     ):
-        usage = summary.get(key) or {}
         if usage:
             stages = Table("stage", *(k.replace("_", " ") for k in USAGE_KEYS), title=title)
             for stage, u in usage.items():
                 stages.add_row(stage, *(str(round(u.get(k, 0))) for k in USAGE_KEYS))
             out.print(stages)
-    this_invocation = "usage_by_role_this_invocation" in summary
-    by_role = summary.get("usage_by_role_this_invocation", summary.get("usage_by_role")) or {}
+    this_invocation = "usage_by_role_this_invocation" in summary.model_fields_set
+    by_role = summary.usage_by_role_this_invocation if this_invocation else summary.usage_by_role
     if by_role:
         title = "model usage by role" + (" (this invocation)" if this_invocation else "")
         roles = Table("role", "model", *(k.replace("_", " ") for k in USAGE_KEYS), title=title)
@@ -112,15 +109,15 @@ def print_summary(summary: dict[str, Any], out: Console) -> None:
                 role, str(u.get("model") or "-"), *(str(round(u.get(k, 0))) for k in USAGE_KEYS)
             )
         out.print(roles)
-    for key, title in (
-        ("cost_this_invocation", "cost in $ (this invocation)"),
-        ("cost_recorded", "cost in $ (recorded items)"),
+    for cost, title in (
+        (summary.cost_this_invocation, "cost in $ (this invocation)"),
+        (summary.cost_recorded, "cost in $ (recorded items)"),
     ):
-        if summary.get(key):
-            print_cost(summary[key], title, out)
-    if summary.get("budget_stop"):
-        out.print(f"budget: stopped admitting items ({summary['budget_stop']})")
-    for pair in summary.get("self_judging") or []:
+        if cost:
+            print_cost(cost, title, out)
+    if summary.budget_stop:
+        out.print(f"budget: stopped admitting items ({summary.budget_stop})")
+    for pair in summary.self_judging:
         out.print(
             f"self-judging: the {pair['judge']} role is the {pair['system']} model {pair['model']}"
         )

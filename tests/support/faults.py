@@ -151,10 +151,11 @@ def check_outcome(key: str, outcome: Any, expected: int | None, out: Replay) -> 
             out.problems.append(f"{key}/{r.id}: no explanation")
         if r.score is not None and not (math.isfinite(r.score) and 0.0 <= r.score <= 1.0):
             out.problems.append(f"{key}/{r.id}: score {r.score}")
-    counted = sum(outcome.summary.get("statuses", {}).values())
+    counted = sum(outcome.summary.statuses.values()) if outcome.summary else 0
     if counted != len(outcome.results):
         out.problems.append(f"{key}: summary counts {counted} of {len(outcome.results)} items")
-    for where, value in walk({"summary": outcome.summary, "tables": outcome.tables}):
+    summary = outcome.summary.to_json() if outcome.summary else None
+    for where, value in walk({"summary": summary, "tables": outcome.tables}):
         if isinstance(value, float) and not math.isfinite(value):
             out.problems.append(f"{key}: {where} = {value}")
 
