@@ -11,7 +11,7 @@ from __future__ import annotations
 import inspect
 import types
 from pathlib import Path
-from typing import Annotated, Any, Literal, Union, get_args, get_origin
+from typing import TYPE_CHECKING, Annotated, Any, Literal, Union, get_args, get_origin
 
 import typer
 from typer import _click as click  # the click typer vendors (0.29+): its groups' base
@@ -19,6 +19,9 @@ from typer.core import TyperCommand, TyperGroup
 
 from pipelines.cli.options import SHARED_OPTIONS, Shared, clean_errors, load_request
 from pipelines.runtime.commands import Command, Flag
+
+if TYPE_CHECKING:
+    from pipelines.runtime.protocol import Study
 
 SCALARS = (bool, int, float, str, Path)
 
@@ -71,7 +74,7 @@ def _default_text(info: Any) -> str | None:
     return str(default)
 
 
-def flag_parameter(study: Any, flag: Flag) -> inspect.Parameter:
+def flag_parameter(study: Study[Any], flag: Flag) -> inspect.Parameter:
     """One keyword parameter of the command function, annotated for typer."""
     decls = [f"--{flag.name}"] if flag.name and not flag.argument else []
     if flag.role is not None:

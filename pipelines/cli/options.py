@@ -8,10 +8,13 @@ import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import Console
+
+if TYPE_CHECKING:
+    from pipelines.runtime.protocol import RunRequest, Study
 
 PANEL = "Evaluator and run options (shared by every framework)"
 console = Console(stderr=True)
@@ -179,7 +182,7 @@ class Shared:
         }
 
 
-def load_request(study: Any, own: dict[str, Any], shared: Shared) -> Any:
+def load_request(study: Study[Any], own: dict[str, Any], shared: Shared) -> RunRequest:
     """The command's ``RunRequest``: its own options (dotted keys of the study's options; a
     ``roles.<role>`` key sets a role like ``--role`` does, which wins over it), the shared
     options and the YAML file, by the one configuration builder of the CLI and the API."""

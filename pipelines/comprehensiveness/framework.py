@@ -54,7 +54,7 @@ from serving.client import EvalClient
 GRAPH_METHODS = {"nli": nli_method.evaluate, "qa": qa_method.evaluate}
 
 
-class Comprehensiveness(Framework):
+class Comprehensiveness(Framework[ComprehensivenessOptions, Item]):
     name = "comprehensiveness"
     Options = ComprehensivenessOptions
     prompts = PROMPTS
@@ -240,7 +240,7 @@ class Eli5Options(BaseModel):
     metric: ComprehensivenessOptions = Field(default_factory=ComprehensivenessOptions)
 
 
-class Eli5(Study):
+class Eli5(Study[Eli5Options]):
     """Per responder: a generate run (template answer_from_texts), then one comprehensiveness
     run per method over the answers it gave; combined into the paper's Figure-6 table."""
 

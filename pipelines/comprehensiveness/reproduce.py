@@ -84,7 +84,7 @@ def _cell(model: str, method: str, dataset: str) -> str:
     return f"{model}/{method}/{dataset}"
 
 
-class Reproduce(Study):
+class Reproduce(Study[ReproduceOptions]):
     name = "reproduce-comprehensiveness"
     Options = ReproduceOptions
 

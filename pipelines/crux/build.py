@@ -95,7 +95,7 @@ def parse_passages(text: str) -> list[str]:
     return parts[:3]
 
 
-class Build(Framework):
+class Build(Framework[BuildOptions, Record]):
     name = "crux-build"
     Options = BuildOptions
     prompts = PROMPTS
@@ -173,7 +173,7 @@ class Build(Framework):
         return ctx.result("ok", len(kept) / len(sub), explanation)
 
 
-class BuildStudy(Study):
+class BuildStudy(Study[BuildOptions]):
     name = "crux-build-data"
     Options = BuildOptions
     roles = BUILD_ROLES

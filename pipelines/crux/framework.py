@@ -85,7 +85,7 @@ async def rate(ctx: ItemContext, question: str, text: str, stage: str = "rate") 
     return parsed.value, parsed.outputs[-1]
 
 
-class Crux(Framework):
+class Crux(Framework[CruxOptions, TopicItem]):
     name = "crux"
     Options = CruxOptions
     prompts = PROMPTS

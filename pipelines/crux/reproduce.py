@@ -138,7 +138,7 @@ def build_passage_index(options: ReproduceCruxOptions, out: Path) -> None:
     build_index(corpus, out, IndexSpec(chunk_size=100_000, chunk_overlap=0))
 
 
-class ReproduceCrux(Study):
+class ReproduceCrux(Study[ReproduceCruxOptions]):
     name = "reproduce-crux"
     Options = ReproduceCruxOptions
     roles = {

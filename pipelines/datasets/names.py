@@ -41,7 +41,7 @@ def dataset_file(spec: str) -> Path:
     return path
 
 
-def data_provenance(options: Any) -> list[dict[str, str]]:
+def data_provenance(options: object) -> list[dict[str, str]]:
     """For the manifest: which catalogued dataset (name, revision, sha256) each input is."""
     if not isinstance(options, BaseModel):
         return []

@@ -240,7 +240,7 @@ class Resources:
     bleurt: Any
 
 
-class FanOutQA(Framework):
+class FanOutQA(Framework[FanoutOptions, Question]):
     name = "fanoutqa"
     Options = FanoutOptions
     prompts = PROMPTS

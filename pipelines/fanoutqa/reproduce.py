@@ -54,7 +54,7 @@ class ReproduceFanoutOptions(BaseModel):
     fanoutqa: FanoutOptions = Field(default_factory=FanoutOptions)
 
 
-class ReproduceFanout(ModelGrid):
+class ReproduceFanout(ModelGrid[ReproduceFanoutOptions]):
     name = "reproduce-fanoutqa"
     Options = ReproduceFanoutOptions
     roles = {"judge": "the A-F judge (--judge); the answering models are --models"}

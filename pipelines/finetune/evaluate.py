@@ -104,7 +104,7 @@ def prf(matched_pred: int, n_pred: int, matched_gold: int, n_gold: int) -> dict[
     return {"precision": precision, "recall": recall, "f1": f1}
 
 
-class ClaimsEval(Framework):
+class ClaimsEval(Framework[EvalOptions, Example]):
     name = "finetune-eval"
     Options = EvalOptions
     roles = {"extract": "the claim extractor under test (base model or adapter)"}
@@ -163,7 +163,7 @@ class CompareOptions(BaseModel):
     metric: EvalOptions
 
 
-class Compare(Study):
+class Compare(Study[CompareOptions]):
     """The base model and the adapter on the same validation set: one run each, one table."""
 
     name = "finetune-compare"

@@ -83,7 +83,7 @@ def read_topics(path: Path) -> list[Topic]:
     return topics
 
 
-class TopicBatches(Framework):
+class TopicBatches(Framework[TeacherOptions, Topic]):
     """Run ``topics``: item k asks the teacher for a batch of topics."""
 
     name = "finetune-topics"
@@ -108,7 +108,7 @@ class TopicBatches(Framework):
         return ctx.result("ok", None, f"{len(parsed.value)} topics")
 
 
-class TopicExamples(Framework):
+class TopicExamples(Framework[TeacherOptions, Topic]):
     """Run ``examples``: per topic, entities, a paragraph each, and the paragraph's claims."""
 
     name = "finetune-examples"
@@ -157,7 +157,7 @@ class TopicExamples(Framework):
         return {"entity": entity, "paragraph": paragraph.value, "claims": claims.value}
 
 
-class TeacherData(Study):
+class TeacherData(Study[TeacherOptions]):
     name = "finetune-data"
     Options = TeacherOptions
     roles = TEACHER_ROLES

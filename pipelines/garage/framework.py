@@ -68,7 +68,7 @@ def attribution(predicted: set[int], gold: set[int]) -> dict[str, float | None]:
     return {"precision": precision, "recall": recall, "f1": f1}
 
 
-class Garage(Framework):
+class Garage(Framework[GarageOptions, Record]):
     name = "garage"
     Options = GarageOptions
     prompts = PROMPTS

@@ -52,7 +52,7 @@ class ReproduceGarageOptions(BaseModel):
     garage: GarageOptions = Field(default_factory=GarageOptions)
 
 
-class ReproduceGarage(ModelGrid):
+class ReproduceGarage(ModelGrid[ReproduceGarageOptions]):
     name = "reproduce-garage"
     Options = ReproduceGarageOptions
     roles = {"judge": "every judging stage; the answering models are --models"}

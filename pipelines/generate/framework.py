@@ -35,7 +35,7 @@ class GenerateOptions(FrameworkOptions):
     )
 
 
-class Generate(Framework):
+class Generate(Framework[GenerateOptions, GenerateItem]):
     name = "generate"
     Options = GenerateOptions
     prompts = PROMPTS

@@ -235,7 +235,7 @@ def covered_m(
 # ---- the framework ---------------------------------------------------------------------------
 
 
-class Icat(Framework):
+class Icat(Framework[IcatOptions, data.Response]):
     name = "icat"
     Options = IcatOptions
     prompts = PROMPTS

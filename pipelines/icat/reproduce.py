@@ -86,7 +86,7 @@ def row_of(entry: dict[str, Any]) -> dict[str, float | None]:
     return dict(zip(COLUMNS, values, strict=True))
 
 
-class ReproduceIcat(Study):
+class ReproduceIcat(Study[ReproduceIcatOptions]):
     name = "reproduce-icat"
     Options = ReproduceIcatOptions
     roles = ICAT.roles
@@ -104,7 +104,9 @@ class ReproduceIcat(Study):
             for source, cell in request.options.sources().items()
         ]
 
-    def combine(self, outcomes: dict[str, RunOutcome], options: Any) -> dict[str, Any]:
+    def combine(
+        self, outcomes: dict[str, RunOutcome], options: ReproduceIcatOptions
+    ) -> dict[str, Any]:
         rows = []
         for source, outcome in outcomes.items():
             for system, entry in ((outcome.tables or {}).get("systems") or {}).items():

@@ -26,12 +26,13 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from pydantic import BaseModel
 from rich.console import Console
 from rich.table import Table
 
 from pipelines.runtime.costs import cost_table
 from pipelines.runtime.evaluator import NotCached
-from pipelines.runtime.protocol import ItemContext
+from pipelines.runtime.protocol import Framework, ItemContext
 from pipelines.runtime.results import ItemResult, StageFailed
 
 RESAMPLES = 2000
@@ -78,8 +79,8 @@ def _plus(a: tuple[float, ...], b: tuple[float, ...]) -> tuple[float, ...]:
 
 
 def estimate_run(
-    fw: Any,
-    options: Any,
+    fw: Framework[Any, Any],
+    options: BaseModel,
     missing: Iterable[Any],
     n_missing: int,
     recorded: list[ItemResult],
@@ -169,9 +170,9 @@ def _usage_at(stages: list[StageEstimate], i: int) -> dict[str, dict[str, float]
 
 
 async def replay_cached(
-    fw: Any,
+    fw: Framework[Any, Any],
     items: Iterable[Any],
-    options: Any,
+    options: BaseModel,
     clients: dict[str, Any],
     resources: Any,
     max_reasks: int,

@@ -13,7 +13,7 @@ from typing import Any, ClassVar
 from rich.console import Console
 from rich.table import Table
 
-from pipelines.runtime.protocol import Framework, RunOutcome, RunPlan, RunRequest, Study
+from pipelines.runtime.protocol import Framework, OptionsT, RunOutcome, RunPlan, RunRequest, Study
 from pipelines.runtime.roles import responder_config
 
 Published = dict[str, dict[str, tuple[float, ...]]]  # run -> model fragment -> column values
@@ -29,13 +29,13 @@ def published_row(model: str, run: str, table: Published, columns: tuple[str, ..
     return None
 
 
-class ModelGrid(Study):
+class ModelGrid(Study[OptionsT]):
     framework: ClassVar[Framework]
     field: ClassVar[str]  # the framework's options inside the grid's options
     columns: ClassVar[tuple[str, ...]]  # keys of ``flat`` shown, in the paper's order
     title: ClassVar[str]
 
-    def inner(self, options: Any) -> Any:
+    def inner(self, options: OptionsT) -> Any:
         return getattr(options, self.field)
 
     def flat(self, tables: dict[str, Any] | None) -> dict[str, float | None]:
@@ -45,10 +45,10 @@ class ModelGrid(Study):
     def paper(self, model: str, run: str) -> dict[str, float] | None:
         raise NotImplementedError
 
-    def load(self, options: Any) -> Any:
+    def load(self, options: OptionsT) -> Any:
         return self.framework.load(self.inner(options))
 
-    def check_inputs(self, options: Any) -> None:
+    def check_inputs(self, options: OptionsT) -> None:
         self.framework.check_inputs(self.inner(options))
 
     def plan(self, request: RunRequest, root: Path) -> list[RunPlan]:
@@ -69,7 +69,7 @@ class ModelGrid(Study):
                 )
         return plans
 
-    def combine(self, outcomes: dict[str, RunOutcome], options: Any) -> dict[str, Any]:
+    def combine(self, outcomes: dict[str, RunOutcome], options: OptionsT) -> dict[str, Any]:
         rows = []
         for key, outcome in outcomes.items():
             model, _, run = key.partition("/")

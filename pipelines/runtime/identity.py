@@ -6,6 +6,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from pydantic import BaseModel
+
 from pipelines.runtime.config import EvaluatorConfig, items_digest
 from pipelines.runtime.evaluator import model_record
 from pipelines.runtime.protocol import Framework, RunPlan, RunRequest
@@ -43,8 +45,8 @@ def lead_evaluator(roles: dict[str, EvaluatorConfig], default: EvaluatorConfig) 
 
 
 def run_identity(
-    fw: Framework,
-    options: Any,
+    fw: Framework[Any, Any],
+    options: BaseModel,
     roles: dict[str, EvaluatorConfig],
     default: EvaluatorConfig,
     items: Sequence[Any],

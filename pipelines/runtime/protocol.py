@@ -27,7 +27,7 @@ from __future__ import annotations
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Generic, Protocol, TypeVar
 
 from pydantic import BaseModel, Field, create_model
 from rich.console import Console
@@ -39,6 +39,17 @@ from pipelines.runtime.results import ItemResult, StageFailed, StageFailure, Sta
 from pipelines.runtime.roles import RoleSpec, role_evaluator
 from serving.client import ChatResult, EvalClient, LabelScore, Parsed, StageUsage, Tool, ToolRun
 from serving.templates import REASK, PromptTemplate
+
+
+class Identified(Protocol):
+    """An item: every item a framework loads has a string id (``config.RecordId``)."""
+
+    @property
+    def id(self) -> str: ...
+
+
+OptionsT = TypeVar("OptionsT", bound=BaseModel)  # a study's options model
+ItemT = TypeVar("ItemT", bound=Identified)  # a framework's item, as its ``load`` returns
 
 
 class FrameworkOptions(Strict):
@@ -88,7 +99,7 @@ class RunPlan:
     items: Callable[[dict[str, RunOutcome]], list[Any]] | None = None  # None: the study's items
 
 
-class Study:
+class Study(Generic[OptionsT]):
     name: ClassVar[str]
     Options: ClassVar[type[BaseModel]]
     # role -> what it does (the models a user can set with --role ROLE=...)
@@ -101,10 +112,10 @@ class Study:
                 f"--role {unknown[0]}: {self.name} has the roles {', '.join(self.roles)}"
             )
 
-    def load(self, options: Any) -> Sequence[Any]:
+    def load(self, options: OptionsT) -> Sequence[Any]:
         raise NotImplementedError
 
-    def check_inputs(self, options: Any) -> None:
+    def check_inputs(self, options: OptionsT) -> None:
         """Read the input files besides the items (``load``) and stop with one ``UserError``
         if any is malformed -- before the run directory exists, so nothing is written."""
 
@@ -112,7 +123,7 @@ class Study:
         """The runs of the study, each in ``root / key``."""
         raise NotImplementedError
 
-    def combine(self, outcomes: dict[str, RunOutcome], options: Any) -> dict[str, Any] | None:
+    def combine(self, outcomes: dict[str, RunOutcome], options: OptionsT) -> dict[str, Any] | None:
         """Study-level tables from the runs' outcomes (None: each run's own tables suffice)."""
         return None
 
@@ -120,7 +131,7 @@ class Study:
         pass
 
 
-class Framework(Study):
+class Framework(Study[OptionsT], Generic[OptionsT, ItemT]):
     Options: ClassVar[type[FrameworkOptions]]
     prompts: ClassVar[dict[str, PromptTemplate]] = {}
     report_only: ClassVar[frozenset[str]] = frozenset()
@@ -134,7 +145,7 @@ class Framework(Study):
     # a model call (a cross-encoder) maps to the name of its backend, e.g. "nli".
     stage_roles: ClassVar[dict[str, str]] = {"*": "judge"}
 
-    def roles_used(self, options: Any) -> list[str]:
+    def roles_used(self, options: OptionsT) -> list[str]:
         """The roles a run with ``options`` asks (only these are opened, and identify it)."""
         return list(self.roles)
 
@@ -154,7 +165,7 @@ class Framework(Study):
         return [RunPlan("", self.name, request.options)]
 
     def given_answers(
-        self, options: Any, item_ids: Collection[str] | None = None
+        self, options: OptionsT, item_ids: Collection[str] | None = None
     ) -> dict[str, str] | None:
         """The run's answers made elsewhere (id -> answer), None where it has no answers file;
         read and checked against ``item_ids`` with one-line errors."""
@@ -163,11 +174,11 @@ class Framework(Study):
             return None
         return read_answers(Path(path), self.answer_file, item_ids)
 
-    def answer_ids(self, options: Any, items: Sequence[Any]) -> Collection[str]:
+    def answer_ids(self, options: OptionsT, items: Sequence[ItemT]) -> Collection[str]:
         """The ids an answers file may name (default: the items')."""
         return [str(item.id) for item in items]
 
-    def identity(self, options: Any) -> dict[str, Any]:
+    def identity(self, options: OptionsT) -> dict[str, Any]:
         found = options.model_dump(mode="json", exclude=set(self.report_only))
         names = (*self.content_options, *(("answers",) if self.answer_file else ()))
         for name in dict.fromkeys(names):
@@ -176,38 +187,41 @@ class Framework(Study):
                 found[f"{name}_sha256"] = file_sha256(path)
         return found
 
-    def light_setup(self, options: Any) -> bool:
+    def light_setup(self, options: OptionsT) -> bool:
         """``setup`` loads no model or index (files at most): a dry run may call it and replay
         the items against the response cache."""
         return False
 
-    def known_calls(self, item: Any, options: Any) -> dict[str, int]:
+    def known_calls(self, item: ItemT, options: OptionsT) -> dict[str, int]:
         """Per stage, the calls this item makes whatever the models answer (re-asks of an
         unparseable output not counted); stages left out depend on model output and are
         estimated from recorded items (``--dry-run``)."""
         return {}
 
-    def score_protocol(self, options: Any) -> dict[str, Any]:
+    def score_protocol(self, options: OptionsT) -> dict[str, Any]:
         """The options that change what a score means (a rule set chosen by a flag): runs that
         differ in them are not compared item by item."""
         return {}
 
-    def prompt_ids(self, options: Any) -> dict[str, str]:
+    def prompt_ids(self, options: OptionsT) -> dict[str, str]:
         """Ids of the templates a run with ``options`` uses (recorded; part of its identity)."""
         return {name: t.id for name, t in self.prompts.items()} | {"reask": REASK.id}
 
     def setup(self, request: RunRequest, root: Path) -> Any:
         return None
 
-    async def solve(self, item: Any, ctx: ItemContext) -> ItemResult:
+    def load(self, options: OptionsT) -> Sequence[ItemT]:
         raise NotImplementedError
 
-    def tables_file(self, options: Any) -> str | None:
+    async def solve(self, item: ItemT, ctx: ItemContext) -> ItemResult:
+        raise NotImplementedError
+
+    def tables_file(self, options: OptionsT) -> str | None:
         """File name the run's tables are written to (None: no tables, ``aggregate`` is not
         called and the records stay on disk)."""
         return None
 
-    def aggregate(self, results: list[ItemResult], options: Any) -> dict[str, Any] | None:
+    def aggregate(self, results: list[ItemResult], options: OptionsT) -> dict[str, Any] | None:
         """The tables, from every record parsed once (in id order)."""
         return None
 

@@ -10,9 +10,12 @@ from __future__ import annotations
 
 import importlib
 from functools import cache
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pipelines.runtime.commands import Command, load_object
+
+if TYPE_CHECKING:  # the protocol module loads pydantic and the client: not for --help
+    from pipelines.runtime.protocol import Framework, Study
 
 PACKAGES = (
     "pipelines.generate",
@@ -30,8 +33,8 @@ def _plugin(package: str) -> Any:
 
 
 @cache
-def studies() -> dict[str, Any]:
-    found: dict[str, Any] = {}
+def studies() -> dict[str, Study[Any]]:
+    found: dict[str, Study[Any]] = {}
     for package in PACKAGES:
         for ref in _plugin(package).STUDIES:
             item = load_object(ref)
@@ -39,7 +42,7 @@ def studies() -> dict[str, Any]:
     return found
 
 
-def study(name: str) -> Any:
+def study(name: str) -> Study[Any]:
     from pipelines.runtime.config import UserError
 
     try:
@@ -50,7 +53,7 @@ def study(name: str) -> Any:
         ) from None
 
 
-def framework(name: str) -> Any:
+def framework(name: str) -> Framework[Any, Any]:
     from pipelines.runtime.config import UserError
     from pipelines.runtime.protocol import Framework
 

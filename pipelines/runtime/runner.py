@@ -44,6 +44,7 @@ from pipelines.runtime.planning import estimate_from_disk, print_dry_run
 from pipelines.runtime.protocol import (
     Framework,
     ItemContext,
+    ItemT,
     RunOutcome,
     RunPlan,
     RunRequest,
@@ -90,7 +91,7 @@ def sigterm_as_interrupt() -> None:
 # ---- solving -----------------------------------------------------------------------------------
 
 
-async def solve_item(fw: Framework, item: Any, ctx: ItemContext) -> ItemResult:
+async def solve_item(fw: Framework[Any, ItemT], item: ItemT, ctx: ItemContext) -> ItemResult:
     """The framework's answer, or the item's failure recorded as such. Only a gone endpoint or
     an interrupt stops the run (what finished is kept; a rerun resumes)."""
     try:

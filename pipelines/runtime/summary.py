@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 from rich.table import Table
@@ -13,6 +13,11 @@ from rich.table import Table
 from pipelines.runtime.records import RunSummary
 from pipelines.runtime.results import STATUSES, ItemResult
 from pipelines.runtime.runstore import invocation_seconds
+
+if TYPE_CHECKING:
+    from pydantic import BaseModel
+
+    from pipelines.runtime.protocol import Framework
 
 USAGE_KEYS = ("calls", "requests", "cache_hits", "retries", "prompt_tokens", "completion_tokens")
 
@@ -51,7 +56,7 @@ def recorded_usage(results: Iterable[ItemResult]) -> dict[str, dict[str, float]]
 
 
 def recorded_cost(
-    fw: Any,
+    fw: Framework[Any, Any],
     usage: dict[str, dict[str, Any]],
     roles: dict[str, dict[str, Any]],
     prices: dict[str, Any],
@@ -64,7 +69,7 @@ def recorded_cost(
 
 
 def usage_by_role(
-    fw: Any, usage: dict[str, dict[str, Any]], roles: dict[str, dict[str, Any]]
+    fw: Framework[Any, Any], usage: dict[str, dict[str, Any]], roles: dict[str, dict[str, Any]]
 ) -> dict[str, dict[str, Any]]:
     """Per-stage usage summed per role (the framework's stage_roles), each with its model."""
     out: dict[str, dict[str, Any]] = {}
@@ -136,15 +141,18 @@ def print_cost(cost: dict[str, Any], title: str, out: Console) -> None:
 
 
 def records_for_tables(
-    fw: Any, options: Any, records: Sequence[ItemResult]
+    fw: Framework[Any, Any], options: BaseModel, records: Sequence[ItemResult]
 ) -> Sequence[ItemResult]:
     """A framework with tables gets its records parsed once, as a list (its aggregate makes
     many passes); one without keeps them on disk, read when used (a 100,000-item run)."""
     return list(records) if fw.tables_file(options) is not None else records
 
 
-def tables_of(fw: Any, options: Any, results: Sequence[ItemResult]) -> dict[str, Any] | None:
+def tables_of(
+    fw: Framework[Any, Any], options: BaseModel, results: Sequence[ItemResult]
+) -> dict[str, Any] | None:
     """The framework's tables (None for a framework or options without tables)."""
     if fw.tables_file(options) is None:
         return None
-    return fw.aggregate(results, options)
+    # records_for_tables gave a list to a framework with tables; a plain sequence is read once
+    return fw.aggregate(results if isinstance(results, list) else list(results), options)
