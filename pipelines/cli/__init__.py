@@ -1,12 +1,14 @@
-"""The ``groundcover`` command line (typer): ``main`` builds the app from the registry,
-``data`` the dataset commands, ``options`` the flags every evaluation shares."""
+"""The ``groundcover`` command line (typer, used nowhere else): ``main`` holds the app and its
+groups, ``frameworks`` builds each framework's commands from its declaration when they run,
+``options`` the flags every evaluation shares, and one module per command family (``serve``,
+``index``, ``data``, ``reports``, ``finetune``)."""
 
 from typing import Any
 
 
 def __getattr__(name: str) -> Any:
-    """``from pipelines.cli import app``, loaded on first use: the frameworks import
-    ``pipelines.cli.options``, and the app imports every framework."""
+    """``from pipelines.cli import app``, loaded on first use (``python -m pipelines.cli`` and
+    the entry point import ``main`` directly)."""
     if name == "app":
         from pipelines.cli.main import app
 
