@@ -12,6 +12,7 @@ import json
 import math
 import random
 import re
+import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -22,6 +23,7 @@ from pydantic import BaseModel, ValidationError
 from serving.cache import ResponseCache, cache_key
 from serving.limits import AdaptiveLimit, FixedLimit
 from serving.parsing import ParseError, extract_json, match_choice
+from serving.reasoning import Reasoning, ReasoningCut, reasoning_text
 from serving.templates import REASK
 from serving.transport import HttpTransport, StatusError, TransportError
 
@@ -82,9 +84,23 @@ class ChatResult:
         return self.message.get("tool_calls") or []
 
     @property
+    def reasoning(self) -> str:
+        """What the model reasoned before its answer (kept apart: parsers read ``text``)."""
+        return reasoning_text(self.message)
+
+    @property
+    def cut_in_reasoning(self) -> bool:
+        """Cut at max_tokens before any answer: nothing to parse."""
+        return self.finish_reason == "length" and not self.text.strip() and not self.tool_calls
+
+    @property
     def token_logprobs(self) -> list[dict[str, Any]]:
+        """Logprobs of the answer's tokens. Some servers also list the reasoning's tokens:
+        those are cut off here; where the answer's tokens cannot be told apart, none are
+        given (callers then use the sampled answer and say so)."""
         logprobs = self.raw["choices"][0].get("logprobs") or {}
-        return logprobs.get("content") or []
+        tokens = logprobs.get("content") or []
+        return answer_tokens(tokens, self.text) if tokens and self.reasoning else tokens
 
     @property
     def sequence_probability(self) -> float | None:
@@ -92,6 +108,20 @@ class ChatResult:
         probability of a short constrained answer such as a label."""
         values = [t["logprob"] for t in self.token_logprobs if t.get("logprob") is not None]
         return math.exp(sum(values) / len(values)) if values else None
+
+
+def answer_tokens(tokens: list[dict[str, Any]], answer: str) -> list[dict[str, Any]]:
+    """The trailing tokens that spell ``answer`` (the whole list when it is the answer's own;
+    none when no suffix spells it)."""
+    target = answer.strip()
+    spelled = ""
+    for start in range(len(tokens) - 1, -1, -1):
+        spelled = tokens[start].get("token", "") + spelled
+        if target and spelled.strip() == target:
+            return tokens[start:]
+        if len(spelled.strip()) > len(target):
+            break
+    return []
 
 
 @dataclass
@@ -237,6 +267,7 @@ class EvalClient:
         default_params: dict[str, Any] | None = None,
         vllm_extensions: bool = True,
         gone: Callable[[], str | None] | None = None,
+        reasoning: Reasoning | None = None,
     ):
         self.base_url = base_url
         self.gone = gone  # says why the server cannot come back (a lost Ray cluster): no retry
@@ -251,6 +282,9 @@ class EvalClient:
         self.cache = cache
         self.default_params = dict(default_params or {})
         self.vllm_extensions = vllm_extensions  # choice-constrained decoding via extra_body
+        # how the model reasons (None: it is not known to; found from its first reasoning reply)
+        self.reasoning = reasoning
+        self.notices: list[str] = []  # said once per client (a model found to reason)
         self.max_retries = max_retries
         self.backoff = backoff
         self.max_backoff = max_backoff
@@ -279,10 +313,54 @@ class EvalClient:
         """One chat completion, from the cache when the same request was answered before.
 
         ``meter`` (optional) receives the same per-stage accounting as the client, e.g. per item.
-        ``adapter`` overrides the client's adapter for this request.
+        ``adapter`` overrides the client's adapter for this request. ``max_tokens`` is what
+        the answer needs: a reasoning model's request gets its reasoning budget on top, and a
+        reply cut inside its reasoning is asked again with a larger one (``serving.reasoning``);
+        still cut at the cap, ``ReasoningCut`` is raised.
         """
-        model = adapter or self.adapter or self.model
         body = {**self.default_params, **params}
+        answer = body.get("max_tokens")
+        attempt = 0
+        while True:
+            reasoning = self.reasoning
+            sent = dict(body)
+            budgets = reasoning.budgets() if reasoning is not None else [0]
+            if reasoning is not None:
+                sent |= reasoning.params()
+                if answer is not None:
+                    sent["max_tokens"] = answer + budgets[attempt]
+            result = await self._one(messages, sent, stage, template, adapter, meter)
+            if reasoning is None and result.reasoning:  # a model not known to reason does
+                self._found_reasoning()
+                if result.cut_in_reasoning and answer is not None:
+                    continue  # asked again with the reasoning budget
+            if not result.cut_in_reasoning or reasoning is None or answer is None:
+                return result
+            attempt += 1
+            if attempt == len(budgets):
+                raise ReasoningCut(stage, sent["max_tokens"])
+
+    def _found_reasoning(self) -> None:
+        self.reasoning = Reasoning.detected()
+        notice = (
+            f"{self.model}: the model reasons before it answers; each request now gets "
+            f"{self.reasoning.budget} reasoning tokens on top of its answer budget "
+            "(--reasoning / --reasoning-tokens set this)"
+        )
+        self.notices.append(notice)
+        print(f"note: {notice}", file=sys.stderr)
+
+    async def _one(
+        self,
+        messages: list[dict[str, Any]],
+        body: dict[str, Any],
+        stage: str,
+        template: str | None,
+        adapter: str | None,
+        meter: dict[str, StageUsage] | None,
+    ) -> ChatResult:
+        """One request's answer, from the cache or the endpoint, accounted."""
+        model = adapter or self.adapter or self.model
         usage = self.usage.setdefault(stage, StageUsage())
         raw, key = None, ""
         if self.cache is not None:  # the key (canonical JSON, SHA-256) only where it is used

@@ -171,6 +171,8 @@ class VLLMServer:
             ]
         else:
             args += ["--tensor-parallel-size", str(preset.tensor_parallel_size)]
+        if preset.reasoning_parser:  # the answer in content, the reasoning apart
+            args += ["--reasoning-parser", preset.reasoning_parser]
         if self.spec.loras:
             args += ["--enable-lora", "--max-lora-rank", str(lora_rank_for(self.spec.loras))]
             args += ["--max-loras", str(len(self.spec.loras))]

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 from pydantic import BaseModel, Field
 
@@ -23,12 +24,13 @@ class ModelPreset(BaseModel):
     max_model_len: int
     dtype: str = "bfloat16"
     tensor_parallel_size: int = 1
-    reasoning_effort: str | None = None  # gpt-oss: sent with every chat request
+    # how the model reasons before answering (serving.reasoning): effort (gpt-oss), toggle
+    # (Qwen3's enable_thinking), always (R1 distills); None: it does not
+    reasoning: Literal["effort", "toggle", "always"] | None = None
+    reasoning_default: Literal["off", "low", "medium", "high"] = "medium"
+    reasoning_parser: str | None = None  # vLLM's --reasoning-parser for it
     extra_engine_args: list[str] = Field(default_factory=list)
     notes: str = ""
-
-    def sampling_defaults(self) -> dict:
-        return {"reasoning_effort": self.reasoning_effort} if self.reasoning_effort else {}
 
 
 class LoraAdapter(BaseModel):
@@ -47,14 +49,16 @@ PRESETS: dict[str, ModelPreset] = {
             name="gpt-oss-20b",
             hub_id="openai/gpt-oss-20b",
             max_model_len=131072,
-            reasoning_effort="medium",
-            notes="MXFP4 MoE; fits one 80 GB GPU (16 GB minimum).",
+            reasoning="effort",
+            reasoning_parser="openai_gptoss",
+            notes="MXFP4 MoE; fits one 80 GB GPU (16 GB minimum). Reasons at effort low to high.",
         ),
         ModelPreset(
             name="gpt-oss-120b",
             hub_id="openai/gpt-oss-120b",
             max_model_len=131072,
-            reasoning_effort="medium",
+            reasoning="effort",
+            reasoning_parser="openai_gptoss",
             tensor_parallel_size=2,
             notes="Fits one 80 GB GPU at TP=1; TP=2 leaves room for long KV caches.",
         ),
@@ -75,6 +79,30 @@ PRESETS: dict[str, ModelPreset] = {
             hub_id="Qwen/Qwen2.5-72B-Instruct",
             max_model_len=32768,
             tensor_parallel_size=4,
+        ),
+        ModelPreset(
+            name="Qwen3-8B",
+            hub_id="Qwen/Qwen3-8B",
+            max_model_len=32768,
+            reasoning="toggle",
+            reasoning_parser="qwen3",
+            notes="Thinks by default; --reasoning off turns thinking off (enable_thinking).",
+        ),
+        ModelPreset(
+            name="Qwen3-32B",
+            hub_id="Qwen/Qwen3-32B",
+            max_model_len=32768,
+            tensor_parallel_size=2,
+            reasoning="toggle",
+            reasoning_parser="qwen3",
+        ),
+        ModelPreset(
+            name="DeepSeek-R1-Distill-Qwen-7B",
+            hub_id="deepseek-ai/DeepSeek-R1-Distill-Qwen-7B",
+            max_model_len=32768,
+            reasoning="always",
+            reasoning_parser="deepseek_r1",
+            notes="Always reasons (<think>); --reasoning sizes its budget only.",
         ),
         ModelPreset(
             name="embedded",

@@ -5,9 +5,12 @@ from serving.registry import PRESETS, LoraAdapter, UnknownModelError, resolve
 
 
 def test_presets_have_engine_arguments():
-    assert PRESETS["gpt-oss-20b"].sampling_defaults() == {"reasoning_effort": "medium"}
+    gpt_oss = PRESETS["gpt-oss-20b"]
+    assert (gpt_oss.reasoning, gpt_oss.reasoning_default) == ("effort", "medium")
     assert PRESETS["Llama-3.3-70B-Instruct"].tensor_parallel_size == 4
-    assert PRESETS["Llama-3.1-8B-Instruct"].sampling_defaults() == {}
+    assert PRESETS["Llama-3.1-8B-Instruct"].reasoning is None
+    assert PRESETS["Qwen3-8B"].reasoning == "toggle"
+    assert PRESETS["DeepSeek-R1-Distill-Qwen-7B"].reasoning == "always"
     assert resolve("openai/gpt-oss-20b").name == "gpt-oss-20b"  # hub id finds its preset
     assert resolve("qwen2.5-72b-instruct").name == "Qwen2.5-72B-Instruct"
 
@@ -44,6 +47,25 @@ def test_gpu_command_line_uses_tensor_parallelism(tmp_path):
     assert command[command.index("--tensor-parallel-size") + 1] == "4"
     assert "--enforce-eager" not in command
     assert "Qwen/Qwen2.5-72B-Instruct" in command
+
+
+@pytest.mark.parametrize(
+    ("model", "parser"),
+    [
+        ("gpt-oss-20b", "openai_gptoss"),
+        ("Qwen3-8B", "qwen3"),
+        ("DeepSeek-R1-Distill-Qwen-7B", "deepseek_r1"),
+        ("Llama-3.1-8B-Instruct", None),
+    ],
+)
+def test_a_reasoning_preset_is_served_with_its_reasoning_parser(tmp_path, model, parser):
+    server = VLLMServer(ServerSpec(model=model), tmp_path / "log")
+    server.device = "cuda"
+    command = server.command()
+    if parser is None:
+        assert "--reasoning-parser" not in command
+    else:
+        assert command[command.index("--reasoning-parser") + 1] == parser
 
 
 def test_named_adapter_presets():

@@ -110,7 +110,14 @@ def test_every_status_is_counted_none_dropped(tmp_path):
         store.append(record)
     store.close()
     counts = status_counts(store.results())
-    assert counts == {"ok": 2, "unparseable": 1, "abstained": 1, "undefined": 1, "error": 1}
+    assert counts == {
+        "ok": 2,
+        "unparseable": 1,
+        "abstained": 1,
+        "undefined": 1,
+        "error": 1,
+        "cut_in_reasoning": 0,
+    }
 
 
 @pytest.mark.parametrize(

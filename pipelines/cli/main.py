@@ -70,7 +70,7 @@ def models() -> None:
             str(p.max_model_len),
             p.dtype,
             str(p.tensor_parallel_size),
-            p.reasoning_effort or "-",
+            f"{p.reasoning} ({p.reasoning_default})" if p.reasoning else "-",
             p.notes,
         )
     Console().print(table)

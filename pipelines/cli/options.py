@@ -111,6 +111,14 @@ SHARED_OPTIONS: dict[str, tuple[Any, Any]] = {
     ),
     "max_tokens": (_opt(int | None, "default completion budget"), None),
     "temperature": (_opt(float | None, "sampling temperature (default 0)"), None),
+    "reasoning": (
+        _opt(str | None, "off | low | medium | high: a reasoning model's effort (default: preset)"),
+        None,
+    ),
+    "reasoning_tokens": (
+        _opt(int | None, "reasoning tokens on top of each answer budget (default per effort)"),
+        None,
+    ),
     "prices": (_opt(Path | None, "YAML: model -> $ per million tokens, or per GPU-hour"), None),
     "max_cost": (_opt(float | None, "dollars: admit no item that could pass this"), None),
     "max_run_tokens": (
@@ -149,6 +157,8 @@ class Shared:
     concurrency: str | None = None
     max_tokens: int | None = None
     temperature: float | None = None
+    reasoning: str | None = None
+    reasoning_tokens: int | None = None
     prices: Path | None = None
     max_cost: float | None = None
     max_run_tokens: int | None = None
@@ -174,6 +184,8 @@ class Shared:
             "evaluator.concurrency": self.concurrency,
             "evaluator.max_tokens": self.max_tokens,
             "evaluator.temperature": self.temperature,
+            "evaluator.reasoning": self.reasoning,
+            "evaluator.reasoning_tokens": self.reasoning_tokens,
             "run.run_dir": self.run_dir and str(self.run_dir),
             "run.prices": self.prices and str(self.prices),
             "run.max_cost": self.max_cost,

@@ -67,6 +67,12 @@ class EvaluatorConfig(Strict):
     temperature: float = Field(0.0, ge=0.0, le=2.0)
     seed: int | None = Field(None, ge=0, description="sampling seed sent with every request")
     max_tokens: int = Field(512, ge=1)
+    reasoning: Literal["off", "low", "medium", "high"] | None = Field(
+        None, description="how much a reasoning model reasons (default: its preset's)"
+    )
+    reasoning_tokens: int | None = Field(
+        None, ge=1, description="reasoning tokens on top of each answer budget (default per effort)"
+    )
     vllm_extensions: bool = Field(True, description="server accepts vLLM's structured_outputs")
     max_model_len: int | None = Field(None, ge=256)
 

@@ -22,6 +22,7 @@ from pipelines.runtime.config import EvaluatorConfig, UserError
 from serving.cache import ResponseCache
 from serving.client import EvalClient
 from serving.launcher import ServerSpec, VLLMServer
+from serving.reasoning import Reasoning
 from serving.registry import lora_adapter, model_source, resolve
 
 
@@ -33,10 +34,24 @@ def sampling_defaults(cfg: EvaluatorConfig) -> dict:
     defaults: dict[str, Any] = {"temperature": cfg.temperature, "max_tokens": cfg.max_tokens}
     if cfg.seed is not None:  # a repeat's seed: part of each request, so of its cache key
         defaults["seed"] = cfg.seed
-    preset = cfg.ref().preset
-    if preset is not None:
-        defaults |= preset.sampling_defaults()  # e.g. gpt-oss reasoning effort
     return defaults
+
+
+def reasoning_of(cfg: EvaluatorConfig) -> Reasoning | None:
+    """How the model reasons: its preset's way, at ``cfg.reasoning`` (default: the preset's);
+    a model that is no preset reasons only when ``--reasoning`` says so (or when its first
+    reply shows it: the client then finds out)."""
+    preset = cfg.ref().preset
+    style = preset.reasoning if preset is not None else None
+    setting = cfg.reasoning or (preset.reasoning_default if preset is not None else None)
+    if style is None:
+        if cfg.reasoning in (None, "off"):
+            return None
+        style = "always"
+    try:
+        return Reasoning.make(style, setting or "medium", cfg.reasoning_tokens)
+    except ValueError as exc:
+        raise UserError(f"{cfg.model}: {exc}") from None
 
 
 async def start_server(spec: ServerSpec, cfg: EvaluatorConfig, log: Path) -> Any:
@@ -178,6 +193,7 @@ def client_options(cfg: EvaluatorConfig) -> dict[str, Any]:
         "adapter": ref.adapter,
         "default_params": sampling_defaults(cfg),
         "vllm_extensions": cfg.vllm_extensions,
+        "reasoning": reasoning_of(cfg),
     }
 
 

@@ -24,6 +24,8 @@ def evaluator_identity(ev: EvaluatorConfig) -> dict[str, Any]:
     }
     if ev.seed is not None:  # only when set: runs without a seed keep their identity
         found["seed"] = ev.seed
+    if ev.reasoning is not None:  # the effort changes answers; the token budget does not
+        found["reasoning"] = ev.reasoning
     return found
 
 

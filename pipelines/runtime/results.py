@@ -16,10 +16,13 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from serving.client import Parsed
 
-Status = Literal["ok", "unparseable", "abstained", "undefined", "error"]
+# cut_in_reasoning: a reasoning model used its whole token budget on reasoning and gave no answer,
+# even at the largest budget (``serving.reasoning``): counted apart, never scored as a 0
+Status = Literal["ok", "unparseable", "abstained", "undefined", "error", "cut_in_reasoning"]
 STATUSES: tuple[str, ...] = get_args(Status)
 # Statuses that carry no score by definition; "ok" and "abstained" may (an abstention can score 0).
-UNSCORED = ("unparseable", "undefined", "error")
+UNSCORED = ("unparseable", "undefined", "error", "cut_in_reasoning")
+FAILED = ("unparseable", "error", "cut_in_reasoning")  # each names the stage that failed
 
 
 class StageFailure(BaseModel):
@@ -49,7 +52,7 @@ class ItemResult(BaseModel):
             raise ValueError(f"item {self.id!r}: score must be finite, got {self.score}")
         if self.status in UNSCORED and self.score is not None:
             raise ValueError(f"item {self.id!r}: a {self.status} item has no score")
-        if self.status in ("unparseable", "error") and self.failure is None:
+        if self.status in FAILED and self.failure is None:
             raise ValueError(f"item {self.id!r}: a {self.status} item names its failing stage")
         return self
 

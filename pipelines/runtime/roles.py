@@ -9,9 +9,9 @@ and its judges are different roles: a run whose judge resolves to the answering 
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
-from pydantic import model_validator
+from pydantic import Field, model_validator
 
 from pipelines.runtime.config import EvaluatorConfig, Strict, UserError
 
@@ -28,6 +28,8 @@ class RoleSpec(Strict):
     endpoint: str | None = None
     adapter: str | None = None
     api_key_env: str | None = None
+    reasoning: Literal["off", "low", "medium", "high"] | None = None  # this role's, in YAML
+    reasoning_tokens: int | None = Field(None, ge=1)
 
     @model_validator(mode="before")
     @classmethod
@@ -98,6 +100,9 @@ def role_evaluator(default: EvaluatorConfig, spec: RoleSpec | None) -> Evaluator
         }
     if spec.api_key_env:
         update["api_key_env"] = spec.api_key_env
+    for name in ("reasoning", "reasoning_tokens"):  # a role's own, else the default's
+        if getattr(spec, name) is not None:
+            update[name] = getattr(spec, name)
     return EvaluatorConfig.model_validate(base | update)
 
 

@@ -74,6 +74,7 @@ from pipelines.runtime.summary import (
 )
 from serving.client import EndpointError, EvalClient, RequestRejected, StageUsage
 from serving.launcher import ServerStartError
+from serving.reasoning import ReasoningCut
 
 OpenClient = Callable[[EvaluatorConfig, Path], contextlib.AbstractAsyncContextManager[EvalClient]]
 console = Console(stderr=True)
@@ -107,6 +108,12 @@ async def solve_item(fw: Framework[Any, ItemT], item: ItemT, ctx: ItemContext) -
             StageFailure(stage=exc.stage, error=str(exc)),
             "error",
             f"the server rejected a request of stage {exc.stage}",
+        )
+    except ReasoningCut as exc:  # counted as such, never a score; a resume asks again
+        return ctx.failed(
+            StageFailure(stage=exc.stage, error=str(exc)),
+            "cut_in_reasoning",
+            f"stage {exc.stage}: the reasoning used every token of the largest budget",
         )
     except (EndpointError, UserError, RunStoreError, ServerStartError):
         raise

@@ -35,6 +35,7 @@ MANIFEST = "manifest.json"
 RESULTS = "results.jsonl"
 SUMMARY = "summary.json"
 STUDY_FILE = "study.json"  # a study's root: its runs and combined tables
+RETRIED = ("error", "cut_in_reasoning")  # statuses a resume asks again
 INVOCATIONS = "invocations.jsonl"  # one line per invocation that solved items: wall time
 # FORMAT_VERSION (pipelines.runtime.records) 2: typed item records (status, score, explanation,
 # details, usage, failure) and the framework name in the manifest.
@@ -250,8 +251,9 @@ class RunStore:
             handle.truncate(0)
 
     def pending(self, ids: list[str]) -> set[str]:
-        """Ids without a final record: never recorded, or recorded as ``error`` (retried)."""
-        return {i for i in ids if i not in self.index or self.index[i][1] == "error"}
+        """Ids without a final record: never recorded, or recorded as ``error`` or
+        ``cut_in_reasoning`` (retried: a rerun with a larger --reasoning-tokens resumes them)."""
+        return {i for i in ids if i not in self.index or self.index[i][1] in RETRIED}
 
     def results(self, ids: list[str] | None = None) -> JsonlView[ItemResult]:
         """Recorded results, in the order of ``ids`` when given (else file order), each read

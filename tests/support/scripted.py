@@ -123,6 +123,8 @@ class ScriptedClient(EvalClient):
         *,
         check_constraints: bool = True,
         keep_calls: bool = True,
+        reasons: int = 0,
+        logprobs_with_reasoning: bool = False,
         **kwargs: Any,
     ):
         kwargs.setdefault("max_retries", 0)
@@ -131,6 +133,13 @@ class ScriptedClient(EvalClient):
         self.check_constraints = check_constraints
         self.calls: list[Call] = []
         self.keep_calls = keep_calls  # off in memory benchmarks: the log is the double's cost
+        # Shaped like vLLM serving a reasoning model (gpt-oss): ``reasons`` reasoning tokens
+        # before every answer, returned in ``reasoning``; max_tokens bounds both, so a request
+        # whose budget ends inside the reasoning gets finish_reason "length" and no content.
+        # ``logprobs_with_reasoning``: the logprobs list the reasoning's tokens too (servers
+        # differ), before the answer's.
+        self.reasons = reasons
+        self.logprobs_with_reasoning = logprobs_with_reasoning
 
     def stage_calls(self, stage: str) -> list[Call]:
         return [c for c in self.calls if c.stage == stage]
@@ -147,6 +156,15 @@ class ScriptedClient(EvalClient):
     ) -> dict[str, Any]:
         # The template's prompt: re-asks and tool results come after it in ``messages``.
         prompt = next((m["content"] for m in messages if m["role"] == "user"), "")
+        limit = body.get("max_tokens")
+        if self.reasons and limit is not None and limit <= self.reasons:  # no script consumed
+            if self.keep_calls:
+                self.calls.append(Call(stage, model, prompt, messages, body, ""))
+            usage.requests += 1
+            message = {"role": "assistant", "content": None, "reasoning": "hmm " * limit}
+            choice = {"index": 0, "message": message, "finish_reason": "length"}
+            tokens = {"prompt_tokens": len(prompt.split()), "completion_tokens": limit}
+            return {"choices": [choice], "usage": tokens, "model": model}
         reply = self._next(stage, prompt, body)
         if self.keep_calls:
             self.calls.append(Call(stage, model, prompt, messages, body, reply.text))
@@ -156,6 +174,8 @@ class ScriptedClient(EvalClient):
         if self.check_constraints:
             _check_constraint(stage, body, reply.text)
         usage.requests += 1
+        if self.reasons:
+            return self._reasoned(reply, prompt, body, model)
         message: dict[str, Any] = {"role": "assistant", "content": reply.text}
         if reply.tool_calls:
             message["tool_calls"] = reply.tool_calls
@@ -166,6 +186,32 @@ class ScriptedClient(EvalClient):
             "prompt_tokens": len(prompt.split()),
             "completion_tokens": len(reply.text.split()),
         }
+        return {"choices": [choice], "usage": tokens, "model": model}
+
+    def _reasoned(
+        self, reply: Reply, prompt: str, body: dict[str, Any], model: str
+    ) -> dict[str, Any]:
+        """The reply after ``self.reasons`` reasoning tokens, cut where max_tokens ends (a
+        token is a word here)."""
+        limit = body.get("max_tokens")
+        thought = self.reasons  # the request left room for it (``_request`` cut it otherwise)
+        message: dict[str, Any] = {"role": "assistant", "reasoning": " ".join(["hmm"] * thought)}
+        room = None if limit is None else limit - thought
+        words = reply.text.split()
+        if room is not None and len(words) > room:  # cut inside the answer
+            message["content"] = " ".join(words[:room])
+            finish, answer = "length", room
+        else:
+            message["content"] = reply.text
+            finish, answer = "stop", len(words)
+            if reply.tool_calls:
+                message["tool_calls"] = reply.tool_calls
+        choice: dict[str, Any] = {"index": 0, "message": message, "finish_reason": finish}
+        if reply.logprobs is not None and finish == "stop":
+            before = [{"token": "hmm ", "logprob": -0.1, "top_logprobs": []}] * thought
+            listed = before if self.logprobs_with_reasoning else []
+            choice["logprobs"] = {"content": listed + reply.logprobs}
+        tokens = {"prompt_tokens": len(prompt.split()), "completion_tokens": thought + answer}
         return {"choices": [choice], "usage": tokens, "model": model}
 
     def _next(self, stage: str, prompt: str, body: dict[str, Any] | None = None) -> Reply:

@@ -1,0 +1,159 @@
+"""Reasoning judges: a judge shaped like vLLM serving gpt-oss (reasoning before every answer,
+cut at max_tokens) gives exactly the scores of a plain judge; a reply still cut at the largest
+budget is its own status, never a score."""
+
+from __future__ import annotations
+
+import pytest
+
+from pipelines.comprehensiveness.common import ComprehensivenessOptions
+from pipelines.comprehensiveness.framework import evaluate_item
+from pipelines.comprehensiveness.nli_method import LlmNli
+from pipelines.runtime.config import EvaluatorConfig, UserError
+from pipelines.runtime.evaluator import reasoning_of
+from pipelines.runtime.identity import evaluator_identity
+from pipelines.runtime.results import STATUSES, UNSCORED
+from serving.client import ChatResult, answer_tokens
+from serving.reasoning import BUDGETS, Reasoning, ReasoningCut
+from tests.support.scripted import ScriptedClient, label
+from tests.test_exact_scores import ITEM, NLI_SCRIPTS
+
+ASK = [{"role": "user", "content": "Rate it."}]
+
+
+def test_each_style_sends_its_setting_and_sizes_its_budget():
+    gpt_oss = Reasoning.make("effort", "high")
+    assert gpt_oss.params() == {"reasoning_effort": "high"}
+    assert gpt_oss.budgets() == [BUDGETS["high"], 2 * BUDGETS["high"], 4 * BUDGETS["high"]]
+    qwen_off = Reasoning.make("toggle", "off")
+    assert qwen_off.params() == {"chat_template_kwargs": {"enable_thinking": False}}
+    assert qwen_off.budgets() == [0] and not qwen_off.on
+    assert Reasoning.make("toggle", "low", 300).budgets() == [300, 600, 1200]
+    assert Reasoning.make("always", "medium").params() == {}
+    with pytest.raises(ValueError, match="cannot turn reasoning off"):
+        Reasoning.make("effort", "off")
+    with pytest.raises(ValueError, match="cannot turn reasoning off"):
+        Reasoning.make("always", "off")
+
+
+def test_presets_and_options_decide_how_a_role_reasons():
+    assert reasoning_of(EvaluatorConfig(model="gpt-oss-20b", endpoint="http://h:1/v1")) == (
+        Reasoning("effort", "medium", BUDGETS["medium"])
+    )
+    qwen = EvaluatorConfig(model="Qwen3-8B", endpoint="http://h:1/v1", reasoning="off")
+    assert reasoning_of(qwen) == Reasoning("toggle", "off", 0)
+    plain = EvaluatorConfig(model="Llama-3.1-8B-Instruct", endpoint="http://h:1/v1")
+    assert reasoning_of(plain) is None
+    told = plain.model_copy(update={"reasoning": "low", "reasoning_tokens": 700})
+    assert reasoning_of(told) == Reasoning("always", "low", 700)
+    with pytest.raises(UserError, match="cannot turn reasoning off"):
+        reasoning_of(
+            EvaluatorConfig(model="gpt-oss-20b", endpoint="http://h:1/v1", reasoning="off")
+        )
+    # the effort is part of a run's identity only when set; the token budget never is
+    assert "reasoning" not in evaluator_identity(plain)
+    assert evaluator_identity(told)["reasoning"] == "low"
+    assert "reasoning_tokens" not in evaluator_identity(told)
+
+
+async def test_a_known_reasoning_model_gets_its_budget_on_top_of_the_answers():
+    reasoning = Reasoning.make("effort", "medium")
+    async with ScriptedClient({"rate": "4"}, reasons=300, reasoning=reasoning) as client:
+        result = await client.chat(ASK, stage="rate", max_tokens=8)
+    assert result.text == "4" and result.reasoning.startswith("hmm")
+    [call] = client.calls
+    assert call.body["max_tokens"] == 8 + BUDGETS["medium"]
+    assert call.body["reasoning_effort"] == "medium"
+    assert client.notices == []
+
+
+async def test_a_model_found_to_reason_is_asked_again_with_a_budget_and_said_once(capsys):
+    async with ScriptedClient({"rate": "4"}, reasons=300) as client:
+        first = await client.chat(ASK, stage="rate", max_tokens=8)
+        second = await client.chat(ASK, stage="rate", max_tokens=8)
+    assert first.text == second.text == "4"
+    budgets = [c.body["max_tokens"] for c in client.calls]
+    assert budgets == [8, 8 + BUDGETS["medium"], 8 + BUDGETS["medium"]]  # one retry, then known
+    assert len(client.notices) == 1 and capsys.readouterr().err.count("reasons before") == 1
+
+
+async def test_a_reply_still_cut_at_the_largest_budget_raises_reasoning_cut():
+    reasoning = Reasoning.make("toggle", "low", 100)
+    async with ScriptedClient({"rate": "4"}, reasons=10_000, reasoning=reasoning) as client:
+        with pytest.raises(ReasoningCut) as cut:
+            await client.chat(ASK, stage="rate", max_tokens=8)
+    assert [c.body["max_tokens"] for c in client.calls] == [108, 208, 408]
+    assert cut.value.stage == "rate" and cut.value.max_tokens == 408
+
+
+def test_label_logprobs_skip_the_reasoning_tokens_some_servers_list():
+    reply = label({"3": 0.25, "4": 0.75})
+    reasoning_tokens = [{"token": "hmm ", "logprob": -0.1}] * 5
+    raw = {
+        "choices": [
+            {
+                "message": {"content": "4", "reasoning": "hmm " * 5},
+                "finish_reason": "stop",
+                "logprobs": {"content": reasoning_tokens + reply.logprobs},
+            }
+        ]
+    }
+    result = ChatResult("4", "stop", 0, 0, False, raw)
+    assert result.token_logprobs == reply.logprobs
+    assert answer_tokens(reasoning_tokens, "4") == []  # no suffix spells it: none, not garbage
+
+
+@pytest.mark.parametrize(
+    "listed", [False, True], ids=["logprobs-answer-only", "logprobs-with-reasoning"]
+)
+async def test_nli_method_scores_equal_a_plain_judge_with_a_reasoning_judge(tmp_path, listed):
+    """Every stage of the NLI method (extraction, revision, logprob-weighted relevance, NLI
+    labels) with 300 reasoning tokens before each answer: the same score and details as
+    tests/test_exact_scores.py's plain judge, no unreadable or cut output, one retry only for
+    the first request (the model is found to reason)."""
+    options = ComprehensivenessOptions(protocol="spec", method="nli")
+    async with ScriptedClient(NLI_SCRIPTS) as plain:
+        expected = await evaluate_item(
+            plain, ITEM, options, nli_judge=LlmNli(), run_dir=tmp_path / "a"
+        )
+    async with ScriptedClient(NLI_SCRIPTS, reasons=300, logprobs_with_reasoning=listed) as judge:
+        got = await evaluate_item(judge, ITEM, options, nli_judge=LlmNli(), run_dir=tmp_path / "b")
+    assert got.status == expected.status == "ok"
+    assert got.score == expected.score == 0.5
+    assert got.details["relevance"] == expected.details["relevance"]
+    assert got.details["covered"] == expected.details["covered"]
+    asked = sum(1 for c in judge.calls if c.output)
+    assert asked == len(plain.calls)  # every stage answered once
+    assert len(judge.calls) - asked <= 1  # at most the one cut before the model was known
+
+
+async def test_an_item_cut_in_reasoning_is_its_own_status_never_a_score(tmp_path):
+    from pipelines.comprehensiveness.framework import COMPREHENSIVENESS
+    from pipelines.runtime.protocol import ItemContext
+    from pipelines.runtime.runner import solve_item
+
+    assert "cut_in_reasoning" in STATUSES and "cut_in_reasoning" in UNSCORED
+    options = ComprehensivenessOptions(protocol="spec", method="nli")
+    reasoning = Reasoning.make("always", "low", 50)
+    async with ScriptedClient(NLI_SCRIPTS, reasons=100_000, reasoning=reasoning) as judge:
+        ctx = ItemContext(ITEM.id, judge, options, LlmNli(), tmp_path, 2, COMPREHENSIVENESS)
+        result = await solve_item(COMPREHENSIVENESS, ITEM, ctx)
+    assert result.status == "cut_in_reasoning" and result.score is None
+    assert result.failure is not None and "reasoning used all" in result.failure.error
+
+
+def test_a_resume_asks_items_cut_in_reasoning_again(tmp_path):
+    """A cut item is final for its score (none) but not for the run: a rerun, e.g. with a
+    larger --reasoning-tokens, asks it again; its new record supersedes the cut one."""
+    from tests.test_runstore import failed, ok, open_store
+
+    store = open_store(tmp_path / "run")
+    store.append(failed("a", "cut_in_reasoning"))
+    store.append(ok("b"))
+    store.close()
+    again = open_store(tmp_path / "run")
+    assert again.pending(["a", "b"]) == {"a"}
+    again.append(ok("a", 0.5))
+    again.close()
+    records = {r.id: r for r in open_store(tmp_path / "run").results()}
+    assert records["a"].status == "ok" and records["a"].score == 0.5
