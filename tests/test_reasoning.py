@@ -15,6 +15,7 @@ from pipelines.runtime.identity import evaluator_identity
 from pipelines.runtime.results import STATUSES, UNSCORED
 from serving.client import ChatResult, answer_tokens
 from serving.reasoning import BUDGETS, Reasoning, ReasoningCut
+from tests.support.faults import cases
 from tests.support.scripted import ScriptedClient, label
 from tests.test_exact_scores import ITEM, NLI_SCRIPTS
 
@@ -157,3 +158,90 @@ def test_a_resume_asks_items_cut_in_reasoning_again(tmp_path):
     again.close()
     records = {r.id: r for r in open_store(tmp_path / "run").results()}
     assert records["a"].status == "ok" and records["a"].score == 0.5
+
+
+def _case_outcomes(case, reasons: int, workdir):
+    """A framework's fault-replay case with well-formed answers only, by a plain judge
+    (``reasons=0``) or one that reasons ``reasons`` tokens before every answer."""
+    from tests.support.faults import AdversarialClient, Adversary
+    from tests.test_runtime import run
+
+    class Judge(AdversarialClient):
+        def __init__(self, adversary):
+            super().__init__(adversary)
+            self.reasons = reasons
+            self.logprobs_with_reasoning = True  # the harder server: reasoning tokens listed
+
+    workdir.mkdir(parents=True)
+    client = Judge(Adversary(case.valid(), seed=0, share=1.0))
+    outcomes = run(case.study(), case.options(workdir), client, workdir / "run", concurrency=1)
+    return outcomes, client
+
+
+def _timeless(value):
+    """Without wall times (``seconds``), which differ between any two runs."""
+    if isinstance(value, dict):
+        return {k: _timeless(v) for k, v in value.items() if k != "seconds"}
+    if isinstance(value, list):
+        return [_timeless(v) for v in value]
+    return value
+
+
+def _scores(outcomes) -> dict:
+    return {
+        key: (
+            [(r.id, r.status, r.score, _timeless(r.details)) for r in outcome.results],
+            _timeless(outcome.tables),
+        )
+        for key, outcome in outcomes.items()
+    }
+
+
+@pytest.mark.parametrize(
+    "case", [c.name for c in __import__("tests.support.faults", fromlist=["cases"]).cases()]
+)
+def test_every_framework_scores_the_same_with_a_judge_that_reasons(tmp_path, case):
+    """Each framework's replay case (comprehensiveness x 6, ICAT, GaRAGe, FanOutQA, CRUX,
+    teacher data) with 300 reasoning tokens before each answer: the records (status, score,
+    details) and tables equal the plain judge's, no item is cut, and the only extra request is
+    the one that finds the model reasons."""
+    found = next(c for c in cases() if c.name == case)
+    plain, plain_client = _case_outcomes(found, 0, tmp_path / "plain")
+    reasoned, judge = _case_outcomes(found, 300, tmp_path / "reasoned")
+    assert _scores(reasoned) == _scores(plain)
+    statuses = [r.status for o in reasoned.values() for r in o.results]
+    assert "cut_in_reasoning" not in statuses
+    assert len(judge.calls) - len(plain_client.calls) <= 1
+
+
+def test_reproduce_comprehensiveness_runs_each_evaluator_as_the_papers_appendix(tmp_path):
+    """Paper protocol: gpt-oss at effort medium without the units tool, Llama and Qwen with
+    it; the spec protocol keeps the options as given."""
+    import json
+
+    from pipelines.comprehensiveness.reproduce import REPRODUCE, ReproduceOptions
+    from pipelines.runtime.config import RunConfig
+    from pipelines.runtime.protocol import RunRequest
+    from tests.test_runtime import WC_ROW
+
+    data = tmp_path / "wc.jsonl"
+    data.write_text(json.dumps(WC_ROW) + "\n")
+    url = "http://127.0.0.1:9/v1"
+
+    def cells(protocol: str) -> dict[str, tuple[str | None, bool]]:
+        options = ReproduceOptions(
+            models=[f"gpt-oss-20b@{url}", f"Qwen2.5-72B-Instruct@{url}", f"small@{url}"],
+            methods=["qa"],
+            wikicontradict=data,
+            metric=ComprehensivenessOptions(protocol=protocol),
+        )
+        request = RunRequest(EvaluatorConfig(model="x", endpoint=url), RunConfig(), options)
+        plans = REPRODUCE.plan(request, tmp_path)
+        return {p.key: (p.roles["judge"].reasoning, p.options.tools) for p in plans}
+
+    assert cells("paper") == {
+        "gpt-oss-20b/qa/wikicontradict": ("medium", False),
+        "Qwen2.5-72B-Instruct/qa/wikicontradict": (None, True),
+        "small/qa/wikicontradict": (None, False),
+    }
+    assert set(cells("spec").values()) == {(None, False)}

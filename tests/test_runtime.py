@@ -207,6 +207,8 @@ def test_reproduce_grid_by_hand_resumes_cell_by_cell(tmp_path):
     assert llama["average"]["lmr"] == pytest.approx((0.6 + 0.95) / 2)
     assert "unpaired" in llama["average"]["ci95"]["method"]
     assert llama["paper"] == {"average": 0.8545} and "paper" not in small
+    # the appendix ran Llama with the units tool; a model it did not run keeps the options
+    assert llama["settings"] == {"tools": True} and small["settings"] == {}
     # A second invocation finds every cell finished: no model call.
     again = ScriptedClient(scripts, check_constraints=False)
     run(REPRODUCE, options, again, tmp_path / "grid")

@@ -34,6 +34,22 @@ PAPER_VALUES: dict[tuple[str, str], dict[str, float]] = {
 }
 
 
+# How the paper's appendix ran its evaluators (paper protocol): the gpt-oss models at reasoning
+# effort medium and without the units tool (its engine had no tool calls in their format), the
+# Llama and Qwen models with the tool. Model name fragment -> settings.
+PAPER_SETTINGS: dict[str, dict[str, Any]] = {
+    "gpt-oss": {"reasoning": "medium", "tools": False},
+    "llama": {"tools": True},
+    "qwen": {"tools": True},
+}
+
+
+def paper_settings(model: str) -> dict[str, Any]:
+    """The appendix's settings for an evaluator (none for a model the paper did not run)."""
+    name = model.lower()
+    return next((s for fragment, s in PAPER_SETTINGS.items() if fragment in name), {})
+
+
 def paper_value(model: str, method: str, column: str) -> float | None:
     name = model.lower().replace("_", "-")
     for (fragment, m), values in PAPER_VALUES.items():
@@ -100,11 +116,17 @@ class Reproduce(Study[ReproduceOptions]):
         options: ReproduceOptions = request.options
         items = {d: COMPREHENSIVENESS.load(_cell_options(options, d)) for d in _datasets(options)}
         plans = []
+        paper = options.metric.protocol == "paper"
         for spec in options.models:
             name, evaluator = responder_config(spec, request.evaluator)
+            settings = paper_settings(evaluator.model) if paper else {}
+            if "reasoning" in settings and evaluator.reasoning is None:
+                evaluator = evaluator.model_copy(update={"reasoning": settings["reasoning"]})
             for method in options.methods:
                 for dataset in _datasets(options):
                     cell = _cell_options(options, dataset, method)
+                    if "tools" in settings:
+                        cell = cell.model_copy(update={"tools": settings["tools"]})
                     cell_items = functools.partial(_items_of, items, dataset)
                     plans.append(
                         RunPlan(
@@ -125,6 +147,8 @@ class Reproduce(Study[ReproduceOptions]):
             name, _ = responder_config(spec, EvaluatorConfig())
             for method in options.methods:
                 row: dict[str, Any] = {"model": name, "method": method}
+                if protocol == "paper":
+                    row["settings"] = paper_settings(name)
                 wc = outcomes.get(_cell(name, method, "wikicontradict"))
                 cb = outcomes.get(_cell(name, method, "conflictbank"))
                 if wc is not None and wc.results:
@@ -162,8 +186,13 @@ class Reproduce(Study[ReproduceOptions]):
             paper = row.get("paper", {})
             cb = row.get("conflictbank")
             split = _split_text(cb)
+            settings = row.get("settings") or {}
+            shown = ", ".join(
+                ([f"effort {settings['reasoning']}"] if "reasoning" in settings else [])
+                + ([f"tool {'on' if settings['tools'] else 'off'}"] if "tools" in settings else [])
+            )
             table.add_row(
-                row["model"],
+                f"{row['model']} ({shown})" if shown else row["model"],
                 row["method"],
                 _cell_text(row.get("wikicontradict"), paper.get("wikicontradict")),
                 split,
