@@ -60,6 +60,7 @@ class StageUsage:
     failures: int = 0
     prompt_tokens: int = 0  # over all calls, cached included: the logical cost of the stage
     completion_tokens: int = 0
+    reasoning_tokens: int = 0  # of completion_tokens, spent reasoning (where the server says)
     seconds: float = 0.0  # wall time spent in requests
 
     def as_dict(self) -> dict[str, Any]:
@@ -87,6 +88,13 @@ class ChatResult:
     def reasoning(self) -> str:
         """What the model reasoned before its answer (kept apart: parsers read ``text``)."""
         return reasoning_text(self.message)
+
+    @property
+    def reasoning_tokens(self) -> int:
+        """Of the completion tokens, those spent reasoning, as the server reports them (vLLM
+        with a reasoning parser: ``usage.completion_tokens_details.reasoning_tokens``)."""
+        details = (self.raw.get("usage") or {}).get("completion_tokens_details") or {}
+        return int(details.get("reasoning_tokens") or 0)
 
     @property
     def cut_in_reasoning(self) -> bool:
@@ -392,6 +400,7 @@ class EvalClient:
             item.cache_hits += cached
             item.prompt_tokens += result.prompt_tokens
             item.completion_tokens += result.completion_tokens
+            item.reasoning_tokens += result.reasoning_tokens
         return result
 
     async def _request(
@@ -464,6 +473,7 @@ class EvalClient:
         usage.calls += 1
         usage.prompt_tokens += result.prompt_tokens
         usage.completion_tokens += result.completion_tokens
+        usage.reasoning_tokens += result.reasoning_tokens
         return result
 
     # ---- structured answers ---------------------------------------------------------------

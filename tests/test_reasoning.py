@@ -123,6 +123,13 @@ async def test_nli_method_scores_equal_a_plain_judge_with_a_reasoning_judge(tmp_
     assert got.score == expected.score == 0.5
     assert got.details["relevance"] == expected.details["relevance"]
     assert got.details["covered"] == expected.details["covered"]
+    # reasoning tokens are counted apart, as part of the completion tokens
+    nli = got.usage["nli"]
+    assert nli["reasoning_tokens"] == 300 * nli["calls"]
+    assert (
+        nli["completion_tokens"] == expected.usage["nli"]["completion_tokens"] + 300 * nli["calls"]
+    )
+    assert expected.usage["nli"]["reasoning_tokens"] == 0
     asked = sum(1 for c in judge.calls if c.output)
     assert asked == len(plain.calls)  # every stage answered once
     assert len(judge.calls) - asked <= 1  # at most the one cut before the model was known

@@ -116,7 +116,7 @@ class Reproduce(Study[ReproduceOptions]):
         options: ReproduceOptions = request.options
         items = {d: COMPREHENSIVENESS.load(_cell_options(options, d)) for d in _datasets(options)}
         plans = []
-        paper = options.metric.protocol == "paper"
+        paper = options.metric.rules.appendix_evaluator_settings
         for spec in options.models:
             name, evaluator = responder_config(spec, request.evaluator)
             settings = paper_settings(evaluator.model) if paper else {}
@@ -147,7 +147,7 @@ class Reproduce(Study[ReproduceOptions]):
             name, _ = responder_config(spec, EvaluatorConfig())
             for method in options.methods:
                 row: dict[str, Any] = {"model": name, "method": method}
-                if protocol == "paper":
+                if options.metric.rules.appendix_evaluator_settings:
                     row["settings"] = paper_settings(name)
                 wc = outcomes.get(_cell(name, method, "wikicontradict"))
                 cb = outcomes.get(_cell(name, method, "conflictbank"))

@@ -60,6 +60,9 @@ class Rules:
     conflictbank_one_run_per_claim: bool
     # pruning (--prune-below): allowed (spec only; the reference judges every pair)
     pruning_allowed: bool
+    # reproduce: each evaluator as the appendix ran it (gpt-oss at effort medium without the
+    # units tool, Llama / Qwen with it), else the options as given
+    appendix_evaluator_settings: bool
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -92,4 +95,5 @@ def _rules(protocol: Protocol, summarise: bool | None) -> Rules:
         bootstrap_seed=PAPER_SEED if paper else 0,
         conflictbank_one_run_per_claim=paper,
         pruning_allowed=not paper,
+        appendix_evaluator_settings=paper,
     )

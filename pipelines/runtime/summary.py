@@ -19,7 +19,16 @@ if TYPE_CHECKING:
 
     from pipelines.runtime.protocol import Framework
 
-USAGE_KEYS = ("calls", "requests", "cache_hits", "retries", "prompt_tokens", "completion_tokens")
+# reasoning_tokens: the part of completion_tokens a reasoning model spent reasoning
+USAGE_KEYS = (
+    "calls",
+    "requests",
+    "cache_hits",
+    "retries",
+    "prompt_tokens",
+    "completion_tokens",
+    "reasoning_tokens",
+)
 
 
 def summarise(framework: str, task: str, n_items: int, results: Iterable[ItemResult]) -> RunSummary:

@@ -163,7 +163,11 @@ class ScriptedClient(EvalClient):
             usage.requests += 1
             message = {"role": "assistant", "content": None, "reasoning": "hmm " * limit}
             choice = {"index": 0, "message": message, "finish_reason": "length"}
-            tokens = {"prompt_tokens": len(prompt.split()), "completion_tokens": limit}
+            tokens = {
+                "prompt_tokens": len(prompt.split()),
+                "completion_tokens": limit,
+                "completion_tokens_details": {"reasoning_tokens": limit},
+            }
             return {"choices": [choice], "usage": tokens, "model": model}
         reply = self._next(stage, prompt, body)
         if self.keep_calls:
@@ -211,7 +215,11 @@ class ScriptedClient(EvalClient):
             before = [{"token": "hmm ", "logprob": -0.1, "top_logprobs": []}] * thought
             listed = before if self.logprobs_with_reasoning else []
             choice["logprobs"] = {"content": listed + reply.logprobs}
-        tokens = {"prompt_tokens": len(prompt.split()), "completion_tokens": thought + answer}
+        tokens = {
+            "prompt_tokens": len(prompt.split()),
+            "completion_tokens": thought + answer,
+            "completion_tokens_details": {"reasoning_tokens": thought},
+        }
         return {"choices": [choice], "usage": tokens, "model": model}
 
     def _next(self, stage: str, prompt: str, body: dict[str, Any] | None = None) -> Reply:
