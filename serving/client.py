@@ -91,10 +91,20 @@ class ChatResult:
 
     @property
     def reasoning_tokens(self) -> int:
-        """Of the completion tokens, those spent reasoning, as the server reports them (vLLM
-        with a reasoning parser: ``usage.completion_tokens_details.reasoning_tokens``)."""
+        """Of the completion tokens, those spent reasoning: as the server reports them (vLLM
+        with a reasoning parser: ``usage.completion_tokens_details.reasoning_tokens``). vLLM
+        counts only tokens between <think> and </think> in the output, so it says 0 for a
+        template that opens the answer with <think> (R1 distills); for a reply with reasoning
+        it then counts here: all completion tokens when there is no answer, else the reasoning's
+        share of the characters (an estimate)."""
         details = (self.raw.get("usage") or {}).get("completion_tokens_details") or {}
-        return int(details.get("reasoning_tokens") or 0)
+        reported = int(details.get("reasoning_tokens") or 0)
+        thought = self.reasoning
+        if reported or not thought:
+            return reported
+        if not self.text:
+            return self.completion_tokens
+        return round(self.completion_tokens * len(thought) / (len(thought) + len(self.text)))
 
     @property
     def cut_in_reasoning(self) -> bool:

@@ -252,3 +252,22 @@ def test_reproduce_comprehensiveness_runs_each_evaluator_as_the_papers_appendix(
         "small/qa/wikicontradict": (None, False),
     }
     assert set(cells("spec").values()) == {(None, False)}
+
+
+@pytest.mark.parametrize(
+    ("content", "reported", "expected"),
+    [
+        ("", 0, 40),  # cut in its reasoning: every completion token was reasoning
+        ("abcd", 0, 32),  # 16 of 20 characters were reasoning: 0.8 * 40
+        ("abcd", 25, 25),  # the server's own count wins
+    ],
+)
+def test_reasoning_tokens_are_the_servers_count_else_counted_here(content, reported, expected):
+    raw = {
+        "choices": [{"message": {"content": content, "reasoning": "x" * 16}}],
+        "usage": {
+            "completion_tokens": 40,
+            "completion_tokens_details": {"reasoning_tokens": reported},
+        },
+    }
+    assert ChatResult(content, "stop", 0, 40, False, raw).reasoning_tokens == expected

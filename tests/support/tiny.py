@@ -111,7 +111,15 @@ def _training_text(n: int = 600, seed: int = 0) -> list[str]:
     ] + ['{"answer": "yes", "score": 3}', "Score: 1 2 3 4 5", "A: unknown [Confidence: 2]"]
 
 
-def build_tiny_tokenizer(vocab_size: int = 512):
+# A reasoning model's template, as DeepSeek-R1 distills have it: the answer turn opens with
+# <think>, so everything until </think> is reasoning (vLLM's deepseek_r1 parser splits it off).
+REASONING_TEMPLATE = CHAT_TEMPLATE.replace(
+    "<|im_start|>assistant\n{% endif %}", "<|im_start|>assistant\n<think>\n{% endif %}"
+)
+THINK_TOKENS = ["<think>", "</think>"]
+
+
+def build_tiny_tokenizer(vocab_size: int = 512, reasoning: bool = False):
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -120,7 +128,7 @@ def build_tiny_tokenizer(vocab_size: int = 512):
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,
-        special_tokens=SPECIAL_TOKENS,
+        special_tokens=SPECIAL_TOKENS + (THINK_TOKENS if reasoning else []),
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
     )
     tok.train_from_iterator(_training_text(), trainer=trainer)
@@ -131,16 +139,20 @@ def build_tiny_tokenizer(vocab_size: int = 512):
         unk_token="<unk>",
         pad_token="<pad>",
     )
-    fast.chat_template = CHAT_TEMPLATE
+    fast.chat_template = REASONING_TEMPLATE if reasoning else CHAT_TEMPLATE
     return fast
 
 
-def build_tiny_llama(target: Path | str, hidden: int = 256, layers: int = 2, seed: int = 0) -> Path:
+def build_tiny_llama(
+    target: Path | str, hidden: int = 256, layers: int = 2, seed: int = 0, reasoning: bool = False
+) -> Path:
+    """``reasoning``: a tokenizer with <think> / </think> and a template that opens the answer
+    turn with <think> (a reasoning model's shape; random weights never close it)."""
     import torch
     from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
 
     target = Path(target)
-    tokenizer = build_tiny_tokenizer()
+    tokenizer = build_tiny_tokenizer(reasoning=reasoning)
     config = LlamaConfig(
         vocab_size=len(tokenizer),
         hidden_size=hidden,
