@@ -23,9 +23,9 @@ import sys
 import time
 from array import array
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from pipelines.runtime.lines import JsonlView
 from pipelines.runtime.records import FORMAT_VERSION, RunManifest, RunSummary, StudyRecord
@@ -39,6 +39,9 @@ RETRIED = ("error", "cut_in_reasoning")  # statuses a resume asks again
 INVOCATIONS = "invocations.jsonl"  # one line per invocation that solved items: wall time
 # FORMAT_VERSION (pipelines.runtime.records) 2: typed item records (status, score, explanation,
 # details, usage, failure) and the framework name in the manifest.
+
+
+R = TypeVar("R", bound=BaseModel)
 
 
 class RunStoreError(RuntimeError):
@@ -110,24 +113,21 @@ def read_manifest(path: Path) -> RunManifest:
 
 def read_study(root: Path) -> StudyRecord:
     """A study root's ``study.json``."""
-    path = root / STUDY_FILE
-    try:
-        return StudyRecord.model_validate_json(path.read_bytes())
-    except OSError as exc:
-        raise RunStoreError(f"{path}: unreadable: {exc.strerror or exc}") from exc
-    except ValidationError as exc:
-        raise RunStoreError(f"{path}: corrupt study record: {_first_error(exc)}") from exc
+    return _read_record(root / STUDY_FILE, StudyRecord, "study record")
 
 
 def read_summary(run_dir: Path) -> RunSummary:
     """A run's ``summary.json`` as its last invocation wrote it."""
-    path = run_dir / SUMMARY
+    return _read_record(run_dir / SUMMARY, RunSummary, "summary")
+
+
+def _read_record(path: Path, model: type[R], what: str) -> R:
     try:
-        return RunSummary.model_validate_json(path.read_bytes())
+        return model.model_validate_json(path.read_bytes())
     except OSError as exc:
         raise RunStoreError(f"{path}: unreadable: {exc.strerror or exc}") from exc
     except ValidationError as exc:
-        raise RunStoreError(f"{path}: corrupt summary: {_first_error(exc)}") from exc
+        raise RunStoreError(f"{path}: corrupt {what}: {_first_error(exc)}") from exc
 
 
 def index_results(path: Path) -> dict[str, tuple[int, str]]:
