@@ -24,7 +24,6 @@ from typing import Any, Literal
 
 Style = Literal["effort", "toggle", "always"]
 Setting = Literal["off", "low", "medium", "high"]
-SETTINGS: tuple[Setting, ...] = ("off", "low", "medium", "high")
 
 # Reasoning tokens added to each request's answer budget. These are defaults, not measurements:
 # roughly 2-4 times the reasoning gpt-oss writes per judging call at that effort on long-form

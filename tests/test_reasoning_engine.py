@@ -21,6 +21,8 @@ KEEP_GOING = {"temperature": 0.0, "ignore_eos": True}
 
 @pytest.fixture(scope="module")
 def reasoner(tmp_path_factory):
+    # own server: vLLM's reasoning parser is a server flag, and it would turn every reply of the
+    # session's shared server (whose model has no <think>) into reasoning
     from tests.support.tiny import build_tiny_llama
 
     require_engine()

@@ -81,10 +81,9 @@ class RunSummary(RunDirRecord):
     estimate_of_the_rest: dict[str, Any] | None = None
 
     def add(self, **fields: Any) -> None:
-        """Set fields so that they are written (as a dict's keys would be)."""
+        """Set fields; a field set is written (``to_json``), as a dict's keys would be."""
         for name, value in fields.items():
-            setattr(self, name, value)
-        self.model_fields_set.update(fields)
+            setattr(self, name, value)  # pydantic marks it set
 
 
 class StudyRecord(RunDirRecord):

@@ -63,6 +63,7 @@ def framework(name: str) -> Framework[Any, Any]:
     return found
 
 
+@cache
 def commands() -> dict[str, Command]:
     """CLI path ("eval garage", "meta-eval conflictbank") -> its declaration, from every
     package, importing no framework."""
