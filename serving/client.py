@@ -23,7 +23,7 @@ from pydantic import BaseModel, ValidationError
 from serving.cache import ResponseCache, cache_key
 from serving.limits import AdaptiveLimit, FixedLimit
 from serving.parsing import ParseError, extract_json, match_choice
-from serving.reasoning import Reasoning, ReasoningCut, reasoning_text
+from serving.reasoning import Reasoning, ReasoningCut, reasoning_text, split_inline
 from serving.templates import REASK
 from serving.transport import HttpTransport, StatusError, TransportError
 
@@ -75,6 +75,8 @@ class ChatResult:
     completion_tokens: int
     cached: bool
     raw: dict[str, Any]
+    # reasoning a server without a reasoning parser left in the content (split off ``text``)
+    inline_reasoning: str = ""
 
     @property
     def message(self) -> dict[str, Any]:
@@ -87,7 +89,7 @@ class ChatResult:
     @property
     def reasoning(self) -> str:
         """What the model reasoned before its answer (kept apart: parsers read ``text``)."""
-        return reasoning_text(self.message)
+        return reasoning_text(self.message) or self.inline_reasoning
 
     @property
     def reasoning_tokens(self) -> int:
@@ -286,6 +288,7 @@ class EvalClient:
         vllm_extensions: bool = True,
         gone: Callable[[], str | None] | None = None,
         reasoning: Reasoning | None = None,
+        reasoning_parser: bool | None = None,
     ):
         self.base_url = base_url
         self.gone = gone  # says why the server cannot come back (a lost Ray cluster): no retry
@@ -302,6 +305,9 @@ class EvalClient:
         self.vllm_extensions = vllm_extensions  # choice-constrained decoding via extra_body
         # how the model reasons (None: it is not known to; found from its first reasoning reply)
         self.reasoning = reasoning
+        # the server returns reasoning apart from the answer (vLLM's --reasoning-parser): known
+        # for a server the project started, else found from the first reply that reasons
+        self.reasoning_parser = reasoning_parser
         self.notices: list[str] = []  # said once per client (a model found to reason)
         self.max_retries = max_retries
         self.backoff = backoff
@@ -326,11 +332,13 @@ class EvalClient:
         template: str | None = None,
         adapter: str | None = None,
         meter: dict[str, StageUsage] | None = None,
+        reasoning_log: list[dict[str, Any]] | None = None,
         **params: Any,
     ) -> ChatResult:
         """One chat completion, from the cache when the same request was answered before.
 
-        ``meter`` (optional) receives the same per-stage accounting as the client, e.g. per item.
+        ``meter`` (optional) receives the same per-stage accounting as the client, e.g. per item;
+        ``reasoning_log`` (optional) each reply's reasoning (``--keep-reasoning``).
         ``adapter`` overrides the client's adapter for this request. ``max_tokens`` is what
         the answer needs: a reasoning model's request gets its reasoning budget on top, and a
         reply cut inside its reasoning is asked again with a larger one (``serving.reasoning``);
@@ -348,6 +356,18 @@ class EvalClient:
                 if answer is not None:
                     sent["max_tokens"] = answer + budgets[attempt]
             result = await self._one(messages, sent, stage, template, adapter, meter)
+            if result.reasoning:
+                self._learn_parser(result)
+                if reasoning_log is not None:
+                    reasoning_log.append(
+                        {
+                            "stage": stage,
+                            "template": template,
+                            "tokens": result.reasoning_tokens,
+                            "cut": result.cut_in_reasoning,
+                            "reasoning": result.reasoning,
+                        }
+                    )
             if reasoning is None and result.reasoning:  # a model not known to reason does
                 self._found_reasoning()
                 if result.cut_in_reasoning and answer is not None:
@@ -358,6 +378,29 @@ class EvalClient:
             if attempt == len(budgets):
                 raise ReasoningCut(stage, sent["max_tokens"])
 
+    @property
+    def constrains(self) -> bool:
+        """Whether constrained decoding (a choice, a regex, a JSON schema) may be asked for. A
+        reasoning model is constrained only where the server parses its reasoning apart: vLLM
+        then applies the constraint to the answer alone, while without a parser it would forbid
+        the reasoning itself (vLLM's structured-outputs documentation for reasoning models)."""
+        reasoning = self.reasoning
+        return reasoning is None or not reasoning.on or self.reasoning_parser is True
+
+    def _learn_parser(self, result: ChatResult) -> None:
+        apart = not result.inline_reasoning
+        if not apart and self.reasoning_parser is not False:
+            self._notice(
+                f"{self.base_url}: the server returns the reasoning inside the answer (no "
+                "--reasoning-parser): the client splits it off at </think> and asks for no "
+                "constrained decoding"
+            )
+        self.reasoning_parser = apart
+
+    def _notice(self, notice: str) -> None:
+        self.notices.append(notice)
+        print(f"note: {notice}", file=sys.stderr)
+
     def _found_reasoning(self) -> None:
         self.reasoning = Reasoning.detected()
         notice = (
@@ -365,8 +408,7 @@ class EvalClient:
             f"{self.reasoning.budget} reasoning tokens on top of its answer budget "
             "(--reasoning / --reasoning-tokens set this)"
         )
-        self.notices.append(notice)
-        print(f"note: {notice}", file=sys.stderr)
+        self._notice(notice)
 
     async def _one(
         self,
@@ -472,13 +514,15 @@ class EvalClient:
     @staticmethod
     def _result(raw: dict[str, Any], cached: bool, usage: StageUsage) -> ChatResult:
         tokens = raw.get("usage") or {}
+        reasoning, answer = split_inline(raw["choices"][0]["message"].get("content") or "")
         result = ChatResult(
-            text=raw["choices"][0]["message"].get("content") or "",
+            text=answer,
             finish_reason=raw["choices"][0].get("finish_reason"),
             prompt_tokens=tokens.get("prompt_tokens", 0),
             completion_tokens=tokens.get("completion_tokens", 0),
             cached=cached,
             raw=raw,
+            inline_reasoning=reasoning,
         )
         usage.calls += 1
         usage.prompt_tokens += result.prompt_tokens
@@ -523,7 +567,7 @@ class EvalClient:
         **kwargs: Any,
     ) -> Parsed:
         """Answer parsed into ``schema``; JSON-schema constrained decoding where supported."""
-        if constrained:
+        if constrained and self.constrains:
             kwargs["response_format"] = {
                 "type": "json_schema",
                 "json_schema": {"name": schema.__name__, "schema": schema.model_json_schema()},
@@ -544,7 +588,7 @@ class EvalClient:
         **kwargs: Any,
     ) -> Parsed:
         """One of ``choices``; constrained by the server when it is vLLM, else parsed."""
-        if self.vllm_extensions:
+        if self.vllm_extensions and self.constrains:
             extra = dict(kwargs.pop("extra_body", None) or {})
             extra["structured_outputs"] = {"choice": choices}
             kwargs["extra_body"] = extra
@@ -565,7 +609,8 @@ class EvalClient:
     ) -> LabelScore:
         """Probability-weighted label value (e.g. relevance 1–5) from token logprobs."""
         values = {label: float(label) for label in labels}
-        if self.vllm_extensions:  # the first token is then always a label, renormalised over them
+        # the first answer token is then always a label, renormalised over them
+        if self.vllm_extensions and self.constrains:
             extra = dict(kwargs.pop("extra_body", None) or {})
             extra["structured_outputs"] = {"choice": list(labels)}
             kwargs["extra_body"] = extra

@@ -93,3 +93,20 @@ class Reasoning:
 def reasoning_text(message: dict[str, Any]) -> str:
     """The reasoning a response carries, under either field name vLLM has used."""
     return message.get("reasoning") or message.get("reasoning_content") or ""
+
+
+THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
+
+
+def split_inline(content: str) -> tuple[str, str]:
+    """(reasoning, answer) of a reply's content from a server without a reasoning parser,
+    where the reasoning stays in the content between <think> and </think> (R1 templates open
+    the answer with <think>, so only the closing tag may be there). Content with no </think>
+    that opens with <think> is all reasoning (cut before its answer); content with neither
+    tag is all answer."""
+    head, closed, tail = content.partition(THINK_CLOSE)
+    if closed:
+        return head.strip().removeprefix(THINK_OPEN).strip(), tail.strip()
+    if content.lstrip().startswith(THINK_OPEN):
+        return content.lstrip().removeprefix(THINK_OPEN).strip(), ""
+    return "", content

@@ -157,6 +157,35 @@ def test_pilot_estimate_holds_the_real_counts_and_its_items_are_not_asked_again(
         assert low <= real <= high, (key, real, low, high)
 
 
+def test_a_pilot_with_a_reasoning_judge_estimates_its_reasoning_tokens_apart(tmp_path):
+    """Each coverage call reasons 40 tokens: the pilot's 6 items make the rest's 24 exactly
+    24 x 40 reasoning tokens (no spread), part of the completion tokens and printed apart."""
+    from io import StringIO
+
+    from rich.console import Console
+
+    from pipelines.runtime.estimate import print_estimate
+    from serving.reasoning import Reasoning
+
+    items = write_items(tmp_path / "items.jsonl", 30)
+    judge = scripted()
+    judge.reasons, judge.reasoning = 40, Reasoning.make("always", "low", 100)
+    outcomes = execute(
+        COMPREHENSIVENESS,
+        request(items, tmp_path / "run", summarise=False),
+        quiet=True,
+        pilot=6,
+        open_client=lambda ev, d: fixed_client(judge),
+    )
+    estimate = outcomes[""].summary.estimate_of_the_rest
+    tokens = stage(estimate, "coverage")["tokens"]
+    assert tokens["reasoning_tokens"] == (24 * 40,) * 3
+    assert tokens["completion_tokens"][0] > 24 * 40  # reasoning is part of the completion
+    printed = StringIO()
+    print_estimate("run", estimate, Console(file=printed, width=200))
+    assert "of which reasoning" in printed.getvalue() and "960 (960-960)" in printed.getvalue()
+
+
 def test_prediction_interval_by_theory():
     assert predict_total([2, 2, 2], 10) == (20.0, 20.0, 20.0)  # no spread: no width
     # 1000 more items of a 0/1 quantity seen 100 times: sd of the sum = sqrt(n var + n^2 var / m)
@@ -257,7 +286,7 @@ def test_dry_run_replays_the_response_cache(tmp_path):
     assert (coverage["exact_calls"], coverage["fixed_items"]) == (2, 2)
     assert coverage["cached_tokens"] == {
         t: sum(r.usage["coverage"][t] for r in recorded)
-        for t in ("prompt_tokens", "completion_tokens")
+        for t in ("prompt_tokens", "completion_tokens", "reasoning_tokens")
     }
     # without the cache nothing is answered by it
     req.run = RunConfig(run_dir=tmp_path / "b", cache=None)

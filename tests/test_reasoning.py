@@ -13,9 +13,10 @@ from pipelines.runtime.config import EvaluatorConfig, UserError
 from pipelines.runtime.evaluator import reasoning_of
 from pipelines.runtime.identity import evaluator_identity
 from pipelines.runtime.results import STATUSES, UNSCORED
-from serving.client import ChatResult, answer_tokens
+from serving.client import ChatResult, EvalClient, StageUsage, answer_tokens
 from serving.reasoning import BUDGETS, Reasoning, ReasoningCut
 from tests.support.faults import cases
+from tests.support.loopback import replay_judged
 from tests.support.scripted import ScriptedClient, label
 from tests.test_exact_scores import ITEM, NLI_SCRIPTS
 
@@ -167,24 +168,6 @@ def test_a_resume_asks_items_cut_in_reasoning_again(tmp_path):
     assert records["a"].status == "ok" and records["a"].score == 0.5
 
 
-def _case_outcomes(case, reasons: int, workdir):
-    """A framework's fault-replay case with well-formed answers only, by a plain judge
-    (``reasons=0``) or one that reasons ``reasons`` tokens before every answer."""
-    from tests.support.faults import AdversarialClient, Adversary
-    from tests.test_runtime import run
-
-    class Judge(AdversarialClient):
-        def __init__(self, adversary):
-            super().__init__(adversary)
-            self.reasons = reasons
-            self.logprobs_with_reasoning = True  # the harder server: reasoning tokens listed
-
-    workdir.mkdir(parents=True)
-    client = Judge(Adversary(case.valid(), seed=0, share=1.0))
-    outcomes = run(case.study(), case.options(workdir), client, workdir / "run", concurrency=1)
-    return outcomes, client
-
-
 def _timeless(value):
     """Without wall times (``seconds``), which differ between any two runs."""
     if isinstance(value, dict):
@@ -204,21 +187,36 @@ def _scores(outcomes) -> dict:
     }
 
 
-@pytest.mark.parametrize(
-    "case", [c.name for c in __import__("tests.support.faults", fromlist=["cases"]).cases()]
-)
-def test_every_framework_scores_the_same_with_a_judge_that_reasons(tmp_path, case):
+CASES = [c.name for c in cases()]
+
+
+@pytest.mark.parametrize("parser", ["reasoning", "reasoning_content", None])
+@pytest.mark.parametrize("case", CASES)
+def test_every_framework_scores_the_same_with_a_judge_that_reasons(tmp_path, case, parser):
     """Each framework's replay case (comprehensiveness x 6, ICAT, GaRAGe, FanOutQA, CRUX,
-    teacher data) with 300 reasoning tokens before each answer: the records (status, score,
-    details) and tables equal the plain judge's, no item is cut, and the only extra request is
-    the one that finds the model reasons."""
+    teacher data) against a loopback server shaped like vLLM serving gpt-oss: 300 reasoning
+    tokens before each answer, cut at max_tokens, the reasoning's tokens listed in the
+    logprobs; returned apart (under either field name) or, with no reasoning parser, inside the
+    content. The records (status, score, details) and tables equal a plain judge's, no item is
+    cut, and the only extra requests are those sent before the first reply showed the model
+    reasons."""
     found = next(c for c in cases() if c.name == case)
-    plain, plain_client = _case_outcomes(found, 0, tmp_path / "plain")
-    reasoned, judge = _case_outcomes(found, 300, tmp_path / "reasoned")
+    plain, plain_judge = replay_judged(found, 0, tmp_path / "plain")
+    reasoned, judge = replay_judged(found, 300, tmp_path / "reasoned", parser)
     assert _scores(reasoned) == _scores(plain)
     statuses = [r.status for o in reasoned.values() for r in o.results]
     assert "cut_in_reasoning" not in statuses
-    assert len(judge.calls) - len(plain_client.calls) <= 1
+    # the only extra requests are those cut before the client knew the model reasons: sent
+    # side by side before the first reply came back, each asked again once
+    cut = [c for c in judge.calls if (c.body.get("max_tokens") or 301) <= 300]
+    assert len(judge.calls) - len(plain_judge.calls) == len(cut) <= judge.client.peak_in_flight
+    # constrained decoding only where the server parses the reasoning apart (found from the
+    # first reply: the last requests show what was learned)
+    assert judge.client.reasoning_parser is (parser is not None)
+    if parser is None:
+        assert "extra_body" not in judge.calls[-1].body
+    elif any("extra_body" in c.body for c in plain_judge.calls):
+        assert any("extra_body" in c.body for c in judge.calls)
 
 
 def test_reproduce_comprehensiveness_runs_each_evaluator_as_the_papers_appendix(tmp_path):
@@ -271,3 +269,82 @@ def test_reasoning_tokens_are_the_servers_count_else_counted_here(content, repor
         },
     }
     assert ChatResult(content, "stop", 0, 40, False, raw).reasoning_tokens == expected
+
+
+@pytest.mark.parametrize(
+    ("content", "reasoning", "answer"),
+    [
+        ("<think>weigh it</think>\n\n4", "weigh it", "4"),
+        ("weigh it</think>4", "weigh it", "4"),  # R1 templates open the answer with <think>
+        ("<think>weigh it, then", "weigh it, then", ""),  # cut before its answer
+        ("4", "", "4"),
+    ],
+)
+def test_a_server_without_a_reasoning_parser_leaves_it_in_the_content(content, reasoning, answer):
+    from serving.reasoning import split_inline
+
+    assert split_inline(content) == (reasoning, answer)
+    finish = "length" if not answer else "stop"
+    raw = {"choices": [{"message": {"content": content}, "finish_reason": finish}]}
+    result = EvalClient._result(raw, False, StageUsage())
+    assert (result.text, result.reasoning) == (answer, reasoning)
+    assert result.cut_in_reasoning is (not answer)
+
+
+def test_constrained_decoding_only_where_the_server_parses_the_reasoning_apart():
+    from pipelines.runtime.evaluator import started_with_reasoning_parser
+
+    medium = Reasoning.make("effort", "medium")
+    assert EvalClient("http://127.0.0.1:9/v1", "plain").constrains
+    assert not EvalClient("http://127.0.0.1:9/v1", "oss", reasoning=medium).constrains
+    assert EvalClient(
+        "http://127.0.0.1:9/v1", "oss", reasoning=medium, reasoning_parser=True
+    ).constrains
+    off = Reasoning.make("toggle", "off")
+    assert EvalClient("http://127.0.0.1:9/v1", "qwen", reasoning=off).constrains
+    # the project starts a reasoning preset with its parser; an endpoint is found out
+    assert started_with_reasoning_parser(EvaluatorConfig(model="gpt-oss-20b")) is True
+    endpoint = EvaluatorConfig(model="gpt-oss-20b", endpoint="http://127.0.0.1:9/v1")
+    assert started_with_reasoning_parser(endpoint) is None
+    assert started_with_reasoning_parser(EvaluatorConfig(model="Llama-3.1-8B-Instruct")) is None
+
+
+async def test_a_reasoning_models_choice_is_constrained_once_its_parser_is_seen():
+    reasoning = Reasoning.make("effort", "low", 100)
+    async with ScriptedClient({"pick": ["B", "B"]}, reasons=30, reasoning=reasoning) as client:
+        first = await client.choice(ASK, ["A", "B"], stage="pick")
+        second = await client.choice(ASK, ["A", "B"], stage="pick")
+    assert first.value == second.value == "B"
+    assert [("extra_body" in c.body) for c in client.calls] == [False, True]
+    assert client.reasoning_parser is True
+
+
+async def test_keep_reasoning_keeps_each_requests_reasoning_in_the_record(tmp_path):
+    import json
+
+    from pipelines.comprehensiveness.framework import COMPREHENSIVENESS
+    from pipelines.runtime.protocol import ItemContext
+    from pipelines.runtime.runner import solve_item
+
+    options = ComprehensivenessOptions(protocol="spec", method="nli")
+    reasoning = Reasoning.make("effort", "low", 100)
+    records = {}
+    for keep in (False, True):
+        async with ScriptedClient(NLI_SCRIPTS, reasons=30, reasoning=reasoning) as judge:
+            ctx = ItemContext(ITEM.id, judge, options, LlmNli(), tmp_path, 2, COMPREHENSIVENESS)
+            ctx.reasoning_log = [] if keep else None
+            record = await solve_item(COMPREHENSIVENESS, ITEM, ctx)
+            records[keep] = json.loads(record.model_dump_json())
+    assert "reasoning" not in records[False]  # the record is as before: nothing added
+    kept = records[True].pop("reasoning")
+    assert records[True] == records[False]
+    assert len(kept) == len(judge.calls)  # one entry per request, each with its stage
+    assert {k["stage"] for k in kept} == {c.stage for c in judge.calls}
+    assert all(k["tokens"] == 30 and k["reasoning"].startswith("hmm") for k in kept)
+
+
+def test_keep_reasoning_is_a_run_option_of_every_command():
+    from pipelines.cli.options import Shared
+
+    assert Shared(keep_reasoning=True).overrides()["run.keep_reasoning"] is True
+    assert Shared().overrides()["run.keep_reasoning"] is None  # not given: YAML or default

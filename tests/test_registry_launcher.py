@@ -66,6 +66,11 @@ def test_a_reasoning_preset_is_served_with_its_reasoning_parser(tmp_path, model,
         assert "--reasoning-parser" not in command
     else:
         assert command[command.index("--reasoning-parser") + 1] == parser
+    # the same model on Ray Serve replicas: the engine gets the same parser
+    from serving.ray_serve import llm_config
+
+    engine = llm_config(ServerSpec(model=model), replicas=2, device="cuda").engine_kwargs
+    assert engine.get("reasoning_parser") == parser
 
 
 def test_named_adapter_presets():

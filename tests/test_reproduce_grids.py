@@ -130,3 +130,42 @@ def test_icat_grid_needs_a_knowledge_source():
 
     with pytest.raises(ValidationError, match="--index .corpus. and/or --snippets"):
         ReproduceIcatOptions(input="r.jsonl", nli_model="x")
+
+
+@pytest.mark.parametrize(("judge", "reasoning"), [(None, "off"), ("high", "high")])
+def test_a_papers_grid_judges_without_reasoning_as_the_paper_did(tmp_path, judge, reasoning):
+    """GaRAGe judged with GPT-4o, which does not reason: a Qwen3 judge (thinking on by default)
+    runs with thinking off in reproduce garage, unless its reasoning was set; the answering
+    model under evaluation keeps its own."""
+    from pipelines.garage.framework import GarageOptions
+    from pipelines.garage.reproduce import REPRODUCE_GARAGE, ReproduceGarageOptions
+    from pipelines.runtime.config import EvaluatorConfig, RunConfig
+    from pipelines.runtime.protocol import RunRequest
+    from pipelines.runtime.roles import RoleSpec
+    from pipelines.runtime.runner import execute
+    from tests.test_runtime import GARAGE_SCRIPTS, closing_client, garage_records
+
+    opened: dict[str, EvaluatorConfig] = {}
+
+    def open_client(ev, run_dir):
+        opened[ev.model] = ev
+        return closing_client(ScriptedClient(GARAGE_SCRIPTS))
+
+    options = ReproduceGarageOptions(
+        models=["Qwen3-32B@http://127.0.0.1:9/v1"],
+        garage=GarageOptions(input=garage_records(tmp_path)),
+    )
+    spec = {"model": "Qwen3-8B", "endpoint": "http://127.0.0.1:9/v1", "reasoning": judge}
+    request = RunRequest(
+        EvaluatorConfig(model="judge", endpoint="http://127.0.0.1:9/v1"),
+        RunConfig(run_dir=tmp_path / "grid", cache=None),
+        options,
+        {"judge": RoleSpec.model_validate({k: v for k, v in spec.items() if v})},
+    )
+    execute(REPRODUCE_GARAGE, request, quiet=True, open_client=open_client)
+    assert opened["Qwen3-8B"].reasoning == reasoning
+    assert opened["Qwen3-32B"].reasoning is None  # the system under evaluation: its default
+    manifest = json.loads((tmp_path / "grid" / "Qwen3-32B" / "manifest.json").read_text())
+    assert manifest["config"]["roles"]["judge"]["reasoning"] == reasoning  # of its identity
+    assert manifest["roles"]["judge"]["reasoning"] == reasoning  # shown with the model
+    assert manifest["roles"]["answer"]["reasoning"] == "medium"  # Qwen3's default: thinking on

@@ -4,6 +4,7 @@ rebuilding them from a run that was interrupted midway and from the finished run
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from pathlib import Path
 
@@ -25,12 +26,21 @@ from tests.support.scripted import Reply, ScriptedClient, by_text, field_of
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 
 
-def run(study, options, client, run_dir: Path, concurrency: int = 4):
+def run(study, options, client, run_dir: Path, concurrency: int = 4, close: bool = False):
+    """``study`` run with ``client`` for every role (``close``: closed at the end, as a client
+    with an HTTP session must be in the run's own event loop)."""
     evaluator = EvaluatorConfig(
         model="judge", endpoint="http://127.0.0.1:9/v1", concurrency=concurrency
     )
     request = RunRequest(evaluator, RunConfig(run_dir=run_dir, cache=None), options)
-    return execute(study, request, quiet=True, open_client=lambda ev, d: fixed_client(client))
+    opened = closing_client if close else fixed_client
+    return execute(study, request, quiet=True, open_client=lambda ev, d: opened(client))
+
+
+@contextlib.asynccontextmanager
+async def closing_client(client):
+    async with client:
+        yield client
 
 
 def report_json(path: Path) -> list[dict]:

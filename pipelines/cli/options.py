@@ -129,6 +129,10 @@ SHARED_OPTIONS: dict[str, tuple[Any, Any]] = {
         _opt(int | None, "K judgements per item, one seed each (needs a temperature above 0)"),
         None,
     ),
+    "keep_reasoning": (
+        _opt(bool, "keep each request's reasoning in the records (large)", "--keep-reasoning"),
+        False,
+    ),
     "dry_run": (
         _opt(bool, "check inputs, print what each run would still ask; start nothing", "--dry-run"),
         False,
@@ -163,6 +167,7 @@ class Shared:
     max_cost: float | None = None
     max_run_tokens: int | None = None
     repeats: int | None = None
+    keep_reasoning: bool = False
     dry_run: bool = False
     pilot: int | None = None
     no_cache: bool = False
@@ -191,6 +196,7 @@ class Shared:
             "run.max_cost": self.max_cost,
             "run.max_run_tokens": self.max_run_tokens,
             "run.repeats": self.repeats,
+            "run.keep_reasoning": self.keep_reasoning or None,
         }
 
 

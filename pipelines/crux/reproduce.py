@@ -140,6 +140,7 @@ def build_passage_index(options: ReproduceCruxOptions, out: Path) -> None:
 
 class ReproduceCrux(Study[ReproduceCruxOptions]):
     name = "reproduce-crux"
+    paper_judges_without_reasoning = True  # the paper judged with Llama-3.1-70B-Instruct
     Options = ReproduceCruxOptions
     roles = {
         "generate": "the RAG answer from Z (--generate)",

@@ -56,6 +56,7 @@ class ReproduceFanoutOptions(BaseModel):
 
 class ReproduceFanout(ModelGrid[ReproduceFanoutOptions]):
     name = "reproduce-fanoutqa"
+    paper_judges_without_reasoning = True  # the paper judged with GPT-4
     Options = ReproduceFanoutOptions
     roles = {"judge": "the A-F judge (--judge); the answering models are --models"}
     framework = FANOUTQA

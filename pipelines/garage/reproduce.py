@@ -54,6 +54,7 @@ class ReproduceGarageOptions(BaseModel):
 
 class ReproduceGarage(ModelGrid[ReproduceGarageOptions]):
     name = "reproduce-garage"
+    paper_judges_without_reasoning = True  # the paper judged with GPT-4o
     Options = ReproduceGarageOptions
     roles = {"judge": "every judging stage; the answering models are --models"}
     framework = GARAGE

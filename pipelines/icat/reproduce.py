@@ -88,6 +88,7 @@ def row_of(entry: dict[str, Any]) -> dict[str, float | None]:
 
 class ReproduceIcat(Study[ReproduceIcatOptions]):
     name = "reproduce-icat"
+    paper_judges_without_reasoning = True  # the paper's models are Llama 3.x (no reasoning)
     Options = ReproduceIcatOptions
     roles = ICAT.roles
     framework = ICAT

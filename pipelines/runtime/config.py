@@ -131,6 +131,9 @@ class RunConfig(Strict):
     max_cost: float | None = Field(None, gt=0, description="admit no item past this many dollars")
     max_run_tokens: int | None = Field(None, ge=1, description="admit no item past these tokens")
     repeats: int = Field(1, ge=1, le=100, description="judgements per item (temperature > 0)")
+    keep_reasoning: bool = Field(
+        False, description="keep each request's reasoning in the item's record (it is large)"
+    )
 
 
 def load_config(model: type[M], yaml_path: Path | None, overrides: dict[str, Any]) -> M:

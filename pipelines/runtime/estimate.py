@@ -36,7 +36,8 @@ from pipelines.runtime.protocol import Framework, ItemContext
 from pipelines.runtime.results import ItemResult, StageFailed
 
 RESAMPLES = 2000
-TOKENS = ("prompt_tokens", "completion_tokens")
+# reasoning tokens are part of the completion tokens, estimated apart to show what reasoning costs
+TOKENS = ("prompt_tokens", "completion_tokens", "reasoning_tokens")
 
 
 def predict_total(observed: list[float], n: int, seed: int = 0) -> tuple[float, float, float]:
@@ -238,6 +239,11 @@ def print_estimate(label: str, estimate: dict[str, Any], out: Console) -> None:
         out.print(f"{title}: which stages it asks is known once an item is recorded")
         return
     rest = estimate["missing"] - estimate.get("cached_items", 0)
+    reasons = any(
+        (s["tokens"] or {}).get("reasoning_tokens", (0,))[-1]
+        or s["cached_tokens"].get("reasoning_tokens")
+        for s in estimate["stages"]
+    )
     table = Table(
         "stage",
         "role",
@@ -246,6 +252,7 @@ def print_estimate(label: str, estimate: dict[str, Any], out: Console) -> None:
         "calls (95% PI)",
         "prompt tokens",
         "completion tokens",
+        *(["of which reasoning"] if reasons else []),
         title=title,
     )
     for s in estimate["stages"]:
@@ -259,6 +266,7 @@ def print_estimate(label: str, estimate: dict[str, Any], out: Console) -> None:
             _calls(s, rest),
             _triple(tokens.get("prompt_tokens")),
             _triple(tokens.get("completion_tokens")),
+            *([_triple(tokens.get("reasoning_tokens"))] if reasons else []),
         )
     out.print(table)
     if not estimate["recorded"] and rest:

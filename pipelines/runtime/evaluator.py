@@ -27,7 +27,13 @@ from serving.registry import lora_adapter, model_source, resolve
 
 
 def model_record(cfg: EvaluatorConfig) -> dict:
-    return cfg.ref().describe() | {"adapters": cfg.adapters}
+    """The model of a role as the manifest and reports show it; a reasoning model with how it
+    reasons (its preset's default unless set)."""
+    record = cfg.ref().describe() | {"adapters": cfg.adapters}
+    reasoning = reasoning_of(cfg)
+    if reasoning is not None:
+        record |= {"reasoning": reasoning.setting, "reasoning_tokens": reasoning.budget}
+    return record
 
 
 def sampling_defaults(cfg: EvaluatorConfig) -> dict:
@@ -194,7 +200,17 @@ def client_options(cfg: EvaluatorConfig) -> dict[str, Any]:
         "default_params": sampling_defaults(cfg),
         "vllm_extensions": cfg.vllm_extensions,
         "reasoning": reasoning_of(cfg),
+        "reasoning_parser": started_with_reasoning_parser(cfg),
     }
+
+
+def started_with_reasoning_parser(cfg: EvaluatorConfig) -> bool | None:
+    """True when the project starts the server with the preset's ``--reasoning-parser``; None
+    for an endpoint (the client finds out from the first reply that reasons)."""
+    preset = cfg.ref().preset
+    if cfg.endpoint is None and preset is not None and preset.reasoning_parser:
+        return True
+    return None
 
 
 class NotCached(Exception):

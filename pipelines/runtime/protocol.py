@@ -104,6 +104,9 @@ class Study(Generic[OptionsT]):
     Options: ClassVar[type[BaseModel]]
     # role -> what it does (the models a user can set with --role ROLE=...)
     roles: ClassVar[dict[str, str]] = {"judge": "every model stage"}
+    # a study that reproduces a paper whose judges did not reason (GPT-4, Llama): its judging
+    # roles run a model that can turn reasoning off with it off (``roles.judges_without_reasoning``)
+    paper_judges_without_reasoning: ClassVar[bool] = False
 
     def check_roles(self, names: list[str]) -> None:
         unknown = [n for n in names if n not in self.roles]
@@ -250,6 +253,8 @@ class ItemContext:
     answers: Mapping[str, str] | None = None  # answers made elsewhere (``--answers``)
     details: dict[str, Any] = field(default_factory=dict)
     meter: dict[str, StageUsage] = field(default_factory=dict)
+    # the reasoning of each request, kept only with --keep-reasoning (None: not kept)
+    reasoning_log: list[dict[str, Any]] | None = None
 
     @property
     def answered_elsewhere(self) -> bool:
@@ -274,7 +279,12 @@ class ItemContext:
         self, messages: list[dict], *, stage: str, template: str | None = None, **params: Any
     ) -> ChatResult:
         return await self._client(stage).chat(
-            messages, stage=stage, template=template, meter=self.meter, **params
+            messages,
+            stage=stage,
+            template=template,
+            meter=self.meter,
+            reasoning_log=self.reasoning_log,
+            **params,
         )
 
     async def attempt(
@@ -292,7 +302,7 @@ class ItemContext:
         """One stage: render, constrain to ``regex`` (vLLM), parse, re-ask with the parse error,
         account; an output that stays unparseable comes back as such (the caller decides)."""
         client = self._client(stage)
-        if regex and client.vllm_extensions:
+        if regex and client.vllm_extensions and client.constrains:
             extra = dict(params.pop("extra_body", None) or {})
             params["extra_body"] = extra | {"structured_outputs": {"regex": regex}}
         return await client.parsed(
@@ -303,6 +313,7 @@ class ItemContext:
             stage=stage,
             template=template.id,
             meter=self.meter,
+            reasoning_log=self.reasoning_log,
             **params,
         )
 
@@ -347,6 +358,7 @@ class ItemContext:
             stage=stage,
             template=template.id,
             meter=self.meter,
+            reasoning_log=self.reasoning_log,
             **params,
         )
 
@@ -373,6 +385,7 @@ class ItemContext:
             stage=stage,
             template=template.id,
             meter=self.meter,
+            reasoning_log=self.reasoning_log,
             **params,
         )
         if scored.status != "ok":
@@ -389,7 +402,13 @@ class ItemContext:
         **params: Any,
     ) -> ToolRun:
         return await self._client(stage).run_tools(
-            messages, tools, stage=stage, template=template, meter=self.meter, **params
+            messages,
+            tools,
+            stage=stage,
+            template=template,
+            meter=self.meter,
+            reasoning_log=self.reasoning_log,
+            **params,
         )
 
     def usage(self) -> dict[str, dict[str, Any]]:

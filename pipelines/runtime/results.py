@@ -45,6 +45,9 @@ class ItemResult(BaseModel):
     details: dict[str, Any] = Field(default_factory=dict)
     usage: dict[str, dict[str, Any]] = Field(default_factory=dict)
     failure: StageFailure | None = None
+    # each request's reasoning, with --keep-reasoning only (it is large): [{stage, template,
+    # tokens, reasoning}]; absent from the record otherwise
+    reasoning: list[dict[str, Any]] | None = Field(None, exclude_if=lambda kept: kept is None)
 
     @model_validator(mode="after")
     def _consistent(self) -> ItemResult:

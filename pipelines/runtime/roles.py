@@ -117,6 +117,20 @@ def model_identity(ev: EvaluatorConfig) -> tuple[str, str | None]:
     return (preset.hub_id if preset is not None else ev.model), ev.adapter
 
 
+def judges_without_reasoning(roles: dict[str, EvaluatorConfig]) -> dict[str, EvaluatorConfig]:
+    """A paper's protocol where its judges did not reason: each judging role whose model can
+    turn reasoning off (Qwen3's thinking) runs with it off, unless its reasoning was set. The
+    systems under evaluation, and models that cannot turn it off, keep theirs."""
+    out = {}
+    for role, ev in roles.items():
+        preset = ev.ref().preset
+        toggles = preset is not None and preset.reasoning == "toggle"
+        if role not in SYSTEM_ROLES and toggles and ev.reasoning is None:
+            ev = ev.model_copy(update={"reasoning": "off"})
+        out[role] = ev
+    return out
+
+
 def self_judging(roles: dict[str, EvaluatorConfig]) -> list[dict[str, str]]:
     """Pairs (system role, judging role) that resolve to the same model."""
     found = []

@@ -53,7 +53,7 @@ from pipelines.runtime.protocol import (
 from pipelines.runtime.records import StudyRecord
 from pipelines.runtime.repeats import print_repeats, repeat_plans, repeats_table
 from pipelines.runtime.results import ItemResult, StageFailed, StageFailure
-from pipelines.runtime.roles import self_judging
+from pipelines.runtime.roles import judges_without_reasoning, self_judging
 from pipelines.runtime.runstore import (
     STUDY_FILE,
     RunStore,
@@ -95,6 +95,13 @@ def sigterm_as_interrupt() -> None:
 async def solve_item(fw: Framework[Any, ItemT], item: ItemT, ctx: ItemContext) -> ItemResult:
     """The framework's answer, or the item's failure recorded as such. Only a gone endpoint or
     an interrupt stops the run (what finished is kept; a rerun resumes)."""
+    result = await _solved(fw, item, ctx)
+    if ctx.reasoning_log:  # --keep-reasoning: what the judge reasoned, failed items included
+        result = result.model_copy(update={"reasoning": ctx.reasoning_log})
+    return result
+
+
+async def _solved(fw: Framework[Any, ItemT], item: ItemT, ctx: ItemContext) -> ItemResult:
     try:
         return await fw.solve(item, ctx)
     except StageFailed as failure:
@@ -269,6 +276,8 @@ def execute(
     if repeats:
         plans = repeat_plans(study, request, plans)
     roles = [plan_roles(p.framework or study, p, request) for p in plans]  # type: ignore[arg-type]
+    if study.paper_judges_without_reasoning:
+        roles = [judges_without_reasoning(r) for r in roles]
     prices = load_prices(request.run.prices)
     if request.run.max_cost is not None:
         require_prices(
@@ -489,6 +498,7 @@ async def _run_one(
                 max_reasks,
                 fw,
                 answers,
+                reasoning_log=[] if request.run.keep_reasoning else None,
             )
             return await solve_item(fw, item, ctx)
 

@@ -154,13 +154,24 @@ class ScriptedClient(EvalClient):
         stage: str,
         template: str | None,
     ) -> dict[str, Any]:
+        try:
+            raw = self.respond(model, messages, body, stage)
+        except Exception:
+            usage.failures += 1
+            raise
+        usage.requests += 1
+        return raw
+
+    def respond(
+        self, model: str, messages: list[dict[str, Any]], body: dict[str, Any], stage: str
+    ) -> dict[str, Any]:
+        """The completion a server would send for this request (raises a scripted error)."""
         # The template's prompt: re-asks and tool results come after it in ``messages``.
         prompt = next((m["content"] for m in messages if m["role"] == "user"), "")
         limit = body.get("max_tokens")
         if self.reasons and limit is not None and limit <= self.reasons:  # no script consumed
             if self.keep_calls:
                 self.calls.append(Call(stage, model, prompt, messages, body, ""))
-            usage.requests += 1
             message = {"role": "assistant", "content": None, "reasoning": "hmm " * limit}
             choice = {"index": 0, "message": message, "finish_reason": "length"}
             tokens = {
@@ -173,11 +184,9 @@ class ScriptedClient(EvalClient):
         if self.keep_calls:
             self.calls.append(Call(stage, model, prompt, messages, body, reply.text))
         if reply.error is not None:
-            usage.failures += 1
             raise reply.error
         if self.check_constraints:
             _check_constraint(stage, body, reply.text)
-        usage.requests += 1
         if self.reasons:
             return self._reasoned(reply, prompt, body, model)
         message: dict[str, Any] = {"role": "assistant", "content": reply.text}
