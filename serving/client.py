@@ -153,6 +153,8 @@ class Parsed:
     error: str | None = None
     outputs: list[str] = field(default_factory=list)  # every raw output, re-asks included
     result: ChatResult | None = None  # the answer that parsed (for its logprobs)
+    # a judge panel's answer: the share of its members that gave it (``result`` is then None)
+    probability: float | None = None
 
     @property
     def ok(self) -> bool:

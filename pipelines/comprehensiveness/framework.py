@@ -39,6 +39,7 @@ from pipelines.comprehensiveness.rules import Rules
 from pipelines.generate.framework import GENERATE, GenerateItem, GenerateOptions
 from pipelines.runtime.config import EvaluatorConfig, UserError, read_jsonl
 from pipelines.runtime.nli_placement import PLACEMENT_FIELDS
+from pipelines.runtime.panels import Average, Vote
 from pipelines.runtime.protocol import (
     Framework,
     ItemContext,
@@ -61,6 +62,10 @@ class Comprehensiveness(Framework[ComprehensivenessOptions, Item]):
     report_only = frozenset({"resamples", "nli_device"}) | PLACEMENT_FIELDS
     roles = {"judge": "every stage: atoms / questions, relevance, NLI or comparison, E2E"}
     stage_roles = {nli_method.CROSS_ENCODER_STAGE: "nli", "*": "judge"}
+    # a judge panel: NLI labels by strict majority (a tie asserts no relation: neutral), spec
+    # relevance scores by their mean; the other stages (extraction, comparison, coverage lists)
+    # are asked of the first member
+    panel_rules = {"nli": Vote(tie="neutral"), "relevance": Average("mean")}
 
     def score_protocol(self, options: ComprehensivenessOptions) -> dict[str, Any]:
         return {"protocol": options.protocol}

@@ -63,7 +63,13 @@ class LlmNli:
                 template, list(NLI_LABELS), "nli", values, max_tokens=24, logprobs=True
             )
             if parsed.ok:
-                probability = parsed.result.sequence_probability if parsed.result else None
+                probability = (
+                    parsed.probability  # a panel's: the share of its members that agree
+                    if parsed.probability is not None
+                    else parsed.result.sequence_probability
+                    if parsed.result
+                    else None
+                )
                 return parsed.value, 1.0 if probability is None else probability
             if not ctx.options.rules.nli_unreadable_is_neutral:
                 raise StageFailed("nli", parsed)

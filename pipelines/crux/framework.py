@@ -20,6 +20,7 @@ from rich.table import Table
 from pipelines.crux import data, metrics
 from pipelines.runtime.answers import AnswerFile, GivenAnswers
 from pipelines.runtime.config import Strict
+from pipelines.runtime.panels import Average
 from pipelines.runtime.protocol import Framework, FrameworkOptions, ItemContext
 from pipelines.runtime.results import ItemResult, not_scored
 from serving.templates import load_dir
@@ -94,6 +95,11 @@ class Crux(Framework[CruxOptions, TopicItem]):
         "generate": "the RAG answer from Z (--generate; the paper: an 8B generator)",
     }
     stage_roles = {"rate": "rate", "rate_answer": "rate", "answer": "generate"}
+    # a rating panel: the median of the 0-5 ratings (ordinal)
+    panel_rules = {
+        "rate": Average("median", level="ordinal"),
+        "rate_answer": Average("median", level="ordinal"),
+    }
     # the results to rate, per topic; a topic the topics file lacks is refused
     answer_file = AnswerFile(id_field="topic", unknown="error", missing="no Cov(y)")
 

@@ -33,6 +33,7 @@ from pipelines.runtime.config import (
     iter_jsonl,
     read_text,
 )
+from pipelines.runtime.panels import Vote
 from pipelines.runtime.protocol import (
     Framework,
     FrameworkOptions,
@@ -249,6 +250,8 @@ class FanOutQA(Framework[FanoutOptions, Question]):
         "judge": "the A-F judge (--judge)",
     }
     stage_roles = {"answer-*": "answer", "judge": "judge"}
+    # a judge panel: the case letter by strict majority; a tie is case D (they disagree: 0)
+    panel_rules = {"judge": Vote(tie="D")}
     # the official submission format; a question without an answer scores 0 everywhere, as the
     # official scorer counts it, and an answer for no question of ours is not scored
     answer_file = AnswerFile(layout="json-list", missing="0 in every column")

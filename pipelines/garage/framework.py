@@ -30,6 +30,7 @@ from pipelines.garage.data import (
     quality_band,
 )
 from pipelines.runtime.answers import AnswerFile, GivenAnswers
+from pipelines.runtime.panels import Vote
 from pipelines.runtime.protocol import Framework, FrameworkOptions, ItemContext
 from pipelines.runtime.results import ItemResult, not_scored
 from serving.templates import load_dir
@@ -77,6 +78,12 @@ class Garage(Framework[GarageOptions, Record]):
         "judge": "eligibility, per-sentence support, deflection",
     }
     stage_roles = {"answer": "answer", "*": "judge"}
+    # a judge panel: labels by strict majority; a tie gives the answer the lesser credit
+    panel_rules = {
+        "eligibility": Vote(tie="Major Issue(s)", order=tuple(ELIGIBILITY)),
+        "support-*": Vote(tie="unsupported"),
+        "deflection": Vote(tie="attempted"),
+    }
     # answers with the benchmark's numbered citation markers; one for no record of ours is not
     # scored, a record without one is counted as such
     answer_file = AnswerFile(id_field="sample_id", missing="not scored, counted")

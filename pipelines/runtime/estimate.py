@@ -32,6 +32,7 @@ from rich.table import Table
 
 from pipelines.runtime.costs import cost_table
 from pipelines.runtime.evaluator import NotCached
+from pipelines.runtime.panels import member_name, panel_members
 from pipelines.runtime.protocol import Framework, ItemContext
 from pipelines.runtime.results import ItemResult, StageFailed
 
@@ -75,6 +76,14 @@ class StageEstimate:
         return dict(self.__dict__)
 
 
+def member_stages(fw: Framework[Any, Any], stage: str, roles: dict[str, Any]) -> list[str]:
+    """``stage`` as each member of a judge panel asks it (the stage alone without a panel)."""
+    if fw.panel_rule(stage) is None:
+        return [stage]
+    members = panel_members(fw.role_of(stage, "unknown"), list(roles))
+    return [member_name(stage, k) for k in range(1, max(len(members), 1) + 1)]
+
+
 def _plus(a: tuple[float, ...], b: tuple[float, ...]) -> tuple[float, ...]:
     return tuple(x + y for x, y in zip(a, b, strict=True))
 
@@ -103,8 +112,9 @@ def estimate_run(
         if str(item.id) in cached:
             continue
         for stage, n in fw.known_calls(item, options).items():
-            exact[stage] = exact.get(stage, 0) + n
-            fixed[stage] = fixed.get(stage, 0) + 1
+            for asked in member_stages(fw, stage, roles):  # each panel member asks it too
+                exact[asked] = exact.get(asked, 0) + n
+                fixed[asked] = fixed.get(asked, 0) + 1
     from_cache: dict[str, dict[str, int]] = {}
     for usage in cached.values():
         for stage, u in usage.items():
@@ -112,7 +122,14 @@ def estimate_run(
             for key in into:
                 into[key] += u.get(key, 0)
     n_rest = n_missing - len(cached)
-    known_before = [fw.known_calls(i, options) for i in recorded_items or []]
+    known_before = [
+        {
+            asked: n
+            for stage, n in fw.known_calls(i, options).items()
+            for asked in member_stages(fw, stage, roles)
+        }
+        for i in recorded_items or []
+    ]
     stages = list(dict.fromkeys([*from_cache, *exact, *(s for r in recorded for s in r.usage)]))
     out = []
     for k, stage in enumerate(stages):

@@ -8,8 +8,9 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from pipelines.runtime.config import EvaluatorConfig, items_digest
+from pipelines.runtime.config import EvaluatorConfig, UserError, items_digest
 from pipelines.runtime.evaluator import model_record
+from pipelines.runtime.panels import panel_members, split_member
 from pipelines.runtime.protocol import Framework, RunPlan, RunRequest
 from pipelines.runtime.runstore import fingerprint
 
@@ -35,10 +36,24 @@ def evaluator_key(ev: EvaluatorConfig) -> str:
 
 
 def plan_roles(fw: Framework, plan: RunPlan, request: RunRequest) -> dict[str, EvaluatorConfig]:
-    """The evaluator of every role a run uses: the plan's, else ``--role``, else the default."""
-    return {
-        role: plan.roles.get(role) or request.role(role) for role in fw.roles_used(plan.options)
-    }
+    """The evaluator of every role a run uses: the plan's, else ``--role``, else the default;
+    a panel's further members (``judge#2``, ...) after their role."""
+    out: dict[str, EvaluatorConfig] = {}
+    for role in fw.roles_used(plan.options):
+        out[role] = plan.roles.get(role) or request.role(role)
+        members = [m for m in panel_members(role, list(request.roles)) if m != role]
+        for member in members:
+            out[member] = request.role(member)
+        seen: dict[str, str] = {}
+        for member in [role, *members]:
+            key = evaluator_key(out[member])
+            if key in seen:
+                raise UserError(
+                    f"--role {member}: the same model as {seen[key]}; a panel's members must "
+                    "differ (the same model answers the same)"
+                )
+            seen[key] = member
+    return out
 
 
 def lead_evaluator(roles: dict[str, EvaluatorConfig], default: EvaluatorConfig) -> EvaluatorConfig:
@@ -57,8 +72,10 @@ def run_identity(
     one model keeps the identity it always had); every other role whose model differs is
     listed under ``roles``."""
     lead = evaluator_identity(lead_evaluator(roles, default))
-    others = {
-        role: evaluator_identity(ev) for role, ev in roles.items() if evaluator_identity(ev) != lead
+    others = {  # a panel member is listed even when it is the lead's model (it judges too)
+        role: evaluator_identity(ev)
+        for role, ev in roles.items()
+        if evaluator_identity(ev) != lead or split_member(role)[1] > 1
     }
     return {
         "items_sha256": items_digest(items),

@@ -24,19 +24,28 @@ lists its runs (each a sub-directory, maybe another framework, evaluator or deri
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar, Generic, Protocol, TypeVar
+from typing import Annotated, Any, ClassVar, Generic, Protocol, TypeVar
 
-from pydantic import BaseModel, Field, create_model
+from pydantic import BaseModel, BeforeValidator, Field, create_model
 from rich.console import Console
 
+from pipelines.runtime import panels
 from pipelines.runtime.answers import AnswerFile, read_answers
 from pipelines.runtime.config import EvaluatorConfig, RunConfig, Strict, UserError, file_sha256
+from pipelines.runtime.panels import (
+    PanelRule,
+    check_panels,
+    member_name,
+    panel_members,
+    split_member,
+)
 from pipelines.runtime.records import RunSummary
 from pipelines.runtime.results import ItemResult, StageFailed, StageFailure, Status
-from pipelines.runtime.roles import RoleSpec, role_evaluator
+from pipelines.runtime.roles import SYSTEM_ROLES, RoleSpec, expand_panels, role_evaluator
 from serving.client import ChatResult, EvalClient, LabelScore, Parsed, StageUsage, Tool, ToolRun
 from serving.templates import REASK, PromptTemplate
 
@@ -50,6 +59,7 @@ class Identified(Protocol):
 
 OptionsT = TypeVar("OptionsT", bound=BaseModel)  # a study's options model
 ItemT = TypeVar("ItemT", bound=Identified)  # a framework's item, as its ``load`` returns
+T = TypeVar("T")
 
 
 class FrameworkOptions(Strict):
@@ -99,6 +109,16 @@ class RunPlan:
     items: Callable[[dict[str, RunOutcome]], list[Any]] | None = None  # None: the study's items
 
 
+def _matching(patterns: Mapping[str, T], stage: str) -> T | None:
+    """The value of ``stage`` in a stage-pattern table ("prefix*" matches by prefix)."""
+    if stage in patterns:
+        return patterns[stage]
+    for pattern, value in patterns.items():
+        if pattern.endswith("*") and stage.startswith(pattern[:-1]):
+            return value
+    return None
+
+
 class Study(Generic[OptionsT]):
     name: ClassVar[str]
     Options: ClassVar[type[BaseModel]]
@@ -109,11 +129,12 @@ class Study(Generic[OptionsT]):
     paper_judges_without_reasoning: ClassVar[bool] = False
 
     def check_roles(self, names: list[str]) -> None:
-        unknown = [n for n in names if n not in self.roles]
+        unknown = [n for n in names if split_member(n)[0] not in self.roles]
         if unknown:
             raise UserError(
                 f"--role {unknown[0]}: {self.name} has the roles {', '.join(self.roles)}"
             )
+        check_panels(names, list(self.roles), SYSTEM_ROLES)
 
     def load(self, options: OptionsT) -> Sequence[Any]:
         raise NotImplementedError
@@ -147,6 +168,9 @@ class Framework(Study[OptionsT], Generic[OptionsT, ItemT]):
     # stage -> role; "prefix*" matches every stage that starts with prefix. A stage that is not
     # a model call (a cross-encoder) maps to the name of its backend, e.g. "nli".
     stage_roles: ClassVar[dict[str, str]] = {"*": "judge"}
+    # judging stage (same patterns) -> how a panel's answers combine (``runtime.panels``); a
+    # stage without one is asked of a panel's first member only
+    panel_rules: ClassVar[dict[str, PanelRule]] = {}
 
     def roles_used(self, options: OptionsT) -> list[str]:
         """The roles a run with ``options`` asks (only these are opened, and identify it)."""
@@ -154,15 +178,20 @@ class Framework(Study[OptionsT], Generic[OptionsT, ItemT]):
 
     def role_of(self, stage: str, default: str | None = None) -> str:
         """The role that answers ``stage``; an undeclared stage is ``default`` (for usage an
-        older version recorded) or, without one, a ``KeyError``."""
-        if stage in self.stage_roles:
-            return self.stage_roles[stage]
-        for pattern, role in self.stage_roles.items():
-            if pattern.endswith("*") and stage.startswith(pattern[:-1]):
-                return role
+        older version recorded) or, without one, a ``KeyError``. A panel member's stage
+        (``eligibility#2``) is answered by that member (``judge#2``)."""
+        base, k = split_member(stage)
+        role = _matching(self.stage_roles, base)
+        if role is not None:
+            return member_name(role, k)
         if default is not None:
             return default
         raise KeyError(f"{self.name}: stage {stage!r} has no declared role")
+
+    def panel_rule(self, stage: str) -> PanelRule | None:
+        """How a panel's answers to ``stage`` combine (None: the first member answers alone;
+        always None for a member's own stage)."""
+        return _matching(self.panel_rules, stage) if split_member(stage)[1] == 1 else None
 
     def plan(self, request: RunRequest, root: Path) -> list[RunPlan]:
         return [RunPlan("", self.name, request.options)]
@@ -275,6 +304,47 @@ class ItemContext:
             raise KeyError(f"stage {stage!r} asks role {role!r}, which this run did not open")
         return self.clients[role]
 
+    def _panel(self, stage: str) -> tuple[PanelRule, list[str]] | None:
+        """A judging stage whose role is a panel: its rule and each member's stage name."""
+        if isinstance(self.clients, EvalClient) or self.framework is None:
+            return None
+        rule = self.framework.panel_rule(stage)
+        if rule is None:
+            return None
+        members = panel_members(self.framework.role_of(stage), list(self.clients))
+        if len(members) < 2:
+            return None
+        return rule, [member_name(stage, k) for k in range(1, len(members) + 1)]
+
+    async def _combined(
+        self,
+        stage: str,
+        rule: PanelRule,
+        answers: Sequence[Parsed | LabelScore],
+    ) -> tuple[Any, float | None]:
+        """The members' answers combined by the stage's rule and kept in the details: (the
+        combined value, or None when no member answered; the share of members that gave it)."""
+        values = [
+            (a.value if isinstance(a, Parsed) else a.score) if a.status == "ok" else None
+            for a in answers
+        ]
+        if all(v is None for v in values):
+            self.details.setdefault("panel", []).append(panels.record(stage, values, None, False))
+            return None, None
+        value, tie = rule.combine(values)
+        self.details.setdefault("panel", []).append(panels.record(stage, values, value, tie))
+        return value, sum(v == value for v in values) / len(values)
+
+    async def _panel_parsed(self, stage: str, rule: PanelRule, answers: Sequence[Parsed]) -> Parsed:
+        """The panel's answer as one ``Parsed``: the combined value, the first member's outputs;
+        unparseable (with the first member's error) when no member answered."""
+        value, share = await self._combined(stage, rule, answers)
+        lead = answers[0]
+        if value is None:
+            failed = next(a for a in answers if not a.ok)
+            return Parsed("unparseable", error=failed.error, outputs=failed.outputs)
+        return Parsed("ok", value, outputs=lead.outputs, probability=share)
+
     async def chat(
         self, messages: list[dict], *, stage: str, template: str | None = None, **params: Any
     ) -> ChatResult:
@@ -300,8 +370,32 @@ class ItemContext:
         **params: Any,
     ) -> Parsed:
         """One stage: render, constrain to ``regex`` (vLLM), parse, re-ask with the parse error,
-        account; an output that stays unparseable comes back as such (the caller decides)."""
-        client = self._client(stage)
+        account; an output that stays unparseable comes back as such (the caller decides). A
+        panel's members each answer; their values combine by the stage's rule."""
+        panel = self._panel(stage)
+        if panel is not None:
+            rule, stages = panel
+            asked = [
+                self._attempt_one(template, s, parse, expected, values, regex, max_reasks, params)
+                for s in stages
+            ]
+            return await self._panel_parsed(stage, rule, await asyncio.gather(*asked))
+        return await self._attempt_one(
+            template, stage, parse, expected, values, regex, max_reasks, params
+        )
+
+    async def _attempt_one(
+        self,
+        template: PromptTemplate,
+        stage: str,
+        parse: Callable[[str], Any],
+        expected: str,
+        values: dict[str, Any],
+        regex: str | None,
+        max_reasks: int | None,
+        params: dict[str, Any],
+    ) -> Parsed:
+        client, params = self._client(stage), dict(params)  # a panel's members share params
         if regex and client.vllm_extensions and client.constrains:
             extra = dict(params.pop("extra_body", None) or {})
             params["extra_body"] = extra | {"structured_outputs": {"regex": regex}}
@@ -350,7 +444,23 @@ class ItemContext:
         **params: Any,
     ) -> Parsed:
         """One of ``choices`` (constrained on vLLM), or the unparseable record: the caller
-        decides what an unreadable answer means."""
+        decides what an unreadable answer means. A panel votes (``probability``: the share of
+        its members that gave the label)."""
+        panel = self._panel(stage)
+        if panel is not None:
+            rule, stages = panel
+            asked = [self._choice_one(template, choices, s, values, params) for s in stages]
+            return await self._panel_parsed(stage, rule, await asyncio.gather(*asked))
+        return await self._choice_one(template, choices, stage, values, params)
+
+    async def _choice_one(
+        self,
+        template: PromptTemplate,
+        choices: list[str],
+        stage: str,
+        values: dict[str, Any],
+        params: dict[str, Any],
+    ) -> Parsed:
         return await self._client(stage).choice(
             template.messages(**values),
             choices,
@@ -379,7 +489,25 @@ class ItemContext:
     async def label_score(
         self, template: PromptTemplate, stage: str, values: dict[str, Any], **params: Any
     ) -> LabelScore:
-        scored = await self._client(stage).label_score(
+        panel = self._panel(stage)
+        if panel is not None:  # each member's score, combined by the stage's rule
+            rule, stages = panel
+            scores = await asyncio.gather(
+                *(self._label_score(template, s, values, **params) for s in stages)
+            )
+            value, _ = await self._combined(stage, rule, scores)
+            if value is None:
+                raise StageFailed(stage, error=next(s.error for s in scores if s.status != "ok"))
+            return LabelScore("ok", score=value, output=scores[0].output)
+        scored = await self._label_score(template, stage, values, **params)
+        if scored.status != "ok":
+            raise StageFailed(stage, error=scored.error)
+        return scored
+
+    async def _label_score(
+        self, template: PromptTemplate, stage: str, values: dict[str, Any], **params: Any
+    ) -> LabelScore:
+        return await self._client(stage).label_score(
             template.messages(**values),
             max_reasks=self.max_reasks,
             stage=stage,
@@ -388,9 +516,6 @@ class ItemContext:
             reasoning_log=self.reasoning_log,
             **params,
         )
-        if scored.status != "ok":
-            raise StageFailed(stage, error=scored.error)
-        return scored
 
     async def run_tools(
         self,
@@ -440,7 +565,10 @@ def request_model(study: Study) -> type[Strict]:
     under its own name (the YAML file uses the same sections)."""
     fields: dict[str, Any] = {
         "evaluator": (EvaluatorConfig, Field(default_factory=EvaluatorConfig)),
-        "roles": (dict[str, RoleSpec], Field(default_factory=dict)),
+        "roles": (
+            Annotated[dict[str, RoleSpec], BeforeValidator(expand_panels)],
+            Field(default_factory=dict),
+        ),
         "run": (RunConfig, Field(default_factory=RunConfig)),
         study.name: (study.Options, ...),
     }

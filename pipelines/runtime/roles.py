@@ -14,6 +14,7 @@ from typing import Any, Literal
 from pydantic import Field, model_validator
 
 from pipelines.runtime.config import EvaluatorConfig, Strict, UserError
+from pipelines.runtime.panels import member_name
 
 # Roles that write the output under evaluation; every other role judges or extracts.
 SYSTEM_ROLES = ("answer", "generate")
@@ -61,16 +62,35 @@ def parse_spec(text: str) -> dict[str, str | None]:
 
 
 def parse_role_options(values: list[str] | None) -> dict[str, str]:
-    """``--role ROLE=SPEC`` (repeatable) -> {role: spec}; the spec is checked with the config."""
+    """``--role ROLE=SPEC`` (repeatable) -> {role: spec}; the spec is checked with the config.
+    A role given again is a judge panel: its further models are the roles ``ROLE#2``, ..."""
     out: dict[str, str] = {}
     for value in values or []:
         role, sep, spec = value.partition("=")
         role = role.strip()
         if not sep or not role or not spec.strip():
             raise UserError(f"--role expects ROLE=MODEL[@URL][:ADAPTER], got {value!r}")
-        if role in out:
-            raise UserError(f"--role {role}: given twice")
-        out[role] = spec.strip()
+        name, k = role, 1
+        while name in out:
+            k += 1
+            name = member_name(role, k)
+        out[name] = spec.strip()
+    return out
+
+
+def expand_panels(roles: Any) -> Any:
+    """The YAML ``roles:`` section with a list for a role (a judge panel) as the member roles
+    ``ROLE``, ``ROLE#2``, ...; a list of one is the role itself."""
+    if not isinstance(roles, dict):
+        return roles
+    out: dict[str, Any] = {}
+    for role, spec in roles.items():
+        if isinstance(spec, list):
+            if not spec:
+                raise ValueError(f"roles.{role}: an empty panel")
+            out |= {member_name(role, k): s for k, s in enumerate(spec, 1)}
+        else:
+            out[role] = spec
     return out
 
 

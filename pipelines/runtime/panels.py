@@ -1,0 +1,120 @@
+"""Judge panels: a judging role played by several models, their answers combined per stage.
+
+``--role judge=A --role judge=B --role judge=C`` (or a YAML list) makes the role a panel. Its
+members are the roles ``judge``, ``judge#2``, ``judge#3``: each has its own client, cache
+entries, usage and price, and asks under its own stage name (``eligibility#2``), so every usage
+table, estimate and cost is per member with no other bookkeeping. A panel of one is the role as
+it always was.
+
+A framework declares how each judging stage's answers combine (``Framework.panel_rules``):
+
+- ``Vote``: labels. The label more than half of the members give wins (a strict majority). No
+  strict majority is a tie, recorded as such and resolved by the stage's declared ``tie`` label,
+  never by the order of the members.
+- ``Average``: scores. Their mean or median.
+
+A member whose answer stays unreadable gives no vote and no score; a stage none of the members
+answers is unreadable, as for one judge. Stages without a rule (extraction, free text) are
+asked of the first member only. Each combined answer is kept in the item's details under
+``panel``: the stage, the members' answers and the combined one, and whether it was a tie.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+MEMBER = "#"  # judge#2: the second member of the judge panel (the first is the role itself)
+
+Level = Literal["nominal", "ordinal", "interval"]
+
+
+@dataclass(frozen=True)
+class Vote:
+    """Labels by strict majority; a tie goes to ``tie``. ``order``: the labels' order when they
+    are ordinal (agreement then weighs near misses less), None when nominal."""
+
+    tie: Any
+    order: tuple[Any, ...] | None = None
+
+    @property
+    def level(self) -> Level:
+        return "nominal" if self.order is None else "ordinal"
+
+    def combine(self, answers: Sequence[Any]) -> tuple[Any, bool]:
+        """(the combined label, whether it was a tie) from the members' answers (None: the
+        member gave none). A strict majority counts every member, answered or not."""
+        votes = Counter(a for a in answers if a is not None)
+        if votes:
+            label, count = votes.most_common(1)[0]
+            if count * 2 > len(answers):
+                return label, False
+        return self.tie, True
+
+
+@dataclass(frozen=True)
+class Average:
+    """Scores by their mean or median over the members that answered; ``level`` says how
+    agreement treats them (ratings on a scale are ordinal, probabilities interval)."""
+
+    how: Literal["mean", "median"] = "mean"
+    level: Level = "interval"
+
+    def combine(self, answers: Sequence[Any]) -> tuple[Any, bool]:
+        given = [float(a) for a in answers if a is not None]
+        if not given:
+            return None, False
+        return (statistics.fmean(given) if self.how == "mean" else statistics.median(given)), False
+
+
+PanelRule = Vote | Average
+
+
+def member_name(name: str, k: int) -> str:
+    """The k-th member's role or stage (k from 1; the first is the name itself)."""
+    return name if k == 1 else f"{name}{MEMBER}{k}"
+
+
+def split_member(name: str) -> tuple[str, int]:
+    """``judge#2`` -> ("judge", 2); ``judge`` -> ("judge", 1)."""
+    base, sep, k = name.rpartition(MEMBER)
+    if sep and k.isdigit() and int(k) >= 2:
+        return base, int(k)
+    return name, 1
+
+
+def panel_members(role: str, names: Sequence[str]) -> list[str]:
+    """The members of ``role`` among the role ``names`` a run opened, in member order."""
+    found = sorted(
+        (split_member(n)[1], n) for n in names if n == role or split_member(n)[0] == role
+    )
+    return [name for _, name in found]
+
+
+def check_panels(roles: Sequence[str], declared: Sequence[str], system: Sequence[str]) -> None:
+    """Member roles name a declared judging role and run #2, #3, ... without a gap."""
+    from pipelines.runtime.errors import UserError
+
+    members: dict[str, list[int]] = {}
+    for name in roles:
+        base, k = split_member(name)
+        if k > 1:
+            if base not in declared:
+                raise UserError(f"--role {name}: no role {base!r} to add a panel member to")
+            if base in system:
+                raise UserError(
+                    f"--role {name}: {base} is the system under evaluation; a panel judges"
+                )
+            members.setdefault(base, []).append(k)
+    for base, ks in members.items():
+        if sorted(ks) != list(range(2, len(ks) + 2)):
+            raise UserError(f"--role {base}: panel members must be {base}#2, {base}#3, ...")
+
+
+def record(stage: str, answers: Sequence[Any], value: Any, tie: bool) -> dict[str, Any]:
+    """One combined answer as kept in the item's details (``details["panel"]``)."""
+    entry = {"stage": stage, "members": list(answers), "value": value}
+    return entry | {"tie": True} if tie else entry
