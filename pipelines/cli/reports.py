@@ -52,6 +52,32 @@ def report(
 
 
 @clean_errors
+def agreement(
+    run_dir: Annotated[list[Path], typer.Argument(help="runs (or study roots) to read")],
+    human: Annotated[
+        Path | None,
+        typer.Option(
+            help="JSON Lines of human labels: {id, stage, label[, key]}; stage score "
+            "labels an item's score"
+        ),
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="print one JSON object")] = False,
+) -> None:
+    """How far to trust the judges: agreement within a judge panel (Cohen's kappa,
+    Krippendorff's alpha, Kendall / Spearman, bootstrap intervals over items), between runs
+    judged by different models, with human labels (--human), and the mean score corrected by
+    them (prediction-powered inference). Reads run directories only."""
+    from pipelines.reports.agreement import agreement as measure
+    from pipelines.reports.agreement import render
+
+    found = measure(run_dir, human)
+    if as_json:
+        print(json.dumps(found, default=str))
+    else:
+        render(found, Console())
+
+
+@clean_errors
 def compare(
     run_dir: Annotated[list[Path], typer.Argument(help="two or more runs over the same items")],
     as_json: Annotated[bool, typer.Option("--json", help="print one JSON object")] = False,

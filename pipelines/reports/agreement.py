@@ -1,0 +1,508 @@
+"""How far to trust a judge: agreement between the judges of a panel, with human labels, and
+the metric's mean corrected by human labels (prediction-powered inference).
+
+Read from run directories only (no model calls):
+
+- **Panel agreement**, per judging stage of a panel run (``details["panel"]``, see
+  ``pipelines.runtime.panels``): Cohen's kappa for each pair of members (labels), Kendall's tau
+  and Spearman's rho (scores and ordered labels), and Krippendorff's alpha over all members at
+  the stage's level of measurement (nominal, ordinal, interval). Each with a 95% bootstrap
+  interval over items (an item's units are resampled together). The units the members disagree
+  on most come last, with their item ids for the drill-down.
+- **Runs as judges**: several runs over the same items (one judge each) are compared on their
+  item scores, the same way.
+- **Against human labels** (``--human FILE``, JSON Lines ``{"id", "stage", "label"}``; ``key``
+  numbers a stage's units within an item, from 0, default 0): the panel's combined answer and each
+  member against the humans, with a confusion matrix per label. Stage ``score`` labels an
+  item's score: it works for any run, panel or not.
+- **Prediction-powered mean** (Angelopoulos et al., 2023): with human scores for a subset of the
+  items, the mean three ways: the judge's over all items (classical interval), the humans' over
+  their subset, and the judge's mean over the unlabelled items corrected by the judge's mean
+  error on the labelled ones, with its interval.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from pipelines.runtime.config import UserError, iter_jsonl
+from pipelines.runtime.panels import Average, Level, PanelRule, Vote
+from pipelines.runtime.results import ItemResult
+
+Z95 = 1.959963984540054  # the standard normal's 97.5% quantile
+RESAMPLES = 1000
+SHOWN = 10  # disagreements listed per stage
+
+
+@dataclass
+class Unit:
+    """One judged answer: the item, the stage, its number within the item's stage, and each
+    rater's value (None: that rater gave none)."""
+
+    item: str
+    stage: str
+    key: int
+    values: list[Any]
+    combined: Any = None
+
+
+# ---- statistics ----------------------------------------------------------------------------
+
+
+def cohen_kappa(a: Sequence[Any], b: Sequence[Any]) -> float | None:
+    """Cohen's kappa of two raters' nominal labels over the units both labelled (None when
+    chance agreement is certain: both gave one label throughout, or no unit)."""
+    pairs = [(x, y) for x, y in zip(a, b, strict=True) if x is not None and y is not None]
+    if not pairs:
+        return None
+    n = len(pairs)
+    observed = sum(x == y for x, y in pairs) / n
+    left: dict[Any, int] = defaultdict(int)
+    right: dict[Any, int] = defaultdict(int)
+    for x, y in pairs:
+        left[x] += 1
+        right[y] += 1
+    expected = sum(left[k] * right.get(k, 0) for k in left) / (n * n)
+    if expected >= 1.0:
+        return None
+    return (observed - expected) / (1.0 - expected)
+
+
+def krippendorff_alpha(rows: Sequence[Sequence[float | None]], level: Level) -> float | None:
+    """Krippendorff's alpha of raters (rows) over units (columns), numbers or None, at
+    ``level`` (the ``krippendorff`` package); None when it is undefined (fewer than two
+    values in every unit, or a single value overall)."""
+    import krippendorff
+
+    data = np.array([[np.nan if v is None else v for v in row] for row in rows], dtype=float)
+    pairable = (~np.isnan(data)).sum(axis=0) >= 2
+    if not pairable.any() or len(np.unique(data[:, pairable][~np.isnan(data[:, pairable])])) < 2:
+        return None
+    return float(krippendorff.alpha(reliability_data=data, level_of_measurement=level))
+
+
+def rank_correlations(a: Sequence[Any], b: Sequence[Any]) -> tuple[float | None, float | None]:
+    """(Kendall's tau-b, Spearman's rho) over the units both rated (scipy; None when
+    undefined: fewer than two units, or a constant rater)."""
+    from scipy import stats
+
+    pairs = [(x, y) for x, y in zip(a, b, strict=True) if x is not None and y is not None]
+    if len(pairs) < 2 or len({x for x, _ in pairs}) < 2 or len({y for _, y in pairs}) < 2:
+        return None, None
+    x, y = zip(*pairs, strict=True)
+    return float(stats.kendalltau(x, y).statistic), float(stats.spearmanr(x, y).statistic)
+
+
+def by_item_interval(
+    units: Sequence[Unit], statistic: Callable[[Sequence[Unit]], float | None], seed: int = 0
+) -> tuple[float, float] | None:
+    """95% percentile bootstrap interval of ``statistic`` with items resampled (an item's units
+    together); None with fewer than two items or no defined resample."""
+    items: dict[str, list[Unit]] = defaultdict(list)
+    for unit in units:
+        items[unit.item].append(unit)
+    groups = list(items.values())
+    if len(groups) < 2:
+        return None
+    rng = np.random.default_rng(seed)
+    values = []
+    for _ in range(RESAMPLES):
+        picked = rng.integers(0, len(groups), len(groups))
+        value = statistic([u for k in picked for u in groups[k]])
+        if value is not None and math.isfinite(value):
+            values.append(value)
+    if len(values) < RESAMPLES // 2:  # mostly undefined: no honest interval
+        return None
+    low, high = np.percentile(values, [2.5, 97.5])
+    return float(low), float(high)
+
+
+def ppi_mean(
+    labelled: Sequence[float], predicted: Sequence[float], unlabelled: Sequence[float]
+) -> tuple[float, float, float]:
+    """Prediction-powered estimate of a mean and its 95% interval (Angelopoulos et al. 2023,
+    the mean with lambda = 1): the predictions' mean over the N unlabelled units plus the mean
+    of (label - prediction) over the n labelled ones; the interval's half-width is
+    z * sqrt(var(unlabelled predictions) / N + var(label - prediction) / n), population
+    variances as in ppi_py."""
+    y = np.asarray(labelled, dtype=float)
+    f = np.asarray(predicted, dtype=float)
+    g = np.asarray(unlabelled, dtype=float)
+    if not (y.size and y.size == f.size and g.size):
+        raise ValueError("PPI needs labelled units with predictions and unlabelled units")
+    estimate = float(g.mean() + (y - f).mean())
+    half = Z95 * math.sqrt(g.var() / g.size + (y - f).var() / y.size)
+    return estimate, estimate - half, estimate + half
+
+
+def classical_mean(values: Sequence[float]) -> tuple[float, float, float]:
+    """The mean and its 95% normal interval (sample standard deviation)."""
+    data = np.asarray(values, dtype=float)
+    mean = float(data.mean())
+    if data.size < 2:
+        return mean, mean, mean
+    half = Z95 * float(data.std(ddof=1)) / math.sqrt(data.size)
+    return mean, mean - half, mean + half
+
+
+# ---- coding values -------------------------------------------------------------------------
+
+
+def level_of(rule: PanelRule | None, values: Sequence[Any]) -> Level:
+    if isinstance(rule, Vote):
+        return rule.level
+    if isinstance(rule, Average):
+        return rule.level
+    numeric = all(isinstance(v, int | float) and not isinstance(v, bool) for v in values)
+    return "interval" if numeric else "nominal"
+
+
+def coder(rule: PanelRule | None, values: Sequence[Any]) -> Callable[[Any], float | None]:
+    """Values as numbers for alpha and rank correlations: ordered labels by their rank, other
+    labels by a code (nominal), scores as they are."""
+    if isinstance(rule, Vote) and rule.order is not None:
+        rank = {label: i for i, label in enumerate(rule.order)}
+        return lambda v: None if v is None else float(rank[v]) if v in rank else None
+    if level_of(rule, values) == "nominal":
+        codes = {v: i for i, v in enumerate(sorted({str(v) for v in values if v is not None}))}
+        return lambda v: None if v is None else float(codes[str(v)])
+    return lambda v: None if v is None else float(v)
+
+
+# ---- agreement of raters on units ----------------------------------------------------------
+
+
+def raters_agreement(
+    units: Sequence[Unit], raters: Sequence[str], rule: PanelRule | None
+) -> dict[str, Any]:
+    """Pairwise and overall agreement of ``raters`` (one value each per unit), with intervals,
+    and the units they disagree on most."""
+    values = [v for u in units for v in u.values]
+    level = level_of(rule, values)
+    code = coder(rule, values)
+    labels = level in ("nominal", "ordinal")
+
+    def alpha(us: Sequence[Unit]) -> float | None:
+        rows = [[code(u.values[r]) for u in us] for r in range(len(raters))]
+        return krippendorff_alpha(rows, level)
+
+    pairwise = []
+    for i in range(len(raters)):
+        for j in range(i + 1, len(raters)):
+            pair: dict[str, Any] = {"a": raters[i], "b": raters[j]}
+
+            def kappa(us: Sequence[Unit], i: int = i, j: int = j) -> float | None:
+                return cohen_kappa([u.values[i] for u in us], [u.values[j] for u in us])
+
+            def tau(us: Sequence[Unit], i: int = i, j: int = j) -> float | None:
+                return rank_correlations(
+                    [code(u.values[i]) for u in us], [code(u.values[j]) for u in us]
+                )[0]
+
+            both = [u for u in units if u.values[i] is not None and u.values[j] is not None]
+            pair["units"] = len(both)
+            if labels:
+                pair["agree"] = (
+                    sum(u.values[i] == u.values[j] for u in both) / len(both) if both else None
+                )
+                pair["kappa"] = kappa(units)
+                pair["kappa_ci"] = by_item_interval(units, kappa)
+            if level != "nominal":
+                rank = rank_correlations(
+                    [code(u.values[i]) for u in units], [code(u.values[j]) for u in units]
+                )
+                pair["kendall_tau"], pair["spearman_rho"] = rank
+                pair["kendall_tau_ci"] = by_item_interval(units, tau)
+            pairwise.append(pair)
+    return {
+        "raters": list(raters),
+        "units": len(units),
+        "items": len({u.item for u in units}),
+        "level": level,
+        "alpha": alpha(units),
+        "alpha_ci": by_item_interval(units, alpha),
+        "pairwise": pairwise,
+        "disagreements": disagreements(units, code, labels),
+    }
+
+
+def disagreements(
+    units: Sequence[Unit], code: Callable[[Any], float | None], labels: bool
+) -> list[dict[str, Any]]:
+    """The units the raters disagree on most: labels by the share outside the commonest one,
+    scores by their spread (standard deviation)."""
+
+    def spread(unit: Unit) -> float:
+        given = [v for v in unit.values if v is not None]
+        if len(given) < 2:
+            return 0.0
+        if labels:
+            top = max(given.count(v) for v in given)
+            return 1.0 - top / len(given)
+        coded = [c for c in (code(v) for v in given) if c is not None]
+        return float(np.std(coded)) if coded else 0.0
+
+    ranked = sorted(units, key=lambda u: (-spread(u), u.item, u.key))
+    return [
+        {"item": u.item, "stage": u.stage, "key": u.key, "values": u.values, "spread": spread(u)}
+        for u in ranked[:SHOWN]
+        if spread(u) > 0
+    ]
+
+
+# ---- reading runs --------------------------------------------------------------------------
+
+
+def panel_units(records: Sequence[ItemResult]) -> dict[str, list[Unit]]:
+    """Per stage, the panel's units of the recorded items (in record order)."""
+    out: dict[str, list[Unit]] = defaultdict(list)
+    for record in records:
+        seen: dict[str, int] = defaultdict(int)
+        for entry in record.details.get("panel") or []:
+            stage = entry["stage"]
+            out[stage].append(
+                Unit(record.id, stage, seen[stage], list(entry["members"]), entry.get("value"))
+            )
+            seen[stage] += 1
+    return dict(out)
+
+
+def read_human(path: Path) -> dict[tuple[str, str, int], Any]:
+    """``--human FILE``: (item id, stage, key) -> label; a bad line stops with one error."""
+    labels: dict[tuple[str, str, int], Any] = {}
+    for lineno, row in iter_jsonl(path):
+        where = f"{path}:{lineno}"
+        if not isinstance(row, dict):
+            raise UserError(f"{where}: record: expected an object with id, stage, label")
+        for field in ("id", "stage", "label"):
+            if field not in row:
+                raise UserError(f"{where}: record: field {field!r} is missing")
+        key = row.get("key", 0)
+        if not isinstance(key, int) or key < 0:
+            raise UserError(f"{where}: record: field 'key': expected an integer from 0")
+        if not isinstance(row["stage"], str):
+            raise UserError(f"{where}: record: field 'stage': expected text")
+        if row["stage"] == "score" and not _number(row["label"]):
+            raise UserError(f"{where}: record: field 'label': a score label is a number")
+        ident = (str(row["id"]), row["stage"], key)
+        if ident in labels:
+            raise UserError(f"{where}: record: id {row['id']!r} stage {row['stage']!r} twice")
+        labels[ident] = row["label"]
+    if not labels:
+        raise UserError(f"{path}: no human labels")
+    return labels
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def confusion(judge: Sequence[Any], human: Sequence[Any]) -> dict[str, dict[str, int]]:
+    """human label -> judge label -> count, over the units both labelled."""
+    table: dict[str, dict[str, int]] = {}
+    for j, h in zip(judge, human, strict=True):
+        if j is not None and h is not None:
+            row = table.setdefault(str(h), {})
+            row[str(j)] = row.get(str(j), 0) + 1
+    return table
+
+
+def against_humans(
+    units: Sequence[Unit],
+    members: Sequence[str],
+    human: dict[tuple[str, str, int], Any],
+    rule: PanelRule | None,
+) -> dict[str, Any] | None:
+    """The panel (combined) and each member against the human labels of a stage's units."""
+    labelled = [u for u in units if (u.item, u.stage, u.key) in human]
+    if not labelled:
+        return None
+    truth = [human[(u.item, u.stage, u.key)] for u in labelled]
+    out: dict[str, Any] = {"units": len(labelled), "judges": {}}
+    judges = {"panel": [u.combined for u in labelled]} if len(members) > 1 else {}
+    judges |= {m: [u.values[k] for u in labelled] for k, m in enumerate(members)}
+    for name, given in judges.items():
+        pair = [
+            Unit(u.item, u.stage, u.key, [g, t])
+            for u, g, t in zip(labelled, given, truth, strict=True)
+        ]
+        stats = raters_agreement(pair, [name, "human"], rule)
+        entry = {"alpha": stats["alpha"], "alpha_ci": stats["alpha_ci"], **stats["pairwise"][0]}
+        if stats["level"] != "interval":
+            entry["confusion"] = confusion(given, truth)
+        out["judges"][name] = entry
+    return out
+
+
+def score_estimates(
+    records: Sequence[ItemResult], human: dict[tuple[str, str, int], Any]
+) -> dict[str, Any] | None:
+    """The run's mean score three ways, from the human ``score`` labels of some items."""
+    scores = {r.id: r.score for r in records if r.score is not None}
+    labels = {i: float(v) for (i, stage, _), v in human.items() if stage == "score"}
+    both = [i for i in scores if i in labels]
+    rest = [i for i in scores if i not in labels]
+    if not both:
+        return None
+    out: dict[str, Any] = {
+        "items": len(scores),
+        "labelled": len(both),
+        "judge": classical_mean(list(scores.values())),
+        "human": classical_mean([labels[i] for i in both]),
+    }
+    if rest:
+        out["ppi"] = ppi_mean(
+            [labels[i] for i in both], [scores[i] for i in both], [scores[i] for i in rest]
+        )
+    pair = [Unit(i, "score", 0, [scores[i], labels[i]]) for i in both]
+    stats = raters_agreement(pair, ["judge", "human"], None)
+    out["agreement"] = {"alpha": stats["alpha"], **stats["pairwise"][0]}
+    unknown = sorted(set(labels) - set(scores))
+    if unknown:
+        out["labels_without_a_score"] = len(unknown)
+    return out
+
+
+# ---- runs ----------------------------------------------------------------------------------
+
+
+def run_dirs(paths: Sequence[Path]) -> list[Path]:
+    """Run directories, a study root standing for its runs."""
+    from pipelines.runtime.runstore import MANIFEST, STUDY_FILE, read_study
+
+    out = []
+    for path in paths:
+        if (path / MANIFEST).is_file():
+            out.append(path)
+        elif (path / STUDY_FILE).is_file():
+            out += [path / k for k in read_study(path).runs if (path / k / MANIFEST).is_file()]
+        else:
+            raise UserError(f"{path}: not a run directory (no manifest.json) or a study root")
+    return out
+
+
+def run_agreement(run_dir: Path, human: dict | None) -> dict[str, Any]:
+    """One run: per panel stage the members' agreement (and with the humans), and the mean
+    score three ways where humans scored some items."""
+    from pipelines.runtime.panels import panel_members
+    from pipelines.runtime.registry import framework
+    from pipelines.runtime.runstore import MANIFEST, RESULTS, read_manifest, results_by_id
+
+    manifest = read_manifest(run_dir / MANIFEST)
+    fw = framework(manifest.framework)
+    records = list(results_by_id(run_dir / RESULTS))
+    out: dict[str, Any] = {"run": str(run_dir), "task": manifest.task, "stages": {}}
+    for stage, units in panel_units(records).items():
+        rule = fw.panel_rule(stage)
+        members = panel_members(fw.role_of(stage, "judge"), list(manifest.roles))
+        if len(members) != len(units[0].values):  # an older layout: name members by number
+            members = [f"member {k}" for k in range(1, len(units[0].values) + 1)]
+        names = [
+            f"{m} ({(manifest.roles.get(m) or {}).get('request_model', '?')})" for m in members
+        ]
+        entry = raters_agreement(units, names, rule)
+        if human:
+            entry["human"] = against_humans(units, names, human, rule)
+        out["stages"][stage] = entry
+    if human:
+        out["score"] = score_estimates(records, human)
+    return out
+
+
+def runs_as_judges(run_dirs: Sequence[Path]) -> dict[str, Any] | None:
+    """Several runs over the same items, one judge each: agreement on their item scores."""
+    from pipelines.runtime.runstore import RESULTS, results_by_id
+
+    if len(run_dirs) < 2:
+        return None
+    scores = [{r.id: r.score for r in results_by_id(d / RESULTS)} for d in run_dirs]
+    items = sorted(set().union(*scores))
+    units = [Unit(i, "score", 0, [s.get(i) for s in scores]) for i in items]
+    return raters_agreement(units, [str(d) for d in run_dirs], None)
+
+
+def agreement(paths: Sequence[Path], human_file: Path | None) -> dict[str, Any]:
+    human = read_human(human_file) if human_file is not None else None
+    runs = run_dirs(paths)
+    out: dict[str, Any] = {"runs": [run_agreement(d, human) for d in runs]}
+    across = runs_as_judges(runs)
+    if across is not None:
+        out["across_runs"] = across
+    return out
+
+
+# ---- printing ------------------------------------------------------------------------------
+
+
+def _num(value: float | None, ci: Any = None) -> str:
+    if value is None:
+        return "-"
+    text = f"{value:.3f}"
+    return text + (f" ({ci[0]:.3f}-{ci[1]:.3f})" if ci else "")
+
+
+def render(report: dict[str, Any], out: Any) -> None:
+    for run in report["runs"]:
+        out.print(f"[bold]{run['run']}[/bold] ({run['task']})")
+        if not run["stages"]:
+            out.print("  no judge panel in this run (--role judge=A --role judge=B makes one)")
+        for stage, stats in run["stages"].items():
+            _agreement_table(f"stage {stage}", stats, out)
+            for name, versus in ((stats.get("human") or {}).get("judges") or {}).items():
+                _versus_humans(name, versus, out)
+        if run.get("score"):
+            _estimates(run["score"], out)
+    if "across_runs" in report:
+        _agreement_table("runs as judges (item scores)", report["across_runs"], out)
+
+
+def _agreement_table(title: str, stats: dict[str, Any], out: Any) -> None:
+    from rich.table import Table
+
+    alpha = _num(stats["alpha"], stats["alpha_ci"])
+    out.print(
+        f"{title}: {stats['units']} units in {stats['items']} items, {stats['level']}; "
+        f"Krippendorff's alpha {alpha}"
+    )
+    table = Table("rater", "rater", "units", "agree", "Cohen's kappa", "Kendall tau", "Spearman")
+    for p in stats["pairwise"]:
+        kappa = _num(p.get("kappa"), p.get("kappa_ci"))
+        tau = _num(p.get("kendall_tau"), p.get("kendall_tau_ci"))
+        row = [p["a"], p["b"], str(p["units"]), _num(p.get("agree")), kappa, tau]
+        table.add_row(*row, _num(p.get("spearman_rho")))
+    out.print(table)
+    for d in stats["disagreements"]:
+        out.print(f"  disagree: item {d['item']} ({d['stage']} #{d['key']}): {d['values']}")
+
+
+def _versus_humans(name: str, versus: dict[str, Any], out: Any) -> None:
+    alpha = _num(versus["alpha"], versus["alpha_ci"])
+    kappa = _num(versus.get("kappa"), versus.get("kappa_ci"))
+    out.print(
+        f"  {name} vs human on {versus['units']} units: alpha {alpha}, kappa {kappa}, "
+        f"agree {_num(versus.get('agree'))}"
+    )
+    for truth, row in (versus.get("confusion") or {}).items():
+        out.print(f"    human {truth}: judge {row}")
+
+
+def _estimates(score: dict[str, Any], out: Any) -> None:
+    from rich.table import Table
+
+    table = Table("estimate of the mean score", "mean", "95% interval", "items")
+    for name, key, n in (
+        ("judge only (classical)", "judge", score["items"]),
+        ("humans only (their subset)", "human", score["labelled"]),
+        ("prediction-powered (judge, corrected)", "ppi", score["items"]),
+    ):
+        if key in score:
+            mean, low, high = score[key]
+            table.add_row(name, f"{mean:.4f}", f"{low:.4f}-{high:.4f}", str(n))
+    out.print(table)

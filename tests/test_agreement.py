@@ -1,0 +1,156 @@
+"""Judge agreement, judges against humans, and the prediction-powered mean: each statistic worked
+by hand on small tables, then read from a real panel run through the command."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+from typer.testing import CliRunner
+
+from pipelines.cli import app
+from pipelines.reports.agreement import (
+    Unit,
+    classical_mean,
+    cohen_kappa,
+    krippendorff_alpha,
+    ppi_mean,
+    raters_agreement,
+)
+from pipelines.runtime.panels import Vote
+from tests.test_panels import panel_run
+
+
+def test_cohens_kappa_by_hand():
+    # 5 of 6 agree; A says a 4 times, B 3 times: chance (4*3 + 2*3) / 36 = 1/2 -> (5/6 - 1/2) / (1/2)
+    a = ["a", "a", "b", "b", "a", "a"]
+    b = ["a", "b", "b", "b", "a", "a"]
+    assert cohen_kappa(a, b) == pytest.approx(2 / 3)
+    assert cohen_kappa(a, a) == pytest.approx(1.0)
+    assert cohen_kappa(["a", "a"], ["a", "a"]) is None  # chance agreement is certain
+    assert cohen_kappa(["a", None, "b"], ["a", "b", "b"]) == pytest.approx(1.0)  # both labelled
+
+
+def test_krippendorffs_alpha_by_hand_nominal_and_ordinal():
+    # nominal: coincidences o11 = 2, o12 = o21 = 1, o22 = 4; n = 8, n1 = 3, n2 = 5;
+    # alpha = 1 - (n - 1) * (o12 + o21) / (2 * n1 * n2) = 1 - 7 * 2 / 30 = 8/15
+    assert krippendorff_alpha([[1, 1, 2, 2], [1, 2, 2, 2]], "nominal") == pytest.approx(8 / 15)
+    # ordinal over 1 < 2 < 3: o11 = 2, o23 = o32 = 2, o33 = 2; n1 = 2, n2 = 2, n3 = 4;
+    # delta^2: (1,2) (4 - 2)^2 = 4, (2,3) (6 - 3)^2 = 9, (1,3) (8 - 3)^2 = 25;
+    # alpha = 1 - (n - 1) * sum(o delta^2) / sum(n_c n_k delta^2) = 1 - 7 * 36 / 576 = 0.5625
+    assert krippendorff_alpha([[1, 2, 3, 3], [1, 3, 3, 2]], "ordinal") == pytest.approx(0.5625)
+    # a unit one rater skipped is left out, not counted as a disagreement
+    assert krippendorff_alpha(
+        [[1, 1, 2, 2, 1], [1, 2, 2, 2, None]], "nominal"
+    ) == pytest.approx(8 / 15)
+    assert krippendorff_alpha([[1, 1], [1, 1]], "nominal") is None  # one value: undefined
+
+
+def test_the_prediction_powered_mean_by_hand():
+    # 4 labelled items (Y, and the judge's f), 6 unlabelled (the judge's only):
+    # estimate = mean(f unlabelled) + mean(Y - f) = 5/6 + 0;
+    # half-width = 1.96 * sqrt((5/36) / 6 + 0.5 / 4) = 1.96 * sqrt(0.148148) = 0.754390
+    estimate, low, high = ppi_mean([1, 0, 1, 1], [1, 1, 1, 0], [1, 1, 0, 1, 1, 1])
+    assert estimate == pytest.approx(5 / 6)
+    half = 1.959963984540054 * math.sqrt(5 / 216 + 0.125)
+    assert (low, high) == pytest.approx((5 / 6 - half, 5 / 6 + half))
+    assert half == pytest.approx(0.754390, abs=1e-6)
+    # a judge that is right on the labelled items: the correction is 0 and the interval the
+    # unlabelled items' alone
+    estimate, low, high = ppi_mean([1, 0], [1, 0], [1, 0, 1, 1])
+    assert estimate == pytest.approx(0.75)
+    assert high - estimate == pytest.approx(1.959963984540054 * math.sqrt(0.1875 / 4))
+    mean, low, high = classical_mean([0.0, 1.0, 1.0, 1.0])
+    assert mean == 0.75 and high - mean == pytest.approx(1.959963984540054 * 0.5 / 2)
+
+
+def test_ordered_labels_are_ranked_and_the_worst_disagreements_come_first():
+    rule = Vote(tie="bad", order=("bad", "fair", "good"))
+    units = [
+        Unit("i1", "s", 0, ["good", "good", "good"]),
+        Unit("i2", "s", 0, ["good", "fair", "bad"]),
+        Unit("i3", "s", 0, ["fair", "fair", "good"]),
+    ]
+    stats = raters_agreement(units, ["a", "b", "c"], rule)
+    assert stats["level"] == "ordinal" and stats["units"] == 3
+    assert [d["item"] for d in stats["disagreements"]] == ["i2", "i3"]  # i1 is unanimous
+    ab = stats["pairwise"][0]
+    assert (ab["a"], ab["b"], ab["agree"]) == ("a", "b", 2 / 3)
+    assert ab["kendall_tau"] is not None  # ranks: good 2, fair 1, bad 0
+    expected = krippendorff_alpha([[2, 2, 1], [2, 1, 1], [2, 0, 2]], "ordinal")
+    assert stats["alpha"] == pytest.approx(expected)
+
+
+# ---- read from a real panel run --------------------------------------------------------------
+
+
+def test_a_panel_runs_agreement_with_humans_and_the_three_means(tmp_path):
+    panel_run(tmp_path / "p", ["j1", "j2", "j3"])
+    run = tmp_path / "p" / "run" / "closed-book"
+    human = tmp_path / "human.jsonl"
+    rows = [
+        {"id": "f1", "stage": "judge", "label": "B"},
+        {"id": "f2", "stage": "judge", "label": "C"},
+        {"id": "f1", "stage": "score", "label": 1.0},
+        {"id": "f2", "stage": "score", "label": 1.0},
+    ]
+    human.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    result = CliRunner().invoke(app, ["agreement", str(run), "--human", str(human), "--json"])
+    assert result.exit_code == 0, result.output
+    found = json.loads(result.output)["runs"][0]
+    judge = found["stages"]["judge"]
+    assert (judge["units"], judge["items"], judge["level"]) == (2, 2, "nominal")
+    # j1 [B, C] and j2 [B, D]: agree 1/2; chance 1/4 -> kappa (1/2 - 1/4) / (3/4) = 1/3
+    j1_j2 = judge["pairwise"][0]
+    assert j1_j2["a"].startswith("judge (j1)") and j1_j2["b"].startswith("judge#2 (j2)")
+    assert j1_j2["agree"] == 0.5 and j1_j2["kappa"] == pytest.approx(1 / 3)
+    # f2 (C, D, E) is the worst disagreement, then f1 (B, B, A)
+    assert [d["item"] for d in judge["disagreements"]] == ["f2", "f1"]
+    versus = judge["human"]["judges"]
+    assert versus["panel"]["agree"] == 0.5  # the panel said B and D (a tie), humans B and C
+    assert versus["panel"]["confusion"] == {"B": {"B": 1}, "C": {"D": 1}}
+    assert versus["judge (j1)"]["agree"] == 1.0
+    # scores: the judge's f1 0.5, f2 1.0, f3 0.0; humans 1.0 for f1 and f2;
+    # PPI: f3's 0.0 + mean(1.0 - 0.5, 1.0 - 1.0) = 0.25, +- 1.96 * sqrt(0 + 0.0625 / 2)
+    score = found["score"]
+    assert score["judge"][0] == pytest.approx(0.5) and score["human"][0] == pytest.approx(1.0)
+    estimate, low, high = score["ppi"]
+    assert estimate == pytest.approx(0.25)
+    assert high - estimate == pytest.approx(1.959963984540054 * math.sqrt(0.0625 / 2))
+    shown = CliRunner().invoke(app, ["agreement", str(run), "--human", str(human)])
+    assert shown.exit_code == 0 and "prediction-powered" in shown.output
+
+
+def test_runs_judged_by_different_models_compared_on_their_item_scores(tmp_path):
+    panel_run(tmp_path / "a", ["j1"])
+    panel_run(tmp_path / "b", ["j2"])
+    runs = [str(tmp_path / d / "run" / "closed-book") for d in ("a", "b")]
+    result = CliRunner().invoke(app, ["agreement", *runs, "--json"])
+    assert result.exit_code == 0, result.output
+    found = json.loads(result.output)
+    assert all(not run["stages"] for run in found["runs"])  # no panel in either
+    across = found["across_runs"]
+    # item scores: j1 passes f1 and f2 (B, C), j2 passes f1 only (B, D); f3 is 0 in both
+    assert across["level"] == "interval" and across["units"] == 3
+
+
+@pytest.mark.parametrize(
+    ("line", "message"),
+    [
+        ('{"id": "f1", "label": "B"}', "field 'stage' is missing"),
+        ('{"id": "f1", "stage": "score", "label": "high"}', "a score label is a number"),
+        ('{"id": "f1", "stage": "judge", "label": "B", "key": -1}', "field 'key'"),
+        ("[1, 2]", "must be a JSON object"),
+    ],
+)
+def test_a_bad_human_label_is_one_line_naming_file_and_field(tmp_path, line, message):
+    panel_run(tmp_path / "p", ["j1", "j2"])
+    human = tmp_path / "human.jsonl"
+    human.write_text('{"id": "f2", "stage": "judge", "label": "C"}\n' + line + "\n")
+    result = CliRunner().invoke(
+        app, ["agreement", str(tmp_path / "p" / "run" / "closed-book"), "--human", str(human)]
+    )
+    assert result.exit_code == 2
+    assert f"{human}:2: record" in result.output and message in result.output
+    assert len(result.output.strip().splitlines()) == 1
