@@ -154,3 +154,39 @@ def test_a_bad_human_label_is_one_line_naming_file_and_field(tmp_path, line, mes
     assert result.exit_code == 2
     assert f"{human}:2: record" in result.output and message in result.output
     assert len(result.output.strip().splitlines()) == 1
+
+
+def test_wikicontradict_runs_against_the_labels_its_annotators_gave(tmp_path):
+    """The meta-evaluation's records carry WikiContradict's grades: the label each score
+    predicts (spec: exact 1 / between / 0) against them, and the mean grade three ways."""
+    from pipelines.comprehensiveness.common import ComprehensivenessOptions
+    from pipelines.comprehensiveness.framework import COMPREHENSIVENESS
+    from tests.test_runtime import WC_ROW, run, wc_client
+
+    data = tmp_path / "wc.jsonl"
+    data.write_text(json.dumps(WC_ROW) + "\n")
+    options = ComprehensivenessOptions(
+        input=data, dataset="wikicontradict", method="e2e", protocol="spec", resamples=1000
+    )
+    run(COMPREHENSIVENESS, options, wc_client(), tmp_path / "run")
+    result = CliRunner().invoke(app, ["agreement", str(tmp_path / "run"), "--json"])
+    assert result.exit_code == 0, result.output
+    found = json.loads(result.output)["runs"][0]
+    label = found["dataset_labels"]["label"]
+    # S: 1, 1/2, 1, 0, none -> C, PC, C, I, -; the annotators (SPEC rule): C, PC, PC, I, C.
+    # Four units have both: 3 agree; chance (2*1 + 1*2 + 1*1) / 16 -> kappa (12 - 5) / 11
+    assert (label["units"], label["not_decided"], label["agree"]) == (4, 1, 0.75)
+    assert label["kappa"] == pytest.approx(7 / 11)
+    assert label["confusion"] == {"C": {"C": 1}, "PC": {"PC": 1, "C": 1}, "I": {"I": 1}}
+    assert label["kendall_tau"] is not None  # the grades are ordered: I < PC < C
+    # every item graded: the judge's mean (1 + 0.5 + 1 + 0) / 4, the grades' (1 + .5 + .5 + 0 + 1) / 5
+    score = found["score"]
+    assert score["judge"][0] == pytest.approx(0.625) and score["human"][0] == pytest.approx(0.6)
+    assert score["labelled_without_a_score"] == 1  # response 4: graded, but no S
+    assert "ppi" not in score  # no unlabelled item: nothing to correct
+    sampled = CliRunner().invoke(
+        app, ["agreement", str(tmp_path / "run"), "--human-sample", "2", "--json"]
+    )
+    found = json.loads(sampled.output)["runs"][0]
+    assert found["score"]["labelled"] == 2 and "ppi" in found["score"]  # 2 of 5 graded
+    assert found["dataset_score_mean"][0] == pytest.approx(0.6)

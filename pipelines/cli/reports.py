@@ -61,6 +61,10 @@ def agreement(
             "labels an item's score"
         ),
     ] = None,
+    human_sample: Annotated[
+        int | None,
+        typer.Option(help="use only N items' dataset labels for the score estimates (random)"),
+    ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="print one JSON object")] = False,
 ) -> None:
     """How far to trust the judges: agreement within a judge panel (Cohen's kappa,
@@ -70,7 +74,9 @@ def agreement(
     from pipelines.reports.agreement import agreement as measure
     from pipelines.reports.agreement import render
 
-    found = measure(run_dir, human)
+    if human_sample is not None and human_sample < 1:
+        raise UserError(f"--human-sample must be at least 1, got {human_sample}")
+    found = measure(run_dir, human, human_sample)
     if as_json:
         print(json.dumps(found, default=str))
     else:

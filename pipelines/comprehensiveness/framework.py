@@ -39,7 +39,7 @@ from pipelines.comprehensiveness.rules import Rules
 from pipelines.generate.framework import GENERATE, GenerateItem, GenerateOptions
 from pipelines.runtime.config import EvaluatorConfig, UserError, read_jsonl
 from pipelines.runtime.nli_placement import PLACEMENT_FIELDS
-from pipelines.runtime.panels import Average, Vote
+from pipelines.runtime.panels import Average, HumanLabel, Vote
 from pipelines.runtime.protocol import (
     Framework,
     ItemContext,
@@ -66,6 +66,22 @@ class Comprehensiveness(Framework[ComprehensivenessOptions, Item]):
     # relevance scores by their mean; the other stages (extraction, comparison, coverage lists)
     # are asked of the first member
     panel_rules = {"nli": Vote(tie="neutral"), "relevance": Average("mean")}
+
+    def human_labels(
+        self, record: ItemResult, options: ComprehensivenessOptions
+    ) -> list[HumanLabel]:
+        """WikiContradict's annotators graded each response Correct / Partially correct /
+        Incorrect: beside them, the label the score predicts (the meta-evaluation's rule) and
+        the score itself (the grades as 1 / 0.5 / 0)."""
+        label = (record.details.get("meta") or {}).get("label")
+        if label not in meta.LABEL_VALUE:
+            return []
+        score = meta.table_score(record, options.rules)
+        predicted = meta.predicted_label(score, options.rules)
+        return [
+            HumanLabel("label", predicted, label, order=meta.LABEL_ORDER),
+            HumanLabel("score", score, meta.LABEL_VALUE[label]),
+        ]
 
     def score_protocol(self, options: ComprehensivenessOptions) -> dict[str, Any]:
         return {"protocol": options.protocol}

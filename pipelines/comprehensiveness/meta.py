@@ -49,6 +49,21 @@ def wc_predicted(score: float) -> str:
     return "C" if score > 1 - EPSILON else "PC" if score > EPSILON else "I"
 
 
+def predicted_label(score: float | None, rules: Rules) -> str | None:
+    """The WikiContradict label a score predicts: the reference's thresholds (paper) or exact
+    S = 1 / 0 < S < 1 / S = 0 (spec); None without a score."""
+    if score is None:
+        return None
+    if rules.wikicontradict_thresholds:
+        return wc_predicted(score)
+    return "C" if score == 1.0 else "PC" if score > 0.0 else "I"
+
+
+# the annotators' labels, worst to best; as numbers for a mean (Partially correct: half)
+LABEL_ORDER = ("I", "PC", "C")
+LABEL_VALUE = {"I": 0.0, "PC": 0.5, "C": 1.0}
+
+
 def paper_score(record: ItemResult) -> float | None:
     """The reference returns 0 where nothing relevant is left: undefined counts as S = 0."""
     return 0.0 if record.status == "undefined" else record.score

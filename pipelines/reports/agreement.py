@@ -346,16 +346,18 @@ def score_estimates(
 ) -> dict[str, Any] | None:
     """The run's mean score three ways, from the human ``score`` labels of some items."""
     scores = {r.id: r.score for r in records if r.score is not None}
+    recorded = {r.id for r in records}
     labels = {i: float(v) for (i, stage, _), v in human.items() if stage == "score"}
     both = [i for i in scores if i in labels]
     rest = [i for i in scores if i not in labels]
     if not both:
         return None
+    graded = [v for i, v in labels.items() if i in recorded]  # the judge's failures too
     out: dict[str, Any] = {
         "items": len(scores),
-        "labelled": len(both),
+        "labelled": len(graded),
         "judge": classical_mean(list(scores.values())),
-        "human": classical_mean([labels[i] for i in both]),
+        "human": classical_mean(graded),
     }
     if rest:
         out["ppi"] = ppi_mean(
@@ -364,9 +366,9 @@ def score_estimates(
     pair = [Unit(i, "score", 0, [scores[i], labels[i]]) for i in both]
     stats = raters_agreement(pair, ["judge", "human"], None)
     out["agreement"] = {"alpha": stats["alpha"], **stats["pairwise"][0]}
-    unknown = sorted(set(labels) - set(scores))
-    if unknown:
-        out["labels_without_a_score"] = len(unknown)
+    unscored = [i for i in labels if i in recorded and i not in scores]
+    if unscored:  # labelled items the judge gave no score: in the humans' mean, not in PPI
+        out["labelled_without_a_score"] = len(unscored)
     return out
 
 
@@ -388,15 +390,18 @@ def run_dirs(paths: Sequence[Path]) -> list[Path]:
     return out
 
 
-def run_agreement(run_dir: Path, human: dict | None) -> dict[str, Any]:
-    """One run: per panel stage the members' agreement (and with the humans), and the mean
-    score three ways where humans scored some items."""
+def run_agreement(run_dir: Path, human: dict | None, sample: int | None = None) -> dict[str, Any]:
+    """One run: per panel stage the members' agreement (and with the humans), the run's
+    decisions against the labels its dataset ships, and the mean score three ways where humans
+    scored some items (``sample``: only that many items' dataset labels, drawn at random, as a
+    team that labels a few would have)."""
     from pipelines.runtime.panels import panel_members
     from pipelines.runtime.registry import framework
     from pipelines.runtime.runstore import MANIFEST, RESULTS, read_manifest, results_by_id
 
     manifest = read_manifest(run_dir / MANIFEST)
     fw = framework(manifest.framework)
+    options = fw.Options.model_validate(manifest.options)
     records = list(results_by_id(run_dir / RESULTS))
     out: dict[str, Any] = {"run": str(run_dir), "task": manifest.task, "stages": {}}
     for stage, units in panel_units(records).items():
@@ -404,16 +409,60 @@ def run_agreement(run_dir: Path, human: dict | None) -> dict[str, Any]:
         members = panel_members(fw.role_of(stage, "judge"), list(manifest.roles))
         if len(members) != len(units[0].values):  # an older layout: name members by number
             members = [f"member {k}" for k in range(1, len(units[0].values) + 1)]
-        names = [
-            f"{m} ({(manifest.roles.get(m) or {}).get('request_model', '?')})" for m in members
-        ]
+        models = [(manifest.roles.get(m) or {}).get("request_model", "?") for m in members]
+        names = [f"{m} ({model})" for m, model in zip(members, models, strict=True)]
         entry = raters_agreement(units, names, rule)
         if human:
             entry["human"] = against_humans(units, names, human, rule)
         out["stages"][stage] = entry
-    if human:
-        out["score"] = score_estimates(records, human)
+    shipped = dataset_labels(fw, options, records)
+    if shipped:
+        out["dataset_labels"] = shipped
+    labels = dict(human or {})
+    scored = {(i, "score", 0): v for i, v in _shipped_scores(fw, options, records).items()}
+    if scored and sample is not None:
+        out["dataset_score_mean"] = classical_mean([v for v in scored.values()])
+        keys = sorted(scored)
+        picked = np.random.default_rng(0).permutation(len(keys))[:sample]
+        scored = {keys[k]: scored[keys[k]] for k in sorted(picked)}
+    labels = scored | labels  # a user's own labels win over the dataset's
+    if labels:
+        out["score"] = score_estimates(records, labels)
     return out
+
+
+def dataset_labels(fw: Any, options: Any, records: Sequence[ItemResult]) -> dict[str, Any]:
+    """Per stage, the run's decisions against the labels the dataset's annotators gave
+    (``Framework.human_labels``), with a confusion matrix for labels."""
+    by_stage: dict[str, list[tuple[Unit, tuple | None]]] = defaultdict(list)
+    for record in records:
+        for label in fw.human_labels(record, options):
+            unit = Unit(record.id, label.stage, label.key, [label.judged, label.human])
+            by_stage[label.stage].append((unit, label.order))
+    out = {}
+    for stage, found in by_stage.items():
+        if stage == "score":
+            continue  # the score's mean, three ways: score_estimates
+        order = found[0][1]
+        rule = Vote(tie=None, order=order) if order else None
+        units = [u for u, _ in found]
+        stats = raters_agreement(units, ["run", "annotators"], rule)
+        pair = stats["pairwise"][0]
+        entry = {"alpha": stats["alpha"], "alpha_ci": stats["alpha_ci"]}
+        entry |= {k: v for k, v in pair.items() if k not in ("a", "b")}  # units: both labelled
+        entry["not_decided"] = sum(u.values[0] is None for u in units)  # no score: no label
+        entry["confusion"] = confusion([u.values[0] for u in units], [u.values[1] for u in units])
+        out[stage] = entry
+    return out
+
+
+def _shipped_scores(fw: Any, options: Any, records: Sequence[ItemResult]) -> dict[str, float]:
+    return {
+        r.id: float(label.human)
+        for r in records
+        for label in fw.human_labels(r, options)
+        if label.stage == "score"
+    }
 
 
 def runs_as_judges(run_dirs: Sequence[Path]) -> dict[str, Any] | None:
@@ -428,10 +477,12 @@ def runs_as_judges(run_dirs: Sequence[Path]) -> dict[str, Any] | None:
     return raters_agreement(units, [str(d) for d in run_dirs], None)
 
 
-def agreement(paths: Sequence[Path], human_file: Path | None) -> dict[str, Any]:
+def agreement(
+    paths: Sequence[Path], human_file: Path | None, sample: int | None = None
+) -> dict[str, Any]:
     human = read_human(human_file) if human_file is not None else None
     runs = run_dirs(paths)
-    out: dict[str, Any] = {"runs": [run_agreement(d, human) for d in runs]}
+    out: dict[str, Any] = {"runs": [run_agreement(d, human, sample) for d in runs]}
     across = runs_as_judges(runs)
     if across is not None:
         out["across_runs"] = across
@@ -457,8 +508,13 @@ def render(report: dict[str, Any], out: Any) -> None:
             _agreement_table(f"stage {stage}", stats, out)
             for name, versus in ((stats.get("human") or {}).get("judges") or {}).items():
                 _versus_humans(name, versus, out)
+        for stage, versus in (run.get("dataset_labels") or {}).items():
+            _versus_humans(f"stage {stage}: the run", versus, out)
         if run.get("score"):
             _estimates(run["score"], out)
+        if run.get("dataset_score_mean"):
+            mean, low, high = run["dataset_score_mean"]
+            out.print(f"  every annotator label, for reference: {mean:.4f} ({low:.4f}-{high:.4f})")
     if "across_runs" in report:
         _agreement_table("runs as judges (item scores)", report["across_runs"], out)
 

@@ -114,6 +114,18 @@ def check_panels(roles: Sequence[str], declared: Sequence[str], system: Sequence
             raise UserError(f"--role {base}: panel members must be {base}#2, {base}#3, ...")
 
 
+@dataclass(frozen=True)
+class HumanLabel:
+    """A label the dataset's own annotators gave for what a judged stage decides, beside what
+    the run decided (``Framework.human_labels``). ``order``: the labels' order when ordinal."""
+
+    stage: str
+    judged: Any
+    human: Any
+    order: tuple[Any, ...] | None = None
+    key: int = 0
+
+
 def record(stage: str, answers: Sequence[Any], value: Any, tie: bool) -> dict[str, Any]:
     """One combined answer as kept in the item's details (``details["panel"]``)."""
     entry = {"stage": stage, "members": list(answers), "value": value}

@@ -37,6 +37,7 @@ from pipelines.runtime import panels
 from pipelines.runtime.answers import AnswerFile, read_answers
 from pipelines.runtime.config import EvaluatorConfig, RunConfig, Strict, UserError, file_sha256
 from pipelines.runtime.panels import (
+    HumanLabel,
     PanelRule,
     check_panels,
     member_name,
@@ -187,6 +188,11 @@ class Framework(Study[OptionsT], Generic[OptionsT, ItemT]):
         if default is not None:
             return default
         raise KeyError(f"{self.name}: stage {stage!r} has no declared role")
+
+    def human_labels(self, record: ItemResult, options: OptionsT) -> list[HumanLabel]:
+        """The labels the dataset's annotators gave this record (read from it), beside the
+        run's own decision on the same question; none by default (``groundcover agreement``)."""
+        return []
 
     def panel_rule(self, stage: str) -> PanelRule | None:
         """How a panel's answers to ``stage`` combine (None: the first member answers alone;
