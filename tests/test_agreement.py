@@ -23,7 +23,8 @@ from tests.test_panels import panel_run
 
 
 def test_cohens_kappa_by_hand():
-    # 5 of 6 agree; A says a 4 times, B 3 times: chance (4*3 + 2*3) / 36 = 1/2 -> (5/6 - 1/2) / (1/2)
+    # 5 of 6 agree; A says a 4 times, B 3 times: chance (4*3 + 2*3) / 36 = 1/2;
+    # kappa = (5/6 - 1/2) / (1/2)
     a = ["a", "a", "b", "b", "a", "a"]
     b = ["a", "b", "b", "b", "a", "a"]
     assert cohen_kappa(a, b) == pytest.approx(2 / 3)
@@ -179,7 +180,8 @@ def test_wikicontradict_runs_against_the_labels_its_annotators_gave(tmp_path):
     assert label["kappa"] == pytest.approx(7 / 11)
     assert label["confusion"] == {"C": {"C": 1}, "PC": {"PC": 1, "C": 1}, "I": {"I": 1}}
     assert label["kendall_tau"] is not None  # the grades are ordered: I < PC < C
-    # every item graded: the judge's mean (1 + 0.5 + 1 + 0) / 4, the grades' (1 + .5 + .5 + 0 + 1) / 5
+    # every item graded: the judge's mean (1 + 0.5 + 1 + 0) / 4,
+    # the grades' (1 + .5 + .5 + 0 + 1) / 5
     score = found["score"]
     assert score["judge"][0] == pytest.approx(0.625) and score["human"][0] == pytest.approx(0.6)
     assert score["labelled_without_a_score"] == 1  # response 4: graded, but no S
