@@ -42,9 +42,9 @@ def test_krippendorffs_alpha_by_hand_nominal_and_ordinal():
     # alpha = 1 - (n - 1) * sum(o delta^2) / sum(n_c n_k delta^2) = 1 - 7 * 36 / 576 = 0.5625
     assert krippendorff_alpha([[1, 2, 3, 3], [1, 3, 3, 2]], "ordinal") == pytest.approx(0.5625)
     # a unit one rater skipped is left out, not counted as a disagreement
-    assert krippendorff_alpha(
-        [[1, 1, 2, 2, 1], [1, 2, 2, 2, None]], "nominal"
-    ) == pytest.approx(8 / 15)
+    assert krippendorff_alpha([[1, 1, 2, 2, 1], [1, 2, 2, 2, None]], "nominal") == pytest.approx(
+        8 / 15
+    )
     assert krippendorff_alpha([[1, 1], [1, 1]], "nominal") is None  # one value: undefined
 
 

@@ -106,9 +106,7 @@ def test_three_judges_a_majority_and_a_tie_each_member_accounted(tmp_path):
     # f1: B, B, A -> B by majority (passes); f2: C, D, E -> no majority: the declared D (fails)
     assert details["f1"]["judge"]["category"] == "B" and details["f1"]["judge"]["score"] == 1
     assert details["f2"]["judge"]["category"] == "D" and details["f2"]["judge"]["score"] == 0
-    assert details["f1"]["panel"] == [
-        {"stage": "judge", "members": ["B", "B", "A"], "value": "B"}
-    ]
+    assert details["f1"]["panel"] == [{"stage": "judge", "members": ["B", "B", "A"], "value": "B"}]
     assert details["f2"]["panel"] == [
         {"stage": "judge", "members": ["C", "D", "E"], "value": "D", "tie": True}
     ]
