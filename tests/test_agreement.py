@@ -192,3 +192,24 @@ def test_wikicontradict_runs_against_the_labels_its_annotators_gave(tmp_path):
     found = json.loads(sampled.output)["runs"][0]
     assert found["score"]["labelled"] == 2 and "ppi" in found["score"]  # 2 of 5 graded
     assert found["dataset_score_mean"][0] == pytest.approx(0.6)
+
+
+def test_report_and_the_html_page_show_a_panels_agreement(tmp_path):
+    from tests.test_runtime import report_json
+
+    panel_run(tmp_path / "p", ["j1", "j2", "j3"])
+    run = tmp_path / "p" / "run" / "closed-book"
+    [payload] = report_json(run)
+    judge = payload["agreement"]["stages"]["judge"]
+    assert judge["pairwise"][0]["kappa"] == pytest.approx(1 / 3)
+    shown = CliRunner().invoke(app, ["report", str(run)])
+    assert shown.exit_code == 0 and "stage judge: 2 units in 2 items" in shown.output
+    page = tmp_path / "page.html"
+    result = CliRunner().invoke(app, ["report", str(run), "--html", str(page)])
+    assert result.exit_code == 0, result.output
+    html = page.read_text()
+    assert "Judge panel agreement" in html and 'href="#item=0:f2"' in html
+    # a run without a panel has no such section
+    panel_run(tmp_path / "one", ["j1"])
+    [single] = report_json(tmp_path / "one" / "run" / "closed-book")
+    assert "agreement" not in single

@@ -94,12 +94,28 @@ def load_outcome(run_dir: Path, prices: dict[str, Any] | None = None):
 
 
 def _print(outcome, as_json: bool, out: Console, label: str) -> None:
+    judges = panel_agreement(outcome)
     if as_json:  # plain print: rich would wrap long lines inside the JSON
         summary = outcome.summary.to_json() if outcome.summary else None
         payload = {"run": label, "summary": summary, "tables": outcome.tables}
+        if judges:
+            payload["agreement"] = judges
         print(json.dumps(payload, default=str))
         return
     if outcome.summary is not None:
         print_summary(outcome.summary, out)
     if outcome.tables is not None:
         outcome.framework.render(outcome.tables, out)
+    if judges:
+        from pipelines.reports.agreement import render
+
+        render({"runs": [judges]}, out)
+
+
+def panel_agreement(outcome) -> dict[str, Any] | None:
+    """A judge panel's agreement per stage (``groundcover agreement``), for a run with one."""
+    if not any("panel" in r.details for r in outcome.results):
+        return None
+    from pipelines.reports.agreement import run_agreement
+
+    return run_agreement(outcome.dir, None)

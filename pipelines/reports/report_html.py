@@ -21,7 +21,7 @@ from typing import Any
 
 from jinja2 import Environment, select_autoescape
 
-from pipelines.reports.report import load_outcome
+from pipelines.reports.report import load_outcome, panel_agreement
 from pipelines.runtime.records import RunManifest
 from pipelines.runtime.runstore import MANIFEST, read_manifest
 
@@ -92,6 +92,7 @@ def run_view(path: Path, prices: dict[str, Any] | None = None) -> dict[str, Any]
         "headline": headline(outcome, manifest, scores),
         "figures": figures,
         "tables_html": terminal_tables(outcome.framework, outcome.tables),
+        "agreement": panel_agreement(outcome),
         "path": str(path),
         "manifest": manifest.model_dump(mode="json"),
         "summary": summary.model_dump(mode="json", exclude_none=True),  # absent: "-"
