@@ -214,3 +214,80 @@ def test_answers_made_elsewhere_judged_by_an_adapter(vllm_server, tmp_path):
     manifest = json.loads((run_dir / "manifest.json").read_text())
     assert list(manifest["roles"]) == ["judge"]
     assert manifest["roles"]["judge"]["request_model"] == ADAPTER
+
+
+def test_a_panel_of_the_base_model_and_its_adapter_judges_given_answers(vllm_server, tmp_path):
+    """FanOutQA answers from a file judged by a panel on one real vLLM server: the tiny base
+    model and its LoRA adapter. Each member is asked and accounted apart, the panel's answer
+    is its rule applied to theirs, and `agreement` reads the run (with human labels)."""
+    from pipelines.fanoutqa.framework import FANOUTQA
+
+    data = tmp_path / "dev.json"
+    data.write_text(json.dumps(QUESTIONS[:3]))
+    answers = tmp_path / "answers.json"
+    answers.write_text(
+        json.dumps([{"id": "q1", "answer": "The Seine."}, {"id": "q2", "answer": "Loire."}])
+    )
+    run_dir = tmp_path / "panel"
+    done = subprocess.run(
+        cli(
+            [
+                "eval",
+                "fanoutqa",
+                "--data",
+                str(data),
+                "--answers",
+                str(answers),
+                "--judge",
+                "--run-dir",
+                str(run_dir),
+                "--endpoint",
+                vllm_server.base_url,
+                "--model",
+                vllm_server.served_name,
+                "--role",
+                f"judge=:{ADAPTER}",
+                "--role",
+                f"judge={vllm_server.served_name}@{vllm_server.base_url}",
+                "--no-cache",
+                "--quiet",
+            ]
+        ),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    run = run_dir / "answers"
+    records = [json.loads(line) for line in (run / "results.jsonl").read_text().splitlines()]
+    judged = {r["id"]: r for r in records if r["id"] in ("q1", "q2")}
+    rule = FANOUTQA.panel_rule("judge")
+    assert rule is not None
+    for record in judged.values():
+        [entry] = record["details"]["panel"]
+        assert len(entry["members"]) == 2
+        given = [m for m in entry["members"] if m is not None]
+        assert all(m in "ABCDEF" for m in given)
+        if given:
+            assert entry["value"] == rule.combine(entry["members"])[0]
+        assert {"judge", "judge#2"} <= set(record["usage"])
+    manifest = json.loads((run / "manifest.json").read_text())
+    assert manifest["roles"]["judge"]["adapter"] == ADAPTER
+    assert manifest["roles"]["judge#2"]["adapter"] is None
+    human = tmp_path / "human.jsonl"
+    human.write_text(
+        json.dumps({"id": "q1", "stage": "judge", "label": "C"})
+        + "\n"
+        + json.dumps({"id": "q1", "stage": "score", "label": 1.0})
+        + "\n"
+    )
+    shown = subprocess.run(
+        cli(["agreement", str(run), "--human", str(human), "--json"]),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert shown.returncode == 0, shown.stderr[-2000:]
+    found = json.loads(shown.stdout)["runs"][0]
+    assert found["stages"]["judge"]["units"] == 2 and found["score"]["labelled"] == 1
+    assert "ppi" in found["score"]  # q2 and q3 are the unlabelled items
