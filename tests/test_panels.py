@@ -74,7 +74,7 @@ def judge_script(model: str):
     return lambda p: f"Reasoning.\n{first}" if "Marseille" in p else f"Reasoning.\n{second}"
 
 
-def panel_run(tmp_path, judges: list[str], yaml_roles=None):
+def panel_run(tmp_path, judges: list[str], yaml_roles=None, **how):
     tmp_path.mkdir(parents=True, exist_ok=True)
     data = tmp_path.parent / "dev.json"  # one file for the runs a test compares
     data.write_text(json.dumps(FANOUT))
@@ -95,7 +95,7 @@ def panel_run(tmp_path, judges: list[str], yaml_roles=None):
         opened.append(ev.model)
         return closing_client(clients[ev.model])
 
-    outcomes = execute(FANOUTQA, request, quiet=True, open_client=open_client)
+    outcomes = execute(FANOUTQA, request, quiet=True, open_client=open_client, **how)
     return outcomes["closed-book"], clients, opened
 
 
@@ -126,6 +126,20 @@ def test_three_judges_a_majority_and_a_tie_each_member_accounted(tmp_path):
         "j2",
         "j3",
     ]
+
+
+def test_a_pilot_estimates_each_member_apart(tmp_path):
+    """f1 is piloted (every member judges it once); the rest's estimate has a row per member,
+    each under its own role, as do the costs a price file gives."""
+    outcome, _, _ = panel_run(tmp_path, ["j1", "j2", "j3"], pilot=1)
+    estimate = outcome.summary.estimate_of_the_rest
+    rows = {s["stage"]: s for s in estimate["stages"]}
+    assert {r: rows[r]["role"] for r in ("judge", "judge#2", "judge#3")} == {
+        "judge": "judge",
+        "judge#2": "judge#2",
+        "judge#3": "judge#3",
+    }
+    assert rows["judge#3"]["calls"][0] == pytest.approx(2.0)  # one per item, 2 items to go
 
 
 def test_a_panel_of_one_is_the_role_byte_for_byte(tmp_path):
