@@ -285,3 +285,97 @@ def test_crux_judge_line_with_the_wrong_number_of_ratings_is_one_line(home, hub)
     ):
         get("crux-mds")
     assert not any(k.startswith("crux-mds@") for k in read_lock())
+
+
+# ---- ClueWeb09 Category B as CMU ships it ------------------------------------------------------
+
+
+def warc_file(path: Path, pages: list[tuple[str, str, str]]) -> None:
+    """A gzipped ClueWeb09 WARC file as the collection writes it: WARC/0.18, header lines ending
+    in LF only, a warcinfo record first, then one response record per page (WARC-TREC-ID, the
+    HTTP headers and the HTML as the payload), each record followed by a blank line."""
+    import gzip
+
+    def record(kind: str, fields: dict[str, str], payload: bytes) -> bytes:
+        head = ["WARC/0.18", f"WARC-Type: {kind}", *(f"{k}: {v}" for k, v in fields.items())]
+        head.append(f"Content-Length: {len(payload)}")
+        return ("\n".join(head) + "\n\n").encode() + payload + b"\n\n"
+
+    data = record("warcinfo", {"WARC-Date": "2009-03-65T08:43:19-0800"}, b"software: Nutch\n")
+    for trec_id, url, html in pages:
+        http = b"HTTP/1.1 200 OK\nContent-Type: text/html; charset=utf-8\n\n" + html.encode()
+        fields = {
+            "WARC-Target-URI": url,
+            "WARC-Date": "2009-03-65T08:43:19-0800",
+            "WARC-Record-ID": f"<urn:uuid:{trec_id}>",
+            "WARC-TREC-ID": trec_id,
+            "Content-Type": "application/http;msgtype=response",
+        }
+        data += record("response", fields, http)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with gzip.open(path, "wb") as handle:
+        handle.write(data)
+
+
+def clueweb09_copy(root: Path) -> Path:
+    segment = root / "ClueWeb09_English_1"
+    page = "<html><head><title>{}</title></head><body><p>{}</p></body></html>"
+    warc_file(
+        segment / "en0000" / "00.warc.gz",
+        [
+            ("clueweb09-en0000-00-00000", "http://a.example/", page.format("Seine", "The Seine.")),
+            ("clueweb09-en0000-00-00001", "http://b.example/", "<html><body></body></html>"),
+        ],
+    )
+    warc_file(
+        segment / "en0000" / "01.warc.gz",
+        [("clueweb09-en0000-01-00000", "http://c.example/", page.format("Loire", "Castles."))],
+    )
+    wiki = ("clueweb09-enwp00-00-00000", "http://en.wikipedia.org/wiki/Paris")
+    warc_file(segment / "enwp00" / "00.warc.gz", [(*wiki, page.format("Paris", "A city."))])
+    return root
+
+
+def test_clueweb09_b_copy_as_shipped_is_registered_and_indexed_by_name(home, tmp_path):
+    copy = clueweb09_copy(tmp_path / "clueweb09")
+    runner = CliRunner()
+    result = runner.invoke(app, ["data", "add", "clueweb09-b", str(copy)])
+    assert result.exit_code == 0, result.output
+    index = tmp_path / "index"
+    result = runner.invoke(
+        app, ["index", "build", "clueweb09-b", str(index), "--dense-model", "none"]
+    )
+    assert result.exit_code == 0, result.output
+    manifest = json.loads((index / "manifest.json").read_text())
+    assert manifest["counts"]["documents"] == 3  # the page with no text is skipped
+    assert manifest["corpus"]["format"] == "clueweb09"
+    chunks = [json.loads(line) for line in (index / "chunks.jsonl").read_text().splitlines()]
+    assert [c["doc_id"] for c in chunks] == [
+        "clueweb09-en0000-00-00000",
+        "clueweb09-en0000-01-00000",
+        "clueweb09-enwp00-00-00000",
+    ]  # ClueWeb09's order: directory, then file
+    assert "The Seine." in chunks[0]["text"]
+
+
+@pytest.mark.parametrize(
+    ("damage", "message"),
+    [
+        ("no segment", "no ClueWeb09_English_1/"),
+        ("not gzip", "00.warc.gz: not a ClueWeb09 WARC file"),
+        ("no files", "no ClueWeb09_English_1/<dir>/<NN>.warc.gz files"),
+    ],
+)
+def test_a_clueweb09_copy_that_is_not_one_is_refused_in_one_line(home, tmp_path, damage, message):
+    copy = tmp_path / "copy"
+    copy.mkdir()
+    if damage == "not gzip":
+        bad = copy / "ClueWeb09_English_1" / "en0000" / "00.warc.gz"
+        bad.parent.mkdir(parents=True)
+        bad.write_bytes(b"WARC/0.18\nnot compressed\n")
+    elif damage == "no files":
+        (copy / "ClueWeb09_English_1" / "en0000").mkdir(parents=True)
+    result = CliRunner().invoke(app, ["data", "add", "clueweb09-b", str(copy)])
+    assert result.exit_code == 2 and message in result.output
+    assert len(result.output.strip().splitlines()) == 1
+    assert "clueweb09-b@local" not in read_lock()

@@ -197,15 +197,16 @@ CATALOG: dict[str, Dataset] = {
         ),
         Dataset(
             name="clueweb09-b",
-            summary="ClueWeb09 Category B as a JSONL corpus {id, contents} (ICAT's knowledge "
-            "source)",
+            summary="ClueWeb09 Category B (ICAT's knowledge source): the WARC files of "
+            "ClueWeb09_English_1 as CMU ships them, streamed; or a JSONL export {id, contents}",
             home="licensed",
             license="ClueWeb09 licence (Carnegie Mellon University)",
-            size="about 50M pages",
-            obtain="ClueWeb09 is licensed: apply at https://lemurproject.org/clueweb09/, export "
-            'Category B as JSONL lines {"id", "contents"}, then run `groundcover data add '
-            "clueweb09-b FILE`",
-            check=convert.check_corpus,
+            size="50,220,423 pages (ClueWeb09_English_1: en0000-en0011, enwp00-enwp03)",
+            obtain="ClueWeb09 is licensed: apply at https://lemurproject.org/clueweb09/, then run "
+            "`groundcover data add clueweb09-b DIR` with the directory that holds "
+            "ClueWeb09_English_1/ (the one ir_datasets links as ~/.ir_datasets/clueweb09/corpus), "
+            'or with a JSONL export of lines {"id", "contents"}',
+            check=convert.check_clueweb09,
             used_by="groundcover index build / eval icat --index",
         ),
         Dataset(

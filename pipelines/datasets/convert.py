@@ -194,6 +194,22 @@ def conflictbank_train(sources: list[Path], out: Path) -> None:
         raise UserError(f"{sources[0] if sources else 'conflictbank'}: no train records")
 
 
+def check_clueweb09(path: Path) -> None:
+    """ClueWeb09 Category B as CMU ships it (a directory holding ``ClueWeb09_English_1/``): its
+    first WARC file's first page is read; or a JSONL export {id, contents}."""
+    if not path.is_dir():
+        check_corpus(path)
+        return
+    from index_build.corpus import CorpusError, read_corpus
+
+    try:
+        first = next(iter(read_corpus(path)), None)
+    except CorpusError as exc:
+        raise UserError(str(exc)) from None
+    if first is None:
+        raise UserError(f"{path}: its first WARC file holds no page with text")
+
+
 def check_corpus(path: Path) -> None:
     """A JSONL corpus {id, contents}: its first lines are checked (the file may be huge)."""
     if not path.is_file():
