@@ -202,6 +202,20 @@ def test_meta_eval_wikicontradict_on_real_rows(vllm_server, tmp_path):
     assert 0.0 <= lmr["lmr"] <= 1.0
     assert lmr["ci95"]["low"] <= lmr["lmr"] <= lmr["ci95"]["high"]
     assert sum(v["n"] for v in lmr["by_label"].values()) == 10
+    # the annotators' grades the rows ship, against the label each score predicts
+    shown = CliRunner().invoke(
+        app, ["agreement", str(tmp_path / "run"), "--human-sample", "4", "--json"]
+    )
+    assert shown.exit_code == 0, shown.output
+    found = json.loads(shown.output)["runs"][0]
+    label = found["dataset_labels"]["label"]
+    assert label["units"] + label["not_decided"] == 10  # every response, scored or not
+    assert sum(sum(row.values()) for row in label["confusion"].values()) == label["units"]
+    lines = (tmp_path / "run" / "results.jsonl").read_text().splitlines()
+    graded = [json.loads(line)["details"]["meta"]["label"] for line in lines]
+    assert found["dataset_score_mean"][0] == pytest.approx(
+        sum({"C": 1.0, "PC": 0.5, "I": 0.0}[g] for g in graded) / 10
+    )
 
 
 async def test_nli_method_with_cross_encoder_backend(vllm_server, tmp_path):
