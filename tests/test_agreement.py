@@ -134,6 +134,10 @@ def test_runs_judged_by_different_models_compared_on_their_item_scores(tmp_path)
     across = found["across_runs"]
     # item scores: j1 passes f1 and f2 (B, C), j2 passes f1 only (B, D); f3 is 0 in both
     assert across["level"] == "interval" and across["units"] == 3
+    # an item one run has not scored leaves the scores interval, and is left out of the pair
+    units = [Unit("a", "score", 0, [0.5, None]), Unit("b", "score", 0, [1.0, 0.75])]
+    stats = raters_agreement(units, ["x", "y"], None)
+    assert stats["level"] == "interval" and stats["pairwise"][0]["units"] == 1
 
 
 @pytest.mark.parametrize(

@@ -160,7 +160,8 @@ def level_of(rule: PanelRule | None, values: Sequence[Any]) -> Level:
         return rule.level
     if isinstance(rule, Average):
         return rule.level
-    numeric = all(isinstance(v, int | float) and not isinstance(v, bool) for v in values)
+    given = [v for v in values if v is not None]  # a rater's missing value says nothing
+    numeric = all(isinstance(v, int | float) and not isinstance(v, bool) for v in given)
     return "interval" if numeric else "nominal"
 
 
