@@ -85,10 +85,13 @@ def test_two_local_models_in_one_invocation_survive_a_kill(tiny_model, tiny_mode
     deadline = time.monotonic() + 600
     while count_lines(results) < 1 and time.monotonic() < deadline and first.poll() is None:
         time.sleep(0.01)
+    ended = first.poll()  # not None: the run ended by itself before any record (say why)
     first.send_signal(signal.SIGKILL)
-    first.wait(30)
+    output = first.communicate(timeout=30)[0].decode(errors="replace")
     done_before = count_lines(results)
-    assert 1 <= done_before < len(QUESTIONS), "the kill must land mid-run"
+    assert 1 <= done_before < len(QUESTIONS), (
+        f"the kill must land mid-run (exit {ended}):\n" + (output[-3000:])
+    )
 
     second = subprocess.run(command, env=env, capture_output=True, text=True, timeout=900)
     assert second.returncode == 0, second.stdout[-2000:] + second.stderr[-2000:]
