@@ -167,3 +167,31 @@ def test_a_panel_of_one_is_the_role_byte_for_byte(tmp_path):
 def test_the_same_model_twice_in_a_panel_is_refused(tmp_path):
     with pytest.raises(UserError, match="a panel's members must differ"):
         panel_run(tmp_path, ["j1", "j1"])
+
+
+async def test_a_comprehensiveness_panel_votes_nli_labels_and_averages_relevance(tmp_path):
+    """The NLI method with two judges that answer alike: the hand-derived score 0.5 of
+    tests/test_exact_scores.py stands; every NLI label and relevance score was asked of both
+    members (their own stage names), unanimous, with the NLI probability the vote share 1.0;
+    extraction went to the first member only."""
+    from pipelines.comprehensiveness.common import ComprehensivenessOptions
+    from pipelines.comprehensiveness.framework import COMPREHENSIVENESS
+    from pipelines.comprehensiveness.nli_method import LlmNli
+    from pipelines.runtime.protocol import ItemContext
+    from pipelines.runtime.runner import solve_item
+    from tests.test_exact_scores import ITEM, NLI_SCRIPTS
+
+    options = ComprehensivenessOptions(protocol="spec", method="nli")
+    second = {f"{stage}#2": script for stage, script in NLI_SCRIPTS.items()}
+    async with ScriptedClient(NLI_SCRIPTS) as lead, ScriptedClient(second, model="b") as other:
+        clients = {"judge": lead, "judge#2": other}
+        ctx = ItemContext(ITEM.id, clients, options, LlmNli(), tmp_path, 2, COMPREHENSIVENESS)
+        record = await solve_item(COMPREHENSIVENESS, ITEM, ctx)
+    assert record.status == "ok" and record.score == 0.5
+    asked = {c.stage for c in other.calls}
+    assert asked == {"nli#2", "relevance#2"}  # no extraction by the second member
+    assert len(other.stage_calls("nli#2")) == len(lead.stage_calls("nli"))
+    entries = record.details["panel"]
+    assert {e["stage"] for e in entries} == {"nli", "relevance"}
+    assert all(e["members"][0] == e["members"][1] == e["value"] for e in entries)
+    assert "tie" not in json.dumps(entries)

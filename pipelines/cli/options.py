@@ -90,7 +90,7 @@ SHARED_OPTIONS: dict[str, tuple[Any, Any]] = {
         _opt(
             list[str] | None,
             "ROLE=MODEL, ROLE=MODEL@URL, ROLE=MODEL:ADAPTER or ROLE=:ADAPTER: another model for "
-            "one role (repeat; see the framework's roles in docs/roles.md)",
+            "one role (repeat; a judging role given again is a judge panel, docs/judges.md)",
         ),
         None,
     ),

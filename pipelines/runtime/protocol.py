@@ -25,7 +25,7 @@ lists its runs (each a sub-directory, maybe another framework, evaluator or deri
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, ClassVar, Generic, Protocol, TypeVar
@@ -61,6 +61,7 @@ class Identified(Protocol):
 OptionsT = TypeVar("OptionsT", bound=BaseModel)  # a study's options model
 ItemT = TypeVar("ItemT", bound=Identified)  # a framework's item, as its ``load`` returns
 T = TypeVar("T")
+A = TypeVar("A")  # an answer of a stage (a panel member's, or the one)
 
 
 class FrameworkOptions(Strict):
@@ -310,23 +311,23 @@ class ItemContext:
             raise KeyError(f"stage {stage!r} asks role {role!r}, which this run did not open")
         return self.clients[role]
 
-    def _panel(self, stage: str) -> tuple[PanelRule, list[str]] | None:
-        """A judging stage whose role is a panel: its rule and each member's stage name."""
-        if isinstance(self.clients, EvalClient) or self.framework is None:
-            return None
-        rule = self.framework.panel_rule(stage)
-        if rule is None:
-            return None
-        members = panel_members(self.framework.role_of(stage), list(self.clients))
-        if len(members) < 2:
-            return None
-        return rule, [member_name(stage, k) for k in range(1, len(members) + 1)]
+    async def _each_member(
+        self, stage: str, ask: Callable[[str], Awaitable[A]]
+    ) -> tuple[PanelRule | None, list[A]]:
+        """``ask(stage)``, or for a judging stage whose role is a panel, ``ask`` of each
+        member's stage side by side, with the stage's rule (None: one answer, no panel)."""
+        rule, members = None, []
+        if not isinstance(self.clients, EvalClient) and self.framework is not None:
+            rule = self.framework.panel_rule(stage)
+            if rule is not None:
+                members = panel_members(self.framework.role_of(stage), list(self.clients))
+        if rule is None or len(members) < 2:
+            return None, [await ask(stage)]
+        stages = [member_name(stage, k) for k in range(1, len(members) + 1)]
+        return rule, list(await asyncio.gather(*(ask(s) for s in stages)))
 
-    async def _combined(
-        self,
-        stage: str,
-        rule: PanelRule,
-        answers: Sequence[Parsed | LabelScore],
+    def _combined(
+        self, stage: str, rule: PanelRule, answers: Sequence[Parsed | LabelScore]
     ) -> tuple[Any, float | None]:
         """The members' answers combined by the stage's rule and kept in the details: (the
         combined value, or None when no member answered; the share of members that gave it)."""
@@ -334,22 +335,20 @@ class ItemContext:
             (a.value if isinstance(a, Parsed) else a.score) if a.status == "ok" else None
             for a in answers
         ]
-        if all(v is None for v in values):
-            self.details.setdefault("panel", []).append(panels.record(stage, values, None, False))
-            return None, None
-        value, tie = rule.combine(values)
+        value, tie = (None, False) if all(v is None for v in values) else rule.combine(values)
         self.details.setdefault("panel", []).append(panels.record(stage, values, value, tie))
-        return value, sum(v == value for v in values) / len(values)
+        return value, None if value is None else sum(v == value for v in values) / len(values)
 
-    async def _panel_parsed(self, stage: str, rule: PanelRule, answers: Sequence[Parsed]) -> Parsed:
-        """The panel's answer as one ``Parsed``: the combined value, the first member's outputs;
-        unparseable (with the first member's error) when no member answered."""
-        value, share = await self._combined(stage, rule, answers)
-        lead = answers[0]
+    def _panel_parsed(self, stage: str, rule: PanelRule | None, answers: list[Parsed]) -> Parsed:
+        """The answer as one ``Parsed``: a panel's combined value with the first member's
+        outputs, unparseable (with a failing member's error) when no member answered."""
+        if rule is None:
+            return answers[0]
+        value, share = self._combined(stage, rule, answers)
         if value is None:
             failed = next(a for a in answers if not a.ok)
             return Parsed("unparseable", error=failed.error, outputs=failed.outputs)
-        return Parsed("ok", value, outputs=lead.outputs, probability=share)
+        return Parsed("ok", value, outputs=answers[0].outputs, probability=share)
 
     async def chat(
         self, messages: list[dict], *, stage: str, template: str | None = None, **params: Any
@@ -378,17 +377,13 @@ class ItemContext:
         """One stage: render, constrain to ``regex`` (vLLM), parse, re-ask with the parse error,
         account; an output that stays unparseable comes back as such (the caller decides). A
         panel's members each answer; their values combine by the stage's rule."""
-        panel = self._panel(stage)
-        if panel is not None:
-            rule, stages = panel
-            asked = [
-                self._attempt_one(template, s, parse, expected, values, regex, max_reasks, params)
-                for s in stages
-            ]
-            return await self._panel_parsed(stage, rule, await asyncio.gather(*asked))
-        return await self._attempt_one(
-            template, stage, parse, expected, values, regex, max_reasks, params
+        rule, answers = await self._each_member(
+            stage,
+            lambda s: self._attempt_one(
+                template, s, parse, expected, values, regex, max_reasks, params
+            ),
         )
+        return self._panel_parsed(stage, rule, answers)
 
     async def _attempt_one(
         self,
@@ -452,12 +447,10 @@ class ItemContext:
         """One of ``choices`` (constrained on vLLM), or the unparseable record: the caller
         decides what an unreadable answer means. A panel votes (``probability``: the share of
         its members that gave the label)."""
-        panel = self._panel(stage)
-        if panel is not None:
-            rule, stages = panel
-            asked = [self._choice_one(template, choices, s, values, params) for s in stages]
-            return await self._panel_parsed(stage, rule, await asyncio.gather(*asked))
-        return await self._choice_one(template, choices, stage, values, params)
+        rule, answers = await self._each_member(
+            stage, lambda s: self._choice_one(template, choices, s, values, params)
+        )
+        return self._panel_parsed(stage, rule, answers)
 
     async def _choice_one(
         self,
@@ -495,17 +488,14 @@ class ItemContext:
     async def label_score(
         self, template: PromptTemplate, stage: str, values: dict[str, Any], **params: Any
     ) -> LabelScore:
-        panel = self._panel(stage)
-        if panel is not None:  # each member's score, combined by the stage's rule
-            rule, stages = panel
-            scores = await asyncio.gather(
-                *(self._label_score(template, s, values, **params) for s in stages)
-            )
-            value, _ = await self._combined(stage, rule, scores)
-            if value is None:
-                raise StageFailed(stage, error=next(s.error for s in scores if s.status != "ok"))
-            return LabelScore("ok", score=value, output=scores[0].output)
-        scored = await self._label_score(template, stage, values, **params)
+        rule, scores = await self._each_member(
+            stage, lambda s: self._label_score(template, s, values, **params)
+        )
+        scored = scores[0]
+        if rule is not None:  # each member's score, combined by the stage's rule
+            value, _ = self._combined(stage, rule, scores)
+            failed = next((s for s in scores if s.status != "ok"), scored)
+            scored = failed if value is None else LabelScore("ok", value, output=scored.output)
         if scored.status != "ok":
             raise StageFailed(stage, error=scored.error)
         return scored
