@@ -416,11 +416,17 @@ def run_agreement(run_dir: Path, human: dict | None, sample: int | None = None) 
         if human:
             entry["human"] = against_humans(units, names, human, rule)
         out["stages"][stage] = entry
-    shipped = dataset_labels(fw, options, records)
+    given = {r.id: fw.human_labels(r, options) for r in records}  # read once, used twice
+    shipped = dataset_labels(given)
     if shipped:
         out["dataset_labels"] = shipped
     labels = dict(human or {})
-    scored = {(i, "score", 0): v for i, v in _shipped_scores(fw, options, records).items()}
+    scored = {
+        (i, "score", 0): float(label.human)
+        for i, labels in given.items()
+        for label in labels
+        if label.stage == "score"
+    }
     if scored and sample is not None:
         out["dataset_score_mean"] = classical_mean([v for v in scored.values()])
         keys = sorted(scored)
@@ -432,13 +438,13 @@ def run_agreement(run_dir: Path, human: dict | None, sample: int | None = None) 
     return out
 
 
-def dataset_labels(fw: Any, options: Any, records: Sequence[ItemResult]) -> dict[str, Any]:
+def dataset_labels(given: dict[str, list[Any]]) -> dict[str, Any]:
     """Per stage, the run's decisions against the labels the dataset's annotators gave
     (``Framework.human_labels``), with a confusion matrix for labels."""
     by_stage: dict[str, list[tuple[Unit, tuple | None]]] = defaultdict(list)
-    for record in records:
-        for label in fw.human_labels(record, options):
-            unit = Unit(record.id, label.stage, label.key, [label.judged, label.human])
+    for item, labels in given.items():
+        for label in labels:
+            unit = Unit(item, label.stage, label.key, [label.judged, label.human])
             by_stage[label.stage].append((unit, label.order))
     out = {}
     for stage, found in by_stage.items():
@@ -455,15 +461,6 @@ def dataset_labels(fw: Any, options: Any, records: Sequence[ItemResult]) -> dict
         entry["confusion"] = confusion([u.values[0] for u in units], [u.values[1] for u in units])
         out[stage] = entry
     return out
-
-
-def _shipped_scores(fw: Any, options: Any, records: Sequence[ItemResult]) -> dict[str, float]:
-    return {
-        r.id: float(label.human)
-        for r in records
-        for label in fw.human_labels(r, options)
-        if label.stage == "score"
-    }
 
 
 def runs_as_judges(run_dirs: Sequence[Path]) -> dict[str, Any] | None:
