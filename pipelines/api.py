@@ -37,7 +37,8 @@ from pipelines.runtime.protocol import (
 from pipelines.runtime.records import RunSummary
 from pipelines.runtime.registry import framework, study
 from pipelines.runtime.results import ItemResult
-from pipelines.runtime.runner import execute, fixed_client, solve_item
+from pipelines.runtime.runner import execute, fixed_client
+from pipelines.runtime.solving import solve_item
 from serving.client import EvalClient
 
 __all__ = ["Evaluation", "ItemResult", "RunOutcome", "evaluate", "score_item"]

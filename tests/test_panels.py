@@ -178,7 +178,7 @@ async def test_a_comprehensiveness_panel_votes_nli_labels_and_averages_relevance
     from pipelines.comprehensiveness.framework import COMPREHENSIVENESS
     from pipelines.comprehensiveness.nli_method import LlmNli
     from pipelines.runtime.protocol import ItemContext
-    from pipelines.runtime.runner import solve_item
+    from pipelines.runtime.solving import solve_item
     from tests.test_exact_scores import ITEM, NLI_SCRIPTS
 
     options = ComprehensivenessOptions(protocol="spec", method="nli")

@@ -139,7 +139,7 @@ async def test_nli_method_scores_equal_a_plain_judge_with_a_reasoning_judge(tmp_
 async def test_an_item_cut_in_reasoning_is_its_own_status_never_a_score(tmp_path):
     from pipelines.comprehensiveness.framework import COMPREHENSIVENESS
     from pipelines.runtime.protocol import ItemContext
-    from pipelines.runtime.runner import solve_item
+    from pipelines.runtime.solving import solve_item
 
     assert "cut_in_reasoning" in STATUSES and "cut_in_reasoning" in UNSCORED
     options = ComprehensivenessOptions(protocol="spec", method="nli")
@@ -324,7 +324,7 @@ async def test_keep_reasoning_keeps_each_requests_reasoning_in_the_record(tmp_pa
 
     from pipelines.comprehensiveness.framework import COMPREHENSIVENESS
     from pipelines.runtime.protocol import ItemContext
-    from pipelines.runtime.runner import solve_item
+    from pipelines.runtime.solving import solve_item
 
     options = ComprehensivenessOptions(protocol="spec", method="nli")
     reasoning = Reasoning.make("effort", "low", 100)

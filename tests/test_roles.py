@@ -533,7 +533,7 @@ def test_servers_of_two_bases_start_side_by_side(monkeypatch, tmp_path):
     import threading
 
     from pipelines.runtime import evaluator
-    from pipelines.runtime.runner import Evaluators, _open_roles, evaluator_key
+    from pipelines.runtime.solving import Evaluators, _open_roles, evaluator_key
 
     both_starting = threading.Barrier(2, timeout=20)
     events: list[str] = []

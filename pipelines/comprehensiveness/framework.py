@@ -231,7 +231,7 @@ async def evaluate_item(
 ) -> ItemResult:
     """One item outside a run (benchmarks, notebooks): the same solve, recorded failures too.
     Graph files are written under ``run_dir`` only when one is given."""
-    from pipelines.runtime.runner import solve_item
+    from pipelines.runtime.solving import solve_item
 
     if run_dir is None:
         options = options.model_copy(update={"export_graphs": False})

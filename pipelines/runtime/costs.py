@@ -15,7 +15,7 @@ wall time of the invocations that had the model open, shared out over its stages
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -178,10 +178,10 @@ class Budget:
 
     def record(self, usage: dict[str, dict[str, Any]], *, new: bool) -> None:
         """One recorded item's usage (``new``: solved by this invocation)."""
-        tokens = sum(
-            u.get("prompt_tokens", 0) + u.get("completion_tokens", 0) for u in usage.values()
-        )
-        cost = self.item_cost(usage)
+        self.record_spend(usage_tokens(usage), self.item_cost(usage), new=new)
+
+    def record_spend(self, tokens: float, cost: float, *, new: bool) -> None:
+        """One recorded item's tokens and dollars (a driver of a shared ledger sends these)."""
         self.spent_tokens += tokens
         self.spent_cost += cost
         self.peak_tokens = max(self.peak_tokens, tokens)
@@ -234,3 +234,31 @@ class Budget:
     def release(self) -> None:
         """An admitted worker found no item left."""
         self.in_flight -= 1
+
+    def state(self) -> dict[str, Any]:
+        """What the budget knows, less its cost function: to rebuild it as a shared ledger."""
+        return {k: v for k, v in asdict(self).items() if k != "item_cost"}
+
+
+def usage_tokens(usage: dict[str, dict[str, Any]]) -> float:
+    """An item's prompt and completion tokens over its stages."""
+    return sum(u.get("prompt_tokens", 0) + u.get("completion_tokens", 0) for u in usage.values())
+
+
+class Ledger:
+    """How ``run_items`` asks a budget: this process's own ``Budget`` here; the drivers of one
+    run share one in a Ray actor (``pipelines.runtime.drivers``), behind the same four calls."""
+
+    wait_seconds: float | None = None  # None: admission changes only when an item here ends
+
+    def __init__(self, budget: Budget | None):
+        self.budget = budget or Budget(None, None, lambda usage: 0.0)
+
+    async def admit(self, now: float) -> bool | None:
+        return self.budget.admit(now)
+
+    async def record(self, usage: dict[str, dict[str, Any]]) -> None:
+        self.budget.record(usage, new=True)
+
+    async def release(self) -> None:
+        self.budget.release()

@@ -9,18 +9,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import copy
 import signal
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import Any
 
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
 
 from pipelines.datasets.names import data_provenance
-from pipelines.runtime.config import EvaluatorConfig, UserError, items_digest
+from pipelines.runtime.config import items_digest
 from pipelines.runtime.costs import (
     Budget,
     BudgetReached,
@@ -43,8 +41,6 @@ from pipelines.runtime.lines import item_ids, select
 from pipelines.runtime.planning import estimate_from_disk, print_dry_run
 from pipelines.runtime.protocol import (
     Framework,
-    ItemContext,
-    ItemT,
     RunOutcome,
     RunPlan,
     RunRequest,
@@ -52,16 +48,21 @@ from pipelines.runtime.protocol import (
 )
 from pipelines.runtime.records import StudyRecord
 from pipelines.runtime.repeats import print_repeats, repeat_plans, repeats_table
-from pipelines.runtime.results import ItemResult, StageFailed, StageFailure
 from pipelines.runtime.roles import judges_without_reasoning, self_judging
 from pipelines.runtime.runstore import (
     STUDY_FILE,
     RunStore,
-    RunStoreError,
     atomic_write_json,
     fingerprint,
     invocation_seconds,
     record_invocation,
+)
+from pipelines.runtime.solving import (
+    Evaluators,
+    OpenClient,
+    close_resources,
+    console,
+    solve_missing,
 )
 from pipelines.runtime.summary import (
     print_summary,
@@ -72,12 +73,7 @@ from pipelines.runtime.summary import (
     tables_of,
     usage_by_role,
 )
-from serving.client import EndpointError, EvalClient, RequestRejected, StageUsage
-from serving.launcher import ServerStartError
-from serving.reasoning import ReasoningCut
-
-OpenClient = Callable[[EvaluatorConfig, Path], contextlib.AbstractAsyncContextManager[EvalClient]]
-console = Console(stderr=True)
+from serving.client import EvalClient
 
 
 def sigterm_as_interrupt() -> None:
@@ -89,146 +85,7 @@ def sigterm_as_interrupt() -> None:
     signal.signal(signal.SIGTERM, handler)
 
 
-# ---- solving -----------------------------------------------------------------------------------
-
-
-async def solve_item(fw: Framework[Any, ItemT], item: ItemT, ctx: ItemContext) -> ItemResult:
-    """The framework's answer, or the item's failure recorded as such. Only a gone endpoint or
-    an interrupt stops the run (what finished is kept; a rerun resumes)."""
-    result = await _solved(fw, item, ctx)
-    if ctx.reasoning_log:  # --keep-reasoning: what the judge reasoned, failed items included
-        result = result.model_copy(update={"reasoning": ctx.reasoning_log})
-    return result
-
-
-async def _solved(fw: Framework[Any, ItemT], item: ItemT, ctx: ItemContext) -> ItemResult:
-    try:
-        return await fw.solve(item, ctx)
-    except StageFailed as failure:
-        return ctx.failed(
-            failure.failure(),
-            "unparseable",
-            f"stage {failure.stage} stayed unparseable after re-asks",
-        )
-    except RequestRejected as exc:
-        return ctx.failed(
-            StageFailure(stage=exc.stage, error=str(exc)),
-            "error",
-            f"the server rejected a request of stage {exc.stage}",
-        )
-    except ReasoningCut as exc:  # counted as such, never a score; a resume asks again
-        return ctx.failed(
-            StageFailure(stage=exc.stage, error=str(exc)),
-            "cut_in_reasoning",
-            f"stage {exc.stage}: the reasoning used every token of the largest budget",
-        )
-    except (EndpointError, UserError, RunStoreError, ServerStartError):
-        raise
-    except Exception as exc:  # a defect on this item: recorded, retried on resume, run goes on
-        error = f"{type(exc).__name__}: {' '.join(str(exc).split())[:500]}"
-        return ctx.failed(
-            StageFailure(stage="solve", error=error), "error", "solving the item raised an error"
-        )
-
-
-async def run_items(
-    items: Sequence[Any],
-    solve: Callable[[Any], Any],
-    store: RunStore,
-    *,
-    workers: int,
-    show_progress: bool = True,
-    total: int | None = None,
-    budget: Budget | None = None,
-) -> None:
-    """Solve ``items`` with ``workers`` tasks pulling from one queue (memory stays bounded by
-    the workers, not the items), appending each result as soon as it exists. A ``budget``
-    admits each item before it is taken; items in flight always finish."""
-    pending = iter(items)
-    budget = budget or Budget(None, None, lambda usage: 0.0)
-    settled = asyncio.Condition()
-
-    async def admitted() -> bool:
-        async with settled:
-            while (verdict := budget.admit(time.time())) is None:
-                await settled.wait()
-        return verdict
-
-    async def worker() -> None:
-        # admission and taking the next item happen with no await between them
-        while await admitted():
-            item = next(pending, None)  # a shared iterator: each item goes to one worker
-            if item is None:
-                budget.release()
-                return
-            result = await solve(item)
-            store.append(result)
-            budget.record(result.usage, new=True)
-            async with settled:
-                settled.notify_all()
-            progress.advance(bar)
-
-    total = total or len(items)
-    with Progress(
-        "[progress.description]{task.description}",
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        disable=not show_progress,
-        transient=True,
-        console=console,
-    ) as progress:
-        bar = progress.add_task("items", total=total, completed=total - len(items))
-        tasks = [asyncio.create_task(worker()) for _ in range(max(1, min(workers, len(items))))]
-        try:
-            await asyncio.gather(*tasks)
-        finally:
-            for task in tasks:
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
-            store.close()
-
-
-def usage_since(client: EvalClient, before: dict[str, StageUsage]) -> dict[str, dict[str, Any]]:
-    """Per-stage usage of the client since the snapshot ``before``."""
-    out = {}
-    for stage, now in client.usage.items():
-        then = before.get(stage, StageUsage()).as_dict()
-        delta = {k: round(v - then[k], 6) for k, v in now.as_dict().items()}
-        if any(delta.values()):
-            out[stage] = delta
-    return out
-
-
 # ---- studies -----------------------------------------------------------------------------------
-
-
-class Evaluators:
-    """Clients opened on demand, one per distinct evaluator, closed after their last run."""
-
-    def __init__(self, open_client: OpenClient, remaining: list[set[str]]):
-        self.open_client = open_client
-        self.remaining = remaining  # evaluator keys of every run still to come, in order
-        self.open: dict[str, tuple[EvalClient, contextlib.AsyncExitStack]] = {}
-
-    async def client(self, key: str, ev: EvaluatorConfig, run_dir: Path) -> EvalClient:
-        if key not in self.open:
-            stack = contextlib.AsyncExitStack()
-            client = await stack.enter_async_context(self.open_client(ev, run_dir))
-            self.open[key] = (client, stack)
-        return self.open[key][0]
-
-    async def done_with_run(self) -> None:
-        self.remaining.pop(0)
-        later = set().union(*self.remaining)
-        for key in [k for k in self.open if k not in later]:
-            _, stack = self.open.pop(key)
-            await stack.aclose()
-
-    async def aclose(self) -> None:
-        for _, stack in self.open.values():
-            await stack.aclose()
-        self.open.clear()
 
 
 def study_root(study: Study, request: RunRequest, items: Sequence[Any]) -> Path:
@@ -354,67 +211,6 @@ async def _execute(study, request, items, plans, roles, root, opener, quiet, pri
     return outcomes
 
 
-async def replica_counts(clients: dict[str, EvalClient]) -> dict[str, list[dict[str, Any]]]:
-    """Each Ray Serve app's replicas now (node, pid, requests answered so far), by model."""
-    counts = {}
-    for client in {id(c): c for c in clients.values()}.values():
-        replicas = getattr(client, "replicas", None)  # a test's scripted client has none
-        if replicas is not None:
-            counts[client.model] = await asyncio.to_thread(replicas)
-    return counts
-
-
-def replicas_since(before: dict[str, list[dict]], now: dict[str, list[dict]]) -> dict[str, list]:
-    """Requests each replica answered between the two counts (a new replica counts from 0)."""
-    spread = {}
-    for model, replicas in now.items():
-        earlier = {(r["node"], r["pid"]): r["requests"] for r in before.get(model, [])}
-        spread[model] = [
-            r | {"requests": r["requests"] - earlier.get((r["node"], r["pid"]), 0)}
-            for r in replicas
-        ]
-    return spread
-
-
-def close_resources(resources: dict[str, Any]) -> None:
-    """What a framework's setup opened and must give back (a Serve app it deployed, Ray
-    drivers), once its last run is done."""
-    for resource in resources.values():
-        close = getattr(resource, "close", None)
-        if callable(close):
-            close()
-
-
-async def _open_roles(evaluators: Evaluators, roles: dict[str, EvaluatorConfig], run_dir: Path):
-    """One client per distinct evaluator; roles that resolve to the same one share it. They
-    open together, so the servers of a run's local models start side by side; every opening
-    ends (what opened is closed with the rest) before the first failure is raised."""
-    keys = {role: evaluator_key(ev) for role, ev in roles.items()}
-    distinct: dict[str, EvaluatorConfig] = {}
-    for role, ev in roles.items():
-        distinct.setdefault(keys[role], ev)
-    opened = await asyncio.gather(
-        *(evaluators.client(key, ev, run_dir) for key, ev in distinct.items()),
-        return_exceptions=True,
-    )
-    clients: dict[str, EvalClient] = {}
-    for key, client in zip(distinct, opened, strict=True):
-        if isinstance(client, BaseException):
-            raise client
-        clients[key] = client
-    return {role: clients[keys[role]] for role in roles}
-
-
-def _usage_since(clients: dict[str, EvalClient], before: dict[int, dict[str, StageUsage]]):
-    usage: dict[str, dict[str, Any]] = {}
-    for client in {id(c): c for c in clients.values()}.values():
-        for stage, delta in usage_since(client, before[id(client)]).items():
-            into = usage.setdefault(stage, dict.fromkeys(delta, 0))
-            for k, v in delta.items():
-                into[k] = round(into.get(k, 0) + v, 6)
-    return usage
-
-
 def open_budget(request: RunRequest, fw: Framework, records, prices, store: RunStore, ids):
     """The run's caps with what its recorded items already spent (None without a cap)."""
     run = request.run
@@ -478,53 +274,35 @@ async def _run_one(
     limits: dict[str, dict[str, Any]] = {}  # per role: where its requests in flight settled
     spread: dict[str, list[dict[str, Any]]] = {}
     if todo:  # nothing missing: no model is started, no resource loaded
-        clients = await _open_roles(evaluators, roles, store.dir)
-        resource_key = f"{fw.name}:{plan.options.model_dump_json()}"
-        if resource_key not in resources:
-            run_request = RunRequest(lead, request.run, plan.options, request.roles)
-            resources[resource_key] = await asyncio.to_thread(fw.setup, run_request, root)
-        answers = fw.given_answers(plan.options)
-        before = {id(c): copy.deepcopy(c.usage) for c in clients.values()}
-        spread = await replica_counts(clients)
-        max_reasks = plan.options.max_reasks
-
-        async def solve(item):
-            ctx = ItemContext(
-                str(item.id),
-                clients,
-                plan.options,
-                resources[resource_key],
-                store.dir,
-                max_reasks,
-                fw,
-                answers,
-                reasoning_log=[] if request.run.keep_reasoning else None,
-            )
-            return await solve_item(fw, item, ctx)
-
         budget = open_budget(request, fw, records, prices, store, ids)
-        solving = time.time()
-        if budget is not None:
-            budget.clock_start = solving
+        solving: list[float] = []  # when the items began (after servers and setup)
+
+        def began() -> None:
+            solving.append(time.time())
+            if budget is not None:
+                budget.clock_start = solving[0]
+
         try:
-            workers = lead.concurrency_max if lead.concurrency == "auto" else lead.concurrency
-            await run_items(
+            solved = await solve_missing(
+                fw,
+                plan,
+                request,
+                roles,
                 todo,
-                solve,
                 store,
-                workers=workers,
+                evaluators,
+                resources,
+                root,
+                budget=budget,
                 show_progress=not quiet,
                 total=len(items),
-                budget=budget,
+                began=began,
             )
         finally:
-            solved = len(pending) - len(store.pending(ids))
-            record_invocation(store.dir, solving, time.time() - solving, solved)
-        usage = _usage_since(clients, before)
-        limits = {role: client.limit.report() for role, client in clients.items()}
-        spread = replicas_since(spread, await replica_counts(clients))
-        placement = getattr(resources[resource_key], "placement", None)
-        where = placement() if callable(placement) else None
+            if solving:
+                done = len(pending) - len(store.pending(ids))
+                record_invocation(store.dir, solving[0], time.time() - solving[0], done)
+        usage, limits, spread, where = solved.usage, solved.limits, solved.spread, solved.where
     # in id order: tables (bootstrap intervals too) equal what `report` rebuilds
     results = records_for_tables(fw, plan.options, store.results(sorted(ids)))
     tables = tables_of(fw, plan.options, results)

@@ -9,10 +9,16 @@ supersedes the old one.
 results.jsonl is read once per invocation: ``open`` validates every record but keeps only its
 byte offset and status, and ``results`` reads records back when they are used, so a 100,000-item
 run does not hold its records in memory. The torn-tail repair seeks from the end.
+
+A run solved by several drivers (``--drivers N``) has one more file per driver, ``results.dK.jsonl``
+(``shard_file``): each driver appends to its own, and every reader sees the union of the files
+(``result_files``): one run, whatever number of drivers wrote it, and a resume with another N
+finds every item recorded so far.
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import hashlib
 import json
@@ -22,8 +28,9 @@ import subprocess
 import sys
 import time
 from array import array
+from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, TypeVar, overload
 
 from pydantic import BaseModel, ValidationError
 
@@ -36,6 +43,7 @@ RESULTS = "results.jsonl"
 SUMMARY = "summary.json"
 STUDY_FILE = "study.json"  # a study's root: its runs and combined tables
 RETRIED = ("error", "cut_in_reasoning")  # statuses a resume asks again
+SHARD_FILES = "results.*.jsonl"  # one per driver of a run solved by several (results.d0.jsonl ...)
 INVOCATIONS = "invocations.jsonl"  # one line per invocation that solved items: wall time
 # FORMAT_VERSION (pipelines.runtime.records) 2: typed item records (status, score, explanation,
 # details, usage, failure) and the framework name in the manifest.
@@ -130,13 +138,51 @@ def _read_record(path: Path, model: type[R], what: str) -> R:
         raise RunStoreError(f"{path}: corrupt {what}: {_first_error(exc)}") from exc
 
 
-def index_results(path: Path) -> dict[str, tuple[int, str]]:
-    """(byte offset, status) of each id's surviving record, every record validated but none
-    kept; a torn last line is not a record; a later record of an id (the retry of an
-    ``error``) supersedes the earlier one."""
-    index: dict[str, tuple[int, str]] = {}
+def shard_file(run_dir: Path, shard: str) -> Path:
+    """The results file the driver ``shard`` (``d0``, ``d1``...) of a run appends to."""
+    return run_dir / f"results.{shard}.jsonl"
+
+
+def result_files(run_dir: Path) -> list[Path]:
+    """A run's results files: results.jsonl, then each driver's shard file in driver order."""
+
+    def driver(path: Path) -> tuple[int, str]:
+        tag = path.name[len("results.") : -len(".jsonl")]
+        return (int(tag[1:]) if tag[1:].isdigit() else 1 << 30, tag)
+
+    return [run_dir / RESULTS, *sorted(run_dir.glob(SHARD_FILES), key=driver)]
+
+
+Entry = tuple[int, int, str]  # (file number in result_files, byte offset, status)
+
+
+def index_results(path: Path) -> dict[str, Entry]:
+    """Where each id's surviving record is, over the run's results files (``path`` is its
+    results.jsonl; its drivers' shard files beside it are read too), every record validated but
+    none kept. A torn last line is not a record. In one file a later record of an id (the
+    retry of an ``error``) supersedes the earlier one; across files a final record supersedes a
+    retried one (a resume with another number of drivers retries an item in another file)."""
+    return index_files(result_files(path.parent))
+
+
+def index_files(files: list[Path]) -> dict[str, Entry]:
+    """``index_results`` over ``files``, numbered in that order (later files supersede)."""
+    index: dict[str, Entry] = {}
+    for number, file in enumerate(files):
+        for record_id, offset, status in _scan(file):
+            known = index.get(record_id)
+            if known is None or known[0] == number or status not in RETRIED:
+                index.pop(record_id, None)  # keep file order of the surviving record
+                index[record_id] = (number, offset, status)
+            elif known[2] in RETRIED:  # two retried records: the later file's
+                index[record_id] = (number, offset, status)
+    return index
+
+
+def _scan(path: Path) -> Iterator[tuple[str, int, str]]:
+    """(id, byte offset, status) of each whole record of one results file."""
     if not path.exists():
-        return index
+        return
     offset = 0
     with open(path, "rb") as handle:
         for lineno, line in enumerate(handle, 1):
@@ -148,17 +194,58 @@ def index_results(path: Path) -> dict[str, tuple[int, str]]:
                 raise RunStoreError(
                     f"{path}:{lineno}: corrupt record: {_first_error(exc)}"
                 ) from exc
-            index.pop(record.id, None)  # keep file order of the surviving record
-            index[record.id] = (offset, record.status)
+            yield record.id, offset, record.status
             offset += len(line)
-    return index
 
 
-def results_by_id(path: Path) -> JsonlView[ItemResult]:
+def results_by_id(path: Path) -> Sequence[ItemResult]:
     """A run's surviving records in id order (how tables are computed, whatever order items
-    finished in), read when used."""
+    finished in, and whichever driver recorded them), read when used. ``path``: its
+    results.jsonl."""
     index = index_results(path)
-    return JsonlView(path, array("q", (index[i][0] for i in sorted(index))), _parse_record)
+    return records_view(result_files(path.parent), [index[i] for i in sorted(index)])
+
+
+def records_view(files: list[Path], entries: list[Entry]) -> Sequence[ItemResult]:
+    """The records at ``entries``, read on access: a plain view of one file when they all live
+    in one (the usual run), else one over the run's files."""
+    numbers = {number for number, _, _ in entries}
+    if len(numbers) <= 1:
+        path = files[numbers.pop()] if numbers else files[0]
+        return JsonlView(path, array("q", (offset for _, offset, _ in entries)), _parse_record)
+    return ShardedRecords(files, entries)
+
+
+class ShardedRecords(Sequence[ItemResult]):
+    """Records spread over a run's results files (a run several drivers solved), read on use."""
+
+    def __init__(self, files: list[Path], entries: list[Entry]):
+        self.files = files
+        self.numbers = array("i", (number for number, _, _ in entries))
+        self.offsets = array("q", (offset for _, offset, _ in entries))
+
+    def __len__(self) -> int:
+        return len(self.offsets)
+
+    @overload
+    def __getitem__(self, index: int) -> ItemResult: ...
+    @overload
+    def __getitem__(self, index: slice) -> Sequence[ItemResult]: ...
+    def __getitem__(self, index):
+        if isinstance(index, slice):
+            return [self[k] for k in range(len(self))[index]]
+        with open(self.files[self.numbers[index]], "rb") as handle:
+            handle.seek(self.offsets[index])
+            return _parse_record(index, handle.readline())
+
+    def __iter__(self) -> Iterator[ItemResult]:
+        with contextlib.ExitStack() as stack:
+            handles: dict[int, Any] = {}
+            for number, offset in zip(self.numbers, self.offsets, strict=True):
+                if number not in handles:
+                    handles[number] = stack.enter_context(open(self.files[number], "rb"))
+                handles[number].seek(offset)
+                yield _parse_record(0, handles[number].readline())
 
 
 def _parse_record(_: int, line: bytes) -> ItemResult:
@@ -172,12 +259,17 @@ def _first_error(exc: ValidationError) -> str:
 
 
 class RunStore:
-    def __init__(self, run_dir: Path | str):
+    """One run directory. ``shard``: this process is the driver ``shard`` of a run several
+    drivers solve, and appends to its own shard file; it reads every driver's records."""
+
+    def __init__(self, run_dir: Path | str, shard: str | None = None):
         self.dir = Path(run_dir)
         self.manifest_path = self.dir / MANIFEST
         self.results_path = self.dir / RESULTS
         self.summary_path = self.dir / SUMMARY
-        self.index: dict[str, tuple[int, str]] = {}  # id -> (offset, status) of its record
+        self.own_path = self.results_path if shard is None else shard_file(self.dir, shard)
+        self.files: list[Path] = [self.results_path]  # the run's results files, numbered
+        self.index: dict[str, Entry] = {}  # id -> (file, offset, status) of its record
         self._fd: int | None = None
 
     # ---- manifest ----------------------------------------------------------------------------
@@ -211,9 +303,22 @@ class RunStore:
                 created_at=time.time(),
             )
         atomic_write_json(self.manifest_path, manifest.to_json())
-        self._repair_tail()
-        self.index = index_results(self.results_path)
+        self.attach()
         return manifest
+
+    def attach(self) -> None:
+        """Read the recorded results of an existing run (a driver joins the run its command
+        opened), after cutting a torn tail off the file this store appends to: only its own,
+        since another driver may be writing its file now."""
+        self._repair_tail()
+        self.reindex()
+
+    def reindex(self) -> None:
+        """Read every results file's records again (after other drivers wrote theirs)."""
+        self.files = result_files(self.dir)
+        if self.own_path not in self.files:  # a driver's file before its first record
+            self.files.append(self.own_path)
+        self.index = index_files(self.files)
 
     def manifest(self) -> RunManifest:
         return read_manifest(self.manifest_path)
@@ -222,16 +327,16 @@ class RunStore:
     def reading(cls, run_dir: Path | str) -> RunStore:
         """A run's store as it is on disk, to read only: nothing is repaired or written."""
         store = cls(run_dir)
-        store.index = index_results(store.results_path)
+        store.reindex()
         return store
 
     # ---- results -----------------------------------------------------------------------------
 
     def _repair_tail(self, block: int = 1 << 16) -> None:
         """Cut a torn last line left by a process killed mid-append, reading only the tail."""
-        if not self.results_path.exists():
+        if not self.own_path.exists():
             return
-        with open(self.results_path, "r+b") as handle:
+        with open(self.own_path, "r+b") as handle:
             end = handle.seek(0, os.SEEK_END)
             if end == 0:
                 return
@@ -253,14 +358,13 @@ class RunStore:
     def pending(self, ids: list[str]) -> set[str]:
         """Ids without a final record: never recorded, or recorded as ``error`` or
         ``cut_in_reasoning`` (retried: a rerun with a larger --reasoning-tokens resumes them)."""
-        return {i for i in ids if i not in self.index or self.index[i][1] in RETRIED}
+        return {i for i in ids if i not in self.index or self.index[i][2] in RETRIED}
 
-    def results(self, ids: list[str] | None = None) -> JsonlView[ItemResult]:
+    def results(self, ids: list[str] | None = None) -> Sequence[ItemResult]:
         """Recorded results, in the order of ``ids`` when given (else file order), each read
         from the file when used."""
         keys = self.index if ids is None else [i for i in ids if i in self.index]
-        offsets = array("q", (self.index[i][0] for i in keys))
-        return JsonlView(self.results_path, offsets, _parse_record)
+        return records_view(self.files, [self.index[i] for i in keys])
 
     def append(self, result: ItemResult) -> None:
         """One write() of one whole line on an O_APPEND descriptor: no interleaving, no torn
@@ -269,7 +373,7 @@ class RunStore:
             raise TypeError(f"record {result!r}: the run store takes ItemResult records")
         data = (result.model_dump_json() + "\n").encode()
         if self._fd is None:
-            self._fd = os.open(self.results_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+            self._fd = os.open(self.own_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         end = os.fstat(self._fd).st_size
         try:
             if os.write(self._fd, data) != len(data):  # a full disk can take part of the line
@@ -277,10 +381,10 @@ class RunStore:
         except OSError as exc:
             os.ftruncate(self._fd, end)  # the file ends with a whole record again
             raise RunStoreError(
-                f"{self.results_path}: cannot record {result.id!r} ({exc.strerror or exc}); {KEPT}"
+                f"{self.own_path}: cannot record {result.id!r} ({exc.strerror or exc}); {KEPT}"
             ) from exc
         self.index.pop(result.id, None)
-        self.index[result.id] = (end, result.status)
+        self.index[result.id] = (self.files.index(self.own_path), end, result.status)
 
     def write_summary(self, summary: RunSummary) -> None:
         atomic_write_json(self.summary_path, summary.to_json())
