@@ -129,6 +129,14 @@ SHARED_OPTIONS: dict[str, tuple[Any, Any]] = {
         _opt(int | None, "K judgements per item, one seed each (needs a temperature above 0)"),
         None,
     ),
+    "drivers": (
+        _opt(int | None, "driver actors on the Ray cluster (--ray-address) sharing the run"),
+        None,
+    ),
+    "driver_resources": (
+        _opt(str | None, "Ray resources per driver, JSON: one object, or a list of one each"),
+        None,
+    ),
     "keep_reasoning": (
         _opt(bool, "keep each request's reasoning in the records (large)", "--keep-reasoning"),
         False,
@@ -167,6 +175,8 @@ class Shared:
     max_cost: float | None = None
     max_run_tokens: int | None = None
     repeats: int | None = None
+    drivers: int | None = None
+    driver_resources: str | None = None
     keep_reasoning: bool = False
     dry_run: bool = False
     pilot: int | None = None
@@ -196,6 +206,8 @@ class Shared:
             "run.max_cost": self.max_cost,
             "run.max_run_tokens": self.max_run_tokens,
             "run.repeats": self.repeats,
+            "run.drivers": self.drivers,
+            "run.driver_resources": self.driver_resources,
             "run.keep_reasoning": self.keep_reasoning or None,
         }
 

@@ -134,6 +134,21 @@ class RunConfig(Strict):
     keep_reasoning: bool = Field(
         False, description="keep each request's reasoning in the item's record (it is large)"
     )
+    # several processes of one run (pipelines.runtime.drivers); not part of its identity either
+    drivers: int = Field(1, ge=1, le=1024, description="driver actors on the Ray cluster")
+    driver_resources: dict[str, float] | list[dict[str, float]] | None = Field(
+        None, description="Ray resources per driver (JSON): one object for all, or one each"
+    )
+
+    @field_validator("driver_resources", mode="before")
+    @classmethod
+    def _json_resources(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            try:
+                return json.loads(value)
+            except json.JSONDecodeError as exc:
+                raise ValueError(f"not JSON: {exc.msg} (column {exc.colno})") from None
+        return value
 
 
 def load_config(model: type[M], yaml_path: Path | None, overrides: dict[str, Any]) -> M:

@@ -27,6 +27,7 @@ from pipelines.runtime.costs import (
     load_prices,
     require_prices,
 )
+from pipelines.runtime.drivers import check_drivers, solve_on_drivers
 from pipelines.runtime.estimate import print_estimate
 from pipelines.runtime.evaluator import Servers, model_record, open_evaluator
 from pipelines.runtime.identity import (
@@ -135,6 +136,7 @@ def execute(
     roles = [plan_roles(p.framework or study, p, request) for p in plans]  # type: ignore[arg-type]
     if study.paper_judges_without_reasoning:
         roles = [judges_without_reasoning(r) for r in roles]
+    check_drivers(request, roles)
     prices = load_prices(request.run.prices)
     if request.run.max_cost is not None:
         require_prices(
@@ -158,7 +160,9 @@ def execute(
     sigterm_as_interrupt()
     try:
         outcomes = asyncio.run(
-            _execute(study, request, items, plans, roles, root, open_client, quiet, prices, pilot)
+            _execute(
+                study, request, items, plans, roles, root, open_client, quiet, prices, pilot, cache
+            )
         )
     finally:
         if servers is not None:
@@ -182,7 +186,7 @@ def execute(
     return outcomes
 
 
-async def _execute(study, request, items, plans, roles, root, opener, quiet, prices, pilot):
+async def _execute(study, request, items, plans, roles, root, opener, quiet, prices, pilot, cache):
     keys = [{evaluator_key(ev) for ev in found.values()} for found in roles]
     evaluators = Evaluators(opener, keys)
     resources: dict[str, Any] = {}
@@ -203,6 +207,7 @@ async def _execute(study, request, items, plans, roles, root, opener, quiet, pri
                 prices,
                 pilot,
                 len(items),
+                cache,
             )
             await evaluators.done_with_run()
     finally:
@@ -243,6 +248,7 @@ async def _run_one(
     prices,
     pilot,
     study_items,
+    cache,
 ):
     fw: Framework = plan.framework or study
     lead = lead_evaluator(roles, request.evaluator)
@@ -270,9 +276,15 @@ async def _run_one(
     ids = item_ids(items)
     pending = store.pending(ids)
     todo = select(items, [k for k, i in enumerate(ids) if i in pending][:pilot])
+    if request.run.drivers > 1 and not spread_over_drivers(request, plan, pilot):
+        console.print(
+            f"note: {store.dir} is solved by this process, not by {request.run.drivers} drivers "
+            f"({'a pilot' if pilot is not None else 'its items come from an earlier run'})"
+        )
     started, usage, budget, where = time.time(), {}, None, None
     limits: dict[str, dict[str, Any]] = {}  # per role: where its requests in flight settled
     spread: dict[str, list[dict[str, Any]]] = {}
+    drivers = None
     if todo:  # nothing missing: no model is started, no resource loaded
         budget = open_budget(request, fw, records, prices, store, ids)
         solving: list[float] = []  # when the items began (after servers and setup)
@@ -283,22 +295,41 @@ async def _run_one(
                 budget.clock_start = solving[0]
 
         try:
-            solved = await solve_missing(
-                fw,
-                plan,
-                request,
-                roles,
-                todo,
-                store,
-                evaluators,
-                resources,
-                root,
-                budget=budget,
-                show_progress=not quiet,
-                total=len(items),
-                began=began,
-            )
+            if spread_over_drivers(request, plan, pilot):
+                began()
+                run = await solve_on_drivers(
+                    study.name,
+                    request,
+                    plan.key,
+                    roles,
+                    root,
+                    store,
+                    [i for i in ids if i in pending],
+                    budget=budget,
+                    cache=cache,
+                    show_progress=not quiet,
+                )
+                solved, drivers = run.solved, run.drivers
+                if budget is not None:
+                    budget.stopped = run.budget_stop
+            else:
+                solved = await solve_missing(
+                    fw,
+                    plan,
+                    request,
+                    roles,
+                    todo,
+                    store,
+                    evaluators,
+                    resources,
+                    root,
+                    budget=budget,
+                    show_progress=not quiet,
+                    total=len(items),
+                    began=began,
+                )
         finally:
+            store.reindex()  # what the drivers recorded, if any
             if solving:
                 done = len(pending) - len(store.pending(ids))
                 record_invocation(store.dir, solving[0], time.time() - solving[0], done)
@@ -318,6 +349,8 @@ async def _run_one(
         summary.add(nli_placement_this_invocation=where)
     if spread:  # how the requests spread over the replicas of an app the run started
         summary.add(replicas_this_invocation=spread)
+    if drivers is not None:  # --drivers N: what each driver did, and where
+        summary.add(drivers_this_invocation=drivers)
     if prices:
         summary.add(
             cost_this_invocation=cost_table(
@@ -352,6 +385,12 @@ async def _run_one(
             f"{len(items)} items remain: rerun with a higher cap to resume"
         )
     return RunOutcome(store.dir, results, tables, summary, fw)
+
+
+def spread_over_drivers(request: RunRequest, plan: RunPlan, pilot: int | None) -> bool:
+    """Whether this run's items go to driver actors: ``--drivers`` above 1, items the study
+    loads itself (a driver rebuilds them), and not a pilot (its K items are solved here)."""
+    return request.run.drivers > 1 and plan.items is None and pilot is None
 
 
 @contextlib.asynccontextmanager

@@ -129,6 +129,8 @@ def print_summary(summary: RunSummary, out: Console) -> None:
     ):
         if cost:
             print_cost(cost, title, out)
+    if summary.drivers_this_invocation:
+        print_drivers(summary.drivers_this_invocation, out)
     if summary.budget_stop:
         out.print(f"budget: stopped admitting items ({summary.budget_stop})")
     for pair in summary.self_judging:
@@ -165,3 +167,21 @@ def tables_of(
         return None
     # records_for_tables gave a list to a framework with tables; a plain sequence is read once
     return fw.aggregate(results if isinstance(results, list) else list(results), options)
+
+
+def print_drivers(rows: list[dict[str, Any]], out: Console) -> None:
+    """What each driver of a ``--drivers N`` invocation did, and on which node."""
+    table = Table(
+        "driver", "node", "items", "calls", "calls/s", "restarts", title="drivers (this invocation)"
+    )
+    for row in rows:
+        rate = row.get("calls_per_s")
+        table.add_row(
+            str(row["driver"]),
+            f"{row['ip']} {str(row['node'])[:12]}",
+            str(row["items"]),
+            str(row["calls"]),
+            "-" if rate is None else f"{rate:.1f}",
+            str(row.get("restarts", 0)),
+        )
+    out.print(table)

@@ -17,7 +17,7 @@ import asyncio
 import contextlib
 import copy
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, Literal
 
@@ -25,6 +25,7 @@ from aiohttp import web
 
 from serving.client import EvalClient, StageUsage
 from serving.reasoning import Reasoning
+from serving.templates import PromptTemplate
 from tests.support.scripted import ScriptedClient
 
 Parser = Literal["reasoning", "reasoning_content"] | None
@@ -84,14 +85,42 @@ def served(raw: dict[str, Any], parser: Parser) -> dict[str, Any]:
     return raw
 
 
+class StageByPrompt:
+    """The stage of a request a plain client sent (no stage in ``user``: a run's driver in
+    another process), read off its prompt: the template whose fixed opening the user message
+    starts with (the longest such), named as ``stages`` says (template name -> stage)."""
+
+    def __init__(self, templates: dict[str, PromptTemplate], stages: dict[str, str]):
+        self.openings = sorted(
+            ((templates[name].user.split("{")[0].strip(), stage) for name, stage in stages.items()),
+            key=lambda pair: -len(pair[0]),
+        )
+
+    def __call__(self, messages: list[dict[str, Any]]) -> str:
+        prompt = next((m["content"] for m in messages if m["role"] == "user"), "")
+        for opening, stage in self.openings:
+            if prompt.startswith(opening):
+                return stage
+        raise ValueError(f"no template opens the prompt {prompt[:80]!r}")
+
+
 @contextlib.contextmanager
-def loopback_judge(scripted: ScriptedClient, parser: Parser) -> Iterator[str]:
+def loopback_judge(
+    scripted: ScriptedClient,
+    parser: Parser,
+    stage_of: StageByPrompt | None = None,
+    delay: Callable[[], float] | None = None,
+) -> Iterator[str]:
     """Serves ``scripted`` on 127.0.0.1 (a free port), from a thread with its own event loop
-    (a run under test has its own), for the block; yields the base URL."""
+    (a run under test has its own), for the block; yields the base URL. A request without its
+    stage in ``user`` gets ``stage_of(messages)``; each answer waits ``delay()`` seconds."""
 
     async def complete(request: web.Request) -> web.Response:
         body = await request.json()
-        stage, messages, model = body.pop("user"), body.pop("messages"), body.pop("model")
+        messages, model = body.pop("messages"), body.pop("model")
+        stage = body.pop("user") if stage_of is None else stage_of(messages)
+        if delay is not None:
+            await asyncio.sleep(delay())
         if "structured_outputs" in body:  # the scripts check constraints where clients put them
             body["extra_body"] = {"structured_outputs": body.pop("structured_outputs")}
         try:

@@ -1,0 +1,368 @@
+"""``--drivers N``: one run spread over driver actors on a Ray cluster (pipelines.runtime.drivers).
+
+The shard rule, the run store's union of driver files and the shared budget are checked here
+directly; the two-node test (``-m multinode``) runs the real command against a loopback judge
+that answers from the prompt alone, so one driver and two give the same records, and kills a
+driver, the whole command, and spends a cap shared by both drivers."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from pipelines.runtime.costs import Budget
+from pipelines.runtime.drivers import (
+    SharedBudget,
+    driver_resources,
+    merged,
+    shard_counts,
+    shard_of,
+)
+from pipelines.runtime.errors import UserError
+from pipelines.runtime.results import ItemResult, StageFailure
+from pipelines.runtime.runstore import RunStore, result_files, results_by_id, shard_file
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def record(item_id: str, status: str = "ok", score: float | None = 1.0) -> ItemResult:
+    failure = None if status == "ok" else StageFailure(stage="judge", error="x")
+    return ItemResult(
+        id=item_id,
+        status=status,  # type: ignore[arg-type]
+        score=score,
+        explanation="x",
+        failure=failure,
+    )
+
+
+# ---- the shard rule and placement --------------------------------------------------------------
+
+
+def test_shards_are_stable_and_cover_every_item():
+    ids = [f"q{k}" for k in range(1000)]
+    # the rule is the id's SHA-256, so another process (a driver, a resume) computes the same
+    expected = [int.from_bytes(hashlib.sha256(i.encode()).digest()[:8], "big") % 3 for i in ids]
+    assert [shard_of(i, 3) for i in ids] == expected
+    counts = shard_counts(ids, 3)
+    assert sum(counts) == 1000 and min(counts) > 280  # spread, not all in one shard
+    assert shard_counts(ids, 1) == [1000]
+
+
+def test_driver_resources_one_for_all_or_one_each():
+    assert driver_resources(None, 2) == [{}, {}]
+    assert driver_resources({"gpu_node": 1}, 2) == [{"gpu_node": 1}, {"gpu_node": 1}]
+    assert driver_resources([{"a": 1}, {"b": 1}], 2) == [{"a": 1}, {"b": 1}]
+    with pytest.raises(UserError, match="3 objects for --drivers 2"):
+        driver_resources([{}, {}, {}], 2)
+
+
+def test_driver_options_are_validated_where_they_are_read():
+    from pipelines.runtime.config import RunConfig
+
+    assert RunConfig(driver_resources='[{"a": 1}, {"b": 0.5}]').driver_resources == [  # type: ignore[arg-type]
+        {"a": 1},
+        {"b": 0.5},
+    ]
+    with pytest.raises(ValueError, match="not JSON"):
+        RunConfig(driver_resources="{a: 1}")  # type: ignore[arg-type]
+    with pytest.raises(ValueError):
+        RunConfig(drivers=0)
+
+
+# ---- one run, several files ----------------------------------------------------------------
+
+
+def test_readers_see_every_drivers_file_as_one_run(tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    main, first, second = RunStore(run), RunStore(run, "d0"), RunStore(run, "d1")
+    main.append(record("a", "error", None))  # an earlier one-driver invocation
+    main.append(record("b"))
+    main.close()
+    for store in (first, second):
+        store.attach()
+    first.append(record("a", score=0.5))  # the error retried by driver 0 under another N
+    second.append(record("c", score=0.0))
+    second.append(record("d", "error", None))
+    first.close()
+    second.close()
+    # driver 1 killed mid-append: a torn tail is no record, and only driver 1 cuts it
+    with open(shard_file(run, "d1"), "ab") as handle:
+        handle.write(b'{"id": "e", "sta')
+    assert [p.name for p in result_files(run)] == [
+        "results.jsonl",
+        "results.d0.jsonl",
+        "results.d1.jsonl",
+    ]
+    got = {r.id: (r.status, r.score) for r in results_by_id(run / "results.jsonl")}
+    assert got == {"a": ("ok", 0.5), "b": ("ok", 1.0), "c": ("ok", 0.0), "d": ("error", None)}
+    reader = RunStore.reading(run)
+    assert reader.pending(["a", "b", "c", "d", "e"]) == {"d", "e"}
+    assert [r.id for r in reader.results(["d", "c", "a"])] == ["d", "c", "a"]  # in that order
+    other = RunStore(run)
+    other.attach()  # the command's own store: leaves driver 1's file alone
+    assert shard_file(run, "d1").read_bytes().endswith(b'"sta')
+    again = RunStore(run, "d1")
+    again.attach()  # driver 1 restarted: cuts its torn tail, then appends whole records
+    again.append(record("e"))
+    again.close()
+    assert shard_file(run, "d1").read_bytes().count(b"\n") == 3
+    assert RunStore.reading(run).pending(["a", "b", "c", "d", "e"]) == {"d"}
+
+
+def test_a_final_record_wins_over_a_retried_one_in_any_file(tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    first, later = RunStore(run, "d0"), RunStore(run, "d1")
+    first.attach()
+    later.attach()
+    first.append(record("a"))  # final, in the earlier file
+    later.append(record("a", "cut_in_reasoning", None))  # a stale retry must not hide it
+    later.append(record("b", "error", None))
+    first.append(record("b", "error", None))
+    first.close()
+    later.close()
+    got = {r.id: r.status for r in results_by_id(run / "results.jsonl")}
+    assert got == {"a": "ok", "b": "error"}
+
+
+# ---- one budget for every driver ---------------------------------------------------------------
+
+
+def test_the_shared_budget_is_one_cap_and_a_restart_gives_back_its_items():
+    state = Budget(100, None, lambda usage: 0.0).state()
+    ledger = SharedBudget(state)
+    assert ledger.admit(0.0, shard=0) is True  # nothing known yet: one item at a time
+    assert ledger.admit(0.0, shard=1) is None
+    ledger.record(30, 0.0, shard=0)  # peak 30: room for 2 more (30 + 2 x 30 <= 100)
+    assert ledger.admit(0.0, shard=1) is True
+    assert ledger.admit(0.0, shard=0) is True
+    assert ledger.admit(0.0, shard=1) is None  # 30 + 3 x 30 > 100: wait for those in flight
+    ledger.restarted(1)  # driver 1's process died with its item: it will never be recorded
+    assert ledger.budget.in_flight == 1
+    ledger.record(30, 0.0, shard=0)  # nothing in flight now: 60 + 30 <= 100
+    assert ledger.admit(0.0, shard=1) is True
+    assert ledger.admit(0.0, shard=0) is None  # 60 + 2 x 30 > 100: wait for driver 1's item
+    ledger.record(30, 0.0, shard=1)
+    assert ledger.admit(0.0, shard=0) is False  # 90 + 30 > 100 and nothing in flight: stop
+    assert "--max-run-tokens 100" in (ledger.stopped() or "")
+    assert ledger.budget.spent_tokens == 90 and ledger.in_flight == {0: 0, 1: 0}
+
+
+def test_merged_driver_reports_sum_usage_and_name_each_driver():
+    base = {"pid": 1, "ip": "10.0.0.1", "calls": 10, "seconds": 2.0, "spread": {}, "where": None}
+    base["todo"] = 2
+    one = base | {"shard": 0, "node": "n0", "items": 3, "usage": {"judge": {"calls": 4}}}
+    two = base | {"shard": 1, "node": "n1", "items": 2, "usage": {"judge": {"calls": 6}}}
+    one["limits"], two["limits"] = {"judge": {"final": 8}}, {"judge": {"final": 4}}
+    run = merged([one, two], None)
+    assert run.solved.usage == {"judge": {"calls": 10}}
+    assert run.solved.limits == {"judge (driver 0)": {"final": 8}, "judge (driver 1)": {"final": 4}}
+    assert [(r["driver"], r["node"], r["items"], r["calls_per_s"]) for r in run.drivers] == [
+        (0, "n0", 3, 5.0),
+        (1, "n1", 2, 5.0),
+    ]
+
+
+# ---- a run on two nodes (the real command, a real Ray head and worker) ------------------------
+
+QUESTIONS = 24
+
+
+def judge_letter(prompt: str) -> str:
+    """The loopback judge's verdict: a function of the prompt alone, so which driver asks, and
+    when, changes nothing."""
+    return "ABCDEF"[hashlib.sha256(prompt.encode()).digest()[0] % 6]
+
+
+def fanoutqa_inputs(tmp: Path) -> tuple[Path, Path]:
+    questions = [
+        {"id": f"q{k:02d}", "question": f"Which city is number {k}?", "answer": f"City {k}"}
+        for k in range(QUESTIONS)
+    ]
+    answers = [{"id": q["id"], "answer": f"City {k % 5}"} for k, q in enumerate(questions)]
+    (tmp / "dev.json").write_text(json.dumps(questions))
+    (tmp / "answers.json").write_text(json.dumps(answers))
+    return tmp / "dev.json", tmp / "answers.json"
+
+
+def records_of(run: Path) -> list[tuple]:
+    """The run's records, as equal runs must have them (wall time in usage aside)."""
+    out = []
+    for r in results_by_id(run / "results.jsonl"):
+        tokens = {s: (u["prompt_tokens"], u["completion_tokens"]) for s, u in r.usage.items()}
+        out.append((r.id, r.status, r.score, json.dumps(r.details, sort_keys=True), tokens))
+    return out
+
+
+def whole_records(run: Path) -> list[str]:
+    """The id of every whole record in every results file of the run (duplicates kept)."""
+    ids = []
+    for path in result_files(run):
+        if path.is_file():
+            ids += [json.loads(line)["id"] for line in path.read_bytes().split(b"\n")[:-1]]
+    return ids
+
+
+def holders(run: Path) -> list[int]:
+    """Processes with one of the run's driver files open (a driver still writing)."""
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            links = [os.readlink(f"/proc/{pid}/fd/{fd}") for fd in os.listdir(f"/proc/{pid}/fd")]
+        except OSError:
+            continue
+        if any(link.startswith(str(run)) and ".d" in Path(link).name for link in links):
+            found.append(int(pid))
+    return found
+
+
+def wait_for(condition, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+
+
+@pytest.mark.multinode
+def test_two_drivers_on_two_nodes_equal_one_and_survive_kills_and_share_a_cap(tmp_path):
+    from pipelines.fanoutqa.framework import PROMPTS
+    from tests.support.loopback import StageByPrompt, loopback_judge
+    from tests.support.ray_head import ray_head, ray_worker
+    from tests.support.scripted import ScriptedClient
+
+    dev, answers = fanoutqa_inputs(tmp_path)
+    judge = ScriptedClient(
+        {"judge": lambda p: f"Compared.\n{judge_letter(p)}"}, check_constraints=False
+    )
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    pace = {"seconds": 0.0}
+    stages = StageByPrompt(PROMPTS, {"judge": "judge"})
+
+    def command(run: str, *extra: str) -> list[str]:
+        config = tmp_path / f"{run}.yaml"  # the response cache on, its own file per run
+        config.write_text(json.dumps({"run": {"cache": str(tmp_path / f"{run}.sqlite")}}))
+        return [
+            sys.executable,
+            "-m",
+            "pipelines.cli",
+            "eval",
+            "fanoutqa",
+            "--data",
+            str(dev),
+            "--answers",
+            str(answers),
+            "--judge",
+            "--endpoint",
+            url,
+            "--model",
+            "scripted",
+            "--config",
+            str(config),
+            "--run-dir",
+            str(tmp_path / run),
+            "--quiet",
+            *extra,
+        ]
+
+    def finish(args: list[str], code: int = 0) -> subprocess.CompletedProcess:
+        done = subprocess.run(args, capture_output=True, text=True, timeout=300, env=env)
+        assert done.returncode == code, done.stderr[-3000:]
+        return done
+
+    with (
+        loopback_judge(judge, "reasoning", stages, lambda: pace["seconds"]) as url,
+        ray_head(num_cpus=2, resources={"head_driver": 1}) as head,
+        ray_worker(head, num_cpus=2, resources={"worker": 1}),
+    ):
+        on_nodes = [
+            "--drivers",
+            "2",
+            "--ray-address",
+            f"127.0.0.1:{head.port}",
+            "--driver-resources",
+            '[{"head_driver": 1}, {"worker": 1}]',
+        ]
+        # (1) one process, then two drivers pinned one per node: the same records
+        finish(command("one"))
+        one = records_of(tmp_path / "one" / "answers")
+        assert len(one) == QUESTIONS and len({r[2] for r in one}) == 2  # passes and fails
+        two = finish(command("two", *on_nodes))
+        run = tmp_path / "two" / "answers"
+        assert records_of(run) == one
+        assert sorted(whole_records(run)) == sorted(r[0] for r in one)  # each once
+        assert not (run / "results.jsonl").exists()  # every record in a driver's file
+        rows = json.loads((run / "summary.json").read_text())["drivers_this_invocation"]
+        assert [r["driver"] for r in rows] == [0, 1] and rows[0]["node"] != rows[1]["node"]
+        assert sum(r["items"] for r in rows) == QUESTIONS
+        assert [r["items"] for r in rows] == shard_counts([r[0] for r in one], 2)
+        assert "drivers (this invocation)" in two.stdout and rows[1]["ip"] in two.stdout
+
+        # (2) the worker's driver SIGKILLed mid-run: Ray restarts it, it resumes its shard
+        pace["seconds"] = 0.25
+        slow = ["--concurrency", "1"]
+        proc = subprocess.Popen(
+            command("killed", *on_nodes, *slow), env=env, stderr=subprocess.PIPE, text=True
+        )
+        run = tmp_path / "killed" / "answers"
+        wait_for(
+            lambda: (
+                shard_file(run, "d1").is_file()
+                and shard_file(run, "d1").read_bytes().count(b"\n") >= 2
+            ),
+            120,
+            "driver 1",
+        )
+        (victim,) = [p for p in holders(run) if f"{run}/results.d1.jsonl" in _open_files(p)]
+        os.kill(victim, signal.SIGKILL)
+        _, err = proc.communicate(timeout=300)
+        assert proc.returncode == 0, err[-3000:]
+        assert sorted(whole_records(run)) == sorted(r[0] for r in one)  # none lost, none twice
+        assert records_of(run) == one
+        rows = json.loads((run / "summary.json").read_text())["drivers_this_invocation"]
+        assert rows[1]["pid"] != victim  # the shard was finished by the restarted driver
+        assert rows[1]["items"] == shard_counts([r[0] for r in one], 2)[1]
+        assert rows[1]["solved_by_last_process"] < rows[1]["items"]
+
+        # (3) the whole command SIGKILLed, then resumed by one process
+        proc = subprocess.Popen(command("whole", *on_nodes, *slow), env=env)
+        run = tmp_path / "whole" / "answers"
+        wait_for(lambda: len(whole_records(run)) >= 4, 120, "four records")
+        proc.kill()
+        proc.wait(30)
+        wait_for(lambda: not holders(run), 60, "the drivers to end with their command")
+        partial = len(whole_records(run))
+        assert partial < QUESTIONS
+        pace["seconds"] = 0.0
+        finish(command("whole", "--drivers", "1"))
+        assert sorted(whole_records(run)) == sorted(r[0] for r in one)
+        assert records_of(run) == one
+
+        # (4) a token cap shared by both drivers: one ledger, whole records, exit 3
+        tokens = sum(sum(p + c for p, c in r[4].values()) for r in one)
+        cap = int(tokens * 0.4)
+        done = finish(command("capped", *on_nodes, "--max-run-tokens", str(cap)), code=3)
+        run = tmp_path / "capped" / "answers"
+        spent = [
+            sum(u["prompt_tokens"] + u["completion_tokens"] for u in r.usage.values())
+            for r in results_by_id(run / "results.jsonl")
+        ]
+        assert 0 < len(spent) < QUESTIONS and sum(spent) <= cap, (spent, cap)
+        assert len(whole_records(run)) == len(spent)
+        assert "--max-run-tokens" in done.stderr
+
+
+def _open_files(pid: int) -> list[str]:
+    try:
+        return [os.readlink(f"/proc/{pid}/fd/{fd}") for fd in os.listdir(f"/proc/{pid}/fd")]
+    except OSError:
+        return []
