@@ -195,12 +195,66 @@ def fanoutqa_inputs(tmp: Path) -> tuple[Path, Path]:
     return tmp / "dev.json", tmp / "answers.json"
 
 
+def between(prompt: str, start: str, end: str) -> str:
+    return prompt.rsplit(start, 1)[1].split(end, 1)[0]
+
+
+def comprehensiveness_judge():
+    """A judge for the NLI method that answers from each prompt alone: the units of a text are
+    its sentences, revision keeps them, NLI labels are a hash of the pair; relevance as the
+    fault cases script it (a label with probabilities)."""
+    from tests.support.faults import COMPREHENSIVENESS_VALID
+    from tests.support.scripted import ScriptedClient
+
+    def units(p: str) -> str:
+        sentences = [s.strip() for s in between(p, "TEXT:", "UNITS:").split(". ") if s.strip()]
+        return "".join(f"- {s.rstrip('.')}: Fact\n" for s in sentences)
+
+    def revised(p: str) -> str:
+        listed = between(p, "Statements to be revised:", "Revised statements:")
+        return "".join(f"{line.strip()}\n" for line in listed.splitlines() if line.strip())
+
+    def nli(p: str) -> str:
+        return ("entailment", "neutral", "contradiction")[
+            hashlib.sha256(p.encode()).digest()[0] % 3
+        ]
+
+    scripts = dict(COMPREHENSIVENESS_VALID, extract=units, revise=revised, nli=nli)
+    return ScriptedClient(scripts, check_constraints=False)
+
+
+COMPREHENSIVENESS_STAGES = {
+    "extract_atoms": "extract",
+    "revise_atoms": "revise",
+    "relevance": "relevance",
+    "relevance_batch": "relevance",
+    "nli": "nli",
+    "summarise": "summarise",
+}
+
+
+def comprehensiveness_items(tmp: Path) -> Path:
+    rows = [
+        {
+            "id": f"c{k:02d}",
+            "query": "Who designed the tower?",
+            "response": f"The tower opened in 18{80 + k}. It is {300 + k} metres tall.",
+            "contexts": ["The tower was designed by Eiffel's firm.", f"Koechlin drew it in {k}."],
+        }
+        for k in range(12)
+    ]
+    path = tmp / "items.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
 def records_of(run: Path) -> list[tuple]:
     """The run's records, as equal runs must have them (wall time in usage aside)."""
     out = []
     for r in results_by_id(run / "results.jsonl"):
         tokens = {s: (u["prompt_tokens"], u["completion_tokens"]) for s, u in r.usage.items()}
-        out.append((r.id, r.status, r.score, json.dumps(r.details, sort_keys=True), tokens))
+        details = json.dumps(r.details, sort_keys=True).replace(str(run), "RUN")  # graph files
+        out.append((r.id, r.status, r.score, details, tokens))
     return out
 
 
@@ -306,6 +360,29 @@ def test_two_drivers_on_two_nodes_equal_one_and_survive_kills_and_share_a_cap(tm
         assert sum(r["items"] for r in rows) == QUESTIONS
         assert [r["items"] for r in rows] == shard_counts([r[0] for r in one], 2)
         assert "drivers (this invocation)" in two.stdout and rows[1]["ip"] in two.stdout
+
+        # (1b) comprehensiveness, NLI method (five stages per item): the same, one vs two
+        from pipelines.comprehensiveness.common import PROMPTS as COMP_PROMPTS
+
+        items = comprehensiveness_items(tmp_path)
+        scores = []
+        with loopback_judge(
+            comprehensiveness_judge(),
+            "reasoning",
+            StageByPrompt(COMP_PROMPTS, COMPREHENSIVENESS_STAGES),
+        ) as comp_url:
+            for name, extra in (("comp-one", []), ("comp-two", on_nodes)):
+                args = [
+                    *[sys.executable, "-m", "pipelines.cli", "eval", "comprehensiveness"],
+                    *[str(items), "--method", "nli", "--protocol", "spec"],
+                    *["--endpoint", comp_url, "--model", "scripted", "--quiet"],
+                    *["--run-dir", str(tmp_path / name), *extra],
+                ]
+                finish(args)
+                scores.append(records_of(tmp_path / name))
+        assert len(scores[0]) == 12 and scores[0] == scores[1]
+        assert len({r[2] for r in scores[0]}) > 2  # the items differ, so a mix-up would show
+        assert not (tmp_path / "comp-two" / "results.jsonl").exists()
 
         # (2) the worker's driver SIGKILLed mid-run: Ray restarts it, it resumes its shard
         pace["seconds"] = 0.25
