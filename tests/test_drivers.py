@@ -443,3 +443,28 @@ def _open_files(pid: int) -> list[str]:
         return [os.readlink(f"/proc/{pid}/fd/{fd}") for fd in os.listdir(f"/proc/{pid}/fd")]
     except OSError:
         return []
+
+
+def test_a_dry_run_names_each_drivers_share(tmp_path, capsys):
+    from pipelines.api import request_from
+    from pipelines.runtime.registry import study
+    from pipelines.runtime.runner import execute
+
+    dev, answers = fanoutqa_inputs(tmp_path)
+    fanoutqa = study("fanoutqa")
+    overrides = {
+        "fanoutqa.input": str(dev),
+        "fanoutqa.answers": str(answers),
+        "fanoutqa.judge": True,
+        "evaluator.endpoint": "http://127.0.0.1:9/v1",
+        "evaluator.model": "scripted",
+        "run.run_dir": str(tmp_path / "run"),
+        "run.drivers": 3,
+    }
+    outcomes = execute(fanoutqa, request_from(fanoutqa, None, overrides), dry_run=True)
+    (outcome,) = outcomes.values()
+    ids = [f"q{k:02d}" for k in range(QUESTIONS)]
+    assert outcome.estimate is not None and outcome.estimate["drivers"] == shard_counts(ids, 3)
+    shares = ", ".join(f"driver {k}: {n}" for k, n in enumerate(shard_counts(ids, 3)))
+    assert f"3 drivers take the missing items ({shares})" in capsys.readouterr().out
+    assert not (tmp_path / "run").exists()  # a dry run writes nothing

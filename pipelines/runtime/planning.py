@@ -118,8 +118,29 @@ def dry_run_estimates(
             len(items) if derived else None,
             replay,
         )
+        if request.run.drivers > 1:
+            estimate["drivers"] = driver_shares(request.run.drivers, run_dir, items, derived, out)
         estimates.append((run_dir, estimate | {"derived": derived}))
     return estimates
+
+
+def driver_shares(drivers: int, run_dir: Path, items, derived: bool, out: Console) -> list[int]:
+    """The missing items each of ``drivers`` driver actors would take (said on ``out``); a run
+    whose items an earlier run makes is solved by the command itself."""
+    from pipelines.runtime.drivers import shard_counts
+
+    if derived:
+        out.print(
+            f"{run_dir}: solved by the command itself (its items come from an earlier run)",
+            soft_wrap=True,
+        )
+        return []
+    ids = item_ids(items)
+    pending = RunStore.reading(run_dir).pending(ids)
+    shares = shard_counts([i for i in ids if i in pending], drivers)
+    each = ", ".join(f"driver {k}: {n}" for k, n in enumerate(shares))
+    out.print(f"{run_dir}: {drivers} drivers take the missing items ({each})", soft_wrap=True)
+    return shares
 
 
 def print_dry_run(
