@@ -16,6 +16,11 @@
    together vs one item at a time, on the same 2 replicas.
 4. Pruning: the same items exhaustive vs --prune-below T (same cache, so the atoms are the same):
    NLI calls saved and edge recall against the exhaustive graph of the same judge.
+5. Many drivers: one FanOutQA-judge run (answers given: one judge call per item) against an
+   instant stub, solved by this process vs by 2 driver actors pinned one per node of a two-node
+   Ray cluster on this machine: calls/s, driver CPU per call, and calls per driver CPU-second
+   (on a 2-core machine the stub, Ray and the drivers share the cores, so the last is the
+   figure that must not drop with N).
 
 Default model: the embedded SmolLM2 (weak, but a real LM: its prompts and outputs have real
 lengths); NLI: a tiny random DeBERTa-v2 (speed only).
@@ -28,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import functools
 import json
 import random
@@ -187,9 +193,10 @@ def stream(scorer, total: int, items: int = 32, per_call: int = 64) -> float:
 
 STUB = r"""
 import asyncio, json, sys
+CONTENT = sys.argv[3] if len(sys.argv) > 3 else "entailment"
 BODY = json.dumps({"id": "x", "object": "chat.completion", "created": 0, "model": "stub",
     "choices": [{"index": 0, "finish_reason": "stop",
-                 "message": {"role": "assistant", "content": "entailment"}}],
+                 "message": {"role": "assistant", "content": CONTENT}}],
     "usage": {"prompt_tokens": 40, "completion_tokens": 1, "total_tokens": 41}}).encode()
 DELAY = float(sys.argv[2])
 
@@ -624,6 +631,133 @@ def bench_items(url: str, model: str, tmp: Path, args) -> None:
     cache.close()
 
 
+# ---- 5. many drivers ---------------------------------------------------------------------------
+
+
+BURNER = """
+import itertools, sys
+sys.path.insert(0, sys.argv[1])
+from pipelines.fanoutqa.metrics import normalize
+normalize("warm")
+print("ready", flush=True)
+for n in itertools.count():
+    normalize(f"The answer number {n} is here")
+"""
+
+
+@contextlib.contextmanager
+def cpu_burner():
+    """A process doing a driver's work (the metrics' normalisation, which is most of it) on the
+    other core for the block: what a second driver does to the first one's CPU per call on a
+    machine with few cores (shared caches and memory bandwidth), without any Ray."""
+    burner = subprocess.Popen(
+        [sys.executable, "-c", BURNER, str(ROOT)], stdout=subprocess.PIPE, text=True
+    )
+    assert burner.stdout is not None and burner.stdout.readline().strip() == "ready"
+    try:
+        yield
+    finally:
+        burner.kill()
+        burner.wait()
+
+
+def bench_drivers(tmp: Path, items: int, rounds: int) -> None:
+    from pipelines.api import request_from
+    from pipelines.runtime.registry import study
+    from pipelines.runtime.runner import execute
+    from serving.launcher import free_port
+    from tests.support.ray_head import ray_head, ray_worker
+
+    fanoutqa = study("fanoutqa")
+    texts = iter(range(1 << 30))
+
+    def inputs() -> tuple[Path, Path]:
+        """Questions and answers no earlier run used: the metrics' normalisation caches its
+        texts per process, so a repeated text would cost the in-process runs nothing."""
+        n = next(texts)
+        questions = [
+            {"id": f"q{k:05d}", "question": f"Which city is {k}?", "answer": f"City {n}-{k}"}
+            for k in range(items)
+        ]
+        answers = [{"id": q["id"], "answer": f"Town {n}-{k % 7}"} for k, q in enumerate(questions)]
+        (tmp / f"dev-{n}.json").write_text(json.dumps(questions))
+        (tmp / f"answers-{n}.json").write_text(json.dumps(answers))
+        return tmp / f"dev-{n}.json", tmp / f"answers-{n}.json"
+
+    port = free_port()
+    stub = subprocess.Popen(
+        [sys.executable, "-c", STUB, str(port), "0", "Compared.\nB"],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert stub.stdout is not None and stub.stdout.readline().strip() == "ready"
+
+    def once(name: str, extra: dict) -> dict[str, float]:
+        run_dir = tmp / f"drivers-{name}-{time.time_ns()}"
+        dev, answers = inputs()
+        overrides = {
+            "fanoutqa.input": str(dev),
+            "fanoutqa.answers": str(answers),
+            "fanoutqa.judge": True,
+            "evaluator.endpoint": f"http://127.0.0.1:{port}/v1",
+            "evaluator.model": "stub",
+            "evaluator.concurrency": 64,
+            "run.run_dir": str(run_dir),
+        } | extra
+        started, cpu = time.perf_counter(), time.process_time()
+        (outcome,) = execute(
+            fanoutqa, request_from(fanoutqa, None, overrides), no_cache=True, quiet=True
+        ).values()
+        wall, cpu = time.perf_counter() - started, time.process_time() - cpu
+        summary = outcome.summary
+        assert summary is not None and summary.recorded == items
+        calls = sum(u.get("calls", 0) for u in summary.usage_this_invocation.values())
+        rows = summary.drivers_this_invocation
+        if rows:  # the drivers' own clocks: from their first item, not their start
+            solving = max(r["seconds"] for r in rows)
+            cpu = sum(r["cpu_seconds"] for r in rows)
+        else:
+            solving = json.loads((outcome.dir / "invocations.jsonl").read_text())["seconds"]
+        return {
+            "calls/s": calls / solving,
+            "cpu ms/call": 1000 * cpu / calls,
+            "calls per CPU-s": calls / cpu,
+            "end to end s": wall,
+        }
+
+    results: dict[str, list[dict[str, float]]] = {}
+    try:
+        with (
+            ray_head(num_cpus=2, resources={"head_driver": 1}) as head,
+            ray_worker(head, num_cpus=2, resources={"worker": 1}),
+        ):
+            two = {
+                "run.drivers": 2,
+                "evaluator.ray_address": f"127.0.0.1:{head.port}",
+                "run.driver_resources": '[{"head_driver": 1}, {"worker": 1}]',
+            }
+            once("warm-up", {})  # this process loads what the drivers load in their setup
+            for _ in range(rounds):  # interleaved: the machine's noise falls on all three
+                results.setdefault("this process", []).append(once("one", {}))
+                with cpu_burner():  # the control: one process while another keeps a core busy
+                    busy = once("busy", {})
+                results.setdefault("this process, the other core doing the same", []).append(busy)
+                results.setdefault("2 drivers", []).append(once("two", two))
+    finally:
+        stub.kill()
+        stub.wait()
+    keys = list(next(iter(results.values()))[0])
+    lines = ["| run | " + " | ".join(keys) + " |", "|" + " --- |" * (len(keys) + 1)]
+    for name, runs in results.items():
+        medians = [statistics.median(r[k] for r in runs) for k in keys]
+        lines.append(f"| {name} | " + " | ".join(f"{m:,.2f}" for m in medians) + " |")
+    print(
+        f"5. many drivers: {items:,} FanOutQA judge calls against an instant stub, median of "
+        f"{rounds} (solving seconds from each driver's first item)\n" + "\n".join(lines),
+        flush=True,
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--pairs", type=int, default=4096)
@@ -640,7 +774,10 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--model", default="embedded")
     parser.add_argument("--prune", type=float, nargs="*", default=[0.2, 0.4])
-    parser.add_argument("--skip", nargs="*", default=[], choices=["nli", "driver", "llm"])
+    parser.add_argument("--driver-items", type=int, default=3000, help="items of section 5")
+    parser.add_argument(
+        "--skip", nargs="*", default=[], choices=["nli", "driver", "llm", "drivers"]
+    )
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         if "nli" not in args.skip:
@@ -649,6 +786,8 @@ def main() -> None:
             bench_driver(args.driver_calls, args.driver_concurrency, args.in_flight, args.before)
         if "llm" not in args.skip:
             bench_llm(Path(tmp), args)
+        if "drivers" not in args.skip:
+            bench_drivers(Path(tmp), args.driver_items, args.rounds)
 
 
 if __name__ == "__main__":

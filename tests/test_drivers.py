@@ -160,7 +160,7 @@ def test_the_shared_budget_is_one_cap_and_a_restart_gives_back_its_items():
 
 def test_merged_driver_reports_sum_usage_and_name_each_driver():
     base = {"pid": 1, "ip": "10.0.0.1", "calls": 10, "seconds": 2.0, "spread": {}, "where": None}
-    base["todo"] = 2
+    base |= {"todo": 2, "cpu_seconds": 0.5}
     one = base | {"shard": 0, "node": "n0", "items": 3, "usage": {"judge": {"calls": 4}}}
     two = base | {"shard": 1, "node": "n1", "items": 2, "usage": {"judge": {"calls": 6}}}
     one["limits"], two["limits"] = {"judge": {"final": 8}}, {"judge": {"final": 4}}

@@ -320,6 +320,11 @@ class FanOutQA(Framework[FanoutOptions, Question]):
             from pipelines.fanoutqa.bleurt import Bleurt
 
             bleurt = Bleurt(str(options.bleurt))
+        # spaCy (the metrics' normalisation) loads here, once, not inside the first item: its two
+        # seconds would count against that item and, with --drivers, every driver's first
+        from pipelines.fanoutqa.metrics import spacy_pipeline
+
+        spacy_pipeline()
         return Resources(articles, bleurt)
 
     async def solve(self, question: Question, ctx: ItemContext) -> ItemResult:

@@ -169,7 +169,12 @@ class ShardDriver:
     def __init__(self) -> None:
         self.items = 0
         self.began = time.monotonic()
+        self.cpu = time.process_time()
         self.calls = 0
+
+    def start_clock(self) -> None:
+        """Seconds and CPU count from here: the first item (imports and setup come before)."""
+        self.began, self.cpu = time.monotonic(), time.process_time()
 
     async def status(self) -> dict[str, Any]:
         import ray
@@ -182,12 +187,13 @@ class ShardDriver:
             "items": self.items,
             "calls": self.calls,
             "seconds": round(seconds, 3),
+            "cpu_seconds": round(time.process_time() - self.cpu, 3),  # Ray's threads too
         }
 
     async def solve(self, spec: DriverSpec, ledger: Any) -> dict[str, Any]:
         os.chdir(spec.cwd)  # relative inputs resolve as they did for the command
         os.environ.update(spec.env)  # before anything of ours reads it (no runtime_env agent)
-        self.began = time.monotonic()
+        self.start_clock()
         solved, todo = await solve_shard(spec, ledger, self)
         return await self.status() | {
             "shard": spec.shard,
@@ -260,6 +266,7 @@ async def solve_shard(spec: DriverSpec, ledger: Any, driver: ShardDriver) -> tup
             show_progress=False,
             total=len(mine),
             done=done,
+            began=driver.start_clock,
         )
     finally:
         await evaluators.aclose()
@@ -500,6 +507,7 @@ def merged(results: list[dict[str, Any]], budget_stop: str | None) -> DriverRun:
                 "solved_by_last_process": result["todo"],
                 "calls": result["calls"],
                 "seconds": seconds,
+                "cpu_seconds": result["cpu_seconds"],
                 "calls_per_s": round(result["calls"] / seconds, 2) if seconds else None,
                 "restarts": result.get("restarts", 0),
             }
