@@ -53,6 +53,7 @@ RAY_TESTS = (
     "tests/test_ray_serve_cli.py",
     "tests/test_scale.py",
     "tests/test_retrieval.py::test_sharded_ray_build_equals_single_process",
+    "tests/test_drivers.py::test_two_drivers_on_two_nodes",
 )
 
 

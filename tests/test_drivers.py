@@ -468,3 +468,23 @@ def test_a_dry_run_names_each_drivers_share(tmp_path, capsys):
     shares = ", ".join(f"driver {k}: {n}" for k, n in enumerate(shard_counts(ids, 3)))
     assert f"3 drivers take the missing items ({shares})" in capsys.readouterr().out
     assert not (tmp_path / "run").exists()  # a dry run writes nothing
+
+
+def test_drivers_refuse_a_serve_app_each_would_start(tmp_path):
+    from pipelines.api import request_from
+    from pipelines.runtime.registry import study
+    from pipelines.runtime.runner import execute
+
+    dev, answers = fanoutqa_inputs(tmp_path)
+    fanoutqa = study("fanoutqa")
+    overrides = {
+        "fanoutqa.input": str(dev),
+        "fanoutqa.answers": str(answers),
+        "fanoutqa.judge": True,
+        "evaluator.replicas": 2,
+        "run.run_dir": str(tmp_path / "run"),
+        "run.drivers": 2,
+    }
+    with pytest.raises(UserError, match="each driver start its own Ray Serve app"):
+        execute(fanoutqa, request_from(fanoutqa, None, overrides))
+    assert not (tmp_path / "run").exists()  # refused before anything is written
