@@ -62,9 +62,19 @@ class StageUsage:
     completion_tokens: int = 0
     reasoning_tokens: int = 0  # of completion_tokens, spent reasoning (where the server says)
     seconds: float = 0.0  # wall time spent in requests
+    backoff_seconds: float = 0.0  # waited between a failed attempt and its retry
 
     def as_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
+
+    def add(self, other: StageUsage, fields: tuple[str, ...] | None = None) -> None:
+        for name in fields or tuple(self.__dict__):
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+
+
+# what a request's attempts add to an item's usage (its wall time stays the stage's alone:
+# records of equal runs stay equal)
+ATTEMPT_FIELDS = ("requests", "retries", "failures", "backoff_seconds")
 
 
 @dataclass
@@ -441,7 +451,15 @@ class EvalClient:
         cached = raw is not None
         if raw is None:
             served = model if model == self.model else self.adapter_prefix + model
-            raw = await self._request(served, messages, body, usage, stage=stage, template=template)
+            attempts = StageUsage()  # this call's attempts: the stage's and the item's
+            try:
+                raw = await self._request(
+                    served, messages, body, attempts, stage=stage, template=template
+                )
+            finally:
+                usage.add(attempts)
+                if meter is not None:
+                    meter.setdefault(stage, StageUsage()).add(attempts, ATTEMPT_FIELDS)
             if self.cache is not None:
                 self.cache.put(key, raw)
         else:
@@ -450,7 +468,6 @@ class EvalClient:
         if meter is not None:
             item = meter.setdefault(stage, StageUsage())
             item.calls += 1
-            item.requests += not cached
             item.cache_hits += cached
             item.prompt_tokens += result.prompt_tokens
             item.completion_tokens += result.completion_tokens
@@ -510,6 +527,7 @@ class EvalClient:
                 delay = min(self.max_backoff, self.backoff * 2**attempt) * (0.5 + random.random())
                 if exc.retry_after is not None:  # the server said when to come back
                     delay = min(MAX_RETRY_AFTER, exc.retry_after)
+                usage.backoff_seconds += delay
                 await asyncio.sleep(delay)
         raise AssertionError("unreachable")
 

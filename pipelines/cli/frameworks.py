@@ -9,6 +9,8 @@ alone: a framework is imported only when one of its commands runs or shows its o
 from __future__ import annotations
 
 import inspect
+import shlex
+import sys
 import types
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal, Union, get_args, get_origin
@@ -120,13 +122,13 @@ def build(spec: Command) -> click.Command:
 
     def command(**given: Any) -> None:
         from pipelines.runtime.config import UserError
-        from pipelines.runtime.runner import execute
+        from pipelines.runtime.runner import execute, raise_for_failures
 
         common = Shared(**{name: given.pop(name) for name in SHARED_OPTIONS})
         request = load_request(study, spec.overrides(given), common)
         if common.pilot is not None and (common.pilot < 1 or common.dry_run):
             raise UserError("--pilot K needs K >= 1 and no --dry-run (a pilot runs items)")
-        execute(
+        outcomes = execute(
             study,
             request,
             no_cache=common.no_cache,
@@ -134,6 +136,7 @@ def build(spec: Command) -> click.Command:
             dry_run=common.dry_run,
             pilot=common.pilot,
         )
+        raise_for_failures(outcomes, request, shlex.join(["groundcover", *sys.argv[1:]]))
 
     command.__signature__ = inspect.Signature(own + shared)  # type: ignore[attr-defined]
     command.__annotations__ = {p.name: p.annotation for p in own + shared}

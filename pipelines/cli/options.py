@@ -20,13 +20,20 @@ PANEL = "Evaluator and run options (shared by every framework)"
 console = Console(stderr=True)
 
 
+# Exit codes, one per way a command ends (README "Faults"): 0 a clean run, 1 a server, endpoint or
+# cluster failed (resumable), 2 bad input or configuration (nothing written), 3 a budget cap
+# stopped admitting items, 4 the run ended with failed items (the same command retries them).
+EXIT_RUNTIME, EXIT_USER, EXIT_BUDGET, EXIT_FAILED_ITEMS = 1, 2, 3, 4
+
+
 def expected_errors() -> tuple[
-    tuple[type[Exception], ...], type[Exception], tuple[type[Exception], ...]
+    tuple[type[Exception], ...], type[Exception], tuple[type[Exception], ...], type[Exception]
 ]:
-    """(bad input or configuration, a budget reached, a server or endpoint failing), imported
-    when a command runs, not when the CLI starts."""
+    """(bad input or configuration, a budget reached, a server or endpoint failing, failed
+    items), imported when a command runs, not when the CLI starts."""
     from pipelines.runtime.config import UserError
     from pipelines.runtime.costs import BudgetReached
+    from pipelines.runtime.errors import ItemsFailed
     from pipelines.runtime.lines import FileChanged
     from pipelines.runtime.runstore import RunStoreError
     from serving.client import EndpointError
@@ -35,7 +42,7 @@ def expected_errors() -> tuple[
     from serving.registry import UnknownModelError
 
     user = (UserError, RunStoreError, UnknownModelError, EmbeddedModelMissing, FileChanged)
-    return user, BudgetReached, (ServerStartError, EndpointError)
+    return user, BudgetReached, (ServerStartError, EndpointError), ItemsFailed
 
 
 def clean_errors(command: Callable) -> Callable:
@@ -43,19 +50,22 @@ def clean_errors(command: Callable) -> Callable:
 
     @functools.wraps(command)
     def wrapper(*args, **kwargs):
-        user_errors, budget_reached, runtime_errors = expected_errors()
+        user_errors, budget_reached, runtime_errors, items_failed = expected_errors()
         try:
             return command(*args, **kwargs)
         except user_errors as exc:  # bad input or configuration: nothing was written
             console.print(f"[red]error:[/red] {exc}", highlight=False, soft_wrap=True)
-            raise typer.Exit(2) from None
+            raise typer.Exit(EXIT_USER) from None
         except budget_reached as exc:  # the run is partial on purpose: a distinct exit code
             console.print(f"stopped: {exc}", highlight=False, soft_wrap=True)
-            raise typer.Exit(3) from None
+            raise typer.Exit(EXIT_BUDGET) from None
         except runtime_errors as exc:
             console.print(f"[red]error:[/red] {exc}", highlight=False, soft_wrap=True)
             console.print("finished items are saved; rerun the same command to resume")
-            raise typer.Exit(1) from None
+            raise typer.Exit(EXIT_RUNTIME) from None
+        except items_failed as exc:  # the run finished, but not cleanly
+            console.print(f"[red]failed:[/red] {exc}", highlight=False, soft_wrap=True)
+            raise typer.Exit(EXIT_FAILED_ITEMS) from None
 
     return wrapper
 
@@ -137,6 +147,10 @@ SHARED_OPTIONS: dict[str, tuple[Any, Any]] = {
         _opt(str | None, "Ray resources per driver, JSON: one object, or a list of one each"),
         None,
     ),
+    "allow_failures": (
+        _opt(str | None, "failed items a run may end with and exit 0: N, or P% (default 0)"),
+        None,
+    ),
     "keep_reasoning": (
         _opt(bool, "keep each request's reasoning in the records (large)", "--keep-reasoning"),
         False,
@@ -177,6 +191,7 @@ class Shared:
     repeats: int | None = None
     drivers: int | None = None
     driver_resources: str | None = None
+    allow_failures: str | None = None
     keep_reasoning: bool = False
     dry_run: bool = False
     pilot: int | None = None
@@ -208,6 +223,7 @@ class Shared:
             "run.repeats": self.repeats,
             "run.drivers": self.drivers,
             "run.driver_resources": self.driver_resources,
+            "run.allow_failures": self.allow_failures,
             "run.keep_reasoning": self.keep_reasoning or None,
         }
 

@@ -124,6 +124,7 @@ def headline(outcome: Any, manifest: RunManifest, scores: list[float]) -> dict[s
         "recorded": summary.recorded,
         "items": manifest.items,
         "statuses": {s: n for s, n in summary.statuses.items() if n},
+        "failed": summary.failed,
         "roles": {role: m.get("request_model") or m.get("model") for role, m in roles.items()},
         "cost": cost["total"] if cost else None,
         "unpriced": cost["unpriced"] if cost else [],

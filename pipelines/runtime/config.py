@@ -134,11 +134,25 @@ class RunConfig(Strict):
     keep_reasoning: bool = Field(
         False, description="keep each request's reasoning in the item's record (it is large)"
     )
+    allow_failures: str | None = Field(
+        None,
+        pattern=r"^\d+(\.\d+)?%?$",
+        description="failed items a run may end with and still exit 0: N, or a share P%",
+    )
     # several processes of one run (pipelines.runtime.drivers); not part of its identity either
     drivers: int = Field(1, ge=1, le=1024, description="driver actors on the Ray cluster")
     driver_resources: dict[str, float] | list[dict[str, float]] | None = Field(
         None, description="Ray resources per driver (JSON): one object for all, or one each"
     )
+
+    def failures_allowed(self, items: int) -> int:
+        """How many failed items ``allow_failures`` accepts in a run of ``items`` (0 unset)."""
+        given = self.allow_failures
+        if given is None:
+            return 0
+        if given.endswith("%"):
+            return int(items * float(given[:-1]) / 100)
+        return int(float(given))
 
     @field_validator("driver_resources", mode="before")
     @classmethod

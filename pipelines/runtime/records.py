@@ -79,6 +79,8 @@ class RunSummary(RunDirRecord):
     cost_this_invocation: dict[str, Any] | None = None
     cost_recorded: dict[str, Any] | None = None
     budget_stop: str | None = None
+    # items that ended in a status a rerun retries (error, cut_in_reasoning): how many, which
+    failed: dict[str, Any] | None = None
     estimate_of_the_rest: dict[str, Any] | None = None
 
     def add(self, **fields: Any) -> None:

@@ -25,6 +25,11 @@ UNSCORED = ("unparseable", "undefined", "error", "cut_in_reasoning")
 FAILED = ("unparseable", "error", "cut_in_reasoning")  # each names the stage that failed
 
 
+# statuses a rerun asks again: the item failed (a rejected request, a defect, reasoning that used
+# every token); a run that ends with them is not a clean run (exit code 4)
+FAILED_STATUSES = ("error", "cut_in_reasoning")
+
+
 class StageFailure(BaseModel):
     """Why an item has no score: the stage, the last parse or request error, every raw output."""
 

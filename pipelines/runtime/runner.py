@@ -28,6 +28,7 @@ from pipelines.runtime.costs import (
     require_prices,
 )
 from pipelines.runtime.drivers import check_drivers, solve_on_drivers
+from pipelines.runtime.errors import ItemsFailed
 from pipelines.runtime.estimate import print_estimate
 from pipelines.runtime.evaluator import Servers, model_record, open_evaluator
 from pipelines.runtime.identity import (
@@ -66,6 +67,7 @@ from pipelines.runtime.solving import (
     solve_missing,
 )
 from pipelines.runtime.summary import (
+    failed_line,
     print_summary,
     recorded_cost,
     recorded_usage,
@@ -385,6 +387,24 @@ async def _run_one(
             f"{len(items)} items remain: rerun with a higher cap to resume"
         )
     return RunOutcome(store.dir, results, tables, summary, fw)
+
+
+def raise_for_failures(outcomes: dict[str, RunOutcome], request: RunRequest, command: str) -> None:
+    """``ItemsFailed`` when the runs ended with more failed items (``error``,
+    ``cut_in_reasoning``) than ``--allow-failures`` accepts: a command's exit code must tell a
+    run with failed items from a clean one. ``command`` retries just those (recorded items are
+    skipped)."""
+    failed = [
+        (o.dir, o.summary.failed) for o in outcomes.values() if o.summary and o.summary.failed
+    ]
+    count = sum(f["count"] for _, f in failed)
+    items = sum(o.summary.items for o in outcomes.values() if o.summary)
+    allowed = request.run.failures_allowed(items)
+    if count <= allowed:
+        return
+    lines = "; ".join(failed_line(f, str(where)) for where, f in failed)
+    accepted = f" (--allow-failures accepts {allowed})" if allowed else ""
+    raise ItemsFailed(f"{count} of {items} items failed{accepted}: {lines}. Retry: {command}")
 
 
 def spread_over_drivers(request: RunRequest, plan: RunPlan, pilot: int | None) -> bool:

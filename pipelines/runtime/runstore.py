@@ -36,13 +36,13 @@ from pydantic import BaseModel, ValidationError
 
 from pipelines.runtime.lines import JsonlView
 from pipelines.runtime.records import FORMAT_VERSION, RunManifest, RunSummary, StudyRecord
-from pipelines.runtime.results import STATUSES, ItemResult
+from pipelines.runtime.results import FAILED_STATUSES, STATUSES, ItemResult
 
 MANIFEST = "manifest.json"
 RESULTS = "results.jsonl"
 SUMMARY = "summary.json"
 STUDY_FILE = "study.json"  # a study's root: its runs and combined tables
-RETRIED = ("error", "cut_in_reasoning")  # statuses a resume asks again
+RETRIED = FAILED_STATUSES  # statuses a resume asks again
 SHARD_FILES = "results.*.jsonl"  # one per driver of a run solved by several (results.d0.jsonl ...)
 INVOCATIONS = "invocations.jsonl"  # one line per invocation that solved items: wall time
 # FORMAT_VERSION (pipelines.runtime.records) 2: typed item records (status, score, explanation,

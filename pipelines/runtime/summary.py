@@ -11,7 +11,7 @@ from rich.console import Console
 from rich.table import Table
 
 from pipelines.runtime.records import RunSummary
-from pipelines.runtime.results import STATUSES, ItemResult
+from pipelines.runtime.results import FAILED_STATUSES, STATUSES, ItemResult
 from pipelines.runtime.runstore import invocation_seconds
 
 if TYPE_CHECKING:
@@ -20,11 +20,14 @@ if TYPE_CHECKING:
     from pipelines.runtime.protocol import Framework
 
 # reasoning_tokens: the part of completion_tokens a reasoning model spent reasoning
+# attempts at the endpoint = requests + retries + failures (each failed attempt is retried or final)
 USAGE_KEYS = (
     "calls",
     "requests",
     "cache_hits",
     "retries",
+    "failures",
+    "backoff_seconds",
     "prompt_tokens",
     "completion_tokens",
     "reasoning_tokens",
@@ -35,10 +38,13 @@ def summarise(framework: str, task: str, n_items: int, results: Iterable[ItemRes
     """Status counts over every item and the mean score over the scored ones, in one pass."""
     statuses = dict.fromkeys(STATUSES, 0)
     scores = []
+    failed = []
     for r in results:
         statuses[r.status] += 1
         if r.score is not None:
             scores.append(r.score)
+        if r.status in FAILED_STATUSES:
+            failed.append(r.id)
     recorded = sum(statuses.values())
     summary = RunSummary(
         framework=framework,
@@ -50,7 +56,24 @@ def summarise(framework: str, task: str, n_items: int, results: Iterable[ItemRes
     )
     if scores:  # over items with a defined score; every status is counted above
         summary.add(mean_score=sum(scores) / len(scores), scored_items=len(scores))
+    if failed:
+        shown = sorted(failed)[:FAILED_SHOWN]
+        by_status = {s: statuses[s] for s in FAILED_STATUSES if statuses[s]}
+        summary.add(failed={"count": len(failed), "by_status": by_status, "ids": shown})
     return summary
+
+
+FAILED_SHOWN = 50  # failed ids a summary lists (the count is always whole)
+
+
+def failed_line(failed: dict[str, Any], where: str) -> str:
+    """One line naming a run's failed items and how to retry just those."""
+    kinds = ", ".join(f"{s} {n}" for s, n in failed["by_status"].items())
+    ids = ", ".join(failed["ids"]) + (" ..." if failed["count"] > len(failed["ids"]) else "")
+    return (
+        f"{where}: {failed['count']} items failed ({kinds}): {ids}; the same command retries "
+        "just those"
+    )
 
 
 def recorded_usage(results: Iterable[ItemResult]) -> dict[str, dict[str, float]]:
@@ -93,7 +116,13 @@ def usage_by_role(
     return out
 
 
+def usage_cell(key: str, value: float) -> str:
+    return f"{value:.1f}" if key.endswith("seconds") else str(round(value))
+
+
 def print_summary(summary: RunSummary, out: Console) -> None:
+    if summary.failed:  # first: a run with failed items is not a clean run
+        out.print(f"[red]FAILED[/red] {failed_line(summary.failed, summary.task)}", soft_wrap=True)
     title = f"{summary.task}: {summary.recorded}/{summary.items} recorded"
     if summary.partial:
         title += " (partial run)"
@@ -111,7 +140,7 @@ def print_summary(summary: RunSummary, out: Console) -> None:
         if usage:
             stages = Table("stage", *(k.replace("_", " ") for k in USAGE_KEYS), title=title)
             for stage, u in usage.items():
-                stages.add_row(stage, *(str(round(u.get(k, 0))) for k in USAGE_KEYS))
+                stages.add_row(stage, *(usage_cell(k, u.get(k, 0)) for k in USAGE_KEYS))
             out.print(stages)
     this_invocation = "usage_by_role_this_invocation" in summary.model_fields_set
     by_role = summary.usage_by_role_this_invocation if this_invocation else summary.usage_by_role
@@ -120,7 +149,7 @@ def print_summary(summary: RunSummary, out: Console) -> None:
         roles = Table("role", "model", *(k.replace("_", " ") for k in USAGE_KEYS), title=title)
         for role, u in by_role.items():
             roles.add_row(
-                role, str(u.get("model") or "-"), *(str(round(u.get(k, 0))) for k in USAGE_KEYS)
+                role, str(u.get("model") or "-"), *(usage_cell(k, u.get(k, 0)) for k in USAGE_KEYS)
             )
         out.print(roles)
     for cost, title in (
