@@ -193,6 +193,7 @@ async def _execute(study, request, items, plans, roles, root, opener, quiet, pri
     evaluators = Evaluators(opener, keys)
     resources: dict[str, Any] = {}
     outcomes: dict[str, RunOutcome] = {}
+    held: list[RunStore] = []  # the run directories this invocation holds the lock of
     try:
         for plan, plan_roles_ in zip(plans, roles, strict=True):
             run_items_ = plan.items(outcomes) if plan.items else items
@@ -210,9 +211,13 @@ async def _execute(study, request, items, plans, roles, root, opener, quiet, pri
                 pilot,
                 len(items),
                 cache,
+                held,
             )
+            held.pop().release()
             await evaluators.done_with_run()
     finally:
+        for store in held:
+            store.release()
         await evaluators.aclose()
         await asyncio.to_thread(close_resources, resources)
     return outcomes
@@ -251,6 +256,7 @@ async def _run_one(
     pilot,
     study_items,
     cache,
+    held: list[RunStore],
 ):
     fw: Framework = plan.framework or study
     lead = lead_evaluator(roles, request.evaluator)
@@ -269,6 +275,7 @@ async def _run_one(
         items=len(items),
         data=data_provenance(plan.options),
     )
+    held.append(store)  # its lock is given back when the run ends, whichever way
     console.print(f"run directory: {store.dir}")
     for pair in judged_by_itself:
         console.print(

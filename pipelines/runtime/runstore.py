@@ -26,6 +26,7 @@ import os
 import platform
 import subprocess
 import sys
+import threading
 import time
 from array import array
 from collections.abc import Iterator, Sequence
@@ -45,6 +46,7 @@ STUDY_FILE = "study.json"  # a study's root: its runs and combined tables
 RETRIED = FAILED_STATUSES  # statuses a resume asks again
 SHARD_FILES = "results.*.jsonl"  # one per driver of a run solved by several (results.d0.jsonl ...)
 INVOCATIONS = "invocations.jsonl"  # one line per invocation that solved items: wall time
+LOCK = "run.lock"  # the process writing the run now (``RunLock``)
 # FORMAT_VERSION (pipelines.runtime.records) 2: typed item records (status, score, explanation,
 # details, usage, failure) and the framework name in the manifest.
 
@@ -271,6 +273,7 @@ class RunStore:
         self.files: list[Path] = [self.results_path]  # the run's results files, numbered
         self.index: dict[str, Entry] = {}  # id -> (file, offset, status) of its record
         self._fd: int | None = None
+        self.lock: RunLock | None = None  # held from ``open`` to ``release``
 
     # ---- manifest ----------------------------------------------------------------------------
 
@@ -278,6 +281,17 @@ class RunStore:
         """Create the run, or resume it if the directory holds the same task and config; read
         the recorded results once. ``provenance``: options, models, prompts... (not identity)."""
         self.dir.mkdir(parents=True, exist_ok=True)
+        if self.lock is None:  # before anything is written: a second writer changes nothing
+            lock = RunLock(self.dir)
+            lock.acquire()
+            self.lock = lock
+        try:
+            return self._open(framework, task, config, provenance)
+        except BaseException:
+            self.release()
+            raise
+
+    def _open(self, framework: str, task: str, config: dict[str, Any], provenance: dict[str, Any]):
         config_fp = fingerprint({"task": task, "config": config})
         if self.manifest_path.exists():
             manifest = read_manifest(self.manifest_path)
@@ -371,6 +385,8 @@ class RunStore:
         records from concurrent writers; a kill can only tear the line being written."""
         if not isinstance(result, ItemResult):
             raise TypeError(f"record {result!r}: the run store takes ItemResult records")
+        if self.lock is not None and self.lock.lost:
+            raise RunStoreError(f"{self.lock.lost}; {result.id!r} was not recorded")
         data = (result.model_dump_json() + "\n").encode()
         if self._fd is None:
             self._fd = os.open(self.own_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
@@ -386,6 +402,12 @@ class RunStore:
         self.index.pop(result.id, None)
         self.index[result.id] = (self.files.index(self.own_path), end, result.status)
 
+    def release(self) -> None:
+        """Give up the run's lock (the run has ended, or stopped)."""
+        if self.lock is not None:
+            self.lock.release()
+            self.lock = None
+
     def write_summary(self, summary: RunSummary) -> None:
         atomic_write_json(self.summary_path, summary.to_json())
 
@@ -394,6 +416,142 @@ class RunStore:
             os.fsync(self._fd)
             os.close(self._fd)
             self._fd = None
+
+
+# ---- one writer per run directory ---------------------------------------------------------------
+
+RENEW_SECONDS = 10.0  # a holder rewrites its lock this often
+STALE_SECONDS = 60.0  # a lock not renewed for this long is taken over (a holder on another host)
+
+
+class RunLock:
+    """The one process writing a run directory: ``run.lock`` holds its pid, host, start time and
+    when it last renewed the lock. It is created with ``O_EXCL`` (atomic on local file systems
+    and NFS v3+), renewed every ``RENEW_SECONDS`` by a thread, and removed when the run ends. A
+    second process is refused in one line naming the holder. A stale lock -- its process gone on
+    this host, or not renewed for ``STALE_SECONDS`` (a host that died) -- is renamed away (only
+    one taker's rename succeeds) and taken over. A holder that finds its lock taken stops
+    recording (``lost``). The drivers of a run write under their command's lock."""
+
+    def __init__(self, run_dir: Path):
+        self.path = run_dir / LOCK
+        self.token = f"{platform.node()}:{os.getpid()}:{time.time_ns()}"
+        self.lost: str | None = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def acquire(self) -> None:
+        for _ in range(50):
+            try:
+                fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+            except FileExistsError:
+                holder = self._read()
+                if holder is None:  # being written by its creator this instant
+                    if time.time() - self._mtime() < STALE_SECONDS:
+                        time.sleep(0.1)
+                        continue
+                    holder = {}
+                why = stale(holder)
+                if why is None:
+                    raise RunStoreError(busy(self.path.parent, holder)) from None
+                self._take_over()
+                continue
+            with os.fdopen(fd, "w") as handle:
+                handle.write(json.dumps(self._content(started=time.time())))
+            self._thread = threading.Thread(target=self._renew, name="run-lock", daemon=True)
+            self._thread.start()
+            return
+        raise RunStoreError(f"{self.path}: could not take the run's lock (contended)")
+
+    def release(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(5)
+            self._thread = None
+        holder = self._read()
+        if holder is not None and holder.get("token") == self.token:
+            self.path.unlink(missing_ok=True)
+
+    def _content(self, started: float) -> dict[str, Any]:
+        return {
+            "pid": os.getpid(),
+            "host": platform.node(),
+            "started": started,
+            "renewed": time.time(),
+            "token": self.token,
+        }
+
+    def _renew(self) -> None:
+        while not self._stop.wait(RENEW_SECONDS):
+            holder = self._read()
+            if holder is None or holder.get("token") != self.token:
+                who = busy(self.path.parent, holder or {}) if holder else "its lock is gone"
+                self.lost = f"{self.path.parent}: another process took over this run ({who})"
+                return
+            with contextlib.suppress(OSError):  # a full disk: the next renewal tries again
+                atomic_write_json(self.path, self._content(started=holder["started"]))
+
+    def _take_over(self) -> None:
+        """Rename the stale lock away; of several takers only one rename succeeds, and each
+        then races for the ``O_EXCL`` create."""
+        aside = self.path.with_name(f".{LOCK}.stale.{self.token.replace(':', '-')}")
+        with contextlib.suppress(FileNotFoundError):
+            os.rename(self.path, aside)
+            aside.unlink(missing_ok=True)
+
+    def _read(self) -> dict[str, Any] | None:
+        try:
+            value = json.loads(self.path.read_text())
+        except (OSError, ValueError):
+            return None
+        return value if isinstance(value, dict) else None
+
+    def _mtime(self) -> float:
+        try:
+            return self.path.stat().st_mtime
+        except OSError:
+            return 0.0
+
+
+def stale(holder: dict[str, Any], now: float | None = None) -> str | None:
+    """Why a lock's holder is gone, or is this very process (None: another live process). This
+    process opening the run again (a notebook's cell rerun after an interrupt, a test) takes its
+    own lock back."""
+    now = time.time() if now is None else now
+    if holder.get("host") == platform.node() and holder.get("pid") == os.getpid():
+        return "held by this process"
+    renewed = holder.get("renewed")
+    if not isinstance(renewed, (int, float)) or now - renewed > STALE_SECONDS:
+        return f"not renewed for {STALE_SECONDS:.0f} s"
+    if holder.get("host") == platform.node() and not alive(holder.get("pid")):
+        return "its process is gone"
+    return None
+
+
+def alive(pid: Any) -> bool:
+    if not isinstance(pid, int) or pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process: alive
+        return True
+    return True
+
+
+def busy(run_dir: Path, holder: dict[str, Any]) -> str:
+    started = holder.get("started")
+    since = (
+        time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(started))
+        if isinstance(started, (int, float))
+        else "?"
+    )
+    return (
+        f"{run_dir}: another process is writing this run: pid {holder.get('pid')} on host "
+        f"{holder.get('host')} since {since}; wait for it, or stop it (a lock not renewed for "
+        f"{STALE_SECONDS:.0f} s, or whose process is gone, is taken over)"
+    )
 
 
 def record_invocation(run_dir: Path, started: float, seconds: float, solved: int) -> None:

@@ -1,0 +1,175 @@
+"""One writer per run directory (``pipelines.runtime.runstore.RunLock``): a second process is
+refused in one line naming the holder, a stale holder (its process gone, or a host that stopped
+renewing) is taken over, a holder whose lock was taken stops recording, and two real commands on
+one run directory record every item once with the calls of one run."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from pipelines.runtime import runstore
+from pipelines.runtime.results import ItemResult
+from pipelines.runtime.runstore import LOCK, RunLock, RunStoreError, result_files
+
+ROOT = Path(__file__).resolve().parents[1]
+HOLD = """
+import sys, time
+sys.path.insert(0, sys.argv[2])
+from pathlib import Path
+from pipelines.runtime.runstore import RunLock
+RunLock(Path(sys.argv[1])).acquire()
+print("held", flush=True)
+time.sleep(600)
+"""
+
+
+def hold(run_dir: Path) -> subprocess.Popen:
+    """Another process holding the run's lock."""
+    proc = subprocess.Popen(
+        [sys.executable, "-c", HOLD, str(run_dir), str(ROOT)], stdout=subprocess.PIPE, text=True
+    )
+    assert proc.stdout is not None and proc.stdout.readline().strip() == "held"
+    return proc
+
+
+def test_a_second_process_is_refused_naming_the_holder_until_it_is_gone(tmp_path):
+    holder = hold(tmp_path)
+    try:
+        with pytest.raises(RunStoreError) as refused:
+            RunLock(tmp_path).acquire()
+        line = str(refused.value)
+        assert "\n" not in line and "another process is writing this run" in line
+        assert f"pid {holder.pid} on host {platform.node()} since " in line
+    finally:
+        holder.send_signal(signal.SIGKILL)
+        holder.wait()
+    lock = RunLock(tmp_path)
+    lock.acquire()  # its process is gone: taken over at once
+    assert json.loads((tmp_path / LOCK).read_text())["pid"] == os.getpid()
+    lock.release()
+    assert not (tmp_path / LOCK).exists()
+
+
+def write_lock(run_dir: Path, host: str, pid: int, renewed: float) -> None:
+    holder = {"pid": pid, "host": host, "started": renewed, "renewed": renewed, "token": "x"}
+    (run_dir / LOCK).write_text(json.dumps(holder))
+
+
+def test_a_holder_on_another_host_is_taken_over_only_when_it_stopped_renewing(tmp_path):
+    write_lock(tmp_path, "node-7", 4242, time.time())  # renewed just now: alive over there
+    with pytest.raises(RunStoreError, match="pid 4242 on host node-7"):
+        RunLock(tmp_path).acquire()
+    write_lock(tmp_path, "node-7", 4242, time.time() - runstore.STALE_SECONDS - 1)
+    lock = RunLock(tmp_path)
+    lock.acquire()
+    assert json.loads((tmp_path / LOCK).read_text())["host"] == platform.node()
+    lock.release()
+
+
+def test_a_holder_whose_lock_was_taken_stops_recording(tmp_path, monkeypatch):
+    from pipelines.runtime.runstore import RunStore
+
+    monkeypatch.setattr(runstore, "RENEW_SECONDS", 0.05)
+    store = RunStore(tmp_path / "run")
+    store.open(framework="f", task="t", config={})
+    store.append(ItemResult(id="a", status="ok", score=1.0, explanation="x"))
+    write_lock(tmp_path / "run", "node-7", 4242, time.time())  # another host took it over
+    deadline = time.monotonic() + 10
+    while store.lock is not None and not store.lock.lost and time.monotonic() < deadline:
+        time.sleep(0.02)
+    with pytest.raises(RunStoreError, match=r"another process took over this run .*node-7"):
+        store.append(ItemResult(id="b", status="ok", score=1.0, explanation="x"))
+    store.close()
+    store.release()
+    assert (tmp_path / "run" / LOCK).exists()  # the new holder's lock stays
+    lines = (tmp_path / "run" / "results.jsonl").read_text().splitlines()
+    assert [json.loads(line)["id"] for line in lines] == ["a"]
+
+
+# ---- two real commands on one run directory ---------------------------------------------------
+
+
+def every_record(run: Path) -> list[str]:
+    ids = []
+    for path in result_files(run):
+        if path.is_file():
+            ids += [json.loads(line)["id"] for line in path.read_bytes().split(b"\n")[:-1]]
+    return ids
+
+
+@pytest.fixture
+def judged(tmp_path):
+    """A FanOutQA run of judged answers against a loopback judge that answers from the prompt
+    (each answer after ``pace["seconds"]``): (command for a run directory, the judge, pace)."""
+    from pipelines.fanoutqa.framework import PROMPTS
+    from tests.support.loopback import StageByPrompt, loopback_judge
+    from tests.support.scripted import ScriptedClient
+    from tests.test_drivers import fanoutqa_inputs, judge_letter
+
+    dev, answers = fanoutqa_inputs(tmp_path)
+    verdict = {"judge": lambda p: f"Compared.\n{judge_letter(p)}"}
+    judge = ScriptedClient(verdict, check_constraints=False)
+    pace = {"seconds": 0.1}
+    stages = StageByPrompt(PROMPTS, {"judge": "judge"})
+    with loopback_judge(judge, "reasoning", stages, lambda: pace["seconds"]) as url:
+
+        def command(run_dir: Path) -> list[str]:
+            args = [sys.executable, "-m", "pipelines.cli", "eval", "fanoutqa", "--judge"]
+            args += ["--data", str(dev), "--answers", str(answers), "--endpoint", url]
+            args += ["--model", "scripted", "--run-dir", str(run_dir), "--quiet", "--no-cache"]
+            return [*args, "--concurrency", "2"]
+
+        yield command, judge, pace
+
+
+def test_two_commands_on_one_run_directory_record_each_item_once(judged, tmp_path):
+    command, judge, _ = judged
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    single = subprocess.run(command(tmp_path / "single"), env=env, capture_output=True, timeout=300)
+    assert single.returncode == 0
+    calls_of_one_run = len(judge.calls)
+
+    run_dir = tmp_path / "run"
+    started = []
+    for _ in range(2):  # 1 s apart: whichever opens the run first holds it
+        started.append(subprocess.Popen(command(run_dir), env=env, stderr=subprocess.PIPE))
+        time.sleep(1.0)
+    ends = [(proc, proc.communicate(timeout=300)[1].decode()) for proc in started]
+    assert sorted(proc.returncode for proc, _ in ends) == [0, 2], [err[-1500:] for _, err in ends]
+    (holder, _), (_, refused) = sorted(ends, key=lambda end: end[0].returncode)
+    line = " ".join(refused.split())
+    assert f"another process is writing this run: pid {holder.pid} on host" in line
+    ids = every_record(run_dir / "answers")
+    assert sorted(ids) == sorted(set(ids)) and len(ids) == 24  # every item, once
+    assert len(judge.calls) - calls_of_one_run == calls_of_one_run  # the work of one run
+    assert not (run_dir / "answers" / LOCK).exists()  # given back at the end
+
+
+def test_a_holder_killed_mid_run_is_taken_over_by_the_same_command(judged, tmp_path):
+    command, judge, pace = judged
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    run_dir = tmp_path / "run"
+    holder = subprocess.Popen(command(run_dir), env=env, stderr=subprocess.PIPE)
+    results = run_dir / "answers" / "results.jsonl"
+    deadline = time.monotonic() + 120
+    while not (results.is_file() and results.read_bytes().count(b"\n") >= 4):
+        assert time.monotonic() < deadline and holder.poll() is None
+        time.sleep(0.02)
+    holder.kill()  # SIGKILL: its lock stays behind, naming a process that is gone
+    holder.wait()
+    assert (run_dir / "answers" / LOCK).exists()
+    pace["seconds"] = 0.0
+    done = subprocess.run(command(run_dir), env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    ids = every_record(run_dir / "answers")
+    assert sorted(ids) == sorted(set(ids)) and len(ids) == 24
+    assert 24 <= len(judge.calls) <= 24 + 2  # one run's calls, plus those in flight at the kill
