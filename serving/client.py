@@ -25,7 +25,7 @@ from serving.limits import AdaptiveLimit, FixedLimit
 from serving.parsing import ParseError, extract_json, match_choice
 from serving.reasoning import Reasoning, ReasoningCut, reasoning_text, split_inline
 from serving.templates import REASK
-from serving.transport import HttpTransport, StatusError, TransportError
+from serving.transport import ConnectionFault, HttpTransport, StatusError, TransportError
 
 T = TypeVar("T", bound=BaseModel)
 Status = Literal["ok", "unparseable"]
@@ -49,6 +49,7 @@ class RequestRejected(EndpointError):
 
 
 ITEM_LEVEL_STATUS = (400, 413, 422)
+GIVE_UP_RUN = 8  # calls given up in a row (no success between) that mean the endpoint is down
 
 
 @dataclass
@@ -322,6 +323,7 @@ class EvalClient:
         self.reasoning_parser = reasoning_parser
         self.notices: list[str] = []  # said once per client (a model found to reason)
         self.max_retries = max_retries
+        self.given_up_in_a_row = 0  # calls whose retries ran out since the last success
         self.backoff = backoff
         self.max_backoff = max_backoff
         self.usage: dict[str, StageUsage] = {}
@@ -508,6 +510,7 @@ class EvalClient:
                     self.limit.release(time.perf_counter() - sent, overloaded)
                 usage.requests += 1
                 usage.seconds += time.perf_counter() - started
+                self.given_up_in_a_row = 0
                 return response
             except TransportError as exc:
                 if not exc.retryable:  # 4xx: no retry can help
@@ -520,9 +523,13 @@ class EvalClient:
                 reason = self.gone() if self.gone is not None else None
                 if attempt == self.max_retries or reason:
                     usage.failures += 1
-                    raise EndpointError(
+                    self.given_up_in_a_row += 1
+                    message = (
                         f"{self.base_url}: gave up after {attempt + 1} attempts: {reason or exc}"
-                    ) from exc
+                    )
+                    if reason or not self._fails_items(exc):
+                        raise EndpointError(message) from exc
+                    raise RequestRejected(message, stage) from exc
                 usage.retries += 1
                 delay = min(self.max_backoff, self.backoff * 2**attempt) * (0.5 + random.random())
                 if exc.retry_after is not None:  # the server said when to come back
@@ -530,6 +537,12 @@ class EvalClient:
                 usage.backoff_seconds += delay
                 await asyncio.sleep(delay)
         raise AssertionError("unreachable")
+
+    def _fails_items(self, exc: TransportError) -> bool:
+        """A server that answers, but keeps answering this request with an error (a 5xx, a
+        broken body), fails the request's item; one that cannot be reached, or fails every
+        request (``GIVE_UP_RUN`` calls given up in a row), stops the run."""
+        return not isinstance(exc, ConnectionFault) and self.given_up_in_a_row < GIVE_UP_RUN
 
     @staticmethod
     def _result(raw: dict[str, Any], cached: bool, usage: StageUsage) -> ChatResult:

@@ -19,9 +19,14 @@ import orjson
 
 # status -> what the client does with it (docs/serving.md's table is this one)
 FAULTS = {
-    "connection refused, reset or dropped; timeout": "retried with backoff",
-    "200 whose body is not a complete completion (cut off, not JSON, no choices)": "retried",
-    "408, 409, 425, 429, 500, 502, 503, 504 and other 5xx": "retried; Retry-After honoured",
+    "connection refused, reset or dropped; timeout": "retried with backoff; then the run stops",
+    "200 whose body is not a complete completion (cut off, not JSON, no choices)": (
+        "retried; then the item fails with the last error"
+    ),
+    "408, 409, 425, 429, 500, 502, 503, 504 and other 5xx": (
+        "retried, Retry-After honoured; then the item fails with the last error (8 calls given "
+        "up in a row: the run stops)"
+    ),
     "400, 413, 422": "the item fails (its request is malformed, e.g. longer than the context)",
     "401, 403, 404 and other 4xx": "the run stops with one line (auth, unknown model or adapter)",
 }

@@ -154,10 +154,23 @@ async def test_retry_after_is_honoured_in_seconds_and_as_a_date(server):
 
 
 async def test_a_persistent_fault_gives_up_with_the_last_error(server):
+    """A server that answers but keeps failing one request fails that request's item (the run
+    goes on); one that fails every request (GIVE_UP_RUN in a row) stops the run."""
+    from serving.client import GIVE_UP_RUN
+
     server.replies = [status(503, {"error": {"message": "still overloaded"}})] * 4
     async with client(server.url, max_retries=3) as c:
-        with pytest.raises(EndpointError, match="gave up after 4 attempts: 503 still overloaded"):
-            await c.chat([{"role": "user", "content": "q"}])
+        with pytest.raises(RequestRejected, match="gave up after 4 attempts: 503 still overloaded"):
+            await c.chat([{"role": "user", "content": "q"}], stage="judge")
+        server.replies = [body_of("<html>gateway</html>")]  # then a success: the count resets
+        await c.chat([{"role": "user", "content": "q2"}])
+        server.replies = [status(500, "{}")] * (4 * GIVE_UP_RUN)
+        for n in range(GIVE_UP_RUN - 1):
+            with pytest.raises(RequestRejected):
+                await c.chat([{"role": "user", "content": f"r{n}"}], stage="judge")
+        with pytest.raises(EndpointError, match="gave up after 4 attempts") as stopped:
+            await c.chat([{"role": "user", "content": "last"}], stage="judge")
+        assert not isinstance(stopped.value, RequestRejected)  # the endpoint is down: stop
 
 
 async def test_a_malformed_request_fails_its_item_and_auth_stops_the_run(server):
@@ -185,8 +198,9 @@ async def test_a_malformed_request_fails_its_item_and_auth_stops_the_run(server)
 
 async def test_a_refused_connection_is_retried_then_reported():
     async with client("http://127.0.0.1:9/v1", max_retries=2) as c:
-        with pytest.raises(EndpointError, match="gave up after 3 attempts: .*Connect"):
+        with pytest.raises(EndpointError, match="gave up after 3 attempts: .*Connect") as gone:
             await c.chat([{"role": "user", "content": "q"}])
+        assert not isinstance(gone.value, RequestRejected)  # unreachable: the run stops
         assert c.usage["default"].retries == 2 and c.usage["default"].failures == 1
 
 

@@ -170,6 +170,30 @@ def test_a_malformed_request_fails_its_item_and_the_run_goes_on(clean, tmp_path)
     assert outcome.summary.failed == {"count": 1, "by_status": {"error": 1}, "ids": ["t03"]}
 
 
+def test_a_request_failing_for_good_fails_its_item_and_names_it(clean, tmp_path):
+    """503 on every request of one topic, past the retries: that topic is recorded ``error``
+    with the server's last answer, the rest are scored; the run names it as failed."""
+    from pipelines.api import request_from
+    from pipelines.runtime.registry import study
+    from pipelines.runtime.runner import execute
+
+    paths, clean_outcome = clean[8]
+    server = crux_server()
+    server.permanent = {"t06": "503"}
+    crux = study("crux")
+    with faulty_judge(server) as url:
+        settings = overrides(paths, url, tmp_path / "run") | {"evaluator.max_retries": 2}
+        (outcome,) = execute(crux, request_from(crux, None, settings), quiet=True).values()
+    by_id = {r.id: r for r in outcome.results}
+    assert by_id["t06"].status == "error"
+    assert "gave up after 3 attempts: 503 overloaded" in by_id["t06"].failure.error
+    assert outcome.summary.failed["ids"] == ["t06"]
+    rest = [row for row in scored(outcome) if row[0] != "t06"]
+    assert rest == [row for row in scored(clean_outcome) if row[0] != "t06"]
+    failures = usage_total(outcome.summary.usage_this_invocation, "failures")
+    assert failures == usage_total(by_id["t06"].usage, "failures") > 0  # counted on its record
+
+
 @pytest.mark.parametrize("kind", ["401", "404"])
 def test_auth_and_unknown_model_stop_the_run_at_once(kind, clean, tmp_path):
     from serving.client import EndpointError

@@ -77,7 +77,7 @@ class FaultyServer:
         return web.json_response(raw)
 
     def fail(self, kind: str, request: web.Request) -> web.StreamResponse:
-        if kind in PERMANENT:
+        if kind in PERMANENT:  # (a permanent 503 is the transient one, every time)
             return web.json_response({"error": {"message": PERMANENT[kind]}}, status=int(kind))
         if kind == "503":
             return web.json_response({"error": {"message": "overloaded"}}, status=503)
