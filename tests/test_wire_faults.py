@@ -244,3 +244,22 @@ def test_failed_items_exit_4_with_their_names_and_the_rerun_retries_just_those(c
     assert 0 < server.answered - answered <= 2 * per_topic  # the two topics, nothing else
     rows = [(r.id, r.status, r.score) for r in results_by_id(run_dir / "results.jsonl")]
     assert rows == [row[:3] for row in scored(clean_outcome)]
+
+
+def test_an_estimate_after_a_pilot_under_faults_counts_the_retries_to_come(clean, tmp_path):
+    from pipelines.api import request_from
+    from pipelines.runtime.registry import study
+    from pipelines.runtime.runner import execute
+
+    paths, _ = clean[8]
+    server = crux_server(share=0.3, classes=("503",), seed=3)
+    crux = study("crux")
+    with faulty_judge(server) as url:
+        request = request_from(crux, None, overrides(paths, url, tmp_path / "run"))
+        (outcome,) = execute(crux, request, no_cache=True, quiet=True, pilot=4).values()
+    stages = {s["stage"]: s for s in outcome.summary.estimate_of_the_rest["stages"]}
+    recorded = usage_total(outcome.summary.usage_this_invocation, "retries")
+    assert recorded == sum(server.injected.values()) > 0
+    point, low, high = stages["rate"]["retries"]
+    assert 0 < low <= point <= high  # the other 4 topics: about as many as the first 4 needed
+    assert stages["rate"]["backoff_seconds"][0] > 0

@@ -71,6 +71,10 @@ class StageEstimate:
     fixed_items: int  # other missing items whose calls of this stage are fixed
     calls: tuple[float, ...] | None  # estimate (point, low, high) beyond those
     tokens: dict[str, tuple[float, ...]] | None  # totals (point, low, high), cached included
+    # retried attempts the rest will likely need, at the recorded items' rate (the server's
+    # faults so far), and the seconds waited before them
+    retries: tuple[float, ...] | None = None
+    backoff_seconds: tuple[float, ...] | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -152,6 +156,11 @@ def estimate_run(
                 )
                 for t in TOKENS
             }
+        retries = backoff = None
+        if recorded and n_rest:
+            retries = predict_total([u.get("retries", 0) for u in per_item], n_rest, seed=k)
+            waits = [u.get("backoff_seconds", 0) for u in per_item]
+            backoff = predict_total(waits, n_rest, seed=k)
         out.append(
             StageEstimate(
                 stage,
@@ -162,6 +171,8 @@ def estimate_run(
                 fixed.get(stage, 0),
                 calls,
                 tokens,
+                retries,
+                backoff,
             )
         )
     result: dict[str, Any] = {
@@ -242,6 +253,13 @@ def _calls(stage: dict[str, Any], rest: int) -> str:
     return _triple(stage["calls"], known)
 
 
+def _retries(stage: dict[str, Any]) -> str:
+    retries, waits = stage.get("retries"), stage.get("backoff_seconds")
+    if not retries:
+        return "-"
+    return f"{_triple(retries)} ({waits[0]:,.0f} s)" if waits else _triple(retries)
+
+
 def print_estimate(label: str, estimate: dict[str, Any], out: Console) -> None:
     title = (
         f"{label}: {estimate['missing']} items to solve"
@@ -261,6 +279,7 @@ def print_estimate(label: str, estimate: dict[str, Any], out: Console) -> None:
         or s["cached_tokens"].get("reasoning_tokens")
         for s in estimate["stages"]
     )
+    retried = any((s.get("retries") or (0,))[-1] for s in estimate["stages"])
     table = Table(
         "stage",
         "role",
@@ -270,6 +289,7 @@ def print_estimate(label: str, estimate: dict[str, Any], out: Console) -> None:
         "prompt tokens",
         "completion tokens",
         *(["of which reasoning"] if reasons else []),
+        *(["retries (backoff s)"] if retried else []),
         title=title,
     )
     for s in estimate["stages"]:
@@ -284,6 +304,7 @@ def print_estimate(label: str, estimate: dict[str, Any], out: Console) -> None:
             _triple(tokens.get("prompt_tokens")),
             _triple(tokens.get("completion_tokens")),
             *([_triple(tokens.get("reasoning_tokens"))] if reasons else []),
+            *([_retries(s)] if retried else []),
         )
     out.print(table)
     if not estimate["recorded"] and rest:
