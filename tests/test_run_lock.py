@@ -173,3 +173,14 @@ def test_a_holder_killed_mid_run_is_taken_over_by_the_same_command(judged, tmp_p
     ids = every_record(run_dir / "answers")
     assert sorted(ids) == sorted(set(ids)) and len(ids) == 24
     assert 24 <= len(judge.calls) <= 24 + 2  # one run's calls, plus those in flight at the kill
+
+
+def test_a_holder_killed_but_not_yet_reaped_counts_as_gone(tmp_path):
+    holder = hold(tmp_path)
+    holder.send_signal(signal.SIGKILL)
+    time.sleep(0.5)  # dead, but its parent (this test) has not waited for it: a zombie
+    assert Path(f"/proc/{holder.pid}").exists()
+    lock = RunLock(tmp_path)
+    lock.acquire()
+    lock.release()
+    holder.wait()

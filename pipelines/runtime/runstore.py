@@ -537,7 +537,10 @@ def alive(pid: Any) -> bool:
         return False
     except PermissionError:  # another user's process: alive
         return True
-    return True
+    try:  # a killed process its parent has not reaped yet is a zombie: gone all the same
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):  # no /proc (not Linux): it answered the signal
+        return True
 
 
 def busy(run_dir: Path, holder: dict[str, Any]) -> str:
