@@ -488,7 +488,7 @@ class RunLock:
                 who = busy(self.path.parent, holder or {}) if holder else "its lock is gone"
                 self.lost = f"{self.path.parent}: another process took over this run ({who})"
                 return
-            with contextlib.suppress(OSError):  # a full disk: the next renewal tries again
+            with contextlib.suppress(OSError, RunStoreError):  # a full disk: the next one tries
                 atomic_write_json(self.path, self._content(started=holder["started"]))
 
     def _take_over(self) -> None:
@@ -558,10 +558,12 @@ def busy(run_dir: Path, holder: dict[str, Any]) -> str:
 
 
 def record_invocation(run_dir: Path, started: float, seconds: float, solved: int) -> None:
-    """One line per invocation that had models open (GPU-hour prices charge its wall time)."""
+    """One line per invocation that had models open (GPU-hour prices charge its wall time).
+    Best effort: on a full disk the line is lost (never a record), and the error that stopped
+    the run is the one reported."""
     line = json.dumps({"started": started, "seconds": round(seconds, 3), "solved": solved})
-    with open(run_dir / INVOCATIONS, "a", encoding="utf-8") as handle:
-        handle.write(line + "\n")
+    with contextlib.suppress(OSError), open(run_dir / INVOCATIONS, "a", encoding="utf-8") as out:
+        out.write(line + "\n")
 
 
 def invocations(run_dir: Path) -> tuple[float, int]:
