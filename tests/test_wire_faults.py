@@ -168,6 +168,11 @@ def test_a_malformed_request_fails_its_item_and_the_run_goes_on(clean, tmp_path)
     rest = [row for row in scored(outcome) if row[0] != "t03"]
     assert rest == [row for row in scored(clean_outcome) if row[0] != "t03"]
     assert outcome.summary.failed == {"count": 1, "by_status": {"error": 1}, "ids": ["t03"]}
+    from pipelines.reports.report_html import render
+
+    page = render([outcome.dir])
+    failed = page.index('class="failed">FAILED: 1 items (error 1): t03')
+    assert failed < page.index('class="mean"')  # the first thing the run's section says
 
 
 def test_a_request_failing_for_good_fails_its_item_and_names_it(clean, tmp_path):
