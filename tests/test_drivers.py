@@ -445,10 +445,10 @@ def _open_files(pid: int) -> list[str]:
         return []
 
 
-def test_a_dry_run_names_each_drivers_share(tmp_path, capsys):
+def judged_request(tmp_path: Path, **settings):
+    """FanOutQA judging the fixture's answers, with ``settings`` (dotted keys, ``__`` for a dot)."""
     from pipelines.api import request_from
     from pipelines.runtime.registry import study
-    from pipelines.runtime.runner import execute
 
     dev, answers = fanoutqa_inputs(tmp_path)
     fanoutqa = study("fanoutqa")
@@ -456,12 +456,21 @@ def test_a_dry_run_names_each_drivers_share(tmp_path, capsys):
         "fanoutqa.input": str(dev),
         "fanoutqa.answers": str(answers),
         "fanoutqa.judge": True,
-        "evaluator.endpoint": "http://127.0.0.1:9/v1",
-        "evaluator.model": "scripted",
         "run.run_dir": str(tmp_path / "run"),
-        "run.drivers": 3,
-    }
-    outcomes = execute(fanoutqa, request_from(fanoutqa, None, overrides), dry_run=True)
+    } | {key.replace("__", "."): value for key, value in settings.items()}
+    return fanoutqa, request_from(fanoutqa, None, overrides)
+
+
+def test_a_dry_run_names_each_drivers_share(tmp_path, capsys):
+    from pipelines.runtime.runner import execute
+
+    fanoutqa, request = judged_request(
+        tmp_path,
+        evaluator__endpoint="http://127.0.0.1:9/v1",
+        evaluator__model="scripted",
+        run__drivers=3,
+    )
+    outcomes = execute(fanoutqa, request, dry_run=True)
     (outcome,) = outcomes.values()
     ids = [f"q{k:02d}" for k in range(QUESTIONS)]
     assert outcome.estimate is not None and outcome.estimate["drivers"] == shard_counts(ids, 3)
@@ -471,20 +480,9 @@ def test_a_dry_run_names_each_drivers_share(tmp_path, capsys):
 
 
 def test_drivers_refuse_a_serve_app_each_would_start(tmp_path):
-    from pipelines.api import request_from
-    from pipelines.runtime.registry import study
     from pipelines.runtime.runner import execute
 
-    dev, answers = fanoutqa_inputs(tmp_path)
-    fanoutqa = study("fanoutqa")
-    overrides = {
-        "fanoutqa.input": str(dev),
-        "fanoutqa.answers": str(answers),
-        "fanoutqa.judge": True,
-        "evaluator.replicas": 2,
-        "run.run_dir": str(tmp_path / "run"),
-        "run.drivers": 2,
-    }
+    fanoutqa, request = judged_request(tmp_path, evaluator__replicas=2, run__drivers=2)
     with pytest.raises(UserError, match="each driver start its own Ray Serve app"):
-        execute(fanoutqa, request_from(fanoutqa, None, overrides))
+        execute(fanoutqa, request)
     assert not (tmp_path / "run").exists()  # refused before anything is written

@@ -303,8 +303,9 @@ async def _run_one(
             if budget is not None:
                 budget.clock_start = solving[0]
 
+        drivers_used = spread_over_drivers(request, plan, pilot)
         try:
-            if spread_over_drivers(request, plan, pilot):
+            if drivers_used:
                 began()
                 run = await solve_on_drivers(
                     study.name,
@@ -338,7 +339,8 @@ async def _run_one(
                     began=began,
                 )
         finally:
-            store.reindex()  # what the drivers recorded, if any
+            if drivers_used:
+                store.reindex()  # what the drivers recorded in their own files
             if solving:
                 done = len(pending) - len(store.pending(ids))
                 record_invocation(store.dir, solving[0], time.time() - solving[0], done)

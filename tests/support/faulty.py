@@ -13,19 +13,17 @@ contains one of ``permanent``'s keys.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import hashlib
 import json
 import random
-import threading
 from collections import Counter
 from collections.abc import Iterator
 from typing import Any
 
 from aiohttp import web
 
-from tests.support.loopback import StageByPrompt
+from tests.support.loopback import StageByPrompt, serve_app
 from tests.support.scripted import ScriptedClient
 
 TRANSIENT = ("503", "429", "cut", "not_json", "no_choices", "drop")
@@ -105,24 +103,11 @@ def faulty_judge(server: FaultyServer) -> Iterator[str]:
     async def complete(request: web.Request) -> web.StreamResponse:
         return await server.complete(request)
 
-    loop = asyncio.new_event_loop()
     app = web.Application()
     app.router.add_post("/v1/chat/completions", complete)
     app.router.add_get("/v1/models", models)
-    runner = web.AppRunner(app)
-    loop.run_until_complete(runner.setup())
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    loop.run_until_complete(site.start())
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    thread = threading.Thread(target=loop.run_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{port}/v1"
-    finally:
-        asyncio.run_coroutine_threadsafe(runner.cleanup(), loop).result(10)
-        loop.call_soon_threadsafe(loop.stop)
-        thread.join(10)
-        loop.close()
+    with serve_app(app) as url:
+        yield url
 
 
 async def models(request: web.Request) -> web.Response:

@@ -129,9 +129,17 @@ def loopback_judge(
             return web.json_response({"error": {"message": str(exc)}}, status=500)
         return web.json_response(served(raw, parser))
 
-    loop = asyncio.new_event_loop()
     app = web.Application()
     app.router.add_post("/v1/chat/completions", complete)
+    with serve_app(app) as url:
+        yield url
+
+
+@contextlib.contextmanager
+def serve_app(app: web.Application) -> Iterator[str]:
+    """``app`` on 127.0.0.1 (a free port), from a thread with its own event loop, for the block;
+    yields the base URL (``.../v1``)."""
+    loop = asyncio.new_event_loop()
     runner = web.AppRunner(app)
     loop.run_until_complete(runner.setup())
     site = web.TCPSite(runner, "127.0.0.1", 0)
