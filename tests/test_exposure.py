@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ast
 import asyncio
+import socket
 from pathlib import Path
 
 import httpx
@@ -63,7 +64,15 @@ def test_a_server_off_loopback_refuses_requests_without_the_key(tiny_model, tmp_
     # own server: bound off loopback with an API key (the shared one is loopback, keyless)
     server = VLLMServer(spec, tmp_path / "serve.log")
     assert key not in " ".join(server.command())  # not on a command line others can read
-    with server.start():
+    # The port chosen for it is taken (bound, not listening: the check before launching sees
+    # it free) before vLLM binds, as an outgoing connection can take it: launched elsewhere.
+    taken = server.port
+    with socket.socket() as holder:
+        holder.bind(("0.0.0.0", taken))
+        server.start()
+    assert server.port != taken and server.port_moves == 1
+    assert "Address already in use" in (tmp_path / "serve.log").read_text()
+    with server:
         body = {
             "model": server.served_name,
             "max_tokens": 4,

@@ -1,6 +1,10 @@
+import random
+import socket
+from pathlib import Path
+
 import pytest
 
-from serving.launcher import ServerSpec, VLLMServer, lora_rank_for
+from serving.launcher import ServerSpec, ServerStartError, VLLMServer, free_port, lora_rank_for
 from serving.registry import PRESETS, LoraAdapter, UnknownModelError, resolve
 
 
@@ -80,3 +84,33 @@ def test_named_adapter_presets():
     assert (claims.base, claims.rank) == ("Llama-3.1-8B-Instruct", 64)  # ICAT: r=64
     served = lora_adapter("icat-claims", "/adapters/claims", "Llama-3.1-8B-Instruct")
     assert (served.path, served.rank) == ("/adapters/claims", 64)
+
+
+def test_free_ports_come_from_below_the_ephemeral_range_and_ignore_the_seed():
+    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    draws = []
+    for _ in range(3):
+        random.seed(7)  # a seeded run in two processes must not draw the same ports
+        draws.append(free_port())
+    assert all(20000 <= port < low for port in draws)  # no outgoing connection takes these
+    assert len(set(draws)) > 1
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", draws[0]))  # free when handed out
+
+
+def test_a_chosen_port_moves_a_few_times_and_a_named_one_never(tmp_path):
+    server = VLLMServer(ServerSpec(model="embedded"), tmp_path / "log")
+    ports = [server.port]
+    while server.move_port():
+        ports.append(server.port)
+    assert server.port_moves == 3
+    assert all(a != b for a, b in zip(ports, ports[1:], strict=False))
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        named = VLLMServer(ServerSpec(model="embedded", port=port), tmp_path / "log")
+        assert not named.move_port()
+        with pytest.raises(ServerStartError, match=f"port {port} on 127.0.0.1 is already in use"):
+            named.launch()
+    assert named.process is None  # refused before anything started

@@ -629,6 +629,55 @@ def test_a_start_interrupted_by_its_run_leaves_nothing_serving(kind, monkeypatch
         assert events == ["launched", "stopped"]
 
 
+# A process in vLLM's place for the launcher: binds its port as vLLM does (SO_REUSEADDR),
+# then answers the health check.
+HEALTH_ONLY = """
+import http.server, sys
+class Health(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200)
+        self.end_headers()
+http.server.HTTPServer.allow_reuse_address = True
+http.server.HTTPServer(("127.0.0.1", int(sys.argv[1])), Health).serve_forever()
+"""
+
+
+def test_a_run_starts_its_server_elsewhere_when_the_chosen_port_is_taken(monkeypatch, tmp_path):
+    """The port chosen for a run's server is taken before the server binds it (by an outgoing
+    connection, say): the run launches it again on another port instead of failing."""
+    import asyncio
+    import socket
+    import sys
+
+    from pipelines.runtime import evaluator
+    from serving.launcher import ServerSpec, VLLMServer
+
+    holders: list[socket.socket] = []
+
+    class Server(VLLMServer):
+        def __init__(self, spec, log) -> None:
+            super().__init__(spec, log)
+            holders.append(socket.socket())  # bound, not listening: launch() sees it free
+            holders[0].bind(("127.0.0.1", self.port))
+
+        def command(self) -> list[str]:
+            return [sys.executable, "-c", HEALTH_ONLY, str(self.port)]
+
+    monkeypatch.setattr(evaluator, "VLLMServer", Server)
+    monkeypatch.setattr(evaluator, "model_source", lambda preset: None)
+    log = tmp_path / "serve.log"
+    server = asyncio.run(
+        evaluator.start_server(ServerSpec(model="embedded"), EvaluatorConfig(model="embedded"), log)
+    )
+    try:
+        taken = holders[0].getsockname()[1]
+        assert server.port != taken and server.port_moves == 1
+        assert log.read_text().count("Address already in use") == 1  # the first launch's
+    finally:
+        server.stop()
+        holders[0].close()
+
+
 @contextlib.asynccontextmanager
 async def open_client(cfg, run_dir, servers):
     """A client's place in the pool without a client: the served address is enough here."""

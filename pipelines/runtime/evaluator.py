@@ -21,7 +21,7 @@ from typing import Any
 from pipelines.runtime.config import EvaluatorConfig, UserError
 from serving.cache import ResponseCache
 from serving.client import EvalClient
-from serving.launcher import ServerSpec, VLLMServer
+from serving.launcher import PortTaken, ServerSpec, VLLMServer
 from serving.reasoning import Reasoning
 from serving.registry import lora_adapter, model_source, resolve
 
@@ -71,13 +71,17 @@ async def start_server(spec: ServerSpec, cfg: EvaluatorConfig, log: Path) -> Any
         return await _AbandonableStart(replicas).run()
     await asyncio.to_thread(model_source, spec.preset)  # converts the embedded model, once
     server = VLLMServer(spec, log)
-    server.launch()  # from the loop's thread (the main one): it dies with us, even by SIGKILL
-    try:
-        await asyncio.to_thread(server.wait_ready)
-    except BaseException:
-        server.stop()  # cancelled: the wait's thread sees the process gone and ends
-        raise
-    return server
+    while True:
+        server.launch()  # from the loop's thread (the main one): it dies with us, even by SIGKILL
+        try:
+            await asyncio.to_thread(server.wait_ready)
+            return server
+        except PortTaken:
+            if not server.move_port():  # taken before vLLM bound it: launched on another
+                raise
+        except BaseException:
+            server.stop()  # cancelled: the wait's thread sees the process gone and ends
+            raise
 
 
 class _AbandonableStart:
