@@ -255,7 +255,7 @@ def _host(
         placed = replicas_of(handle)
     except Exception as exc:
         if owned and settings is not None:
-            _delete(name)
+            delete_app(name)
         channel.say({"error": error_line(exc)})
         return
     channel.say({"ready": True, "replicas": placed})
@@ -271,7 +271,7 @@ def _host(
         )
 
     if channel.answer_requests(answer) and owned:  # a gone cluster has no app to delete
-        _delete(name)
+        delete_app(name)
 
 
 def _score(handle: Any, chunks: list[list[list[str]]], retry_for: float) -> tuple[list, int]:
@@ -303,7 +303,7 @@ def _score(handle: Any, chunks: list[list[list[str]]], retry_for: float) -> tupl
     return [a for a in answers if a is not None], resent
 
 
-def _delete(name: str) -> None:
+def delete_app(name: str) -> None:
     with contextlib.suppress(Exception):
         serve.delete(name)
 

@@ -2,11 +2,13 @@
 
 The shard rule, the run store's union of driver files and the shared budget are checked here
 directly; the two-node test (``-m multinode``) runs the real command against a loopback judge
-that answers from the prompt alone, so one driver and two give the same records, and kills a
-driver, the whole command, and spends a cap shared by both drivers."""
+that answers from the prompt alone, so one driver and two give the same records (with the
+cross-encoder on one Serve app both drivers share), and kills a driver, the whole command, and
+spends a cap shared by both drivers."""
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -293,6 +295,8 @@ def test_two_drivers_on_two_nodes_equal_one_and_survive_kills_and_share_a_cap(tm
     from tests.support.loopback import StageByPrompt, loopback_judge
     from tests.support.ray_head import ray_head, ray_worker
     from tests.support.scripted import ScriptedClient
+    from tests.support.tiny import build_tiny_classifier
+    from tests.test_nli_serve import cluster_state
 
     dev, answers = fanoutqa_inputs(tmp_path)
     judge = ScriptedClient(
@@ -366,12 +370,22 @@ def test_two_drivers_on_two_nodes_equal_one_and_survive_kills_and_share_a_cap(tm
 
         items = comprehensiveness_items(tmp_path)
         scores = []
+        # (1c) the same with a cross-encoder as NLI judge: here, and on one Serve app of one
+        # replica that the command deploys for both drivers and deletes when they are done
+        nli = str(build_tiny_classifier(tmp_path / "tiny-deberta"))
+        cross_encoder = ["--nli-backend", "cross-encoder", "--nli-model", nli]
+        runs = {
+            "comp-one": [],
+            "comp-two": on_nodes,
+            "ce-one": cross_encoder,
+            "ce-two": [*cross_encoder, "--nli-replicas", "1", *on_nodes],
+        }
         with loopback_judge(
             comprehensiveness_judge(),
             "reasoning",
             StageByPrompt(COMP_PROMPTS, COMPREHENSIVENESS_STAGES),
         ) as comp_url:
-            for name, extra in (("comp-one", []), ("comp-two", on_nodes)):
+            for name, extra in runs.items():
                 args = [
                     *[sys.executable, "-m", "pipelines.cli", "eval", "comprehensiveness"],
                     *[str(items), "--method", "nli", "--protocol", "spec"],
@@ -383,6 +397,15 @@ def test_two_drivers_on_two_nodes_equal_one_and_survive_kills_and_share_a_cap(tm
         assert len(scores[0]) == 12 and scores[0] == scores[1]
         assert len({r[2] for r in scores[0]}) > 2  # the items differ, so a mix-up would show
         assert not (tmp_path / "comp-two" / "results.jsonl").exists()
+        assert len(scores[2]) == 12 and scores[2] == scores[3]
+        summary = json.loads((tmp_path / "ce-two" / "summary.json").read_text())
+        places = summary["nli_placement_this_invocation"]["drivers"]
+        assert [p["driver"] for p in places] == [0, 1]
+        assert len({p["app"] for p in places}) == 1  # one app for both drivers
+        assert all(not p["owned"] and p["answered"] for p in places)  # each scored on it
+        replicas = {(r["node"], r["pid"]) for p in places for r in p["replicas_at_start"]}
+        assert len(replicas) == 1  # of --nli-replicas 1, not one per driver
+        assert places[0]["app"] not in cluster_state(f"127.0.0.1:{head.port}")["apps"]
 
         # (2) the worker's driver SIGKILLed mid-run: Ray restarts it, it resumes its shard
         pace["seconds"] = 0.25
@@ -486,3 +509,46 @@ def test_drivers_refuse_a_serve_app_each_would_start(tmp_path):
     with pytest.raises(UserError, match="each driver start its own Ray Serve app"):
         execute(fanoutqa, request)
     assert not (tmp_path / "run").exists()  # refused before anything is written
+
+
+def test_the_drivers_share_one_nli_app_of_the_runs_replicas(tmp_path):
+    """``--nli-replicas N`` with drivers: one app of N replicas for the run (the coordinator
+    deploys it), each driver on it by name; nothing else about the run changes."""
+    from pipelines.comprehensiveness.common import ComprehensivenessOptions
+    from pipelines.comprehensiveness.framework import COMPREHENSIVENESS
+    from pipelines.icat.framework import IcatOptions
+    from pipelines.runtime.config import EvaluatorConfig, RunConfig
+    from pipelines.runtime.drivers import SharedNli
+    from pipelines.runtime.protocol import RunRequest
+
+    items = tmp_path / "items.jsonl"
+    items.write_text("")
+
+    def request(**options) -> RunRequest:
+        fields = {"input": items, "method": "nli", "nli_backend": "cross-encoder"}
+        comp = ComprehensivenessOptions(**(fields | {"nli_model": "m"} | options))
+        return RunRequest(EvaluatorConfig(model="embedded"), RunConfig(run_dir=tmp_path), comp)
+
+    on_serve = request(nli_replicas=3, nli_resources='{"nli": 1}', nli_device="cuda")
+    shared = SharedNli.of(on_serve)
+    assert shared is not None and shared.name.startswith("groundcover-nli-")
+    assert shared.settings["model"] == "m" and shared.settings["replicas"] == 3
+    assert shared.settings["device"] == "cuda" and shared.settings["resources"] == {"nli": 1.0}
+    assert shared.settings["batch_size"] == 32
+    drivers = shared.request_for_drivers(on_serve)
+    assert drivers.options.nli_app == shared.name and not drivers.options.nli_replicas
+    assert drivers.options.nli_resources is None and on_serve.options.nli_replicas == 3
+    same = COMPREHENSIVENESS.identity  # where the cross-encoder runs changes no number
+    assert same(drivers.options) == same(on_serve.options)
+    # nothing to share: Ray Data actors per call, a running app, no Serve, the LLM as NLI judge
+    assert SharedNli.of(request(nli_replicas=2, nli_bulk=True)) is None
+    assert SharedNli.of(request(nli_app="warm")) is None
+    assert SharedNli.of(request()) is None
+    llm_judge = ComprehensivenessOptions(input=items, method="nli")
+    assert SharedNli.of(dataclasses.replace(on_serve, options=llm_judge)) is None
+    icat = IcatOptions(
+        input=items, queries=items, snippets=items, nli_model="d", nli_batch=8, nli_replicas=2
+    )
+    shared = SharedNli.of(dataclasses.replace(on_serve, options=icat))
+    assert shared is not None and shared.settings["model"] == "d"
+    assert shared.settings["batch_size"] == 8

@@ -39,6 +39,9 @@ class Item(BaseModel):
 DEFAULT_DATA = {"wikicontradict": "wikicontradict-humaneval", "conflictbank": "conflictbank"}
 
 
+CROSS_ENCODER_BATCH = 32  # pairs per forward pass of the NLI cross-encoder
+
+
 class ComprehensivenessOptions(FrameworkOptions, NliPlacement):
     input: Path | None = Field(None, description="items JSONL, or the meta-evaluation data file")
     dataset: Dataset = Field("items", description="items | wikicontradict | conflictbank")
@@ -86,6 +89,11 @@ class ComprehensivenessOptions(FrameworkOptions, NliPlacement):
         if self.prune_below is not None and not self.rules.pruning_allowed:
             raise ValueError("prune_below: pruning is off in the paper protocol (use spec)")
         return self
+
+    def cross_encoder(self) -> tuple[str, str, int] | None:
+        if self.method != "nli" or self.nli_backend != "cross-encoder" or not self.nli_model:
+            return None
+        return self.nli_model, self.nli_device, CROSS_ENCODER_BATCH
 
     @property
     def rules(self) -> Rules:

@@ -90,7 +90,8 @@ class CrossEncoderNli:
     def __init__(self, config, address: str | None = None):
         from retrieval.nli import NliBatcher
 
-        self.scorer = config.open_nli(config.nli_model, config.nli_device, 32, address)
+        model, device, batch_size = config.cross_encoder()
+        self.scorer = config.open_nli(model, device, batch_size, address)
         self.batcher = NliBatcher(self.scorer)  # pools as big as the scorer asks for
 
     def placement(self) -> dict | None:

@@ -59,6 +59,9 @@ class IcatOptions(FrameworkOptions, NliPlacement):
     line_max_chars: int = Field(300, ge=20, le=2000)
     limit: int | None = Field(None, ge=1, description="only the first N responses")
 
+    def cross_encoder(self) -> tuple[str, str, int]:
+        return self.nli_model, self.nli_device, self.nli_batch
+
     @model_validator(mode="after")
     def _sources(self) -> IcatOptions:
         if (self.index is None) == (self.snippets is None):
@@ -293,9 +296,7 @@ class Icat(Framework[IcatOptions, data.Response]):
         from retrieval.nli import NliModelError
 
         try:  # here, on a Serve app or on Ray Data actors: the same numbers
-            return options.open_nli(
-                options.nli_model, options.nli_device, options.nli_batch, ray_address
-            )
+            return options.open_nli(*options.cross_encoder(), ray_address)
         except (OSError, NliModelError) as exc:
             raise UserError(f"NLI model {options.nli_model!r}: {str(exc)[:200]}") from exc
 

@@ -13,6 +13,9 @@ one run, and a resume with any N (1 included) finds everything recorded.
   are owned by its coordinator process) and the same command resumes with the same or another N.
 - **Budgets.** ``--max-cost`` / ``--max-run-tokens`` are held by one ledger actor that every
   driver asks before taking an item (``SharedBudget``): one cap over the run, not N.
+- **NLI.** A cross-encoder on a Serve app (``--nli-replicas N``) is one app for the run: the
+  coordinator deploys it before the drivers start, they score on it by name, and it is deleted
+  when they are done (``SharedNli``), so the cluster holds N replicas, not N per driver.
 - **Placement.** ``--driver-resources`` places the drivers: one JSON object for all, or a list
   with one per driver (e.g. ``[{"node:10.0.0.1": 0.01}, {"node:10.0.0.2": 0.01}]``); without
   it they are spread over the nodes. An endpoint on 127.0.0.1 is each driver's own node's: the
@@ -26,15 +29,18 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import hashlib
 import os
 import time
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from pipelines.runtime.config import EvaluatorConfig, UserError
 from pipelines.runtime.costs import Budget, Ledger, usage_tokens
+from pipelines.runtime.nli_placement import NliPlacement
 from pipelines.runtime.protocol import RunRequest
 from pipelines.runtime.runstore import RunStore
 from pipelines.runtime.solving import Solved
@@ -43,6 +49,7 @@ from serving.ray_cluster import Channel, DriverChild, error_line
 
 RESTARTS = 3  # a driver process that dies is restarted this many times, then the run stops
 PROGRESS_SECONDS = 1.0  # how often the coordinator reports the drivers' progress
+NLI_START_SECONDS = 600.0  # for the drivers' shared NLI app to run (a scorer's own waits as long)
 
 
 class DriversFailed(EndpointError):
@@ -283,11 +290,11 @@ def coordinate(
     specs: list[DriverSpec],
     placement: list[dict[str, float]],
     ledger_state: dict[str, Any] | None,
+    nli: SharedNli | None = None,
 ) -> None:
-    """Start the drivers and the ledger, report progress, end with their results or one error
-    line. Told to stop (or its command gone), it ends the drivers."""
-    import ray
-
+    """Deploy the drivers' shared NLI app (``nli``), start the drivers and the ledger, report
+    progress, end with their results or one error line. Told to stop (or its command gone), it
+    ends the drivers, then deletes the app."""
     from serving.ray_cluster import connect
 
     try:
@@ -295,6 +302,30 @@ def coordinate(
     except Exception as exc:
         channel.say({"error": f"cannot join Ray at {address or 'a local Ray'}: {error_line(exc)}"})
         return
+    if nli is None:
+        _drive(channel, specs, placement, ledger_state)
+        return
+    from retrieval.nli_serve import delete_app, deploy
+
+    try:
+        try:
+            deploy(nli.name, nli.settings, NLI_START_SECONDS)
+        except Exception as exc:
+            channel.say({"error": f"the drivers' NLI app: {error_line(exc)}"})
+            return
+        _drive(channel, specs, placement, ledger_state)
+    finally:
+        delete_app(nli.name)
+
+
+def _drive(
+    channel: Channel,
+    specs: list[DriverSpec],
+    placement: list[dict[str, float]],
+    ledger_state: dict[str, Any] | None,
+) -> None:
+    import ray
+
     ledger: Any = None
     if ledger_state is not None:
         ledger = ray.remote(SharedBudget).options(num_cpus=0).remote(ledger_state)
@@ -396,6 +427,29 @@ def _told_to_stop(channel: Channel) -> bool:
 
 
 @dataclass
+class SharedNli:
+    """One Serve app of the run's NLI replicas that every driver scores on: the command's
+    coordinator deploys it before the drivers start and deletes it when they are done (without
+    it, each driver would deploy ``--nli-replicas`` of its own)."""
+
+    name: str
+    settings: dict[str, Any]
+
+    @classmethod
+    def of(cls, request: RunRequest) -> SharedNli | None:
+        options = request.options
+        if not isinstance(options, NliPlacement):
+            return None
+        settings = options.serve_app_settings()
+        if settings is None:
+            return None
+        return cls(f"groundcover-nli-{uuid.uuid4().hex[:8]}", settings)
+
+    def request_for_drivers(self, request: RunRequest) -> RunRequest:
+        return dataclasses.replace(request, options=request.options.on_app(self.name))
+
+
+@dataclass
 class DriverRun:
     """What N drivers did this invocation: merged for the run's summary, and per driver."""
 
@@ -433,10 +487,11 @@ async def solve_on_drivers(
     n = request.run.drivers
     env = passed_env(roles)
     shares = shard_counts(pending, n)
+    nli = SharedNli.of(request)
     specs = [
         DriverSpec(
             study=study_name,
-            request=request,
+            request=nli.request_for_drivers(request) if nli else request,
             root=str(root.resolve()),
             plan_key=plan_key,
             roles=roles,
@@ -451,7 +506,7 @@ async def solve_on_drivers(
     ]
     placement = driver_resources(request.run.driver_resources, n)
     state = budget.state() if budget is not None else None
-    args = (request.evaluator.ray_address, specs, placement, state)
+    args = (request.evaluator.ray_address, specs, placement, state, nli)
     child = DriverChild(coordinate, args, "groundcover-drivers")
     try:
         with DriverProgress(shares, len(pending), show_progress) as progress:

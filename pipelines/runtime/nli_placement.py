@@ -16,7 +16,7 @@ The cluster is the evaluator's ``--ray-address`` (none: a local Ray of the run's
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, Self
 
 from pydantic import Field, model_validator
 
@@ -66,6 +66,33 @@ class NliPlacement(Strict):
     @property
     def nli_on_ray(self) -> bool:
         return bool(self.nli_replicas or self.nli_app)
+
+    def cross_encoder(self) -> tuple[str, str, int] | None:
+        """(model, device, batch size) of the cross-encoder these options run, or None when
+        they run none (each framework says where it keeps them)."""
+        return None
+
+    def serve_app_settings(self) -> dict[str, Any] | None:
+        """The Serve app a scorer opened from these options would deploy for itself
+        (``nli_replicas`` without ``nli_bulk`` or ``nli_app``), or None."""
+        used = self.cross_encoder()
+        if used is None or not self.nli_replicas or self.nli_bulk or self.nli_app:
+            return None
+        from retrieval.nli_serve import app_settings
+
+        model, device, batch_size = used
+        return app_settings(
+            model,
+            replicas=self.nli_replicas,
+            device=device,
+            batch_size=batch_size,
+            resources=parse_resources(self.nli_resources),
+        )
+
+    def on_app(self, name: str) -> Self:
+        """These options with the cross-encoder on the running app ``name``: the drivers of one
+        run share the app their command deployed instead of deploying one each."""
+        return self.model_copy(update={"nli_app": name, "nli_replicas": 0, "nli_resources": None})
 
     def open_nli(self, model: str, device: str, batch_size: int, address: str | None) -> Any:
         """The scorer this placement asks for (``retrieval.nli.PairScorer``)."""
