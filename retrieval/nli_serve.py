@@ -27,7 +27,7 @@ import contextlib
 import os
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -175,13 +175,21 @@ def app_running(name: str) -> bool:
     return app is not None and str(app.status) in ("RUNNING", "ApplicationStatus.RUNNING")
 
 
-def deploy(name: str, settings: dict[str, Any], timeout: float) -> None:
-    """Deploy (or update) the named app on the cluster this process joined; wait until RUNNING."""
+def deploy(
+    name: str,
+    settings: dict[str, Any],
+    timeout: float,
+    stopped: Callable[[], bool] = lambda: False,
+) -> None:
+    """Deploy (or update) the named app on the cluster this process joined; wait until RUNNING
+    (or until ``stopped()`` says the wait is no longer wanted)."""
     began = time.monotonic()
     serve.start(proxy_location="Disabled")  # handles only: no HTTP proxy to start or guard
     serve.run(nli_app(**settings), name=name, route_prefix=None, blocking=False)
     deadline = began + timeout
     while not app_running(name):
+        if stopped():
+            raise NliAppError(f"NLI app {name}: its start was called off")
         app = serve.status().applications.get(name)
         if app is not None and "DEPLOY_FAILED" in str(app.status):
             raise NliAppError(f"NLI app {name} failed to deploy: {' '.join(app.message.split())}")

@@ -32,6 +32,8 @@ import contextlib
 import dataclasses
 import hashlib
 import os
+import signal
+import sys
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -307,11 +309,14 @@ def coordinate(
         return
     from retrieval.nli_serve import delete_app, deploy
 
+    # terminated (the command gave up waiting for a tidy stop): the app is deleted all the same
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))
     try:
         try:
-            deploy(nli.name, nli.settings, NLI_START_SECONDS)
+            deploy(nli.name, nli.settings, NLI_START_SECONDS, lambda: _told_to_stop(channel))
         except Exception as exc:
-            channel.say({"error": f"the drivers' NLI app: {error_line(exc)}"})
+            with contextlib.suppress(OSError):  # called off by a command that is gone
+                channel.say({"error": f"the drivers' NLI app: {error_line(exc)}"})
             return
         _drive(channel, specs, placement, ledger_state)
     finally:
