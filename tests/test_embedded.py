@@ -53,6 +53,6 @@ def test_main_job_on_embedded_model_starts_and_stops_its_own_server(tmp_path):
     assert "mean score" in done.stdout or "undefined" in done.stdout
 
     log = (run_dir / "serve.log").read_text()
-    port = int(re.search(r"--port (\d+)", log).group(1))
+    port = int(re.findall(r"--port (\d+)", log)[-1])  # the last launch's (a taken one moves)
     assert "--host 127.0.0.1" in log
     assert not port_in_use("127.0.0.1", port), "the server started for the run must be stopped"
