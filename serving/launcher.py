@@ -158,6 +158,7 @@ class VLLMServer:
         self.log_path = Path(log_path)
         self.port = spec.port or free_port(spec.host)
         self.port_moves = 0
+        self.launched_at = 0  # offset of the last launch in the log
         self.process: subprocess.Popen | None = None
         self.device = engine_device() if spec.device == "auto" else spec.device
 
@@ -253,6 +254,7 @@ class VLLMServer:
         command = self.command()  # converts the embedded model first, outside the timeout
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         log = open(self.log_path, "ab")  # noqa: SIM115 - handed to the child process
+        self.launched_at = log.tell()  # where this launch's lines begin in the log
         log.write(f"$ {' '.join(command)}\n".encode())
         log.flush()
         self.process = subprocess.Popen(
@@ -283,7 +285,7 @@ class VLLMServer:
             if self.process is None or self.process.poll() is not None:
                 code = self.process.returncode if self.process else "?"
                 tail = self.log_tail()
-                error = PortTaken if "Address already in use" in tail else ServerStartError
+                error = PortTaken if self.port_was_taken() else ServerStartError
                 where = f"last log lines of {self.log_path}"
                 raise error(f"vLLM exited with code {code}; {where}:\n{tail}")
             with contextlib.suppress(httpx.HTTPError):
@@ -292,6 +294,15 @@ class VLLMServer:
             time.sleep(0.5)
         self.stop()
         raise ServerStartError(f"vLLM not healthy after {timeout:.0f}s; see {self.log_path}")
+
+    def port_was_taken(self) -> bool:
+        """This launch (not an earlier one in the same log) could not bind its port."""
+        try:
+            with open(self.log_path, "rb") as log:
+                log.seek(self.launched_at)
+                return b"Address already in use" in log.read()
+        except OSError:
+            return False
 
     def log_tail(self, lines: int = 30) -> str:
         try:

@@ -678,6 +678,24 @@ def test_a_run_starts_its_server_elsewhere_when_the_chosen_port_is_taken(monkeyp
         holders[0].close()
 
 
+def test_a_server_failing_otherwise_is_not_moved_for_an_earlier_launchs_taken_port(tmp_path):
+    """The log keeps every launch: only this launch's lines say whether its port was taken."""
+    import sys
+
+    from serving.launcher import PortTaken, ServerSpec, ServerStartError, VLLMServer
+
+    class Failing(VLLMServer):
+        def command(self) -> list[str]:
+            return [sys.executable, "-c", "raise SystemExit('no model here')"]
+
+    log = tmp_path / "serve.log"
+    log.write_text("OSError: [Errno 98] Address already in use\n")  # an earlier launch's
+    server = Failing(ServerSpec(model="embedded"), log)
+    with pytest.raises(ServerStartError, match="no model here") as raised:
+        server.start(timeout=60)
+    assert not isinstance(raised.value, PortTaken) and server.port_moves == 0
+
+
 @contextlib.asynccontextmanager
 async def open_client(cfg, run_dir, servers):
     """A client's place in the pool without a client: the served address is enough here."""
