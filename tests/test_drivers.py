@@ -31,6 +31,7 @@ from pipelines.runtime.drivers import (
 from pipelines.runtime.errors import UserError
 from pipelines.runtime.results import ItemResult, StageFailure
 from pipelines.runtime.runstore import RunStore, result_files, results_by_id, shard_file
+from tests.support.records import whole_records
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -258,15 +259,6 @@ def records_of(run: Path) -> list[tuple]:
         details = json.dumps(r.details, sort_keys=True).replace(str(run), "RUN")  # graph files
         out.append((r.id, r.status, r.score, details, tokens))
     return out
-
-
-def whole_records(run: Path) -> list[str]:
-    """The id of every whole record in every results file of the run (duplicates kept)."""
-    ids = []
-    for path in result_files(run):
-        if path.is_file():
-            ids += [json.loads(line)["id"] for line in path.read_bytes().split(b"\n")[:-1]]
-    return ids
 
 
 def holders(run: Path) -> list[int]:

@@ -18,7 +18,8 @@ import pytest
 
 from pipelines.runtime import runstore
 from pipelines.runtime.results import ItemResult
-from pipelines.runtime.runstore import LOCK, RunLock, RunStoreError, result_files
+from pipelines.runtime.runstore import LOCK, RunLock, RunStoreError
+from tests.support.records import whole_records
 
 ROOT = Path(__file__).resolve().parents[1]
 HOLD = """
@@ -98,14 +99,6 @@ def test_a_holder_whose_lock_was_taken_stops_recording(tmp_path, monkeypatch):
 # ---- two real commands on one run directory ---------------------------------------------------
 
 
-def every_record(run: Path) -> list[str]:
-    ids = []
-    for path in result_files(run):
-        if path.is_file():
-            ids += [json.loads(line)["id"] for line in path.read_bytes().split(b"\n")[:-1]]
-    return ids
-
-
 @pytest.fixture
 def judged(tmp_path):
     """A FanOutQA run of judged answers against a loopback judge that answers from the prompt
@@ -148,7 +141,7 @@ def test_two_commands_on_one_run_directory_record_each_item_once(judged, tmp_pat
     (holder, _), (_, refused) = sorted(ends, key=lambda end: end[0].returncode)
     line = " ".join(refused.split())
     assert f"another process is writing this run: pid {holder.pid} on host" in line
-    ids = every_record(run_dir / "answers")
+    ids = whole_records(run_dir / "answers")
     assert sorted(ids) == sorted(set(ids)) and len(ids) == 24  # every item, once
     assert len(judge.calls) - calls_of_one_run == calls_of_one_run  # the work of one run
     assert not (run_dir / "answers" / LOCK).exists()  # given back at the end
@@ -170,7 +163,7 @@ def test_a_holder_killed_mid_run_is_taken_over_by_the_same_command(judged, tmp_p
     pace["seconds"] = 0.0
     done = subprocess.run(command(run_dir), env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
-    ids = every_record(run_dir / "answers")
+    ids = whole_records(run_dir / "answers")
     assert sorted(ids) == sorted(set(ids)) and len(ids) == 24
     assert 24 <= len(judge.calls) <= 24 + 2  # one run's calls, plus those in flight at the kill
 
