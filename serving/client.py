@@ -302,8 +302,13 @@ class EvalClient:
         gone: Callable[[], str | None] | None = None,
         reasoning: Reasoning | None = None,
         reasoning_parser: bool | None = None,
+        revisions: dict[str, str] | None = None,
     ):
         self.base_url = base_url
+        # request name (base model, adapter) -> what it is by content (a digest, a hub commit,
+        # what the endpoint reports): part of every cache key, so a retrained adapter or a
+        # replaced model is never answered from the cache of the old one
+        self.revisions = dict(revisions or {})
         self.gone = gone  # says why the server cannot come back (a lost Ray cluster): no retry
         # () -> [{"node", "pid", "requests"}] of the replicas behind the URL (a Ray Serve app
         # the run started), for the run to report how its requests spread
@@ -437,19 +442,24 @@ class EvalClient:
         model = adapter or self.adapter or self.model
         usage = self.usage.setdefault(stage, StageUsage())
         raw, key = None, ""
+        revision = self._revision(model)
         if self.cache is not None:  # the key (canonical JSON, SHA-256) only where it is used
-            key = cache_key(
-                {
-                    "base": self.model,
-                    "model": model,
-                    "messages": messages,
-                    "params": body,
-                    "template": template,
-                }
-            )
+            payload = {
+                "base": self.model,
+                "model": model,
+                "messages": messages,
+                "params": body,
+                "template": template,
+            }
+            # without revisions (a client built by hand) the key is the one it always was
+            key = cache_key(payload | {"revision": revision} if revision else payload)
             # a point read on the cache's own connection; the put below only queues the row for
             # the cache's writer thread: no request waits for SQLite or a thread hop
             raw = self.cache.get(key)
+            if raw is None and revision:  # a row from before keys carried revisions
+                raw = self.cache.legacy(cache_key(payload), f"{self.model}\0{model}", revision)
+                if raw is not None:
+                    self.cache.put(key, raw, model, revision)
         cached = raw is not None
         if raw is None:
             served = model if model == self.model else self.adapter_prefix + model
@@ -463,7 +473,7 @@ class EvalClient:
                 if meter is not None:
                     meter.setdefault(stage, StageUsage()).add(attempts, ATTEMPT_FIELDS)
             if self.cache is not None:
-                self.cache.put(key, raw)
+                self.cache.put(key, raw, model, revision)
         else:
             usage.cache_hits += 1
         result = self._result(raw, cached, usage)
@@ -475,6 +485,15 @@ class EvalClient:
             item.completion_tokens += result.completion_tokens
             item.reasoning_tokens += result.reasoning_tokens
         return result
+
+    def _revision(self, model: str) -> str | None:
+        """What ``model`` (a request name) is by content, with its base model when it is an
+        adapter; None when the client was told nothing."""
+        mine = self.revisions.get(model)
+        if model == self.model:
+            return mine
+        base = self.revisions.get(self.model)
+        return None if mine is None and base is None else f"{base}+{mine}"
 
     async def _request(
         self,

@@ -131,6 +131,7 @@ class ServerSpec:
     host: str = "127.0.0.1"
     port: int = 0  # 0: pick a free one
     max_model_len: int | None = None
+    revision: str | None = None  # the hub commit to load (the one the run's identity records)
     kv_cache_bytes: str = "256M"  # CPU only
     extra_args: list[str] = field(default_factory=list)
     env: dict[str, str] = field(default_factory=dict)
@@ -194,6 +195,8 @@ class VLLMServer:
             "--max-model-len",
             str(self.spec.max_model_len or preset.max_model_len),
         ]
+        if self.spec.revision:
+            args += ["--revision", self.spec.revision]
         if self.device == "cpu":
             args += [
                 "--distributed-executor-backend",

@@ -1,3 +1,4 @@
+import json
 import math
 import os
 import shutil
@@ -135,3 +136,237 @@ def test_many_rows_are_committed_in_few_transactions(tmp_path):
         created = {row[0] for row in db.execute("SELECT created FROM responses")}
     assert len(created) <= 3  # one timestamp per transaction: 512 + 488, or a split by the flush
     cache.close()
+
+
+# ---- content keys, a damaged file, several hosts -------------------------------------------------
+
+
+def fixture_messages():
+    return [
+        {"role": "system", "content": "Rate the passage."},
+        {
+            "role": "user",
+            "content": "Passage: the tower is 330 m tall. Question: how tall is "
+            "the tower? Answer 1-5.",
+        },
+    ]
+
+
+FIXTURE_PARAMS = {
+    "template": "crux/rating@1",
+    "temperature": 0.0,
+    "max_tokens": 8,
+    "logprobs": True,
+    "top_logprobs": 2,
+    "extra_body": {"structured_outputs": {"choice": ["1", "2", "3", "4", "5"]}},
+}
+
+
+def counting_client(path, revisions):
+    """A client whose requests are counted and answered '3' (the cache answers the rest)."""
+    from serving.client import EvalClient
+
+    client = EvalClient(
+        "http://127.0.0.1:9/v1", "tiny-llama", cache=ResponseCache(path), revisions=revisions
+    )
+    sent: list[str] = []
+
+    async def answer(path_, body, **kwargs):
+        sent.append(body["model"])
+        message = {"role": "assistant", "content": "3"}
+        return {"choices": [{"index": 0, "message": message, "finish_reason": "stop"}]}
+
+    client._http.post = answer  # type: ignore[method-assign]
+    return client, sent
+
+
+async def test_a_cache_from_before_revisions_still_answers_an_unchanged_model(tmp_path):
+    """The fixture's row was keyed by name only. A model known by revision now is answered from
+    it, and that revision is bound to the name; another revision of the same name (a replaced
+    model) is asked again."""
+    path = tmp_path / "cache.sqlite"
+    shutil.copy(FIXTURE, path)
+    client, sent = counting_client(path, {"tiny-llama": "endpoint:aaaa"})
+    result = await client.chat(fixture_messages(), **FIXTURE_PARAMS)
+    assert result.cached and result.text == "4" and sent == []
+    await client.aclose()
+    client.cache.close()  # type: ignore[union-attr]
+
+    again, sent = counting_client(path, {"tiny-llama": "endpoint:aaaa"})
+    assert (await again.chat(fixture_messages(), **FIXTURE_PARAMS)).text == "4" and sent == []
+    again.cache.close()  # type: ignore[union-attr]
+
+    replaced, sent = counting_client(path, {"tiny-llama": "endpoint:bbbb"})
+    result = await replaced.chat(fixture_messages(), **FIXTURE_PARAMS)
+    assert not result.cached and result.text == "3" and sent == ["tiny-llama"]
+    replaced.cache.close()  # type: ignore[union-attr]
+
+
+async def test_a_retrained_adapter_is_asked_again(tmp_path):
+    path = tmp_path / "cache.sqlite"
+    revisions = {"tiny-llama": "sha256:base", "claims": "sha256:weights-a"}
+    first, sent = counting_client(path, revisions)
+    messages = [{"role": "user", "content": "claims of: the tower is tall"}]
+    await first.chat(messages, adapter="claims", max_tokens=4)
+    await first.chat(messages, adapter="claims", max_tokens=4)
+    assert sent == ["claims"]  # the second from the cache
+    first.cache.close()  # type: ignore[union-attr]
+    retrained, sent = counting_client(path, revisions | {"claims": "sha256:weights-b"})
+    result = await retrained.chat(messages, adapter="claims", max_tokens=4)
+    assert not result.cached and sent == ["claims"]
+    retrained.cache.close()  # type: ignore[union-attr]
+    with sqlite3.connect(path) as db:
+        rows = db.execute("SELECT model, revision FROM responses ORDER BY created").fetchall()
+    assert rows == [
+        ("claims", "sha256:base+sha256:weights-a"),
+        ("claims", "sha256:base+sha256:weights-b"),
+    ]
+
+
+def damage(path: Path, start: int, length: int = 8192) -> None:
+    with open(path, "r+b") as handle:
+        handle.seek(start)
+        handle.write(bytes(range(256)) * (length // 256))
+
+
+def filled(path: Path, rows: int = 400) -> None:
+    cache = ResponseCache(path)
+    for n in range(rows):
+        cache.put(f"k{n}", {"choices": [{"message": {"content": "x" * 200}}], "n": n})
+    cache.close()
+    with sqlite3.connect(path) as db:  # everything in the main file, none in the WAL
+        db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+
+
+@pytest.mark.parametrize(
+    "where", [0, 4096 * 3, 4096 * 8], ids=["header", "first-pages", "later-pages"]
+)
+def test_a_damaged_cache_is_moved_aside_and_a_fresh_one_takes_its_place(tmp_path, capsys, where):
+    path = tmp_path / "responses.sqlite"
+    filled(path)
+    damage(path, where, 4096 * 4)
+    cache = ResponseCache(path)  # the header: found at open; pages: found at the first read
+    found = [cache.get(f"k{n}") for n in range(400)]
+    assert all(f is None or f["n"] == n for n, f in enumerate(found))
+    aside = [p for p in tmp_path.glob("responses.sqlite.damaged-*") if p.suffix != ".sqlite"]
+    aside = [p for p in aside if not p.name.endswith(("-wal", "-shm"))]
+    assert len(aside) == 1, capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert err.count("is damaged") == 1 and "moved aside" in err
+    cache.put("new", {"choices": [1]})
+    cache.flush()
+    assert cache.get("new") == {"choices": [1]}
+    cache.close()
+    with sqlite3.connect(path) as db:
+        assert db.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+
+
+def test_two_hosts_sharing_one_cache_directory_each_write_their_own_file_and_read_all(
+    tmp_path, monkeypatch
+):
+    import serving.cache
+
+    monkeypatch.setattr(serving.cache, "RESCAN_SECONDS", 0.0)
+    path = tmp_path / "shared" / "responses.sqlite"
+    monkeypatch.setenv("GROUNDCOVER_HOST_ID", "node-a")
+    a = ResponseCache(path, shared=True)
+    monkeypatch.setenv("GROUNDCOVER_HOST_ID", "node-b")
+    b = ResponseCache(path, shared=True)
+    a.put("from-a", {"choices": ["a"]})
+    b.put("from-b", {"choices": ["b"]})
+    a.flush()
+    b.flush()
+    assert sorted(p.name for p in path.parent.glob("*.sqlite")) == [
+        "responses@node-a.sqlite",
+        "responses@node-b.sqlite",
+    ]
+    assert a.get("from-b") == {"choices": ["b"]} and b.get("from-a") == {"choices": ["a"]}
+    with sqlite3.connect(path.parent / "responses@node-a.sqlite") as db:
+        assert [r[0] for r in db.execute("SELECT key FROM responses")] == ["from-a"]
+    a.close()
+    b.close()
+
+
+def test_the_cache_command_lists_prunes_and_clears_by_model_revision(tmp_path):
+    from typer.testing import CliRunner
+
+    from pipelines.cli.main import app
+    from serving.content import digest_path
+
+    adapter = tmp_path / "claims"
+    adapter.mkdir()
+    (adapter / "adapter_model.safetensors").write_bytes(b"weights a")
+    revision = f"sha256:{digest_path(adapter).sha256}"
+    path = tmp_path / "responses.sqlite"
+    cache = ResponseCache(path)
+    cache.remember_model(revision, "claims", str(adapter))
+    for n in range(3):
+        cache.put(f"a{n}", {"choices": [n]}, "claims", f"sha256:base+{revision}")
+    cache.put("b0", {"choices": [0]}, "tiny", "sha256:base")
+    cache.close()
+    runner = CliRunner()
+    listed = runner.invoke(app, ["cache", "list", "--cache", str(path)], env={"COLUMNS": "200"})
+    assert listed.exit_code == 0, listed.output
+    assert "4 entries" in listed.output and revision.removeprefix("sha256:")[:12] in listed.output
+    assert "yes" in listed.output  # the adapter still has that content
+
+    (adapter / "adapter_model.safetensors").write_bytes(b"weights b")  # retrained
+    pruned = runner.invoke(app, ["cache", "prune", "--missing", "--cache", str(path)])
+    assert pruned.exit_code == 0 and "3 of missing models" in pruned.output
+    with sqlite3.connect(path) as db:
+        assert [r[0] for r in db.execute("SELECT key FROM responses")] == ["b0"]
+    older = runner.invoke(app, ["cache", "prune", "--before", "2000-01-01", "--cache", str(path)])
+    assert older.exit_code == 0 and "deleted 0 older" in older.output
+    refused = runner.invoke(app, ["cache", "clear", "--cache", str(path)])
+    assert refused.exit_code == 2 and "--yes" in refused.output
+    cleared = runner.invoke(app, ["cache", "clear", "--yes", "--cache", str(path)])
+    assert cleared.exit_code == 0 and "deleted 1 entries" in cleared.output
+
+
+def test_a_run_on_a_damaged_cache_completes_with_the_records_of_a_clean_run(tmp_path, capsys):
+    """CRUX with one unrated passage: its four ratings come from a judge on 127.0.0.1 through the
+    product's client and cache. The same run on a copy of that cache, damaged, asks them again
+    (the damaged file moved aside) and records what the clean run recorded."""
+    from pipelines.crux.framework import CRUX, PROMPTS, CruxOptions
+    from pipelines.runtime.config import EvaluatorConfig, RunConfig
+    from pipelines.runtime.protocol import RunRequest
+    from pipelines.runtime.runner import execute
+    from tests.support.loopback import StageByPrompt, loopback_judge
+    from tests.support.scripted import ScriptedClient, field_of
+    from tests.test_crux import write_crux
+
+    paths = write_crux(tmp_path)
+    options = CruxOptions(
+        input=paths["run"],
+        topics=paths["topics"],
+        passages=paths["passages"],
+        ratings=paths["ratings"],
+    )
+    judge = ScriptedClient(
+        {"rate": lambda p: "4" if field_of(p, "Question") in ("Q2?", "Q3?") else "1"},
+        check_constraints=False,
+    )
+    judge.keep_calls = True
+
+    def solved(run_dir: Path, cache: Path) -> list[dict]:
+        evaluator = EvaluatorConfig(model="judge", endpoint=url, concurrency=2)
+        request = RunRequest(evaluator, RunConfig(run_dir=run_dir, cache=cache), options)
+        execute(CRUX, request, quiet=True)
+        lines = (run_dir / "results.jsonl").read_text().splitlines()
+        return [
+            {k: r[k] for k in ("id", "status", "score", "details")} for r in map(json.loads, lines)
+        ]
+
+    with loopback_judge(judge, None, StageByPrompt(PROMPTS, {"rate": "rate"})) as url:
+        clean = solved(tmp_path / "clean", tmp_path / "a" / "responses.sqlite")
+        asked = len(judge.calls)
+        assert asked == 3  # the unrated pairs of the top k
+        damaged = tmp_path / "b" / "responses.sqlite"
+        damaged.parent.mkdir()
+        shutil.copy(tmp_path / "a" / "responses.sqlite", damaged)
+        damage(damaged, 0, 4096)
+        again = solved(tmp_path / "again", damaged)
+    assert again == clean
+    assert len(judge.calls) == 2 * asked  # nothing came from the damaged file
+    assert "is damaged" in capsys.readouterr().err
+    assert len(list(damaged.parent.glob("responses.sqlite.damaged-*"))) >= 1

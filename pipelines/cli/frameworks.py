@@ -39,9 +39,12 @@ def option_field(model: Any, dotted: str) -> Any:
 
 
 def _without_none(annotation: Any) -> Any:
+    """``X`` of ``X | None``, and of ``Annotated[X, ...]`` (a content marker, say)."""
     if get_origin(annotation) in (Union, types.UnionType):
         rest = [a for a in get_args(annotation) if a is not type(None)]
-        return rest[0] if len(rest) == 1 else annotation
+        annotation = rest[0] if len(rest) == 1 else annotation
+    if get_origin(annotation) is Annotated:
+        return get_args(annotation)[0]
     return annotation
 
 

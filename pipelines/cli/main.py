@@ -12,6 +12,7 @@ from rich.console import Console
 from rich.table import Column, Table
 
 from pipelines.cli import finetune, reports, serve
+from pipelines.cli.cache import cache_app
 from pipelines.cli.data import data_app
 from pipelines.cli.frameworks import lazy_group
 from pipelines.cli.index import index_app
@@ -42,6 +43,7 @@ app.add_typer(meta_eval_app, name="meta-eval")
 finetune_app.add_typer(claims_app, name="claims")
 app.add_typer(finetune_app, name="finetune")
 app.add_typer(data_app, name="data")
+app.add_typer(cache_app, name="cache")
 app.add_typer(crux_app, name="crux")
 app.add_typer(index_app, name="index")
 app.command()(serve.serve)

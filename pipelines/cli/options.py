@@ -105,6 +105,14 @@ SHARED_OPTIONS: dict[str, tuple[Any, Any]] = {
         None,
     ),
     "lora": (_opt(list[str] | None, "NAME=PATH of an adapter to serve (repeat)"), None),
+    "model_revision": (
+        _opt(
+            str | None,
+            "the model's revision: a hub commit/branch to serve, or a label for what an "
+            "endpoint serves (recorded; part of the run's identity)",
+        ),
+        None,
+    ),
     "adapter_prefix": (
         _opt(str | None, "prefix of adapter names at an endpoint ('BASE:' for a Ray Serve app)"),
         None,
@@ -155,6 +163,15 @@ SHARED_OPTIONS: dict[str, tuple[Any, Any]] = {
         _opt(bool, "keep each request's reasoning in the records (large)", "--keep-reasoning"),
         False,
     ),
+    "supersede": (
+        _opt(
+            bool,
+            "the run directory's inputs or models changed: move its records to superseded/ "
+            "and solve it again in place",
+            "--supersede",
+        ),
+        False,
+    ),
     "dry_run": (
         _opt(bool, "check inputs, print what each run would still ask; start nothing", "--dry-run"),
         False,
@@ -176,6 +193,7 @@ class Shared:
     adapter: str | None = None
     role: list[str] | None = None
     lora: list[str] | None = None
+    model_revision: str | None = None
     adapter_prefix: str | None = None
     run_dir: Path | None = None
     replicas: int | None = None
@@ -193,6 +211,7 @@ class Shared:
     driver_resources: str | None = None
     allow_failures: str | None = None
     keep_reasoning: bool = False
+    supersede: bool = False
     dry_run: bool = False
     pilot: int | None = None
     no_cache: bool = False
@@ -208,6 +227,7 @@ class Shared:
             "evaluator.endpoint": self.endpoint,
             "evaluator.adapter": self.adapter,
             "evaluator.adapters": parse_loras(self.lora) or None,
+            "evaluator.revision": self.model_revision,
             "evaluator.adapter_prefix": self.adapter_prefix,
             "evaluator.replicas": self.replicas,
             "evaluator.ray_address": self.ray_address,
@@ -225,6 +245,7 @@ class Shared:
             "run.driver_resources": self.driver_resources,
             "run.allow_failures": self.allow_failures,
             "run.keep_reasoning": self.keep_reasoning or None,
+            "run.supersede": self.supersede or None,
         }
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -13,6 +13,7 @@ from pipelines.comprehensiveness.rules import Protocol, Rules, rules_for
 from pipelines.runtime.config import RecordId
 from pipelines.runtime.nli_placement import NliPlacement
 from pipelines.runtime.protocol import FrameworkOptions, ItemContext
+from pipelines.runtime.provenance import Content, InputFile, ModelName
 from serving.client import Parsed, marker_label_scores
 from serving.templates import load_dir
 
@@ -42,8 +43,18 @@ DEFAULT_DATA = {"wikicontradict": "wikicontradict-humaneval", "conflictbank": "c
 CROSS_ENCODER_BATCH = 32  # pairs per forward pass of the NLI cross-encoder
 
 
+def encoder_path(name: str) -> str | None:
+    """Where the sentence-transformers model a name stands for lives (``default``: the one a
+    package ships), so its content identifies the run."""
+    from index_build.build import resolve_model
+
+    return resolve_model(name)
+
+
 class ComprehensivenessOptions(FrameworkOptions, NliPlacement):
-    input: Path | None = Field(None, description="items JSONL, or the meta-evaluation data file")
+    input: InputFile | None = Field(
+        None, description="items JSONL, or the meta-evaluation data file"
+    )
     dataset: Dataset = Field("items", description="items | wikicontradict | conflictbank")
     limit: int | None = Field(None, ge=1, description="only the first N data rows")
     resamples: int = Field(10_000, ge=100, description="bootstrap resamples of LMR intervals")
@@ -59,14 +70,16 @@ class ComprehensivenessOptions(FrameworkOptions, NliPlacement):
     nli_backend: Literal["llm", "cross-encoder"] = Field(
         "llm", description="NLI by the judge model or by a cross-encoder (nli_model)"
     )
-    nli_model: str | None = Field(
+    nli_model: ModelName | None = Field(
         None, description="NLI checkpoint (name or path) for cross-encoder"
     )
     nli_device: str = "cpu"
     prune_below: float | None = Field(
         None, ge=-1, le=1, description="skip NLI pairs with cosine similarity below this (spec)"
     )
-    prune_model: str = Field("default", description="sentence-transformers model for pruning")
+    prune_model: Annotated[str, Content("model", resolve=encoder_path)] = Field(
+        "default", description="sentence-transformers model for pruning"
+    )
     tools: bool = Field(False, description="comparator may call the units tool (server tool calls)")
     list_max_tokens: int = Field(2048, ge=64, description="max tokens for list-producing stages")
     list_max_items: int = Field(25, ge=1, le=200, description="most items per list (vLLM)")

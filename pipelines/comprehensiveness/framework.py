@@ -48,6 +48,7 @@ from pipelines.runtime.protocol import (
     RunRequest,
     Study,
 )
+from pipelines.runtime.provenance import InputFile
 from pipelines.runtime.results import ItemResult, not_scored
 from pipelines.runtime.roles import model_name, responder_config
 from serving.client import EvalClient
@@ -251,7 +252,7 @@ async def evaluate_item(
 class Eli5Options(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    input: Path = Field(description="JSONL: id, query, contexts (background texts)")
+    input: InputFile = Field(description="JSONL: id, query, contexts (background texts)")
     responders: list[str] = Field(
         default_factory=list, description="answering MODEL or MODEL@URL (default: the answer role)"
     )

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import functools
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from rich.console import Console
@@ -25,6 +25,7 @@ from pipelines.comprehensiveness.common import (
 from pipelines.comprehensiveness.framework import COMPREHENSIVENESS
 from pipelines.runtime.config import EvaluatorConfig
 from pipelines.runtime.protocol import RunOutcome, RunPlan, RunRequest, Study
+from pipelines.runtime.provenance import InputFile, NotContent
 from pipelines.runtime.roles import responder_config
 
 # Published values we know exactly (SPEC §1): (model name fragment, method) -> figure values.
@@ -61,14 +62,16 @@ def paper_value(model: str, method: str, column: str) -> float | None:
 class ReproduceOptions(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    models: list[str] = Field(min_length=1, description="MODEL or MODEL@URL, one per grid row")
+    models: Annotated[
+        list[str], NotContent("each becomes a role's model, known by its revision")
+    ] = Field(min_length=1, description="MODEL or MODEL@URL, one per grid row")
     methods: list[Method] = Field(
         default=["nli", "qa", "e2e"], min_length=1, description="the grid's methods"
     )
-    wikicontradict: Path | None = Field(
+    wikicontradict: InputFile | None = Field(
         None, description="file or dataset name (wikicontradict-humaneval)"
     )
-    conflictbank: Path | None = Field(None, description="file or dataset name (conflictbank)")
+    conflictbank: InputFile | None = Field(None, description="file or dataset name (conflictbank)")
     metric: ComprehensivenessOptions = Field(default_factory=ComprehensivenessOptions)
 
     @model_validator(mode="after")

@@ -33,6 +33,7 @@ from pipelines.runtime.protocol import (
     RunRequest,
     Study,
 )
+from pipelines.runtime.provenance import InputFile
 from pipelines.runtime.results import ItemResult
 from pipelines.runtime.runstore import atomic_write_json
 from serving.parsing import ParseError, bullet_list
@@ -42,7 +43,7 @@ BUILD_ROLES = {"writer": "the query, sub-questions and passages", "rate": "answe
 
 
 class BuildOptions(FrameworkOptions):
-    input: Path = Field(description='JSONL: {"id", "summary", "documents": [...]}')
+    input: InputFile = Field(description='JSONL: {"id", "summary", "documents": [...]}')
     questions: int = Field(10, ge=1, le=50, description="sub-questions per topic (DUC: 15)")
     limit: int | None = Field(None, ge=1, description="only the first N records")
 

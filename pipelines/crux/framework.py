@@ -22,6 +22,7 @@ from pipelines.runtime.answers import AnswerFile, GivenAnswers
 from pipelines.runtime.config import Strict
 from pipelines.runtime.panels import Average
 from pipelines.runtime.protocol import Framework, FrameworkOptions, ItemContext
+from pipelines.runtime.provenance import IndexDir, InputFile, ModelName
 from pipelines.runtime.results import ItemResult, not_scored
 from serving.templates import load_dir
 
@@ -29,21 +30,21 @@ PROMPTS = load_dir(Path(__file__).parent / "prompts")
 
 
 class CruxOptions(FrameworkOptions, GivenAnswers):
-    input: Path | None = Field(None, description="TREC run file")
-    index: Path | None = Field(None, description="or: retrieve in place from this index")
+    input: InputFile | None = Field(None, description="TREC run file")
+    index: IndexDir | None = Field(None, description="or: retrieve in place from this index")
     mode: Literal["bm25", "dense", "hybrid"] = Field(
         "bm25", description="retrieval in place from the index"
     )
     depth: int = Field(20, ge=1, description="passages retrieved per topic in place")
     mmr: float | None = Field(None, gt=0, le=1, description="MMR lambda (in place)")
-    reranker: str | None = Field(None, description="cross-encoder reranking (in place)")
-    topics: Path = Field(description="topics JSONL: topic, query, questions")
-    passages: Path = Field(description="passages JSONL: id, topic, text")
-    ratings: Path | None = Field(None, description="ratings JSONL (exchange format)")
+    reranker: ModelName | None = Field(None, description="cross-encoder reranking (in place)")
+    topics: InputFile = Field(description="topics JSONL: topic, query, questions")
+    passages: InputFile = Field(description="passages JSONL: id, topic, text")
+    ratings: InputFile | None = Field(None, description="ratings JSONL (exchange format)")
     k: int | None = Field(None, ge=1, description="top-k of the run (default: |P**| per topic)")
     eta: int = Field(metrics.ETA, ge=1, le=5, description="answerable at rating >= eta")
     rate: bool = Field(True, description="rate unrated pairs with the evaluator (else count 0)")
-    tokenizer: str | None = Field(None, description="HF tokenizer for Den (default: words)")
+    tokenizer: ModelName | None = Field(None, description="HF tokenizer for Den (default: words)")
     generate: bool = Field(False, description="write a RAG answer from Z, then rate it")
     answer_tokens: int = Field(512, ge=16, description="token cap of a generated answer")
 

@@ -22,6 +22,7 @@ from pipelines.crux import data
 from pipelines.crux.framework import CRUX, CruxOptions, TopicItem
 from pipelines.runtime.config import UserError
 from pipelines.runtime.protocol import RunOutcome, RunPlan, RunRequest, Study
+from pipelines.runtime.provenance import IndexDir, InputDir, InputFile, ModelName
 
 # Table 1 (Cov(Z), alpha-nDCG, Cov(y), Den(Z), Den(y)), percent, for the systems we share.
 PAPER = {
@@ -54,14 +55,14 @@ ETAS = range(1, 6)
 class ReproduceCruxOptions(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    data: Path | None = Field(
+    data: InputDir | None = Field(
         None, description="folder of `crux build` output: topics, passages, ratings"
     )
-    topics: Path = Field(description="topics JSONL (exchange format) or dataset name")
-    passages: Path = Field(description="passages JSONL (exchange format)")
-    ratings: Path | None = Field(None, description="ratings JSONL (exchange format)")
-    index: Path | None = Field(None, description="an index of the passages (default: built)")
-    reranker: str | None = Field(None, description="cross-encoder: adds the +rerank systems")
+    topics: InputFile = Field(description="topics JSONL (exchange format) or dataset name")
+    passages: InputFile = Field(description="passages JSONL (exchange format)")
+    ratings: InputFile | None = Field(None, description="ratings JSONL (exchange format)")
+    index: IndexDir | None = Field(None, description="an index of the passages (default: built)")
+    reranker: ModelName | None = Field(None, description="cross-encoder: adds the +rerank systems")
     ks: list[str] = Field(
         default=["pstar", "10", "20"], min_length=1, description="top-k values (pstar: |P**|)"
     )

@@ -42,6 +42,7 @@ from pipelines.runtime.protocol import (
     RunPlan,
     RunRequest,
 )
+from pipelines.runtime.provenance import IndexDir, InputDir, InputFile
 from pipelines.runtime.results import ItemResult, StageFailed, not_scored
 from serving.client import Tool
 from serving.parsing import ParseError
@@ -117,17 +118,17 @@ def load_questions(path: Path, limit: int | None = None) -> list[Question]:
 
 
 class FanoutOptions(FrameworkOptions, GivenAnswers):
-    input: Path | None = Field(
+    input: InputFile | None = Field(
         Path("fanoutqa-dev"), description="questions JSON, or a dataset name (fanoutqa-dev)"
     )
     settings: list[Setting] = Field(
         default=["closed-book"], min_length=1, description="the settings to answer in"
     )
-    articles: Path | None = Field(None, description="JSONL {pageid, title, text}")
-    index: Path | None = Field(None, description="index of the articles (chars, 1024)")
+    articles: InputFile | None = Field(None, description="JSONL {pageid, title, text}")
+    index: IndexDir | None = Field(None, description="index of the articles (chars, 1024)")
     context_tokens: int | None = Field(None, ge=256, description="evidence budget in tokens")
     judge: bool = Field(False, description="also run the A-F model judge")
-    bleurt: Path | None = Field(None, description="BLEURT PyTorch checkpoint (absent if unset)")
+    bleurt: InputDir | None = Field(None, description="BLEURT PyTorch checkpoint (absent if unset)")
     limit: int | None = Field(None, ge=1, description="only the first N questions")
 
 

@@ -8,12 +8,13 @@ columns compare a model across splits, and the table says so.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from pipelines.fanoutqa.framework import FANOUTQA, TABLE_COLUMNS, FanoutOptions
 from pipelines.runtime.grid import ModelGrid, Published, published_row
+from pipelines.runtime.provenance import NotContent
 
 # Paper Table 1 (test split): setting -> model name fragment -> the TABLE_COLUMNS values. Longer
 # fragments first: "gpt-4-turbo" must win over "gpt-4".
@@ -50,7 +51,9 @@ PAPER_TABLE1: Published = {
 class ReproduceFanoutOptions(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    models: list[str] = Field(min_length=1, description="answering MODEL or MODEL@URL per row")
+    models: Annotated[
+        list[str], NotContent("each becomes a role's model, known by its revision")
+    ] = Field(min_length=1, description="answering MODEL or MODEL@URL per row")
     fanoutqa: FanoutOptions = Field(default_factory=FanoutOptions)
 
 

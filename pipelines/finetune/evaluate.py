@@ -9,7 +9,7 @@ import asyncio
 import re
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, Field, model_validator
 from rich.console import Console
@@ -26,17 +26,20 @@ from pipelines.runtime.protocol import (
     RunRequest,
     Study,
 )
+from pipelines.runtime.provenance import InputFile, ModelName, NotContent
 from pipelines.runtime.results import ItemResult
 from pipelines.runtime.roles import RoleSpec, role_evaluator
 
 
 class EvalOptions(FrameworkOptions):
-    input: Path = Field(description="validation.jsonl from `finetune claims data`")
-    extractor: str | None = Field(None, description="adapter (None: the base model alone)")
+    input: InputFile = Field(description="validation.jsonl from `finetune claims data`")
+    extractor: Annotated[
+        str | None, NotContent("an adapter the run serves: known by the role's adapter digest")
+    ] = Field(None, description="adapter (None: the base model alone)")
     matcher: Literal["exact", "nli"] = Field(
         "exact", description="how a claim is matched: exact text or mutual entailment"
     )
-    nli_model: str | None = Field(None, description="NLI cross-encoder (matcher nli)")
+    nli_model: ModelName | None = Field(None, description="NLI cross-encoder (matcher nli)")
     nli_device: str = "cpu"
     limit: int | None = Field(None, ge=1, description="only the first N examples")
     list_max_items: int = Field(60, ge=1, le=500)

@@ -34,6 +34,7 @@ from pipelines.runtime.protocol import (
     RunRequest,
     Study,
 )
+from pipelines.runtime.provenance import InputFile
 from pipelines.runtime.results import ItemResult
 from pipelines.runtime.runstore import atomic_write_json
 from serving.parsing import bullet_list
@@ -45,7 +46,9 @@ TEACHER_ROLES = {"teacher": "topics, entities, paragraphs and their claims"}
 
 
 class TeacherOptions(FrameworkOptions):
-    topics: Path | None = Field(None, description="topics file (JSONL 'topic' or one per line)")
+    topics: InputFile | None = Field(
+        None, description="topics file (JSONL 'topic' or one per line)"
+    )
     n_topics: int = Field(200, ge=1, le=10_000, description="topics generated (no topics file)")
     entities: int = Field(5, ge=1, le=50, description="entities per topic")
     validation: float = Field(0.1, ge=0, lt=1, description="share held out")

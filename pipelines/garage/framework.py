@@ -32,6 +32,7 @@ from pipelines.garage.data import (
 from pipelines.runtime.answers import AnswerFile, GivenAnswers
 from pipelines.runtime.panels import Vote
 from pipelines.runtime.protocol import Framework, FrameworkOptions, ItemContext
+from pipelines.runtime.provenance import InputFile
 from pipelines.runtime.results import ItemResult, not_scored
 from serving.templates import load_dir
 
@@ -44,7 +45,7 @@ _MARKERS = re.compile(r"\s*(\[(?:cite_)?\d+(?:\s*,\s*(?:cite_)?\d+)*\]|【\d+】
 
 
 class GarageOptions(FrameworkOptions, GivenAnswers):
-    input: Path = Field(Path("garage"), description="GaRAGe JSONL, or a dataset name")
+    input: InputFile = Field(Path("garage"), description="GaRAGe JSONL, or a dataset name")
     limit: int | None = Field(None, ge=1, description="only the first N records")
 
 

@@ -4,12 +4,13 @@ deflection rates and attribution P/R/F1 (percentages, as the paper prints them),
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from pipelines.garage.framework import GARAGE, GarageOptions
 from pipelines.runtime.grid import ModelGrid, Published, published_row
+from pipelines.runtime.provenance import NotContent
 
 COLUMNS = (
     "eligibility",
@@ -48,7 +49,9 @@ def _percent(value: Any) -> float | None:
 class ReproduceGarageOptions(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    models: list[str] = Field(min_length=1, description="answering MODEL or MODEL@URL per row")
+    models: Annotated[
+        list[str], NotContent("each becomes a role's model, known by its revision")
+    ] = Field(min_length=1, description="answering MODEL or MODEL@URL per row")
     garage: GarageOptions = Field(default_factory=GarageOptions)
 
 

@@ -14,6 +14,7 @@ from pydantic import AliasChoices, BaseModel, ConfigDict, Field
 
 from pipelines.runtime.config import RecordId, read_jsonl
 from pipelines.runtime.protocol import Framework, FrameworkOptions, ItemContext
+from pipelines.runtime.provenance import InputFile
 from pipelines.runtime.results import ItemResult
 from serving.templates import load_dir
 
@@ -29,7 +30,7 @@ class GenerateItem(BaseModel):
 
 
 class GenerateOptions(FrameworkOptions):
-    input: Path = Field(description="questions JSONL: id, question, optional contexts")
+    input: InputFile = Field(description="questions JSONL: id, question, optional contexts")
     template: Literal["answer", "answer_from_texts"] = Field(
         "answer", description="prompt: answer, or answer_from_texts (from the contexts only)"
     )

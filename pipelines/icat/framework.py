@@ -24,6 +24,7 @@ from pipelines.icat.grounding import ClaimGrounding, EntailmentModel, Grounder, 
 from pipelines.runtime.config import UserError
 from pipelines.runtime.nli_placement import PLACEMENT_FIELDS, NliPlacement, placement_of
 from pipelines.runtime.protocol import Framework, FrameworkOptions, ItemContext
+from pipelines.runtime.provenance import IndexDir, InputFile, ModelName
 from pipelines.runtime.results import ItemResult, not_scored
 from serving.parsing import ParseError
 from serving.templates import load_dir
@@ -35,11 +36,11 @@ NAMES = {"m": "ICAT-M", "s": "ICAT-S", "a": "ICAT-A"}
 
 
 class IcatOptions(FrameworkOptions, NliPlacement):
-    input: Path = Field(description="responses JSONL: query_id, response (id, system)")
-    queries: Path = Field(description="queries JSONL: query_id, query, subtopics")
-    qrels: Path | None = Field(None, description="qrels JSONL (ICAT-M)")
-    index: Path | None = Field(None, description="corpus index built by `index build`")
-    snippets: Path | None = Field(None, description="web snippets per claim (JSONL)")
+    input: InputFile = Field(description="responses JSONL: query_id, response (id, system)")
+    queries: InputFile = Field(description="queries JSONL: query_id, query, subtopics")
+    qrels: InputFile | None = Field(None, description="qrels JSONL (ICAT-M)")
+    index: IndexDir | None = Field(None, description="corpus index built by `index build`")
+    snippets: InputFile | None = Field(None, description="web snippets per claim (JSONL)")
     variants: list[Variant] = Field(
         default=["s", "a"], min_length=1, description="ICAT-M / -S / -A, e.g. m,s,a"
     )
@@ -50,7 +51,7 @@ class IcatOptions(FrameworkOptions, NliPlacement):
     retrieval: Literal["dense", "bm25", "hybrid"] = Field(
         "dense", description="how a claim's evidence is retrieved from the corpus"
     )
-    nli_model: str = Field(description="NLI cross-encoder (DeBERTa-v3 MNLI/FEVER/ANLI)")
+    nli_model: ModelName = Field(description="NLI cross-encoder (DeBERTa-v3 MNLI/FEVER/ANLI)")
     nli_device: str = "cpu"
     nli_batch: int = Field(32, ge=1)
     threshold: float = Field(scoring.THRESHOLD, gt=0, lt=1, description="P(entailment) >")

@@ -19,6 +19,7 @@ from rich.table import Table
 from pipelines.icat.framework import ICAT, IcatOptions
 from pipelines.runtime.grid import Published, cell_text, published_row
 from pipelines.runtime.protocol import RunOutcome, RunPlan, RunRequest, Study
+from pipelines.runtime.provenance import IndexDir, InputFile, ModelName
 
 COLUMNS = (
     "S_fact",
@@ -49,12 +50,12 @@ PAPER_TABLE3: Published = {
 class ReproduceIcatOptions(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    input: Path = Field(description="responses JSONL: query_id, response, system")
-    queries: Path = Field(Path("trec-web-topics"), description="queries JSONL or dataset name")
-    qrels: Path = Field(Path("trec-web-topics/qrels.jsonl"), description="subtopic qrels")
-    index: Path | None = Field(None, description="corpus index (`index build`): source corpus")
-    snippets: Path | None = Field(None, description="web snippets per claim: source web")
-    nli_model: str = Field(description="NLI cross-encoder name or path")
+    input: InputFile = Field(description="responses JSONL: query_id, response, system")
+    queries: InputFile = Field(Path("trec-web-topics"), description="queries JSONL or dataset name")
+    qrels: InputFile = Field(Path("trec-web-topics/qrels.jsonl"), description="subtopic qrels")
+    index: IndexDir | None = Field(None, description="corpus index (`index build`): source corpus")
+    snippets: InputFile | None = Field(None, description="web snippets per claim: source web")
+    nli_model: ModelName = Field(description="NLI cross-encoder name or path")
     retrieval: Literal["dense", "bm25", "hybrid"] = Field(
         "dense", description="how a claim's evidence is retrieved from the corpus"
     )

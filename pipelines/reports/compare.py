@@ -22,6 +22,7 @@ from rich.console import Console
 from rich.table import Table
 
 from pipelines.runtime.config import UserError
+from pipelines.runtime.provenance import manifest_provenance, provenance_differences
 from pipelines.runtime.results import UNSCORED
 from pipelines.runtime.runstore import MANIFEST, RESULTS, STUDY_FILE, read_manifest, results_by_id
 from pipelines.runtime.stats import bca_interval, paired_test
@@ -37,6 +38,7 @@ class RunScores:
     protocol: dict[str, Any]
     roles: dict[str, Any]
     items: int
+    provenance: dict[str, Any] = field(default_factory=dict)  # ``manifest_provenance``
     scores: dict[str, float] = field(default_factory=dict)  # id -> score (scored items)
     unscored: dict[str, str] = field(default_factory=dict)  # id -> status (recorded, no score)
     repeats: int = 1  # a --repeats root: scores are item means over the repeats
@@ -87,6 +89,7 @@ def _repeated(path: Path, runs: list[RunScores]) -> RunScores:
         first.protocol,
         first.roles,
         first.items,
+        first.provenance,
         repeats=len(runs),
     )
     spreads = []
@@ -111,7 +114,13 @@ def _one_run(path: Path) -> RunScores:
     fw = framework(manifest.framework)
     options = fw.Options.model_validate(manifest.options)
     run = RunScores(
-        path, fw.name, manifest.task, fw.score_protocol(options), manifest.roles, manifest.items
+        path,
+        fw.name,
+        manifest.task,
+        fw.score_protocol(options),
+        manifest.roles,
+        manifest.items,
+        manifest_provenance(manifest),
     )
     for record in results_by_id(path / RESULTS):
         if record.score is None or record.status in UNSCORED:
@@ -173,6 +182,10 @@ def compare_pair(a: RunScores, b: RunScores, resamples: int, seed: int) -> dict[
         },
         "test": test.as_dict() if both else None,
         "deltas": deltas,
+        # what the two rest on that differs: inputs by digest, models and adapters by revision
+        "differs": provenance_differences(a.provenance, b.provenance)
+        if a.provenance and b.provenance
+        else [],
     }
 
 
@@ -280,6 +293,14 @@ def print_comparison(result: dict[str, Any], out: Console, top: int = 10) -> Non
     out.print(pairs)
     for pair in result["pairs"]:
         a, b = letter[pair["a"]], letter[pair["b"]]
+        differs = pair.get("differs") or []
+        said = "; ".join(f"{d['what']} {d['a']} → {d['b']}" for d in differs)
+        out.print(
+            f"{a}-{b}: rest on "
+            + (f"different content: {said}" if said else "the same inputs and models"),
+            highlight=False,
+            soft_wrap=True,
+        )
         if pair["deltas"] and top:
             deltas = Table("item", a, b, f"{a}-{b}", title=f"largest differences {a}-{b}")
             for d in pair["deltas"][:top]:

@@ -13,6 +13,7 @@ from typing import Any
 
 from rich.console import Console
 
+from pipelines.runtime.provenance import manifest_provenance, short
 from pipelines.runtime.runstore import (
     MANIFEST,
     RESULTS,
@@ -95,21 +96,46 @@ def load_outcome(run_dir: Path, prices: dict[str, Any] | None = None):
 
 def _print(outcome, as_json: bool, out: Console, label: str) -> None:
     judges = panel_agreement(outcome)
+    rests_on = manifest_provenance(read_manifest(outcome.dir / MANIFEST))
     if as_json:  # plain print: rich would wrap long lines inside the JSON
         summary = outcome.summary.to_json() if outcome.summary else None
         payload = {"run": label, "summary": summary, "tables": outcome.tables}
+        payload["provenance"] = rests_on
         if judges:
             payload["agreement"] = judges
         print(json.dumps(payload, default=str))
         return
     if outcome.summary is not None:
         print_summary(outcome.summary, out)
+    print_provenance(rests_on, out)
     if outcome.tables is not None:
         outcome.framework.render(outcome.tables, out)
     if judges:
         from pipelines.reports.agreement import render
 
         render({"runs": [judges]}, out)
+
+
+def print_provenance(rests_on: dict[str, Any], out: Console) -> None:
+    """What the run's numbers rest on: each input by digest, each role's model by revision."""
+    from rich.table import Table
+
+    table = Table("", "name", "path or model", "digest / revision", "size", title="rests on")
+    for entry in rests_on["inputs"]:
+        size = entry.get("size")
+        shown = "-" if size is None else f"{size:,} B"
+        table.add_row("input", entry["name"], str(entry["path"]), short(entry["sha256"]), shown)
+    for m in rests_on["models"]:
+        where = m.get("served") or ""
+        source = f" ({m['source']})" if m.get("source") else ""
+        table.add_row(
+            "model", m["role"], f"{m['model']} @ {where}", short(m["revision"]) + source, "-"
+        )
+        if m.get("adapter"):
+            table.add_row("adapter", m["role"], m["adapter"], short(m["adapter_revision"]), "-")
+    out.print(table)
+    if rests_on.get("note"):
+        out.print(f"note: {rests_on['note']}", highlight=False, soft_wrap=True)
 
 
 def panel_agreement(outcome) -> dict[str, Any] | None:

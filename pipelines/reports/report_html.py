@@ -22,6 +22,7 @@ from typing import Any
 from jinja2 import Environment, select_autoescape
 
 from pipelines.reports.report import load_outcome, panel_agreement
+from pipelines.runtime.provenance import manifest_provenance
 from pipelines.runtime.records import RunManifest
 from pipelines.runtime.runstore import MANIFEST, read_manifest
 
@@ -95,6 +96,7 @@ def run_view(path: Path, prices: dict[str, Any] | None = None) -> dict[str, Any]
         "agreement": panel_agreement(outcome),
         "path": str(path),
         "manifest": manifest.model_dump(mode="json"),
+        "provenance": manifest_provenance(manifest),
         "summary": summary.model_dump(mode="json", exclude_none=True),  # absent: "-"
         "partial": summary.partial or summary.recorded < manifest.items,
         "tables_json": json.dumps(outcome.tables, indent=1, default=str),

@@ -17,6 +17,7 @@ from pydantic import BaseModel, Field
 
 from pipelines.runtime.config import iter_jsonl
 from pipelines.runtime.errors import UserError
+from pipelines.runtime.provenance import InputFile
 
 
 @dataclass(frozen=True)
@@ -38,7 +39,7 @@ class AnswerFile:
 class GivenAnswers(BaseModel):
     """The options of a framework whose answering role a file can stand in for."""
 
-    answers: Path | None = Field(
+    answers: InputFile | None = Field(
         None, description="score answers made elsewhere (no answering model is asked)"
     )
 

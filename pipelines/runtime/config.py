@@ -26,6 +26,7 @@ from pydantic import (
 
 from pipelines.runtime.errors import UserError as UserError  # raised by the readers here
 from pipelines.runtime.lines import JsonlView, stamp
+from pipelines.runtime.provenance import NotContent
 from serving.embedded import cache_root
 from serving.registry import ModelRef, UnknownModelError
 
@@ -46,10 +47,19 @@ class Strict(BaseModel):
 
 
 class EvaluatorConfig(Strict):
-    model: str = Field("embedded", description="preset, model directory or hub id; MODEL:ADAPTER")
+    model: Annotated[str, NotContent("known by the revision the run resolves: ``content``")] = (
+        Field("embedded", description="preset, model directory or hub id; MODEL:ADAPTER")
+    )
+    revision: str | None = Field(
+        None,
+        description="the model's revision: a hub commit or branch to serve, or a label for what "
+        "an endpoint serves (recorded, part of the run's identity)",
+    )
     endpoint: str | None = Field(None, description="OpenAI-compatible base URL; none: start vLLM")
     adapter: str | None = Field(None, description="LoRA adapter every request is sent to")
-    adapters: dict[str, str] = Field(default_factory=dict, description="NAME: PATH to serve")
+    adapters: Annotated[dict[str, str], NotContent("each known by its digest, in ``content``")] = (
+        Field(default_factory=dict, description="NAME: PATH to serve")
+    )
     adapter_prefix: str = Field(
         "",
         description="what an --endpoint puts before adapter names "
@@ -75,6 +85,9 @@ class EvaluatorConfig(Strict):
     )
     vllm_extensions: bool = Field(True, description="server accepts vLLM's structured_outputs")
     max_model_len: int | None = Field(None, ge=256)
+    # set by the run before anything is written (pipelines.runtime.served), never by hand: what
+    # the base model and each adapter are by content; cache keys and the run identity use it
+    content: dict[str, Any] | None = Field(None, description="resolved by the run: do not set")
 
     @field_validator("endpoint")
     @classmethod
@@ -124,10 +137,21 @@ class EvaluatorConfig(Strict):
 
 
 class RunConfig(Strict):
-    run_dir: Path | None = Field(None, description="default: runs/<task>-<run fingerprint>")
-    cache: Path | None = Field(default_factory=lambda: cache_root() / "responses.sqlite")
+    run_dir: Annotated[Path | None, NotContent("where the run is written")] = Field(
+        None, description="default: runs/<task>-<run fingerprint>"
+    )
+    cache: Annotated[Path | None, NotContent("derived answers, keyed by content themselves")] = (
+        Field(default_factory=lambda: cache_root() / "responses.sqlite")
+    )
     # what a run costs, and caps on it (not part of a run's identity: a raised cap resumes it)
-    prices: Path | None = Field(None, description="YAML: model -> $ per million tokens or GPU-hour")
+    prices: Annotated[Path | None, NotContent("prices change costs, never scores")] = Field(
+        None, description="YAML: model -> $ per million tokens or GPU-hour"
+    )
+    supersede: bool = Field(
+        False,
+        description="a run directory whose inputs or models changed: move its records aside "
+        "(superseded/<time>/) and solve it again in place (unchanged: resume as usual)",
+    )
     max_cost: float | None = Field(None, gt=0, description="admit no item past this many dollars")
     max_run_tokens: int | None = Field(None, ge=1, description="admit no item past these tokens")
     repeats: int = Field(1, ge=1, le=100, description="judgements per item (temperature > 0)")

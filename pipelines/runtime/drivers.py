@@ -244,7 +244,8 @@ async def solve_shard(spec: DriverSpec, ledger: Any, driver: ShardDriver) -> tup
     driver.items = max(0, spec.share - len(mine))  # a restarted driver: what it recorded before
     cache = Path(spec.cache) if spec.cache else None
     evaluators = Evaluators(
-        lambda ev, where: open_evaluator(ev, where, cache, None),
+        # the drivers may be on several hosts: each host writes its own cache file, reads all
+        lambda ev, where: open_evaluator(ev, where, cache, None, shared_cache=True),
         [{evaluator_key(ev) for ev in spec.roles.values()}],
     )
     records, prices = role_records(fw, spec.roles), load_prices(request.run.prices)

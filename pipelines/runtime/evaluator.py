@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from pipelines.runtime.config import EvaluatorConfig, UserError
+from pipelines.runtime.served import revisions
 from serving.cache import ResponseCache
 from serving.client import EvalClient
 from serving.launcher import PortTaken, ServerSpec, VLLMServer
@@ -30,6 +31,10 @@ def model_record(cfg: EvaluatorConfig) -> dict:
     """The model of a role as the manifest and reports show it; a reasoning model with how it
     reasons (its preset's default unless set)."""
     record = cfg.ref().describe() | {"adapters": cfg.adapters}
+    if cfg.revision is not None:
+        record["declared_revision"] = cfg.revision
+    if cfg.content is not None:  # what the model and its adapters are, by content
+        record["content"] = cfg.content
     reasoning = reasoning_of(cfg)
     if reasoning is not None:
         record |= {"reasoning": reasoning.setting, "reasoning_tokens": reasoning.budget}
@@ -173,7 +178,9 @@ class Servers:
         adapters = self.adapters.get(key) or dict(cfg.adapters)
         base = resolve(cfg.model).name
         loras = [lora_adapter(n, p, base, cfg.model) for n, p in adapters.items()]
-        spec = ServerSpec(model=cfg.model, loras=loras, max_model_len=cfg.max_model_len)
+        spec = ServerSpec(
+            model=cfg.model, loras=loras, max_model_len=cfg.max_model_len, revision=pinned(cfg)
+        )
         log = "serve.log" if len(self.adapters) <= 1 else f"serve-{_safe(base)}.log"
         try:
             self.running[key] = await start_server(spec, cfg, run_dir / log)
@@ -188,6 +195,12 @@ class Servers:
         """Stop every server still up (lingering ones; none is in use once a study is done)."""
         for key in list(self.running):
             self.running.pop(key).stop()
+
+
+def pinned(cfg: EvaluatorConfig) -> str | None:
+    """The hub commit a server we start must load: the one the run's identity records."""
+    base = (cfg.content or {}).get("base") or {}
+    return base.get("revision") if base.get("source") == "hub" else None
 
 
 def _safe(name: str) -> str:
@@ -205,6 +218,7 @@ def client_options(cfg: EvaluatorConfig) -> dict[str, Any]:
         "vllm_extensions": cfg.vllm_extensions,
         "reasoning": reasoning_of(cfg),
         "reasoning_parser": started_with_reasoning_parser(cfg),
+        "revisions": revisions(cfg),
     }
 
 
@@ -236,10 +250,19 @@ class CacheReplay(EvalClient):
 
 @contextlib.asynccontextmanager
 async def open_evaluator(
-    cfg: EvaluatorConfig, run_dir: Path, cache_path: Path | None, servers: Servers | None = None
+    cfg: EvaluatorConfig,
+    run_dir: Path,
+    cache_path: Path | None,
+    servers: Servers | None = None,
+    shared_cache: bool | None = None,
 ) -> AsyncIterator[EvalClient]:
+    """A client of ``cfg``'s model. ``shared_cache``: this process is one of several hosts
+    sharing the cache directory (each writes its own file; None: when on a network file
+    system)."""
     options = client_options(cfg)  # an unknown model stops here, before anything is opened
-    cache = ResponseCache(cache_path) if cache_path else None
+    cache = ResponseCache(cache_path, shared=shared_cache) if cache_path else None
+    if cache is not None:
+        remember_models(cache, cfg)
     try:
         async with contextlib.AsyncExitStack() as stack:
             base_url, adapter_prefix, gone, replicas = cfg.endpoint, cfg.adapter_prefix, None, None
@@ -267,6 +290,18 @@ async def open_evaluator(
     finally:
         if cache is not None:
             cache.close()
+
+
+def remember_models(cache: ResponseCache, cfg: EvaluatorConfig) -> None:
+    """What each revision the client keys its answers by is (``groundcover cache``)."""
+    content = cfg.content or {}
+    base = content.get("base") or {}
+    if base.get("revision"):
+        where = base.get("path") or base.get("hub_id") or cfg.endpoint
+        cache.remember_model(base["revision"], cfg.ref().base_name, where)
+    for name, record in (content.get("adapters") or {}).items():
+        if record.get("revision"):
+            cache.remember_model(record["revision"], name, record.get("path") or cfg.endpoint)
 
 
 async def check_served(

@@ -12,7 +12,9 @@ from pipelines.runtime.config import EvaluatorConfig, UserError, items_digest
 from pipelines.runtime.evaluator import model_record
 from pipelines.runtime.panels import panel_members, split_member
 from pipelines.runtime.protocol import Framework, RunPlan, RunRequest
+from pipelines.runtime.provenance import input_digests, input_records
 from pipelines.runtime.runstore import fingerprint
+from pipelines.runtime.served import role_revision
 
 
 def evaluator_identity(ev: EvaluatorConfig) -> dict[str, Any]:
@@ -27,12 +29,14 @@ def evaluator_identity(ev: EvaluatorConfig) -> dict[str, Any]:
         found["seed"] = ev.seed
     if ev.reasoning is not None:  # the effort changes answers; the token budget does not
         found["reasoning"] = ev.reasoning
+    if ev.revision is not None:  # declared: only when set, as the seed
+        found["revision"] = ev.revision
     return found
 
 
 def evaluator_key(ev: EvaluatorConfig) -> str:
     """Runs with the same key share one client (and server)."""
-    return fingerprint(ev.model_dump(mode="json"))
+    return fingerprint(ev.model_dump(mode="json", exclude={"content"}))
 
 
 def plan_roles(fw: Framework, plan: RunPlan, request: RunRequest) -> dict[str, EvaluatorConfig]:
@@ -67,24 +71,37 @@ def run_identity(
     roles: dict[str, EvaluatorConfig],
     default: EvaluatorConfig,
     items: Sequence[Any],
+    inputs: dict[str, dict[str, Any]] | None = None,
+    legacy: bool = False,
 ) -> dict[str, Any]:
     """What a run's answers depend on. The first role's evaluator is written flat (so a run with
     one model keeps the identity it always had); every other role whose model differs is
-    listed under ``roles``."""
+    listed under ``roles``. ``content``: every input by digest (``inputs``, default: read from
+    ``options``) and every role's model and adapter by revision (``served``), input paths
+    left out of the options. ``legacy``: the identity as run directories made before that kept
+    it (paths, no content), which ``RunStore`` accepts as the same run."""
     lead = evaluator_identity(lead_evaluator(roles, default))
     others = {  # a panel member is listed even when it is the lead's model (it judges too)
         role: evaluator_identity(ev)
         for role, ev in roles.items()
         if evaluator_identity(ev) != lead or split_member(role)[1] > 1
     }
-    return {
+    found = {
         "items_sha256": items_digest(items),
         "items": len(items),
         **lead,
         **({"roles": others} if others else {}),
         "prompts": fw.prompt_ids(options),
-        "options": fw.identity(options),
+        "options": fw.identity(options, paths=legacy),
     }
+    if legacy:  # the identity a run directory made before content identities kept
+        return found
+    records = input_records(options) if inputs is None else inputs
+    found["content"] = {
+        "inputs": input_digests(records),
+        "models": {role: role_revision(ev) for role, ev in sorted(roles.items())},
+    }
+    return found
 
 
 def role_records(fw: Framework, roles: dict[str, EvaluatorConfig]) -> dict[str, dict[str, Any]]:

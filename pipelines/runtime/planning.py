@@ -14,9 +14,16 @@ from pipelines.runtime.evaluator import CacheReplay
 from pipelines.runtime.identity import lead_evaluator, role_records, run_identity
 from pipelines.runtime.lines import item_ids, select
 from pipelines.runtime.protocol import RunPlan, RunRequest
+from pipelines.runtime.provenance import identity_changes
 from pipelines.runtime.roles import self_judging
-from pipelines.runtime.runstore import MANIFEST, RunStore, fingerprint, invocations, read_manifest
-from serving.cache import ResponseCache
+from pipelines.runtime.runstore import (
+    MANIFEST,
+    RunStore,
+    fingerprint,
+    invocations,
+    read_manifest,
+)
+from serving.cache import ResponseCache, family
 
 
 def estimate_from_disk(
@@ -50,7 +57,7 @@ def estimate_from_disk(
 def cache_replay(fw, plan: RunPlan, found, request: RunRequest, root: Path, cache_path, out):
     """``replay(items)`` against the response cache, or None (no cache, or a framework whose
     setup loads models: a dry run starts none)."""
-    if cache_path is None or not Path(cache_path).is_file() or not found:
+    if cache_path is None or not family(Path(cache_path)) or not found:
         return None
     if not fw.light_setup(plan.options):
         out.print(f"{fw.name}: its setup loads models, so the response cache is not consulted")
@@ -72,13 +79,21 @@ def cache_replay(fw, plan: RunPlan, found, request: RunRequest, root: Path, cach
     return replay
 
 
-def holds_another_run(run_dir: Path, fw, plan: RunPlan, found, request: RunRequest, items) -> bool:
-    """The run directory exists with another identity: the real run would refuse it."""
+def another_run(run_dir: Path, fw, plan: RunPlan, found, request: RunRequest, items) -> str | None:
+    """What differs when the run directory exists with another identity (the real run would
+    refuse it), else None."""
     if not (run_dir / MANIFEST).is_file():
-        return False
+        return None
     config = run_identity(fw, plan.options, found, request.evaluator, items)
-    held = read_manifest(run_dir / MANIFEST).config_fingerprint
-    return held != fingerprint({"task": plan.task, "config": config})
+    legacy = run_identity(fw, plan.options, found, request.evaluator, items, legacy=True)
+    held = read_manifest(run_dir / MANIFEST)
+    if not RunStore.changed(
+        held, plan.task, config, fingerprint({"task": plan.task, "config": config}), legacy
+    ):
+        return None
+    if held.task != plan.task:
+        return f"the task {held.task}, not {plan.task}"
+    return "; ".join(identity_changes(held.config, config)) or "its configuration"
 
 
 def dry_run_estimates(
@@ -91,10 +106,13 @@ def dry_run_estimates(
         fw = plan.framework or study
         run_dir = root / plan.key if plan.key else root
         derived = plan.items is not None
-        if not derived and holds_another_run(run_dir, fw, plan, found, request, items):
+        changed = None if derived else another_run(run_dir, fw, plan, found, request, items)
+        if changed is not None and request.run.supersede:
+            out.print(f"{run_dir}: --supersede sets its records aside ({changed})", soft_wrap=True)
+        elif changed is not None:
             out.print(
-                f"{run_dir}: holds a different run; the real run will refuse it "
-                "(use a new --run-dir)",
+                f"{run_dir}: holds a different run; the real run will refuse it ({changed}): "
+                "use a new --run-dir, or --supersede",
                 style="red",
                 soft_wrap=True,
             )

@@ -44,6 +44,7 @@ from pipelines.runtime.panels import (
     panel_members,
     split_member,
 )
+from pipelines.runtime.provenance import without_input_paths
 from pipelines.runtime.records import RunSummary
 from pipelines.runtime.results import ItemResult, StageFailed, StageFailure, Status
 from pipelines.runtime.roles import SYSTEM_ROLES, RoleSpec, expand_panels, role_evaluator
@@ -161,9 +162,6 @@ class Framework(Study[OptionsT], Generic[OptionsT, ItemT]):
     Options: ClassVar[type[FrameworkOptions]]
     prompts: ClassVar[dict[str, PromptTemplate]] = {}
     report_only: ClassVar[frozenset[str]] = frozenset()
-    # options naming a file whose content is scored (answers made elsewhere): its SHA-256 is
-    # part of the run's identity, not only its path
-    content_options: ClassVar[tuple[str, ...]] = ()
     # how a record of an answers file (``--answers``, options from ``GivenAnswers``) maps to an
     # item; the runtime then supplies each item's answer (``ItemContext.given_answer``)
     answer_file: ClassVar[AnswerFile | None] = None
@@ -217,13 +215,17 @@ class Framework(Study[OptionsT], Generic[OptionsT, ItemT]):
         """The ids an answers file may name (default: the items')."""
         return [str(item.id) for item in items]
 
-    def identity(self, options: OptionsT) -> dict[str, Any]:
+    def identity(self, options: OptionsT, paths: bool = False) -> dict[str, Any]:
+        """The options a run's answers depend on. The files and directories they name are in
+        the identity by content (``provenance.input_records``), not by path: a moved input
+        with the same content is the same run (``paths``: as runs made before kept them). The
+        answers file's digest stays here too, where those runs keep it."""
         found = options.model_dump(mode="json", exclude=set(self.report_only))
-        names = (*self.content_options, *(("answers",) if self.answer_file else ()))
-        for name in dict.fromkeys(names):
-            path = getattr(options, name)
-            if path is not None:
-                found[f"{name}_sha256"] = file_sha256(path)
+        if not paths:
+            found = without_input_paths(found, options)
+        path = getattr(options, "answers", None) if self.answer_file else None
+        if path is not None:
+            found["answers_sha256"] = file_sha256(path)
         return found
 
     def light_setup(self, options: OptionsT) -> bool:

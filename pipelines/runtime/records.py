@@ -46,6 +46,12 @@ class RunManifest(RunDirRecord):
     prompts: dict[str, str] = Field(default_factory=dict)
     items: int = 0
     data: Any = None  # the catalogued datasets the inputs are (``data_provenance``)
+    # every input the run rests on: name -> path, sha256, size, files, kind
+    # (``provenance.input_records``); absent in a run made before inputs were fingerprinted
+    inputs: dict[str, dict[str, Any]] | None = None
+    # False: made before inputs and models were known by content (then resumed: since when)
+    inputs_fingerprinted: bool | None = None
+    fingerprinted_since: float | None = None
     package_version: str = "unknown"
     git_revision: str | None = None
     python: str = ""

@@ -9,12 +9,13 @@ and its judges are different roles: a run whose judge resolves to the answering 
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import Field, model_validator
 
 from pipelines.runtime.config import EvaluatorConfig, Strict, UserError
 from pipelines.runtime.panels import member_name
+from pipelines.runtime.provenance import NotContent
 
 # Roles that write the output under evaluation; every other role judges or extracts.
 SYSTEM_ROLES = ("answer", "generate")
@@ -25,9 +26,12 @@ class RoleSpec(Strict):
     alone: an adapter on it, as ``--extractor NAME``); with ``model`` and no ``endpoint`` the
     run starts that model itself."""
 
-    model: str | None = None
+    model: Annotated[
+        str | None, NotContent("known by the revision the run resolves (served.py)")
+    ] = None
     endpoint: str | None = None
     adapter: str | None = None
+    revision: str | None = None  # the role's model's revision (YAML): hub commit or a label
     api_key_env: str | None = None
     reasoning: Literal["off", "low", "medium", "high"] | None = None  # this role's, in YAML
     reasoning_tokens: int | None = Field(None, ge=1)
@@ -117,9 +121,11 @@ def role_evaluator(default: EvaluatorConfig, spec: RoleSpec | None) -> Evaluator
             "adapters": {} if spec.endpoint else adapters,
             "adapter_prefix": "",
             "replicas": 1 if spec.endpoint else default.replicas,
+            "revision": spec.revision,  # another model: the default's revision is not its own
         }
     if spec.api_key_env:
         update["api_key_env"] = spec.api_key_env
+    update["content"] = None  # resolved again for this role (pipelines.runtime.served)
     for name in ("reasoning", "reasoning_tokens"):  # a role's own, else the default's
         if getattr(spec, name) is not None:
             update[name] = getattr(spec, name)

@@ -48,6 +48,7 @@ from pipelines.runtime.protocol import (
     RunRequest,
     Study,
 )
+from pipelines.runtime.provenance import input_records
 from pipelines.runtime.records import StudyRecord
 from pipelines.runtime.repeats import print_repeats, repeat_plans, repeats_table
 from pipelines.runtime.roles import judges_without_reasoning, self_judging
@@ -59,6 +60,7 @@ from pipelines.runtime.runstore import (
     invocation_seconds,
     record_invocation,
 )
+from pipelines.runtime.served import Endpoints, resolve_roles, unresolved_notes
 from pipelines.runtime.solving import (
     Evaluators,
     OpenClient,
@@ -138,6 +140,14 @@ def execute(
     roles = [plan_roles(p.framework or study, p, request) for p in plans]  # type: ignore[arg-type]
     if study.paper_judges_without_reasoning:
         roles = [judges_without_reasoning(r) for r in roles]
+    # every endpoint a role uses is asked for its models before a run directory is written;
+    # a test's or a notebook's own client is not asked
+    endpoints = Endpoints(tolerate=dry_run, probe=open_client is None)
+    endpoints.probe([ev for found in roles for ev in found.values()])
+    roles = resolve_roles(roles, endpoints)
+    unknown = unresolved_notes(roles) if endpoints.asks else []  # a given client: not asked
+    for note in [*endpoints.notes(), *unknown]:
+        console.print(f"note: {note}", highlight=False, soft_wrap=True)
     check_drivers(request, roles)
     prices = load_prices(request.run.prices)
     if request.run.max_cost is not None:
@@ -263,10 +273,14 @@ async def _run_one(
     judged_by_itself = self_judging(plan.systems | roles)
     store = RunStore(root / plan.key if plan.key else root)
     records = role_records(fw, roles)
+    inputs = input_records(plan.options)
     store.open(
         framework=fw.name,
         task=plan.task,
-        config=run_identity(fw, plan.options, roles, request.evaluator, items),
+        config=run_identity(fw, plan.options, roles, request.evaluator, items, inputs),
+        legacy=run_identity(fw, plan.options, roles, request.evaluator, items, legacy=True),
+        supersede=request.run.supersede,
+        inputs=inputs,
         options=plan.options.model_dump(mode="json"),
         models=model_record(lead),
         roles=records,

@@ -47,6 +47,7 @@ RETRIED = FAILED_STATUSES  # statuses a resume asks again
 SHARD_FILES = "results.*.jsonl"  # one per driver of a run solved by several (results.d0.jsonl ...)
 INVOCATIONS = "invocations.jsonl"  # one line per invocation that solved items: wall time
 LOCK = "run.lock"  # the process writing the run now (``RunLock``)
+SUPERSEDED = "superseded"  # a re-solved run's earlier files, one folder per time (--supersede)
 # FORMAT_VERSION (pipelines.runtime.records) 2: typed item records (status, score, explanation,
 # details, usage, failure) and the framework name in the manifest.
 
@@ -119,6 +120,25 @@ def read_manifest(path: Path) -> RunManifest:
         return RunManifest.model_validate(raw)
     except ValidationError as exc:
         raise RunStoreError(f"{path}: corrupt manifest: {_first_error(exc)}") from exc
+
+
+def changed_run(path: Path, manifest: RunManifest, task: str, config: dict[str, Any]) -> str:
+    """The one line refusing a run directory whose identity changed: what changed, and the
+    ways on."""
+    if manifest.task != task:
+        return (
+            f"{path}: this run directory holds a different task or config (the task "
+            f"{manifest.task}, not {task}); use a new --run-dir"
+        )
+    from pipelines.runtime.provenance import identity_changes
+
+    changes = identity_changes(manifest.config, config) or ["its configuration"]
+    shown = "; ".join(changes[:6]) + (f"; and {len(changes) - 6} more" if len(changes) > 6 else "")
+    return (
+        f"{path}: this run directory holds a different task or config, recorded before these "
+        f"changed: {shown}. Its numbers rest on the old ones: give a new --run-dir, or "
+        f"--supersede to solve it again here (the old records are kept in {SUPERSEDED}/)"
+    )
 
 
 def read_study(root: Path) -> StudyRecord:
@@ -277,31 +297,60 @@ class RunStore:
 
     # ---- manifest ----------------------------------------------------------------------------
 
-    def open(self, *, framework: str, task: str, config: dict[str, Any], **provenance: Any):
+    def open(
+        self,
+        *,
+        framework: str,
+        task: str,
+        config: dict[str, Any],
+        supersede: bool = False,
+        legacy: dict[str, Any] | None = None,
+        **provenance: Any,
+    ):
         """Create the run, or resume it if the directory holds the same task and config; read
-        the recorded results once. ``provenance``: options, models, prompts... (not identity)."""
+        the recorded results once. ``provenance``: options, models, prompts, inputs... (not
+        identity); ``legacy``: the run's identity as directories made before content identities
+        kept it (such a directory resumes, and says its inputs were not fingerprinted).
+
+        A directory whose identity changed (an input, a model, an option) is refused in one
+        line naming what changed, unless ``supersede``: its files are then moved to
+        ``superseded/<time>/`` and the run starts again in place."""
         self.dir.mkdir(parents=True, exist_ok=True)
         if self.lock is None:  # before anything is written: a second writer changes nothing
             lock = RunLock(self.dir)
             lock.acquire()
             self.lock = lock
         try:
-            return self._open(framework, task, config, provenance)
+            return self._open(framework, task, config, provenance, supersede, legacy)
         except BaseException:
             self.release()
             raise
 
-    def _open(self, framework: str, task: str, config: dict[str, Any], provenance: dict[str, Any]):
+    def _open(
+        self,
+        framework: str,
+        task: str,
+        config: dict[str, Any],
+        provenance: dict[str, Any],
+        supersede: bool,
+        legacy: dict[str, Any] | None,
+    ):
         config_fp = fingerprint({"task": task, "config": config})
-        if self.manifest_path.exists():
-            manifest = read_manifest(self.manifest_path)
-            if manifest.config_fingerprint != config_fp:
-                raise RunStoreError(
-                    f"{self.manifest_path}: this run directory holds a different task or config "
-                    f"(fingerprint {manifest.config_fingerprint} != {config_fp}); "
-                    "use a new --run-dir"
-                )
+        manifest = read_manifest(self.manifest_path) if self.manifest_path.exists() else None
+        if manifest is not None and self.changed(manifest, task, config, config_fp, legacy):
+            if not supersede or manifest.task != task:
+                raise RunStoreError(changed_run(self.manifest_path, manifest, task, config))
+            self.set_aside()
+            manifest = None
+        if manifest is not None:
+            fingerprinted = "content" in manifest.config
             manifest.resumed_at = [*manifest.resumed_at, time.time()]
+            if not fingerprinted and "content" in config:  # from now on, by content
+                manifest.inputs_fingerprinted = False
+                manifest.fingerprinted_since = time.time()
+                manifest.config, manifest.config_fingerprint = config, config_fp
+            if "inputs" in provenance:  # where the same content lives now
+                manifest.inputs = provenance["inputs"]
         else:
             manifest = RunManifest(
                 framework=framework,
@@ -310,6 +359,7 @@ class RunStore:
                 config=config,
                 config_fingerprint=config_fp,
                 **provenance,
+                inputs_fingerprinted="content" in config,
                 package_version=package_version(),
                 git_revision=git_revision(),
                 python=sys.version.split()[0],
@@ -319,6 +369,43 @@ class RunStore:
         atomic_write_json(self.manifest_path, manifest.to_json())
         self.attach()
         return manifest
+
+    @classmethod
+    def changed(
+        cls,
+        manifest: RunManifest,
+        task: str,
+        config: dict,
+        config_fp: str,
+        legacy: dict | None = None,
+    ) -> bool:
+        """Whether the run directory holds another run than ``task`` with ``config``
+        (``legacy``: the same run's identity as directories made before content identities
+        kept it)."""
+        if manifest.config_fingerprint == config_fp:
+            return False
+        return not cls.from_before_fingerprints(manifest, task, legacy)
+
+    @staticmethod
+    def from_before_fingerprints(manifest: RunManifest, task: str, legacy: dict | None) -> bool:
+        """A run directory made before inputs and models were known by content: the same run
+        when its identity is the one such a run kept (it resumes, and says its inputs were not
+        fingerprinted)."""
+        if "content" in manifest.config or legacy is None:
+            return False
+        return manifest.config_fingerprint == fingerprint({"task": task, "config": legacy})
+
+    def set_aside(self) -> Path:
+        """Move the run's files (not its lock, not other runs' sub-directories) to
+        ``superseded/<time>/``: kept, no longer read."""
+        target = self.dir / SUPERSEDED / time.strftime("%Y%m%d-%H%M%S")
+        while target.exists():
+            target = target.with_name(target.name + "-1")
+        target.mkdir(parents=True)
+        for path in sorted(self.dir.iterdir()):
+            if path.is_file() and path.name != LOCK and not path.name.startswith("."):
+                os.replace(path, target / path.name)
+        return target
 
     def attach(self) -> None:
         """Read the recorded results of an existing run (a driver joins the run its command

@@ -1,0 +1,107 @@
+"""``groundcover cache``: what the response cache holds by model and adapter (revision), and
+trimming it. A run never waits on these: rows go in small transactions."""
+
+from __future__ import annotations
+
+import datetime as dt
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from pipelines.cli.options import clean_errors
+
+cache_app = typer.Typer(
+    help="The response cache: list it by model and adapter revision, prune it, clear it.",
+    no_args_is_help=True,
+)
+out = Console()
+
+CacheFile = Annotated[
+    Path | None,
+    typer.Option("--cache", help="the cache (default: $GROUNDCOVER_HOME/responses.sqlite)"),
+]
+
+
+def _path(given: Path | None) -> Path:
+    from serving.embedded import cache_root
+
+    return given or cache_root() / "responses.sqlite"
+
+
+def _day(timestamp: float) -> str:
+    return dt.datetime.fromtimestamp(timestamp).strftime("%Y-%m-%d %H:%M")
+
+
+@cache_app.command("list")
+@clean_errors
+def cache_list(cache: CacheFile = None) -> None:
+    """Entries and size per model and revision (an adapter's with its base model's), whether
+    the local model or adapter still has that content, and the cache's files."""
+    from serving.cache_admin import files, groups
+
+    path = _path(cache)
+    table = Table("model", "revision", "entries", "size", "oldest", "newest", "present")
+    total = 0
+    for g in groups(path):
+        total += g.rows
+        revision = " + ".join(p.removeprefix("sha256:")[:12] for p in (g.revision or "").split("+"))
+        present = {True: "yes", False: "no (changed or gone)", None: "-"}[g.present]
+        table.add_row(
+            g.model or "(keyed before revisions)",
+            revision or "-",
+            f"{g.rows:,}",
+            f"{g.bytes / 1e6:,.1f} MB",
+            _day(g.oldest),
+            _day(g.newest),
+            present,
+        )
+    out.print(table)
+    for file, size in files(path):
+        out.print(f"{file}: {size / 1e6:,.1f} MB on disk")
+    out.print(f"{total:,} entries")
+
+
+@cache_app.command("prune")
+@clean_errors
+def cache_prune(
+    before: Annotated[
+        str | None, typer.Option(help="delete entries created before this date (YYYY-MM-DD)")
+    ] = None,
+    missing: Annotated[
+        bool,
+        typer.Option(
+            "--missing", help="delete entries of local models and adapters changed or gone"
+        ),
+    ] = False,
+    cache: CacheFile = None,
+) -> None:
+    """Delete entries older than a date, or of models and adapters no longer present."""
+    from pipelines.runtime.config import UserError
+    from serving.cache_admin import parse_when, prune
+
+    if before is None and not missing:
+        raise UserError("cache prune: give --before DATE, --missing, or both")
+    try:
+        when = parse_when(before) if before else None
+    except ValueError as exc:
+        raise UserError(str(exc)) from None
+    done = prune(_path(cache), when, missing)
+    out.print(f"deleted {done['older']:,} older and {done['missing']:,} of missing models")
+
+
+@cache_app.command("clear")
+@clean_errors
+def cache_clear(
+    yes: Annotated[bool, typer.Option("--yes", help="do it (nothing is asked)")] = False,
+    cache: CacheFile = None,
+) -> None:
+    """Delete every entry (every host's file) and the damaged files set aside."""
+    from pipelines.runtime.config import UserError
+    from serving.cache_admin import clear
+
+    if not yes:
+        raise UserError("cache clear deletes every cached answer: add --yes")
+    out.print(f"deleted {clear(_path(cache)):,} entries")

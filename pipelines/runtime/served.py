@@ -1,0 +1,212 @@
+"""What each role's model is, found before a run writes anything.
+
+Every endpoint a run names is asked for its models first (``serving.endpoints``): a dead one is
+one line within seconds, a model or adapter it does not serve is one line listing what it does.
+Then each role's model and adapter are resolved to what they are by content
+(``EvaluatorConfig.content``):
+
+- a model directory or adapter this run serves: the SHA-256 digest of its files;
+- the embedded model: the digest of the GGUF file it is converted from;
+- a hub id: the commit it resolves to (``--model-revision`` pins a branch, tag or commit);
+- a model at an endpoint: what the server reports (``root``, ``max_model_len``, an adapter's
+  ``parent``), with the weights' digest where the endpoint is on this machine and its ``root`` a
+  path here, plus the declared ``--model-revision``.
+
+The run identity (``identity.run_identity``) and every cache key (``EvalClient.revisions``) use
+these revisions, so a retrained adapter or a replaced model is another model.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterable
+from typing import Any
+from urllib.parse import urlparse
+
+from pipelines.runtime.config import EvaluatorConfig, UserError
+from serving.client import EndpointError
+from serving.content import digest_path, hub_revision, local_path, model_content
+from serving.endpoints import EndpointDown, EndpointRefusedKey, ServedModel, served_models
+from serving.launcher import is_loopback
+from serving.registry import resolve
+
+Listing = list[ServedModel] | None
+
+
+class Endpoints:
+    """The model listings of a run's endpoints, each asked once."""
+
+    def __init__(self, tolerate: bool = False, probe: bool = True):
+        self.tolerate = tolerate  # a dry run: a dead endpoint is noted, not fatal
+        self.asks = probe  # False: a client given by the caller answers; nothing is asked
+        self.listings: dict[tuple[str, str], Listing] = {}
+        self.down: dict[str, str] = {}  # url -> why (tolerated)
+
+    def notes(self) -> list[str]:
+        return [
+            f"{why}: its models are not checked (a dry run goes on)" for why in self.down.values()
+        ]
+
+    def listing(self, ev: EvaluatorConfig) -> Listing:
+        assert ev.endpoint is not None
+        key = (ev.endpoint, ev.api_key_env)
+        if not self.asks:
+            return None
+        if key not in self.listings:
+            try:
+                self.listings[key] = served_models(ev.endpoint, ev.api_key())
+            except EndpointDown as exc:
+                if not self.tolerate:
+                    raise EndpointError(
+                        f"{exc}; nothing was written (start the server, or check --endpoint)"
+                    ) from None
+                self.down[ev.endpoint] = str(exc)
+                self.listings[key] = None
+            except EndpointRefusedKey as exc:
+                raise UserError(f"{exc}: set the key in ${ev.api_key_env}") from None
+        return self.listings[key]
+
+    def probe(self, evaluators: Iterable[EvaluatorConfig]) -> None:
+        """Ask every endpoint among ``evaluators`` now (before anything is written)."""
+        for ev in evaluators:
+            if ev.endpoint is not None:
+                self.listing(ev)
+
+
+def resolve_roles(
+    found: list[dict[str, EvaluatorConfig]], endpoints: Endpoints
+) -> list[dict[str, EvaluatorConfig]]:
+    """Each plan's roles with ``content`` resolved; one resolution per distinct evaluator."""
+    done: dict[str, EvaluatorConfig] = {}
+    out = []
+    for roles in found:
+        resolved = {}
+        for role, ev in roles.items():
+            key = json.dumps(ev.model_dump(mode="json", exclude={"content"}), sort_keys=True)
+            if key not in done:
+                done[key] = ev.model_copy(update={"content": model_content_of(ev, endpoints)})
+            resolved[role] = done[key]
+        out.append(resolved)
+    return out
+
+
+def model_content_of(ev: EvaluatorConfig, endpoints: Endpoints) -> dict[str, Any]:
+    """``{"base": {...}, "adapters": {name: {...}}}``, each with its ``revision``."""
+    if ev.endpoint is not None:
+        return _at_endpoint(ev, endpoints.listing(ev))
+    preset = resolve(ev.model)
+    if preset.name == "embedded":
+        from serving.embedded import gguf_path
+
+        gguf = gguf_path()
+        sha = digest_path(gguf).sha256
+        base: dict[str, Any] = {
+            "revision": f"sha256:{sha}",
+            "source": "package file",
+            "path": str(gguf),
+        }
+    elif local_path(preset.hub_id) is not None:
+        base = model_content(preset.hub_id)
+    else:
+        commit = hub_revision(preset.hub_id, ev.revision)
+        base = {"revision": commit or ev.revision, "hub_id": preset.hub_id}
+        base["source"] = "hub" if commit else "unresolved"
+    adapters = {name: _adapter(path) for name, path in sorted(ev.adapters.items())}
+    return {"base": base, "adapters": adapters}
+
+
+def _adapter(path: str) -> dict[str, Any]:
+    found = digest_path(path)
+    return {
+        "revision": f"sha256:{found.sha256}",
+        "source": "directory",
+        "path": str(path),
+        "size": found.size,
+    }
+
+
+def _at_endpoint(ev: EvaluatorConfig, listing: Listing) -> dict[str, Any]:
+    ref = ev.ref()
+    by_id = {m.id: m for m in listing or []}
+    model, adapter = ref.base_name, ref.adapter
+    if listing is not None and ":" in model and not adapter and model not in by_id:
+        split = ref.split_at(list(by_id))  # NAME:TAG the server lists as TAG: an adapter
+        model, adapter = split.model, split.adapter
+    local = is_loopback(urlparse(ev.endpoint or "").hostname or "")
+    if listing is not None and model not in by_id and not (adapter and ev.adapter_prefix):
+        raise UserError(
+            f"--model {model}: {ev.endpoint} does not serve it (it serves: "
+            f"{', '.join(sorted(by_id)) or 'nothing'})"
+        )
+    adapters: dict[str, Any] = {}
+    if adapter:
+        served_as = ev.adapter_prefix + adapter
+        entry = by_id.get(served_as)
+        if listing is not None and entry is None and not ev.adapter_prefix:
+            raise UserError(
+                f"adapter {adapter!r} is not served at {ev.endpoint} (it serves: "
+                f"{', '.join(sorted(by_id)) or 'nothing'})"
+            )
+        adapters[adapter] = _served(entry, None, local)
+    base = _served(by_id.get(model), ev.revision, local)
+    return {"base": base, "adapters": adapters, "listed": listing is not None}
+
+
+def _served(entry: ServedModel | None, declared: str | None, local: bool) -> dict[str, Any]:
+    """What the server says a model is, and a revision over it (None: it says nothing)."""
+    record: dict[str, Any] = {"source": "endpoint"}
+    if entry is not None:
+        record |= entry.record()
+        root = local_path(entry.root) if local and entry.root else None
+        if root is not None:  # the server is on this machine: its weights are readable here
+            record["sha256"] = digest_path(root).sha256
+    if declared is not None:
+        record["declared_revision"] = declared
+    said = {k: v for k, v in record.items() if k not in ("source", "id")}
+    if said:
+        canonical = json.dumps(said, sort_keys=True)
+        record["revision"] = "endpoint:" + hashlib.sha256(canonical.encode()).hexdigest()[:16]
+    else:
+        record["revision"] = None
+    return record
+
+
+def revisions(ev: EvaluatorConfig) -> dict[str, str]:
+    """Request name -> revision, for the client's cache keys (empty: not resolved)."""
+    content = ev.content or {}
+    out: dict[str, str] = {}
+    base = (content.get("base") or {}).get("revision")
+    if base:
+        out[ev.ref().base_name] = base
+    for name, record in (content.get("adapters") or {}).items():
+        if record.get("revision"):
+            out[name] = record["revision"]
+    return out
+
+
+def role_revision(ev: EvaluatorConfig) -> dict[str, Any]:
+    """One role's model in the run identity: the base's revision, the adapter's when it asks
+    one (``None`` where nothing says what it is)."""
+    content = ev.content or {}
+    found: dict[str, Any] = {"model": (content.get("base") or {}).get("revision")}
+    if ev.adapter:
+        adapter = (content.get("adapters") or {}).get(ev.adapter) or {}
+        found["adapter"] = adapter.get("revision")
+    return found
+
+
+def unresolved_notes(roles: Iterable[dict[str, EvaluatorConfig]]) -> list[str]:
+    """One note per model whose revision nothing could tell (a hub id offline and not cached,
+    an endpoint that lists nothing)."""
+    notes: dict[str, str] = {}
+    for found in roles:
+        for ev in found.values():
+            base = (ev.content or {}).get("base") or {}
+            if base and base.get("revision") is None:
+                where = f" at {ev.endpoint}" if ev.endpoint else ""
+                notes[f"{ev.model}{where}"] = (
+                    f"{ev.model}{where}: its revision is unknown (give --model-revision to "
+                    "record one); a replaced model there would not be told apart"
+                )
+    return list(notes.values())

@@ -1,0 +1,241 @@
+"""What a file, a directory or a model is, by content: SHA-256 digests a rerun gets for a stat.
+
+A digest is the file's SHA-256 (what ``sha256sum`` prints), or for a directory the SHA-256 of its
+sorted ``relative path NUL file digest`` lines. Names starting with a dot are left out at every
+level (``.git``, a hub download's ``.cache`` of timestamps): they are not what a model or an
+index is. Symbolic links are followed (a hub snapshot is links into its blob store).
+
+Hashing is streamed in 1 MiB blocks and remembered under ``$GROUNDCOVER_HOME/digests``, one JSON
+file per path, keyed per file by (size, mtime, inode): a multi-GB model directory is read once,
+and a rerun costs one ``stat`` per file. A file written in the last two seconds is not
+remembered (its mtime could still change within the same tick after we read it).
+
+A hub id's revision is the commit its local snapshot resolved to (``refs/<branch>`` in the Hugging
+Face cache), asked of the Hub only when the cache does not know it and the machine is online.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import re
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+BLOCK = 1 << 20
+RACY_SECONDS = 2.0  # a file this young may change again within its mtime's tick
+_COMMIT = re.compile(r"^[0-9a-f]{40}$")
+
+
+def home() -> Path:
+    root = os.environ.get("GROUNDCOVER_HOME") or Path.home() / ".cache" / "groundcover"
+    return Path(root)
+
+
+@dataclass(frozen=True)
+class Digest:
+    sha256: str
+    size: int  # bytes, over every file counted
+    files: int  # 1 for a file
+
+    def short(self) -> str:
+        return self.sha256[:12]
+
+
+def file_digest(path: Path) -> str:
+    """A file's SHA-256, streamed."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        while block := handle.read(BLOCK):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def digest_path(path: Path | str, memo: Path | None = None) -> Digest:
+    """The content digest of a file or directory, remembered by stat under ``memo`` (default
+    ``$GROUNDCOVER_HOME/digests``). ``FileNotFoundError`` for a path that is not there."""
+    real = Path(os.path.realpath(path))
+    if not real.exists():
+        raise FileNotFoundError(f"{path}: no such file or directory")
+    memo_file = (memo or home() / "digests") / (
+        hashlib.sha256(str(real).encode()).hexdigest()[:32] + ".json"
+    )
+    known = _read_memo(memo_file, real)
+    entries: dict[str, list[Any]] = {}
+    now, changed, size = time.time(), False, 0
+    for rel, full in _files(real):
+        st = os.stat(full)
+        size += st.st_size
+        stamp = [st.st_size, st.st_mtime_ns, st.st_ino]
+        old = known.get(rel)
+        if old is not None and old[:3] == stamp:
+            entries[rel] = old
+            continue
+        sha = file_digest(full)
+        changed = True
+        if now - st.st_mtime_ns / 1e9 > RACY_SECONDS:
+            entries[rel] = [*stamp, sha]
+        else:  # hashed, used, but not remembered
+            entries[rel] = [-1, -1, -1, sha]
+    if real.is_file():
+        total = entries[""][3]
+    else:
+        lines = hashlib.sha256()
+        for rel in sorted(entries):
+            lines.update(f"{rel}\0{entries[rel][3]}\n".encode())
+        total = lines.hexdigest()
+    if changed or set(known) != set(entries):
+        _write_memo(memo_file, real, entries)
+    return Digest(total, size, len(entries))
+
+
+def _files(root: Path) -> list[tuple[str, Path]]:
+    """(relative path, path) of every file under ``root`` (``""`` for a file), dot-names left
+    out, in sorted order."""
+    if root.is_file():
+        return [("", root)]
+    found: list[tuple[str, Path]] = []
+    for folder, dirs, names in os.walk(root, followlinks=True):
+        dirs[:] = sorted(d for d in dirs if not d.startswith("."))
+        base = Path(folder)
+        for name in sorted(names):
+            if name.startswith("."):
+                continue
+            full = base / name
+            if full.is_file():  # a dangling link is not content
+                found.append((full.relative_to(root).as_posix(), full))
+    return sorted(found)
+
+
+def _read_memo(memo_file: Path, real: Path) -> dict[str, list[Any]]:
+    try:
+        raw = json.loads(memo_file.read_text())
+    except (OSError, ValueError):
+        return {}
+    if not isinstance(raw, dict) or raw.get("path") != str(real):
+        return {}
+    entries = raw.get("entries")
+    return entries if isinstance(entries, dict) else {}
+
+
+def _write_memo(memo_file: Path, real: Path, entries: dict[str, list[Any]]) -> None:
+    """Best effort: a memo that cannot be written costs a re-hash next time, nothing else."""
+    with contextlib.suppress(OSError):
+        memo_file.parent.mkdir(parents=True, exist_ok=True)
+        tmp = memo_file.with_name(f".{memo_file.name}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps({"path": str(real), "entries": entries}))
+        os.replace(tmp, memo_file)
+
+
+# ---- models ------------------------------------------------------------------------------------
+
+
+def hub_cache() -> Path:
+    if os.environ.get("HF_HUB_CACHE"):
+        return Path(os.environ["HF_HUB_CACHE"])
+    hf_home = os.environ.get("HF_HOME") or Path.home() / ".cache" / "huggingface"
+    return Path(hf_home) / "hub"
+
+
+def hub_revision(repo_id: str, revision: str | None = None, online: bool = True) -> str | None:
+    """The commit ``repo_id`` at ``revision`` (default ``main``) resolves to: from the local
+    Hugging Face cache, else from the Hub when online (a 10 s limit), else None."""
+    if revision and _COMMIT.match(revision):
+        return revision
+    folder = hub_cache() / ("models--" + repo_id.replace("/", "--"))
+    with contextlib.suppress(OSError):
+        found = (folder / "refs" / (revision or "main")).read_text().strip()
+        if _COMMIT.match(found):
+            return found
+    offline = os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "", "false", "False")
+    if not online or offline:
+        return None
+    try:
+        from huggingface_hub import HfApi
+
+        info = HfApi().model_info(repo_id, revision=revision, timeout=10)
+        return info.sha
+    except Exception:  # no network, no such repo, no access: unresolved, said as such
+        return None
+
+
+def local_path(name: str) -> Path | None:
+    """``name`` as a local file or directory, if it is one."""
+    path = Path(name).expanduser()
+    return path if path.exists() else None
+
+
+def model_content(name: str, revision: str | None = None) -> dict[str, Any]:
+    """What a model named by a path or a hub id is: ``{"revision": ..., "source": ...}``, where
+    source says how it was found (``directory`` digest, ``hub`` commit, or ``unresolved``)."""
+    path = local_path(name)
+    if path is not None:
+        found = digest_path(path)
+        record = {"revision": f"sha256:{found.sha256}", "source": "directory", "path": str(path)}
+        return record | {"size": found.size, "files": found.files}
+    if "/" in name:
+        commit = hub_revision(name, revision)
+        if commit is not None:
+            return {"revision": commit, "source": "hub", "hub_id": name}
+        return {"revision": revision, "source": "unresolved", "hub_id": name}
+    return {"revision": revision, "source": "unresolved"}
+
+
+# ---- file systems ------------------------------------------------------------------------------
+
+NETWORK_FILESYSTEMS = frozenset(
+    {
+        "nfs",
+        "nfs4",
+        "cifs",
+        "smb3",
+        "smbfs",
+        "lustre",
+        "gpfs",
+        "beegfs",
+        "ceph",
+        "fuse.ceph",
+        "glusterfs",
+        "fuse.glusterfs",
+        "fuse.sshfs",
+        "9p",
+        "afs",
+        "fuse.gcsfuse",
+        "fuse.s3fs",
+        "fuse.juicefs",
+        "wekafs",
+        "panfs",
+    }
+)
+
+
+def filesystem_of(path: Path | str, mounts: str = "/proc/mounts") -> str | None:
+    """The type of the file system ``path`` lives on (its longest mount point), or None."""
+    target = os.path.realpath(path)  # links resolved where they exist; the rest as given
+    best, kind = "", None
+    try:
+        lines = Path(mounts).read_text().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        parts = line.split()
+        if len(parts) < 3:
+            continue
+        point = parts[1].replace("\\040", " ")
+        inside = target == point or target.startswith(point.rstrip("/") + "/")
+        if inside and len(point) >= len(best):
+            best, kind = point, parts[2]
+    return kind
+
+
+def on_network_filesystem(path: Path | str) -> bool:
+    """Whether ``path`` lives on a file system shared over the network (NFS, Lustre, GPFS...),
+    where SQLite's WAL mode does not work. ``GROUNDCOVER_SHARED_FS=1``/``0`` says so outright."""
+    told = os.environ.get("GROUNDCOVER_SHARED_FS")
+    if told in ("0", "1"):
+        return told == "1"
+    return filesystem_of(path) in NETWORK_FILESYSTEMS
