@@ -294,3 +294,73 @@ def test_a_panel_of_the_base_model_and_its_adapter_judges_given_answers(vllm_ser
     found = json.loads(shown.stdout)["runs"][0]
     assert found["stages"]["judge"]["units"] == 2 and found["score"]["labelled"] == 1
     assert "ppi" in found["score"]  # q2 and q3 are the unlabelled items
+
+
+def test_an_adapter_retrained_in_place_is_asked_again(tiny_model, tmp_path):
+    """The claim-extractor loop: train, evaluate, retrain in the same directory, evaluate. The
+    retrained adapter is another model: the first run directory refuses to be resumed with it
+    (naming the adapter, before any server starts), and a fresh run asks every question again
+    instead of answering from the old adapter's cache."""
+    require_engine()
+    from serving.content import digest_path
+    from tests.support.tiny import build_tiny_lora
+
+    adapter = build_tiny_lora(tiny_model, tmp_path / "claims", seed=1)
+    questions = tmp_path / "q.jsonl"
+    questions.write_text(
+        "".join(json.dumps({"id": q["id"], "question": q["question"]}) + "\n" for q in QUESTIONS)
+    )
+    config = tmp_path / "c.yaml"  # a cache of this test's own, kept across the runs
+    config.write_text(f"run:\n  cache: {tmp_path / 'responses.sqlite'}\n")
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+
+    def generate(run_dir: Path) -> subprocess.CompletedProcess:
+        # own server: the run serves the adapter from its directory
+        command = cli(
+            [
+                "generate",
+                str(questions),
+                "--model",
+                str(tiny_model),
+                "--lora",
+                f"{ADAPTER}={adapter}",
+                "--role",
+                f"answer=:{ADAPTER}",
+                "--max-tokens",
+                "12",
+                "--run-dir",
+                str(run_dir),
+                "--config",
+                str(config),
+                "--quiet",
+            ]
+        )
+        return subprocess.run(command, env=env, capture_output=True, text=True, timeout=900)
+
+    def answers(run_dir: Path) -> dict[str, str]:
+        lines = (run_dir / "results.jsonl").read_text().splitlines()
+        return {r["id"]: r["details"]["response"] for r in map(json.loads, lines)}
+
+    first = generate(tmp_path / "a")
+    assert first.returncode == 0, first.stdout[-2000:] + first.stderr[-2000:]
+    before = digest_path(adapter).sha256
+    build_tiny_lora(tiny_model, adapter, seed=2)  # retrained in place
+    after = digest_path(adapter).sha256
+    assert after != before
+
+    resumed = generate(tmp_path / "a")
+    assert resumed.returncode == 2
+    said = " ".join(resumed.stderr.split())
+    assert f"model answer adapter:{before[:12]}" in said and after[:12] in said
+    assert not list((tmp_path / "a").glob("serve*.log"))[1:]  # no second server started
+
+    fresh = generate(tmp_path / "b")
+    assert fresh.returncode == 0, fresh.stdout[-2000:] + fresh.stderr[-2000:]
+    usage = json.loads((tmp_path / "b" / "summary.json").read_text())["usage_this_invocation"]
+    assert usage["generate"]["requests"] == len(QUESTIONS)
+    assert usage["generate"]["cache_hits"] == 0
+    assert answers(tmp_path / "b") != answers(tmp_path / "a")  # other weights, other answers
+    manifest = json.loads((tmp_path / "b" / "manifest.json").read_text())
+    content = manifest["roles"]["answer"]["content"]
+    assert content["adapters"][ADAPTER]["revision"] == f"sha256:{after}"
+    assert manifest["config"]["content"]["models"]["answer"]["adapter"] == f"sha256:{after}"
