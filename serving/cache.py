@@ -20,7 +20,8 @@ The cache is derived data, so it fails safe:
 - several hosts: on a network file system (where SQLite's WAL does not work) or when told
   (``shared``, as ``--drivers`` on a cluster does), each host writes its own file
   ``NAME@HOST.sqlite`` beside ``NAME.sqlite`` (rollback journal on a network file system) and
-  reads every file of the family, read-only, for answers.
+  reads every file of the family, read-only, for answers (a plain run reads the hosts' files
+  that exist when it opens, so a run after a drivers' run is answered from them too).
 
 A file written before keys carried revisions still answers: a row from before (``legacy``) is
 served for a model whose revision is the one first seen with it (``bindings``); a model whose
@@ -35,6 +36,7 @@ import hashlib
 import json
 import os
 import queue
+import random
 import socket
 import sqlite3
 import sys
@@ -119,7 +121,7 @@ class ResponseCache:
 
     def _connect(self, path: Path) -> sqlite3.Connection:
         db = sqlite3.connect(path, check_same_thread=False, timeout=60)
-        db.execute(f"PRAGMA journal_mode={'WAL' if self.wal else 'DELETE'}")
+        _journal(db, "wal" if self.wal else "delete")
         db.execute("PRAGMA synchronous=NORMAL")
         db.execute(
             "CREATE TABLE IF NOT EXISTS responses "
@@ -190,8 +192,6 @@ class ResponseCache:
     def _scan_others(self) -> None:
         """Other hosts' files of the family (and the plain file, read-only in shared mode)."""
         self._scanned = time.monotonic()
-        if not self.shared:
-            return
         for path in family(self.path):
             if path == self.own or path in self._others:
                 continue
@@ -211,7 +211,7 @@ class ResponseCache:
         if found is not None:
             return found
         raw = self._own_row(key)
-        if raw is None and self.shared:
+        if raw is None and (self.shared or self._others):  # rows other hosts (drivers) wrote
             raw = self._other_row(key)
         return _decoded(raw)
 
@@ -229,7 +229,7 @@ class ResponseCache:
         return row[0] if row else None
 
     def _other_row(self, key: str) -> str | None:
-        if time.monotonic() - self._scanned > RESCAN_SECONDS:
+        if self.shared and time.monotonic() - self._scanned > RESCAN_SECONDS:
             with self._lock:
                 self._scan_others()
         with self._lock:
@@ -251,7 +251,7 @@ class ResponseCache:
     def legacy(self, key: str, name: str, revision: str) -> dict[str, Any] | None:
         """A row keyed without revisions (written before they were), served only while
         ``name`` (base and model) has the revision first seen with such rows here."""
-        if self.legacy_before is None and not self.shared:
+        if self.legacy_before is None and not self._others:
             return None
         with self._lock:
             try:
@@ -434,6 +434,22 @@ class ResponseCache:
                 if db is not None:
                     with contextlib.suppress(sqlite3.Error):
                         db.close()
+
+
+def _journal(db: sqlite3.Connection, mode: str, patience: float = 60.0) -> None:
+    """Set the file's journal mode unless it has it. Changing it takes the file whole, and
+    SQLite's busy timeout does not wait for that: processes opening one new file together (a
+    run's drivers) take turns here instead of failing with 'database is locked'."""
+    deadline = time.monotonic() + patience
+    while True:
+        try:
+            if db.execute("PRAGMA journal_mode").fetchone()[0].lower() != mode:
+                db.execute(f"PRAGMA journal_mode={mode}")
+            return
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or time.monotonic() > deadline:
+                raise
+            time.sleep(0.02 + 0.05 * random.random())
 
 
 def _has_revision(db: sqlite3.Connection) -> bool:

@@ -17,6 +17,7 @@ Face cache), asked of the Hub only when the cache does not know it and the machi
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import json
 import os
@@ -143,22 +144,31 @@ def hub_cache() -> Path:
 
 def hub_revision(repo_id: str, revision: str | None = None, online: bool = True) -> str | None:
     """The commit ``repo_id`` at ``revision`` (default ``main``) resolves to: from the local
-    Hugging Face cache, else from the Hub when online (a 10 s limit), else None."""
+    Hugging Face cache, else from the Hub when online (a 10 s limit, asked once per process),
+    else None."""
     if revision and _COMMIT.match(revision):
         return revision
+    return _cached_commit(repo_id, revision) or (_hub_commit(repo_id, revision) if online else None)
+
+
+def _cached_commit(repo_id: str, revision: str | None) -> str | None:
     folder = hub_cache() / ("models--" + repo_id.replace("/", "--"))
     with contextlib.suppress(OSError):
         found = (folder / "refs" / (revision or "main")).read_text().strip()
         if _COMMIT.match(found):
             return found
+    return None
+
+
+@functools.lru_cache(maxsize=256)
+def _hub_commit(repo_id: str, revision: str | None) -> str | None:
     offline = os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "", "false", "False")
-    if not online or offline:
+    if offline:
         return None
     try:
         from huggingface_hub import HfApi
 
-        info = HfApi().model_info(repo_id, revision=revision, timeout=10)
-        return info.sha
+        return HfApi().model_info(repo_id, revision=revision, timeout=10).sha
     except Exception:  # no network, no such repo, no access: unresolved, said as such
         return None
 

@@ -305,10 +305,17 @@ def test_the_cache_command_lists_prunes_and_clears_by_model_revision(tmp_path):
     cache.put("b0", {"choices": [0]}, "tiny", "sha256:base")
     cache.close()
     runner = CliRunner()
-    listed = runner.invoke(app, ["cache", "list", "--cache", str(path)], env={"COLUMNS": "200"})
+    listed = runner.invoke(app, ["cache", "list", "--cache", str(path), "--json"])
     assert listed.exit_code == 0, listed.output
-    assert "4 entries" in listed.output and revision.removeprefix("sha256:")[:12] in listed.output
-    assert "yes" in listed.output  # the adapter still has that content
+    found = json.loads(listed.output)
+    assert found["entries"] == 4
+    by_model = {g["model"]: g for g in found["groups"]}
+    assert by_model["claims"]["rows"] == 3 and by_model["tiny"]["rows"] == 1
+    assert by_model["claims"]["revision"] == f"sha256:base+{revision}"
+    assert by_model["claims"]["present"] is True  # the adapter still has that content
+    assert by_model["claims"]["names"][revision] == f"claims @ {adapter}"
+    shown = runner.invoke(app, ["cache", "list", "--cache", str(path)])
+    assert shown.exit_code == 0 and "4 entries" in shown.output
 
     (adapter / "adapter_model.safetensors").write_bytes(b"weights b")  # retrained
     pruned = runner.invoke(app, ["cache", "prune", "--missing", "--cache", str(path)])

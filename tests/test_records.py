@@ -18,7 +18,7 @@ from pipelines.runtime.protocol import RunRequest
 from pipelines.runtime.records import FORMAT_VERSION, RunManifest, RunSummary, StudyRecord
 from pipelines.runtime.roles import RoleSpec
 from pipelines.runtime.runner import execute, fixed_client
-from pipelines.runtime.runstore import read_manifest, read_study, read_summary
+from pipelines.runtime.runstore import RunStoreError, read_manifest, read_study, read_summary
 from tests.support.scripted import ScriptedClient
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -104,9 +104,43 @@ def test_a_run_of_the_previous_version_resumes_without_asking_again(tmp_path, mo
     )
     assert grader.calls == []
     assert (run_dir / "answers" / "results.jsonl").read_bytes() == before
-    assert len(read_manifest(run_dir / "answers" / "manifest.json").resumed_at) == 1
+    manifest = read_manifest(run_dir / "answers" / "manifest.json")
+    assert len(manifest.resumed_at) == 1
     assert outcomes["answers"].summary.recorded == 2
     assert read_study(run_dir).runs == ["answers"]
+    # made before inputs were known by content: it says so, and knows them by content from now
+    assert manifest.inputs_fingerprinted is False and manifest.fingerprinted_since is not None
+    assert manifest.inputs is not None and set(manifest.inputs) == {"input", "answers"}
+    assert manifest.config["content"]["inputs"]["answers"] == manifest.inputs["answers"]["sha256"]
+    shown = CliRunner().invoke(app, ["report", str(run_dir / "answers"), "--json"])
+    provenance = json.loads(shown.output.splitlines()[0])["provenance"]
+    assert provenance["fingerprinted"] is False and "before" in provenance["note"]
+
+    # a later change of an input is now refused by name
+    changed = tmp_path / "answers.json"
+    changed.write_text(json.dumps(json.loads((data / "answers.json").read_text())[::-1]))
+    moved = request.options.model_copy(update={"answers": changed})
+    with pytest.raises(RunStoreError, match="input answers"):
+        execute(
+            FANOUTQA,
+            RunRequest(request.evaluator, request.run, moved, request.roles),
+            quiet=True,
+            open_client=lambda ev, d: fixed_client(grader),
+        )
+
+
+def test_the_previous_versions_report_says_its_inputs_were_not_fingerprinted(tmp_path):
+    copy = tmp_path / "runs"
+    shutil.copytree(FIXTURE, copy)
+    out = CliRunner().invoke(app, ["report", str(copy / "fanoutqa-answers" / "answers"), "--json"])
+    provenance = json.loads(out.output.splitlines()[0])["provenance"]
+    assert provenance == {
+        "fingerprinted": False,
+        "inputs": [],
+        "models": provenance["models"],
+        "note": "made before inputs and models were fingerprinted: they are known by name",
+    }
+    assert {m["role"] for m in provenance["models"]} == {"judge"}
 
 
 def test_a_record_of_another_format_or_broken_is_refused_in_one_line(tmp_path):

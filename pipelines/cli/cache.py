@@ -17,8 +17,6 @@ cache_app = typer.Typer(
     help="The response cache: list it by model and adapter revision, prune it, clear it.",
     no_args_is_help=True,
 )
-out = Console()
-
 CacheFile = Annotated[
     Path | None,
     typer.Option("--cache", help="the cache (default: $GROUNDCOVER_HOME/responses.sqlite)"),
@@ -32,36 +30,53 @@ def _path(given: Path | None) -> Path:
 
 
 def _day(timestamp: float) -> str:
-    return dt.datetime.fromtimestamp(timestamp).strftime("%Y-%m-%d %H:%M")
+    return dt.datetime.fromtimestamp(timestamp).strftime("%Y-%m-%d")
 
 
 @cache_app.command("list")
 @clean_errors
-def cache_list(cache: CacheFile = None) -> None:
+def cache_list(
+    cache: CacheFile = None,
+    as_json: Annotated[bool, typer.Option("--json", help="one JSON object")] = False,
+) -> None:
     """Entries and size per model and revision (an adapter's with its base model's), whether
     the local model or adapter still has that content, and the cache's files."""
+    import dataclasses
+    import json
+
     from serving.cache_admin import files, groups
 
     path = _path(cache)
-    table = Table("model", "revision", "entries", "size", "oldest", "newest", "present")
-    total = 0
-    for g in groups(path):
-        total += g.rows
+    found, on_disk = groups(path), files(path)
+    if as_json:
+        payload = {
+            "groups": [dataclasses.asdict(g) for g in found],
+            "files": {str(f): size for f, size in on_disk},
+            "entries": sum(g.rows for g in found),
+        }
+        print(json.dumps(payload))
+        return
+    out = Console()
+    table = Table("model", "revision", "entries", "MB", "oldest", "newest", "present")
+    for g in found:
         revision = " + ".join(p.removeprefix("sha256:")[:12] for p in (g.revision or "").split("+"))
-        present = {True: "yes", False: "no (changed or gone)", None: "-"}[g.present]
+        present = {True: "yes", False: "no", None: "-"}[g.present]
         table.add_row(
             g.model or "(keyed before revisions)",
             revision or "-",
             f"{g.rows:,}",
-            f"{g.bytes / 1e6:,.1f} MB",
+            f"{g.bytes / 1e6:,.1f}",
             _day(g.oldest),
             _day(g.newest),
             present,
         )
     out.print(table)
-    for file, size in files(path):
-        out.print(f"{file}: {size / 1e6:,.1f} MB on disk")
-    out.print(f"{total:,} entries")
+    for file, size in on_disk:
+        out.print(f"{file}: {size / 1e6:,.1f} MB on disk", highlight=False, soft_wrap=True)
+    out.print(
+        f"{sum(g.rows for g in found):,} entries (present: no = the local model or "
+        "adapter changed or is gone; prune --missing deletes those)"
+    )
 
 
 @cache_app.command("prune")
@@ -89,7 +104,7 @@ def cache_prune(
     except ValueError as exc:
         raise UserError(str(exc)) from None
     done = prune(_path(cache), when, missing)
-    out.print(f"deleted {done['older']:,} older and {done['missing']:,} of missing models")
+    Console().print(f"deleted {done['older']:,} older and {done['missing']:,} of missing models")
 
 
 @cache_app.command("clear")
@@ -104,4 +119,4 @@ def cache_clear(
 
     if not yes:
         raise UserError("cache clear deletes every cached answer: add --yes")
-    out.print(f"deleted {clear(_path(cache)):,} entries")
+    Console().print(f"deleted {clear(_path(cache)):,} entries")

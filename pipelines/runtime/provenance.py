@@ -119,11 +119,14 @@ def without_input_paths(dump: dict[str, Any], options: BaseModel) -> dict[str, A
         if marker.kind == "model":
             continue
         *parents, leaf = name.split(".")
-        target = out
+        target: Any = out
         for part in parents:
+            if not isinstance(target.get(part), dict):
+                break
             target[part] = dict(target[part])
             target = target[part]
-        target.pop(leaf, None)
+        else:
+            target.pop(leaf, None)
     return out
 
 

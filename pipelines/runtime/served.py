@@ -108,8 +108,8 @@ def model_content_of(ev: EvaluatorConfig, endpoints: Endpoints) -> dict[str, Any
         }
     elif local_path(preset.hub_id) is not None:
         base = model_content(preset.hub_id)
-    else:
-        commit = hub_revision(preset.hub_id, ev.revision)
+    else:  # the Hub is asked only on the real path (a given client starts no server)
+        commit = hub_revision(preset.hub_id, ev.revision, online=endpoints.asks)
         base = {"revision": commit or ev.revision, "hub_id": preset.hub_id}
         base["source"] = "hub" if commit else "unresolved"
     adapters = {name: _adapter(path) for name, path in sorted(ev.adapters.items())}
