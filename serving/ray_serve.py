@@ -102,6 +102,8 @@ def llm_config(spec: ServerSpec, replicas: int, device: str) -> Any:
         bundles = [{"GPU": 1, "CPU": 1}] * preset.tensor_parallel_size
     if preset.reasoning_parser:  # the answer in content, the reasoning apart (as vllm serve)
         engine["reasoning_parser"] = preset.reasoning_parser
+    if spec.revision:  # the hub commit the run's identity records
+        engine["revision"] = spec.revision
     env = (CPU_ENV if device == "cpu" else {}) | spec.env
     from serving.ray_replica import NO_MIRROR_CALLBACK, CountedServer
 
