@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import json
 import multiprocessing
+import os
 import signal
 import socket
 import threading
@@ -45,6 +46,11 @@ def connect(address: str | None = None, num_cpus: int | None = None) -> None:
         with timed("ray-join", address):
             ray.init(address=address, **kwargs)
     else:
+        # Serve kills a proxy not ready within 5 s of its start and starts another, and a
+        # deployment waiting on the first fails with its death; on a loaded machine a worker's
+        # imports alone take longer (seen: every Serve app of a test module lost this way). The
+        # local Ray's processes inherit this from ours; a cluster's nodes take theirs.
+        os.environ.setdefault("RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S", "60")
         with timed("ray-local", f"{num_cpus or 'all'} CPUs"):
             ray.init(num_cpus=num_cpus, **kwargs)
 

@@ -27,6 +27,9 @@ TOOL_ARGS = ["--enable-auto-tool-choice", "--tool-call-parser", "hermes"]
 def pytest_configure(config) -> None:
     """Every vLLM server, Ray cluster, Serve app and model conversion the session starts (also in
     the CLI processes tests spawn) appends its wall time here; the summary prints the totals."""
+    # the Ray clusters tests start with `ray start` wait for a Serve proxy as a local Ray of
+    # ours does (serving/ray_cluster.connect): a loaded machine starts one in more than 5 s
+    os.environ.setdefault("RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S", "60")
     if not os.environ.get(startlog.ENV):
         fd, path = tempfile.mkstemp(prefix="gc-starts-", suffix=".jsonl")
         os.close(fd)

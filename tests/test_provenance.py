@@ -351,6 +351,7 @@ def test_a_dead_endpoint_is_one_line_within_seconds_and_nothing_is_written(tmp_p
     took = time.monotonic() - started
     assert done.exit_code == 1
     assert f"http://127.0.0.1:{port}/v1: connection refused" in done.output
+    assert len(done.output.strip().splitlines()) == 1, done.output  # one line
     assert took < 3.0, took
     assert not (tmp_path / "run").exists()
 

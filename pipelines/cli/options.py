@@ -61,7 +61,8 @@ def clean_errors(command: Callable) -> Callable:
             raise typer.Exit(EXIT_BUDGET) from None
         except runtime_errors as exc:
             console.print(f"[red]error:[/red] {exc}", highlight=False, soft_wrap=True)
-            console.print("finished items are saved; rerun the same command to resume")
+            if not getattr(exc, "nothing_written", False):
+                console.print("finished items are saved; rerun the same command to resume")
             raise typer.Exit(EXIT_RUNTIME) from None
         except items_failed as exc:  # the run finished, but not cleanly
             console.print(f"[red]failed:[/red] {exc}", highlight=False, soft_wrap=True)

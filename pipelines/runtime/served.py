@@ -34,6 +34,12 @@ from serving.registry import resolve
 Listing = list[ServedModel] | None
 
 
+class EndpointUnreachable(EndpointError):
+    """An endpoint that did not list its models before the run: nothing was written."""
+
+    nothing_written = True
+
+
 class Endpoints:
     """The model listings of a run's endpoints, each asked once."""
 
@@ -58,7 +64,7 @@ class Endpoints:
                 self.listings[key] = served_models(ev.endpoint, ev.api_key())
             except EndpointDown as exc:
                 if not self.tolerate:
-                    raise EndpointError(
+                    raise EndpointUnreachable(
                         f"{exc}; nothing was written (start the server, or check --endpoint)"
                     ) from None
                 self.down[ev.endpoint] = str(exc)
