@@ -105,7 +105,9 @@ class ResponseCache:
         self._lock = threading.RLock()  # the reader connections and a file's replacement
         self._generation = 0  # bumped when the own file is replaced: the writer reconnects
         self._reader, self.legacy_before = self._open_own()
+        # other hosts' files, read-only (None: left out), and whether their rows carry revisions
         self._others: dict[Path, sqlite3.Connection | None] = {}
+        self._revisioned: dict[Path, bool] = {}
         self._scanned = 0.0
         self._scan_others()
         self._pending: dict[str, dict[str, Any]] = {}  # put, not yet committed
@@ -198,6 +200,7 @@ class ResponseCache:
             try:
                 db = sqlite3.connect(f"file:{path}?mode=ro", uri=True, check_same_thread=False)
                 db.execute("SELECT 1 FROM responses LIMIT 1").fetchall()
+                self._revisioned[path] = _has_revision(db)
                 self._others[path] = db
             except sqlite3.DatabaseError as exc:
                 self._others[path] = None
@@ -282,13 +285,13 @@ class ResponseCache:
             ).fetchone()
             if row:
                 return row[0]
-        for db in self._others.values():  # other files' rows without a revision
+        for path, db in self._others.items():  # other files' rows without a revision
             if db is None:
                 continue
             with contextlib.suppress(sqlite3.DatabaseError):
                 row = db.execute(
                     "SELECT response FROM responses WHERE key=?"
-                    + (" AND revision IS NULL" if _has_revision(db) else ""),
+                    + (" AND revision IS NULL" if self._revisioned[path] else ""),
                     (key,),
                 ).fetchone()
                 if row:

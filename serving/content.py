@@ -27,14 +27,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from serving.embedded import cache_root
+
 BLOCK = 1 << 20
 RACY_SECONDS = 2.0  # a file this young may change again within its mtime's tick
 _COMMIT = re.compile(r"^[0-9a-f]{40}$")
-
-
-def home() -> Path:
-    root = os.environ.get("GROUNDCOVER_HOME") or Path.home() / ".cache" / "groundcover"
-    return Path(root)
 
 
 @dataclass(frozen=True)
@@ -62,7 +59,7 @@ def digest_path(path: Path | str, memo: Path | None = None) -> Digest:
     real = Path(os.path.realpath(path))
     if not real.exists():
         raise FileNotFoundError(f"{path}: no such file or directory")
-    memo_file = (memo or home() / "digests") / (
+    memo_file = (memo or cache_root() / "digests") / (
         hashlib.sha256(str(real).encode()).hexdigest()[:32] + ".json"
     )
     known = _read_memo(memo_file, real)

@@ -334,21 +334,16 @@ def test_a_run_on_a_damaged_cache_completes_with_the_records_of_a_clean_run(tmp_
     """CRUX with one unrated passage: its four ratings come from a judge on 127.0.0.1 through the
     product's client and cache. The same run on a copy of that cache, damaged, asks them again
     (the damaged file moved aside) and records what the clean run recorded."""
-    from pipelines.crux.framework import CRUX, PROMPTS, CruxOptions
+    from pipelines.crux.framework import CRUX, PROMPTS
     from pipelines.runtime.config import EvaluatorConfig, RunConfig
     from pipelines.runtime.protocol import RunRequest
     from pipelines.runtime.runner import execute
     from tests.support.loopback import StageByPrompt, loopback_judge
     from tests.support.scripted import ScriptedClient, field_of
-    from tests.test_crux import write_crux
+    from tests.test_crux import crux_options, write_crux
 
     paths = write_crux(tmp_path)
-    options = CruxOptions(
-        input=paths["run"],
-        topics=paths["topics"],
-        passages=paths["passages"],
-        ratings=paths["ratings"],
-    )
+    options = crux_options(paths)
     judge = ScriptedClient(
         {"rate": lambda p: "4" if field_of(p, "Question") in ("Q2?", "Q3?") else "1"},
         check_constraints=False,

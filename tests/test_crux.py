@@ -127,20 +127,27 @@ def write_crux(tmp_path, ratings=RATINGS, run_lines=None):
     return paths
 
 
-@pytest.mark.parametrize("rate", [True, False])
-def test_eval_crux_by_hand(tmp_path, rate):
-    from pipelines.crux.framework import CRUX, CruxOptions
-    from tests.support.scripted import ScriptedClient, field_of
-    from tests.test_runtime import run
+def crux_options(paths, **extra):
+    """CRUX options over ``write_crux``'s files (the run file, topics, passages, ratings)."""
+    from pipelines.crux.framework import CruxOptions
 
-    paths = write_crux(tmp_path)
-    options = CruxOptions(
+    return CruxOptions(
         input=paths["run"],
         topics=paths["topics"],
         passages=paths["passages"],
         ratings=paths["ratings"],
-        rate=rate,
+        **extra,
     )
+
+
+@pytest.mark.parametrize("rate", [True, False])
+def test_eval_crux_by_hand(tmp_path, rate):
+    from pipelines.crux.framework import CRUX
+    from tests.support.scripted import ScriptedClient, field_of
+    from tests.test_runtime import run
+
+    paths = write_crux(tmp_path)
+    options = crux_options(paths, rate=rate)
     # p4 is unrated: the judge says 4 for Q2 and something without a digit otherwise (-> -1).
     client = ScriptedClient(
         {"rate": lambda p: "Rating: 4" if field_of(p, "Question") == "Q2?" else "no idea"},
@@ -275,20 +282,12 @@ def test_crux_build_by_hand_then_eval_on_its_files(tmp_path):
 
 
 def test_eval_crux_rates_a_generated_answer_by_hand(tmp_path):
-    from pipelines.crux.framework import CRUX, CruxOptions
+    from pipelines.crux.framework import CRUX
     from tests.support.scripted import ScriptedClient, field_of
     from tests.test_runtime import run
 
     paths = write_crux(tmp_path)
-    options = CruxOptions(
-        input=paths["run"],
-        topics=paths["topics"],
-        passages=paths["passages"],
-        ratings=paths["ratings"],
-        rate=False,
-        generate=True,
-        answer_tokens=64,
-    )
+    options = crux_options(paths, rate=False, generate=True, answer_tokens=64)
     client = ScriptedClient(
         {
             "answer": "ANSWER THREE WORDS",

@@ -31,7 +31,7 @@ from pipelines.runtime.roles import RoleSpec
 from serving import content
 from serving.content import digest_path, file_digest, filesystem_of
 from tests.support.loopback import serve_app
-from tests.test_crux import write_crux
+from tests.test_crux import crux_options, write_crux
 
 runner = CliRunner()
 
@@ -74,15 +74,8 @@ def test_the_contract_catches_a_path_or_model_field_left_unmarked():
 
 
 def test_every_crux_input_enters_the_identity_by_digest(tmp_path):
-    from pipelines.crux.framework import CruxOptions
-
     paths = write_crux(tmp_path)
-    options = CruxOptions(
-        input=paths["run"],
-        topics=paths["topics"],
-        passages=paths["passages"],
-        ratings=paths["ratings"],
-    )
+    options = crux_options(paths)
     records = input_records(options)
     assert {name: r["sha256"] for name, r in records.items()} == {
         name: sha(paths[key])

@@ -28,8 +28,9 @@ from rich.console import Console
 
 from pipelines.datasets.catalog import Dataset, lookup, parse_spec
 from pipelines.datasets.convert import offline
-from pipelines.runtime.config import UserError, file_sha256
+from pipelines.runtime.config import UserError
 from pipelines.runtime.lines import stamp
+from serving.content import file_digest
 from serving.embedded import cache_root
 
 console = Console(stderr=True)
@@ -119,7 +120,7 @@ def get(spec: str, *, quiet: bool = False) -> Resolved:
     if not quiet:
         _announce(entry, f"{entry.home} @ {requested}")
     revision, raw = _hub_files(entry, requested, known, quiet)
-    digests = {rel: file_sha256(path) for rel, path in raw.items()}
+    digests = {rel: file_digest(path) for rel, path in raw.items()}
     if pinned is None or pinned == entry.revision:  # another revision may differ by design
         _check_fingerprints(entry, requested, digests, raw)
     if known is not None:
@@ -139,7 +140,7 @@ def _lock_converted(
     entry: Dataset, key: str, revision: str, out: Path, digests: dict[str, str]
 ) -> Resolved:
     main = out / (entry.main or next(iter(digests)).rsplit("/", 1)[-1])
-    outputs = {p.name: file_sha256(p) for p in sorted(out.iterdir()) if p.is_file()}
+    outputs = {p.name: file_digest(p) for p in sorted(out.iterdir()) if p.is_file()}
     if main.name not in outputs:
         shutil.rmtree(out)
         raise UserError(
@@ -177,7 +178,7 @@ def _ready(entry: Dataset, requested: str, known: dict[str, Any] | None) -> Reso
     for file, digest in outputs.items():
         if stamps.get(file) == list(stamp(out / file)):
             continue
-        if file_sha256(out / file) != digest:
+        if file_digest(out / file) != digest:
             raise UserError(
                 f"{out / file}: sha256 differs from {data_root() / LOCK} ({entry.name}); the "
                 f"cached copy was changed: remove {out} and get it again"
@@ -370,10 +371,10 @@ def _from_package(entry: Dataset) -> Resolved:
         current = known is not None and known["revision"] == revision
         if current and (ready := _ready(entry, entry.revision, known)) is not None:
             return ready
-        digests = {rel: file_sha256(path) for rel, path in paths.items()}
+        digests = {rel: file_digest(path) for rel, path in paths.items()}
         return _convert_and_lock(entry, key, revision, paths, digests)
     [path] = paths.values()
-    digest = file_sha256(path)
+    digest = file_digest(path)
     if known is not None and known["revision"] == revision and known["sha256"] != digest:
         raise UserError(f"{path}: sha256 differs from {data_root() / LOCK} ({entry.name})")
     if known is None or known["revision"] != revision:
@@ -416,7 +417,7 @@ def _from_ir_datasets(entry: Dataset, quiet: bool) -> Resolved:
                 f"dataset {entry.name}: ir_datasets could not provide {ident}: {first_line(exc)}"
             ) from None
         datasets.append(dataset)
-    digests = {rel: file_sha256(path) for rel, path in files.items()}
+    digests = {rel: file_digest(path) for rel, path in files.items()}
     out = _convert(entry, revision, datasets)
     return _lock_converted(entry, key, revision, out, digests)
 
@@ -440,7 +441,7 @@ def add(name: str, path: Path) -> Resolved:
         entry.check(path)
     elif not path.exists():
         raise UserError(f"{path}: not found")
-    digest = file_sha256(path) if path.is_file() else ""
+    digest = file_digest(path) if path.is_file() else ""
     revision = f"local-{digest[:12]}" if digest else "local"
     write_lock_entry(
         lock_key(name, "local"),

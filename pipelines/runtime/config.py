@@ -270,15 +270,6 @@ def _jsonl_lines(path: Path, limit: int | None = None):
             yield lineno, start, raw
 
 
-def file_sha256(path: Path) -> str:
-    """A file's content digest (an input besides the items that changes scores)."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def items_digest(items: Iterable[Any]) -> str:
     """Content hash of the items themselves (not the file): resumes only on the same inputs."""
     known = getattr(items, "digest", None)

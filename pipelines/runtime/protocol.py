@@ -35,7 +35,7 @@ from rich.console import Console
 
 from pipelines.runtime import panels
 from pipelines.runtime.answers import AnswerFile, read_answers
-from pipelines.runtime.config import EvaluatorConfig, RunConfig, Strict, UserError, file_sha256
+from pipelines.runtime.config import EvaluatorConfig, RunConfig, Strict, UserError
 from pipelines.runtime.panels import (
     HumanLabel,
     PanelRule,
@@ -49,6 +49,7 @@ from pipelines.runtime.records import RunSummary
 from pipelines.runtime.results import ItemResult, StageFailed, StageFailure, Status
 from pipelines.runtime.roles import SYSTEM_ROLES, RoleSpec, expand_panels, role_evaluator
 from serving.client import ChatResult, EvalClient, LabelScore, Parsed, StageUsage, Tool, ToolRun
+from serving.content import file_digest
 from serving.templates import REASK, PromptTemplate
 
 
@@ -225,7 +226,7 @@ class Framework(Study[OptionsT], Generic[OptionsT, ItemT]):
             found = without_input_paths(found, options)
         path = getattr(options, "answers", None) if self.answer_file else None
         if path is not None:
-            found["answers_sha256"] = file_sha256(path)
+            found["answers_sha256"] = file_digest(path)
         return found
 
     def light_setup(self, options: OptionsT) -> bool:
