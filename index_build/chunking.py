@@ -15,7 +15,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass
 from typing import Literal
 
-from index_build.corpus import Document
+from .corpus import Document
 
 _WORD = re.compile(r"\S+")
 _SENTENCE_END = re.compile(r"[.!?][\"')\]]?\s")

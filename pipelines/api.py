@@ -6,7 +6,7 @@ One configuration, three ways in: the sections a YAML file holds (``evaluator``,
 give them first, and the command line's flags are the same fields. A run made here is an
 ordinary run directory: it resumes, and ``groundcover report`` reads it.
 
-    from pipelines.api import evaluate
+    from .api import evaluate
 
     done = evaluate(
         "comprehensiveness",
@@ -24,9 +24,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pipelines.datasets.names import resolve_names
-from pipelines.runtime.config import load_config
-from pipelines.runtime.protocol import (
+from ..serving.client import EvalClient
+from .datasets.names import resolve_names
+from .runtime.config import load_config
+from .runtime.protocol import (
     Framework,
     ItemContext,
     RunOutcome,
@@ -34,12 +35,11 @@ from pipelines.runtime.protocol import (
     Study,
     request_model,
 )
-from pipelines.runtime.records import RunSummary
-from pipelines.runtime.registry import framework, study
-from pipelines.runtime.results import ItemResult
-from pipelines.runtime.runner import execute, fixed_client
-from pipelines.runtime.solving import solve_item
-from serving.client import EvalClient
+from .runtime.records import RunSummary
+from .runtime.registry import framework, study
+from .runtime.results import ItemResult
+from .runtime.runner import execute, fixed_client
+from .runtime.solving import solve_item
 
 __all__ = ["Evaluation", "ItemResult", "RunOutcome", "evaluate", "score_item"]
 

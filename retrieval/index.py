@@ -18,7 +18,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from index_build.ann import apply_search_params
+from ..index_build.ann import apply_search_params
 
 Mode = Literal["bm25", "dense", "hybrid"]
 
@@ -85,7 +85,7 @@ class SearchIndex:
         if "bm25" in self.manifest:
             import bm25s
 
-            from index_build.build import bm25_tokenizer
+            from ..index_build.build import bm25_tokenizer
 
             self.bm25 = bm25s.BM25.load(self.path / "bm25", mmap=True, show_progress=False)
             self.tokenizer = bm25_tokenizer()

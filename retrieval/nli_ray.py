@@ -22,13 +22,13 @@ from typing import Any
 
 import numpy as np
 
-from retrieval.nli import CANONICAL, NliDecisions, NliScorer, plan_batches
-from serving.ray_cluster import (
+from ..serving.ray_cluster import (
     Channel,
     ClusterGone,
     DriverChild,
     connect,
 )
+from .nli import CANONICAL, NliDecisions, NliScorer, plan_batches
 
 __all__ = ["RayNliScorer", "connect"]
 

@@ -33,16 +33,16 @@ from typing import Any
 import numpy as np
 from ray import serve
 
-from retrieval.nli import CANONICAL, NliDecisions, NliScorer, plan_batches
-from serving import startlog
-from serving.client import EndpointError
-from serving.ray_cluster import (
+from ..serving import startlog
+from ..serving.client import EndpointError
+from ..serving.ray_cluster import (
     Channel,
     ClusterGone,
     DriverChild,
     connect,
     error_line,
 )
+from .nli import CANONICAL, NliDecisions, NliScorer, plan_batches
 
 DEPLOYMENT = "NliReplica"
 

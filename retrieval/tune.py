@@ -21,8 +21,8 @@ from typing import Any
 
 import numpy as np
 
-from index_build.ann import apply_search_params
-from retrieval.index import SearchIndex
+from ..index_build.ann import apply_search_params
+from .index import SearchIndex
 
 EF_GRID = (16, 32, 64, 128, 256, 512, 1024, 2048)
 REFINE_GRID = (1, 2, 4, 8, 16, 32, 64)

@@ -22,10 +22,10 @@ import statistics
 import time
 from pathlib import Path
 
-from pipelines.comprehensiveness.common import ComprehensivenessOptions, Item
-from pipelines.comprehensiveness.framework import evaluate_item
-from serving.client import EvalClient
-from serving.launcher import endpoint_or_local
+from groundcover.pipelines.comprehensiveness.common import ComprehensivenessOptions, Item
+from groundcover.pipelines.comprehensiveness.framework import evaluate_item
+from groundcover.serving.client import EvalClient
+from groundcover.serving.launcher import endpoint_or_local
 
 ROOT = Path(__file__).resolve().parents[1]
 WC = ROOT.parent / "shared" / "data" / "wikicontradict" / "humaneval-dev.jsonl"

@@ -23,11 +23,11 @@ import tempfile
 import time
 from pathlib import Path
 
-from pipelines.crux.framework import PROMPTS
-from pipelines.crux.metrics import parse_rating
-from serving.cache import ResponseCache
-from serving.client import EvalClient
-from serving.launcher import endpoint_or_local
+from groundcover.pipelines.crux.framework import PROMPTS
+from groundcover.pipelines.crux.metrics import parse_rating
+from groundcover.serving.cache import ResponseCache
+from groundcover.serving.client import EvalClient
+from groundcover.serving.launcher import endpoint_or_local
 
 ROOT = Path(__file__).resolve().parents[1]
 TOPICS = ROOT.parent / "shared" / "data" / "trec-web" / "topics.jsonl"

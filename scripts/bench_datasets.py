@@ -47,7 +47,7 @@ def write_file(path: Path, target_bytes: int) -> int:
 CONVERT = """
 import resource, sys, time
 from pathlib import Path
-from pipelines.datasets.convert import conflictbank_train
+from groundcover.pipelines.datasets.convert import conflictbank_train
 before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 began = time.perf_counter()
 conflictbank_train([Path(sys.argv[1])], Path(sys.argv[2]))

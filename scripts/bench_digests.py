@@ -31,7 +31,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from serving.content import digest_path  # noqa: E402
+from groundcover.serving.content import digest_path  # noqa: E402
 
 
 def write_model(folder: Path, gb: float, files: int = 4) -> int:
@@ -110,7 +110,15 @@ def dead_endpoint(work: Path, rounds: int) -> dict[str, float]:
         port = sock.getsockname()[1]
     url = f"http://127.0.0.1:{port}/v1"
     env = dict(os.environ, PYTHONPATH=str(ROOT))
-    base = [sys.executable, "-m", "pipelines.cli", "generate", str(questions), "--endpoint", url]
+    base = [
+        sys.executable,
+        "-m",
+        "groundcover.pipelines.cli",
+        "generate",
+        str(questions),
+        "--endpoint",
+        url,
+    ]
     dead, dry = [], []
     for k in range(rounds):
         started = time.perf_counter()

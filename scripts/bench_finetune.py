@@ -53,7 +53,7 @@ PARAGRAPHS = [
 
 def one_mode(args) -> None:
     """Child process: train one mode, print its numbers and peak RSS as JSON."""
-    from pipelines.finetune.train import TrainOptions, train
+    from groundcover.pipelines.finetune.train import TrainOptions, train
 
     options = TrainOptions(
         data=Path(args.data),
@@ -87,7 +87,7 @@ def one_mode(args) -> None:
 
 def bench_training(tmp: Path, steps: int) -> None:
     sys.path.insert(0, str(ROOT))
-    from pipelines.finetune.examples import chat_example
+    from groundcover.pipelines.finetune.examples import chat_example
     from tests.support.tiny import build_tiny_llama
 
     base = build_tiny_llama(tmp / "tiny")
@@ -132,10 +132,10 @@ def bench_training(tmp: Path, steps: int) -> None:
 
 
 def bench_teacher(tmp: Path, n_topics: int) -> None:
-    from pipelines.finetune.teacher import TEACHER_DATA, TeacherOptions
-    from pipelines.runtime.config import EvaluatorConfig, RunConfig
-    from pipelines.runtime.protocol import RunRequest
-    from pipelines.runtime.runner import execute
+    from groundcover.pipelines.finetune.teacher import TEACHER_DATA, TeacherOptions
+    from groundcover.pipelines.runtime.config import EvaluatorConfig, RunConfig
+    from groundcover.pipelines.runtime.protocol import RunRequest
+    from groundcover.pipelines.runtime.runner import execute
 
     topics = tmp / "topics.txt"
     topics.write_text(

@@ -47,8 +47,8 @@ def claims_of(rows: list[dict], n_responses: int, per_response: int) -> list[lis
 
 
 def bench_nli(model_path: str, responses: list[list[str]], index, k: int) -> None:
-    from pipelines.icat.grounding import NliBatcher
-    from retrieval.nli import NliScorer
+    from groundcover.pipelines.icat.grounding import NliBatcher
+    from groundcover.retrieval.nli import NliScorer
 
     scorer = NliScorer(model_path, batch_size=32, max_length=256)
     per_claim = [
@@ -98,10 +98,10 @@ def bench_retrieval(index, responses: list[list[str]], k: int) -> None:
 
 
 def bench_full(tmp: Path, index_dir: Path, model_path: str, n: int) -> None:
-    from pipelines.icat.framework import ICAT, IcatOptions
-    from pipelines.runtime.config import EvaluatorConfig, RunConfig
-    from pipelines.runtime.protocol import RunRequest
-    from pipelines.runtime.runner import execute
+    from groundcover.pipelines.icat.framework import ICAT, IcatOptions
+    from groundcover.pipelines.runtime.config import EvaluatorConfig, RunConfig
+    from groundcover.pipelines.runtime.protocol import RunRequest
+    from groundcover.pipelines.runtime.runner import execute
 
     topics = [json.loads(line) for line in TOPICS.read_text().splitlines()][:n]
     responses = tmp / "responses.jsonl"
@@ -147,8 +147,8 @@ def main() -> None:
     if not TOPICS.is_file():
         sys.exit(f"needs {TOPICS}")
     sys.path.insert(0, str(ROOT))  # tests.support
-    from index_build.build import IndexSpec, build_index
-    from retrieval.index import SearchIndex
+    from groundcover.index_build.build import IndexSpec, build_index
+    from groundcover.retrieval.index import SearchIndex
     from tests.support.tiny import build_tiny_classifier
 
     with tempfile.TemporaryDirectory() as tmp_name:

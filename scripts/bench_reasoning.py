@@ -30,7 +30,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from serving.reasoning import Reasoning  # noqa: E402
+from groundcover.serving.reasoning import Reasoning  # noqa: E402
 from tests.support.faults import cases  # noqa: E402
 from tests.support.loopback import replay_judged  # noqa: E402
 

@@ -34,9 +34,9 @@ from pathlib import Path
 
 import numpy as np
 
-from index_build.build import IndexSpec, build_faiss, build_index
-from retrieval.index import SearchIndex
-from retrieval.nli import NliScorer
+from groundcover.index_build.build import IndexSpec, build_faiss, build_index
+from groundcover.retrieval.index import SearchIndex
+from groundcover.retrieval.nli import NliScorer
 
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "data"
 
@@ -175,7 +175,7 @@ KINDS = {  # name -> IndexSpec fields; the build defaults otherwise
 }
 RSS_CHILD = """
 import sys, numpy as np
-from retrieval.index import SearchIndex
+from groundcover.retrieval.index import SearchIndex
 
 def rss():  # private (anonymous) and file-backed (page cache, shared) resident kB
     fields = dict(line.split(":") for line in open("/proc/self/status"))
@@ -227,7 +227,7 @@ def flat_reference(corpus: Path, work: Path) -> Path:
 
 def measure(out: Path, vectors: np.ndarray, exact: np.ndarray) -> tuple[float, float]:
     """recall@10 and queries/s of an index with its manifest's search settings."""
-    from retrieval.tune import recall
+    from groundcover.retrieval.tune import recall
 
     index = SearchIndex.load(out)
     found, _ = index.vector_search(vectors, 10)
@@ -237,7 +237,7 @@ def measure(out: Path, vectors: np.ndarray, exact: np.ndarray) -> tuple[float, f
 def embedding_seconds(index: SearchIndex, n: int, sample: int = 2048) -> float:
     """Seconds to embed all n chunks, at the rate measured on an evenly spaced sample (for an
     index whose manifest does not record its embedding time)."""
-    from index_build.build import load_encoder
+    from groundcover.index_build.build import load_encoder
 
     rows = np.linspace(0, n - 1, min(sample, n)).astype(int)
     texts = [index.chunk(int(r))["text"] for r in rows]
@@ -251,9 +251,9 @@ def knobs(setting: dict) -> str:
 
 
 def bench_corpus(corpus: Path, queries_file: Path, work: Path, n_queries: int) -> None:
-    from index_build.ann import plan_faiss
-    from index_build.build import derive_index
-    from retrieval.tune import TuneError, exact_top_k, read_queries, tune
+    from groundcover.index_build.ann import plan_faiss
+    from groundcover.index_build.build import derive_index
+    from groundcover.retrieval.tune import TuneError, exact_top_k, read_queries, tune
 
     flat_dir = flat_reference(corpus, work)
     manifest = json.loads((flat_dir / "manifest.json").read_text())

@@ -58,13 +58,13 @@ def one_run(args) -> None:
     """In a fresh process whose sys.path starts at the revision's tree: run, print JSON."""
     sys.path.insert(0, str(args.tree))
     try:
-        from pipelines.runtime.config import EvaluatorConfig, RunConfig
-        from pipelines.runtime.protocol import RunRequest
-        from pipelines.runtime.runner import execute, fixed_client
+        from groundcover.pipelines.runtime.config import EvaluatorConfig, RunConfig
+        from groundcover.pipelines.runtime.protocol import RunRequest
+        from groundcover.pipelines.runtime.runner import execute, fixed_client
     except ImportError:  # a revision before the runtime had its own package
-        from pipelines.config import EvaluatorConfig, RunConfig  # type: ignore[no-redef]
-        from pipelines.protocol import RunRequest  # type: ignore[no-redef]
-        from pipelines.runner import execute, fixed_client  # type: ignore[no-redef]
+        from groundcover.pipelines.config import EvaluatorConfig, RunConfig  # type: ignore[no-redef]
+        from groundcover.pipelines.protocol import RunRequest  # type: ignore[no-redef]
+        from groundcover.pipelines.runner import execute, fixed_client  # type: ignore[no-redef]
 
     path = args.tmp / "items.jsonl"
     write_items(path, args.one, args.framework)
@@ -72,11 +72,11 @@ def one_run(args) -> None:
     run = RunConfig(run_dir=args.tmp / "run", cache=(args.tmp / "c.sqlite") if args.cache else None)
     kwargs: dict = {"quiet": not args.progress}
     if args.framework == "generate":
-        from pipelines.generate.framework import GENERATE, GenerateOptions
+        from groundcover.pipelines.generate.framework import GENERATE, GenerateOptions
 
         study, request = GENERATE, RunRequest(evaluator, run, GenerateOptions(input=path))
     elif args.framework == "fanoutqa":
-        from pipelines.fanoutqa.framework import FANOUTQA, FanoutOptions
+        from groundcover.pipelines.fanoutqa.framework import FANOUTQA, FanoutOptions
         from tests.support.scripted import ScriptedClient
         from tests.test_runtime import FANOUT_SCRIPTS
 
@@ -85,8 +85,8 @@ def one_run(args) -> None:
         client = ScriptedClient(FANOUT_SCRIPTS, check_constraints=False, keep_calls=False)
         kwargs["open_client"] = lambda ev, d: fixed_client(client)
     else:
-        from pipelines.comprehensiveness.common import ComprehensivenessOptions
-        from pipelines.comprehensiveness.framework import COMPREHENSIVENESS
+        from groundcover.pipelines.comprehensiveness.common import ComprehensivenessOptions
+        from groundcover.pipelines.comprehensiveness.framework import COMPREHENSIVENESS
         from tests.support.scripted import ScriptedClient
         from tests.test_exact_scores import NLI_SCRIPTS
 
@@ -170,7 +170,7 @@ def main() -> None:
     sys.path.insert(0, str(ROOT / "scripts"))
     from bench_scale import STUB
 
-    from serving.launcher import free_port
+    from groundcover.serving.launcher import free_port
 
     port = free_port()
     stub = subprocess.Popen(

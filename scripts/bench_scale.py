@@ -106,9 +106,9 @@ def pairs_of(n: int, seed: int = 0) -> list[tuple[str, str]]:
 
 
 def bench_nli(tmp: Path, n: int, stream_pairs: int) -> None:
-    from retrieval.nli import NliScorer
-    from retrieval.nli_ray import RayNliScorer
-    from retrieval.nli_serve import ServeNliScorer
+    from groundcover.retrieval.nli import NliScorer
+    from groundcover.retrieval.nli_ray import RayNliScorer
+    from groundcover.retrieval.nli_serve import ServeNliScorer
     from tests.support.tiny import build_tiny_classifier
 
     model = str(build_tiny_classifier(tmp / "tiny-nli"))
@@ -168,7 +168,7 @@ def bench_nli(tmp: Path, n: int, stream_pairs: int) -> None:
 def stream(scorer, total: int, items: int = 32, per_call: int = 64) -> float:
     """Pairs/s when ``items`` concurrent items each send 64-pair calls until ``total`` pairs
     have been asked, through the ``NliBatcher`` a run uses (pairs are new on every call)."""
-    from retrieval.nli import NliBatcher
+    from groundcover.retrieval.nli import NliBatcher
 
     calls = [pairs_of(per_call, seed=1000 + k) for k in range(-(-total // per_call))]
 
@@ -250,7 +250,9 @@ def client_before(rev: str, folder: Path):
             text=True,
         ).stdout
         (package / f"{name}.py").write_text(
-            text.replace("from serving.cache", "from serving_before.cache")
+            text.replace("from groundcover.serving.cache", "from serving_before.cache").replace(
+                "from serving.cache", "from serving_before.cache"
+            )
         )
     sys.path.insert(0, str(folder))
     import serving_before.cache
@@ -331,9 +333,9 @@ async def drive_bare(url: str, messages, concurrency: int):
 
 
 def bench_driver(calls: int, concurrencies: list[int], in_flight: list[int], before: str) -> None:
-    from serving.cache import ResponseCache
-    from serving.client import EvalClient
-    from serving.launcher import free_port
+    from groundcover.serving.cache import ResponseCache
+    from groundcover.serving.client import EvalClient
+    from groundcover.serving.launcher import free_port
 
     work = Path(tempfile.mkdtemp(prefix="gc-driver-"))
     old_client, old_cache = client_before(before, work)
@@ -420,13 +422,13 @@ def seconds(work, *args) -> float:
 
 
 def nli_messages(n: int) -> list[list[dict]]:
-    from pipelines.comprehensiveness.common import PROMPTS
+    from groundcover.pipelines.comprehensiveness.common import PROMPTS
 
     return [PROMPTS["nli"].messages(premise=p, hypothesis=h) for p, h in pairs_of(n, seed=1)]
 
 
 async def ours(url: str, model: str, batch: list[list[dict]], concurrency: int) -> dict:
-    from serving.client import EvalClient
+    from groundcover.serving.client import EvalClient
 
     params = {"temperature": 0.0, "max_tokens": 24}
     async with EvalClient(url, model, concurrency=concurrency, default_params=params) as client:
@@ -512,7 +514,7 @@ def vllm_bench(
 
 
 def items(n: int):
-    from pipelines.comprehensiveness.common import Item
+    from groundcover.pipelines.comprehensiveness.common import Item
 
     rows = [json.loads(line) for line in WC.read_text().splitlines()[:n]] if WC.is_file() else []
     if not rows:
@@ -534,8 +536,8 @@ def items(n: int):
 async def run_items(
     url: str, model: str, todo, options, concurrent: bool, cache=None, judge=None
 ) -> tuple[float, list]:
-    from pipelines.comprehensiveness.framework import evaluate_item
-    from serving.client import EvalClient
+    from groundcover.pipelines.comprehensiveness.framework import evaluate_item
+    from groundcover.serving.client import EvalClient
 
     async with EvalClient(
         url, model, concurrency=16, cache=cache, default_params={"temperature": 0.0}
@@ -551,9 +553,9 @@ async def run_items(
 
 
 def bench_llm(tmp: Path, args) -> None:
-    from serving.launcher import ServerSpec
-    from serving.ray_serve import RayReplicas
-    from serving.registry import model_source, resolve
+    from groundcover.serving.launcher import ServerSpec
+    from groundcover.serving.ray_serve import RayReplicas
+    from groundcover.serving.registry import model_source, resolve
 
     batch = nli_messages(args.llm_pairs)
     rates = {}
@@ -596,10 +598,10 @@ def bench_llm(tmp: Path, args) -> None:
 
 
 def bench_items(url: str, model: str, tmp: Path, args) -> None:
-    from pipelines.comprehensiveness.common import ComprehensivenessOptions
-    from pipelines.comprehensiveness.nli_method import LlmNli
-    from pipelines.comprehensiveness.pruning import PrunedJudge, Pruner, edge_recall
-    from serving.cache import ResponseCache
+    from groundcover.pipelines.comprehensiveness.common import ComprehensivenessOptions
+    from groundcover.pipelines.comprehensiveness.nli_method import LlmNli
+    from groundcover.pipelines.comprehensiveness.pruning import PrunedJudge, Pruner, edge_recall
+    from groundcover.serving.cache import ResponseCache
 
     todo = items(args.items)
     options = ComprehensivenessOptions(
@@ -637,7 +639,7 @@ def bench_items(url: str, model: str, tmp: Path, args) -> None:
 BURNER = """
 import itertools, sys
 sys.path.insert(0, sys.argv[1])
-from pipelines.fanoutqa.metrics import normalize
+from groundcover.pipelines.fanoutqa.metrics import normalize
 normalize("warm")
 print("ready", flush=True)
 for n in itertools.count():
@@ -662,10 +664,10 @@ def cpu_burner():
 
 
 def bench_drivers(tmp: Path, items: int, rounds: int) -> None:
-    from pipelines.api import request_from
-    from pipelines.runtime.registry import study
-    from pipelines.runtime.runner import execute
-    from serving.launcher import free_port
+    from groundcover.pipelines.api import request_from
+    from groundcover.pipelines.runtime.registry import study
+    from groundcover.pipelines.runtime.runner import execute
+    from groundcover.serving.launcher import free_port
     from tests.support.ray_head import ray_head, ray_worker
 
     fanoutqa = study("fanoutqa")

@@ -19,9 +19,9 @@ from pathlib import Path
 
 import openai
 
-from serving.cache import ResponseCache
-from serving.client import EvalClient
-from serving.launcher import ServerSpec, VLLMServer
+from groundcover.serving.cache import ResponseCache
+from groundcover.serving.client import EvalClient
+from groundcover.serving.launcher import ServerSpec, VLLMServer
 
 
 def prompts(tag: str, n: int) -> list[list[dict]]:

@@ -70,7 +70,7 @@ def malformed_inputs() -> int:
     per file format stopped cleanly (exit 2, one line naming the file, nothing written)."""
     from typer.testing import CliRunner
 
-    from pipelines.cli import app
+    from groundcover.pipelines.cli import app
     from tests.test_malformed_inputs import CASES, COMMANDS, GOOD, NO_SERVER, OWN_OUTPUT, snapshot
 
     table: dict[str, Counter[str]] = {}

@@ -215,7 +215,7 @@ def vocab_tokenizer(vocab: Path | None):
     from transformers import AutoTokenizer
 
     if vocab is None:
-        from index_build.build import default_model_path
+        from groundcover.index_build.build import default_model_path
 
         vocab = Path(default_model_path())
     return AutoTokenizer.from_pretrained(str(vocab))
@@ -373,7 +373,7 @@ def check_nli_pairs(
     sentences: list[str],
     passages: list[str],
 ) -> None:
-    from retrieval.nli import NliScorer
+    from groundcover.retrieval.nli import NliScorer
 
     target = args.target
     compare_n, speed_n = nli_counts(args, kind, pairs)
@@ -464,7 +464,7 @@ def check_nli_pairs(
 
 def tokenize_only(scorer, pairs: list[tuple[str, str]]) -> None:
     """The scorer's host-side work alone: tokenising the pairs (once) and padding each batch."""
-    from retrieval.nli import batch_rows, encode
+    from groundcover.retrieval.nli import batch_rows, encode
 
     unique = list(dict.fromkeys(pairs))
     encoded = encode(scorer.tokenizer, unique, scorer.max_length)
@@ -480,7 +480,7 @@ def tokenize_only(scorer, pairs: list[tuple[str, str]]) -> None:
 
 
 def check_embeddings(args, report: Report, tmp: Path, sentences: list[str]) -> None:
-    from index_build.build import embed_texts, load_encoder
+    from groundcover.index_build.build import embed_texts, load_encoder
     from tests.support.tiny import build_tiny_encoder
 
     target = args.target
@@ -591,7 +591,7 @@ def step_clock(device: str):
 def train_steps(options, model, tokenizer, examples, device: str) -> dict[str, Any]:
     """The project's trainer (``pipelines.finetune.train.make_trainer``) run for
     ``options.max_steps``: losses, tokens/s over the steps after the first, peak GPU memory."""
-    from pipelines.finetune.train import make_trainer
+    from groundcover.pipelines.finetune.train import make_trainer
 
     trainer = make_trainer(options, model, tokenizer, examples, device, progress=False)
     clock = step_clock(device)
@@ -620,7 +620,7 @@ def train_steps(options, model, tokenizer, examples, device: str) -> dict[str, A
 
 
 def train_options(tmp: Path, base: str, device: str, steps: int, **extra):
-    from pipelines.finetune.train import TrainOptions
+    from groundcover.pipelines.finetune.train import TrainOptions
 
     return TrainOptions(
         data=tmp / "unused.jsonl",
@@ -636,7 +636,7 @@ def train_options(tmp: Path, base: str, device: str, steps: int, **extra):
 def check_training(args, report: Report, tmp: Path, sentences: list[str]) -> None:
     """The tiny Llama through ``load_base`` on the CPU and the GPU (same weights, same first
     batch: the first loss must agree), then the 8B shape's LoRA and QLoRA steps on the GPU."""
-    from pipelines.finetune.train import load_base
+    from groundcover.pipelines.finetune.train import load_base
     from tests.support.tiny import build_tiny_llama, build_tiny_tokenizer
 
     tiny = str(build_tiny_llama(tmp / "llama-tiny"))
@@ -690,7 +690,7 @@ def train_large(args, tmp: Path, tokenizer, sentences: list[str], quantised: boo
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from pipelines.finetune.train import load_base
+    from groundcover.pipelines.finetune.train import load_base
 
     device = args.target
     big = device == "cuda" and not args.quick

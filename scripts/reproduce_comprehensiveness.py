@@ -18,7 +18,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from pipelines.cli import app
+from groundcover.pipelines.cli import app
 
 
 def main(argv: list[str]) -> int:

@@ -15,7 +15,7 @@ import sys
 
 def main(argv: list[str]) -> int:
     """The command's exit code (0: the table was printed)."""
-    from pipelines.cli import app
+    from groundcover.pipelines.cli import app
 
     try:
         app(["reproduce", "crux", *argv])

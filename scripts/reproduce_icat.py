@@ -12,6 +12,6 @@ from __future__ import annotations
 import sys
 
 if __name__ == "__main__":
-    from pipelines.cli import app
+    from groundcover.pipelines.cli import app
 
     app(["reproduce", "icat", *sys.argv[1:]])

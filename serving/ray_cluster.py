@@ -24,8 +24,8 @@ from collections.abc import Callable, Iterator
 from multiprocessing.connection import Connection
 from typing import Any, TypeVar
 
-from serving.client import EndpointError
-from serving.startlog import timed
+from .client import EndpointError
+from .startlog import timed
 
 T = TypeVar("T")
 

@@ -33,7 +33,7 @@ from typing import Any
 
 import httpx
 
-from serving.launcher import (
+from .launcher import (
     CPU_ENV,
     ServerSpec,
     ServerStartError,
@@ -41,14 +41,14 @@ from serving.launcher import (
     engine_device,
     lora_rank_for,
 )
-from serving.ray_cluster import Channel, DriverChild, connect, error_line, unreachable
-from serving.registry import model_source
-from serving.startlog import timed
+from .ray_cluster import Channel, DriverChild, connect, error_line, unreachable
+from .registry import model_source
+from .startlog import timed
 
 APP = "groundcover"
 KEY_ENV = "GROUNDCOVER_SERVE_API_KEY"
 CALLBACK_ENV = "RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH"
-CALLBACK = "serving.ray_serve:proxy_middlewares"
+CALLBACK = "groundcover.serving.ray_serve:proxy_middlewares"
 
 
 def proxy_middlewares() -> list[Any]:
@@ -105,11 +105,11 @@ def llm_config(spec: ServerSpec, replicas: int, device: str) -> Any:
     if spec.revision:  # the hub commit the run's identity records
         engine["revision"] = spec.revision
     env = (CPU_ENV if device == "cpu" else {}) | spec.env
-    from serving.ray_replica import NO_MIRROR_CALLBACK, CountedServer
+    from .ray_replica import NO_MIRROR_CALLBACK, CountedServer
 
     adapters: dict[str, Any] = {"server_cls": CountedServer}  # answers counted per replica
     if spec.loras:  # every replica can load every adapter; Serve decides which one does
-        from serving.ray_lora import ADAPTERS_ENV, AdapterServer
+        from .ray_lora import ADAPTERS_ENV, AdapterServer
 
         engine |= {
             "enable_lora": True,
@@ -276,7 +276,7 @@ class RayReplicas:
         port: int | None = None,
     ):
         spec.check_exposure()  # off loopback only with a key
-        from serving.launcher import free_port
+        from .launcher import free_port
 
         self.spec, self.replicas, self.address = spec, replicas, address
         self.port = port or spec.port or free_port()

@@ -132,7 +132,7 @@ def lora_adapter(name: str, path: str, base: str, served: str | None = None) -> 
     """An adapter to serve next to ``base`` (a preset name; ``served``: the model as given).
     Its rank is read from adapter_config.json (a named preset's rank, else 64, when absent); an
     adapter trained on another base model, or with a rank above vLLM's limit, is refused."""
-    from serving.adapters import adapter_config, check_base, check_rank, rank_of
+    from .adapters import adapter_config, check_base, check_rank, rank_of
 
     preset = ADAPTER_PRESETS.get(name)
     rank = rank_of(path) if Path(path, "adapter_config.json").is_file() else None
@@ -149,7 +149,7 @@ def lora_adapter(name: str, path: str, base: str, served: str | None = None) -> 
 
 def known_adapter(name: str, served: Collection[str] = (), explicit: str | None = None) -> bool:
     """An adapter name this installation knows: served by the run, registered, or a preset."""
-    from serving.adapters import registered
+    from .adapters import registered
 
     return name == explicit or name in served or name in ADAPTER_PRESETS or bool(registered(name))
 
@@ -183,7 +183,7 @@ def resolve(model: str) -> ModelPreset:
 def model_source(preset: ModelPreset) -> str:
     """Where the engine loads weights from: the converted embedded folder or the hub id/path."""
     if preset.name == "embedded":
-        from serving.embedded import embedded_model_dir
+        from .embedded import embedded_model_dir
 
         return str(embedded_model_dir())
     return preset.hub_id

@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 
-from serving import startlog
-from serving.launcher import ServerSpec, ServerStartError, VLLMServer, engine_device
-from serving.registry import LoraAdapter
+from groundcover.serving import startlog
+from groundcover.serving.launcher import ServerSpec, ServerStartError, VLLMServer, engine_device
+from groundcover.serving.registry import LoraAdapter
 
 ADAPTER = "claims"
 SHARED = Path(__file__).resolve().parents[1].parent / "shared"

@@ -9,8 +9,8 @@ import math
 import pytest
 from typer.testing import CliRunner
 
-from pipelines.cli import app
-from pipelines.reports.agreement import (
+from groundcover.pipelines.cli import app
+from groundcover.pipelines.reports.agreement import (
     Unit,
     classical_mean,
     cohen_kappa,
@@ -18,7 +18,7 @@ from pipelines.reports.agreement import (
     ppi_mean,
     raters_agreement,
 )
-from pipelines.runtime.panels import Vote
+from groundcover.pipelines.runtime.panels import Vote
 from tests.test_panels import panel_run
 
 
@@ -164,8 +164,8 @@ def test_a_bad_human_label_is_one_line_naming_file_and_field(tmp_path, line, mes
 def test_wikicontradict_runs_against_the_labels_its_annotators_gave(tmp_path):
     """The meta-evaluation's records carry WikiContradict's grades: the label each score
     predicts (spec: exact 1 / between / 0) against them, and the mean grade three ways."""
-    from pipelines.comprehensiveness.common import ComprehensivenessOptions
-    from pipelines.comprehensiveness.framework import COMPREHENSIVENESS
+    from groundcover.pipelines.comprehensiveness.common import ComprehensivenessOptions
+    from groundcover.pipelines.comprehensiveness.framework import COMPREHENSIVENESS
     from tests.test_runtime import WC_ROW, run, wc_client
 
     data = tmp_path / "wc.jsonl"

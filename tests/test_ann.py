@@ -18,10 +18,10 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from index_build.ann import BudgetError, FaissPlan, build_faiss_file, plan_faiss
-from index_build.build import IndexSpec, build_index, derive_index
-from retrieval.index import SearchIndex
-from retrieval.tune import TuneError, exact_top_k, recall, tune
+from groundcover.index_build.ann import BudgetError, FaissPlan, build_faiss_file, plan_faiss
+from groundcover.index_build.build import IndexSpec, build_index, derive_index
+from groundcover.retrieval.index import SearchIndex
+from groundcover.retrieval.tune import TuneError, exact_top_k, recall, tune
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "scripts"))
@@ -169,7 +169,7 @@ def test_tune_writes_the_cheapest_setting_that_reaches_the_target(flat_dir, exac
 
 
 def test_tune_cli(flat_dir, tmp_path, prose):
-    from pipelines.cli import app
+    from groundcover.pipelines.cli import app
 
     index = derived(flat_dir, tmp_path, faiss="hnsw", ef_search=16)
     queries = prose[0].parent / "queries.txt"
@@ -185,7 +185,7 @@ def test_tune_cli(flat_dir, tmp_path, prose):
 
 
 def test_memory_budget_is_checked_before_embedding(prose, tmp_path):
-    from pipelines.cli import app
+    from groundcover.pipelines.cli import app
 
     out = tmp_path / "idx"
     result = CliRunner().invoke(
@@ -256,7 +256,7 @@ def test_a_killed_build_resumes_to_the_same_index(prose, flat_dir, tmp_path):
     subset.write_text("".join(prose[0].read_text().splitlines(keepends=True)[:400]))
     out = tmp_path / "idx"
     code = (
-        "import sys; from index_build.build import IndexSpec, build_index; "
+        "import sys; from groundcover.index_build.build import IndexSpec, build_index; "
         f"build_index(sys.argv[1], sys.argv[2], IndexSpec(**{SPEC!r}, bm25=False, shards=6, "
         "faiss='ivf-hnsw', ivf_nlist=16, ivf_nprobe=16))"
     )

@@ -8,9 +8,9 @@ import json
 
 import pytest
 
-from pipelines.api import Evaluation, evaluate, score_item
-from pipelines.runtime.config import UserError
-from pipelines.runtime.results import ItemResult
+from groundcover.pipelines.api import Evaluation, evaluate, score_item
+from groundcover.pipelines.runtime.config import UserError
+from groundcover.pipelines.runtime.results import ItemResult
 from tests.support.scripted import ScriptedClient
 from tests.test_exact_scores import ITEM, QA_SCRIPTS
 

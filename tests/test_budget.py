@@ -10,14 +10,14 @@ from pathlib import Path
 import pytest
 import typer
 
-from pipelines.cli.options import clean_errors
-from pipelines.comprehensiveness.common import ComprehensivenessOptions
-from pipelines.comprehensiveness.framework import COMPREHENSIVENESS
-from pipelines.runtime.config import EvaluatorConfig, RunConfig, UserError
-from pipelines.runtime.costs import BudgetReached, ModelPrice, cost_table, load_prices
-from pipelines.runtime.protocol import RunRequest
-from pipelines.runtime.runner import execute, fixed_client
-from pipelines.runtime.runstore import RESULTS, results_by_id
+from groundcover.pipelines.cli.options import clean_errors
+from groundcover.pipelines.comprehensiveness.common import ComprehensivenessOptions
+from groundcover.pipelines.comprehensiveness.framework import COMPREHENSIVENESS
+from groundcover.pipelines.runtime.config import EvaluatorConfig, RunConfig, UserError
+from groundcover.pipelines.runtime.costs import BudgetReached, ModelPrice, cost_table, load_prices
+from groundcover.pipelines.runtime.protocol import RunRequest
+from groundcover.pipelines.runtime.runner import execute, fixed_client
+from groundcover.pipelines.runtime.runstore import RESULTS, results_by_id
 from tests.support.scripted import ScriptedClient
 
 N = 8

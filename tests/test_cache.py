@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from serving.cache import ResponseCache, cache_key
+from groundcover.serving.cache import ResponseCache, cache_key
 
 
 def test_key_ignores_dict_order_but_not_content():
@@ -46,7 +46,7 @@ async def test_a_cache_written_before_the_wire_speed_client_is_still_hit(tmp_pat
     """tests/fixtures/cache-before-wire-speed.sqlite was written by the cache and key code of the
     openai-SDK client (one row: a CRUX-style rating with logprobs); the same request now comes
     back from it without a request being sent."""
-    from serving.client import EvalClient
+    from groundcover.serving.client import EvalClient
 
     path = tmp_path / "cache.sqlite"
     shutil.copy(FIXTURE, path)
@@ -91,7 +91,7 @@ def test_rows_are_read_before_their_commit(tmp_path):
 
 KILLED_WRITER = """
 import sys, time
-from serving.cache import ResponseCache
+from groundcover.serving.cache import ResponseCache
 cache = ResponseCache(sys.argv[1], flush_seconds=600)
 for n in range(5):
     cache.put(f"committed-{n}", {"n": n})
@@ -164,7 +164,7 @@ FIXTURE_PARAMS = {
 
 def counting_client(path, revisions):
     """A client whose requests are counted and answered '3' (the cache answers the rest)."""
-    from serving.client import EvalClient
+    from groundcover.serving.client import EvalClient
 
     client = EvalClient(
         "http://127.0.0.1:9/v1", "tiny-llama", cache=ResponseCache(path), revisions=revisions
@@ -264,9 +264,9 @@ def test_a_damaged_cache_is_moved_aside_and_a_fresh_one_takes_its_place(tmp_path
 def test_two_hosts_sharing_one_cache_directory_each_write_their_own_file_and_read_all(
     tmp_path, monkeypatch
 ):
-    import serving.cache
+    import groundcover.serving.cache as serving_cache
 
-    monkeypatch.setattr(serving.cache, "RESCAN_SECONDS", 0.0)
+    monkeypatch.setattr(serving_cache, "RESCAN_SECONDS", 0.0)
     path = tmp_path / "shared" / "responses.sqlite"
     monkeypatch.setenv("GROUNDCOVER_HOST_ID", "node-a")
     a = ResponseCache(path, shared=True)
@@ -290,8 +290,8 @@ def test_two_hosts_sharing_one_cache_directory_each_write_their_own_file_and_rea
 def test_the_cache_command_lists_prunes_and_clears_by_model_revision(tmp_path):
     from typer.testing import CliRunner
 
-    from pipelines.cli.main import app
-    from serving.content import digest_path
+    from groundcover.pipelines.cli.main import app
+    from groundcover.serving.content import digest_path
 
     adapter = tmp_path / "claims"
     adapter.mkdir()
@@ -334,10 +334,10 @@ def test_a_run_on_a_damaged_cache_completes_with_the_records_of_a_clean_run(tmp_
     """CRUX with one unrated passage: its four ratings come from a judge on 127.0.0.1 through the
     product's client and cache. The same run on a copy of that cache, damaged, asks them again
     (the damaged file moved aside) and records what the clean run recorded."""
-    from pipelines.crux.framework import CRUX, PROMPTS
-    from pipelines.runtime.config import EvaluatorConfig, RunConfig
-    from pipelines.runtime.protocol import RunRequest
-    from pipelines.runtime.runner import execute
+    from groundcover.pipelines.crux.framework import CRUX, PROMPTS
+    from groundcover.pipelines.runtime.config import EvaluatorConfig, RunConfig
+    from groundcover.pipelines.runtime.protocol import RunRequest
+    from groundcover.pipelines.runtime.runner import execute
     from tests.support.loopback import StageByPrompt, loopback_judge
     from tests.support.scripted import ScriptedClient, field_of
     from tests.test_crux import crux_options, write_crux

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from pipelines.cli.frameworks import build, option_field
-from pipelines.cli.options import SHARED_OPTIONS
-from pipelines.runtime.commands import Command, Flag
-from pipelines.runtime.registry import PACKAGES, commands
+from groundcover.pipelines.cli.frameworks import build, option_field
+from groundcover.pipelines.runtime.commands import Command, Flag
+from groundcover.pipelines.runtime.config import SHARED_OPTIONS
+from groundcover.pipelines.runtime.registry import commands, plugins
 
 
 def _framework_modules_after(code: str) -> list[str]:
@@ -28,7 +28,7 @@ def _framework_modules_after(code: str) -> list[str]:
 
 def _cli(argv: list[str]) -> str:
     return (
-        "from pipelines.cli.main import app\n"
+        "from groundcover.pipelines.cli.main import app\n"
         f"try:\n    app({argv!r}, prog_name='groundcover')\nexcept SystemExit:\n    pass"
     )
 
@@ -40,19 +40,19 @@ def test_help_and_group_listings_import_no_framework(argv):
 
 def test_a_command_imports_its_own_framework_when_it_shows_its_help():
     loaded = _framework_modules_after(_cli(["eval", "garage", "--help"]))
-    assert loaded == ["pipelines.garage.framework"]
+    assert loaded == ["groundcover.pipelines.garage.framework"]
 
 
-@pytest.mark.parametrize("package", PACKAGES)
+@pytest.mark.parametrize("package", [p.value.removesuffix(".plugin") for p in plugins()])
 def test_no_framework_imports_a_cli_library(package):
     """Importing every study of a package, first in a fresh interpreter, loads no typer."""
     code = (
         "import sys\n"
-        f"from pipelines.runtime.commands import load_object\n"
+        f"from groundcover.pipelines.runtime.commands import load_object\n"
         f"import {package}.plugin as plugin\n"
         "for ref in plugin.STUDIES:\n"
         "    load_object(ref)\n"
-        "print('typer' in sys.modules, 'pipelines.cli' in sys.modules)"
+        "print('typer' in sys.modules, 'groundcover.pipelines.cli' in sys.modules)"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-2000:]
@@ -71,9 +71,9 @@ def test_every_declared_flag_is_a_field_with_help(path):
             assert flag.help or info.description, (path, flag.field, "no help text")
         else:
             assert flag.role in study.roles, (path, flag.role)
-        assert flag.param not in SHARED_OPTIONS, (path, flag.param)
+        assert flag.param not in {o.name for o in SHARED_OPTIONS}, (path, flag.param)
     built = build(spec)
-    own = {p.name for p in built.params} - set(SHARED_OPTIONS)
+    own = {p.name for p in built.params} - {o.name for o in SHARED_OPTIONS}
     assert own == {f.param for f in spec.flags}
     for param in built.params:
         if param.name in own:
@@ -83,7 +83,7 @@ def test_every_declared_flag_is_a_field_with_help(path):
 def test_help_shows_the_models_defaults_and_choices():
     from typer.testing import CliRunner
 
-    from pipelines.cli import app
+    from groundcover.pipelines.cli import app
 
     out = CliRunner().invoke(app, ["eval", "comprehensiveness", "--help"])
     assert out.exit_code == 0
@@ -127,7 +127,7 @@ def test_overrides_from_flags():
 
 
 def test_reproduce_crux_data_folder_fills_the_files_not_given(tmp_path):
-    from pipelines.crux.reproduce import ReproduceCruxOptions
+    from groundcover.pipelines.crux.reproduce import ReproduceCruxOptions
 
     for name in ("topics", "passages", "ratings"):
         (tmp_path / f"{name}.jsonl").write_text("")

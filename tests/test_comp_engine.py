@@ -7,11 +7,11 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from pipelines.cli import app
-from pipelines.comprehensiveness.common import ComprehensivenessOptions, Item
-from pipelines.comprehensiveness.framework import evaluate_item
-from pipelines.comprehensiveness.nli_method import LlmNli
-from serving.client import EvalClient
+from groundcover.pipelines.cli import app
+from groundcover.pipelines.comprehensiveness.common import ComprehensivenessOptions, Item
+from groundcover.pipelines.comprehensiveness.framework import evaluate_item
+from groundcover.pipelines.comprehensiveness.nli_method import LlmNli
+from groundcover.serving.client import EvalClient
 from tests.conftest import SHARED
 
 pytestmark = pytest.mark.engine

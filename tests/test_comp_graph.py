@@ -5,7 +5,7 @@ import json
 import networkx as nx
 import pytest
 
-from pipelines.comprehensiveness.graph import (
+from groundcover.pipelines.comprehensiveness.graph import (
     Statement,
     build_graph,
     coverage,

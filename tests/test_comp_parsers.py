@@ -4,8 +4,8 @@ import re
 
 import pytest
 
-from pipelines.comprehensiveness.formats import Formats
-from pipelines.comprehensiveness.parsers import (
+from groundcover.pipelines.comprehensiveness.formats import Formats
+from groundcover.pipelines.comprehensiveness.parsers import (
     parse_answers,
     parse_coverage,
     parse_nli,
@@ -14,7 +14,7 @@ from pipelines.comprehensiveness.parsers import (
     parse_statements,
     parse_units,
 )
-from serving.parsing import ParseError
+from groundcover.serving.parsing import ParseError
 
 
 def test_units_keep_type_and_split_on_last_colon():

@@ -5,17 +5,17 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from pipelines.cli import app
-from pipelines.generate.framework import GenerateItem
-from pipelines.runtime.config import (
+from groundcover.pipelines.cli import app
+from groundcover.pipelines.generate.framework import GenerateItem
+from groundcover.pipelines.runtime.config import (
     EvaluatorConfig,
     UserError,
     items_digest,
     load_config,
     read_jsonl,
 )
-from pipelines.runtime.lines import FileChanged
-from pipelines.runtime.registry import PACKAGES
+from groundcover.pipelines.runtime.lines import FileChanged
+from groundcover.pipelines.runtime.registry import plugins
 
 runner = CliRunner()
 
@@ -37,14 +37,16 @@ def test_the_cli_imports_no_statistics_or_model_library_until_a_command_needs_on
     import subprocess
     import sys
 
-    probe = "import sys, pipelines.cli; print(sorted(m for m in sys.modules if m in {}))"
+    probe = (
+        "import sys, groundcover.pipelines.cli; print(sorted(m for m in sys.modules if m in {}))"
+    )
     heavy = {"scipy.stats", "torch", "transformers", "sentence_transformers", "ray", "vllm"}
     command = [sys.executable, "-c", probe.format(sorted(heavy))]
     done = subprocess.run(command, capture_output=True, text=True, check=True)
     assert done.stdout.strip() == "[]", done.stdout
 
 
-@pytest.mark.parametrize("package", PACKAGES)
+@pytest.mark.parametrize("package", [p.value.removesuffix(".plugin") for p in plugins()])
 def test_each_framework_imports_first_in_a_fresh_interpreter(package):
     """A framework imported before the CLI (a notebook, a script, a Ray worker) loads: the CLI
     package builds its app only when asked for it, so no import runs in a circle."""
@@ -191,12 +193,12 @@ def test_models_lists_presets():
     ],
 )
 def test_shared_options_appear_once_in_one_group(command):
-    from pipelines.cli.options import SHARED_OPTIONS
+    from groundcover.pipelines.runtime.config import SHARED_OPTIONS
 
     output = run([*command, "--help"]).output
     panel = output.index("Evaluator and run")
     for option in SHARED_OPTIONS:
-        flag = "--" + option.replace("_", "-")
+        flag = "--" + option.name.replace("_", "-")
         assert output.count(f"{flag} ") == 1, (command, flag)
         assert output.index(f"{flag} ") > panel, (command, flag)
 
@@ -222,8 +224,8 @@ def test_adapter_that_is_not_served_is_refused_before_anything_starts(tmp_path, 
 def test_a_colon_names_an_adapter_only_when_that_adapter_is_known(tmp_path):
     import json
 
-    from serving.adapters import register
-    from serving.registry import ModelRef
+    from groundcover.serving.adapters import register
+    from groundcover.serving.registry import ModelRef
 
     url = "http://127.0.0.1:1/v1"
     # An endpoint's model named with a colon (ollama style) is a model, not model + adapter.

@@ -19,8 +19,8 @@ import jinja2
 import pytest
 from typer.testing import CliRunner
 
-from pipelines.cli import app
-from pipelines.runtime.results import ItemResult, StageFailure, not_scored
+from groundcover.pipelines.cli import app
+from groundcover.pipelines.runtime.results import ItemResult, StageFailure, not_scored
 
 ROOT = Path(__file__).resolve().parents[1]
 FRAMEWORK_PACKAGES = [
@@ -42,9 +42,9 @@ def crux_record(i: int, status: str = "ok") -> ItemResult:
 
 def test_tables_parse_each_record_once(tmp_path, monkeypatch):
     """CRUX's aggregate makes many passes over the records; each record is read once."""
-    import pipelines.runtime.runstore as runstore
-    from pipelines.crux.framework import CruxOptions
-    from pipelines.reports.report import load_outcome
+    import groundcover.pipelines.runtime.runstore as runstore
+    from groundcover.pipelines.crux.framework import CruxOptions
+    from groundcover.pipelines.reports.report import load_outcome
 
     store = runstore.RunStore(tmp_path)
     options = CruxOptions(
@@ -87,9 +87,9 @@ def test_no_framework_touches_the_client_or_the_meter():
 
 
 async def test_attempt_returns_what_ask_raises_and_account_counts():
-    from pipelines.runtime.protocol import ItemContext
-    from pipelines.runtime.results import StageFailed
-    from serving.templates import REASK
+    from groundcover.pipelines.runtime.protocol import ItemContext
+    from groundcover.pipelines.runtime.results import StageFailed
+    from groundcover.serving.templates import REASK
     from tests.support.scripted import ScriptedClient
 
     client = ScriptedClient({"rate": ["x", "y", "z", "w"]})
@@ -108,7 +108,7 @@ async def test_attempt_returns_what_ask_raises_and_account_counts():
 
 
 def test_crux_tokenizer_is_part_of_the_run_identity(tmp_path):
-    from pipelines.crux.framework import CRUX, CruxOptions
+    from groundcover.pipelines.crux.framework import CRUX, CruxOptions
 
     base = {"input": tmp_path / "r", "topics": tmp_path / "t", "passages": tmp_path / "p"}
     words = CRUX.identity(CruxOptions(**base))
@@ -143,10 +143,10 @@ def test_not_scored_is_one_definition():
 
 
 def test_every_frameworks_table_counts_not_scored_the_same_way(tmp_path):
-    from pipelines.crux.framework import CRUX, CruxOptions
-    from pipelines.fanoutqa.framework import table_row
-    from pipelines.garage.framework import summarise
-    from pipelines.icat.framework import IcatOptions, table3
+    from groundcover.pipelines.crux.framework import CRUX, CruxOptions
+    from groundcover.pipelines.fanoutqa.framework import table_row
+    from groundcover.pipelines.garage.framework import summarise
+    from groundcover.pipelines.icat.framework import IcatOptions, table3
 
     garage = {
         "expects_deflection": True,
@@ -169,8 +169,8 @@ def test_every_frameworks_table_counts_not_scored_the_same_way(tmp_path):
 
 
 def test_comprehensiveness_rules_are_one_frozen_object_per_protocol():
-    from pipelines.comprehensiveness.common import ComprehensivenessOptions
-    from pipelines.comprehensiveness.rules import rules_for
+    from groundcover.pipelines.comprehensiveness.common import ComprehensivenessOptions
+    from groundcover.pipelines.comprehensiveness.rules import rules_for
 
     paper = ComprehensivenessOptions(protocol="paper")
     assert paper.rules is ComprehensivenessOptions(protocol="paper").rules is rules_for("paper")
@@ -196,7 +196,7 @@ def test_no_comprehensiveness_code_asks_the_protocol_by_name():
 
 
 def test_docs_protocol_table_names_every_rule():
-    from pipelines.comprehensiveness.rules import Rules
+    from groundcover.pipelines.comprehensiveness.rules import Rules
 
     readme = (ROOT / "docs" / "comprehensiveness.md").read_text()
     table = readme[readme.index("| rule (field of `Rules`) |") :]
@@ -210,8 +210,8 @@ def test_docs_protocol_table_names_every_rule():
 
 
 def test_every_framework_declares_max_reasks():
-    from pipelines.runtime.protocol import Framework, FrameworkOptions
-    from pipelines.runtime.registry import studies
+    from groundcover.pipelines.runtime.protocol import Framework, FrameworkOptions
+    from groundcover.pipelines.runtime.registry import studies
 
     frameworks = [s for s in studies().values() if isinstance(s, Framework)]
     assert len(frameworks) >= 9
@@ -222,9 +222,9 @@ def test_every_framework_declares_max_reasks():
 
 def test_max_reasks_from_yaml_reaches_the_stage(tmp_path):
     """GaRAGe had no max_reasks: the YAML key was refused; now it bounds the re-asks."""
-    from pipelines.cli.options import Shared, load_request
-    from pipelines.garage.framework import GARAGE
-    from pipelines.runtime.runner import execute, fixed_client
+    from groundcover.pipelines.cli.options import Shared, load_request
+    from groundcover.pipelines.garage.framework import GARAGE
+    from groundcover.pipelines.runtime.runner import execute, fixed_client
     from tests.support.scripted import ScriptedClient
 
     config = tmp_path / "c.yaml"
@@ -281,7 +281,7 @@ def test_deeply_nested_inputs_are_one_line(tmp_path):
 
 def test_view_off_loopback_needs_a_key(tmp_path):
     run_dir = tmp_path / "run"
-    from pipelines.runtime.runstore import RunStore
+    from groundcover.pipelines.runtime.runstore import RunStore
 
     store = RunStore(run_dir)
     store.open(
@@ -300,7 +300,7 @@ def test_view_off_loopback_needs_a_key(tmp_path):
         [
             sys.executable,
             "-m",
-            "pipelines.cli",
+            "groundcover.pipelines.cli",
             "view",
             str(run_dir),
             "--host",
@@ -334,7 +334,7 @@ def test_view_off_loopback_needs_a_key(tmp_path):
 def test_prompt_bodies_are_compiled_once_and_render_as_before(tmp_path):
     """A template body is compiled once per process (compiling took most of a trivial item's
     time: scripts/bench_runner.py); each render still sees only its own values."""
-    from serving import templates
+    from groundcover.serving import templates
 
     path = tmp_path / "t.yaml"
     path.write_text("name: t\nversion: 1\nsystem: 'Judge {{ who }}.'\nuser: 'Q: {{ q }}'\n")
@@ -351,3 +351,76 @@ def test_prompt_bodies_are_compiled_once_and_render_as_before(tmp_path):
     assert templates.compiled.cache_info().hits == 2
     with pytest.raises(jinja2.UndefinedError):  # a missing value still fails loudly
         template.messages(who="x")
+
+
+# ---- one public face: the built-in frameworks import the runtime only through it ---------------
+
+LIBRARIES = ("groundcover.serving", "groundcover.retrieval", "groundcover.index_build")
+
+
+def _built_in_frameworks() -> list[str]:
+    from groundcover.pipelines.runtime.registry import BUILT_IN, plugins
+
+    return [p.value.split(".")[2] for p in plugins() if p.distribution == BUILT_IN]
+
+
+def _imports(path: Path) -> list[tuple[int, str]]:
+    """(line, module) of each import, a relative one resolved to its installed name (the
+    repository's root is the package ``groundcover``)."""
+    here = ["groundcover", *path.resolve().relative_to(ROOT).parts[:-1]]
+    if here[1] == "groundcover":  # groundcover/__init__.py itself
+        here = here[1:]
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.level:
+            base = here[: len(here) - node.level + 1]
+            found.append((node.lineno, ".".join([*base, *filter(None, [node.module])])))
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            found.append((node.lineno, node.module))
+        elif isinstance(node, ast.Import):
+            found += [(node.lineno, alias.name) for alias in node.names]
+    return found
+
+
+def test_built_in_frameworks_import_the_runtime_only_through_the_public_face():
+    """A framework may import ``groundcover`` (the face), the serving and retrieval libraries and
+    framework packages; never ``pipelines.runtime``, the CLI, reports or datasets."""
+    frameworks = _built_in_frameworks()
+    assert {"comprehensiveness", "crux", "fanoutqa", "garage", "icat"} <= set(frameworks)
+    allowed = ("groundcover", *LIBRARIES, *(f"groundcover.pipelines.{f}" for f in frameworks))
+    offenders = [
+        f"{path.relative_to(ROOT)}:{line}: {module}"
+        for name in frameworks
+        for path in (ROOT / "pipelines" / name).rglob("*.py")
+        for line, module in _imports(path)
+        if module.split(".")[0] in ("groundcover", "pipelines", "serving", "retrieval")
+        and module != "groundcover"
+        and not any(module == a or module.startswith(a + ".") for a in allowed[1:])
+    ]
+    assert offenders == []
+
+
+def test_no_module_imports_the_folders_by_their_repository_names():
+    """Installed, the folders live under ``groundcover``: ``import serving`` works only in a
+    checkout, so no module of ours may rely on it."""
+    tops = ("serving", "retrieval", "index_build", "pipelines")
+    offenders = [
+        f"{path.relative_to(ROOT)}:{line}: {module}"
+        for folder in (*tops, "scripts", "tests", "groundcover")
+        for path in (ROOT / folder).rglob("*.py")
+        if folder == "groundcover" or not path.is_relative_to(ROOT / "groundcover")
+        for line, module in _imports(path)
+        if module.split(".")[0] in tops
+    ]
+    assert offenders == []
+
+
+def test_every_public_name_loads_and_importing_the_face_loads_no_runtime():
+    import groundcover
+
+    assert sorted(groundcover._where()) == sorted(groundcover.__all__)
+    for name in groundcover.__all__:
+        assert getattr(groundcover, name) is not None, name
+    probe = "import sys, groundcover; print(sorted(m for m in sys.modules if 'runtime' in m))"
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True)
+    assert done.returncode == 0 and done.stdout.strip() == "[]", done.stderr[-1000:]

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from pipelines.crux.metrics import (
+from groundcover.pipelines.crux.metrics import (
     alpha_ndcg,
     answerable,
     coverage,
@@ -129,7 +129,7 @@ def write_crux(tmp_path, ratings=RATINGS, run_lines=None):
 
 def crux_options(paths, **extra):
     """CRUX options over ``write_crux``'s files (the run file, topics, passages, ratings)."""
-    from pipelines.crux.framework import CruxOptions
+    from groundcover.pipelines.crux.framework import CruxOptions
 
     return CruxOptions(
         input=paths["run"],
@@ -142,7 +142,7 @@ def crux_options(paths, **extra):
 
 @pytest.mark.parametrize("rate", [True, False])
 def test_eval_crux_by_hand(tmp_path, rate):
-    from pipelines.crux.framework import CRUX
+    from groundcover.pipelines.crux.framework import CRUX
     from tests.support.scripted import ScriptedClient, field_of
     from tests.test_runtime import run
 
@@ -177,8 +177,8 @@ def test_eval_crux_by_hand(tmp_path, rate):
 
 
 def test_crux_inputs_fail_in_one_line(tmp_path):
-    from pipelines.crux import data
-    from pipelines.runtime.config import UserError
+    from groundcover.pipelines.crux import data
+    from groundcover.pipelines.runtime.config import UserError
 
     paths = write_crux(tmp_path, run_lines="t1 Q0 p4 1 9.0 sys\nt9 Q0 p2 2 9.0 sys\n")
     topics = data.load_topics(paths["topics"])
@@ -231,8 +231,8 @@ def field_of_t(prompt):
 def test_crux_build_by_hand_then_eval_on_its_files(tmp_path):
     import json
 
-    from pipelines.crux.build import BUILD_STUDY, BuildOptions
-    from pipelines.crux.framework import CRUX, CruxOptions
+    from groundcover.pipelines.crux.build import BUILD_STUDY, BuildOptions
+    from groundcover.pipelines.crux.framework import CRUX, CruxOptions
     from tests.support.scripted import ScriptedClient
     from tests.test_runtime import run
 
@@ -282,7 +282,7 @@ def test_crux_build_by_hand_then_eval_on_its_files(tmp_path):
 
 
 def test_eval_crux_rates_a_generated_answer_by_hand(tmp_path):
-    from pipelines.crux.framework import CRUX
+    from groundcover.pipelines.crux.framework import CRUX
     from tests.support.scripted import ScriptedClient, field_of
     from tests.test_runtime import run
 
@@ -359,8 +359,8 @@ def test_reproduce_crux_script_runs_every_system_and_k_without_a_model(tmp_path)
 def test_eval_crux_retrieves_in_place_from_an_index(tmp_path):
     import json
 
-    from index_build.build import IndexSpec, build_index
-    from pipelines.crux.framework import CRUX, CruxOptions
+    from groundcover.index_build.build import IndexSpec, build_index
+    from groundcover.pipelines.crux.framework import CRUX, CruxOptions
     from tests.support.scripted import ScriptedClient
     from tests.test_runtime import run
 

@@ -40,8 +40,8 @@ def env() -> dict[str, str]:
 
 
 def test_crux_build_killed_and_resumed_then_eval_on_a_bm25_run(vllm_server, tmp_path):
-    from index_build.build import IndexSpec, build_index
-    from retrieval.index import SearchIndex
+    from groundcover.index_build.build import IndexSpec, build_index
+    from groundcover.retrieval.index import SearchIndex
 
     source = tmp_path / "summaries.jsonl"
     source.write_text("".join(json.dumps(r) + "\n" for r in RECORDS))
@@ -59,7 +59,7 @@ def test_crux_build_killed_and_resumed_then_eval_on_a_bm25_run(vllm_server, tmp_
     build = [
         sys.executable,
         "-m",
-        "pipelines.cli",
+        "groundcover.pipelines.cli",
         "crux",
         "build",
         str(source),
@@ -151,7 +151,7 @@ def test_crux_build_killed_and_resumed_then_eval_on_a_bm25_run(vllm_server, tmp_
         [
             sys.executable,
             "-m",
-            "pipelines.cli",
+            "groundcover.pipelines.cli",
             "eval",
             "crux",
             str(run_file),

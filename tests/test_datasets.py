@@ -9,16 +9,16 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from pipelines.cli import app
-from pipelines.comprehensiveness.framework import COMPREHENSIVENESS
-from pipelines.datasets import CATALOG, get, provenance
-from pipelines.datasets.convert import (
+from groundcover.pipelines.cli import app
+from groundcover.pipelines.comprehensiveness.framework import COMPREHENSIVENESS
+from groundcover.pipelines.datasets import CATALOG, get, provenance
+from groundcover.pipelines.datasets.convert import (
     check_corpus,
     conflictbank_train,
     wikicontradict_humaneval,
 )
-from pipelines.datasets.fetch import read_lock
-from pipelines.runtime.config import UserError
+from groundcover.pipelines.datasets.fetch import read_lock
+from groundcover.pipelines.runtime.config import UserError
 from tests.conftest import SHARED
 from tests.support.fake_hub import FakeHub
 from tests.support.scripted import ScriptedClient
@@ -199,7 +199,7 @@ def test_fanoutqa_dev_comes_from_the_package_with_no_download(home, monkeypatch)
 
 def test_a_command_takes_a_name_for_its_data_and_the_manifest_records_it(home, hub, tmp_path):
     """meta-eval wikicontradict --data NAME: resolved through the cache, recorded by revision."""
-    from pipelines.cli.options import Shared, load_request
+    from groundcover.pipelines.cli.options import Shared, load_request
 
     commit = hub.repo(WC_REPO).commit({WC_FILE: adjudication("When was X built?")})
     request = load_request(COMPREHENSIVENESS, {"dataset": "wikicontradict", "limit": 1}, Shared())
@@ -270,7 +270,7 @@ def test_check_corpus_reads_the_first_lines_of_a_jsonl_corpus(tmp_path):
 
 
 def test_name_slash_file_picks_one_file_of_a_dataset_with_several(home, hub):
-    from pipelines.datasets.names import dataset_file
+    from groundcover.pipelines.datasets.names import dataset_file
 
     repo = CATALOG["trec-icat"].repo
     commit = hub.repo(repo).commit({"qrels.jsonl": b'{"q": 1}\n', "queries.jsonl": b'{"q": 2}\n'})
@@ -289,8 +289,8 @@ def test_name_slash_file_picks_one_file_of_a_dataset_with_several(home, hub):
 
 
 def test_crux_mds_topics_and_sub_questions_become_our_topics_file(home, hub):
-    from pipelines.crux.data import load_topics
-    from pipelines.datasets.names import dataset_file
+    from groundcover.pipelines.crux.data import load_topics
+    from groundcover.pipelines.datasets.names import dataset_file
 
     def jsonl(*rows):
         return "".join(json.dumps(r) + "\n" for r in rows).encode()
@@ -360,8 +360,8 @@ def test_trec_web_topics_through_ir_datasets_in_icat_formats(home, monkeypatch):
     import gzip
     import os
 
-    from pipelines.datasets.names import dataset_file
-    from pipelines.icat.data import load_qrels, load_queries
+    from groundcover.pipelines.datasets.names import dataset_file
+    from groundcover.pipelines.icat.data import load_qrels, load_queries
 
     shared = SHARED / "data" / "trec-web" / "topics.jsonl"
     made = [
@@ -433,7 +433,7 @@ def test_an_unreachable_hub_is_one_line_and_caches_nothing(home, monkeypatch):
 def test_fanoutqa_wiki_pages_come_from_the_package_cache(home, monkeypatch, tmp_path):
     from fanoutqa import wiki
 
-    from pipelines.fanoutqa.framework import check_articles
+    from groundcover.pipelines.fanoutqa.framework import check_articles
 
     data = Path(wiki.__file__).parent / "data"
     pages: set[int] = set()
@@ -469,7 +469,7 @@ def test_fanoutqa_wiki_pages_come_from_the_package_cache(home, monkeypatch, tmp_
 
 @pytest.mark.parametrize("chunk", [1, 7, 64, 1 << 20])
 def test_json_array_streams_the_items_of_a_big_list(tmp_path, chunk):
-    from pipelines.datasets.convert import json_array
+    from groundcover.pipelines.datasets.convert import json_array
 
     items = [
         {"q": "a ] tricky, string", "n": 12345, "nested": [1, {"x": "é"}]},
@@ -496,7 +496,7 @@ def test_a_hub_ref_revision_keeps_its_slashes(home, hub):
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from pipelines.datasets.names import dataset_file
+    from groundcover.pipelines.datasets.names import dataset_file
 
     def parquet(rows):
         sink = io.BytesIO()

@@ -20,17 +20,17 @@ from pathlib import Path
 
 import pytest
 
-from pipelines.runtime.costs import Budget
-from pipelines.runtime.drivers import (
+from groundcover.pipelines.runtime.costs import Budget
+from groundcover.pipelines.runtime.drivers import (
     SharedBudget,
     driver_resources,
     merged,
     shard_counts,
     shard_of,
 )
-from pipelines.runtime.errors import UserError
-from pipelines.runtime.results import ItemResult, StageFailure
-from pipelines.runtime.runstore import RunStore, result_files, results_by_id, shard_file
+from groundcover.pipelines.runtime.errors import UserError
+from groundcover.pipelines.runtime.results import ItemResult, StageFailure
+from groundcover.pipelines.runtime.runstore import RunStore, result_files, results_by_id, shard_file
 from tests.support.records import whole_records
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -69,7 +69,7 @@ def test_driver_resources_one_for_all_or_one_each():
 
 
 def test_driver_options_are_validated_where_they_are_read():
-    from pipelines.runtime.config import RunConfig
+    from groundcover.pipelines.runtime.config import RunConfig
 
     assert RunConfig(driver_resources='[{"a": 1}, {"b": 0.5}]').driver_resources == [  # type: ignore[arg-type]
         {"a": 1},
@@ -283,7 +283,7 @@ def wait_for(condition, timeout: float, what: str) -> None:
 
 @pytest.mark.multinode
 def test_two_drivers_on_two_nodes_equal_one_and_survive_kills_and_share_a_cap(tmp_path):
-    from pipelines.fanoutqa.framework import PROMPTS
+    from groundcover.pipelines.fanoutqa.framework import PROMPTS
     from tests.support.loopback import StageByPrompt, loopback_judge
     from tests.support.ray_head import ray_head, ray_worker
     from tests.support.scripted import ScriptedClient
@@ -304,7 +304,7 @@ def test_two_drivers_on_two_nodes_equal_one_and_survive_kills_and_share_a_cap(tm
         return [
             sys.executable,
             "-m",
-            "pipelines.cli",
+            "groundcover.pipelines.cli",
             "eval",
             "fanoutqa",
             "--data",
@@ -358,7 +358,7 @@ def test_two_drivers_on_two_nodes_equal_one_and_survive_kills_and_share_a_cap(tm
         assert "drivers (this invocation)" in two.stdout and rows[1]["ip"] in two.stdout
 
         # (1b) comprehensiveness, NLI method (five stages per item): the same, one vs two
-        from pipelines.comprehensiveness.common import PROMPTS as COMP_PROMPTS
+        from groundcover.pipelines.comprehensiveness.common import PROMPTS as COMP_PROMPTS
 
         items = comprehensiveness_items(tmp_path)
         scores = []
@@ -379,7 +379,13 @@ def test_two_drivers_on_two_nodes_equal_one_and_survive_kills_and_share_a_cap(tm
         ) as comp_url:
             for name, extra in runs.items():
                 args = [
-                    *[sys.executable, "-m", "pipelines.cli", "eval", "comprehensiveness"],
+                    *[
+                        sys.executable,
+                        "-m",
+                        "groundcover.pipelines.cli",
+                        "eval",
+                        "comprehensiveness",
+                    ],
                     *[str(items), "--method", "nli", "--protocol", "spec"],
                     *["--endpoint", comp_url, "--model", "scripted", "--quiet"],
                     *["--run-dir", str(tmp_path / name), *extra],
@@ -462,8 +468,8 @@ def _open_files(pid: int) -> list[str]:
 
 def judged_request(tmp_path: Path, **settings):
     """FanOutQA judging the fixture's answers, with ``settings`` (dotted keys, ``__`` for a dot)."""
-    from pipelines.api import request_from
-    from pipelines.runtime.registry import study
+    from groundcover.pipelines.api import request_from
+    from groundcover.pipelines.runtime.registry import study
 
     dev, answers = fanoutqa_inputs(tmp_path)
     fanoutqa = study("fanoutqa")
@@ -477,7 +483,7 @@ def judged_request(tmp_path: Path, **settings):
 
 
 def test_a_dry_run_names_each_drivers_share(tmp_path, capsys):
-    from pipelines.runtime.runner import execute
+    from groundcover.pipelines.runtime.runner import execute
 
     fanoutqa, request = judged_request(
         tmp_path,
@@ -495,7 +501,7 @@ def test_a_dry_run_names_each_drivers_share(tmp_path, capsys):
 
 
 def test_drivers_refuse_a_serve_app_each_would_start(tmp_path):
-    from pipelines.runtime.runner import execute
+    from groundcover.pipelines.runtime.runner import execute
 
     fanoutqa, request = judged_request(tmp_path, evaluator__replicas=2, run__drivers=2)
     with pytest.raises(UserError, match="each driver start its own Ray Serve app"):
@@ -506,12 +512,12 @@ def test_drivers_refuse_a_serve_app_each_would_start(tmp_path):
 def test_the_drivers_share_one_nli_app_of_the_runs_replicas(tmp_path):
     """``--nli-replicas N`` with drivers: one app of N replicas for the run (the coordinator
     deploys it), each driver on it by name; nothing else about the run changes."""
-    from pipelines.comprehensiveness.common import ComprehensivenessOptions
-    from pipelines.comprehensiveness.framework import COMPREHENSIVENESS
-    from pipelines.icat.framework import IcatOptions
-    from pipelines.runtime.config import EvaluatorConfig, RunConfig
-    from pipelines.runtime.drivers import SharedNli
-    from pipelines.runtime.protocol import RunRequest
+    from groundcover.pipelines.comprehensiveness.common import ComprehensivenessOptions
+    from groundcover.pipelines.comprehensiveness.framework import COMPREHENSIVENESS
+    from groundcover.pipelines.icat.framework import IcatOptions
+    from groundcover.pipelines.runtime.config import EvaluatorConfig, RunConfig
+    from groundcover.pipelines.runtime.drivers import SharedNli
+    from groundcover.pipelines.runtime.protocol import RunRequest
 
     items = tmp_path / "items.jsonl"
     items.write_text("")

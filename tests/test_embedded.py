@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from serving.launcher import port_in_use
+from groundcover.serving.launcher import port_in_use
 from tests.conftest import require_engine
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -27,7 +27,7 @@ def test_main_job_on_embedded_model_starts_and_stops_its_own_server(tmp_path):
     command = [
         sys.executable,
         "-m",
-        "pipelines.cli",
+        "groundcover.pipelines.cli",
         "eval",
         "comprehensiveness",
         str(ROOT / "examples/comprehensiveness.jsonl"),

@@ -8,8 +8,8 @@ from typing import Literal
 import pytest
 from pydantic import BaseModel, Field
 
-from serving.cache import ResponseCache
-from serving.client import EvalClient, Tool
+from groundcover.serving.cache import ResponseCache
+from groundcover.serving.client import EvalClient, Tool
 from tests.conftest import ADAPTER
 
 pytestmark = pytest.mark.engine
@@ -144,7 +144,7 @@ def test_tool_never_evaluates_bad_arguments():
 
 
 async def test_timeouts_are_retried_then_reported(vllm_server):
-    from serving.client import EndpointError
+    from groundcover.serving.client import EndpointError
 
     client = make_client(vllm_server, timeout=0.001, max_retries=2, backoff=0.01)
     with pytest.raises(EndpointError, match="gave up after 3 attempts"):
@@ -155,7 +155,7 @@ async def test_timeouts_are_retried_then_reported(vllm_server):
 
 
 async def test_bad_request_fails_at_once_with_the_server_message(vllm_server):
-    from serving.client import EndpointError
+    from groundcover.serving.client import EndpointError
 
     async with make_client(vllm_server, max_retries=5) as client:
         with pytest.raises(EndpointError, match="404|does not exist"):
@@ -170,7 +170,7 @@ def test_adapter_reaches_the_server_through_every_command(vllm_server, tmp_path)
 
     from typer.testing import CliRunner
 
-    from pipelines.cli import app
+    from groundcover.pipelines.cli import app
 
     questions = tmp_path / "q.jsonl"
     texts = [f"question number {i} about the river" for i in range(4)]
@@ -206,7 +206,7 @@ def test_adapter_reaches_the_server_through_every_command(vllm_server, tmp_path)
     assert manifest["config"]["adapter"] == ADAPTER
 
     async def direct() -> list[str]:
-        from pipelines.generate.framework import PROMPTS
+        from groundcover.pipelines.generate.framework import PROMPTS
 
         async with make_client(vllm_server, adapter=ADAPTER) as client:
             out = []

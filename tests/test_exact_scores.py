@@ -11,9 +11,9 @@ import json
 
 import pytest
 
-from pipelines.comprehensiveness.common import ComprehensivenessOptions, Item
-from pipelines.comprehensiveness.framework import evaluate_item
-from pipelines.comprehensiveness.nli_method import LlmNli
+from groundcover.pipelines.comprehensiveness.common import ComprehensivenessOptions, Item
+from groundcover.pipelines.comprehensiveness.framework import evaluate_item
+from groundcover.pipelines.comprehensiveness.nli_method import LlmNli
 from tests.support.scripted import Reply, ScriptedClient, by_text, field_of, label, marked
 
 ITEM = Item(

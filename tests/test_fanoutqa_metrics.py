@@ -9,7 +9,13 @@ from pathlib import Path
 
 import pytest
 
-from pipelines.fanoutqa.metrics import aggregate, answer_text, match_answer, rouge, string_metrics
+from groundcover.pipelines.fanoutqa.metrics import (
+    aggregate,
+    answer_text,
+    match_answer,
+    rouge,
+    string_metrics,
+)
 from tests.conftest import SHARED
 
 DEV = SHARED / "data" / "fanoutqa" / "fanout-final-dev.json"
@@ -23,7 +29,7 @@ def reference_scorer():
     import fanoutqa.norm
     import spacy
 
-    from pipelines.fanoutqa.metrics import SPACY_PACKAGE
+    from groundcover.pipelines.fanoutqa.metrics import SPACY_PACKAGE
 
     fanoutqa.norm.nlp.pipe = spacy.load(SPACY_PACKAGE)  # offline en_core_web_sm 3.8.0
     root = Path(fanoutqa.__file__).parent / "eval"
@@ -108,7 +114,7 @@ def write_articles(questions: list[dict], path: Path) -> None:
 def test_eval_fanoutqa_end_to_end(vllm_server, tmp_path):
     from typer.testing import CliRunner
 
-    from pipelines.cli import app
+    from groundcover.pipelines.cli import app
     from tests.support.tiny import build_tiny_classifier
 
     questions = json.loads(DEV.read_text())[:2]
@@ -162,8 +168,8 @@ def test_eval_fanoutqa_end_to_end(vllm_server, tmp_path):
                 judge = details["judge"]
                 assert judge.get("category") in set("ABCDEF") or judge["status"] == "unparseable"
         table = json.loads((tmp_path / "run" / setting / "table1.json").read_text())
-        from pipelines.fanoutqa.bleurt import Bleurt
-        from pipelines.fanoutqa.metrics import answer_text
+        from groundcover.pipelines.fanoutqa.bleurt import Bleurt
+        from groundcover.pipelines.fanoutqa.metrics import answer_text
 
         answered = [r for r in records if r["details"]["generation"]]
         references = [answer_text(gold[r["id"]]) for r in answered]
@@ -182,8 +188,8 @@ def test_eval_fanoutqa_end_to_end(vllm_server, tmp_path):
 
 
 def test_fanoutqa_input_errors(tmp_path):
-    from pipelines.fanoutqa.framework import check_articles, load_questions
-    from pipelines.runtime.config import UserError
+    from groundcover.pipelines.fanoutqa.framework import check_articles, load_questions
+    from groundcover.pipelines.runtime.config import UserError
 
     bad = tmp_path / "q.json"
     bad.write_text('{"not": "a list"}')
@@ -200,7 +206,11 @@ def test_fanoutqa_input_errors(tmp_path):
 
 @pytest.mark.skipif(not DEV.is_file(), reason=f"FanOutQA dev set not found at {DEV}")
 def test_open_book_tools_search_and_read(tmp_path):
-    from pipelines.fanoutqa.framework import ArticleIndex, FanoutOptions, open_article_index
+    from groundcover.pipelines.fanoutqa.framework import (
+        ArticleIndex,
+        FanoutOptions,
+        open_article_index,
+    )
 
     questions = json.loads(DEV.read_text())[:3]
     write_articles(questions, tmp_path / "a.jsonl")
@@ -216,8 +226,8 @@ def test_open_book_tools_search_and_read(tmp_path):
 
 
 def test_table_row_counts_unanswered_and_reports_bleurt_absent():
-    from pipelines.fanoutqa.framework import table_row
-    from pipelines.runtime.results import ItemResult
+    from groundcover.pipelines.fanoutqa.framework import table_row
+    from groundcover.pipelines.runtime.results import ItemResult
 
     def result(status, gold, generation):
         metrics = string_metrics(gold, generation)
@@ -234,7 +244,7 @@ def test_table_row_counts_unanswered_and_reports_bleurt_absent():
 
 
 def test_an_answer_over_spacys_limit_is_scored_in_pieces(monkeypatch):
-    from pipelines.fanoutqa import metrics
+    from groundcover.pipelines.fanoutqa import metrics
 
     assert metrics.pieces("aa bb cc", 5) == ["aa bb", "cc"]
     assert metrics.pieces("abcdefg h", 3) == ["abc", "def", "g h"]  # no space: cut anyway

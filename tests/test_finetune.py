@@ -14,12 +14,12 @@ from pathlib import Path
 
 import pytest
 
-from pipelines.finetune.examples import TEMPLATE, chat_example
-from pipelines.finetune.teacher import TEACHER_DATA, TeacherOptions
-from pipelines.finetune.train import TrainOptions, read_examples, train
-from pipelines.runtime.config import UserError
-from serving.adapters import AdapterError, register, registered
-from serving.registry import lora_adapter
+from groundcover.pipelines.finetune.examples import TEMPLATE, chat_example
+from groundcover.pipelines.finetune.teacher import TEACHER_DATA, TeacherOptions
+from groundcover.pipelines.finetune.train import TrainOptions, read_examples, train
+from groundcover.pipelines.runtime.config import UserError
+from groundcover.serving.adapters import AdapterError, register, registered
+from groundcover.serving.registry import lora_adapter
 from tests.conftest import require_engine
 from tests.support.scripted import ScriptedClient, by_text, field_of
 from tests.test_runtime import run
@@ -148,7 +148,7 @@ def test_register_and_refusals(tmp_path, tiny_model):
 
 
 def test_serve_finds_a_registered_adapter_by_name(tmp_path, tiny_model):
-    from pipelines.cli.options import parse_loras
+    from groundcover.pipelines.cli.options import parse_loras
 
     register("by-name", fake_adapter(tmp_path / "n", str(tiny_model)), replace=True)
     assert parse_loras(["by-name"]) == {"by-name": str(registered("by-name"))}
@@ -159,7 +159,7 @@ def test_serve_finds_a_registered_adapter_by_name(tmp_path, tiny_model):
 def test_serve_refuses_an_adapter_of_another_base_in_one_line(tmp_path, tiny_model):
     from typer.testing import CliRunner
 
-    from pipelines.cli import app
+    from groundcover.pipelines.cli import app
 
     register(
         "other-base", fake_adapter(tmp_path / "o", "meta-llama/Llama-3.1-8B-Instruct"), replace=True
@@ -224,7 +224,7 @@ def test_training_killed_midway_resumes_from_its_checkpoint(train_file, tiny_mod
     command = [
         sys.executable,
         "-m",
-        "pipelines.cli",
+        "groundcover.pipelines.cli",
         "finetune",
         "claims",
         "train",
@@ -286,7 +286,7 @@ def test_trained_adapter_reproduces_its_training_claims_through_the_claims_stage
     command = [
         sys.executable,
         "-m",
-        "pipelines.cli",
+        "groundcover.pipelines.cli",
         "finetune",
         "claims",
         "eval",
@@ -330,7 +330,7 @@ def test_teacher_data_on_the_tiny_server_resumes_after_sigkill(vllm_server, tmp_
     command = [
         sys.executable,
         "-m",
-        "pipelines.cli",
+        "groundcover.pipelines.cli",
         "finetune",
         "claims",
         "data",

@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from pipelines.garage.data import citations, load_records, quality_band
-from pipelines.garage.framework import attribution, breakdowns, sentences, summarise
-from pipelines.runtime.config import UserError
-from pipelines.runtime.results import ItemResult, StageFailure
+from groundcover.pipelines.garage.data import citations, load_records, quality_band
+from groundcover.pipelines.garage.framework import attribution, breakdowns, sentences, summarise
+from groundcover.pipelines.runtime.config import UserError
+from groundcover.pipelines.runtime.results import ItemResult, StageFailure
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples" / "garage.jsonl"
 # the examples are published-shape rows: their ids are the sample_id UUIDs
@@ -150,7 +150,7 @@ def test_loader_on_examples_and_errors(tmp_path):
 
 @pytest.mark.engine
 def test_eval_garage_end_to_end(vllm_server, tmp_path):
-    from pipelines.cli import app
+    from groundcover.pipelines.cli import app
 
     args = [
         "eval",

@@ -50,7 +50,7 @@ def wide_nli(tmp_path_factory) -> str:
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
 def test_nli_scorer_on_cuda_gives_the_cpu_probabilities(wide_nli, dtype):
-    from retrieval.nli import NliScorer
+    from groundcover.retrieval.nli import NliScorer
 
     sample = pairs(96)
     cpu = NliScorer(wide_nli).probabilities(sample)
@@ -68,7 +68,7 @@ def test_nli_scorer_on_cuda_gives_the_cpu_probabilities(wide_nli, dtype):
 
 @pytest.mark.gpu
 def test_index_encoder_on_cuda_gives_the_cpu_vectors(tmp_path):
-    from index_build.build import embed_texts, load_encoder
+    from groundcover.index_build.build import embed_texts, load_encoder
     from tests.support.tiny import build_tiny_encoder
 
     path = str(build_tiny_encoder(tmp_path / "enc"))
@@ -100,7 +100,7 @@ def test_claims_training_on_cuda(tiny_model, tmp_path, qlora):
     first loss (before any update) the CPU's within bf16 rounding."""
     if qlora:
         pytest.importorskip("bitsandbytes", reason="QLoRA needs bitsandbytes")
-    from pipelines.finetune.train import TrainOptions, train
+    from groundcover.pipelines.finetune.train import TrainOptions, train
 
     data = write_examples(tmp_path / "train.jsonl")
     cards = {}
@@ -147,7 +147,7 @@ def test_compare_probabilities_counts_only_decisive_labels():
 
 
 def test_calibrated_head_gives_every_label(wide_nli):
-    from retrieval.nli import NliScorer
+    from groundcover.retrieval.nli import NliScorer
 
     labels = NliScorer(wide_nli).probabilities(pairs(48)).argmax(1)
     assert set(labels.tolist()) == {0, 1, 2}

@@ -9,20 +9,20 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pipelines.icat.data import load_queries
-from pipelines.icat.framework import Icat, IcatOptions, parse_aspects, parse_claims
-from pipelines.icat.scoring import (
+from groundcover.pipelines.icat.data import load_queries
+from groundcover.pipelines.icat.framework import Icat, IcatOptions, parse_aspects, parse_claims
+from groundcover.pipelines.icat.scoring import (
     covered_by_qrels,
     first_entailing,
     icat_beta,
     macro_average,
     parse_alignment,
 )
-from pipelines.runtime.config import EvaluatorConfig, RunConfig, UserError
-from pipelines.runtime.protocol import RunRequest
-from pipelines.runtime.roles import RoleSpec
-from pipelines.runtime.runner import execute, fixed_client
-from serving.parsing import ParseError
+from groundcover.pipelines.runtime.config import EvaluatorConfig, RunConfig, UserError
+from groundcover.pipelines.runtime.protocol import RunRequest
+from groundcover.pipelines.runtime.roles import RoleSpec
+from groundcover.pipelines.runtime.runner import execute, fixed_client
+from groundcover.serving.parsing import ParseError
 from tests.conftest import SHARED
 from tests.support.scripted import ScriptedClient, by_text, field_of
 from tests.test_runtime import report_json, run
@@ -285,7 +285,7 @@ def test_icat_m_s_a_and_beta_sweep_by_hand(tmp_path):
 async def test_nli_batcher_scores_concurrent_callers_together_and_each_pair_once():
     import asyncio
 
-    from pipelines.icat.grounding import NliBatcher
+    from groundcover.pipelines.icat.grounding import NliBatcher
 
     model = TableNli({("p", "h1"): 0.9, ("p", "h2"): 0.2})
     batcher = NliBatcher(model, max_pairs=100)
@@ -329,7 +329,7 @@ CORPUS = {
 
 @pytest.fixture(scope="module")
 def bm25_index(tmp_path_factory):
-    from index_build.build import IndexSpec, build_index
+    from groundcover.index_build.build import IndexSpec, build_index
 
     root = tmp_path_factory.mktemp("icat-index")
     corpus = root / "corpus.jsonl"
@@ -381,8 +381,8 @@ def test_icat_m_grounds_claims_in_a_bm25_index(tmp_path, bm25_index):
 
 
 def _request(options):
-    from pipelines.runtime.config import EvaluatorConfig, RunConfig
-    from pipelines.runtime.protocol import RunRequest
+    from groundcover.pipelines.runtime.config import EvaluatorConfig, RunConfig
+    from groundcover.pipelines.runtime.protocol import RunRequest
 
     return RunRequest(EvaluatorConfig(), RunConfig(), options)
 
@@ -402,7 +402,7 @@ def icat_record(system, qid, s_cov, icat):
 
 
 def test_human_correlations_by_hand():
-    from pipelines.icat.human import human_table
+    from groundcover.pipelines.icat.human import human_table
 
     s_cov = [0.2, 0.4, 0.5, 0.9, None]
     icat = [0.1, 0.5, 0.3, 0.8, None]
@@ -427,7 +427,7 @@ def test_human_correlations_by_hand():
 def test_meta_eval_icat_cli(tmp_path):
     from typer.testing import CliRunner
 
-    from pipelines.cli import app
+    from groundcover.pipelines.cli import app
 
     paths = write_inputs(tmp_path)
     options = IcatOptions(

@@ -23,7 +23,7 @@ N_TOPICS, SYSTEMS = 4, ("sys1", "sys2", "sys3", "sys4")
 
 @pytest.fixture(scope="module")
 def icat_inputs(tmp_path_factory):
-    from index_build.build import IndexSpec, build_index
+    from groundcover.index_build.build import IndexSpec, build_index
     from tests.support.tiny import build_tiny_classifier
 
     root = tmp_path_factory.mktemp("icat")
@@ -71,7 +71,7 @@ def test_icat_all_variants_on_real_parts_resume_after_sigkill(vllm_server, icat_
     command = [
         sys.executable,
         "-m",
-        "pipelines.cli",
+        "groundcover.pipelines.cli",
         "eval",
         "icat",
         str(icat_inputs["responses"]),

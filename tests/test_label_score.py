@@ -2,7 +2,7 @@ import math
 
 import pytest
 
-from serving.client import label_score_from_logprobs
+from groundcover.serving.client import label_score_from_logprobs
 
 LABELS = {str(i): float(i) for i in range(1, 6)}
 
@@ -57,7 +57,7 @@ def test_score_always_within_label_range():
 
 
 def test_marker_scores_follow_each_marker_in_order():
-    from serving.client import marker_label_scores
+    from groundcover.serving.client import marker_label_scores
 
     def tok(t, alts=None):
         return {

@@ -6,8 +6,8 @@ import asyncio
 
 from aiohttp import web
 
-from serving.client import EvalClient
-from serving.limits import AdaptiveLimit
+from groundcover.serving.client import EvalClient
+from groundcover.serving.limits import AdaptiveLimit
 from tests.test_transport import COMPLETION
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from pipelines.cli import app
+from groundcover.pipelines.cli import app
 from tests.test_meta import cb_row
 from tests.test_runtime import EXAMPLES, FANOUT, WC_ROW
 from tests.test_runtime import G1_ID as G1
@@ -288,10 +288,10 @@ def test_there_are_at_least_fifty_cases_over_every_format():
 
 
 def test_a_bom_and_crlf_line_ends_are_read_like_the_clean_file(tmp_path):
-    from index_build.corpus import read_corpus
-    from pipelines.crux.data import load_run, load_topics
-    from pipelines.fanoutqa.framework import load_questions
-    from pipelines.runtime.config import EvaluatorConfig, iter_jsonl, load_config
+    from groundcover.index_build.corpus import read_corpus
+    from groundcover.pipelines.crux.data import load_run, load_topics
+    from groundcover.pipelines.fanoutqa.framework import load_questions
+    from groundcover.pipelines.runtime.config import EvaluatorConfig, iter_jsonl, load_config
 
     def variant(name: str) -> Path:
         path = tmp_path / f"bom-crlf-{name}"

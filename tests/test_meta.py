@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from pipelines.comprehensiveness.meta import (
+from groundcover.pipelines.comprehensiveness.meta import (
     ClaimTerms,
     bca_interval,
     cb_claim_terms,
@@ -18,9 +18,9 @@ from pipelines.comprehensiveness.meta import (
     wc_match,
     wikicontradict_items,
 )
-from pipelines.comprehensiveness.rules import rules_for
-from pipelines.runtime.config import UserError
-from pipelines.runtime.results import ItemResult, StageFailure
+from groundcover.pipelines.comprehensiveness.rules import rules_for
+from groundcover.pipelines.runtime.config import UserError
+from groundcover.pipelines.runtime.results import ItemResult, StageFailure
 from tests.conftest import SHARED
 
 WC = SHARED / "data" / "wikicontradict" / "humaneval-dev.jsonl"
@@ -329,7 +329,7 @@ def test_conflictbank_malformed_files_fail_in_one_line(tmp_path):
 def test_meta_eval_conflictbank_bad_file_is_one_line_and_exit_2(tmp_path):
     from typer.testing import CliRunner
 
-    from pipelines.cli import app
+    from groundcover.pipelines.cli import app
 
     path = tmp_path / "cb.jsonl"
     path.write_text(json.dumps({"question": "q", "correct_pair": "a"}) + "\n")

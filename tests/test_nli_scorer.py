@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from retrieval.nli import CANONICAL, NliModelError, NliScorer, canonical_columns
+from groundcover.retrieval.nli import CANONICAL, NliModelError, NliScorer, canonical_columns
 from tests.support.tiny import build_tiny_classifier
 
 PAIRS = [

@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from retrieval.nli import CANONICAL, NliBatcher, NliScorer
+from groundcover.retrieval.nli import CANONICAL, NliBatcher, NliScorer
 from tests.test_scale import sentences
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -44,7 +44,7 @@ def test_a_serve_app_scores_as_the_local_scorer(tiny_nli):
     and the app the scorer deployed goes with it."""
     import asyncio
 
-    from retrieval.nli_serve import ServeNliScorer
+    from groundcover.retrieval.nli_serve import ServeNliScorer
 
     pairs = some_pairs(120, 11)
     pairs += pairs[:7]  # repeated pairs: scored once, answered in place
@@ -88,8 +88,8 @@ def test_a_serve_app_scores_as_the_local_scorer(tiny_nli):
 
 
 def test_placement_options_are_checked_in_one_line():
-    from pipelines.comprehensiveness.common import ComprehensivenessOptions
-    from pipelines.runtime.nli_placement import parse_resources
+    from groundcover.pipelines.comprehensiveness.common import ComprehensivenessOptions
+    from groundcover.pipelines.runtime.nli_placement import parse_resources
 
     base = {"nli_backend": "cross-encoder", "nli_model": "m", "method": "nli"}
     old = ComprehensivenessOptions(**base, nli_actors=3)  # the option before Serve
@@ -119,7 +119,7 @@ def cluster_state(address: str) -> dict:
     probe = f"""
 import json, ray
 from ray import serve
-from serving.ray_cluster import connect
+from groundcover.serving.ray_cluster import connect
 connect({address!r})
 nodes = [{{"id": n["NodeID"], "alive": n["Alive"], "resources": n["Resources"]}}
          for n in ray.nodes()]
@@ -151,12 +151,12 @@ def test_two_nodes_a_named_app_pinned_warm_and_a_lost_node(tiny_nli, tmp_path):
     worker loses it mid-run: no replica can come back, so after --nli-wait it stops with one
     error line, whole records only and no app or replica left; the same command resumes on the
     head to every item once, scored as a run without Ray scores it."""
-    from retrieval.nli_serve import NliAppError, ServeNliScorer
+    from groundcover.retrieval.nli_serve import NliAppError, ServeNliScorer
     from tests.support.ray_head import ray_head, ray_worker, wait_for_records
     from tests.test_exact_scores import ITEM
 
     env = dict(os.environ, PYTHONPATH=str(ROOT))
-    cli = [sys.executable, "-m", "pipelines.cli"]
+    cli = [sys.executable, "-m", "groundcover.pipelines.cli"]
     with ray_head(num_cpus=3, resources={"nli": 1}) as head:
         address = f"127.0.0.1:{head.port}"
         with ray_worker(head, num_cpus=2, resources={"nli": 1, "worker": 1}) as worker:

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from pipelines.generate.framework import GENERATE, GenerateOptions
-from pipelines.runtime.runstore import RunStoreError
+from groundcover.pipelines.generate.framework import GENERATE, GenerateOptions
+from groundcover.pipelines.runtime.runstore import RunStoreError
 from tests.conftest import require_engine, tiny_server
 from tests.support.scripted import ScriptedClient
 from tests.test_runtime import run
@@ -100,7 +100,7 @@ def generate_command(questions: Path, run_dir: Path, base_url: str, served: str,
     return [
         sys.executable,
         "-m",
-        "pipelines.cli",
+        "groundcover.pipelines.cli",
         "generate",
         str(questions),
         "--endpoint",

@@ -8,12 +8,12 @@ import json
 
 import pytest
 
-from pipelines.fanoutqa.framework import FANOUTQA, FanoutOptions
-from pipelines.runtime.config import EvaluatorConfig, RunConfig, UserError
-from pipelines.runtime.panels import Average, Vote, split_member
-from pipelines.runtime.protocol import RunRequest, request_model
-from pipelines.runtime.roles import RoleSpec, parse_role_options
-from pipelines.runtime.runner import execute
+from groundcover.pipelines.fanoutqa.framework import FANOUTQA, FanoutOptions
+from groundcover.pipelines.runtime.config import EvaluatorConfig, RunConfig, UserError
+from groundcover.pipelines.runtime.panels import Average, Vote, split_member
+from groundcover.pipelines.runtime.protocol import RunRequest, request_model
+from groundcover.pipelines.runtime.roles import RoleSpec, parse_role_options
+from groundcover.pipelines.runtime.runner import execute
 from tests.support.scripted import ScriptedClient, by_text
 from tests.test_runtime import FANOUT, closing_client
 
@@ -174,11 +174,11 @@ async def test_a_comprehensiveness_panel_votes_nli_labels_and_averages_relevance
     tests/test_exact_scores.py stands; every NLI label and relevance score was asked of both
     members (their own stage names), unanimous, with the NLI probability the vote share 1.0;
     extraction went to the first member only."""
-    from pipelines.comprehensiveness.common import ComprehensivenessOptions
-    from pipelines.comprehensiveness.framework import COMPREHENSIVENESS
-    from pipelines.comprehensiveness.nli_method import LlmNli
-    from pipelines.runtime.protocol import ItemContext
-    from pipelines.runtime.solving import solve_item
+    from groundcover.pipelines.comprehensiveness.common import ComprehensivenessOptions
+    from groundcover.pipelines.comprehensiveness.framework import COMPREHENSIVENESS
+    from groundcover.pipelines.comprehensiveness.nli_method import LlmNli
+    from groundcover.pipelines.runtime.protocol import ItemContext
+    from groundcover.pipelines.runtime.solving import solve_item
     from tests.test_exact_scores import ITEM, NLI_SCRIPTS
 
     options = ComprehensivenessOptions(protocol="spec", method="nli")

@@ -9,19 +9,19 @@ from pathlib import Path
 
 import pytest
 
-from pipelines.comprehensiveness import qa_method
-from pipelines.comprehensiveness.common import ComprehensivenessOptions, Item
-from pipelines.comprehensiveness.framework import _mean_with_ci, evaluate_item
-from pipelines.comprehensiveness.graph import Judgement, edges_from_judgements
-from pipelines.comprehensiveness.meta import lmr_wikicontradict
-from pipelines.comprehensiveness.nli_method import LlmNli
-from pipelines.comprehensiveness.parsers import parse_answers
-from pipelines.comprehensiveness.qa_method import relation_by_probability
-from pipelines.comprehensiveness.rules import rules_for
-from pipelines.comprehensiveness.units import compare_quantities
-from pipelines.runtime.protocol import ItemContext
-from pipelines.runtime.results import ItemResult, StageFailure
-from serving.parsing import ParseError
+from groundcover.pipelines.comprehensiveness import qa_method
+from groundcover.pipelines.comprehensiveness.common import ComprehensivenessOptions, Item
+from groundcover.pipelines.comprehensiveness.framework import _mean_with_ci, evaluate_item
+from groundcover.pipelines.comprehensiveness.graph import Judgement, edges_from_judgements
+from groundcover.pipelines.comprehensiveness.meta import lmr_wikicontradict
+from groundcover.pipelines.comprehensiveness.nli_method import LlmNli
+from groundcover.pipelines.comprehensiveness.parsers import parse_answers
+from groundcover.pipelines.comprehensiveness.qa_method import relation_by_probability
+from groundcover.pipelines.comprehensiveness.rules import rules_for
+from groundcover.pipelines.comprehensiveness.units import compare_quantities
+from groundcover.pipelines.runtime.protocol import ItemContext
+from groundcover.pipelines.runtime.results import ItemResult, StageFailure
+from groundcover.serving.parsing import ParseError
 from tests.support.scripted import (
     Reply,
     ScriptedClient,

@@ -1,6 +1,6 @@
 import pytest
 
-from serving.parsing import ParseError, extract_json, match_choice
+from groundcover.serving.parsing import ParseError, extract_json, match_choice
 
 
 @pytest.mark.parametrize(

@@ -18,18 +18,18 @@ from aiohttp import web
 from pydantic import BaseModel
 from typer.testing import CliRunner
 
-from pipelines.cli.main import app
-from pipelines.runtime.config import EvaluatorConfig, RunConfig
-from pipelines.runtime.provenance import (
+from groundcover.pipelines.cli.main import app
+from groundcover.pipelines.runtime.config import EvaluatorConfig, RunConfig
+from groundcover.pipelines.runtime.provenance import (
     InputFile,
     NotContent,
     input_records,
     unmarked_fields,
 )
-from pipelines.runtime.registry import studies
-from pipelines.runtime.roles import RoleSpec
-from serving import content
-from serving.content import digest_path, file_digest, filesystem_of
+from groundcover.pipelines.runtime.registry import studies
+from groundcover.pipelines.runtime.roles import RoleSpec
+from groundcover.serving import content
+from groundcover.serving.content import digest_path, file_digest, filesystem_of
 from tests.support.loopback import serve_app
 from tests.test_crux import crux_options, write_crux
 

@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from pipelines.cli import app
-from pipelines.datasets import CATALOG, get
-from pipelines.datasets.fetch import read_lock
-from pipelines.runtime.config import UserError
+from groundcover.pipelines.cli import app
+from groundcover.pipelines.datasets import CATALOG, get
+from groundcover.pipelines.datasets.fetch import read_lock
+from groundcover.pipelines.runtime.config import UserError
 from tests.support.fake_hub import FakeHub
 
 PUBLISHED = Path(__file__).parent / "fixtures" / "published"
@@ -54,7 +54,7 @@ def test_garage_download_that_differs_from_the_published_digest_is_refused(home,
 
 
 def test_garage_published_rows_are_read_as_published(home, hub, monkeypatch):
-    from pipelines.garage.data import counts, load_records
+    from groundcover.pipelines.garage.data import counts, load_records
 
     fingerprinted_as_fixture(monkeypatch, "garage", "data/GaRAGe_benchmark.jsonl", "garage")
     publish(hub, "garage", "garage")
@@ -90,8 +90,8 @@ def test_garage_published_rows_are_read_as_published(home, hub, monkeypatch):
 
 
 def test_garage_answers_cite_with_cite_n_markers():
-    from pipelines.garage.data import citations
-    from pipelines.garage.framework import sentences
+    from groundcover.pipelines.garage.data import citations
+    from groundcover.pipelines.garage.framework import sentences
 
     text = "Forty minutes [cite_1]; hourly before [cite_2, cite_3]. Also [4] and 【2】."
     assert citations(text, 4) == {1, 2, 3, 4}
@@ -118,7 +118,7 @@ def test_garage_answers_cite_with_cite_n_markers():
     ],
 )
 def test_garage_bad_published_rows_are_one_line(tmp_path, change, message):
-    from pipelines.garage.data import load_records
+    from groundcover.pipelines.garage.data import load_records
 
     lines = (PUBLISHED / "garage" / "data" / "GaRAGe_benchmark.jsonl").read_text().splitlines()
     row = json.loads(lines[0])
@@ -135,7 +135,7 @@ def test_garage_bad_published_rows_are_one_line(tmp_path, change, message):
 
 
 def test_conflictbank_question_file_is_json_lines_despite_its_extension(home, hub):
-    from pipelines.comprehensiveness.meta import conflictbank_items
+    from groundcover.pipelines.comprehensiveness.meta import conflictbank_items
 
     publish(hub, "conflictbank", "conflictbank")
     found = get("conflictbank")
@@ -164,8 +164,8 @@ def test_conflictbank_broken_line_in_the_middle_converts_nothing(home, hub):
 
 
 def test_trec_icat_main_file_is_the_queries_and_the_corpus_builds_by_name(home, hub, tmp_path):
-    from pipelines.datasets.names import dataset_file
-    from pipelines.icat.data import load_qrels, load_queries
+    from groundcover.pipelines.datasets.names import dataset_file
+    from groundcover.pipelines.icat.data import load_qrels, load_queries
 
     publish(hub, "trec-icat", "trec-icat")
     queries = load_queries(dataset_file("trec-icat"))
@@ -185,7 +185,7 @@ def test_trec_icat_main_file_is_the_queries_and_the_corpus_builds_by_name(home, 
 
 def test_trec_icat_relevance_is_the_authors_grade_one(tmp_path):
     """The ICAT authors mark a subtopic where relevance == 1; another grade marks nothing."""
-    from pipelines.icat.data import load_qrels
+    from groundcover.pipelines.icat.data import load_qrels
 
     path = tmp_path / "qrels.jsonl"
     rows = [
@@ -201,8 +201,8 @@ def test_trec_icat_relevance_is_the_authors_grade_one(tmp_path):
 
 
 def test_crux_mds_published_ratings_score_with_no_rater_call(home, hub, tmp_path):
-    from pipelines.crux.data import load_ratings, load_topics
-    from pipelines.datasets.names import dataset_file
+    from groundcover.pipelines.crux.data import load_ratings, load_topics
+    from groundcover.pipelines.datasets.names import dataset_file
 
     sha = CATALOG["crux-mds"].revision
     publish(hub, "crux-mds", "crux", sha=sha)

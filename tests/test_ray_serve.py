@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from serving.client import EndpointError, EvalClient
-from serving.launcher import ServerSpec
-from serving.registry import LoraAdapter
+from groundcover.serving.client import EndpointError, EvalClient
+from groundcover.serving.launcher import ServerSpec
+from groundcover.serving.registry import LoraAdapter
 from tests.conftest import ADAPTER, TEST_SERVER_ENV, require_engine
 from tests.support.questions import questions_file
 from tests.support.ray_head import wait_for_records
@@ -34,7 +34,7 @@ KEYED = dict(os.environ, PYTHONPATH=str(ROOT), OPENAI_API_KEY=KEY)  # what runs 
 def replicas(tiny_model, tiny_lora):
     require_engine()
     pytest.importorskip("ray.serve.llm", reason="needs ray[serve] (the engine extra)")
-    from serving.ray_serve import RayReplicas
+    from groundcover.serving.ray_serve import RayReplicas
 
     adapter = LoraAdapter(name=ADAPTER, path=str(tiny_lora), base=tiny_model.name, rank=8)
     spec = ServerSpec(
@@ -153,7 +153,7 @@ def test_a_run_reaches_the_adapter_of_a_serve_app_by_its_prefix(replicas, vllm_s
         command = [
             sys.executable,
             "-m",
-            "pipelines.cli",
+            "groundcover.pipelines.cli",
             "generate",
             str(questions),
             "--endpoint",
@@ -190,7 +190,7 @@ def test_a_replica_killed_mid_run_costs_no_item(replicas, tmp_path):
     command = [
         sys.executable,
         "-m",
-        "pipelines.cli",
+        "groundcover.pipelines.cli",
         "generate",
         str(questions),
         "--endpoint",

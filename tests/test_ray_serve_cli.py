@@ -32,7 +32,7 @@ def test_generate_with_two_replicas_started_by_the_run(
     command = [
         sys.executable,
         "-m",
-        "pipelines.cli",
+        "groundcover.pipelines.cli",
         "generate",
         str(questions),
         "--model",
@@ -68,7 +68,7 @@ def test_generate_with_two_replicas_started_by_the_run(
     command = [
         sys.executable,
         "-m",
-        "pipelines.cli",
+        "groundcover.pipelines.cli",
         "generate",
         str(questions),
         "--endpoint",
@@ -129,7 +129,7 @@ def test_the_cluster_gone_under_a_run_with_replicas(tiny_model, tmp_path):
     command = [
         sys.executable,
         "-m",
-        "pipelines.cli",
+        "groundcover.pipelines.cli",
         "generate",
         str(questions),
         "--model",
@@ -175,8 +175,8 @@ def test_a_cluster_whose_proxy_does_not_ask_for_the_key_is_not_served(tiny_model
     pytest.importorskip("ray.serve.llm", reason="needs ray[serve] (the engine extra)")
     import httpx
 
-    from serving.launcher import free_port
-    from serving.ray_serve import CALLBACK_ENV, KEY_ENV
+    from groundcover.serving.launcher import free_port
+    from groundcover.serving.ray_serve import CALLBACK_ENV, KEY_ENV
     from tests.support.ray_head import ray_head
 
     port = free_port()
@@ -188,7 +188,7 @@ def test_a_cluster_whose_proxy_does_not_ask_for_the_key_is_not_served(tiny_model
         command = [
             sys.executable,
             "-m",
-            "pipelines.cli",
+            "groundcover.pipelines.cli",
             "serve",
             str(tiny_model),
             "--replicas",

@@ -6,15 +6,15 @@ from __future__ import annotations
 
 import pytest
 
-from pipelines.comprehensiveness.common import ComprehensivenessOptions
-from pipelines.comprehensiveness.framework import evaluate_item
-from pipelines.comprehensiveness.nli_method import LlmNli
-from pipelines.runtime.config import EvaluatorConfig, UserError
-from pipelines.runtime.evaluator import reasoning_of
-from pipelines.runtime.identity import evaluator_identity
-from pipelines.runtime.results import STATUSES, UNSCORED
-from serving.client import ChatResult, EvalClient, StageUsage, answer_tokens
-from serving.reasoning import BUDGETS, Reasoning, ReasoningCut
+from groundcover.pipelines.comprehensiveness.common import ComprehensivenessOptions
+from groundcover.pipelines.comprehensiveness.framework import evaluate_item
+from groundcover.pipelines.comprehensiveness.nli_method import LlmNli
+from groundcover.pipelines.runtime.config import EvaluatorConfig, UserError
+from groundcover.pipelines.runtime.evaluator import reasoning_of
+from groundcover.pipelines.runtime.identity import evaluator_identity
+from groundcover.pipelines.runtime.results import STATUSES, UNSCORED
+from groundcover.serving.client import ChatResult, EvalClient, StageUsage, answer_tokens
+from groundcover.serving.reasoning import BUDGETS, Reasoning, ReasoningCut
 from tests.support.faults import cases
 from tests.support.loopback import replay_judged
 from tests.support.scripted import ScriptedClient, label
@@ -137,9 +137,9 @@ async def test_nli_method_scores_equal_a_plain_judge_with_a_reasoning_judge(tmp_
 
 
 async def test_an_item_cut_in_reasoning_is_its_own_status_never_a_score(tmp_path):
-    from pipelines.comprehensiveness.framework import COMPREHENSIVENESS
-    from pipelines.runtime.protocol import ItemContext
-    from pipelines.runtime.solving import solve_item
+    from groundcover.pipelines.comprehensiveness.framework import COMPREHENSIVENESS
+    from groundcover.pipelines.runtime.protocol import ItemContext
+    from groundcover.pipelines.runtime.solving import solve_item
 
     assert "cut_in_reasoning" in STATUSES and "cut_in_reasoning" in UNSCORED
     options = ComprehensivenessOptions(protocol="spec", method="nli")
@@ -224,9 +224,9 @@ def test_reproduce_comprehensiveness_runs_each_evaluator_as_the_papers_appendix(
     it; the spec protocol keeps the options as given."""
     import json
 
-    from pipelines.comprehensiveness.reproduce import REPRODUCE, ReproduceOptions
-    from pipelines.runtime.config import RunConfig
-    from pipelines.runtime.protocol import RunRequest
+    from groundcover.pipelines.comprehensiveness.reproduce import REPRODUCE, ReproduceOptions
+    from groundcover.pipelines.runtime.config import RunConfig
+    from groundcover.pipelines.runtime.protocol import RunRequest
     from tests.test_runtime import WC_ROW
 
     data = tmp_path / "wc.jsonl"
@@ -281,7 +281,7 @@ def test_reasoning_tokens_are_the_servers_count_else_counted_here(content, repor
     ],
 )
 def test_a_server_without_a_reasoning_parser_leaves_it_in_the_content(content, reasoning, answer):
-    from serving.reasoning import split_inline
+    from groundcover.serving.reasoning import split_inline
 
     assert split_inline(content) == (reasoning, answer)
     finish = "length" if not answer else "stop"
@@ -292,7 +292,7 @@ def test_a_server_without_a_reasoning_parser_leaves_it_in_the_content(content, r
 
 
 def test_constrained_decoding_only_where_the_server_parses_the_reasoning_apart():
-    from pipelines.runtime.evaluator import started_with_reasoning_parser
+    from groundcover.pipelines.runtime.evaluator import started_with_reasoning_parser
 
     medium = Reasoning.make("effort", "medium")
     assert EvalClient("http://127.0.0.1:9/v1", "plain").constrains
@@ -322,9 +322,9 @@ async def test_a_reasoning_models_choice_is_constrained_once_its_parser_is_seen(
 async def test_keep_reasoning_keeps_each_requests_reasoning_in_the_record(tmp_path):
     import json
 
-    from pipelines.comprehensiveness.framework import COMPREHENSIVENESS
-    from pipelines.runtime.protocol import ItemContext
-    from pipelines.runtime.solving import solve_item
+    from groundcover.pipelines.comprehensiveness.framework import COMPREHENSIVENESS
+    from groundcover.pipelines.runtime.protocol import ItemContext
+    from groundcover.pipelines.runtime.solving import solve_item
 
     options = ComprehensivenessOptions(protocol="spec", method="nli")
     reasoning = Reasoning.make("effort", "low", 100)
@@ -344,7 +344,7 @@ async def test_keep_reasoning_keeps_each_requests_reasoning_in_the_record(tmp_pa
 
 
 def test_keep_reasoning_is_a_run_option_of_every_command():
-    from pipelines.cli.options import Shared
+    from groundcover.pipelines.cli.options import Shared
 
     assert Shared(keep_reasoning=True).overrides()["run.keep_reasoning"] is True
     assert Shared().overrides()["run.keep_reasoning"] is None  # not given: YAML or default

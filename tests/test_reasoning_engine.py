@@ -8,9 +8,9 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from serving.client import EvalClient
-from serving.launcher import ServerSpec, VLLMServer
-from serving.reasoning import Reasoning, ReasoningCut
+from groundcover.serving.client import EvalClient
+from groundcover.serving.launcher import ServerSpec, VLLMServer
+from groundcover.serving.reasoning import Reasoning, ReasoningCut
 from tests.conftest import TEST_SERVER_ENV, require_engine
 
 pytestmark = pytest.mark.engine

@@ -11,14 +11,24 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from pipelines.cli import app
-from pipelines.fanoutqa.framework import FANOUTQA, FanoutOptions
-from pipelines.runtime.config import EvaluatorConfig, RunConfig
-from pipelines.runtime.protocol import RunRequest
-from pipelines.runtime.records import FORMAT_VERSION, RunManifest, RunSummary, StudyRecord
-from pipelines.runtime.roles import RoleSpec
-from pipelines.runtime.runner import execute, fixed_client
-from pipelines.runtime.runstore import RunStoreError, read_manifest, read_study, read_summary
+from groundcover.pipelines.cli import app
+from groundcover.pipelines.fanoutqa.framework import FANOUTQA, FanoutOptions
+from groundcover.pipelines.runtime.config import EvaluatorConfig, RunConfig
+from groundcover.pipelines.runtime.protocol import RunRequest
+from groundcover.pipelines.runtime.records import (
+    FORMAT_VERSION,
+    RunManifest,
+    RunSummary,
+    StudyRecord,
+)
+from groundcover.pipelines.runtime.roles import RoleSpec
+from groundcover.pipelines.runtime.runner import execute, fixed_client
+from groundcover.pipelines.runtime.runstore import (
+    RunStoreError,
+    read_manifest,
+    read_study,
+    read_summary,
+)
 from tests.support.scripted import ScriptedClient
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -144,7 +154,7 @@ def test_the_previous_versions_report_says_its_inputs_were_not_fingerprinted(tmp
 
 
 def test_a_record_of_another_format_or_broken_is_refused_in_one_line(tmp_path):
-    from pipelines.runtime.runstore import RunStoreError
+    from groundcover.pipelines.runtime.runstore import RunStoreError
 
     run_dir = tmp_path / "run"
     shutil.copytree(RUNS[0], run_dir)

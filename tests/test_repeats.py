@@ -9,15 +9,15 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from pipelines.cli import app
-from pipelines.comprehensiveness.common import ComprehensivenessOptions
-from pipelines.comprehensiveness.framework import COMPREHENSIVENESS
-from pipelines.reports.compare import compare_runs
-from pipelines.runtime.config import EvaluatorConfig, RunConfig, UserError
-from pipelines.runtime.evaluator import sampling_defaults
-from pipelines.runtime.protocol import RunPlan, RunRequest
-from pipelines.runtime.repeats import repeat_plans
-from pipelines.runtime.runner import execute, fixed_client
+from groundcover.pipelines.cli import app
+from groundcover.pipelines.comprehensiveness.common import ComprehensivenessOptions
+from groundcover.pipelines.comprehensiveness.framework import COMPREHENSIVENESS
+from groundcover.pipelines.reports.compare import compare_runs
+from groundcover.pipelines.runtime.config import EvaluatorConfig, RunConfig, UserError
+from groundcover.pipelines.runtime.evaluator import sampling_defaults
+from groundcover.pipelines.runtime.protocol import RunPlan, RunRequest
+from groundcover.pipelines.runtime.repeats import repeat_plans
+from groundcover.pipelines.runtime.runner import execute, fixed_client
 from tests.support.scripted import Sampled, ScriptedClient, field_of
 
 HALF = "x\n[Covered statements]\n- In Paris [1]\n[Uncovered statements]\n- In Lyon [2]\n"

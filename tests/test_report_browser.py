@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from pipelines.reports.report_html import write_html
+from groundcover.pipelines.reports.report_html import write_html
 from tests.test_report_html import make_run
 
 BROWSER = shutil.which("chromium") or shutil.which("chromium-browser")
@@ -68,8 +68,8 @@ def test_report_in_a_real_browser(tmp_path):
 def test_fact_graph_is_drawn_in_the_drill_down(tmp_path):
     import json
 
-    from pipelines.comprehensiveness.common import ComprehensivenessOptions
-    from pipelines.comprehensiveness.framework import COMPREHENSIVENESS
+    from groundcover.pipelines.comprehensiveness.common import ComprehensivenessOptions
+    from groundcover.pipelines.comprehensiveness.framework import COMPREHENSIVENESS
     from tests.support.scripted import ScriptedClient
     from tests.test_paper_protocol import ITEM, QA_SCRIPTS
     from tests.test_runtime import run
@@ -141,7 +141,7 @@ def test_headline_is_seen_first_and_the_manifest_is_folded(tmp_path):
 def test_compare_view_is_drawn_above_the_runs(tmp_path):
     from typer.testing import CliRunner
 
-    from pipelines.cli import app
+    from groundcover.pipelines.cli import app
     from tests.test_report_html import OUTPUTS
 
     other = dict(OUTPUTS) | {

@@ -10,12 +10,12 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from pipelines.cli import app
-from pipelines.comprehensiveness.common import ComprehensivenessOptions
-from pipelines.comprehensiveness.framework import COMPREHENSIVENESS
-from pipelines.reports.report_html import export_scores, render
-from pipelines.runtime.runstore import RunStoreError
-from serving.client import EndpointError
+from groundcover.pipelines.cli import app
+from groundcover.pipelines.comprehensiveness.common import ComprehensivenessOptions
+from groundcover.pipelines.comprehensiveness.framework import COMPREHENSIVENESS
+from groundcover.pipelines.reports.report_html import export_scores, render
+from groundcover.pipelines.runtime.runstore import RunStoreError
+from groundcover.serving.client import EndpointError
 from tests.support.scripted import Reply, ScriptedClient, field_of
 from tests.test_runtime import run
 
@@ -109,7 +109,7 @@ def test_an_older_format_is_refused_in_one_line(tmp_path):
 
 
 def test_framework_figures_lmr_and_icat_beta_sweep(tmp_path):
-    from pipelines.icat.framework import IcatOptions
+    from groundcover.pipelines.icat.framework import IcatOptions
     from tests.test_icat import P_ENTAIL, SCRIPTS, StandInIcat, write_inputs
     from tests.test_runtime import WC_ROW, wc_client
 
@@ -139,9 +139,9 @@ def test_framework_figures_lmr_and_icat_beta_sweep(tmp_path):
 
 
 def test_garage_fanoutqa_and_crux_runs_draw_their_figures(tmp_path):
-    from pipelines.crux.framework import CRUX, CruxOptions
-    from pipelines.fanoutqa.framework import FANOUTQA, FanoutOptions
-    from pipelines.garage.framework import GARAGE, GarageOptions
+    from groundcover.pipelines.crux.framework import CRUX, CruxOptions
+    from groundcover.pipelines.fanoutqa.framework import FANOUTQA, FanoutOptions
+    from groundcover.pipelines.garage.framework import GARAGE, GarageOptions
     from tests.test_crux import write_crux
     from tests.test_runtime import FANOUT, FANOUT_SCRIPTS, GARAGE_SCRIPTS, garage_records
 
@@ -168,7 +168,7 @@ def test_garage_fanoutqa_and_crux_runs_draw_their_figures(tmp_path):
 
 
 def test_score_axis_is_the_scores_range():
-    from pipelines.reports.report_html import score_range
+    from groundcover.pipelines.reports.report_html import score_range
 
     assert score_range([1.0, 1.0, 1.0]) == (0.0, 1.0)  # not 0.5-1.5 around the one value
     assert score_range([0.25]) == (0.0, 1.0)

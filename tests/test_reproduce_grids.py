@@ -7,9 +7,9 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from pipelines.cli import app
-from pipelines.fanoutqa.framework import FanoutOptions
-from pipelines.fanoutqa.reproduce import REPRODUCE_FANOUTQA, ReproduceFanoutOptions
+from groundcover.pipelines.cli import app
+from groundcover.pipelines.fanoutqa.framework import FanoutOptions
+from groundcover.pipelines.fanoutqa.reproduce import REPRODUCE_FANOUTQA, ReproduceFanoutOptions
 from tests.support.scripted import ScriptedClient
 from tests.test_runtime import FANOUT, FANOUT_SCRIPTS, report_json, run
 
@@ -66,8 +66,8 @@ def test_the_command_is_listed_and_needs_a_model():
 
 
 def test_garage_grid_in_percent_beside_the_papers_tables(tmp_path):
-    from pipelines.garage.framework import GarageOptions
-    from pipelines.garage.reproduce import REPRODUCE_GARAGE, ReproduceGarageOptions
+    from groundcover.pipelines.garage.framework import GarageOptions
+    from groundcover.pipelines.garage.reproduce import REPRODUCE_GARAGE, ReproduceGarageOptions
     from tests.test_runtime import GARAGE_SCRIPTS, garage_records
 
     options = ReproduceGarageOptions(
@@ -94,8 +94,13 @@ def test_garage_grid_in_percent_beside_the_papers_tables(tmp_path):
 
 
 def test_icat_table3_rows_per_source_and_system(tmp_path):
-    from pipelines.icat.reproduce import COLUMNS, PAPER_TABLE3, ReproduceIcat, ReproduceIcatOptions
-    from pipelines.runtime.grid import published_row
+    from groundcover.pipelines.icat.reproduce import (
+        COLUMNS,
+        PAPER_TABLE3,
+        ReproduceIcat,
+        ReproduceIcatOptions,
+    )
+    from groundcover.pipelines.runtime.grid import published_row
     from tests.test_icat import P_ENTAIL, SCRIPTS, StandInIcat, write_inputs
 
     paths = write_inputs(tmp_path)
@@ -126,7 +131,7 @@ def test_icat_table3_rows_per_source_and_system(tmp_path):
 def test_icat_grid_needs_a_knowledge_source():
     from pydantic import ValidationError
 
-    from pipelines.icat.reproduce import ReproduceIcatOptions
+    from groundcover.pipelines.icat.reproduce import ReproduceIcatOptions
 
     with pytest.raises(ValidationError, match="--index .corpus. and/or --snippets"):
         ReproduceIcatOptions(input="r.jsonl", nli_model="x")
@@ -137,12 +142,12 @@ def test_a_papers_grid_judges_without_reasoning_as_the_paper_did(tmp_path, judge
     """GaRAGe judged with GPT-4o, which does not reason: a Qwen3 judge (thinking on by default)
     runs with thinking off in reproduce garage, unless its reasoning was set; the answering
     model under evaluation keeps its own."""
-    from pipelines.garage.framework import GarageOptions
-    from pipelines.garage.reproduce import REPRODUCE_GARAGE, ReproduceGarageOptions
-    from pipelines.runtime.config import EvaluatorConfig, RunConfig
-    from pipelines.runtime.protocol import RunRequest
-    from pipelines.runtime.roles import RoleSpec
-    from pipelines.runtime.runner import execute
+    from groundcover.pipelines.garage.framework import GarageOptions
+    from groundcover.pipelines.garage.reproduce import REPRODUCE_GARAGE, ReproduceGarageOptions
+    from groundcover.pipelines.runtime.config import EvaluatorConfig, RunConfig
+    from groundcover.pipelines.runtime.protocol import RunRequest
+    from groundcover.pipelines.runtime.roles import RoleSpec
+    from groundcover.pipelines.runtime.runner import execute
     from tests.test_runtime import GARAGE_SCRIPTS, closing_client, garage_records
 
     opened: dict[str, EvaluatorConfig] = {}

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from serving.client import EvalClient
+from groundcover.serving.client import EvalClient
 from tests.conftest import require_engine, tiny_server
 
 pytestmark = pytest.mark.engine
@@ -81,7 +81,7 @@ def test_sigkilled_run_resumes_with_exactly_one_result_per_item(vllm_server, tmp
     command = [
         sys.executable,
         "-m",
-        "pipelines.cli",
+        "groundcover.pipelines.cli",
         "generate",
         str(questions),
         "--endpoint",
@@ -136,7 +136,7 @@ def test_sigkilled_run_resumes_with_exactly_one_result_per_item(vllm_server, tmp
 def report_json(run_dir: Path) -> dict:
     from typer.testing import CliRunner
 
-    from pipelines.cli import app
+    from groundcover.pipelines.cli import app
 
     result = CliRunner().invoke(app, ["report", str(run_dir), "--json"], catch_exceptions=False)
     assert result.exit_code == 0, result.output
@@ -145,14 +145,14 @@ def report_json(run_dir: Path) -> dict:
 
 def test_serve_command_starts_on_loopback_and_stops_its_process_group(tiny_model, tmp_path):
     require_engine()
-    from serving.launcher import free_port, port_in_use
+    from groundcover.serving.launcher import free_port, port_in_use
 
     port = free_port()
     command = [
         # own server: what `groundcover serve` starts and stops is the subject
         sys.executable,
         "-m",
-        "pipelines.cli",
+        "groundcover.pipelines.cli",
         "serve",
         str(tiny_model),
         "--port",

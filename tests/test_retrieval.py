@@ -9,10 +9,17 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from index_build.build import BuildError, IndexSpec, build_faiss, build_index
-from index_build.chunking import ChunkSpec, char_spans, word_spans
-from index_build.corpus import CorpusError, Document, read_corpus
-from retrieval.index import CrossEncoderReranker, Hit, IndexError_, SearchIndex, mmr_select, rrf
+from groundcover.index_build.build import BuildError, IndexSpec, build_faiss, build_index
+from groundcover.index_build.chunking import ChunkSpec, char_spans, word_spans
+from groundcover.index_build.corpus import CorpusError, Document, read_corpus
+from groundcover.retrieval.index import (
+    CrossEncoderReranker,
+    Hit,
+    IndexError_,
+    SearchIndex,
+    mmr_select,
+    rrf,
+)
 from tests.conftest import SHARED
 
 TOPICS = SHARED / "data" / "trec-web" / "topics.jsonl"
@@ -331,7 +338,7 @@ def test_sharded_ray_build_equals_single_process(corpus_file, index_dir, tmp_pat
 
 
 def test_cli_build_and_search(corpus_file, tmp_path):
-    from pipelines.cli import app
+    from groundcover.pipelines.cli import app
 
     runner = CliRunner()
     out = tmp_path / "idx"
@@ -352,7 +359,7 @@ def test_cli_build_and_search(corpus_file, tmp_path):
 
 
 def test_faiss_auto_is_flat_below_50000_chunks_and_ivf_hnsw_above():
-    from index_build.build import IndexSpec, build_faiss
+    from groundcover.index_build.build import IndexSpec, build_faiss
 
     rng = np.random.default_rng(0)
     small = rng.standard_normal((100, 8)).astype(np.float32)

@@ -11,14 +11,19 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from pipelines.cli import app
-from pipelines.crux.framework import CRUX, CruxOptions
-from pipelines.fanoutqa.framework import FANOUTQA, FanoutOptions
-from pipelines.garage.framework import GARAGE, GarageOptions
-from pipelines.runtime.config import EvaluatorConfig, RunConfig, UserError
-from pipelines.runtime.protocol import RunRequest
-from pipelines.runtime.roles import RoleSpec, parse_role_options, parse_spec, role_evaluator
-from pipelines.runtime.runner import execute, fixed_client
+from groundcover.pipelines.cli import app
+from groundcover.pipelines.crux.framework import CRUX, CruxOptions
+from groundcover.pipelines.fanoutqa.framework import FANOUTQA, FanoutOptions
+from groundcover.pipelines.garage.framework import GARAGE, GarageOptions
+from groundcover.pipelines.runtime.config import EvaluatorConfig, RunConfig, UserError
+from groundcover.pipelines.runtime.protocol import RunRequest
+from groundcover.pipelines.runtime.roles import (
+    RoleSpec,
+    parse_role_options,
+    parse_spec,
+    role_evaluator,
+)
+from groundcover.pipelines.runtime.runner import execute, fixed_client
 from tests.support.scripted import ScriptedClient, by_text
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
@@ -201,7 +206,7 @@ def test_a_judge_that_is_the_answering_model_is_said_so(tmp_path):
     assert "self-judging: the judge role is the answer model answerer" in " ".join(
         result.output.split()
     )
-    from pipelines.reports.report_html import render
+    from groundcover.pipelines.reports.report_html import render
 
     page = render([outcome.dir])
     assert "self-judging" in page and "answerer" in page
@@ -322,7 +327,7 @@ def test_garage_answers_made_elsewhere_are_judged_by_the_judge_role(tmp_path):
 
 
 def test_garage_reads_the_published_fields():
-    from pipelines.garage.data import Record
+    from groundcover.pipelines.garage.data import Record
 
     record = Record.model_validate(
         {
@@ -411,8 +416,8 @@ def test_crux_generator_and_rater_are_different_models(tmp_path):
 
 
 def test_eli5_says_when_the_judge_is_the_responder(tmp_path):
-    from pipelines.comprehensiveness.common import ComprehensivenessOptions
-    from pipelines.comprehensiveness.framework import ELI5, Eli5Options
+    from groundcover.pipelines.comprehensiveness.common import ComprehensivenessOptions
+    from groundcover.pipelines.comprehensiveness.framework import ELI5, Eli5Options
 
     questions = tmp_path / "q.jsonl"
     questions.write_text(
@@ -471,7 +476,7 @@ def test_lingering_servers_start_each_base_once_and_hold_one_base_at_a_time(monk
     run on another base stops the idle one first; close stops the rest."""
     import asyncio
 
-    from pipelines.runtime import evaluator
+    from groundcover.pipelines.runtime import evaluator
 
     events: list[str] = []
 
@@ -532,8 +537,8 @@ def test_servers_of_two_bases_start_side_by_side(monkeypatch, tmp_path):
     import asyncio
     import threading
 
-    from pipelines.runtime import evaluator
-    from pipelines.runtime.solving import Evaluators, _open_roles, evaluator_key
+    from groundcover.pipelines.runtime import evaluator
+    from groundcover.pipelines.runtime.solving import Evaluators, _open_roles, evaluator_key
 
     both_starting = threading.Barrier(2, timeout=20)
     events: list[str] = []
@@ -579,8 +584,8 @@ def test_a_start_interrupted_by_its_run_leaves_nothing_serving(kind, monkeypatch
     import asyncio
     import threading
 
-    from pipelines.runtime import evaluator
-    from serving import ray_serve
+    from groundcover.pipelines.runtime import evaluator
+    from groundcover.serving import ray_serve
 
     release, events = threading.Event(), []
 
@@ -649,8 +654,8 @@ def test_a_run_starts_its_server_elsewhere_when_the_chosen_port_is_taken(monkeyp
     import socket
     import sys
 
-    from pipelines.runtime import evaluator
-    from serving.launcher import ServerSpec, VLLMServer
+    from groundcover.pipelines.runtime import evaluator
+    from groundcover.serving.launcher import ServerSpec, VLLMServer
 
     holders: list[socket.socket] = []
 
@@ -682,7 +687,7 @@ def test_a_server_failing_otherwise_is_not_moved_for_an_earlier_launchs_taken_po
     """The log keeps every launch: only this launch's lines say whether its port was taken."""
     import sys
 
-    from serving.launcher import PortTaken, ServerSpec, ServerStartError, VLLMServer
+    from groundcover.serving.launcher import PortTaken, ServerSpec, ServerStartError, VLLMServer
 
     class Failing(VLLMServer):
         def command(self) -> list[str]:

@@ -43,7 +43,7 @@ def count_lines(path: Path) -> int:
 
 
 def cli(args: list[str]) -> list[str]:
-    return [sys.executable, "-m", "pipelines.cli", *args]
+    return [sys.executable, "-m", "groundcover.pipelines.cli", *args]
 
 
 def test_two_local_models_in_one_invocation_survive_a_kill(tiny_model, tiny_model_b, tmp_path):
@@ -223,7 +223,7 @@ def test_a_panel_of_the_base_model_and_its_adapter_judges_given_answers(vllm_ser
     """FanOutQA answers from a file judged by a panel on one real vLLM server: the tiny base
     model and its LoRA adapter. Each member is asked and accounted apart, the panel's answer
     is its rule applied to theirs, and `agreement` reads the run (with human labels)."""
-    from pipelines.fanoutqa.framework import FANOUTQA
+    from groundcover.pipelines.fanoutqa.framework import FANOUTQA
 
     data = tmp_path / "dev.json"
     data.write_text(json.dumps(QUESTIONS[:3]))
@@ -304,10 +304,10 @@ def test_an_adapter_retrained_in_place_is_asked_again(tiny_model, tmp_path):
     (What a cache miss then sends is the client's own path, ``test_cache``; one server start
     here, the old adapter's.)"""
     require_engine()
-    from pipelines.api import request_from
-    from pipelines.runtime.registry import study
-    from pipelines.runtime.runner import execute
-    from serving.content import digest_path
+    from groundcover.pipelines.api import request_from
+    from groundcover.pipelines.runtime.registry import study
+    from groundcover.pipelines.runtime.runner import execute
+    from groundcover.serving.content import digest_path
     from tests.support.tiny import build_tiny_lora
 
     adapter = build_tiny_lora(tiny_model, tmp_path / "claims", seed=1)

@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from pipelines.runtime import runstore
-from pipelines.runtime.results import ItemResult
-from pipelines.runtime.runstore import LOCK, RunLock, RunStoreError
+from groundcover.pipelines.runtime import runstore
+from groundcover.pipelines.runtime.results import ItemResult
+from groundcover.pipelines.runtime.runstore import LOCK, RunLock, RunStoreError
 from tests.support.records import whole_records
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -26,7 +26,7 @@ HOLD = """
 import sys, time
 sys.path.insert(0, sys.argv[2])
 from pathlib import Path
-from pipelines.runtime.runstore import RunLock
+from groundcover.pipelines.runtime.runstore import RunLock
 RunLock(Path(sys.argv[1])).acquire()
 print("held", flush=True)
 time.sleep(600)
@@ -77,7 +77,7 @@ def test_a_holder_on_another_host_is_taken_over_only_when_it_stopped_renewing(tm
 
 
 def test_a_holder_whose_lock_was_taken_stops_recording(tmp_path, monkeypatch):
-    from pipelines.runtime.runstore import RunStore
+    from groundcover.pipelines.runtime.runstore import RunStore
 
     monkeypatch.setattr(runstore, "RENEW_SECONDS", 0.05)
     store = RunStore(tmp_path / "run")
@@ -103,7 +103,7 @@ def test_a_holder_whose_lock_was_taken_stops_recording(tmp_path, monkeypatch):
 def judged(tmp_path):
     """A FanOutQA run of judged answers against a loopback judge that answers from the prompt
     (each answer after ``pace["seconds"]``): (command for a run directory, the judge, pace)."""
-    from pipelines.fanoutqa.framework import PROMPTS
+    from groundcover.pipelines.fanoutqa.framework import PROMPTS
     from tests.support.loopback import StageByPrompt, loopback_judge
     from tests.support.scripted import ScriptedClient
     from tests.test_drivers import fanoutqa_inputs, judge_letter
@@ -116,7 +116,14 @@ def judged(tmp_path):
     with loopback_judge(judge, "reasoning", stages, lambda: pace["seconds"]) as url:
 
         def command(run_dir: Path) -> list[str]:
-            args = [sys.executable, "-m", "pipelines.cli", "eval", "fanoutqa", "--judge"]
+            args = [
+                sys.executable,
+                "-m",
+                "groundcover.pipelines.cli",
+                "eval",
+                "fanoutqa",
+                "--judge",
+            ]
             args += ["--data", str(dev), "--answers", str(answers), "--endpoint", url]
             args += ["--model", "scripted", "--run-dir", str(run_dir), "--quiet", "--no-cache"]
             return [*args, "--concurrency", "2"]

@@ -2,8 +2,8 @@ import json
 
 import pytest
 
-from pipelines.runtime.results import ItemResult, StageFailure
-from pipelines.runtime.runstore import (
+from groundcover.pipelines.runtime.results import ItemResult, StageFailure
+from groundcover.pipelines.runtime.runstore import (
     FORMAT_VERSION,
     RunStore,
     RunStoreError,

@@ -8,7 +8,7 @@ import random
 import numpy as np
 import pytest
 
-from retrieval.nli import CANONICAL, NliScorer
+from groundcover.retrieval.nli import CANONICAL, NliScorer
 
 WORDS = "the tower stands in paris and was built by eiffel for the fair of 1889 it is tall".split()
 
@@ -32,7 +32,7 @@ def ray_local():
 
 
 def test_ray_data_nli_equals_the_local_scorer(tiny_nli, ray_local, monkeypatch):
-    from retrieval.nli_ray import RayNliScorer
+    from groundcover.retrieval.nli_ray import RayNliScorer
 
     # Ray Data hands out tasks as soon as one actor is up; on a loaded machine that one can finish
     # them all before the other has loaded its model. Wait for both, to see both score.
@@ -62,16 +62,16 @@ def test_ray_data_nli_equals_the_local_scorer(tiny_nli, ray_local, monkeypatch):
 
 @pytest.fixture(scope="module")
 def pruner_model():
-    from pipelines.comprehensiveness.pruning import Pruner
+    from groundcover.pipelines.comprehensiveness.pruning import Pruner
 
     return Pruner(0.0)  # the shipped all-MiniLM-L6-v2; thresholds set per test
 
 
 async def judged_with(threshold: float | None, pruner) -> tuple[dict, int]:
-    from pipelines.comprehensiveness.common import ComprehensivenessOptions
-    from pipelines.comprehensiveness.framework import evaluate_item
-    from pipelines.comprehensiveness.nli_method import LlmNli
-    from pipelines.comprehensiveness.pruning import PrunedJudge
+    from groundcover.pipelines.comprehensiveness.common import ComprehensivenessOptions
+    from groundcover.pipelines.comprehensiveness.framework import evaluate_item
+    from groundcover.pipelines.comprehensiveness.nli_method import LlmNli
+    from groundcover.pipelines.comprehensiveness.pruning import PrunedJudge
     from tests.support.scripted import ScriptedClient
     from tests.test_exact_scores import ITEM, NLI_SCRIPTS
 
@@ -86,7 +86,7 @@ async def judged_with(threshold: float | None, pruner) -> tuple[dict, int]:
 
 
 async def test_pruning_skips_far_pairs_and_reports_recall(pruner_model):
-    from pipelines.comprehensiveness.pruning import edge_recall
+    from groundcover.pipelines.comprehensiveness.pruning import edge_recall
     from tests.test_exact_scores import C1, C2, R1
 
     # The item of the exact NLI test: 20 ordered pairs; entailments r1<->c1.a1 and c1.a1->c2.a2.
@@ -114,7 +114,7 @@ async def test_pruning_skips_far_pairs_and_reports_recall(pruner_model):
 
 
 def test_pruning_is_refused_in_the_paper_protocol():
-    from pipelines.comprehensiveness.common import ComprehensivenessOptions
+    from groundcover.pipelines.comprehensiveness.common import ComprehensivenessOptions
 
     with pytest.raises(ValueError, match="pruning is off in the paper protocol"):
         ComprehensivenessOptions(method="nli", prune_below=0.3)
@@ -125,8 +125,8 @@ def test_comprehensiveness_cross_encoder_on_ray_actors_equals_local(tiny_nli, ra
     two Ray Data actors -- the same relations (labels and probabilities) and scores."""
     import json
 
-    from pipelines.comprehensiveness.common import ComprehensivenessOptions
-    from pipelines.comprehensiveness.framework import COMPREHENSIVENESS
+    from groundcover.pipelines.comprehensiveness.common import ComprehensivenessOptions
+    from groundcover.pipelines.comprehensiveness.framework import COMPREHENSIVENESS
     from tests.support.scripted import ScriptedClient
     from tests.test_exact_scores import ITEM, NLI_SCRIPTS
     from tests.test_runtime import run
@@ -173,7 +173,7 @@ def test_an_nli_actor_killed_mid_batch_costs_nothing(tiny_nli, ray_local):
 
     import psutil
 
-    from retrieval.nli_ray import RayNliScorer
+    from groundcover.retrieval.nli_ray import RayNliScorer
 
     premises, hypotheses = sentences(600, 3), sentences(600, 4)
     pairs = [(premises[i] * 4, hypotheses[(i * 11) % 600]) for i in range(600)]  # long premises

@@ -12,8 +12,8 @@ from collections.abc import AsyncIterator, Callable
 import pytest
 from aiohttp import web
 
-from serving.client import EndpointError, EvalClient, RequestRejected
-from serving.transport import retry_after
+from groundcover.serving.client import EndpointError, EvalClient, RequestRejected
+from groundcover.serving.transport import retry_after
 
 COMPLETION = {
     "id": "c1",
@@ -156,7 +156,7 @@ async def test_retry_after_is_honoured_in_seconds_and_as_a_date(server):
 async def test_a_persistent_fault_gives_up_with_the_last_error(server):
     """A server that answers but keeps failing one request fails that request's item (the run
     goes on); one that fails every request (GIVE_UP_RUN in a row) stops the run."""
-    from serving.client import GIVE_UP_RUN
+    from groundcover.serving.client import GIVE_UP_RUN
 
     server.replies = [status(503, {"error": {"message": "still overloaded"}})] * 4
     async with client(server.url, max_retries=3) as c:

@@ -1,6 +1,6 @@
 import pytest
 
-from pipelines.comprehensiveness.units import (
+from groundcover.pipelines.comprehensiveness.units import (
     UNITS_TOOL,
     QuantityError,
     compare_quantities,

@@ -7,10 +7,10 @@ from typing import Any
 
 
 def __getattr__(name: str) -> Any:
-    """``from pipelines.cli import app``, loaded on first use (``python -m pipelines.cli`` and
-    the entry point import ``main`` directly)."""
+    """``from groundcover.pipelines.cli import app``, loaded on first use (``python -m
+    groundcover`` and the entry point import ``main`` directly)."""
     if name == "app":
-        from pipelines.cli.main import app
+        from .main import app
 
         return app
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

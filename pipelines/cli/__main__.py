@@ -1,7 +1,7 @@
-"""``python -m pipelines.cli``: the same as the ``groundcover`` command."""
+"""``python -m groundcover.pipelines.cli`` (or ``python -m groundcover``): the command."""
 
 import sys
 
-from pipelines.cli.main import app
+from .main import app
 
 sys.exit(app())

@@ -11,7 +11,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from pipelines.cli.options import clean_errors
+from .options import clean_errors
 
 cache_app = typer.Typer(
     help="The response cache: list it by model and adapter revision, prune it, clear it.",
@@ -24,7 +24,7 @@ CacheFile = Annotated[
 
 
 def _path(given: Path | None) -> Path:
-    from serving.embedded import cache_root
+    from ...serving.embedded import cache_root
 
     return given or cache_root() / "responses.sqlite"
 
@@ -44,7 +44,7 @@ def cache_list(
     import dataclasses
     import json
 
-    from serving.cache_admin import files, groups
+    from ...serving.cache_admin import files, groups
 
     path = _path(cache)
     found, on_disk = groups(path), files(path)
@@ -94,8 +94,8 @@ def cache_prune(
     cache: CacheFile = None,
 ) -> None:
     """Delete entries older than a date, or of models and adapters no longer present."""
-    from pipelines.runtime.config import UserError
-    from serving.cache_admin import parse_when, prune
+    from ...serving.cache_admin import parse_when, prune
+    from ..runtime.config import UserError
 
     if before is None and not missing:
         raise UserError("cache prune: give --before DATE, --missing, or both")
@@ -114,8 +114,8 @@ def cache_clear(
     cache: CacheFile = None,
 ) -> None:
     """Delete every entry (every host's file) and the damaged files set aside."""
-    from pipelines.runtime.config import UserError
-    from serving.cache_admin import clear
+    from ...serving.cache_admin import clear
+    from ..runtime.config import UserError
 
     if not yes:
         raise UserError("cache clear deletes every cached answer: add --yes")

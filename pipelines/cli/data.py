@@ -10,10 +10,10 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from pipelines.cli.options import clean_errors
-from pipelines.datasets.catalog import CATALOG, lookup, parse_spec
-from pipelines.datasets.fetch import LOCK, add, cached, data_root, get, read_lock
-from pipelines.runtime.config import UserError
+from ..datasets.catalog import CATALOG, lookup, parse_spec
+from ..datasets.fetch import LOCK, add, cached, data_root, get, read_lock
+from ..runtime.config import UserError
+from .options import clean_errors
 
 data_app = typer.Typer(
     help="Datasets by name: fetched, pinned (lock file with sha256) and cached under "

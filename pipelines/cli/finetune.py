@@ -10,8 +10,8 @@ import typer
 from pydantic import ValidationError
 from rich.console import Console
 
-from pipelines.cli.options import clean_errors
-from pipelines.runtime.config import UserError, describe_validation
+from ..runtime.config import UserError, describe_validation
+from .options import clean_errors
 
 
 @clean_errors
@@ -32,7 +32,7 @@ def finetune_claims_train(
 ) -> None:
     """LoRA (or QLoRA) fine-tuning of a claim extractor; the ICAT paper's hyper-parameters by
     default. Rerunning the same command resumes from the last checkpoint."""
-    from pipelines.finetune.train import TrainOptions, train
+    from ..finetune.train import TrainOptions, train
 
     try:
         options = TrainOptions(
@@ -69,7 +69,7 @@ def finetune_claims_register(
 ) -> None:
     """Register a trained adapter by name (under GROUNDCOVER_HOME) so that `serve BASE --lora
     NAME` and `--lora NAME` on any eval find it."""
-    from serving.adapters import AdapterError, register
+    from ...serving.adapters import AdapterError, register
 
     try:
         path = register(name, directory, replace=replace)

@@ -2,8 +2,9 @@
 
 A flag's name, type, help and default come from a field of the study's options model, so an
 option is declared once, in the framework; every command gets the shared evaluator and run
-options (``options.SHARED_OPTIONS``). A command group lists its commands from the declarations
-alone: a framework is imported only when one of its commands runs or shows its own help.
+options (``runtime.config.SHARED_OPTIONS``). A command group lists its commands from the
+declarations alone: a framework is imported only when one of its commands runs or shows its own
+help.
 """
 
 from __future__ import annotations
@@ -19,11 +20,11 @@ import typer
 from typer import _click as click  # the click typer vendors (0.29+): its groups' base
 from typer.core import TyperCommand, TyperGroup
 
-from pipelines.cli.options import SHARED_OPTIONS, Shared, clean_errors, load_request
-from pipelines.runtime.commands import Command, Flag
+from ..runtime.commands import Command, Flag
+from .options import PANEL, Shared, clean_errors, load_request
 
 if TYPE_CHECKING:
-    from pipelines.runtime.protocol import Study
+    from ..runtime.protocol import Study
 
 SCALARS = (bool, int, float, str, Path)
 
@@ -67,12 +68,12 @@ def cli_type(annotation: Any, flag: Flag) -> tuple[Any, list[str] | None]:
     return kind | None, choices
 
 
-def _default_text(info: Any) -> str | None:
+def default_text(info: Any) -> str | None:
     """The model's default, shown in --help (the flag itself defaults to 'not given')."""
     if info.is_required():
         return None
     default = info.get_default(call_default_factory=True)
-    if default is None or default is False or default == []:
+    if default is None or default is False or default in ([], {}, ""):
         return None
     if isinstance(default, list):
         return ",".join(map(str, default))
@@ -89,7 +90,7 @@ def flag_parameter(study: Study[Any], flag: Flag) -> inspect.Parameter:
         info = option_field(study.Options, flag.field)
         kind, choices = cli_type(info.annotation, flag)
         help_text = flag.help or info.description or ""
-        shown = _default_text(info)
+        shown = default_text(info)
         answers = getattr(study, "answer_file", None)
         if flag.field == "answers" and answers is not None:  # the format the framework reads
             help_text += f": {answers.shape}; an item without one: {answers.missing}"
@@ -111,23 +112,50 @@ def flag_parameter(study: Study[Any], flag: Flag) -> inspect.Parameter:
     )
 
 
+def shared_parameters() -> list[inspect.Parameter]:
+    """The shared options as keyword parameters for typer, from their one declaration
+    (``runtime.config.SHARED_OPTIONS``): a field's type, description and default."""
+    from ..runtime.config import SHARED_OPTIONS
+
+    found = []
+    for option in SHARED_OPTIONS:
+        kind, help_text, shown = option.kind, option.help, None
+        if option.model is not None:
+            info = option_field(option.model, option.field.partition(".")[2])  # type: ignore[union-attr]
+            kind = kind or cli_type(info.annotation, Flag(option.name))[0]
+            help_text, shown = help_text or info.description or "", default_text(info)
+        switch = kind is bool or kind == bool | None
+        flag = "--" + option.name.replace("_", "-")
+        decls = [flag] if switch else []  # a switch: given or not, never --no-...
+        info_obj = typer.Option(
+            *decls, help=help_text, show_default=shown or False, rich_help_panel=PANEL
+        )
+        kind = bool if switch else kind
+        found.append(
+            inspect.Parameter(
+                option.name,
+                inspect.Parameter.KEYWORD_ONLY,
+                default=False if switch else None,
+                annotation=Annotated[kind, info_obj],
+            )
+        )
+    return found
+
+
 def build(spec: Command) -> click.Command:
     """The click command of a declaration (imports its study)."""
     study = spec.load_study()
     own = [flag_parameter(study, flag) for flag in spec.flags]
-    clash = {p.name for p in own} & set(SHARED_OPTIONS)
+    shared = shared_parameters()
+    clash = {p.name for p in own} & {p.name for p in shared}
     if clash:
         raise ValueError(f"{spec.path}: flags {sorted(clash)} are shared options")
-    shared = [
-        inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=kind)
-        for name, (kind, default) in SHARED_OPTIONS.items()
-    ]
 
     def command(**given: Any) -> None:
-        from pipelines.runtime.config import UserError
-        from pipelines.runtime.runner import execute, raise_for_failures
+        from ..runtime.config import UserError
+        from ..runtime.runner import execute, raise_for_failures
 
-        common = Shared(**{name: given.pop(name) for name in SHARED_OPTIONS})
+        common = Shared(**{p.name: given.pop(p.name) for p in shared})
         request = load_request(study, spec.overrides(given), common)
         if common.pilot is not None and (common.pilot < 1 or common.dry_run):
             raise UserError("--pilot K needs K >= 1 and no --dry-run (a pilot runs items)")
@@ -162,7 +190,7 @@ class LazyGroup(TyperGroup):
     path = ""
 
     def declared(self) -> dict[str, Command]:
-        from pipelines.runtime.registry import commands
+        from ..runtime.registry import commands
 
         return {c.name: c for c in commands().values() if c.group == self.path}
 

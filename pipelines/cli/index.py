@@ -9,8 +9,8 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
-from pipelines.cli.options import clean_errors
-from pipelines.runtime.errors import UserError
+from ..runtime.errors import UserError
+from .options import clean_errors
 
 console = Console(stderr=True)
 index_app = typer.Typer(help="Build and search BM25 / FAISS indexes.", no_args_is_help=True)
@@ -67,12 +67,12 @@ def index_build_command(
     interrupted build resumes when the same command is run again."""
     from pydantic import ValidationError
 
-    from index_build.ann import BudgetError
-    from index_build.build import BuildError, IndexSpec, build_index
-    from index_build.corpus import CorpusError
-    from pipelines.datasets.catalog import is_name
-    from pipelines.datasets.names import dataset_file
-    from pipelines.runtime.config import describe_validation
+    from ...index_build.ann import BudgetError
+    from ...index_build.build import BuildError, IndexSpec, build_index
+    from ...index_build.corpus import CorpusError
+    from ..datasets.catalog import is_name
+    from ..datasets.names import dataset_file
+    from ..runtime.config import describe_validation
 
     if not corpus.exists() and is_name(str(corpus)):  # e.g. clueweb09-b, registered with data add
         corpus = dataset_file(str(corpus))
@@ -123,8 +123,8 @@ def index_tune_command(
 ) -> None:
     """Choose efSearch / nprobe / refine depth reaching a recall target; written to the
     index's manifest and used by default from then on."""
-    from retrieval.index import IndexError_
-    from retrieval.tune import TuneError, read_queries, tune
+    from ...retrieval.index import IndexError_
+    from ...retrieval.tune import TuneError, read_queries, tune
 
     if not queries.is_file():
         raise UserError(f"{queries}: no such file")
@@ -151,7 +151,7 @@ def index_search_command(
     as_json: Annotated[bool, typer.Option("--json", help="JSON lines output")] = False,
 ) -> None:
     """Search an index; prints rank, score, chunk id and text."""
-    from retrieval.index import CrossEncoderReranker, IndexError_, SearchIndex
+    from ...retrieval.index import CrossEncoderReranker, IndexError_, SearchIndex
 
     if mode not in ("bm25", "dense", "hybrid"):
         raise UserError(f"--mode {mode!r}: use bm25, dense or hybrid")

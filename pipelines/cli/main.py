@@ -11,12 +11,12 @@ import typer
 from rich.console import Console
 from rich.table import Column, Table
 
-from pipelines.cli import finetune, reports, serve
-from pipelines.cli.cache import cache_app
-from pipelines.cli.data import data_app
-from pipelines.cli.frameworks import lazy_group
-from pipelines.cli.index import index_app
-from pipelines.cli.options import clean_errors
+from . import finetune, reports, serve
+from .cache import cache_app
+from .data import data_app
+from .frameworks import lazy_group
+from .index import index_app
+from .options import clean_errors
 
 app = typer.Typer(
     cls=lazy_group(""),
@@ -61,7 +61,7 @@ claims_app.command("register")(finetune.finetune_claims_register)
 @app.command()
 def models() -> None:
     """List model presets and registered LoRA adapters."""
-    from serving.registry import ADAPTER_PRESETS, PRESETS
+    from ...serving.registry import ADAPTER_PRESETS, PRESETS
 
     table = Table("max len", "dtype", "TP", "reasoning", "notes")
     table.columns.insert(0, Column("hub id", no_wrap=True))
@@ -82,7 +82,7 @@ def models() -> None:
             f"adapter {preset.name}: base {preset.base}, rank {preset.rank} "
             f"(serve with --lora {preset.name}=PATH)"
         )
-    from serving.adapters import listing
+    from ...serving.adapters import listing
 
     for entry in listing():  # trained and registered with `finetune claims register`
         name = entry["name"]
@@ -93,7 +93,7 @@ def models() -> None:
 
 
 def all_templates() -> dict[str, Any]:
-    from serving.templates import REASK, load_dir
+    from ...serving.templates import REASK, load_dir
 
     templates = {REASK.name: REASK}
     for folder in sorted(Path(__file__).parents[1].rglob("prompts")):
@@ -127,7 +127,7 @@ def meta_eval_icat(
     """Correlation of ICAT coverage (and ICAT_β) with human coverage, per variant: Pearson,
     Spearman, Kendall with p-values and paired BCa intervals (paper Table 2); writes
     icat-human.json into the run directory."""
-    from pipelines.icat.human import OUTPUT, render, validate
+    from ..icat.human import OUTPUT, render, validate
 
     console = Console()
     render(validate(run_dir, human, resamples), console)

@@ -9,9 +9,9 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
-from pipelines.cli.options import clean_errors
-from pipelines.cli.serve import api_key_from, authorised
-from pipelines.runtime.errors import UserError
+from ..runtime.errors import UserError
+from .options import clean_errors
+from .serve import api_key_from, authorised
 
 console = Console(stderr=True)
 
@@ -33,20 +33,20 @@ def report(
 ) -> None:
     """Rebuild and print the summary and tables of runs from what is on disk (no model calls;
     partial runs too); optionally an HTML page (--html) and per-item scores (--export)."""
-    from pipelines.reports.report import report as rebuild
+    from ..reports.report import report as rebuild
 
     if format not in ("csv", "parquet"):
         raise UserError(f"--format must be csv or parquet, got {format!r}")
-    from pipelines.runtime.costs import load_prices
+    from ..runtime.costs import load_prices
 
     priced = load_prices(prices)
     rebuild(run_dir, as_json, Console(), priced)
     if html is not None:
-        from pipelines.reports.report_html import write_html
+        from ..reports.report_html import write_html
 
         Console(stderr=True).print(f"html: {write_html(run_dir, html, prices=priced)}")
     if export is not None:
-        from pipelines.reports.report_html import export_scores
+        from ..reports.report_html import export_scores
 
         Console(stderr=True).print(f"export: {export_scores(run_dir, export, format)}")
 
@@ -71,8 +71,8 @@ def agreement(
     Krippendorff's alpha, Kendall / Spearman, bootstrap intervals over items), between runs
     judged by different models, with human labels (--human), and the mean score corrected by
     them (prediction-powered inference). Reads run directories only."""
-    from pipelines.reports.agreement import agreement as measure
-    from pipelines.reports.agreement import render
+    from ..reports.agreement import agreement as measure
+    from ..reports.agreement import render
 
     if human_sample is not None and human_sample < 1:
         raise UserError(f"--human-sample must be at least 1, got {human_sample}")
@@ -98,7 +98,7 @@ def compare(
     mean difference with a paired BCa interval, win/tie/loss, sign and Wilcoxon p-values, the
     largest per-item differences, and items only one run has. Runs of different frameworks or
     protocols are refused. No model is called."""
-    from pipelines.reports.compare import compare_runs, print_comparison, run_dirs
+    from ..reports.compare import compare_runs, print_comparison, run_dirs
 
     if resamples < 100:
         raise UserError(f"--resamples {resamples}: use at least 100")
@@ -108,7 +108,7 @@ def compare(
     else:
         print_comparison(result, Console(), top)
     if html is not None:
-        from pipelines.reports.report_html import write_html
+        from ..reports.report_html import write_html
 
         pages = [page for run in result["runs"] for page in run_dirs(Path(run["run"]))]
         Console(stderr=True).print(f"html: {write_html(pages, html, result)}")
@@ -129,8 +129,8 @@ def view(
     is asked for (any user name), a client as a Bearer token."""
     import http.server
 
-    from pipelines.reports.report_html import render
-    from serving.launcher import is_loopback
+    from ...serving.launcher import is_loopback
+    from ..reports.report_html import render
 
     key = api_key_from(api_key_env)
     if key is None and not is_loopback(host):

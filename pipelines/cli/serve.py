@@ -11,11 +11,11 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 from rich.console import Console
 
-from pipelines.cli.options import clean_errors, parse_loras
-from pipelines.runtime.errors import UserError
+from ..runtime.errors import UserError
+from .options import clean_errors, parse_loras
 
 if TYPE_CHECKING:
-    from serving.launcher import ServerSpec
+    from ...serving.launcher import ServerSpec
 
 console = Console(stderr=True)
 NLI_APP = "groundcover-nli"
@@ -73,9 +73,9 @@ def serve(
         return
     if model is None:
         raise UserError("serve: give MODEL (or --nli CHECKPOINT for an NLI app)")
-    from pipelines.runtime.runner import sigterm_as_interrupt
-    from serving.launcher import ServerSpec, ServerStartError, VLLMServer
-    from serving.registry import lora_adapter, resolve
+    from ...serving.launcher import ServerSpec, ServerStartError, VLLMServer
+    from ...serving.registry import lora_adapter, resolve
+    from ..runtime.runner import sigterm_as_interrupt
 
     preset = resolve(model)
     adapters = parse_loras(lora)
@@ -122,8 +122,8 @@ def serve_nli(
     model: str | None, name: str, stop: bool, address: str | None, timeout: float, **placement: Any
 ) -> None:
     """``serve --nli``: a named NLI app that outlives this command, on a running cluster."""
-    from pipelines.runtime import nli_placement
-    from retrieval import nli_serve
+    from ...retrieval import nli_serve
+    from ..runtime import nli_placement
 
     if not address:
         raise UserError(
@@ -161,9 +161,9 @@ def serve_nli(
 
 
 def serve_replicas(spec: ServerSpec, replicas: int, address: str | None, timeout: float) -> None:
-    from pipelines.runtime.runner import sigterm_as_interrupt
-    from serving.launcher import ServerStartError
-    from serving.ray_serve import RayReplicas
+    from ...serving.launcher import ServerStartError
+    from ...serving.ray_serve import RayReplicas
+    from ..runtime.runner import sigterm_as_interrupt
 
     if replicas < 1:
         raise UserError("--replicas must be at least 1")

@@ -8,14 +8,20 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from pipelines.comprehensiveness.formats import Formats
-from pipelines.comprehensiveness.rules import Protocol, Rules, rules_for
-from pipelines.runtime.config import RecordId
-from pipelines.runtime.nli_placement import NliPlacement
-from pipelines.runtime.protocol import FrameworkOptions, ItemContext
-from pipelines.runtime.provenance import Content, InputFile, ModelName
-from serving.client import Parsed, marker_label_scores
-from serving.templates import load_dir
+from groundcover import (
+    Content,
+    FrameworkOptions,
+    InputFile,
+    ItemContext,
+    ModelName,
+    NliPlacement,
+    RecordId,
+    load_dir,
+)
+
+from ...serving.client import Parsed, marker_label_scores
+from .formats import Formats
+from .rules import Protocol, Rules, rules_for
 
 PROMPTS = load_dir(Path(__file__).parent / "prompts")
 Method = Literal["nli", "qa", "e2e"]
@@ -46,7 +52,7 @@ CROSS_ENCODER_BATCH = 32  # pairs per forward pass of the NLI cross-encoder
 def encoder_path(name: str) -> str | None:
     """Where the sentence-transformers model a name stands for lives (``default``: the one a
     package ships), so its content identifies the run."""
-    from index_build.build import resolve_model
+    from ...index_build.build import resolve_model
 
     return resolve_model(name)
 

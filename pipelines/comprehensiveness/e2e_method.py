@@ -5,9 +5,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from pipelines.comprehensiveness.common import PROMPTS, Item, formats
-from pipelines.comprehensiveness.parsers import parse_coverage
-from pipelines.runtime.protocol import ItemContext
+from groundcover import ItemContext
+
+from .common import PROMPTS, Item, formats
+from .parsers import parse_coverage
 
 
 async def evaluate(ctx: ItemContext, item: Item, contexts: list[str]) -> dict[str, Any]:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from pipelines.comprehensiveness.parsers import RELATIONS, UNIT_TYPES
+from .parsers import RELATIONS, UNIT_TYPES
 
 _TYPES = "|".join(t.title() for t in UNIT_TYPES)
 _SCORE = r"[1-5]"

@@ -19,15 +19,38 @@ from pydantic import BaseModel, ConfigDict, Field
 from rich.console import Console
 from rich.table import Table
 
-from pipelines.comprehensiveness import e2e_method, meta, nli_method, qa_method
-from pipelines.comprehensiveness.common import (
+from groundcover import (
+    PLACEMENT_FIELDS,
+    Average,
+    EvalClient,
+    EvaluatorConfig,
+    Framework,
+    HumanLabel,
+    InputFile,
+    ItemContext,
+    ItemResult,
+    RunOutcome,
+    RunPlan,
+    RunRequest,
+    Study,
+    UserError,
+    Vote,
+    model_name,
+    not_scored,
+    read_jsonl,
+    responder_config,
+)
+
+from ..generate.framework import GENERATE, GenerateItem, GenerateOptions
+from . import e2e_method, meta, nli_method, qa_method
+from .common import (
     PROMPTS,
     ComprehensivenessOptions,
     Item,
     Method,
     summarise_contexts,
 )
-from pipelines.comprehensiveness.graph import (
+from .graph import (
     build_graph,
     comprehensiveness,
     coverage,
@@ -35,23 +58,7 @@ from pipelines.comprehensiveness.graph import (
     export_graph,
     source_counts,
 )
-from pipelines.comprehensiveness.rules import Rules
-from pipelines.generate.framework import GENERATE, GenerateItem, GenerateOptions
-from pipelines.runtime.config import EvaluatorConfig, UserError, read_jsonl
-from pipelines.runtime.nli_placement import PLACEMENT_FIELDS
-from pipelines.runtime.panels import Average, HumanLabel, Vote
-from pipelines.runtime.protocol import (
-    Framework,
-    ItemContext,
-    RunOutcome,
-    RunPlan,
-    RunRequest,
-    Study,
-)
-from pipelines.runtime.provenance import InputFile
-from pipelines.runtime.results import ItemResult, not_scored
-from pipelines.runtime.roles import model_name, responder_config
-from serving.client import EvalClient
+from .rules import Rules
 
 GRAPH_METHODS = {"nli": nli_method.evaluate, "qa": qa_method.evaluate}
 
@@ -232,7 +239,7 @@ async def evaluate_item(
 ) -> ItemResult:
     """One item outside a run (benchmarks, notebooks): the same solve, recorded failures too.
     Graph files are written under ``run_dir`` only when one is given."""
-    from pipelines.runtime.solving import solve_item
+    from groundcover import solve_item
 
     if run_dir is None:
         options = options.model_copy(update={"export_graphs": False})

@@ -20,11 +20,10 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
-from pipelines.comprehensiveness.common import Item
-from pipelines.comprehensiveness.rules import Rules, rules_for
-from pipelines.runtime.config import UserError, iter_jsonl
-from pipelines.runtime.results import ItemResult, not_scored
-from pipelines.runtime.stats import Interval, bca_interval
+from groundcover import Interval, ItemResult, UserError, bca_interval, iter_jsonl, not_scored
+
+from .common import Item
+from .rules import Rules, rules_for
 
 LABELS = {"correct": "C", "partially correct": "PC", "incorrect": "I"}
 SINGLE_CONTEXT_RESPONSES = (1, 2)  # answer1/answer2 were generated from one context only

@@ -6,7 +6,9 @@ import asyncio
 import itertools
 from typing import Any, Protocol
 
-from pipelines.comprehensiveness.common import (
+from groundcover import ItemContext, StageFailed, placement_of
+
+from .common import (
     LOGPROBS,
     PROMPTS,
     Item,
@@ -14,22 +16,19 @@ from pipelines.comprehensiveness.common import (
     source_ids,
     weighted_scores,
 )
-from pipelines.comprehensiveness.graph import (
+from .graph import (
     RESPONSE,
     Judgement,
     Statement,
     edges_from_judgements,
 )
-from pipelines.comprehensiveness.parsers import (
+from .parsers import (
     FACTUAL_TYPES,
     NLI_LABELS,
     parse_rated,
     parse_statements,
     parse_units,
 )
-from pipelines.runtime.nli_placement import placement_of
-from pipelines.runtime.protocol import ItemContext
-from pipelines.runtime.results import StageFailed
 
 Pair = tuple[str, str]  # (premise text, hypothesis text)
 CROSS_ENCODER_STAGE = "nli-cross-encoder"  # pairs a cross-encoder judged (role "nli", no LLM)
@@ -88,7 +87,7 @@ class CrossEncoderNli:
     name = "cross-encoder"
 
     def __init__(self, config, address: str | None = None):
-        from retrieval.nli import NliBatcher
+        from ...retrieval.nli import NliBatcher
 
         model, device, batch_size = config.cross_encoder()
         self.scorer = config.open_nli(model, device, batch_size, address)
@@ -103,7 +102,7 @@ class CrossEncoderNli:
             self.scorer.close()
 
     async def judge(self, ctx: ItemContext, pairs: list[Pair]) -> list[Labelled]:
-        from retrieval.nli import CANONICAL
+        from ...retrieval.nli import CANONICAL
 
         probs = await self.batcher.rows(pairs)
         ctx.account(CROSS_ENCODER_STAGE, len(pairs))
@@ -115,7 +114,7 @@ def make_judge(config, ray_address: str | None = None) -> NliJudge:
     if config.nli_backend == "cross-encoder":
         judge = CrossEncoderNli(config, ray_address)
     if config.prune_below is not None:
-        from pipelines.comprehensiveness.pruning import PrunedJudge, Pruner
+        from .pruning import PrunedJudge, Pruner
 
         judge = PrunedJudge(judge, Pruner(config.prune_below, config.prune_model))
     return judge

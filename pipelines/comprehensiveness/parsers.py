@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from serving.parsing import BULLET, ParseError, bullets
+from ...serving.parsing import BULLET, ParseError, bullets
 
 UNIT_TYPES = ("fact", "claim", "instruction", "data format", "meta statement", "question", "other")
 FACTUAL_TYPES = ("fact", "claim")  # only these become atoms (SPEC §1)

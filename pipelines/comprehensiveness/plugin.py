@@ -1,12 +1,12 @@
 """What comprehensiveness plugs into the runtime: its studies and commands."""
 
-from pipelines.runtime.commands import NLI_PLACEMENT, Command, Flag, flags
+from groundcover import NLI_PLACEMENT, Command, Flag, flags
 
-FRAMEWORK = "pipelines.comprehensiveness.framework:COMPREHENSIVENESS"
+FRAMEWORK = "groundcover.pipelines.comprehensiveness.framework:COMPREHENSIVENESS"
 STUDIES = (
     FRAMEWORK,
-    "pipelines.comprehensiveness.framework:ELI5",
-    "pipelines.comprehensiveness.reproduce:REPRODUCE",
+    "groundcover.pipelines.comprehensiveness.framework:ELI5",
+    "groundcover.pipelines.comprehensiveness.reproduce:REPRODUCE",
 )
 META_EVAL = flags("method", "limit", "resamples", "protocol")
 COMMANDS = (
@@ -59,7 +59,7 @@ COMMANDS = (
     ),
     Command(
         "eli5",
-        "pipelines.comprehensiveness.framework:ELI5",
+        "groundcover.pipelines.comprehensiveness.framework:ELI5",
         "ELI5-style study: each responder answers from the background texts only, then the "
         "evaluator scores every answer's comprehensiveness (paper Figure 6 table).",
         flags=(
@@ -70,7 +70,7 @@ COMMANDS = (
     ),
     Command(
         "reproduce comprehensiveness",
-        "pipelines.comprehensiveness.reproduce:REPRODUCE",
+        "groundcover.pipelines.comprehensiveness.reproduce:REPRODUCE",
         "Figures 3-5 of the comprehensiveness paper: LMR on WikiContradict and ConflictBank for "
         "every evaluator model x method.",
         "The average with an unpaired BCa interval, and the published values beside ours. "

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from pipelines.runtime.protocol import ItemContext
+from groundcover import ItemContext
 
 Pair = tuple[str, str]  # (premise text, hypothesis text)
 
@@ -24,7 +24,7 @@ class Pruner:
     def __init__(self, threshold: float, model: str = "default"):
         from sentence_transformers import SentenceTransformer
 
-        from index_build.build import resolve_model
+        from ...index_build.build import resolve_model
 
         self.threshold = threshold
         self.encoder = SentenceTransformer(resolve_model(model), device="cpu")

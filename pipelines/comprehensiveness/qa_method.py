@@ -9,7 +9,10 @@ import math
 import re
 from typing import Any
 
-from pipelines.comprehensiveness.common import (
+from groundcover import ItemContext
+
+from ...serving.client import marker_label_scores
+from .common import (
     LABELS,
     LOGPROBS,
     PROMPTS,
@@ -18,8 +21,8 @@ from pipelines.comprehensiveness.common import (
     source_ids,
     weighted_scores,
 )
-from pipelines.comprehensiveness.graph import RESPONSE, Statement
-from pipelines.comprehensiveness.parsers import (
+from .graph import RESPONSE, Statement
+from .parsers import (
     RELATIONS,
     AnswerSheet,
     parse_answers,
@@ -27,10 +30,12 @@ from pipelines.comprehensiveness.parsers import (
     parse_scored_items,
     parse_statements,
 )
-from pipelines.comprehensiveness.rules import Rules
-from pipelines.comprehensiveness.units import deterministic_relation, relation_of, units_tool
-from pipelines.runtime.protocol import ItemContext
-from serving.client import marker_label_scores
+from .rules import Rules
+from .units import (
+    deterministic_relation,
+    relation_of,
+    units_tool,
+)
 
 # Relation -> entailment edges between (first, second) answers.
 EDGES = {

@@ -15,18 +15,25 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from rich.console import Console
 from rich.table import Table
 
-from pipelines.comprehensiveness import meta
-from pipelines.comprehensiveness.common import (
+from groundcover import (
+    EvaluatorConfig,
+    InputFile,
+    NotContent,
+    RunOutcome,
+    RunPlan,
+    RunRequest,
+    Study,
+    responder_config,
+)
+
+from . import meta
+from .common import (
     DEFAULT_DATA,
     ComprehensivenessOptions,
     Item,
     Method,
 )
-from pipelines.comprehensiveness.framework import COMPREHENSIVENESS
-from pipelines.runtime.config import EvaluatorConfig
-from pipelines.runtime.protocol import RunOutcome, RunPlan, RunRequest, Study
-from pipelines.runtime.provenance import InputFile, NotContent
-from pipelines.runtime.roles import responder_config
+from .framework import COMPREHENSIVENESS
 
 # Published values we know exactly (SPEC §1): (model name fragment, method) -> figure values.
 PAPER_VALUES: dict[tuple[str, str], dict[str, float]] = {

@@ -13,7 +13,7 @@ from functools import lru_cache
 import pint
 from pydantic import BaseModel, ConfigDict, Field
 
-from serving.client import Tool
+from groundcover import Tool
 
 _QUANTITY = re.compile(
     r"^\s*(?:about|approximately|approx\.|around|~)?\s*"

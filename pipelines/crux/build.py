@@ -21,22 +21,26 @@ from typing import Any
 from pydantic import Field
 from rich.console import Console
 
-from pipelines.crux import metrics
-from pipelines.crux.framework import PROMPTS, rate
-from pipelines.runtime.config import Strict, UserError, iter_jsonl
-from pipelines.runtime.protocol import (
+from groundcover import (
     Framework,
     FrameworkOptions,
+    InputFile,
     ItemContext,
+    ItemResult,
+    ParseError,
     RunOutcome,
     RunPlan,
     RunRequest,
+    Strict,
     Study,
+    UserError,
+    atomic_write_json,
+    bullet_list,
+    iter_jsonl,
 )
-from pipelines.runtime.provenance import InputFile
-from pipelines.runtime.results import ItemResult
-from pipelines.runtime.runstore import atomic_write_json
-from serving.parsing import ParseError, bullet_list
+
+from . import metrics
+from .framework import PROMPTS, rate
 
 LONG_DOC, PIECE = 1024, 512  # words
 BUILD_ROLES = {"writer": "the query, sub-questions and passages", "rate": "answerability ratings"}

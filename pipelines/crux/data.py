@@ -13,7 +13,7 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
-from pipelines.runtime.config import UserError, iter_jsonl
+from groundcover import UserError, iter_jsonl
 
 
 class Topic(BaseModel):

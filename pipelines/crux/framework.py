@@ -17,14 +17,23 @@ from pydantic import Field, model_validator
 from rich.console import Console
 from rich.table import Table
 
-from pipelines.crux import data, metrics
-from pipelines.runtime.answers import AnswerFile, GivenAnswers
-from pipelines.runtime.config import Strict
-from pipelines.runtime.panels import Average
-from pipelines.runtime.protocol import Framework, FrameworkOptions, ItemContext
-from pipelines.runtime.provenance import IndexDir, InputFile, ModelName
-from pipelines.runtime.results import ItemResult, not_scored
-from serving.templates import load_dir
+from groundcover import (
+    AnswerFile,
+    Average,
+    Framework,
+    FrameworkOptions,
+    GivenAnswers,
+    IndexDir,
+    InputFile,
+    ItemContext,
+    ItemResult,
+    ModelName,
+    Strict,
+    load_dir,
+    not_scored,
+)
+
+from . import data, metrics
 
 PROMPTS = load_dir(Path(__file__).parent / "prompts")
 
@@ -116,7 +125,7 @@ class Crux(Framework[CruxOptions, TopicItem]):
         if options.input is not None:
             run = data.load_run(options.input, topics)
         else:  # our retrieval pipeline in place: each topic's query against the index
-            from retrieval.index import CrossEncoderReranker, SearchIndex
+            from ...retrieval.index import CrossEncoderReranker, SearchIndex
 
             index = SearchIndex.load(options.index)  # type: ignore[arg-type]
             queries = [t.query for t in topics.values()]

@@ -1,13 +1,13 @@
 """What CRUX plugs into the runtime: its studies and commands."""
 
-from pipelines.runtime.commands import Command, Flag, flags
+from groundcover import Command, Flag, flags
 
-FRAMEWORK = "pipelines.crux.framework:CRUX"
+FRAMEWORK = "groundcover.pipelines.crux.framework:CRUX"
 STUDIES = (
     FRAMEWORK,
-    "pipelines.crux.build:BUILD",
-    "pipelines.crux.build:BUILD_STUDY",
-    "pipelines.crux.reproduce:REPRODUCE_CRUX",
+    "groundcover.pipelines.crux.build:BUILD",
+    "groundcover.pipelines.crux.build:BUILD_STUDY",
+    "groundcover.pipelines.crux.reproduce:REPRODUCE_CRUX",
 )
 COMMANDS = (
     Command(
@@ -26,7 +26,7 @@ COMMANDS = (
     ),
     Command(
         "crux build",
-        "pipelines.crux.build:BUILD_STUDY",
+        "groundcover.pipelines.crux.build:BUILD_STUDY",
         "Build CRUX evaluation data from summarisation records: query, sub-questions, passages, "
         "the full rating matrix, answerable filter, P** and graded qrels for eta 1..5.",
         "Resumable.",
@@ -34,7 +34,7 @@ COMMANDS = (
     ),
     Command(
         "reproduce crux",
-        "pipelines.crux.reproduce:REPRODUCE_CRUX",
+        "groundcover.pipelines.crux.reproduce:REPRODUCE_CRUX",
         "CRUX Table 1: BM25, dense and hybrid retrieval (each also with MMR and, with --reranker, "
         "a cross-encoder) at every k.",
         "Cov(Z), alpha-nDCG and Den(Z) (with --generate also Cov(y), Den(y) and Kendall's tau), "

@@ -18,11 +18,20 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from rich.console import Console
 from rich.table import Table
 
-from pipelines.crux import data
-from pipelines.crux.framework import CRUX, CruxOptions, TopicItem
-from pipelines.runtime.config import UserError
-from pipelines.runtime.protocol import RunOutcome, RunPlan, RunRequest, Study
-from pipelines.runtime.provenance import IndexDir, InputDir, InputFile, ModelName
+from groundcover import (
+    IndexDir,
+    InputDir,
+    InputFile,
+    ModelName,
+    RunOutcome,
+    RunPlan,
+    RunRequest,
+    Study,
+    UserError,
+)
+
+from . import data
+from .framework import CRUX, CruxOptions, TopicItem
 
 # Table 1 (Cov(Z), alpha-nDCG, Cov(y), Den(Z), Den(y)), percent, for the systems we share.
 PAPER = {
@@ -123,7 +132,7 @@ def _items(cell: CruxOptions, outcomes: dict[str, RunOutcome]) -> list[TopicItem
 
 def build_passage_index(options: ReproduceCruxOptions, out: Path) -> None:
     """The passages as one index (a passage is one chunk): BM25 and dense."""
-    from index_build.build import IndexSpec, build_index
+    from ...index_build.build import IndexSpec, build_index
 
     topics = data.load_topics(options.topics)
     rows = data.load_passages(options.passages, topics)

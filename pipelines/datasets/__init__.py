@@ -4,8 +4,8 @@
 reads a data file also takes a catalogue name in its place (``names.resolve_names``).
 """
 
-from pipelines.datasets.catalog import CATALOG, Dataset, is_name, lookup, parse_spec
-from pipelines.datasets.fetch import Resolved, add, cached, data_root, get, provenance
+from .catalog import CATALOG, Dataset, is_name, lookup, parse_spec
+from .fetch import Resolved, add, cached, data_root, get, provenance
 
 __all__ = [
     "CATALOG",

@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pipelines.datasets import convert
-from pipelines.runtime.config import UserError
+from ..runtime.config import UserError
+from . import convert
 
 # sources in (published files; for an ir_datasets home, its dataset objects), directory out
 Converter = Callable[[list[Any], Path], None]

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from pipelines.runtime.config import UserError
+from ..runtime.config import UserError
 
 WC_RESPONSES = 5  # prompts 0..4: no context, context 1, context 2, both, both with a hint
 WC_ANSWER_PREFIX = "\nAnswer: "  # what the authors' notebook removed from every response
@@ -200,7 +200,7 @@ def check_clueweb09(path: Path) -> None:
     if not path.is_dir():
         check_corpus(path)
         return
-    from index_build.corpus import CorpusError, read_corpus
+    from ...index_build.corpus import CorpusError, read_corpus
 
     try:
         first = next(iter(read_corpus(path)), None)

@@ -26,12 +26,12 @@ from typing import Any
 
 from rich.console import Console
 
-from pipelines.datasets.catalog import Dataset, lookup, parse_spec
-from pipelines.datasets.convert import offline
-from pipelines.runtime.config import UserError
-from pipelines.runtime.lines import stamp
-from serving.content import file_digest
-from serving.embedded import cache_root
+from ...serving.content import file_digest
+from ...serving.embedded import cache_root
+from ..runtime.config import UserError
+from ..runtime.lines import stamp
+from .catalog import Dataset, lookup, parse_spec
+from .convert import offline
 
 console = Console(stderr=True)
 LOCK = "lock.json"

@@ -8,9 +8,9 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel
 
-from pipelines.datasets.catalog import is_name, split_spec
-from pipelines.datasets.fetch import get, provenance
-from pipelines.runtime.config import UserError
+from ..runtime.config import UserError
+from .catalog import is_name, split_spec
+from .fetch import get, provenance
 
 M = TypeVar("M", bound=BaseModel)
 

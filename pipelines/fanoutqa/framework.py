@@ -24,30 +24,39 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from rich.console import Console
 from rich.table import Table
 
-from pipelines.fanoutqa.metrics import ROUGE_TYPES, aggregate, answer_text, string_metrics
-from pipelines.runtime.answers import AnswerFile, GivenAnswers
-from pipelines.runtime.config import (
+from groundcover import (
+    AnswerFile,
     EvaluatorConfig,
-    UserError,
-    describe_validation,
-    iter_jsonl,
-    read_text,
-)
-from pipelines.runtime.panels import Vote
-from pipelines.runtime.protocol import (
     Framework,
     FrameworkOptions,
+    GivenAnswers,
+    IndexDir,
+    InputDir,
+    InputFile,
     ItemContext,
+    ItemResult,
+    ParseError,
     RunOutcome,
     RunPlan,
     RunRequest,
+    StageFailed,
+    Tool,
+    UserError,
+    Vote,
+    describe_validation,
+    iter_jsonl,
+    load_dir,
+    not_scored,
+    read_text,
 )
-from pipelines.runtime.provenance import IndexDir, InputDir, InputFile
-from pipelines.runtime.results import ItemResult, StageFailed, not_scored
-from serving.client import Tool
-from serving.parsing import ParseError
-from serving.registry import UnknownModelError, resolve
-from serving.templates import load_dir
+
+from ...serving.registry import UnknownModelError, resolve
+from .metrics import (
+    ROUGE_TYPES,
+    aggregate,
+    answer_text,
+    string_metrics,
+)
 
 PROMPTS = load_dir(Path(__file__).parent / "prompts")
 Setting = Literal["closed-book", "evidence", "open-book"]
@@ -144,9 +153,9 @@ def check_articles(path: Path) -> None:
 
 def open_article_index(options: FanoutOptions, root: Path):
     """The given index, or one built (once) into the study root from ``--articles``."""
-    from index_build.build import BuildError, IndexSpec, build_index
-    from index_build.corpus import CorpusError
-    from retrieval.index import IndexError_, SearchIndex
+    from ...index_build.build import BuildError, IndexSpec, build_index
+    from ...index_build.corpus import CorpusError
+    from ...retrieval.index import IndexError_, SearchIndex
 
     path = options.index or root / "articles-index"
     try:
@@ -318,12 +327,12 @@ class FanOutQA(Framework[FanoutOptions, Question]):
             articles = ArticleIndex(open_article_index(options, root))
         bleurt = None
         if options.bleurt is not None:
-            from pipelines.fanoutqa.bleurt import Bleurt
+            from .bleurt import Bleurt
 
             bleurt = Bleurt(str(options.bleurt))
         # spaCy (the metrics' normalisation) loads here, once, not inside the first item: its two
         # seconds would count against that item and, with --drivers, every driver's first
-        from pipelines.fanoutqa.metrics import spacy_pipeline
+        from .metrics import spacy_pipeline
 
         spacy_pipeline()
         return Resources(articles, bleurt)

@@ -1,9 +1,9 @@
 """What FanOutQA plugs into the runtime: its studies and commands."""
 
-from pipelines.runtime.commands import Command, Flag, flags
+from groundcover import Command, Flag, flags
 
-FRAMEWORK = "pipelines.fanoutqa.framework:FANOUTQA"
-REPRODUCE = "pipelines.fanoutqa.reproduce:REPRODUCE_FANOUTQA"
+FRAMEWORK = "groundcover.pipelines.fanoutqa.framework:FANOUTQA"
+REPRODUCE = "groundcover.pipelines.fanoutqa.reproduce:REPRODUCE_FANOUTQA"
 STUDIES = (FRAMEWORK, REPRODUCE)
 COMMANDS = (
     Command(

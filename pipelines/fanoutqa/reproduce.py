@@ -12,9 +12,9 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from pipelines.fanoutqa.framework import FANOUTQA, TABLE_COLUMNS, FanoutOptions
-from pipelines.runtime.grid import ModelGrid, Published, published_row
-from pipelines.runtime.provenance import NotContent
+from groundcover import ModelGrid, NotContent, Published, published_row
+
+from .framework import FANOUTQA, TABLE_COLUMNS, FanoutOptions
 
 # Paper Table 1 (test split): setting -> model name fragment -> the TABLE_COLUMNS values. Longer
 # fragments first: "gpt-4-turbo" must win over "gpt-4".

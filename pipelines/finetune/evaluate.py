@@ -15,20 +15,26 @@ from pydantic import BaseModel, Field, model_validator
 from rich.console import Console
 from rich.table import Table
 
-from pipelines.icat.framework import extract_claims, parse_claims
-from pipelines.runtime.config import UserError, iter_jsonl
-from pipelines.runtime.protocol import (
+from groundcover import (
     Framework,
     FrameworkOptions,
+    InputFile,
     ItemContext,
+    ItemResult,
+    ModelName,
+    NotContent,
+    RoleSpec,
     RunOutcome,
     RunPlan,
     RunRequest,
     Study,
+    UserError,
+    iter_jsonl,
+    precision_recall_f1,
+    role_evaluator,
 )
-from pipelines.runtime.provenance import InputFile, ModelName, NotContent
-from pipelines.runtime.results import ItemResult
-from pipelines.runtime.roles import RoleSpec, role_evaluator
+
+from ..icat.framework import extract_claims, parse_claims
 
 
 class EvalOptions(FrameworkOptions):
@@ -94,19 +100,6 @@ def match_exact(predicted: list[str], gold: list[str]) -> tuple[int, int]:
     return sum(normalise(c) in g for c in predicted), sum(normalise(c) in p for c in gold)
 
 
-def prf(matched_pred: int, n_pred: int, matched_gold: int, n_gold: int) -> dict[str, float | None]:
-    precision = matched_pred / n_pred if n_pred else None
-    recall = matched_gold / n_gold if n_gold else None
-    f1 = (
-        2 * precision * recall / (precision + recall)
-        if precision and recall
-        else 0.0
-        if precision is not None and recall is not None
-        else None
-    )
-    return {"precision": precision, "recall": recall, "f1": f1}
-
-
 class ClaimsEval(Framework[EvalOptions, Example]):
     name = "finetune-eval"
     Options = EvalOptions
@@ -119,7 +112,7 @@ class ClaimsEval(Framework[EvalOptions, Example]):
     def setup(self, request, root: Path) -> Any:
         options: EvalOptions = request.options
         if options.matcher == "nli":
-            from retrieval.nli import NliScorer
+            from ...retrieval.nli import NliScorer
 
             return NliScorer(options.nli_model, device=options.nli_device)  # type: ignore[arg-type]
         return None
@@ -130,7 +123,7 @@ class ClaimsEval(Framework[EvalOptions, Example]):
             matched = await asyncio.to_thread(match_nli, ctx.resources, predicted, item.claims)
         else:
             matched = match_exact(predicted, item.claims)
-        scores = prf(matched[0], len(predicted), matched[1], len(item.claims))
+        scores = precision_recall_f1(matched[0], len(predicted), matched[1], len(item.claims))
         ctx.details |= {
             "predicted": predicted,
             "teacher": item.claims,
@@ -230,7 +223,7 @@ def summary_row(results: Sequence[ItemResult]) -> dict[str, Any]:
     f1s = [r.score for r in results if r.score is not None]
     return {
         "items": len(results),
-        "micro": prf(m_pred, n_pred, m_gold, n_gold),
+        "micro": precision_recall_f1(m_pred, n_pred, m_gold, n_gold),
         "macro_f1": sum(f1s) / len(f1s) if f1s else None,
         "claims_per_paragraph": n_pred / len(done) if done else None,
         "unparseable_rate": sum(r.status == "unparseable" for r in results) / len(results)

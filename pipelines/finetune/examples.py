@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pipelines.icat.framework import PROMPTS as ICAT_PROMPTS
+from ..icat.framework import PROMPTS as ICAT_PROMPTS
 
 TEMPLATE = ICAT_PROMPTS["extract_claims"]
 

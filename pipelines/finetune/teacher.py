@@ -21,24 +21,26 @@ from typing import Any
 from pydantic import BaseModel, Field
 from rich.console import Console
 
-from pipelines.finetune.examples import TEMPLATE as CLAIMS_TEMPLATE
-from pipelines.finetune.examples import chat_example
-from pipelines.icat.framework import parse_claims
-from pipelines.runtime.config import UserError, iter_jsonl
-from pipelines.runtime.protocol import (
+from groundcover import (
     Framework,
     FrameworkOptions,
+    InputFile,
     ItemContext,
+    ItemResult,
     RunOutcome,
     RunPlan,
     RunRequest,
     Study,
+    UserError,
+    atomic_write_json,
+    bullet_list,
+    iter_jsonl,
+    load_dir,
 )
-from pipelines.runtime.provenance import InputFile
-from pipelines.runtime.results import ItemResult
-from pipelines.runtime.runstore import atomic_write_json
-from serving.parsing import bullet_list
-from serving.templates import load_dir
+
+from ..icat.framework import parse_claims
+from .examples import TEMPLATE as CLAIMS_TEMPLATE
+from .examples import chat_example
 
 PROMPTS = load_dir(Path(__file__).parent / "prompts")
 TOPICS_PER_CALL = 20
@@ -187,7 +189,7 @@ class TeacherData(Study[TeacherOptions]):
         ]
 
     def combine(self, outcomes: dict[str, RunOutcome], options: TeacherOptions) -> dict:
-        from pipelines.runtime.runstore import MANIFEST, read_manifest
+        from groundcover import MANIFEST, read_manifest
 
         outcome = outcomes["examples"]  # in <root>/examples: the dataset goes to <root>
         teacher = read_manifest(outcome.dir / MANIFEST).models

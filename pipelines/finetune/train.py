@@ -19,7 +19,7 @@ from typing import Any
 
 from pydantic import Field, model_validator
 
-from pipelines.runtime.config import Strict, UserError, iter_jsonl
+from groundcover import Strict, UserError, iter_jsonl
 
 TARGET_MODULES = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
@@ -110,7 +110,7 @@ def load_base(options: TrainOptions, device: str) -> tuple[Any, Any, str]:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from serving.registry import model_source, resolve
+    from ...serving.registry import model_source, resolve
 
     source = str(model_source(resolve(options.base)))
     tokenizer = AutoTokenizer.from_pretrained(source)

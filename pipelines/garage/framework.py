@@ -21,7 +21,21 @@ from pydantic import Field
 from rich.console import Console
 from rich.table import Table
 
-from pipelines.garage.data import (
+from groundcover import (
+    AnswerFile,
+    Framework,
+    FrameworkOptions,
+    GivenAnswers,
+    InputFile,
+    ItemContext,
+    ItemResult,
+    Vote,
+    load_dir,
+    not_scored,
+    precision_recall_f1,
+)
+
+from .data import (
     DIMENSIONS,
     Record,
     citations,
@@ -29,12 +43,6 @@ from pipelines.garage.data import (
     load_records,
     quality_band,
 )
-from pipelines.runtime.answers import AnswerFile, GivenAnswers
-from pipelines.runtime.panels import Vote
-from pipelines.runtime.protocol import Framework, FrameworkOptions, ItemContext
-from pipelines.runtime.provenance import InputFile
-from pipelines.runtime.results import ItemResult, not_scored
-from serving.templates import load_dir
 
 PROMPTS = load_dir(Path(__file__).parent / "prompts")
 ELIGIBILITY = ["No Issues", "Minor Issue(s)", "Major Issue(s)"]
@@ -58,16 +66,7 @@ def sentences(answer: str) -> list[str]:
 def attribution(predicted: set[int], gold: set[int]) -> dict[str, float | None]:
     """Citation precision / recall / F1; None where the denominator is empty (never a silent 0)."""
     hits = len(predicted & gold)
-    precision = hits / len(predicted) if predicted else None
-    recall = hits / len(gold) if gold else None
-    f1 = (
-        2 * precision * recall / (precision + recall)
-        if precision and recall
-        else 0.0
-        if precision is not None and recall is not None
-        else None
-    )
-    return {"precision": precision, "recall": recall, "f1": f1}
+    return precision_recall_f1(hits, len(predicted), hits, len(gold))
 
 
 class Garage(Framework[GarageOptions, Record]):

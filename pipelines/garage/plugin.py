@@ -1,9 +1,9 @@
 """What GaRAGe plugs into the runtime: its studies and commands."""
 
-from pipelines.runtime.commands import Command, Flag
+from groundcover import Command, Flag
 
-FRAMEWORK = "pipelines.garage.framework:GARAGE"
-REPRODUCE = "pipelines.garage.reproduce:REPRODUCE_GARAGE"
+FRAMEWORK = "groundcover.pipelines.garage.framework:GARAGE"
+REPRODUCE = "groundcover.pipelines.garage.reproduce:REPRODUCE_GARAGE"
 STUDIES = (FRAMEWORK, REPRODUCE)
 COMMANDS = (
     Command(

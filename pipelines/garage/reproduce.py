@@ -8,9 +8,9 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from pipelines.garage.framework import GARAGE, GarageOptions
-from pipelines.runtime.grid import ModelGrid, Published, published_row
-from pipelines.runtime.provenance import NotContent
+from groundcover import ModelGrid, NotContent, Published, published_row
+
+from .framework import GARAGE, GarageOptions
 
 COLUMNS = (
     "eligibility",

@@ -12,11 +12,16 @@ from typing import Literal
 
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field
 
-from pipelines.runtime.config import RecordId, read_jsonl
-from pipelines.runtime.protocol import Framework, FrameworkOptions, ItemContext
-from pipelines.runtime.provenance import InputFile
-from pipelines.runtime.results import ItemResult
-from serving.templates import load_dir
+from groundcover import (
+    Framework,
+    FrameworkOptions,
+    InputFile,
+    ItemContext,
+    ItemResult,
+    RecordId,
+    load_dir,
+    read_jsonl,
+)
 
 PROMPTS = load_dir(Path(__file__).parent / "prompts")
 

@@ -18,7 +18,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from pipelines.runtime.config import UserError, iter_jsonl
+from groundcover import UserError, iter_jsonl
 
 
 class Subtopic(BaseModel):

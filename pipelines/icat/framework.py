@@ -19,15 +19,30 @@ from pydantic import Field, model_validator
 from rich.console import Console
 from rich.table import Table
 
-from pipelines.icat import data, scoring
-from pipelines.icat.grounding import ClaimGrounding, EntailmentModel, Grounder, NliBatcher
-from pipelines.runtime.config import UserError
-from pipelines.runtime.nli_placement import PLACEMENT_FIELDS, NliPlacement, placement_of
-from pipelines.runtime.protocol import Framework, FrameworkOptions, ItemContext
-from pipelines.runtime.provenance import IndexDir, InputFile, ModelName
-from pipelines.runtime.results import ItemResult, not_scored
-from serving.parsing import ParseError
-from serving.templates import load_dir
+from groundcover import (
+    PLACEMENT_FIELDS,
+    Framework,
+    FrameworkOptions,
+    IndexDir,
+    InputFile,
+    ItemContext,
+    ItemResult,
+    ModelName,
+    NliPlacement,
+    ParseError,
+    UserError,
+    load_dir,
+    not_scored,
+    placement_of,
+)
+
+from . import data, scoring
+from .grounding import (
+    ClaimGrounding,
+    EntailmentModel,
+    Grounder,
+    NliBatcher,
+)
 
 PROMPTS = load_dir(Path(__file__).parent / "prompts")
 NLI_STAGE = "nli-cross-encoder"  # snippet-claim pairs the NLI model judged (no LLM call)
@@ -269,7 +284,7 @@ class Icat(Framework[IcatOptions, data.Response]):
         ev = request.evaluator
         index = web = None
         if options.index is not None:
-            from retrieval.index import IndexError_, SearchIndex
+            from ...retrieval.index import IndexError_, SearchIndex
 
             try:
                 index = SearchIndex.load(options.index)
@@ -294,7 +309,7 @@ class Icat(Framework[IcatOptions, data.Response]):
 
     def nli(self, options: IcatOptions, ray_address: str | None = None) -> EntailmentModel:
         """The NLI cross-encoder (``retrieval.nli``), loaded once per run."""
-        from retrieval.nli import NliModelError
+        from ...retrieval.nli import NliModelError
 
         try:  # here, on a Serve app or on Ray Data actors: the same numbers
             return options.open_nli(*options.cross_encoder(), ray_address)

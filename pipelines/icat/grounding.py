@@ -15,9 +15,9 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from pipelines.icat.data import Snippet
-from pipelines.icat.scoring import THRESHOLD, first_entailing
-from retrieval.nli import NliBatcher
+from ...retrieval.nli import NliBatcher
+from .data import Snippet
+from .scoring import THRESHOLD, first_entailing
 
 
 class EntailmentModel(Protocol):

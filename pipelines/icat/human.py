@@ -17,9 +17,9 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
-from pipelines.icat.framework import NAMES
-from pipelines.runtime.config import UserError, iter_jsonl
-from pipelines.runtime.runstore import atomic_write_json
+from groundcover import UserError, atomic_write_json, iter_jsonl
+
+from .framework import NAMES
 
 # scipy.stats functions by name (scipy imported when first used: the CLI imports this module)
 MEASURES = {"pearson": "pearsonr", "spearman": "spearmanr", "kendall": "kendalltau"}
@@ -132,7 +132,7 @@ def render(table: dict[str, Any], console: Console) -> None:
 def validate(run_dir: Path, human: Path, resamples: int) -> dict[str, Any]:
     """Correlation of an ICAT run's coverage (and ICAT_beta) with human coverage, per variant;
     written to icat-human.json in the run directory."""
-    from pipelines.runtime.runstore import MANIFEST, RESULTS, read_manifest, results_by_id
+    from groundcover import MANIFEST, RESULTS, read_manifest, results_by_id
 
     manifest = read_manifest(run_dir / MANIFEST)
     if manifest.framework != "icat":

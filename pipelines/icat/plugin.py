@@ -1,9 +1,9 @@
 """What ICAT plugs into the runtime: its studies and commands."""
 
-from pipelines.runtime.commands import NLI_PLACEMENT, Command, Flag, flags
+from groundcover import NLI_PLACEMENT, Command, Flag, flags
 
-FRAMEWORK = "pipelines.icat.framework:ICAT"
-REPRODUCE = "pipelines.icat.reproduce:REPRODUCE_ICAT"
+FRAMEWORK = "groundcover.pipelines.icat.framework:ICAT"
+REPRODUCE = "groundcover.pipelines.icat.reproduce:REPRODUCE_ICAT"
 STUDIES = (FRAMEWORK, REPRODUCE)
 COMMANDS = (
     Command(

@@ -16,10 +16,20 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from rich.console import Console
 from rich.table import Table
 
-from pipelines.icat.framework import ICAT, IcatOptions
-from pipelines.runtime.grid import Published, cell_text, published_row
-from pipelines.runtime.protocol import RunOutcome, RunPlan, RunRequest, Study
-from pipelines.runtime.provenance import IndexDir, InputFile, ModelName
+from groundcover import (
+    IndexDir,
+    InputFile,
+    ModelName,
+    Published,
+    RunOutcome,
+    RunPlan,
+    RunRequest,
+    Study,
+    cell_text,
+    published_row,
+)
+
+from .framework import ICAT, IcatOptions
 
 COLUMNS = (
     "S_fact",

@@ -11,7 +11,7 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from serving.parsing import ParseError
+from groundcover import ParseError
 
 THRESHOLD = 0.5  # grounded iff P(entailment) > 0.5 (strictly) for some snippet
 

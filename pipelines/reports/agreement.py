@@ -32,9 +32,9 @@ from typing import Any
 
 import numpy as np
 
-from pipelines.runtime.config import UserError, iter_jsonl
-from pipelines.runtime.panels import Average, Level, PanelRule, Vote
-from pipelines.runtime.results import ItemResult
+from ..runtime.config import UserError, iter_jsonl
+from ..runtime.panels import Average, Level, PanelRule, Vote
+from ..runtime.results import ItemResult
 
 Z95 = 1.959963984540054  # the standard normal's 97.5% quantile
 RESAMPLES = 1000
@@ -378,7 +378,7 @@ def score_estimates(
 
 def run_dirs(paths: Sequence[Path]) -> list[Path]:
     """Run directories, a study root standing for its runs."""
-    from pipelines.runtime.runstore import MANIFEST, STUDY_FILE, read_study
+    from ..runtime.runstore import MANIFEST, STUDY_FILE, read_study
 
     out = []
     for path in paths:
@@ -396,9 +396,14 @@ def run_agreement(run_dir: Path, human: dict | None, sample: int | None = None) 
     decisions against the labels its dataset ships, and the mean score three ways where humans
     scored some items (``sample``: only that many items' dataset labels, drawn at random, as a
     team that labels a few would have)."""
-    from pipelines.runtime.panels import panel_members
-    from pipelines.runtime.registry import framework
-    from pipelines.runtime.runstore import MANIFEST, RESULTS, read_manifest, results_by_id
+    from ..runtime.panels import panel_members
+    from ..runtime.registry import framework
+    from ..runtime.runstore import (
+        MANIFEST,
+        RESULTS,
+        read_manifest,
+        results_by_id,
+    )
 
     manifest = read_manifest(run_dir / MANIFEST)
     fw = framework(manifest.framework)
@@ -465,7 +470,7 @@ def dataset_labels(given: dict[str, list[Any]]) -> dict[str, Any]:
 
 def runs_as_judges(run_dirs: Sequence[Path]) -> dict[str, Any] | None:
     """Several runs over the same items, one judge each: agreement on their item scores."""
-    from pipelines.runtime.runstore import RESULTS, results_by_id
+    from ..runtime.runstore import RESULTS, results_by_id
 
     if len(run_dirs) < 2:
         return None

@@ -21,11 +21,17 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from pipelines.runtime.config import UserError
-from pipelines.runtime.provenance import manifest_provenance, provenance_differences
-from pipelines.runtime.results import UNSCORED
-from pipelines.runtime.runstore import MANIFEST, RESULTS, STUDY_FILE, read_manifest, results_by_id
-from pipelines.runtime.stats import bca_interval, paired_test
+from ..runtime.config import UserError
+from ..runtime.provenance import manifest_provenance, provenance_differences
+from ..runtime.results import UNSCORED
+from ..runtime.runstore import (
+    MANIFEST,
+    RESULTS,
+    STUDY_FILE,
+    read_manifest,
+    results_by_id,
+)
+from ..runtime.stats import bca_interval, paired_test
 
 
 @dataclass
@@ -106,7 +112,7 @@ def _repeated(path: Path, runs: list[RunScores]) -> RunScores:
 
 
 def _one_run(path: Path) -> RunScores:
-    from pipelines.runtime.registry import framework
+    from ..runtime.registry import framework
 
     if not (path / MANIFEST).is_file():
         raise UserError(f"{path}: not a run directory (no {MANIFEST})")

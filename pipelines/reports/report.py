@@ -13,8 +13,8 @@ from typing import Any
 
 from rich.console import Console
 
-from pipelines.runtime.provenance import manifest_provenance, short
-from pipelines.runtime.runstore import (
+from ..runtime.provenance import manifest_provenance, short
+from ..runtime.runstore import (
     MANIFEST,
     RESULTS,
     STUDY_FILE,
@@ -22,7 +22,7 @@ from pipelines.runtime.runstore import (
     read_study,
     results_by_id,
 )
-from pipelines.runtime.summary import (
+from ..runtime.summary import (
     print_summary,
     recorded_cost,
     recorded_usage,
@@ -38,7 +38,7 @@ def report(
 ) -> None:
     """Print each run's summary and tables (``as_json``: one JSON object per line instead); a
     study root also gets the study's combined tables."""
-    from pipelines.runtime.registry import study as find_study
+    from ..runtime.registry import study as find_study
 
     for path in paths:
         study_file = path / STUDY_FILE
@@ -55,7 +55,7 @@ def report(
         for key, outcome in outcomes.items():
             _print(outcome, as_json, out, label=str(path / key))
         if meta.repeats:
-            from pipelines.runtime.repeats import print_repeats, repeats_table
+            from ..runtime.repeats import print_repeats, repeats_table
 
             table = repeats_table(outcomes)
             if as_json:
@@ -75,8 +75,8 @@ def report(
 def load_outcome(run_dir: Path, prices: dict[str, Any] | None = None):
     """A run's outcome rebuilt from disk: summary and tables from manifest and results (and
     with ``prices``, what the recorded items cost)."""
-    from pipelines.runtime.protocol import RunOutcome
-    from pipelines.runtime.registry import framework
+    from ..runtime.protocol import RunOutcome
+    from ..runtime.registry import framework
 
     manifest = read_manifest(run_dir / MANIFEST)
     fw = framework(manifest.framework)
@@ -111,7 +111,7 @@ def _print(outcome, as_json: bool, out: Console, label: str) -> None:
     if outcome.tables is not None:
         outcome.framework.render(outcome.tables, out)
     if judges:
-        from pipelines.reports.agreement import render
+        from .agreement import render
 
         render({"runs": [judges]}, out)
 
@@ -142,6 +142,6 @@ def panel_agreement(outcome) -> dict[str, Any] | None:
     """A judge panel's agreement per stage (``groundcover agreement``), for a run with one."""
     if not any("panel" in r.details for r in outcome.results):
         return None
-    from pipelines.reports.agreement import run_agreement
+    from .agreement import run_agreement
 
     return run_agreement(outcome.dir, None)

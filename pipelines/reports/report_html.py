@@ -21,10 +21,10 @@ from typing import Any
 
 from jinja2 import Environment, select_autoescape
 
-from pipelines.reports.report import load_outcome, panel_agreement
-from pipelines.runtime.provenance import manifest_provenance
-from pipelines.runtime.records import RunManifest
-from pipelines.runtime.runstore import MANIFEST, read_manifest
+from ..runtime.provenance import manifest_provenance
+from ..runtime.records import RunManifest
+from ..runtime.runstore import MANIFEST, read_manifest
+from .report import load_outcome, panel_agreement
 
 TEMPLATE = Path(__file__).parent / "report_html.html.j2"
 
@@ -84,7 +84,7 @@ def run_view(path: Path, prices: dict[str, Any] | None = None) -> dict[str, Any]
         item["graph"] = _graph(path, item.get("details", {}))
     scores = [r.score for r in outcome.results if r.score is not None]
     summary = outcome.summary
-    from pipelines.reports import plots
+    from . import plots
 
     figures = [
         (title, plots.draw(spec)) for title, spec in outcome.framework.figures(outcome.tables)
@@ -109,7 +109,7 @@ def run_view(path: Path, prices: dict[str, Any] | None = None) -> dict[str, Any]
 def headline(outcome: Any, manifest: RunManifest, scores: list[float]) -> dict[str, Any]:
     """What a reader looks for first: the mean with its interval, how many items are in it,
     the statuses, the model of each role and (with prices) the cost."""
-    from pipelines.runtime.stats import bca_interval, percentile_interval
+    from ..runtime.stats import bca_interval, percentile_interval
 
     summary = outcome.summary
     interval = None

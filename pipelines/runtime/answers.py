@@ -15,9 +15,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-from pipelines.runtime.config import iter_jsonl
-from pipelines.runtime.errors import UserError
-from pipelines.runtime.provenance import InputFile
+from .config import iter_jsonl
+from .errors import UserError
+from .provenance import InputFile
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,7 @@ import json
 import os
 from array import array
 from collections.abc import Iterable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal, TypeVar
 
@@ -24,11 +25,13 @@ from pydantic import (
     model_validator,
 )
 
-from pipelines.runtime.errors import UserError as UserError  # raised by the readers here
-from pipelines.runtime.lines import JsonlView, stamp
-from pipelines.runtime.provenance import NotContent
-from serving.embedded import cache_root
-from serving.registry import ModelRef, UnknownModelError
+from ...serving.embedded import cache_root
+from ...serving.registry import ModelRef, UnknownModelError
+from .errors import (
+    UserError as UserError,  # raised by the readers here
+)
+from .lines import JsonlView, stamp
+from .provenance import NotContent
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -48,37 +51,50 @@ class Strict(BaseModel):
 
 class EvaluatorConfig(Strict):
     model: Annotated[str, NotContent("known by the revision the run resolves: ``content``")] = (
-        Field("embedded", description="preset, model directory or hub id; MODEL:ADAPTER")
+        Field(
+            "embedded",
+            description="the evaluator: a preset, a model directory, a hub id, or MODEL:ADAPTER",
+        )
     )
     revision: str | None = Field(
         None,
         description="the model's revision: a hub commit or branch to serve, or a label for what "
-        "an endpoint serves (recorded, part of the run's identity)",
+        "an endpoint serves (recorded; part of the run's identity)",
     )
-    endpoint: str | None = Field(None, description="OpenAI-compatible base URL; none: start vLLM")
+    endpoint: str | None = Field(
+        None, description="OpenAI-compatible base URL; none: start vLLM here"
+    )
     adapter: str | None = Field(None, description="LoRA adapter every request is sent to")
     adapters: Annotated[dict[str, str], NotContent("each known by its digest, in ``content``")] = (
-        Field(default_factory=dict, description="NAME: PATH to serve")
+        Field(default_factory=dict, description="NAME=PATH of an adapter to serve (repeat)")
     )
     adapter_prefix: str = Field(
         "",
-        description="what an --endpoint puts before adapter names "
-        "(a Ray Serve LLM app routes BASE:ADAPTER)",
+        description="what an endpoint puts before adapter names "
+        "('BASE:' for a Ray Serve LLM app, which routes BASE:ADAPTER)",
     )
     api_key_env: str = "OPENAI_API_KEY"
-    replicas: int = Field(1, ge=1, le=1024, description="model replicas (Ray Serve) if started")
-    ray_address: str | None = Field(None, description="Ray cluster for replicas (default: local)")
+    replicas: int = Field(
+        1, ge=1, le=1024, description="model replicas behind one URL (Ray Serve LLM), if started"
+    )
+    ray_address: str | None = Field(
+        None, description="Ray cluster for replicas and NLI actors (default: a local one)"
+    )
     concurrency: Annotated[int, Field(ge=1, le=4096)] | Literal["auto"] = Field(
-        16, description="requests (and items) in flight, or auto: found by AIMD up to the max"
+        16,
+        description="requests (and items) in flight: N, or auto (found by AIMD, up to "
+        "concurrency_max)",
     )
     concurrency_max: int = Field(256, ge=1, le=4096, description="the ceiling of auto")
     timeout: float = Field(300.0, gt=0)
     max_retries: int = Field(8, ge=0)
-    temperature: float = Field(0.0, ge=0.0, le=2.0)
+    temperature: float = Field(0.0, ge=0.0, le=2.0, description="sampling temperature")
     seed: int | None = Field(None, ge=0, description="sampling seed sent with every request")
-    max_tokens: int = Field(512, ge=1)
+    max_tokens: int = Field(512, ge=1, description="default completion budget of a request")
     reasoning: Literal["off", "low", "medium", "high"] | None = Field(
-        None, description="how much a reasoning model reasons (default: its preset's)"
+        None,
+        description="off | low | medium | high: how much a reasoning model reasons "
+        "(default: its preset's)",
     )
     reasoning_tokens: int | None = Field(
         None, ge=1, description="reasoning tokens on top of each answer budget (default per effort)"
@@ -122,7 +138,7 @@ class EvaluatorConfig(Strict):
         if self.adapter_prefix and not self.endpoint:
             raise ValueError("adapter_prefix: only for an --endpoint (a server we start knows)")
         if not self.endpoint:  # we start the server: its adapters must fit the base model
-            from serving.registry import lora_adapter, resolve
+            from ...serving.registry import lora_adapter, resolve
 
             base = resolve(self.model).name
             for name, path in self.adapters.items():
@@ -138,14 +154,14 @@ class EvaluatorConfig(Strict):
 
 class RunConfig(Strict):
     run_dir: Annotated[Path | None, NotContent("where the run is written")] = Field(
-        None, description="default: runs/<task>-<run fingerprint>"
+        None, description="where the run is written (default: runs/<task>-<run fingerprint>)"
     )
     cache: Annotated[Path | None, NotContent("derived answers, keyed by content themselves")] = (
         Field(default_factory=lambda: cache_root() / "responses.sqlite")
     )
     # what a run costs, and caps on it (not part of a run's identity: a raised cap resumes it)
     prices: Annotated[Path | None, NotContent("prices change costs, never scores")] = Field(
-        None, description="YAML: model -> $ per million tokens or GPU-hour"
+        None, description="YAML: model -> $ per million tokens, or per GPU-hour"
     )
     supersede: bool = Field(
         False,
@@ -154,7 +170,9 @@ class RunConfig(Strict):
     )
     max_cost: float | None = Field(None, gt=0, description="admit no item past this many dollars")
     max_run_tokens: int | None = Field(None, ge=1, description="admit no item past these tokens")
-    repeats: int = Field(1, ge=1, le=100, description="judgements per item (temperature > 0)")
+    repeats: int = Field(
+        1, ge=1, le=100, description="K judgements per item, one seed each (temperature > 0)"
+    )
     keep_reasoning: bool = Field(
         False, description="keep each request's reasoning in the item's record (it is large)"
     )
@@ -164,7 +182,12 @@ class RunConfig(Strict):
         description="failed items a run may end with and still exit 0: N, or a share P%",
     )
     # several processes of one run (pipelines.runtime.drivers); not part of its identity either
-    drivers: int = Field(1, ge=1, le=1024, description="driver actors on the Ray cluster")
+    drivers: int = Field(
+        1,
+        ge=1,
+        le=1024,
+        description="driver actors on the Ray cluster (--ray-address) sharing the run",
+    )
     driver_resources: dict[str, float] | list[dict[str, float]] | None = Field(
         None, description="Ray resources per driver (JSON): one object for all, or one each"
     )
@@ -187,6 +210,74 @@ class RunConfig(Strict):
             except json.JSONDecodeError as exc:
                 raise ValueError(f"not JSON: {exc.msg} (column {exc.colno})") from None
         return value
+
+
+@dataclass(frozen=True)
+class SharedOption:
+    """An option every framework command shares, declared once. With ``field`` (a dotted path
+    into ``EvaluatorConfig`` or ``RunConfig``), its type, help text and default are the field's,
+    as a framework option's are; without one it says how this invocation runs, not what it
+    computes, and carries its own ``help`` and ``kind``."""
+
+    name: str  # the flag's Python name: --model-revision is model_revision
+    field: str | None = None  # "evaluator.revision"; "roles" for --role
+    help: str = ""
+    kind: Any = None
+
+    @property
+    def model(self) -> type[Strict] | None:
+        section = (self.field or "").partition(".")[0]
+        models: dict[str, type[Strict]] = {"evaluator": EvaluatorConfig, "run": RunConfig}
+        return models.get(section)
+
+
+# The order is --help's; the CLI builds the flags (pipelines.cli.options), the API takes the same
+# fields as keywords, a YAML file as sections.
+SHARED_OPTIONS = (
+    SharedOption("config", help="YAML config file (flags win)", kind=Path | None),
+    SharedOption("model", "evaluator.model"),
+    SharedOption("endpoint", "evaluator.endpoint"),
+    SharedOption("adapter", "evaluator.adapter"),
+    SharedOption(
+        "role",
+        "roles",
+        "ROLE=MODEL, ROLE=MODEL@URL, ROLE=MODEL:ADAPTER or ROLE=:ADAPTER: another model for one "
+        "role (repeat; a judging role given again is a judge panel, docs/judges.md)",
+        list[str] | None,
+    ),
+    SharedOption("lora", "evaluator.adapters", kind=list[str] | None),
+    SharedOption("model_revision", "evaluator.revision"),
+    SharedOption("adapter_prefix", "evaluator.adapter_prefix"),
+    SharedOption("run_dir", "run.run_dir"),
+    SharedOption("replicas", "evaluator.replicas"),
+    SharedOption("ray_address", "evaluator.ray_address"),
+    SharedOption("concurrency", "evaluator.concurrency"),
+    SharedOption("max_tokens", "evaluator.max_tokens"),
+    SharedOption("temperature", "evaluator.temperature"),
+    SharedOption("reasoning", "evaluator.reasoning"),
+    SharedOption("reasoning_tokens", "evaluator.reasoning_tokens"),
+    SharedOption("prices", "run.prices"),
+    SharedOption("max_cost", "run.max_cost"),
+    SharedOption("max_run_tokens", "run.max_run_tokens"),
+    SharedOption("repeats", "run.repeats"),
+    SharedOption("drivers", "run.drivers"),
+    SharedOption("driver_resources", "run.driver_resources"),
+    SharedOption("allow_failures", "run.allow_failures"),
+    SharedOption("keep_reasoning", "run.keep_reasoning"),
+    SharedOption("supersede", "run.supersede"),
+    SharedOption(
+        "dry_run",
+        help="check inputs, print what each run would still ask; start nothing",
+        kind=bool,
+    ),
+    SharedOption(
+        "pilot",
+        help="solve K missing items for real (kept), then estimate the rest",
+        kind=int | None,
+    ),
+    SharedOption("no_cache", help="skip the response cache", kind=bool),
+    SharedOption("quiet", help="no progress bar", kind=bool),
+)
 
 
 def load_config(model: type[M], yaml_path: Path | None, overrides: dict[str, Any]) -> M:

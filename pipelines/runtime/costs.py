@@ -22,7 +22,7 @@ from typing import Any
 import yaml
 from pydantic import Field, ValidationError, model_validator
 
-from pipelines.runtime.config import Strict, UserError, describe_validation, read_text
+from .config import Strict, UserError, describe_validation, read_text
 
 
 class ModelPrice(Strict):

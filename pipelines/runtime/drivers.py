@@ -40,14 +40,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pipelines.runtime.config import EvaluatorConfig, UserError
-from pipelines.runtime.costs import Budget, Ledger, usage_tokens
-from pipelines.runtime.nli_placement import NliPlacement
-from pipelines.runtime.protocol import RunRequest
-from pipelines.runtime.runstore import RunStore
-from pipelines.runtime.solving import Solved
-from serving.client import EndpointError
-from serving.ray_cluster import Channel, DriverChild, error_line
+from ...serving.client import EndpointError
+from ...serving.ray_cluster import Channel, DriverChild, error_line
+from .config import EvaluatorConfig, UserError
+from .costs import Budget, Ledger, usage_tokens
+from .nli_placement import NliPlacement
+from .protocol import RunRequest
+from .runstore import RunStore
+from .solving import Solved
 
 RESTARTS = 3  # a driver process that dies is restarted this many times, then the run stops
 PROGRESS_SECONDS = 1.0  # how often the coordinator reports the drivers' progress
@@ -217,13 +217,13 @@ class ShardDriver:
 async def solve_shard(spec: DriverSpec, ledger: Any, driver: ShardDriver) -> tuple[Solved, int]:
     """The driver's part of the run: the study's plan rebuilt from ``spec``, the shard's
     missing items solved by ``solve_missing``."""
-    from pipelines.runtime.costs import cost_table, load_prices
-    from pipelines.runtime.evaluator import open_evaluator
-    from pipelines.runtime.identity import evaluator_key, role_records
-    from pipelines.runtime.lines import item_ids, select
-    from pipelines.runtime.registry import study as find_study
-    from pipelines.runtime.repeats import repeat_plans
-    from pipelines.runtime.solving import Evaluators, close_resources, solve_missing
+    from .costs import cost_table, load_prices
+    from .evaluator import open_evaluator
+    from .identity import evaluator_key, role_records
+    from .lines import item_ids, select
+    from .registry import study as find_study
+    from .repeats import repeat_plans
+    from .solving import Evaluators, close_resources, solve_missing
 
     study = find_study(spec.study)
     request = spec.request
@@ -298,7 +298,7 @@ def coordinate(
     """Deploy the drivers' shared NLI app (``nli``), start the drivers and the ledger, report
     progress, end with their results or one error line. Told to stop (or its command gone), it
     ends the drivers, then deletes the app."""
-    from serving.ray_cluster import connect
+    from ...serving.ray_cluster import connect
 
     try:
         connect(address)
@@ -308,7 +308,7 @@ def coordinate(
     if nli is None:
         _drive(channel, specs, placement, ledger_state)
         return
-    from retrieval.nli_serve import delete_app, deploy
+    from ...retrieval.nli_serve import delete_app, deploy
 
     # terminated (the command gave up waiting for a tidy stop): the app is deleted all the same
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))
@@ -583,7 +583,7 @@ class DriverProgress:
     def __init__(self, shares: list[int], total: int, show: bool):
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
 
-        from pipelines.runtime.solving import console
+        from .solving import console
 
         self.progress = Progress(
             "[progress.description]{task.description}",

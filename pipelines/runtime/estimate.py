@@ -30,11 +30,11 @@ from pydantic import BaseModel
 from rich.console import Console
 from rich.table import Table
 
-from pipelines.runtime.costs import cost_table
-from pipelines.runtime.evaluator import NotCached
-from pipelines.runtime.panels import member_name, panel_members
-from pipelines.runtime.protocol import Framework, ItemContext
-from pipelines.runtime.results import ItemResult, StageFailed
+from .costs import cost_table
+from .evaluator import NotCached
+from .panels import member_name, panel_members
+from .protocol import Framework, ItemContext
+from .results import ItemResult, StageFailed
 
 RESAMPLES = 2000
 # reasoning tokens are part of the completion tokens, estimated apart to show what reasoning costs

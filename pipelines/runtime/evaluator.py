@@ -18,13 +18,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pipelines.runtime.config import EvaluatorConfig, UserError
-from pipelines.runtime.served import revisions
-from serving.cache import ResponseCache
-from serving.client import EvalClient
-from serving.launcher import PortTaken, ServerSpec, VLLMServer
-from serving.reasoning import Reasoning
-from serving.registry import lora_adapter, model_source, resolve
+from ...serving.cache import ResponseCache
+from ...serving.client import EvalClient
+from ...serving.launcher import PortTaken, ServerSpec, VLLMServer
+from ...serving.reasoning import Reasoning
+from ...serving.registry import lora_adapter, model_source, resolve
+from .config import EvaluatorConfig, UserError
+from .served import revisions
 
 
 def model_record(cfg: EvaluatorConfig) -> dict:
@@ -70,7 +70,7 @@ async def start_server(spec: ServerSpec, cfg: EvaluatorConfig, log: Path) -> Any
     in threads, so the servers of a run's roles start side by side; an interrupted start
     leaves nothing serving."""
     if cfg.replicas > 1 or cfg.ray_address:
-        from serving.ray_serve import RayReplicas
+        from ...serving.ray_serve import RayReplicas
 
         replicas = RayReplicas(spec, cfg.replicas, address=cfg.ray_address)
         return await _AbandonableStart(replicas).run()

@@ -13,8 +13,15 @@ from typing import Any, ClassVar
 from rich.console import Console
 from rich.table import Table
 
-from pipelines.runtime.protocol import Framework, OptionsT, RunOutcome, RunPlan, RunRequest, Study
-from pipelines.runtime.roles import responder_config
+from .protocol import (
+    Framework,
+    OptionsT,
+    RunOutcome,
+    RunPlan,
+    RunRequest,
+    Study,
+)
+from .roles import responder_config
 
 Published = dict[str, dict[str, tuple[float, ...]]]  # run -> model fragment -> column values
 

@@ -8,13 +8,13 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from pipelines.runtime.config import EvaluatorConfig, UserError, items_digest
-from pipelines.runtime.evaluator import model_record
-from pipelines.runtime.panels import panel_members, split_member
-from pipelines.runtime.protocol import Framework, RunPlan, RunRequest
-from pipelines.runtime.provenance import input_digests, input_records
-from pipelines.runtime.runstore import fingerprint
-from pipelines.runtime.served import role_revision
+from .config import EvaluatorConfig, UserError, items_digest
+from .evaluator import model_record
+from .panels import panel_members, split_member
+from .protocol import Framework, RunPlan, RunRequest
+from .provenance import input_digests, input_records
+from .runstore import fingerprint
+from .served import role_revision
 
 
 def evaluator_identity(ev: EvaluatorConfig) -> dict[str, Any]:

@@ -20,7 +20,7 @@ from typing import Any, Self
 
 from pydantic import Field, model_validator
 
-from pipelines.runtime.config import Strict
+from .config import Strict
 
 # where NLI runs changes no number: not part of a run's identity
 PLACEMENT_FIELDS = frozenset({"nli_replicas", "nli_app", "nli_bulk", "nli_resources", "nli_wait"})
@@ -78,7 +78,7 @@ class NliPlacement(Strict):
         used = self.cross_encoder()
         if used is None or not self.nli_replicas or self.nli_bulk or self.nli_app:
             return None
-        from retrieval.nli_serve import app_settings
+        from ...retrieval.nli_serve import app_settings
 
         model, device, batch_size = used
         return app_settings(
@@ -96,10 +96,10 @@ class NliPlacement(Strict):
 
     def open_nli(self, model: str, device: str, batch_size: int, address: str | None) -> Any:
         """The scorer this placement asks for (``retrieval.nli.PairScorer``)."""
-        from retrieval.nli import NliScorer
+        from ...retrieval.nli import NliScorer
 
         if self.nli_app or (self.nli_replicas and not self.nli_bulk):
-            from retrieval.nli_serve import ServeNliScorer
+            from ...retrieval.nli_serve import ServeNliScorer
 
             return ServeNliScorer(
                 model,
@@ -112,7 +112,7 @@ class NliPlacement(Strict):
                 retry_for=self.nli_wait,
             )
         if self.nli_replicas:
-            from retrieval.nli_ray import RayNliScorer
+            from ...retrieval.nli_ray import RayNliScorer
 
             return RayNliScorer(
                 model,

@@ -96,7 +96,7 @@ def panel_members(role: str, names: Sequence[str]) -> list[str]:
 
 def check_panels(roles: Sequence[str], declared: Sequence[str], system: Sequence[str]) -> None:
     """Member roles name a declared judging role and run #2, #3, ... without a gap."""
-    from pipelines.runtime.errors import UserError
+    from .errors import UserError
 
     members: dict[str, list[int]] = {}
     for name in roles:

@@ -9,21 +9,21 @@ from pathlib import Path
 
 from rich.console import Console
 
-from pipelines.runtime.estimate import estimate_run, print_estimate, replay_cached
-from pipelines.runtime.evaluator import CacheReplay
-from pipelines.runtime.identity import lead_evaluator, role_records, run_identity
-from pipelines.runtime.lines import item_ids, select
-from pipelines.runtime.protocol import RunPlan, RunRequest
-from pipelines.runtime.provenance import identity_changes
-from pipelines.runtime.roles import self_judging
-from pipelines.runtime.runstore import (
+from ...serving.cache import ResponseCache, family
+from .estimate import estimate_run, print_estimate, replay_cached
+from .evaluator import CacheReplay
+from .identity import lead_evaluator, role_records, run_identity
+from .lines import item_ids, select
+from .protocol import RunPlan, RunRequest
+from .provenance import identity_changes
+from .roles import self_judging
+from .runstore import (
     MANIFEST,
     RunStore,
     fingerprint,
     invocations,
     read_manifest,
 )
-from serving.cache import ResponseCache, family
 
 
 def estimate_from_disk(
@@ -145,7 +145,7 @@ def dry_run_estimates(
 def driver_shares(drivers: int, run_dir: Path, items, derived: bool, out: Console) -> list[int]:
     """The missing items each of ``drivers`` driver actors would take (said on ``out``); a run
     whose items an earlier run makes is solved by the command itself."""
-    from pipelines.runtime.drivers import shard_counts
+    from .drivers import shard_counts
 
     if derived:
         out.print(

@@ -33,10 +33,22 @@ from typing import Annotated, Any, ClassVar, Generic, Protocol, TypeVar
 from pydantic import BaseModel, BeforeValidator, Field, create_model
 from rich.console import Console
 
-from pipelines.runtime import panels
-from pipelines.runtime.answers import AnswerFile, read_answers
-from pipelines.runtime.config import EvaluatorConfig, RunConfig, Strict, UserError
-from pipelines.runtime.panels import (
+from ...serving.client import (
+    ChatResult,
+    EvalClient,
+    LabelScore,
+    Parsed,
+    StageUsage,
+    Tool,
+    ToolRun,
+)
+from ...serving.content import file_digest
+from ...serving.templates import REASK, PromptTemplate
+from . import panels
+from .answers import AnswerFile, read_answers
+from .commands import Command
+from .config import EvaluatorConfig, RunConfig, Strict, UserError
+from .panels import (
     HumanLabel,
     PanelRule,
     check_panels,
@@ -44,13 +56,15 @@ from pipelines.runtime.panels import (
     panel_members,
     split_member,
 )
-from pipelines.runtime.provenance import without_input_paths
-from pipelines.runtime.records import RunSummary
-from pipelines.runtime.results import ItemResult, StageFailed, StageFailure, Status
-from pipelines.runtime.roles import SYSTEM_ROLES, RoleSpec, expand_panels, role_evaluator
-from serving.client import ChatResult, EvalClient, LabelScore, Parsed, StageUsage, Tool, ToolRun
-from serving.content import file_digest
-from serving.templates import REASK, PromptTemplate
+from .provenance import without_input_paths
+from .records import RunSummary
+from .results import ItemResult, StageFailed, StageFailure, Status
+from .roles import (
+    SYSTEM_ROLES,
+    RoleSpec,
+    expand_panels,
+    role_evaluator,
+)
 
 
 class Identified(Protocol):
@@ -131,6 +145,9 @@ class Study(Generic[OptionsT]):
     # a study that reproduces a paper whose judges did not reason (GPT-4, Llama): its judging
     # roles run a model that can turn reasoning off with it off (``roles.judges_without_reasoning``)
     paper_judges_without_reasoning: ClassVar[bool] = False
+    # the commands of a study registered as an object (none: ``eval NAME``, a flag per field of
+    # its options); a plugin module declares its commands beside it instead (``registry``)
+    commands: ClassVar[tuple[Command, ...]] = ()
 
     def check_roles(self, names: list[str]) -> None:
         unknown = [n for n in names if split_member(n)[0] not in self.roles]

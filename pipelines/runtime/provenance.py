@@ -21,8 +21,8 @@ from typing import Annotated, Any, Literal, Union
 
 from pydantic import BaseModel
 
-from pipelines.runtime.errors import UserError
-from serving.content import digest_path, model_content
+from ...serving.content import digest_path, model_content
+from .errors import UserError
 
 
 @dataclass(frozen=True)

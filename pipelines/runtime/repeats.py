@@ -17,11 +17,11 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from pipelines.runtime.config import UserError
-from pipelines.runtime.protocol import RunOutcome, RunPlan, RunRequest, Study
-from pipelines.runtime.results import ItemResult
-from pipelines.runtime.roles import SYSTEM_ROLES
-from pipelines.runtime.stats import bca_interval
+from .config import UserError
+from .protocol import RunOutcome, RunPlan, RunRequest, Study
+from .results import ItemResult
+from .roles import SYSTEM_ROLES
+from .stats import bca_interval
 
 
 def repeat_key(r: int) -> str:

@@ -14,7 +14,7 @@ from typing import Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from serving.client import Parsed
+from ...serving.client import Parsed
 
 # cut_in_reasoning: a reasoning model used its whole token budget on reasoning and gave no answer,
 # even at the largest budget (``serving.reasoning``): counted apart, never scored as a 0

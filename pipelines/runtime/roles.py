@@ -13,9 +13,9 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field, model_validator
 
-from pipelines.runtime.config import EvaluatorConfig, Strict, UserError
-from pipelines.runtime.panels import member_name
-from pipelines.runtime.provenance import NotContent
+from .config import EvaluatorConfig, Strict, UserError
+from .panels import member_name
+from .provenance import NotContent
 
 # Roles that write the output under evaluation; every other role judges or extracts.
 SYSTEM_ROLES = ("answer", "generate")

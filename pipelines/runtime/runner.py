@@ -17,9 +17,10 @@ from typing import Any
 
 from rich.console import Console
 
-from pipelines.datasets.names import data_provenance
-from pipelines.runtime.config import items_digest
-from pipelines.runtime.costs import (
+from ...serving.client import EvalClient
+from ..datasets.names import data_provenance
+from .config import items_digest
+from .costs import (
     Budget,
     BudgetReached,
     cost_table,
@@ -27,11 +28,11 @@ from pipelines.runtime.costs import (
     load_prices,
     require_prices,
 )
-from pipelines.runtime.drivers import check_drivers, solve_on_drivers
-from pipelines.runtime.errors import ItemsFailed
-from pipelines.runtime.estimate import print_estimate
-from pipelines.runtime.evaluator import Servers, model_record, open_evaluator
-from pipelines.runtime.identity import (
+from .drivers import check_drivers, solve_on_drivers
+from .errors import ItemsFailed
+from .estimate import print_estimate
+from .evaluator import Servers, model_record, open_evaluator
+from .identity import (
     evaluator_identity,
     evaluator_key,
     lead_evaluator,
@@ -39,20 +40,20 @@ from pipelines.runtime.identity import (
     role_records,
     run_identity,
 )
-from pipelines.runtime.lines import item_ids, select
-from pipelines.runtime.planning import estimate_from_disk, print_dry_run
-from pipelines.runtime.protocol import (
+from .lines import item_ids, select
+from .planning import estimate_from_disk, print_dry_run
+from .protocol import (
     Framework,
     RunOutcome,
     RunPlan,
     RunRequest,
     Study,
 )
-from pipelines.runtime.provenance import input_records
-from pipelines.runtime.records import StudyRecord
-from pipelines.runtime.repeats import print_repeats, repeat_plans, repeats_table
-from pipelines.runtime.roles import judges_without_reasoning, self_judging
-from pipelines.runtime.runstore import (
+from .provenance import input_records
+from .records import StudyRecord
+from .repeats import print_repeats, repeat_plans, repeats_table
+from .roles import judges_without_reasoning, self_judging
+from .runstore import (
     STUDY_FILE,
     RunStore,
     atomic_write_json,
@@ -60,15 +61,15 @@ from pipelines.runtime.runstore import (
     invocation_seconds,
     record_invocation,
 )
-from pipelines.runtime.served import Endpoints, resolve_roles, unresolved_notes
-from pipelines.runtime.solving import (
+from .served import Endpoints, resolve_roles, unresolved_notes
+from .solving import (
     Evaluators,
     OpenClient,
     close_resources,
     console,
     solve_missing,
 )
-from pipelines.runtime.summary import (
+from .summary import (
     failed_line,
     print_summary,
     recorded_cost,
@@ -78,7 +79,6 @@ from pipelines.runtime.summary import (
     tables_of,
     usage_by_role,
 )
-from serving.client import EvalClient
 
 
 def sigterm_as_interrupt() -> None:

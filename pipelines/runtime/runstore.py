@@ -35,9 +35,14 @@ from typing import Any, TypeVar, overload
 
 from pydantic import BaseModel, ValidationError
 
-from pipelines.runtime.lines import JsonlView
-from pipelines.runtime.records import FORMAT_VERSION, RunManifest, RunSummary, StudyRecord
-from pipelines.runtime.results import FAILED_STATUSES, STATUSES, ItemResult
+from .lines import JsonlView
+from .records import (
+    FORMAT_VERSION,
+    RunManifest,
+    RunSummary,
+    StudyRecord,
+)
+from .results import FAILED_STATUSES, STATUSES, ItemResult
 
 MANIFEST = "manifest.json"
 RESULTS = "results.jsonl"
@@ -130,7 +135,7 @@ def changed_run(path: Path, manifest: RunManifest, task: str, config: dict[str, 
             f"{path}: this run directory holds a different task or config (the task "
             f"{manifest.task}, not {task}); use a new --run-dir"
         )
-    from pipelines.runtime.provenance import identity_changes
+    from .provenance import identity_changes
 
     changes = identity_changes(manifest.config, config) or ["its configuration"]
     shown = "; ".join(changes[:6]) + (f"; and {len(changes) - 6} more" if len(changes) > 6 else "")

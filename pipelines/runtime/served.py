@@ -24,12 +24,17 @@ from collections.abc import Iterable
 from typing import Any
 from urllib.parse import urlparse
 
-from pipelines.runtime.config import EvaluatorConfig, UserError
-from serving.client import EndpointError
-from serving.content import digest_path, hub_revision, local_path, model_content
-from serving.endpoints import EndpointDown, EndpointRefusedKey, ServedModel, served_models
-from serving.launcher import is_loopback
-from serving.registry import resolve
+from ...serving.client import EndpointError
+from ...serving.content import digest_path, hub_revision, local_path, model_content
+from ...serving.endpoints import (
+    EndpointDown,
+    EndpointRefusedKey,
+    ServedModel,
+    served_models,
+)
+from ...serving.launcher import is_loopback
+from ...serving.registry import resolve
+from .config import EvaluatorConfig, UserError
 
 Listing = list[ServedModel] | None
 
@@ -103,7 +108,7 @@ def model_content_of(ev: EvaluatorConfig, endpoints: Endpoints) -> dict[str, Any
         return _at_endpoint(ev, endpoints.listing(ev))
     preset = resolve(ev.model)
     if preset.name == "embedded":
-        from serving.embedded import gguf_path
+        from ...serving.embedded import gguf_path
 
         gguf = gguf_path()
         sha = digest_path(gguf).sha256

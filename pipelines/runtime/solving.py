@@ -17,15 +17,21 @@ from typing import Any
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
 
-from pipelines.runtime.config import EvaluatorConfig, UserError
-from pipelines.runtime.costs import Budget, Ledger
-from pipelines.runtime.identity import evaluator_key
-from pipelines.runtime.protocol import Framework, ItemContext, ItemT, RunPlan, RunRequest
-from pipelines.runtime.results import ItemResult, StageFailed, StageFailure
-from pipelines.runtime.runstore import RunStore, RunStoreError
-from serving.client import EndpointError, EvalClient, RequestRejected, StageUsage
-from serving.launcher import ServerStartError
-from serving.reasoning import ReasoningCut
+from ...serving.client import EndpointError, EvalClient, RequestRejected, StageUsage
+from ...serving.launcher import ServerStartError
+from ...serving.reasoning import ReasoningCut
+from .config import EvaluatorConfig, UserError
+from .costs import Budget, Ledger
+from .identity import evaluator_key
+from .protocol import (
+    Framework,
+    ItemContext,
+    ItemT,
+    RunPlan,
+    RunRequest,
+)
+from .results import ItemResult, StageFailed, StageFailure
+from .runstore import RunStore, RunStoreError
 
 OpenClient = Callable[[EvaluatorConfig, Path], contextlib.AbstractAsyncContextManager[EvalClient]]
 console = Console(stderr=True)
@@ -266,7 +272,7 @@ async def solve_missing(
     """Open the run's roles, set the framework up once (``resources`` keeps it for the runs
     after), solve ``todo`` into ``store`` and report what that took. ``began()`` is called
     once the first item can be taken (servers up, setup done): the run's clock starts there."""
-    from pipelines.runtime.identity import lead_evaluator
+    from .identity import lead_evaluator
 
     lead = lead_evaluator(roles, request.evaluator)
     clients = await _open_roles(evaluators, roles, store.dir)

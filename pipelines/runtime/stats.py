@@ -1,5 +1,6 @@
-"""Intervals and paired tests shared by the frameworks' tables and ``compare`` (scipy, imported
-when first used: every command imports this module, few compute an interval)."""
+"""Metric helpers shared by the frameworks' tables and ``compare``: precision / recall / F1
+from counts, intervals and paired tests (scipy, imported when first used: every command imports
+this module, few compute an interval)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,20 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+
+
+def precision_recall_f1(
+    matched_predicted: int, predicted: int, matched_gold: int, gold: int
+) -> dict[str, float | None]:
+    """Precision, recall and their harmonic mean from counts. A quantity whose denominator is
+    empty is None, never a silent 0; F1 is 0 when both are defined and either is 0."""
+    precision = matched_predicted / predicted if predicted else None
+    recall = matched_gold / gold if gold else None
+    if precision is None or recall is None:
+        f1 = None
+    else:
+        f1 = 2 * precision * recall / (precision + recall) if precision and recall else 0.0
+    return {"precision": precision, "recall": recall, "f1": f1}
 
 
 @dataclass

@@ -10,14 +10,14 @@ from typing import TYPE_CHECKING, Any
 from rich.console import Console
 from rich.table import Table
 
-from pipelines.runtime.records import RunSummary
-from pipelines.runtime.results import FAILED_STATUSES, STATUSES, ItemResult
-from pipelines.runtime.runstore import invocation_seconds
+from .records import RunSummary
+from .results import FAILED_STATUSES, STATUSES, ItemResult
+from .runstore import invocation_seconds
 
 if TYPE_CHECKING:
     from pydantic import BaseModel
 
-    from pipelines.runtime.protocol import Framework
+    from .protocol import Framework
 
 # reasoning_tokens: the part of completion_tokens a reasoning model spent reasoning
 # attempts at the endpoint = requests + retries + failures (each failed attempt is retried or final)
@@ -95,7 +95,7 @@ def recorded_cost(
     run_dir: Path,
 ) -> dict[str, Any]:
     """What a run's recorded items cost: their usage, and the GPU time of every invocation."""
-    from pipelines.runtime.costs import cost_table
+    from .costs import cost_table
 
     return cost_table(fw, usage, roles, prices, invocation_seconds(run_dir))
 

@@ -216,7 +216,7 @@ COMPREHENSIVENESS_ITEMS = [
 
 def comprehensiveness(method: str, protocol: str) -> Case:
     def options(root: Path):
-        from pipelines.comprehensiveness.common import ComprehensivenessOptions
+        from groundcover.pipelines.comprehensiveness.common import ComprehensivenessOptions
 
         data = root / "items.jsonl"
         data.write_text("".join(json.dumps(i) + "\n" for i in COMPREHENSIVENESS_ITEMS))
@@ -225,7 +225,7 @@ def comprehensiveness(method: str, protocol: str) -> Case:
         )
 
     def study():
-        from pipelines.comprehensiveness.framework import COMPREHENSIVENESS
+        from groundcover.pipelines.comprehensiveness.framework import COMPREHENSIVENESS
 
         return COMPREHENSIVENESS
 
@@ -245,7 +245,7 @@ ICAT_COPIES = 10
 
 def icat() -> Case:
     def options(root: Path):
-        from pipelines.icat.framework import IcatOptions
+        from groundcover.pipelines.icat.framework import IcatOptions
         from tests.test_icat import write_inputs
 
         paths = write_inputs(root)  # 3 responses of systems A and B; 10 copies of each
@@ -283,13 +283,13 @@ def icat() -> Case:
 
 def garage() -> Case:
     def options(root: Path):
-        from pipelines.garage.framework import GarageOptions
+        from groundcover.pipelines.garage.framework import GarageOptions
         from tests.test_runtime import garage_records
 
         return GarageOptions(input=garage_records(root))
 
     def study():
-        from pipelines.garage.framework import GARAGE
+        from groundcover.pipelines.garage.framework import GARAGE
 
         return GARAGE
 
@@ -306,7 +306,7 @@ FANOUT_COPIES = 10
 
 def fanoutqa() -> Case:
     def options(root: Path):
-        from pipelines.fanoutqa.framework import FanoutOptions
+        from groundcover.pipelines.fanoutqa.framework import FanoutOptions
         from tests.test_runtime import FANOUT
 
         dev = root / "dev.json"
@@ -316,7 +316,7 @@ def fanoutqa() -> Case:
         return FanoutOptions(input=dev, judge=True)
 
     def study():
-        from pipelines.fanoutqa.framework import FANOUTQA
+        from groundcover.pipelines.fanoutqa.framework import FANOUTQA
 
         return FANOUTQA
 
@@ -347,7 +347,7 @@ def crux() -> Case:
     generated answer."""
 
     def options(root: Path):
-        from pipelines.crux.framework import CruxOptions
+        from groundcover.pipelines.crux.framework import CruxOptions
         from tests.test_crux import RATINGS, TEXTS
 
         topics = [f"t{k}" for k in range(CRUX_TOPICS)]
@@ -389,7 +389,7 @@ def crux() -> Case:
         )
 
     def study():
-        from pipelines.crux.framework import CRUX
+        from groundcover.pipelines.crux.framework import CRUX
 
         return CRUX
 
@@ -409,12 +409,12 @@ def crux() -> Case:
 
 def teacher() -> Case:
     def options(root: Path):
-        from pipelines.finetune.teacher import TeacherOptions
+        from groundcover.pipelines.finetune.teacher import TeacherOptions
 
         return TeacherOptions(n_topics=4, entities=2, validation=0.0)
 
     def study():
-        from pipelines.finetune.teacher import TEACHER_DATA
+        from groundcover.pipelines.finetune.teacher import TEACHER_DATA
 
         return TEACHER_DATA
 

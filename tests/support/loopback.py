@@ -23,9 +23,9 @@ from typing import Any, Literal
 
 from aiohttp import web
 
-from serving.client import EvalClient, StageUsage
-from serving.reasoning import Reasoning
-from serving.templates import PromptTemplate
+from groundcover.serving.client import EvalClient, StageUsage
+from groundcover.serving.reasoning import Reasoning
+from groundcover.serving.templates import PromptTemplate
 from tests.support.scripted import ScriptedClient
 
 Parser = Literal["reasoning", "reasoning_content"] | None

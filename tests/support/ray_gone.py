@@ -22,12 +22,12 @@ def placement(spec: str) -> dict:
 
 
 def main(items: str, run_dir: str, nli_model: str, address: str, where: str = "bulk") -> None:
-    from pipelines.cli.options import clean_errors
-    from pipelines.comprehensiveness.common import ComprehensivenessOptions
-    from pipelines.comprehensiveness.framework import COMPREHENSIVENESS
-    from pipelines.runtime.config import EvaluatorConfig, RunConfig
-    from pipelines.runtime.protocol import RunRequest
-    from pipelines.runtime.runner import execute, fixed_client
+    from groundcover.pipelines.cli.options import clean_errors
+    from groundcover.pipelines.comprehensiveness.common import ComprehensivenessOptions
+    from groundcover.pipelines.comprehensiveness.framework import COMPREHENSIVENESS
+    from groundcover.pipelines.runtime.config import EvaluatorConfig, RunConfig
+    from groundcover.pipelines.runtime.protocol import RunRequest
+    from groundcover.pipelines.runtime.runner import execute, fixed_client
     from tests.support.scripted import ScriptedClient
     from tests.test_exact_scores import NLI_SCRIPTS
 

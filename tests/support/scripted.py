@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from serving.client import EvalClient, StageUsage
+from groundcover.serving.client import EvalClient, StageUsage
 
 _MARKER = re.compile(r"(Relevance|Confidence)\s*:\s*(?=[1-5])", re.IGNORECASE)
 
