@@ -113,7 +113,7 @@ def dead_endpoint(work: Path, rounds: int) -> dict[str, float]:
     base = [
         sys.executable,
         "-m",
-        "groundcover.pipelines.cli",
+        "groundcover",
         "generate",
         str(questions),
         "--endpoint",

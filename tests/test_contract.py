@@ -300,7 +300,7 @@ def test_view_off_loopback_needs_a_key(tmp_path):
         [
             sys.executable,
             "-m",
-            "groundcover.pipelines.cli",
+            "groundcover",
             "view",
             str(run_dir),
             "--host",

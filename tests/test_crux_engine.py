@@ -59,7 +59,7 @@ def test_crux_build_killed_and_resumed_then_eval_on_a_bm25_run(vllm_server, tmp_
     build = [
         sys.executable,
         "-m",
-        "groundcover.pipelines.cli",
+        "groundcover",
         "crux",
         "build",
         str(source),
@@ -151,7 +151,7 @@ def test_crux_build_killed_and_resumed_then_eval_on_a_bm25_run(vllm_server, tmp_
         [
             sys.executable,
             "-m",
-            "groundcover.pipelines.cli",
+            "groundcover",
             "eval",
             "crux",
             str(run_file),

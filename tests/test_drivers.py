@@ -304,7 +304,7 @@ def test_two_drivers_on_two_nodes_equal_one_and_survive_kills_and_share_a_cap(tm
         return [
             sys.executable,
             "-m",
-            "groundcover.pipelines.cli",
+            "groundcover",
             "eval",
             "fanoutqa",
             "--data",
@@ -382,7 +382,7 @@ def test_two_drivers_on_two_nodes_equal_one_and_survive_kills_and_share_a_cap(tm
                     *[
                         sys.executable,
                         "-m",
-                        "groundcover.pipelines.cli",
+                        "groundcover",
                         "eval",
                         "comprehensiveness",
                     ],

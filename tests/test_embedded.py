@@ -27,7 +27,7 @@ def test_main_job_on_embedded_model_starts_and_stops_its_own_server(tmp_path):
     command = [
         sys.executable,
         "-m",
-        "groundcover.pipelines.cli",
+        "groundcover",
         "eval",
         "comprehensiveness",
         str(ROOT / "examples/comprehensiveness.jsonl"),

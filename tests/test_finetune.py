@@ -224,7 +224,7 @@ def test_training_killed_midway_resumes_from_its_checkpoint(train_file, tiny_mod
     command = [
         sys.executable,
         "-m",
-        "groundcover.pipelines.cli",
+        "groundcover",
         "finetune",
         "claims",
         "train",
@@ -286,7 +286,7 @@ def test_trained_adapter_reproduces_its_training_claims_through_the_claims_stage
     command = [
         sys.executable,
         "-m",
-        "groundcover.pipelines.cli",
+        "groundcover",
         "finetune",
         "claims",
         "eval",
@@ -330,7 +330,7 @@ def test_teacher_data_on_the_tiny_server_resumes_after_sigkill(vllm_server, tmp_
     command = [
         sys.executable,
         "-m",
-        "groundcover.pipelines.cli",
+        "groundcover",
         "finetune",
         "claims",
         "data",

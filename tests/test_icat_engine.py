@@ -71,7 +71,7 @@ def test_icat_all_variants_on_real_parts_resume_after_sigkill(vllm_server, icat_
     command = [
         sys.executable,
         "-m",
-        "groundcover.pipelines.cli",
+        "groundcover",
         "eval",
         "icat",
         str(icat_inputs["responses"]),

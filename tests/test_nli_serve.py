@@ -156,7 +156,7 @@ def test_two_nodes_a_named_app_pinned_warm_and_a_lost_node(tiny_nli, tmp_path):
     from tests.test_exact_scores import ITEM
 
     env = dict(os.environ, PYTHONPATH=str(ROOT))
-    cli = [sys.executable, "-m", "groundcover.pipelines.cli"]
+    cli = [sys.executable, "-m", "groundcover"]
     with ray_head(num_cpus=3, resources={"nli": 1}) as head:
         address = f"127.0.0.1:{head.port}"
         with ray_worker(head, num_cpus=2, resources={"nli": 1, "worker": 1}) as worker:

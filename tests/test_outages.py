@@ -100,7 +100,7 @@ def generate_command(questions: Path, run_dir: Path, base_url: str, served: str,
     return [
         sys.executable,
         "-m",
-        "groundcover.pipelines.cli",
+        "groundcover",
         "generate",
         str(questions),
         "--endpoint",

@@ -153,7 +153,7 @@ def test_a_run_reaches_the_adapter_of_a_serve_app_by_its_prefix(replicas, vllm_s
         command = [
             sys.executable,
             "-m",
-            "groundcover.pipelines.cli",
+            "groundcover",
             "generate",
             str(questions),
             "--endpoint",
@@ -190,7 +190,7 @@ def test_a_replica_killed_mid_run_costs_no_item(replicas, tmp_path):
     command = [
         sys.executable,
         "-m",
-        "groundcover.pipelines.cli",
+        "groundcover",
         "generate",
         str(questions),
         "--endpoint",

@@ -32,7 +32,7 @@ def test_generate_with_two_replicas_started_by_the_run(
     command = [
         sys.executable,
         "-m",
-        "groundcover.pipelines.cli",
+        "groundcover",
         "generate",
         str(questions),
         "--model",
@@ -68,7 +68,7 @@ def test_generate_with_two_replicas_started_by_the_run(
     command = [
         sys.executable,
         "-m",
-        "groundcover.pipelines.cli",
+        "groundcover",
         "generate",
         str(questions),
         "--endpoint",
@@ -129,7 +129,7 @@ def test_the_cluster_gone_under_a_run_with_replicas(tiny_model, tmp_path):
     command = [
         sys.executable,
         "-m",
-        "groundcover.pipelines.cli",
+        "groundcover",
         "generate",
         str(questions),
         "--model",
@@ -188,7 +188,7 @@ def test_a_cluster_whose_proxy_does_not_ask_for_the_key_is_not_served(tiny_model
         command = [
             sys.executable,
             "-m",
-            "groundcover.pipelines.cli",
+            "groundcover",
             "serve",
             str(tiny_model),
             "--replicas",

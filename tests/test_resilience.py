@@ -81,7 +81,7 @@ def test_sigkilled_run_resumes_with_exactly_one_result_per_item(vllm_server, tmp
     command = [
         sys.executable,
         "-m",
-        "groundcover.pipelines.cli",
+        "groundcover",
         "generate",
         str(questions),
         "--endpoint",
@@ -152,7 +152,7 @@ def test_serve_command_starts_on_loopback_and_stops_its_process_group(tiny_model
         # own server: what `groundcover serve` starts and stops is the subject
         sys.executable,
         "-m",
-        "groundcover.pipelines.cli",
+        "groundcover",
         "serve",
         str(tiny_model),
         "--port",

@@ -43,7 +43,7 @@ def count_lines(path: Path) -> int:
 
 
 def cli(args: list[str]) -> list[str]:
-    return [sys.executable, "-m", "groundcover.pipelines.cli", *args]
+    return [sys.executable, "-m", "groundcover", *args]
 
 
 def test_two_local_models_in_one_invocation_survive_a_kill(tiny_model, tiny_model_b, tmp_path):

@@ -119,7 +119,7 @@ def judged(tmp_path):
             args = [
                 sys.executable,
                 "-m",
-                "groundcover.pipelines.cli",
+                "groundcover",
                 "eval",
                 "fanoutqa",
                 "--judge",

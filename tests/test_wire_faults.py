@@ -212,7 +212,7 @@ def test_auth_and_unknown_model_stop_the_run_at_once(kind, clean, tmp_path):
 
 
 def cli(paths: dict[str, Path], url: str, run_dir: Path, *extra: str):
-    args = [sys.executable, "-m", "groundcover.pipelines.cli", "eval", "crux", str(paths["run"])]
+    args = [sys.executable, "-m", "groundcover", "eval", "crux", str(paths["run"])]
     args += ["--topics", str(paths["topics"]), "--passages", str(paths["passages"])]
     args += ["--ratings", str(paths["ratings"]), "--generate", "--answer-tokens", "64"]
     args += ["--endpoint", url, "--model", "scripted", "--run-dir", str(run_dir), "--quiet"]

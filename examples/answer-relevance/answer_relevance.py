@@ -77,9 +77,6 @@ class Relevance(Framework[RelevanceOptions, Item]):
     def load(self, options: RelevanceOptions) -> list[Item]:
         return list(read_jsonl(options.input, Item, limit=options.limit))
 
-    def light_setup(self, options: RelevanceOptions) -> bool:
-        return True  # no model or index to load: --dry-run may replay the cache
-
     def known_calls(self, item: Item, options: RelevanceOptions) -> dict[str, int]:
         return {"relevance": 1}  # what --dry-run counts before any model is asked
 

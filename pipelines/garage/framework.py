@@ -88,9 +88,6 @@ class Garage(Framework[GarageOptions, Record]):
     # scored, a record without one is counted as such
     answer_file = AnswerFile(id_field="sample_id", missing="not scored, counted")
 
-    def light_setup(self, options: GarageOptions) -> bool:
-        return True  # the answers file at most
-
     def known_calls(self, item: Record, options: GarageOptions) -> dict[str, int]:
         return {"answer": 1} if options.answers is None else {}
 

@@ -48,9 +48,6 @@ class Generate(Framework[GenerateOptions, GenerateItem]):
     roles = {"answer": "writes the answers"}
     stage_roles = {"generate": "answer"}
 
-    def light_setup(self, options: GenerateOptions) -> bool:
-        return True
-
     def known_calls(self, item: GenerateItem, options: GenerateOptions) -> dict[str, int]:
         return {"generate": 1}
 

@@ -145,6 +145,29 @@ def require_prices(runs: list[dict[str, dict[str, Any]]], prices: dict[str, Mode
 # ---- budgets -----------------------------------------------------------------------------------
 
 
+def open_budget(request: Any, fw: Any, records, prices, store: Any, ids: list[str]):
+    """The run's caps with what its recorded items already spent (None without a cap)."""
+    import time
+
+    from .runstore import invocation_seconds
+
+    run = request.run
+    if run.max_cost is None and run.max_run_tokens is None:
+        return None
+    budget = Budget(
+        run.max_run_tokens,
+        run.max_cost,
+        item_cost=lambda usage: cost_table(fw, usage, records, prices)["total"],
+        hourly_rate=hourly_rate(records, prices),
+        clock_start=time.time(),
+        prior_seconds=invocation_seconds(store.dir),
+    )
+    pending = store.pending(ids)
+    for record in store.results([i for i in ids if i not in pending]):
+        budget.record(record.usage, new=False)
+    return budget
+
+
 class BudgetReached(Exception):
     """A cap stopped admitting items: what was solved is recorded, the run is partial."""
 

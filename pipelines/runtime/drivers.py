@@ -103,6 +103,12 @@ def check_drivers(request: RunRequest, roles: list[dict[str, EvaluatorConfig]]) 
     driver_resources(request.run.driver_resources, request.run.drivers)
 
 
+def spread_over_drivers(request: RunRequest, plan: Any, pilot: int | None) -> bool:
+    """Whether a run's items go to driver actors: ``--drivers`` above 1, items the study loads
+    itself (a driver rebuilds them), and not a pilot (its K items are solved here)."""
+    return request.run.drivers > 1 and plan.items is None and pilot is None
+
+
 # ---- in a driver ------------------------------------------------------------------------------
 
 

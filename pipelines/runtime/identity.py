@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel
@@ -11,7 +12,7 @@ from pydantic import BaseModel
 from .config import EvaluatorConfig, UserError, items_digest
 from .evaluator import model_record
 from .panels import panel_members, split_member
-from .protocol import Framework, RunPlan, RunRequest
+from .protocol import Framework, RunPlan, RunRequest, Study
 from .provenance import input_digests, input_records
 from .runstore import fingerprint
 from .served import role_revision
@@ -32,6 +33,23 @@ def evaluator_identity(ev: EvaluatorConfig) -> dict[str, Any]:
     if ev.revision is not None:  # declared: only when set, as the seed
         found["revision"] = ev.revision
     return found
+
+
+def study_root(study: Study[Any], request: RunRequest, items: Sequence[Any]) -> Path:
+    """``--run-dir``, else ``runs/<study>-<fingerprint>`` of what the study's answers depend on."""
+    if request.run.run_dir:
+        return Path(request.run.run_dir)
+    identity = {
+        "study": study.name,
+        "items": items_digest(items),
+        "evaluator": evaluator_identity(request.evaluator),
+        "options": request.options.model_dump(mode="json"),
+    }
+    if request.roles:  # a run with other models per role is another run
+        identity["roles"] = {r: s.model_dump(mode="json") for r, s in sorted(request.roles.items())}
+    if request.run.repeats > 1:  # K seeded runs under one root: not the single run's root
+        identity["repeats"] = request.run.repeats
+    return Path("runs") / f"{study.name}-{fingerprint(identity)}"
 
 
 def evaluator_key(ev: EvaluatorConfig) -> str:

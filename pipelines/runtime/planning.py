@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from rich.console import Console
 
@@ -24,6 +25,9 @@ from .runstore import (
     invocations,
     read_manifest,
 )
+
+if TYPE_CHECKING:
+    from .plan import StudyPlan
 
 
 def estimate_from_disk(
@@ -161,13 +165,13 @@ def driver_shares(drivers: int, run_dir: Path, items, derived: bool, out: Consol
     return shares
 
 
-def print_dry_run(
-    study, request, items, plans, roles, root, prices, cache_path
-) -> list[tuple[Path, dict]]:
+def print_dry_run(planned: StudyPlan) -> list[tuple[Path, dict]]:
+    """Per run: (run directory, what it would still ask), printed; nothing started or written."""
     out = Console()
     out.print("dry run: inputs checked; no model is started and nothing is written")
+    p = planned
     estimates = dry_run_estimates(
-        study, request, items, plans, roles, root, prices, out, cache_path
+        p.study, p.request, p.items, p.runs, p.roles, p.root, p.prices, out, p.cache
     )
     for run_dir, estimate in estimates:
         note = " (items made by an earlier run: about one each)" if estimate["derived"] else ""

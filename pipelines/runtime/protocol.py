@@ -248,8 +248,9 @@ class Framework(Study[OptionsT], Generic[OptionsT, ItemT]):
 
     def light_setup(self, options: OptionsT) -> bool:
         """``setup`` loads no model or index (files at most): a dry run may call it and replay
-        the items against the response cache."""
-        return False
+        the items against the response cache. True by default where ``setup`` is not
+        overridden (there is nothing to load)."""
+        return type(self).setup is Framework.setup
 
     def known_calls(self, item: ItemT, options: OptionsT) -> dict[str, int]:
         """Per stage, the calls this item makes whatever the models answer (re-asks of an

@@ -102,6 +102,19 @@ def resolve_roles(
     return out
 
 
+def ask_endpoints(
+    roles: list[dict[str, EvaluatorConfig]], *, probe: bool, tolerate: bool
+) -> tuple[list[dict[str, EvaluatorConfig]], list[str]]:
+    """Every endpoint the roles use asked for its models before a run directory is written (a
+    test's or a notebook's own client is not: ``probe``), each role then known by content; with
+    the notes to say (``tolerate``: a dry run, where an endpoint that does not answer is one)."""
+    endpoints = Endpoints(tolerate=tolerate, probe=probe)
+    endpoints.probe([ev for found in roles for ev in found.values()])
+    roles = resolve_roles(roles, endpoints)
+    unknown = unresolved_notes(roles) if endpoints.asks else []  # a given client: not asked
+    return roles, [*endpoints.notes(), *unknown]
+
+
 def model_content_of(ev: EvaluatorConfig, endpoints: Endpoints) -> dict[str, Any]:
     """``{"base": {...}, "adapters": {name: {...}}}``, each with its ``revision``."""
     if ev.endpoint is not None:
