@@ -17,12 +17,14 @@ from rich.console import Console
 
 from ..datasets.names import data_provenance
 from .config import EvaluatorConfig
-from .costs import open_budget
+from .costs import BudgetReached, cost_table, open_budget
 from .drivers import solve_on_drivers, spread_over_drivers
+from .estimate import print_estimate
 from .evaluator import Servers, model_record, open_evaluator
 from .identity import evaluator_key, lead_evaluator, role_records, run_identity
 from .lines import item_ids, select
 from .plan import StudyPlan
+from .planning import estimate_from_disk
 from .protocol import Framework, RunOutcome, RunPlan
 from .provenance import input_records
 from .records import StudyRecord
@@ -30,7 +32,15 @@ from .repeats import print_repeats, repeats_table
 from .roles import self_judging
 from .runstore import STUDY_FILE, RunStore, atomic_write_json, record_invocation
 from .solving import Evaluators, OpenClient, close_resources, console, solve_missing
-from .summary import summarise_run
+from .summary import (
+    print_summary,
+    recorded_cost,
+    recorded_usage,
+    records_for_tables,
+    summarise,
+    tables_of,
+    usage_by_role,
+)
 
 
 def run_study(
@@ -120,7 +130,7 @@ class Run:
         todo = select(self.items, [k for k, i in enumerate(ids) if i in pending][: self.pilot])
         # nothing missing: no model is started, no resource loaded
         solving = await self.solve(store, ids, pending, todo) if todo else None
-        return summarise_run(self, store, ids, solving, started)
+        return self.summarise(store, ids, solving, started)
 
     def open(self) -> RunStore:
         """The run directory, opened under the run's identity (a changed one is refused by name,
@@ -212,6 +222,74 @@ class Run:
                 done = len(pending) - len(store.pending(ids))
                 record_invocation(store.dir, solving.start, time.time() - solving.start, done)
         return solving
+
+    def summarise(
+        self, store: RunStore, ids: list[str], solving: Solving | None, started: float
+    ) -> RunOutcome:
+        """The run's last step: its records in id order (tables and bootstrap intervals equal
+        what ``report`` rebuilds), its summary with what this invocation used and cost, written
+        and printed; ``BudgetReached`` when a cap stopped it with items left."""
+        fw, plan, planned, run = self.fw, self.plan, self.planned, self
+        results = records_for_tables(fw, plan.options, store.results(sorted(ids)))
+        tables = tables_of(fw, plan.options, results)
+        summary = summarise(fw.name, plan.task, len(run.items), results)
+        solved = solving.solved if solving is not None else None
+        usage = solved.usage if solved is not None else {}
+        summary.add(
+            usage_this_invocation=usage,
+            usage_by_role_this_invocation=usage_by_role(fw, usage, store.manifest().roles),
+            self_judging=run.self_judging,
+            concurrency_this_invocation=solved.limits if solved is not None else {},
+            seconds_this_invocation=round(time.time() - started, 3),
+        )
+        if solved is not None and solved.where is not None:  # which replicas answered the NLI
+            summary.add(nli_placement_this_invocation=solved.where)
+        if solved is not None and solved.spread:  # requests over the replicas the run started
+            summary.add(replicas_this_invocation=solved.spread)
+        if solving is not None and solving.drivers is not None:  # --drivers N: each one's work
+            summary.add(drivers_this_invocation=solving.drivers)
+        if planned.prices:
+            seconds = summary.seconds_this_invocation or 0.0
+            summary.add(
+                cost_this_invocation=cost_table(fw, usage, run.records, planned.prices, seconds),
+                cost_recorded=recorded_cost(
+                    fw, recorded_usage(results), run.records, planned.prices, store.dir
+                ),
+            )
+        remaining = len(store.pending(ids))
+        budget = solving.budget if solving is not None else None
+        if budget is not None and budget.stopped and remaining:
+            summary.add(budget_stop=budget.stopped)
+        if run.pilot is not None:  # what the rest will ask, from every item recorded so far
+            derived = len(planned.items) if plan.items is not None else None
+            summary.add(
+                estimate_of_the_rest=estimate_from_disk(
+                    fw,
+                    plan.options,
+                    store.dir,
+                    run.items,
+                    ids,
+                    run.records,
+                    planned.prices,
+                    derived,
+                )
+            )
+        store.write_summary(summary)
+        name = fw.tables_file(plan.options)
+        if tables is not None and name:
+            atomic_write_json(store.dir / name, tables)
+        print_summary(summary, Console())
+        if tables is not None:
+            fw.render(tables, Console())
+        if run.pilot is not None:
+            label = f"after the pilot, {store.dir}"
+            print_estimate(label, summary.estimate_of_the_rest or {}, Console())
+        if summary.budget_stop:
+            raise BudgetReached(
+                f"{store.dir}: stopped admitting items ({summary.budget_stop}); {remaining} of "
+                f"{len(run.items)} items remain: rerun with a higher cap to resume"
+            )
+        return RunOutcome(store.dir, results, tables, summary, fw)
 
 
 @dataclass

@@ -17,9 +17,7 @@ from .runstore import invocation_seconds
 if TYPE_CHECKING:
     from pydantic import BaseModel
 
-    from .protocol import Framework, RunOutcome
-    from .running import Run, Solving
-    from .runstore import RunStore
+    from .protocol import Framework
 
 # reasoning_tokens: the part of completion_tokens a reasoning model spent reasoning
 # attempts at the endpoint = requests + retries + failures (each failed attempt is retried or final)
@@ -216,74 +214,3 @@ def print_drivers(rows: list[dict[str, Any]], out: Console) -> None:
             str(row.get("restarts", 0)),
         )
     out.print(table)
-
-
-def summarise_run(
-    run: Run, store: RunStore, ids: list[str], solving: Solving | None, started: float
-) -> RunOutcome:
-    """The run's last step: its records in id order (tables and bootstrap intervals equal what
-    ``report`` rebuilds), its summary with what this invocation used and cost, written and
-    printed; ``BudgetReached`` when a cap stopped it with items left."""
-    import time
-
-    from .costs import BudgetReached, cost_table
-    from .estimate import print_estimate
-    from .planning import estimate_from_disk
-    from .protocol import RunOutcome
-
-    fw, plan, planned = run.fw, run.plan, run.planned
-    results = records_for_tables(fw, plan.options, store.results(sorted(ids)))
-    tables = tables_of(fw, plan.options, results)
-    summary = summarise(fw.name, plan.task, len(run.items), results)
-    solved = solving.solved if solving is not None else None
-    usage = solved.usage if solved is not None else {}
-    summary.add(
-        usage_this_invocation=usage,
-        usage_by_role_this_invocation=usage_by_role(fw, usage, store.manifest().roles),
-        self_judging=run.self_judging,
-        concurrency_this_invocation=solved.limits if solved is not None else {},
-        seconds_this_invocation=round(time.time() - started, 3),
-    )
-    if solved is not None and solved.where is not None:  # which replicas answered the NLI
-        summary.add(nli_placement_this_invocation=solved.where)
-    if solved is not None and solved.spread:  # requests over the replicas the run started
-        summary.add(replicas_this_invocation=solved.spread)
-    if solving is not None and solving.drivers is not None:  # --drivers N: each one's work
-        summary.add(drivers_this_invocation=solving.drivers)
-    if planned.prices:
-        seconds = summary.seconds_this_invocation or 0.0
-        summary.add(
-            cost_this_invocation=cost_table(fw, usage, run.records, planned.prices, seconds),
-            cost_recorded=recorded_cost(
-                fw, recorded_usage(results), run.records, planned.prices, store.dir
-            ),
-        )
-    remaining = len(store.pending(ids))
-    budget = solving.budget if solving is not None else None
-    if budget is not None and budget.stopped and remaining:
-        summary.add(budget_stop=budget.stopped)
-    if run.pilot is not None:  # what the rest will ask, from every item recorded so far
-        derived = len(planned.items) if plan.items is not None else None
-        summary.add(
-            estimate_of_the_rest=estimate_from_disk(
-                fw, plan.options, store.dir, run.items, ids, run.records, planned.prices, derived
-            )
-        )
-    store.write_summary(summary)
-    name = fw.tables_file(plan.options)
-    if tables is not None and name:
-        from .runstore import atomic_write_json
-
-        atomic_write_json(store.dir / name, tables)
-    print_summary(summary, Console())
-    if tables is not None:
-        fw.render(tables, Console())
-    if run.pilot is not None:
-        label = f"after the pilot, {store.dir}"
-        print_estimate(label, summary.estimate_of_the_rest or {}, Console())
-    if summary.budget_stop:
-        raise BudgetReached(
-            f"{store.dir}: stopped admitting items ({summary.budget_stop}); {remaining} of "
-            f"{len(run.items)} items remain: rerun with a higher cap to resume"
-        )
-    return RunOutcome(store.dir, results, tables, summary, fw)
