@@ -65,18 +65,40 @@ def test_an_answer_for_no_item_is_ignored_unless_the_framework_refuses_it(tmp_pa
     assert read_answers(path, JSONL, {"s1"}) == {"s1": "x", "s9": "y"}  # s9 is never looked up
 
 
-def test_empty_files_and_wrong_layouts_are_refused(tmp_path):
+def test_empty_files_and_malformed_layouts_are_refused(tmp_path):
     empty = tmp_path / "e.jsonl"
     empty.write_text("")
     with pytest.raises(UserError, match="no answers"):
         read_answers(empty, JSONL)
     listed = tmp_path / "a.json"
-    listed.write_text('{"id": "q1", "answer": "x"}')
-    with pytest.raises(UserError, match="expected a JSON list"):
-        read_answers(listed, LIST)
     listed.write_text('[["q1", "x"]]')
     with pytest.raises(UserError, match=r"answer #0: not a JSON object"):
         read_answers(listed, LIST)
+    listed.write_text('[{"id": "q1", "answer": "x"},\n {"id": "q2" "answer": "y"}]')
+    with pytest.raises(UserError) as caught:
+        read_answers(listed, LIST)
+    assert f"{listed}:2: neither a JSON list nor JSON Lines" in str(caught.value)
+    lines = tmp_path / "a.jsonl"
+    lines.write_text('{"id": "q1", "answer": "x"}\n"just text"\n')
+    with pytest.raises(UserError, match=r"a.jsonl:2: record must be a JSON object"):
+        read_answers(lines, LIST)
+
+
+@pytest.mark.parametrize("spec", [LIST, JSONL, STRICT])
+def test_either_layout_is_read_by_every_framework_decided_by_the_content(tmp_path, spec):
+    """The layout a framework's authors publish is what --help says; the reader takes JSON
+    Lines or a JSON list whatever it is (a leading byte-order mark and blank lines too)."""
+    rows = [
+        {spec.id_field: "q1", "answer": "Paris"},
+        {spec.id_field: "q2", "answer": "8 legs"},
+    ]
+    lines = tmp_path / "answers.jsonl"
+    lines.write_text("\ufeff" + "".join(json.dumps(r) + "\n\n" for r in rows), encoding="utf-8")
+    listed = tmp_path / "answers.json"
+    listed.write_text("\n  " + json.dumps(rows, indent=2))
+    ids = {"q1", "q2"}
+    assert read_answers(lines, spec, ids) == read_answers(listed, spec, ids)
+    assert read_answers(lines, spec, ids) == {"q1": "Paris", "q2": "8 legs"}
 
 
 def test_every_framework_with_an_answering_role_reads_answers_through_the_runtime():

@@ -26,14 +26,16 @@ class AnswerFile:
 
     id_field: str = "id"  # the field naming the item ("sample_id", "topic")
     answer_field: str = "answer"
-    layout: Literal["jsonl", "json-list"] = "jsonl"  # one object per line, or one JSON list
+    # the layout the authors publish (said in --help); either is read, decided by the content
+    layout: Literal["jsonl", "json-list"] = "jsonl"
     unknown: Literal["ignore", "error"] = "ignore"  # an answer for no item: not scored, or refused
     missing: str = "not scored"  # what an item without an answer becomes (said in --help)
 
     @property
     def shape(self) -> str:
         record = f'{{"{self.id_field}", "{self.answer_field}"}}'
-        return f"[{record}, ...] JSON" if self.layout == "json-list" else f"{record} JSONL"
+        listed, lines = f"a JSON list [{record}, ...]", f"JSON Lines of {record}"
+        return f"{listed} or {lines}" if self.layout == "json-list" else f"{lines} or a JSON list"
 
 
 class GivenAnswers(BaseModel):
@@ -45,20 +47,41 @@ class GivenAnswers(BaseModel):
 
 
 def _records(path: Path, spec: AnswerFile) -> Iterator[tuple[str, Any]]:
-    """(where, row) per record: ``file:line`` for JSONL, ``file: answer #n`` for a JSON list."""
-    if spec.layout == "jsonl":
+    """(where, row) per record, the layout decided by the content (whatever ``spec.layout``, the
+    one its authors publish): a JSON list (``file: answer #n``) when the first character is
+    ``[``, else JSON Lines (``file:line``); anything else is one line naming file and line."""
+    if _first_character(path) != "[":
         for lineno, row in iter_jsonl(path):
             yield f"{path}:{lineno}", row
         return
     try:
         rows = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise UserError(f"{path}: not readable as JSON: {' '.join(str(exc).split())}") from None
-    if not isinstance(rows, list):
+    except UnicodeDecodeError:
+        raise UserError(f"{path}: not UTF-8 text") from None
+    except RecursionError:  # deeper than the parser's stack: bad input, not a crash
+        raise UserError(f"{path}: JSON nested too deeply") from None
+    except json.JSONDecodeError as exc:
+        raise UserError(
+            f"{path}:{exc.lineno}: neither a JSON list nor JSON Lines: {exc.msg} "
+            f"(column {exc.colno})"
+        ) from None
+    if not isinstance(rows, list):  # unreachable for text that starts with "[", kept for types
         record = f'{{"{spec.id_field}", "{spec.answer_field}"}}'
         raise UserError(f"{path}: expected a JSON list of {record} objects")
     for n, row in enumerate(rows):
         yield f"{path}: answer #{n}", row
+
+
+def _first_character(path: Path) -> str:
+    """The file's first character that is not white space or a byte-order mark ("" if none)."""
+    if not path.is_file():
+        raise UserError(f"input file not found: {path}")
+    try:
+        with path.open("rb") as handle:
+            head = handle.read(4096).decode("utf-8", errors="ignore")
+    except OSError as exc:
+        raise UserError(f"{path}: cannot be read: {exc.strerror}") from None
+    return head.lstrip("\ufeff \t\r\n")[:1]
 
 
 def read_answers(
@@ -74,7 +97,7 @@ def read_answers(
         key = row.get(spec.id_field)
         if isinstance(key, int) and not isinstance(key, bool):
             key = str(key)
-        record = f"{where}: record {key!r}" if spec.layout == "jsonl" else f"{where} ({key!r})"
+        record = f"{where} ({key!r})" if "answer #" in where else f"{where}: record {key!r}"
         if not isinstance(key, str) or not key:
             raise UserError(f"{record}: field {spec.id_field}: missing or not a string")
         if not isinstance(row.get(spec.answer_field), str):
