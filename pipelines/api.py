@@ -113,7 +113,7 @@ def request_from(found: Study, yaml_path: Path | None, overrides: dict[str, Any]
     """The one way a run's configuration is built, for the command line and for ``evaluate``:
     the YAML file's sections, then dotted overrides (``evaluator.model``, ``<study>.input``),
     validated together; a dataset name given for a path becomes the catalogued file."""
-    cfg: Any = load_config(request_model(found), yaml_path, overrides)
+    cfg: Any = load_config(request_model(found), yaml_path, overrides, (found.name,))
     options = resolve_names(getattr(cfg, found.name))
     return RunRequest(cfg.evaluator, cfg.run, options, dict(cfg.roles))
 

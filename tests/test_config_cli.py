@@ -301,3 +301,24 @@ def test_items_file_changed_after_validation_is_refused(tmp_path):
     path.write_text('{"id": "a", "question": "q?"}\n{"id": "b", "question": "s?"}\n')
     with pytest.raises(FileChanged, match=r"items.jsonl: changed while the run was reading it"):
         view[1]
+
+
+@pytest.mark.parametrize(
+    ("command", "wanted"),
+    [
+        (
+            ["reproduce", "crux"],
+            "groundcover reproduce crux needs --topics and --passages, or --data",
+        ),
+        (["generate"], "groundcover generate needs INPUT"),
+        (["eval", "crux", "run.trec"], "groundcover eval crux: Missing option '--topics'."),
+        (["eval", "garage", "--bogus"], "groundcover eval garage: No such option: --bogus"),
+        (["index", "build"], "groundcover index build: Missing argument 'corpus'."),
+        (["no-such-command"], "groundcover: No such command 'no-such-command'."),
+    ],
+)
+def test_a_missing_or_unknown_option_is_one_line_naming_what_to_give(command, wanted):
+    result = CliRunner().invoke(app, command, prog_name="groundcover")
+    assert result.exit_code == 2
+    lines = result.output.strip().splitlines()
+    assert lines == [f"error: {wanted} (see --help)"], result.output

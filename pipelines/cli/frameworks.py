@@ -13,6 +13,7 @@ import inspect
 import shlex
 import sys
 import types
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal, Union, get_args, get_origin
 
@@ -152,11 +153,14 @@ def build(spec: Command) -> click.Command:
         raise ValueError(f"{spec.path}: flags {sorted(clash)} are shared options")
 
     def command(**given: Any) -> None:
-        from ..runtime.config import UserError
+        from ..runtime.config import MissingFields, UserError
         from ..runtime.runner import execute, raise_for_failures
 
         common = Shared(**{p.name: given.pop(p.name) for p in shared})
-        request = load_request(study, spec.overrides(given), common)
+        try:
+            request = load_request(study, spec.overrides(given), common)
+        except MissingFields as exc:  # the flags that give them, not the config's field names
+            raise UserError(missing_line(spec, study, exc.fields)) from None
         if common.pilot is not None and (common.pilot < 1 or common.dry_run):
             raise UserError("--pilot K needs K >= 1 and no --dry-run (a pilot runs items)")
         outcomes = execute(
@@ -184,10 +188,70 @@ def build(spec: Command) -> click.Command:
     return built
 
 
+def flag_text(flag: Flag) -> str:
+    """How a flag is given: ``INPUT`` for a positional one, else ``--name``."""
+    if flag.argument:
+        return flag.param.upper()
+    return "--" + (flag.name or flag.field.rpartition(".")[2]).replace("_", "-")
+
+
+def missing_line(spec: Command, study: Study[Any], fields: list[str]) -> str:
+    """One line naming what to give for missing fields: the command's flags (or the field, for
+    --config, where no flag sets it), and the one flag that would give all of them at once where
+    the options have one (``supplied_by``: CRUX's --data folder)."""
+    prefix = f"{study.name}."
+    own = [f.removeprefix(prefix) for f in fields if f.startswith(prefix)]
+    by_field = {flag.field: flag for flag in spec.flags}
+    wanted = [flag_text(by_field[f]) if f in by_field else f"{f} (in --config)" for f in own]
+    wanted += [f"{f} (in --config)" for f in fields if not f.startswith(prefix)]
+    text = wanted[0] if len(wanted) == 1 else f"{', '.join(wanted[:-1])} and {wanted[-1]}"
+    supplied_by = getattr(study.Options, "supplied_by", {})
+    instead = {supplied_by.get(f) for f in own}
+    if len(instead) == 1 and (one := instead.pop()) in by_field:
+        text += f", or {flag_text(by_field[one])}"
+    from typer._click.globals import get_current_context
+
+    return f"{get_current_context().command_path} needs {text} (see --help)"
+
+
 class LazyGroup(TyperGroup):
     """A group whose declared framework commands are built when invoked, not when listed."""
 
     path = ""
+
+    def main(
+        self,
+        args: Sequence[str] | None = None,
+        prog_name: str | None = None,
+        complete_var: str | None = None,
+        standalone_mode: bool = True,
+        windows_expand_args: bool = True,
+        **kwargs: Any,
+    ) -> Any:
+        """A usage error (a missing option or argument, an unknown flag) is one line naming the
+        command and what to give, like every other error, not a framed usage block."""
+
+        def run(standalone: bool) -> Any:
+            return super(LazyGroup, self).main(
+                args, prog_name, complete_var, standalone, windows_expand_args, **kwargs
+            )
+
+        if not standalone_mode:
+            return run(False)
+        try:
+            returned = run(False)
+        except click.exceptions.UsageError as exc:
+            where = exc.ctx.command_path if exc.ctx is not None else "groundcover"
+            sys.stderr.write(f"error: {where}: {exc.format_message()} (see --help)\n")
+            sys.exit(exc.exit_code)
+        except click.exceptions.ClickException as exc:
+            sys.stderr.write(f"error: {exc.format_message()}\n")
+            sys.exit(exc.exit_code)
+        except typer.Abort:
+            sys.stderr.write("aborted\n")
+            sys.exit(1)
+        # without standalone mode typer hands back an Exit's code; a command's own value is None
+        sys.exit(returned if isinstance(returned, int) and not isinstance(returned, bool) else 0)
 
     def declared(self) -> dict[str, Command]:
         from ..runtime.registry import commands

@@ -12,7 +12,7 @@ from __future__ import annotations
 import functools
 import json
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from rich.console import Console
@@ -63,6 +63,8 @@ ETAS = range(1, 6)
 
 class ReproduceCruxOptions(BaseModel):
     model_config = ConfigDict(extra="forbid")
+    # a missing file is also given by --data (the command line says so)
+    supplied_by: ClassVar[dict[str, str]] = {f: "data" for f in ("topics", "passages", "ratings")}
 
     data: InputDir | None = Field(
         None, description="folder of `crux build` output: topics, passages, ratings"

@@ -280,8 +280,15 @@ SHARED_OPTIONS = (
 )
 
 
-def load_config(model: type[M], yaml_path: Path | None, overrides: dict[str, Any]) -> M:
-    """YAML file first, then flags that were given (None means 'not given')."""
+def load_config(
+    model: type[M],
+    yaml_path: Path | None,
+    overrides: dict[str, Any],
+    sections: tuple[str, ...] = (),
+) -> M:
+    """YAML file first, then flags that were given (None means 'not given'); ``sections`` that
+    neither gave are empty (their required fields are then named, not the section).
+    Configuration that only lacks required fields raises ``MissingFields``."""
     data: dict[str, Any] = {}
     source = str(yaml_path) if yaml_path else "command line"
     if yaml_path is not None:
@@ -303,10 +310,32 @@ def load_config(model: type[M], yaml_path: Path | None, overrides: dict[str, Any
         for part in parents:
             target = target.setdefault(part, {})
         target[leaf] = value
+    for section in sections:  # a section no flag or file gave: its own fields are reported
+        data.setdefault(section, {})
     try:
         return model.model_validate(data)
     except ValidationError as exc:
+        missing = missing_fields(exc)
+        if missing:
+            raise MissingFields(f"{source}: missing {', '.join(missing)}", missing) from exc
         raise UserError(f"{source}: {describe_validation(exc)}") from exc
+
+
+class MissingFields(UserError):
+    """Configuration without required fields (dotted, ``garage.input``); the command line names
+    the flags that give them (``pipelines.cli.frameworks``)."""
+
+    def __init__(self, message: str, fields: list[str]):
+        super().__init__(message)
+        self.fields = fields
+
+
+def missing_fields(exc: ValidationError) -> list[str]:
+    """The dotted fields a validation found missing, when that is all it found."""
+    errors = exc.errors()
+    if not errors or any(e["type"] != "missing" for e in errors):
+        return []
+    return [".".join(str(p) for p in e["loc"]) for e in errors]
 
 
 def describe_validation(exc: ValidationError) -> str:
