@@ -35,7 +35,8 @@ def test_main_job_on_embedded_model_starts_and_stops_its_own_server(tmp_path):
         str(run_dir),
         "--quiet",
     ]
-    env = dict(os.environ, PYTHONPATH=str(ROOT), HF_HUB_OFFLINE="1")
+    # an 80-column terminal (a log file is read the same way): no name or number cut short
+    env = dict(os.environ, PYTHONPATH=str(ROOT), HF_HUB_OFFLINE="1", COLUMNS="80")
     # own server: the README's main job converts the model, starts and stops its server itself
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=1200)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
@@ -51,8 +52,28 @@ def test_main_job_on_embedded_model_starts_and_stops_its_own_server(tmp_path):
     assert manifest["models"]["hub_id"] == "HuggingFaceTB/SmolLM2-135M-Instruct"
     assert manifest["prompts"]["mine_questions"].startswith("mine_questions@v1#")
     assert "mean score" in done.stdout or "undefined" in done.stdout
+    assert_tables_whole(done.stdout, records)
+    # the same command again, at 120 columns: the run is finished, no server starts, and each
+    # stage's row is on one line
+    again = subprocess.run(
+        command, env=env | {"COLUMNS": "120"}, capture_output=True, text=True, timeout=300
+    )
+    assert again.returncode == 0, again.stdout[-2000:] + again.stderr[-2000:]
+    assert_tables_whole(again.stdout, records)
+    for stage in records[0]["usage"]:
+        assert any(line.strip("│ ").startswith(stage) for line in again.stdout.splitlines())
 
     log = (run_dir / "serve.log").read_text()
     port = int(re.findall(r"--port (\d+)", log)[-1])  # the last launch's (a taken one moves)
     assert "--host 127.0.0.1" in log
     assert not port_in_use("127.0.0.1", port), "the server started for the run must be stopped"
+
+
+def assert_tables_whole(text: str, records: list[dict]) -> None:
+    """Every stage the records used is a whole cell of the usage table; nothing is cut."""
+    from tests.support.tables import table_rows
+
+    assert "…" not in text, text
+    assert max(len(line) for line in text.splitlines()) <= 120
+    cells = {row[0] for row in table_rows(text) if row}
+    assert set(records[0]["usage"]) <= cells, (sorted(cells), text)

@@ -11,9 +11,12 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from ..runtime.terminal import terminal
+from .frameworks import lazy_group
 from .options import clean_errors
 
 cache_app = typer.Typer(
+    cls=lazy_group("cache"),
     help="The response cache: list it by model and adapter revision, prune it, clear it.",
     no_args_is_help=True,
 )
@@ -56,7 +59,7 @@ def cache_list(
         }
         print(json.dumps(payload))
         return
-    out = Console()
+    out = terminal()
     table = Table("model", "revision", "entries", "MB", "oldest", "newest", "present")
     for g in found:
         revision = " + ".join(p.removeprefix("sha256:")[:12] for p in (g.revision or "").split("+"))

@@ -7,20 +7,22 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
 from ..datasets.catalog import CATALOG, lookup, parse_spec
 from ..datasets.fetch import LOCK, add, cached, data_root, get, read_lock
 from ..runtime.config import UserError
+from ..runtime.terminal import terminal
+from .frameworks import lazy_group
 from .options import clean_errors
 
 data_app = typer.Typer(
+    cls=lazy_group("data"),
     help="Datasets by name: fetched, pinned (lock file with sha256) and cached under "
     "$GROUNDCOVER_HOME/data.",
     no_args_is_help=True,
 )
-out = Console()
+out = terminal()
 
 
 @data_app.command("list")

@@ -11,6 +11,7 @@ from pydantic import ValidationError
 from rich.console import Console
 
 from ..runtime.config import UserError, describe_validation
+from ..runtime.terminal import terminal
 from .options import clean_errors
 
 
@@ -52,7 +53,7 @@ def finetune_claims_train(
     except ValidationError as exc:
         raise UserError(f"training options: {describe_validation(exc)}") from exc
     card = train(options)
-    console = Console()
+    console = terminal()
     console.print(
         f"adapter written to {out}: {card['steps']} steps, loss {card['first_loss']:.4f}"
         f" -> {card['final_loss']:.4f}"

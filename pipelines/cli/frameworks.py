@@ -10,6 +10,7 @@ help.
 from __future__ import annotations
 
 import inspect
+import re
 import shlex
 import sys
 import types
@@ -214,8 +215,28 @@ def missing_line(spec: Command, study: Study[Any], fields: list[str]) -> str:
     return f"{get_current_context().command_path} needs {text} (see --help)"
 
 
+def paragraphs(text: str | None) -> str | None:
+    """Help written as paragraphs, rendered as paragraphs: a docstring's line breaks inside a
+    paragraph become spaces; blank lines, indented lines and list items stay."""
+    if not text:
+        return text
+    out = []
+    for block in inspect.cleandoc(text).split("\n\n"):
+        lines = block.splitlines()
+        kept = any(line.startswith(("  ", "- ", "* ", "\b")) for line in lines)
+        out.append(block if kept else " ".join(line.strip() for line in lines))
+    return "\n\n".join(out)
+
+
+def first_sentence(text: str | None) -> str | None:
+    """The first sentence of the first paragraph, on one line (a command list's entry)."""
+    first = (paragraphs(text) or "").split("\n\n")[0]
+    return re.split(r"(?<=[.!?])\s+(?=[A-Z`(])", first, maxsplit=1)[0] or None
+
+
 class LazyGroup(TyperGroup):
-    """A group whose declared framework commands are built when invoked, not when listed."""
+    """A group whose declared framework commands are built when invoked, not when listed;
+    every command's help reflowed as paragraphs, its entry in the list one sentence."""
 
     path = ""
 
@@ -262,9 +283,15 @@ class LazyGroup(TyperGroup):
         own = super().list_commands(ctx)
         return own + [name for name in self.declared() if name not in own]
 
+    def format_help(self, ctx: click.Context, formatter: Any) -> None:
+        self.help = paragraphs(self.help)
+        super().format_help(ctx, formatter)
+
     def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
         found = super().get_command(ctx, cmd_name)
         if found is not None:
+            found.help = paragraphs(found.help)
+            found.short_help = found.short_help or first_sentence(found.help)
             return found
         spec = self.declared().get(cmd_name)
         if spec is None:

@@ -10,10 +10,13 @@ import typer
 from rich.console import Console
 
 from ..runtime.errors import UserError
+from .frameworks import lazy_group
 from .options import clean_errors
 
 console = Console(stderr=True)
-index_app = typer.Typer(help="Build and search BM25 / FAISS indexes.", no_args_is_help=True)
+index_app = typer.Typer(
+    cls=lazy_group("index"), help="Build and search BM25 / FAISS indexes.", no_args_is_help=True
+)
 
 
 @index_app.command("build")

@@ -11,6 +11,7 @@ import typer
 from rich.console import Console
 from rich.table import Column, Table
 
+from ..runtime.terminal import terminal
 from . import finetune, reports, serve
 from .cache import cache_app
 from .data import data_app
@@ -34,7 +35,11 @@ def group(path: str, help: str) -> typer.Typer:
 eval_app = group("eval", "Evaluate responses with one of the frameworks.")
 reproduce_app = group("reproduce", "Reproduce a paper's tables (a grid of runs).")
 meta_eval_app = group("meta-eval", "Meta-evaluate a metric against labels or human judgements.")
-finetune_app = typer.Typer(help="Fine-tune models for the stack's stages.", no_args_is_help=True)
+finetune_app = typer.Typer(
+    cls=lazy_group("finetune"),
+    help="Fine-tune models for the stack's stages.",
+    no_args_is_help=True,
+)
 claims_app = group("finetune claims", "Claim extractors (ICAT's AC): data, training, evaluation.")
 crux_app = group("crux", "CRUX evaluation data.")
 app.add_typer(eval_app, name="eval")
@@ -76,7 +81,7 @@ def models() -> None:
             f"{p.reasoning} ({p.reasoning_default})" if p.reasoning else "-",
             p.notes,
         )
-    Console().print(table)
+    terminal().print(table)
     for preset in ADAPTER_PRESETS.values():
         Console().print(
             f"adapter {preset.name}: base {preset.base}, rank {preset.rank} "
@@ -129,7 +134,7 @@ def meta_eval_icat(
     icat-human.json into the run directory."""
     from ..icat.human import OUTPUT, render, validate
 
-    console = Console()
+    console = terminal()
     render(validate(run_dir, human, resamples), console)
     console.print(f"written: {run_dir / OUTPUT}")
 

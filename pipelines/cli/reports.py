@@ -10,6 +10,7 @@ import typer
 from rich.console import Console
 
 from ..runtime.errors import UserError
+from ..runtime.terminal import terminal
 from .options import clean_errors
 from .serve import api_key_from, authorised
 
@@ -40,7 +41,7 @@ def report(
     from ..runtime.costs import load_prices
 
     priced = load_prices(prices)
-    rebuild(run_dir, as_json, Console(), priced)
+    rebuild(run_dir, as_json, terminal(), priced)
     if html is not None:
         from ..reports.report_html import write_html
 
@@ -80,7 +81,7 @@ def agreement(
     if as_json:
         print(json.dumps(found, default=str))
     else:
-        render(found, Console())
+        render(found, terminal())
 
 
 @clean_errors
@@ -106,7 +107,7 @@ def compare(
     if as_json:
         typer.echo(json.dumps(result))
     else:
-        print_comparison(result, Console(), top)
+        print_comparison(result, terminal(), top)
     if html is not None:
         from ..reports.report_html import write_html
 

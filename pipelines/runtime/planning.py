@@ -25,6 +25,7 @@ from .runstore import (
     invocations,
     read_manifest,
 )
+from .terminal import terminal
 
 if TYPE_CHECKING:
     from .plan import StudyPlan
@@ -167,7 +168,7 @@ def driver_shares(drivers: int, run_dir: Path, items, derived: bool, out: Consol
 
 def print_dry_run(planned: StudyPlan) -> list[tuple[Path, dict]]:
     """Per run: (run directory, what it would still ask), printed; nothing started or written."""
-    out = Console()
+    out = terminal()
     out.print("dry run: inputs checked; no model is started and nothing is written")
     p = planned
     estimates = dry_run_estimates(

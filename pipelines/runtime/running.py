@@ -13,8 +13,6 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from rich.console import Console
-
 from ..datasets.names import data_provenance
 from .config import EvaluatorConfig
 from .costs import BudgetReached, cost_table, open_budget
@@ -41,6 +39,7 @@ from .summary import (
     tables_of,
     usage_by_role,
 )
+from .terminal import terminal
 
 
 def run_study(
@@ -72,9 +71,9 @@ def run_study(
         )
         atomic_write_json(planned.root / STUDY_FILE, record.to_json())
     if planned.repeats and combined is not None:
-        print_repeats(combined, Console())
+        print_repeats(combined, terminal())
     elif combined is not None:
-        study.render_combined(combined, Console())
+        study.render_combined(combined, terminal())
     return outcomes
 
 
@@ -278,12 +277,12 @@ class Run:
         name = fw.tables_file(plan.options)
         if tables is not None and name:
             atomic_write_json(store.dir / name, tables)
-        print_summary(summary, Console())
+        print_summary(summary, terminal())
         if tables is not None:
-            fw.render(tables, Console())
+            fw.render(tables, terminal())
         if run.pilot is not None:
             label = f"after the pilot, {store.dir}"
-            print_estimate(label, summary.estimate_of_the_rest or {}, Console())
+            print_estimate(label, summary.estimate_of_the_rest or {}, terminal())
         if summary.budget_stop:
             raise BudgetReached(
                 f"{store.dir}: stopped admitting items ({summary.budget_stop}); {remaining} of "

@@ -15,7 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Column
 
 from ...serving.client import EndpointError, EvalClient, RequestRejected, StageUsage
 from ...serving.launcher import ServerStartError
@@ -32,9 +33,10 @@ from .protocol import (
 )
 from .results import ItemResult, StageFailed, StageFailure
 from .runstore import RunStore, RunStoreError
+from .terminal import terminal
 
 OpenClient = Callable[[EvaluatorConfig, Path], contextlib.AbstractAsyncContextManager[EvalClient]]
-console = Console(stderr=True)
+console = terminal(stderr=True)
 
 
 async def solve_item(fw: Framework[Any, ItemT], item: ItemT, ctx: ItemContext) -> ItemResult:
@@ -86,6 +88,7 @@ async def run_items(
     total: int | None = None,
     budget: Budget | Ledger | None = None,
     done: Callable[[ItemResult], None] | None = None,
+    label: str = "items",
 ) -> None:
     """Solve ``items`` with ``workers`` tasks pulling from one queue (memory stays bounded by
     the workers, not the items), appending each result as soon as it exists. A ``budget``
@@ -122,16 +125,8 @@ async def run_items(
                 done(result)
 
     total = total or len(items)
-    with Progress(
-        "[progress.description]{task.description}",
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        disable=not show_progress,
-        transient=True,
-        console=console,
-    ) as progress:
-        bar = progress.add_task("items", total=total, completed=total - len(items))
+    with items_progress(show_progress) as progress:
+        bar = progress.add_task(label, total=total, completed=total - len(items))
         tasks = [asyncio.create_task(worker()) for _ in range(max(1, min(workers, len(items))))]
         try:
             await asyncio.gather(*tasks)
@@ -140,6 +135,20 @@ async def run_items(
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
             store.close()
+
+
+def items_progress(show: bool, out: Console | None = None) -> Progress:
+    """The run's progress bar: its label (the run's task: framework and setting) whole on one
+    line; the bar gives way on a narrow terminal."""
+    return Progress(
+        TextColumn("[progress.description]{task.description}", table_column=Column(no_wrap=True)),
+        BarColumn(bar_width=None, table_column=Column(ratio=1, min_width=10)),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        disable=not show,
+        transient=True,
+        console=out or console,
+    )
 
 
 def usage_since(client: EvalClient, before: dict[str, StageUsage]) -> dict[str, dict[str, Any]]:
@@ -310,6 +319,7 @@ async def solve_missing(
         total=total,
         budget=budget,
         done=done,
+        label=f"{plan.task}: items",
     )
     placement = getattr(resources[resource_key], "placement", None)
     return Solved(

@@ -13,6 +13,7 @@ from rich.table import Table
 from .records import RunSummary
 from .results import FAILED_STATUSES, STATUSES, ItemResult
 from .runstore import invocation_seconds
+from .terminal import usage_table
 
 if TYPE_CHECKING:
     from pydantic import BaseModel
@@ -116,8 +117,22 @@ def usage_by_role(
     return out
 
 
+# the usage columns as a terminal shows them: units in the header, never in the cells
+USAGE_HEADERS = {
+    "calls": "calls",
+    "requests": "requests",
+    "cache_hits": "cache hits",
+    "retries": "retries",
+    "failures": "failures",
+    "backoff_seconds": "backoff s",
+    "prompt_tokens": "prompt tok",
+    "completion_tokens": "completion tok",
+    "reasoning_tokens": "reasoning tok",
+}
+
+
 def usage_cell(key: str, value: float) -> str:
-    return f"{value:.1f}" if key.endswith("seconds") else str(round(value))
+    return f"{value:,.1f}" if key.endswith("seconds") else f"{round(value):,}"
 
 
 def print_summary(summary: RunSummary, out: Console) -> None:
@@ -138,7 +153,7 @@ def print_summary(summary: RunSummary, out: Console) -> None:
         (summary.usage_recorded, "model usage (recorded items)"),
     ):
         if usage:
-            stages = Table("stage", *(k.replace("_", " ") for k in USAGE_KEYS), title=title)
+            stages = usage_table("stage", *(USAGE_HEADERS[k] for k in USAGE_KEYS), title=title)
             for stage, u in usage.items():
                 stages.add_row(stage, *(usage_cell(k, u.get(k, 0)) for k in USAGE_KEYS))
             out.print(stages)
@@ -146,7 +161,7 @@ def print_summary(summary: RunSummary, out: Console) -> None:
     by_role = summary.usage_by_role_this_invocation if this_invocation else summary.usage_by_role
     if by_role:
         title = "model usage by role" + (" (this invocation)" if this_invocation else "")
-        roles = Table("role", "model", *(k.replace("_", " ") for k in USAGE_KEYS), title=title)
+        roles = usage_table("role", "model", *(USAGE_HEADERS[k] for k in USAGE_KEYS), title=title)
         for role, u in by_role.items():
             roles.add_row(
                 role, str(u.get("model") or "-"), *(usage_cell(k, u.get(k, 0)) for k in USAGE_KEYS)
@@ -171,10 +186,10 @@ def print_summary(summary: RunSummary, out: Console) -> None:
 def print_cost(cost: dict[str, Any], title: str, out: Console) -> None:
     table = Table("role / stage", "$", title=title)
     for role, dollars in cost["by_role"].items():
-        table.add_row(f"role {role}", f"{dollars:.4f}")
+        table.add_row(f"role {role}", f"{dollars:,.4f}")
     for stage, dollars in cost["by_stage"].items():
-        table.add_row(f"  stage {stage}", f"{dollars:.4f}")
-    table.add_row("total", f"{cost['total']:.4f}")
+        table.add_row(f"  stage {stage}", f"{dollars:,.4f}")
+    table.add_row("total", f"{cost['total']:,.4f}")
     out.print(table)
     if cost["unpriced"]:
         out.print(f"no price for {', '.join(cost['unpriced'])}: not in the total")
@@ -208,8 +223,8 @@ def print_drivers(rows: list[dict[str, Any]], out: Console) -> None:
         table.add_row(
             str(row["driver"]),
             f"{row['ip']} {str(row['node'])[:12]}",
-            str(row["items"]),
-            str(row["calls"]),
+            f"{row['items']:,}",
+            f"{row['calls']:,}",
             "-" if rate is None else f"{rate:.1f}",
             str(row.get("restarts", 0)),
         )

@@ -1,0 +1,139 @@
+"""Tables a person can read in any terminal, 80 columns included, and in a log file (where rich
+prints 80 columns): a name or a number is never cut short with "…".
+
+``terminal()`` is the console every command prints through (frameworks' ``render`` get it too).
+Each table it prints is fitted first:
+
+- a number column keeps its widest number whole (numbers carry thousands separators; a
+  column's unit is in its header), a name column wraps instead of being cut;
+- a usage table (``zero_columns="drop"``) leaves out the number columns that are zero in every
+  row and lists them in one line under it, as the HTML page does;
+- a table that still cannot fit is stacked: one block per row, each value under its header.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from rich.console import Console, Group, RenderableType
+from rich.measure import Measurement
+from rich.table import Table
+from rich.text import Text
+
+NUMBER = re.compile(r"^[-+]?[$]?(\d{1,3}(,\d{3})+|\d+)(\.\d+)?%?$")
+DROP_ZERO = "groundcover_drop_zero"  # set on a Table: its all-zero number columns are left out
+
+
+class FittedConsole(Console):
+    """A console whose tables never cut a name or a number (see the module's docstring)."""
+
+    def print(self, *objects: Any, **kwargs: Any) -> None:
+        fitted = [fit(o, self) if isinstance(o, Table) else o for o in objects]
+        super().print(*fitted, **kwargs)
+
+
+def terminal(stderr: bool = False) -> Console:
+    return FittedConsole(stderr=stderr)
+
+
+def usage_table(*columns: str, title: str | None = None) -> Table:
+    """A table whose number columns that are zero in every row are left out when printed."""
+    table = Table(*columns, title=title)
+    setattr(table, DROP_ZERO, True)
+    return table
+
+
+def _plain(cell: Any) -> str | None:
+    if isinstance(cell, str):
+        return cell
+    if isinstance(cell, Text):
+        return cell.plain
+    return None
+
+
+def _is_number(text: str) -> bool:
+    return bool(NUMBER.match(text.strip())) or text.strip() in ("-", "")
+
+
+def _is_zero(text: str) -> bool:
+    stripped = text.strip().lstrip("$").rstrip("%").replace(",", "")
+    try:
+        return float(stripped) == 0
+    except ValueError:
+        return False
+
+
+def fit(table: Table, console: Console) -> RenderableType:
+    """``table`` rebuilt to be read whole at ``console.width``, or stacked where it cannot be."""
+    cells = [list(column.cells) for column in table.columns]
+    plain = [[_plain(c) for c in column] for column in cells]
+    if any(p is None for column in plain for p in column):
+        return table  # cells that are renderables of their own: printed as they are
+    texts: list[list[str]] = [[p or "" for p in column] for column in plain]
+    rows = len(texts[0]) if texts else 0
+    numeric = [rows > 0 and all(_is_number(t) for t in column) for column in texts]
+    keep = list(range(len(table.columns)))
+    dropped: list[str] = []
+    if getattr(table, DROP_ZERO, False) and rows:
+        zero = [numeric[k] and all(_is_zero(t) or t.strip() == "-" for t in texts[k]) for k in keep]
+        dropped = [str(table.columns[k].header) for k in keep if zero[k]]
+        keep = [k for k in keep if not zero[k]]
+    fitted = Table(title=table.title, show_header=table.show_header, box=table.box)
+    for k in keep:
+        column = table.columns[k]
+        widest = max((len(t) for t in texts[k]), default=0)
+        fitted.add_column(
+            column.header,
+            justify="right" if numeric[k] else column.justify,
+            no_wrap=numeric[k],
+            min_width=widest if numeric[k] else None,
+            overflow="fold",
+        )
+    for r in range(rows):
+        fitted.add_row(*(texts[k][r] for k in keep))
+    note = Text(f"all zero: {', '.join(dropped)}", style="dim") if dropped else None
+    measured = Measurement.get(console, console.options, fitted)
+    if _needed(table, keep, texts, numeric) > console.width:
+        return _stacked(table, keep, texts, note)
+    parts: list[RenderableType] = [fitted]
+    title = str(table.title or "")
+    if len(title) > min(measured.maximum, console.width):  # a title the table would break
+        fitted.title = None
+        parts.insert(0, Text(title, style="italic"))
+    return Group(*parts, note) if note is not None else Group(*parts)
+
+
+NAME_WIDTH = 8  # the narrowest a wrapped name column may be and still read as names
+
+
+def _needed(table: Table, keep: list[int], texts: list[list[str]], numeric: list[bool]) -> int:
+    """The width the table needs with every number and header word whole and each name column
+    at least ``NAME_WIDTH`` wide (rich would squeeze it further and cut)."""
+    total = 1  # the left border
+    for k in keep:
+        header = max((len(w) for w in str(table.columns[k].header).split()), default=0)
+        widest = max((len(t) for t in texts[k]), default=0)
+        cell = widest if numeric[k] else min(widest, NAME_WIDTH)
+        total += max(header, cell) + 3  # padding on both sides and the border
+    return total
+
+
+def _stacked(table: Table, keep: list[int], texts: list[list[str]], note: Text | None):
+    """One block per row: its first value as a heading, then each other value under its
+    header's name (a table too wide for the terminal even with every name wrapped)."""
+    blocks: list[RenderableType] = []
+    if table.title:
+        blocks.append(Text(str(table.title), style="italic"))
+    first, rest = keep[0], keep[1:]
+    for r in range(len(texts[first])):
+        blocks.append(Text(texts[first][r], style="bold"))
+        grid = Table.grid(padding=(0, 2))
+        grid.add_column(overflow="fold")
+        grid.add_column(overflow="fold")
+        for k in rest:
+            grid.add_row(f"  {table.columns[k].header}", texts[k][r])
+        blocks.append(grid)
+    if note is not None:
+        blocks.append(note)
+    return Group(*blocks)
