@@ -300,13 +300,16 @@ def print_comparison(result: dict[str, Any], out: Console, top: int = 10) -> Non
     for pair in result["pairs"]:
         a, b = letter[pair["a"]], letter[pair["b"]]
         differs = pair.get("differs") or []
-        said = "; ".join(f"{d['what']} {d['a']} → {d['b']}" for d in differs)
-        out.print(
-            f"{a}-{b}: rest on "
-            + (f"different content: {said}" if said else "the same inputs and models"),
-            highlight=False,
-            soft_wrap=True,
-        )
+        unknown = [d for d in differs if d["what"] == "inputs fingerprinted"]
+        said = "; ".join(f"{d['what']} {d['a']} → {d['b']}" for d in differs if d not in unknown)
+        line = f"different content: {said}" if said else "the same inputs and models"
+        if unknown:  # a run made before inputs were known by content: known by name only
+            line = (f"{line}, as far as can be told: " if said else "") + (
+                "inputs not fingerprinted in "
+                + " and ".join(r for r, f in ((a, unknown[0]["a"]), (b, unknown[0]["b"])) if not f)
+            )
+            line = line if said else f"unknown content ({line})"
+        out.print(f"{a}-{b}: rest on {line}", highlight=False, soft_wrap=True)
         if pair["deltas"] and top:
             deltas = Table("item", a, b, f"{a}-{b}", title=f"largest differences {a}-{b}")
             for d in pair["deltas"][:top]:

@@ -17,11 +17,12 @@ import re
 from typing import Any
 
 from rich.console import Console, Group, RenderableType
-from rich.measure import Measurement
 from rich.table import Table
 from rich.text import Text
 
-NUMBER = re.compile(r"^[-+]?[$]?(\d{1,3}(,\d{3})+|\d+)(\.\d+)?%?$")
+# a number, an interval "[0.41, 0.58]", a count "0/2/0", a time "0:01:02", a dash for none:
+# no letters, some digit (or only the dash); such a cell is never wrapped
+NUMERIC = re.compile(r"[\d\s.,:/%$+\-\[\]()±]*")
 DROP_ZERO = "groundcover_drop_zero"  # set on a Table: its all-zero number columns are left out
 
 
@@ -53,7 +54,10 @@ def _plain(cell: Any) -> str | None:
 
 
 def _is_number(text: str) -> bool:
-    return bool(NUMBER.match(text.strip())) or text.strip() in ("-", "")
+    stripped = text.strip()
+    if stripped in ("-", "—", ""):
+        return True
+    return bool(NUMERIC.fullmatch(stripped)) and any(ch.isdigit() for ch in stripped)
 
 
 def _is_zero(text: str) -> bool:
@@ -79,26 +83,19 @@ def fit(table: Table, console: Console) -> RenderableType:
         zero = [numeric[k] and all(_is_zero(t) or t.strip() == "-" for t in texts[k]) for k in keep]
         dropped = [str(table.columns[k].header) for k in keep if zero[k]]
         keep = [k for k in keep if not zero[k]]
+    note = Text(f"all zero: {', '.join(dropped)}", style="dim") if dropped else None
+    widths = _widths(table, keep, texts, numeric, console.width)
+    if widths is None:
+        return _stacked(table, keep, texts, note)
     fitted = Table(title=table.title, show_header=table.show_header, box=table.box)
-    for k in keep:
-        column = table.columns[k]
-        widest = max((len(t) for t in texts[k]), default=0)
-        fitted.add_column(
-            column.header,
-            justify="right" if numeric[k] else column.justify,
-            no_wrap=numeric[k],
-            min_width=widest if numeric[k] else None,
-            overflow="fold",
-        )
+    for k, width in zip(keep, widths, strict=True):
+        justify = "right" if numeric[k] else table.columns[k].justify
+        fitted.add_column(table.columns[k].header, justify=justify, width=width, overflow="fold")
     for r in range(rows):
         fitted.add_row(*(texts[k][r] for k in keep))
-    note = Text(f"all zero: {', '.join(dropped)}", style="dim") if dropped else None
-    measured = Measurement.get(console, console.options, fitted)
-    if _needed(table, keep, texts, numeric) > console.width:
-        return _stacked(table, keep, texts, note)
     parts: list[RenderableType] = [fitted]
     title = str(table.title or "")
-    if len(title) > min(measured.maximum, console.width):  # a title the table would break
+    if len(title) > sum(widths) + 3 * len(widths) + 1:  # a title the table would break
         fitted.title = None
         parts.insert(0, Text(title, style="italic"))
     return Group(*parts, note) if note is not None else Group(*parts)
@@ -107,16 +104,29 @@ def fit(table: Table, console: Console) -> RenderableType:
 NAME_WIDTH = 8  # the narrowest a wrapped name column may be and still read as names
 
 
-def _needed(table: Table, keep: list[int], texts: list[list[str]], numeric: list[bool]) -> int:
-    """The width the table needs with every number and header word whole and each name column
-    at least ``NAME_WIDTH`` wide (rich would squeeze it further and cut)."""
-    total = 1  # the left border
+def _widths(
+    table: Table, keep: list[int], texts: list[list[str]], numeric: list[bool], width: int
+) -> list[int] | None:
+    """Each column's width at ``width`` (None: the table cannot fit and is stacked). A number
+    column is as wide as its widest number and header word (a header wraps between words), a
+    name column at least ``NAME_WIDTH`` (its names wrap); what is left widens the names first,
+    then unwraps the headers."""
+    least, natural = [], []
     for k in keep:
-        header = max((len(w) for w in str(table.columns[k].header).split()), default=0)
+        header = str(table.columns[k].header)
+        word = max((len(w) for w in header.split()), default=0)
         widest = max((len(t) for t in texts[k]), default=0)
-        cell = widest if numeric[k] else min(widest, NAME_WIDTH)
-        total += max(header, cell) + 3  # padding on both sides and the border
-    return total
+        least.append(max(widest, word) if numeric[k] else max(word, min(widest, NAME_WIDTH)))
+        natural.append(max(widest, len(header)))
+    room = width - 1 - 3 * len(keep)  # a border after each column and one before, padding 2
+    if sum(least) > room:
+        return None
+    widths = list(least)
+    for names_first in (True, False):
+        for i, k in enumerate(keep):
+            if numeric[k] != names_first:
+                widths[i] += max(0, min(natural[i] - widths[i], room - sum(widths)))
+    return widths
 
 
 def _stacked(table: Table, keep: list[int], texts: list[list[str]], note: Text | None):
