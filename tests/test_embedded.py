@@ -53,15 +53,15 @@ def test_main_job_on_embedded_model_starts_and_stops_its_own_server(tmp_path):
     assert manifest["prompts"]["mine_questions"].startswith("mine_questions@v1#")
     assert "mean score" in done.stdout or "undefined" in done.stdout
     assert_tables_whole(done.stdout, records)
-    # the same command again, at 120 columns: the run is finished, no server starts, and each
-    # stage's row is on one line
-    again = subprocess.run(
-        command, env=env | {"COLUMNS": "120"}, capture_output=True, text=True, timeout=300
+    # the run's report at 120 columns: each recorded stage's row on one line, nothing cut
+    report = [sys.executable, "-m", "groundcover", "report", str(run_dir)]
+    shown = subprocess.run(
+        report, env=env | {"COLUMNS": "120"}, capture_output=True, text=True, timeout=300
     )
-    assert again.returncode == 0, again.stdout[-2000:] + again.stderr[-2000:]
-    assert_tables_whole(again.stdout, records)
+    assert shown.returncode == 0, shown.stdout[-2000:] + shown.stderr[-2000:]
+    assert_tables_whole(shown.stdout, records)
     for stage in records[0]["usage"]:
-        assert any(line.strip("│ ").startswith(stage) for line in again.stdout.splitlines())
+        assert any(line.strip("│ ").startswith(f"{stage} ") for line in shown.stdout.splitlines())
 
     log = (run_dir / "serve.log").read_text()
     port = int(re.findall(r"--port (\d+)", log)[-1])  # the last launch's (a taken one moves)

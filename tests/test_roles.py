@@ -252,7 +252,9 @@ def test_fanoutqa_answers_made_elsewhere_start_no_answering_model(tmp_path, caps
 @pytest.mark.parametrize(
     ("content", "message"),
     [
-        ('{"id": "f1"}', "expected a JSON list"),
+        # either layout is read (decided by the content): one JSON Lines record, no answer
+        ('{"id": "f1"}', "answers.json:1: record 'f1': field answer: missing or not a string"),
+        ('"f1"', "answers.json:1: record must be a JSON object"),
         ('[{"id": "f1"}]', "answer #0 ('f1'): field answer: missing or not a string"),
         ('[{"id": "f1", "answer": "a"}, {"id": "f1", "answer": "b"}]', "field id: duplicate"),
         ('[{"id": "x", "answer": "a"}]', "no answer's id is an item of the data file"),

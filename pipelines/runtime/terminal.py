@@ -77,6 +77,7 @@ def fit(table: Table, console: Console) -> RenderableType:
     texts: list[list[str]] = [[p or "" for p in column] for column in plain]
     rows = len(texts[0]) if texts else 0
     numeric = [rows > 0 and all(_is_number(t) for t in column) for column in texts]
+    whole = [n or c.no_wrap for n, c in zip(numeric, table.columns, strict=True)]  # never wraps
     keep = list(range(len(table.columns)))
     dropped: list[str] = []
     if getattr(table, DROP_ZERO, False) and rows:
@@ -84,7 +85,7 @@ def fit(table: Table, console: Console) -> RenderableType:
         dropped = [str(table.columns[k].header) for k in keep if zero[k]]
         keep = [k for k in keep if not zero[k]]
     note = Text(f"all zero: {', '.join(dropped)}", style="dim") if dropped else None
-    widths = _widths(table, keep, texts, numeric, console.width)
+    widths = _widths(table, keep, texts, whole, console.width)
     if widths is None:
         return _stacked(table, keep, texts, note)
     fitted = Table(title=table.title, show_header=table.show_header, box=table.box)
@@ -102,31 +103,42 @@ def fit(table: Table, console: Console) -> RenderableType:
 
 
 NAME_WIDTH = 8  # the narrowest a wrapped name column may be and still read as names
+TALL = 6  # a cell wrapped over more lines than this: the table is stacked instead
 
 
 def _widths(
-    table: Table, keep: list[int], texts: list[list[str]], numeric: list[bool], width: int
+    table: Table, keep: list[int], texts: list[list[str]], whole: list[bool], width: int
 ) -> list[int] | None:
     """Each column's width at ``width`` (None: the table cannot fit and is stacked). A number
     column is as wide as its widest number and header word (a header wraps between words), a
-    name column at least ``NAME_WIDTH`` (its names wrap); what is left widens the names first,
-    then unwraps the headers."""
+    name column at least ``NAME_WIDTH`` (its names wrap); what is left goes to the first
+    column (the row's name), then to the other names, then unwraps the number headers."""
     least, natural = [], []
     for k in keep:
         header = str(table.columns[k].header)
         word = max((len(w) for w in header.split()), default=0)
         widest = max((len(t) for t in texts[k]), default=0)
-        least.append(max(widest, word) if numeric[k] else max(word, min(widest, NAME_WIDTH)))
+        least.append(max(widest, word) if whole[k] else max(word, min(widest, NAME_WIDTH)))
         natural.append(max(widest, len(header)))
     room = width - 1 - 3 * len(keep)  # a border after each column and one before, padding 2
     if sum(least) > room:
         return None
     widths = list(least)
-    for names_first in (True, False):
-        for i, k in enumerate(keep):
-            if numeric[k] != names_first:
-                widths[i] += max(0, min(natural[i] - widths[i], room - sum(widths)))
-    return widths
+    spare = room - sum(widths)
+    # the first column names its row (a preset, a role, a stage): whole where it can be; then
+    # the other names grow a character at a time, the narrowest first; then number headers
+    grow = min(natural[0] - widths[0], spare, room // 3)
+    widths[0] += max(0, grow)
+    for names in (True, False):
+        growing = [i for i, k in enumerate(keep) if whole[k] != names]
+        while room > sum(widths):
+            short = [i for i in growing if widths[i] < natural[i]]
+            if not short:
+                break
+            widths[min(short, key=lambda i: widths[i])] += 1
+    # a name that would take more than a few lines of its column reads better stacked
+    tall = any(not whole[k] and natural[i] > TALL * widths[i] for i, k in enumerate(keep))
+    return None if tall else widths
 
 
 def _stacked(table: Table, keep: list[int], texts: list[list[str]], note: Text | None):
