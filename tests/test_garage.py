@@ -192,3 +192,15 @@ def test_eval_garage_end_to_end(vllm_server, tmp_path):
     tables = json.loads((tmp_path / "run" / "tables.json").read_text())
     assert {"table2", "table3", "table4", "breakdowns"} <= set(tables)
     assert tables["n"] == 2
+
+
+def test_precision_recall_f1_from_counts_by_hand():
+    """The one helper behind GaRAGe's attribution and the claims evaluation: matched predicted
+    and matched gold counted apart (claims eval: 2 of 4 predicted claims match, 3 of 5 gold)."""
+    from groundcover import precision_recall_f1
+
+    got = precision_recall_f1(2, 4, 3, 5)
+    assert got["precision"] == 0.5 and got["recall"] == 0.6
+    assert got["f1"] == pytest.approx(2 * 0.5 * 0.6 / 1.1)  # 0.5454...
+    assert precision_recall_f1(0, 3, 0, 2) == {"precision": 0.0, "recall": 0.0, "f1": 0.0}
+    assert precision_recall_f1(0, 0, 1, 2) == {"precision": None, "recall": 0.5, "f1": None}

@@ -8,6 +8,7 @@ installs one top-level name."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
@@ -48,7 +49,7 @@ class Judge:
         self.gate = threading.Event()
         self.calls: list[tuple[str, str]] = []
 
-    def label(self, model: str, prompt: str) -> tuple[str, str]:
+    def verdict(self, model: str, prompt: str) -> tuple[str, str]:
         topic = next(t for t in VERDICTS[model] if t in prompt)
         self.calls.append((model, topic))
         return topic, VERDICTS[model][topic]
@@ -61,10 +62,10 @@ class Judge:
         async def complete(request: web.Request) -> web.Response:
             body = await request.json()
             prompt = body["messages"][-1]["content"]
-            topic, label = self.label(body["model"], prompt)
+            topic, label = self.verdict(body["model"], prompt)
             if topic in self.held:
                 while not self.gate.is_set():
-                    await asyncio_sleep(0.05)
+                    await asyncio.sleep(0.05)
             usage = {"prompt_tokens": 40, "completion_tokens": 1, "total_tokens": 41}
             choice = {"index": 0, "message": {"role": "assistant", "content": label}}
             return web.json_response(
@@ -76,12 +77,6 @@ class Judge:
         app.router.add_get("/v1/models", models)
         app.router.add_post("/v1/chat/completions", complete)
         return app
-
-
-async def asyncio_sleep(seconds: float) -> None:
-    import asyncio
-
-    await asyncio.sleep(seconds)
 
 
 @pytest.fixture(scope="module")

@@ -200,6 +200,8 @@ def missing_line(spec: Command, study: Study[Any], fields: list[str]) -> str:
     """One line naming what to give for missing fields: the command's flags (or the field, for
     --config, where no flag sets it), and the one flag that would give all of them at once where
     the options have one (``supplied_by``: CRUX's --data folder)."""
+    from typer._click.globals import get_current_context
+
     prefix = f"{study.name}."
     own = [f.removeprefix(prefix) for f in fields if f.startswith(prefix)]
     by_field = {flag.field: flag for flag in spec.flags}
@@ -210,8 +212,6 @@ def missing_line(spec: Command, study: Study[Any], fields: list[str]) -> str:
     instead = {supplied_by.get(f) for f in own}
     if len(instead) == 1 and (one := instead.pop()) in by_field:
         text += f", or {flag_text(by_field[one])}"
-    from typer._click.globals import get_current_context
-
     return f"{get_current_context().command_path} needs {text} (see --help)"
 
 

@@ -6,7 +6,7 @@ Each table it prints is fitted first:
 
 - a number column keeps its widest number whole (numbers carry thousands separators; a
   column's unit is in its header), a name column wraps instead of being cut;
-- a usage table (``zero_columns="drop"``) leaves out the number columns that are zero in every
+- a usage table (``usage_table``) leaves out the number columns that are zero in every
   row and lists them in one line under it, as the HTML page does;
 - a table that still cannot fit is stacked: one block per row, each value under its header.
 """
@@ -75,6 +75,8 @@ def fit(table: Table, console: Console) -> RenderableType:
     if any(p is None for column in plain for p in column):
         return table  # cells that are renderables of their own: printed as they are
     texts: list[list[str]] = [[p or "" for p in column] for column in plain]
+    if not texts:
+        return table
     rows = len(texts[0]) if texts else 0
     numeric = [rows > 0 and all(_is_number(t) for t in column) for column in texts]
     whole = [n or c.no_wrap for n, c in zip(numeric, table.columns, strict=True)]  # never wraps
