@@ -84,6 +84,7 @@ if TYPE_CHECKING:
     # per-item results and statuses
     from .pipelines.runtime.results import (
         ItemResult,
+        ItemText,
         StageFailed,
         StageFailure,
         Status,
@@ -146,6 +147,7 @@ __all__ = [
     "Interval",
     "ItemContext",
     "ItemResult",
+    "ItemText",
     "LabelScore",
     "ModelGrid",
     "ModelName",

@@ -25,20 +25,27 @@ def report(
         Path | None, typer.Option(help="also write one self-contained HTML page")
     ] = None,
     export: Annotated[
-        Path | None, typer.Option(help="also write per-item scores to a file")
+        Path | None,
+        typer.Option(
+            help="also write every item's record: FILE.csv or FILE.parquet (flat, with "
+            "FILE.tables.json beside), FILE.eval or FILE.json (an inspect_ai log)"
+        ),
     ] = None,
-    format: Annotated[str, typer.Option(help="export format: csv | parquet")] = "csv",
+    format: Annotated[
+        str | None,
+        typer.Option(help="export format: csv | parquet | inspect (default: by FILE's suffix)"),
+    ] = None,
     prices: Annotated[
         Path | None, typer.Option(help="YAML: model -> $ per million tokens or GPU-hour")
     ] = None,
 ) -> None:
     """Rebuild and print the summary and tables of runs from what is on disk (no model calls;
     partial runs too); optionally an HTML page (--html) and per-item scores (--export)."""
+    from ..reports.export import export_format
     from ..reports.report import report as rebuild
-
-    if format not in ("csv", "parquet"):
-        raise UserError(f"--format must be csv or parquet, got {format!r}")
     from ..runtime.costs import load_prices
+
+    kind = export_format(export, format) if export is not None else None
 
     priced = load_prices(prices)
     rebuild(run_dir, as_json, terminal(), priced)
@@ -46,10 +53,11 @@ def report(
         from ..reports.report_html import write_html
 
         Console(stderr=True).print(f"html: {write_html(run_dir, html, prices=priced)}")
-    if export is not None:
-        from ..reports.report_html import export_scores
+    if export is not None and kind is not None:
+        from ..reports.export import export_runs
 
-        Console(stderr=True).print(f"export: {export_scores(run_dir, export, format)}")
+        for written in export_runs(run_dir, export, kind):
+            Console(stderr=True).print(f"export: {written}", highlight=False)
 
 
 @clean_errors

@@ -35,6 +35,7 @@ from groundcover import (
     InputFile,
     ItemContext,
     ItemResult,
+    ItemText,
     ParseError,
     RunOutcome,
     RunPlan,
@@ -278,6 +279,26 @@ class FanOutQA(Framework[FanoutOptions, Question]):
         if options.answers is not None or setting == "open-book":
             return {}
         return {f"answer-{setting}": 1}
+
+    def item_text(self, item: Question, record: ItemResult, options: FanoutOptions) -> ItemText:
+        """The question, the generation scored and the reference answer (as the dataset has
+        it: a string, a list or a mapping, written as JSON unless a string)."""
+        reference = item.answer if isinstance(item.answer, str) else json.dumps(item.answer)
+        return ItemText(item.question, record.details.get("generation"), reference)
+
+    def item_metrics(self, record: ItemResult) -> dict[str, float | None]:
+        """Loose and strict accuracy, ROUGE-1/2/L F1, BLEURT and the judge's score where the
+        run has them (the paper's Table 1 columns, per question)."""
+        metrics = record.details.get("metrics") or {}
+        found: dict[str, float | None] = {"score": record.score}
+        if metrics:
+            found |= {"loose": metrics["loose"], "strict": float(metrics["strict"])}
+            found |= {f"{k}_f1": metrics["rouge"][k]["f1"] for k in ROUGE_TYPES}
+        if "bleurt" in record.details:
+            found["bleurt"] = record.details["bleurt"]
+        if "judge" in record.details:
+            found["judge"] = record.details["judge"].get("score")
+        return found
 
     def load(self, options: FanoutOptions) -> list[Question]:
         if options.input is None:

@@ -268,6 +268,18 @@ class Icat(Framework[IcatOptions, data.Response]):
     def roles_used(self, options: IcatOptions) -> list[str]:
         return ["extract"] + ["judge"] * bool({"s", "a"} & set(options.variants))
 
+    def item_metrics(self, record: ItemResult) -> dict[str, float | None]:
+        """S_fact, then per variant S_cov and ICAT at each beta (``icat_m.s_cov``,
+        ``icat_m.icat_1``); undefined stays None."""
+        found: dict[str, float | None] = {"score": record.score}
+        found["s_fact"] = record.details.get("s_fact")
+        for variant, scores in (record.details.get("variants") or {}).items():
+            name = NAMES.get(variant, variant).lower().replace("-", "_")
+            found[f"{name}.s_cov"] = scores.get("s_cov")
+            for beta, value in (scores.get("icat") or {}).items():
+                found[f"{name}.icat_{beta}"] = value
+        return found
+
     def load(self, options: IcatOptions) -> list[data.Response]:
         queries = data.load_queries(options.queries)
         need = bool({"m", "s"} & set(options.variants))

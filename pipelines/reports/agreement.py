@@ -35,6 +35,7 @@ import numpy as np
 from ..runtime.config import UserError, iter_jsonl
 from ..runtime.panels import Average, Level, PanelRule, Vote
 from ..runtime.results import ItemResult
+from ..runtime.runstore import run_directories
 
 Z95 = 1.959963984540054  # the standard normal's 97.5% quantile
 RESAMPLES = 1000
@@ -376,21 +377,6 @@ def score_estimates(
 # ---- runs ----------------------------------------------------------------------------------
 
 
-def run_dirs(paths: Sequence[Path]) -> list[Path]:
-    """Run directories, a study root standing for its runs."""
-    from ..runtime.runstore import MANIFEST, STUDY_FILE, read_study
-
-    out = []
-    for path in paths:
-        if (path / MANIFEST).is_file():
-            out.append(path)
-        elif (path / STUDY_FILE).is_file():
-            out += [path / k for k in read_study(path).runs if (path / k / MANIFEST).is_file()]
-        else:
-            raise UserError(f"{path}: not a run directory (no manifest.json) or a study root")
-    return out
-
-
 def run_agreement(run_dir: Path, human: dict | None, sample: int | None = None) -> dict[str, Any]:
     """One run: per panel stage the members' agreement (and with the humans), the run's
     decisions against the labels its dataset ships, and the mean score three ways where humans
@@ -484,7 +470,7 @@ def agreement(
     paths: Sequence[Path], human_file: Path | None, sample: int | None = None
 ) -> dict[str, Any]:
     human = read_human(human_file) if human_file is not None else None
-    runs = run_dirs(paths)
+    runs = run_directories(paths)
     out: dict[str, Any] = {"runs": [run_agreement(d, human, sample) for d in runs]}
     across = runs_as_judges(runs)
     if across is not None:

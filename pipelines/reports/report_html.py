@@ -13,7 +13,6 @@ written as ``\\u003c``, so a model that writes ``</script><script>...`` shows th
 
 from __future__ import annotations
 
-import csv
 import io
 import json
 from pathlib import Path
@@ -206,35 +205,4 @@ def write_html(
     tmp = out.with_name(out.name + ".tmp")
     tmp.write_text(html, encoding="utf-8")
     tmp.replace(out)  # never a half-written page
-    return out
-
-
-def export_scores(paths: list[Path], out: Path, kind: str) -> Path:
-    """Per-item rows (run, id, status, score, explanation) as CSV or Parquet."""
-    rows = []
-    for path in paths:
-        for item in run_view(path)["items"]:
-            rows.append(
-                {
-                    "run": str(path),
-                    "id": item["id"],
-                    "status": item["status"],
-                    "score": item["score"],
-                    "explanation": item["explanation"],
-                }
-            )
-    tmp = out.with_name(out.name + ".tmp")
-    if kind == "parquet":
-        import pyarrow as pa
-        import pyarrow.parquet as pq
-
-        pq.write_table(pa.Table.from_pylist(rows), tmp)
-    else:
-        with open(tmp, "w", newline="", encoding="utf-8") as handle:
-            writer = csv.DictWriter(
-                handle, fieldnames=["run", "id", "status", "score", "explanation"]
-            )
-            writer.writeheader()
-            writer.writerows(rows)
-    tmp.replace(out)
     return out

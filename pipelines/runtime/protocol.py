@@ -58,7 +58,17 @@ from .panels import (
 )
 from .provenance import without_input_paths
 from .records import RunSummary
-from .results import ItemResult, StageFailed, StageFailure, Status
+from .results import (
+    ANSWER_FIELDS,
+    INPUT_FIELDS,
+    REFERENCE_FIELDS,
+    ItemResult,
+    ItemText,
+    StageFailed,
+    StageFailure,
+    Status,
+    item_fields,
+)
 from .roles import (
     SYSTEM_ROLES,
     RoleSpec,
@@ -210,6 +220,28 @@ class Framework(Study[OptionsT], Generic[OptionsT, ItemT]):
         """The labels the dataset's annotators gave this record (read from it), beside the
         run's own decision on the same question; none by default (``groundcover agreement``)."""
         return []
+
+    def item_text(self, item: ItemT, record: ItemResult, options: OptionsT) -> ItemText:
+        """What a person reads of the item beside its score (exports, inspect_ai logs). By
+        default the item's first text field named like a question (``INPUT_FIELDS``), the
+        answer the run judged (``details["answer"]``, an answer given by ``--answers``, else
+        the item's ``response``) and a reference field (``REFERENCE_FIELDS``)."""
+        answer = record.details.get("answer")
+        return ItemText(
+            input=item_fields(item, INPUT_FIELDS) or str(getattr(item, "id", "")),
+            answer=answer if isinstance(answer, str) else item_fields(item, ANSWER_FIELDS),
+            reference=item_fields(item, REFERENCE_FIELDS),
+        )
+
+    def item_metrics(self, record: ItemResult) -> dict[str, float | None]:
+        """Each per-item metric by name, as exports and trackers show them: the score, then by
+        default every number (or yes/no) the framework recorded at the top of ``details``.
+        Undefined stays None (never 0)."""
+        found: dict[str, float | None] = {"score": record.score}
+        for key, value in record.details.items():
+            if isinstance(value, bool | int | float) and key not in found:
+                found[key] = float(value)
+        return found
 
     def panel_rule(self, stage: str) -> PanelRule | None:
         """How a panel's answers to ``stage`` combine (None: the first member answers alone;

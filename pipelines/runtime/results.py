@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from typing import Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -76,6 +77,31 @@ def not_scored(
         if (record.score if score is None else score(record)) is None:
             counts[record.status] = counts.get(record.status, 0) + 1
     return counts
+
+
+@dataclass(frozen=True)
+class ItemText:
+    """What a person reads of one item beside its score (exports, inspect_ai logs, trackers):
+    what was asked, the answer under judgement, and the reference where the framework has one."""
+
+    input: str
+    answer: str | None = None
+    reference: str | None = None
+
+
+# the item fields ``Framework.item_text`` reads by default, first found wins
+INPUT_FIELDS = ("query", "question", "prompt", "input", "paragraph", "topic")
+ANSWER_FIELDS = ("response",)
+REFERENCE_FIELDS = ("reference", "answer_generate", "gold", "target")
+
+
+def item_fields(item: Any, names: tuple[str, ...]) -> str | None:
+    """The first of ``names`` that the item (a model or a mapping) has as non-empty text."""
+    for name in names:
+        value = item.get(name) if isinstance(item, dict) else getattr(item, name, None)
+        if isinstance(value, str) and value:
+            return value
+    return None
 
 
 class StageFailed(Exception):

@@ -35,6 +35,7 @@ from typing import Any, TypeVar, overload
 
 from pydantic import BaseModel, ValidationError
 
+from .errors import UserError
 from .lines import JsonlView
 from .records import (
     FORMAT_VERSION,
@@ -144,6 +145,20 @@ def changed_run(path: Path, manifest: RunManifest, task: str, config: dict[str, 
         f"changed: {shown}. Its numbers rest on the old ones: give a new --run-dir, or "
         f"--supersede to solve it again here (the old records are kept in {SUPERSEDED}/)"
     )
+
+
+def run_directories(paths: Sequence[Path]) -> list[Path]:
+    """Run directories in the order given, a study root standing for its recorded runs;
+    anything else is refused in one line."""
+    out = []
+    for path in paths:
+        if (path / MANIFEST).is_file():
+            out.append(path)
+        elif (path / STUDY_FILE).is_file():
+            out += [path / k for k in read_study(path).runs if (path / k / MANIFEST).is_file()]
+        else:
+            raise UserError(f"{path}: not a run directory (no manifest.json) or a study root")
+    return out
 
 
 def read_study(root: Path) -> StudyRecord:

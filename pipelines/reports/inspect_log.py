@@ -1,0 +1,247 @@
+"""A run as an inspect_ai eval log (``report --export run.eval``), so ``inspect view`` opens it.
+
+inspect_ai's maintainers do not freeze the file format, so nothing here writes it by hand: the
+log is built from inspect_ai's own classes and written by its ``write_eval_log`` (the optional
+extra ``groundcover[inspect]``). One sample per recorded item:
+
+- ``input`` the item's question, ``target`` its reference (empty where the framework has none),
+  the judged answer as the model output and the conversation's last message;
+- ``scores``: each per-item metric (``Framework.item_metrics``) as an inspect score, the item's
+  explanation on ``score``; an undefined metric is left out (inspect has no "no value"), and an
+  item without a score carries none, its status in the sample's metadata;
+- per-role and per-model token usage; the status, failure, usage by stage and details in the
+  sample's metadata.
+
+The log's metadata (``groundcover``) holds the run's identity, what it rests on, its summary
+and its tables; its results hold the mean of each metric over the items that have it.
+"""
+
+from __future__ import annotations
+
+import re
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from ..runtime.errors import UserError
+from ..runtime.provenance import manifest_provenance
+from ..runtime.results import UNSCORED
+from .rows import RunRows, run_rows
+
+INSTALL = "pip install 'groundcover[inspect]'"
+
+
+def inspect_api() -> Any:
+    try:
+        import inspect_ai.log as log
+    except ImportError:
+        raise UserError(f"an inspect_ai log needs inspect_ai: {INSTALL}") from None
+    return log
+
+
+def write_inspect_logs(paths: list[Path], out: Path) -> list[Path]:
+    """One log per run: ``out`` for one run; for several, ``out``'s name with each run's
+    name added (``x-closed-book.eval``)."""
+    from ..runtime.runstore import run_directories
+
+    runs = run_directories(paths)
+    written = []
+    for run_dir in runs:
+        named = out.with_name(f"{out.stem}-{_slug(run_dir)}{out.suffix}")
+        target = out if len(runs) == 1 else named
+        written.append(write_inspect_log(run_rows(run_dir), target))
+    return written
+
+
+def _slug(run_dir: Path) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]+", "-", run_dir.name).strip("-") or "run"
+
+
+def write_inspect_log(run: RunRows, out: Path) -> Path:
+    log = inspect_api()
+    eval_log = build_log(run)
+    kind = "json" if out.suffix.lower() == ".json" else "eval"
+    tmp = out.with_name(f".{out.name}.tmp{out.suffix}")
+    log.write_eval_log(eval_log, tmp, format=kind)
+    tmp.replace(out)
+    return out
+
+
+def build_log(run: RunRows) -> Any:
+    """The run as an ``EvalLog`` (inspect_ai's class)."""
+    from inspect_ai.log import EvalConfig, EvalDataset, EvalLog, EvalSpec, EvalStats
+
+    from ..runtime.summary import summarise, tables_of
+
+    manifest = run.manifest
+    summary = summarise(run.framework.name, manifest.task, manifest.items, run.records)
+    models = role_models(run)
+    lead = manifest.models or {}
+    spec = EvalSpec(
+        created=_iso(manifest.created_at),
+        task=manifest.task,
+        task_version=run.manifest.format_version,
+        task_args=_json_safe(manifest.options),
+        dataset=EvalDataset(
+            name=manifest.task,
+            location=_input_location(run),
+            samples=manifest.items,
+            sample_ids=[r.id for r in run.records],
+        ),
+        model=lead.get("request_model") or lead.get("model") or next(iter(models.values()), "none"),
+        config=EvalConfig(),
+        packages={"groundcover": manifest.package_version},
+        metadata={
+            "groundcover": {
+                "run": str(run.run_dir),
+                "framework": manifest.framework,
+                "fingerprint": manifest.config_fingerprint,
+                "identity": _json_safe(manifest.config),
+                "provenance": manifest_provenance(manifest),
+                "roles": models,
+                "summary": summary.to_json(),
+                "tables": _json_safe(tables_of(run.framework, run.options, run.records)),
+                "notes": run.notes,
+            }
+        },
+    )
+    samples = [sample(run, record, models) for record in run.records]
+    partial = summary.recorded < manifest.items
+    return EvalLog(
+        status="cancelled" if partial else "success",
+        eval=spec,
+        results=results(run, summary),
+        stats=EvalStats(
+            started_at=_iso(manifest.created_at),
+            completed_at=_iso(max([manifest.created_at, *manifest.resumed_at])),
+            model_usage=_usage_by(run, models, by_model=True),
+            role_usage=_usage_by(run, models, by_model=False),
+        ),
+        samples=samples,
+    )
+
+
+def role_models(run: RunRows) -> dict[str, str]:
+    """role -> the model (or adapter) that played it."""
+    out = {}
+    for role, record in (run.manifest.roles or {}).items():
+        out[role] = record.get("request_model") or record.get("model") or role
+    return out
+
+
+def sample(run: RunRows, record: Any, models: dict[str, str]) -> Any:
+    from inspect_ai.log import EvalSample
+    from inspect_ai.model import ChatMessageAssistant, ChatMessageUser, ModelOutput
+    from inspect_ai.scorer import Score
+
+    text = run.texts.get(record.id)
+    question = text.input if text else ""
+    answer = (text.answer if text else None) or ""
+    answering = models.get("answer") or models.get("generate") or "given"
+    scores = {}
+    for name, value in run.framework.item_metrics(record).items():
+        if value is None:
+            continue
+        explanation = record.explanation if name == "score" else None
+        scores[name] = Score(value=value, answer=answer or None, explanation=explanation)
+    usage = record.usage
+    return EvalSample(
+        id=record.id,
+        epoch=1,
+        input=question,
+        target=(text.reference if text else None) or "",
+        messages=[ChatMessageUser(content=question), ChatMessageAssistant(content=answer)],
+        output=ModelOutput.from_content(answering, answer),
+        scores=scores or None,
+        metadata={
+            "status": record.status,
+            "explanation": record.explanation,
+            "failure": record.failure.model_dump() if record.failure else None,
+            "unscored": record.status in UNSCORED,
+            "usage": usage,
+            "details": _json_safe(record.details),
+        },
+        model_usage=_item_usage(run, usage, models, by_model=True),
+        role_usage=_item_usage(run, usage, models, by_model=False),
+    )
+
+
+def results(run: RunRows, summary: Any) -> Any:
+    """Each metric's mean over the items that have it; how many have none is said."""
+    from inspect_ai.log import EvalMetric, EvalResults, EvalScore
+
+    values: dict[str, list[float]] = {}
+    for record in run.records:
+        for name, value in run.framework.item_metrics(record).items():
+            values.setdefault(name, [])
+            if value is not None:
+                values[name].append(float(value))
+    scores = []
+    for name, found in values.items():
+        metrics = {}
+        if found:
+            metrics["mean"] = EvalMetric(name="mean", value=sum(found) / len(found))
+        scores.append(
+            EvalScore(
+                name=name,
+                scorer=f"groundcover/{run.framework.name}",
+                scored_samples=len(found),
+                unscored_samples=len(run.records) - len(found),
+                metrics=metrics,
+            )
+        )
+    return EvalResults(
+        total_samples=run.manifest.items,
+        completed_samples=summary.recorded,
+        scores=scores,
+    )
+
+
+def _item_usage(run: RunRows, usage: dict[str, Any], models: dict[str, str], by_model: bool) -> Any:
+    from inspect_ai.model import ModelUsage
+
+    out: dict[str, Any] = {}
+    for stage, counters in usage.items():
+        role = run.framework.role_of(stage, "unknown")
+        key = models.get(role, role) if by_model else role
+        prompt = int(counters.get("prompt_tokens", 0))
+        completion = int(counters.get("completion_tokens", 0))
+        reasoning = int(counters.get("reasoning_tokens", 0))
+        found = out.setdefault(key, ModelUsage())
+        found.input_tokens += prompt
+        found.output_tokens += completion
+        found.total_tokens += prompt + completion
+        found.reasoning_tokens = (found.reasoning_tokens or 0) + reasoning
+    return out
+
+
+def _usage_by(run: RunRows, models: dict[str, str], by_model: bool) -> Any:
+    total: dict[str, Any] = {}
+    for record in run.records:
+        for key, usage in _item_usage(run, record.usage, models, by_model).items():
+            if key not in total:
+                total[key] = usage
+                continue
+            found = total[key]
+            found.input_tokens += usage.input_tokens
+            found.output_tokens += usage.output_tokens
+            found.total_tokens += usage.total_tokens
+            found.reasoning_tokens = (found.reasoning_tokens or 0) + (usage.reasoning_tokens or 0)
+    return total
+
+
+def _input_location(run: RunRows) -> str | None:
+    inputs = run.manifest.inputs or {}
+    first = inputs.get("input") or next(iter(inputs.values()), None)
+    return str(first.get("path")) if first and first.get("path") else None
+
+
+def _iso(seconds: float) -> str:
+    return datetime.fromtimestamp(seconds or 0, UTC).isoformat()
+
+
+def _json_safe(value: Any) -> Any:
+    """What JSON holds as it is; anything else as text (paths, sets)."""
+    import json
+
+    return json.loads(json.dumps(value, default=str))

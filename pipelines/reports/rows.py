@@ -1,0 +1,193 @@
+"""A run's per-item records, flat: one row per item with everything the run knows of it.
+
+The columns, in this order (a column a run does not have is absent, never filled with 0):
+
+- ``run``, ``framework``, ``task``, ``id``, ``status``, ``score``, ``explanation``;
+- ``failed_stage``, ``failure`` (why an item has no score);
+- ``input``, ``answer``, ``reference``: what a person reads of the item (``Framework.item_text``),
+  read from the run's inputs only when they still have the content the run recorded;
+- ``metric.NAME``: each per-item metric (``Framework.item_metrics``), None where undefined;
+- ``panel.STAGE.votes`` / ``.value`` (JSON text: the members' answers and the combined one, one
+  entry per time the stage was asked) and ``panel.STAGE.ties``;
+- ``usage.STAGE.COUNTER`` and ``role.ROLE.COUNTER`` (calls, requests, cache hits, retries,
+  tokens, seconds; a role sums its stages);
+- provenance: ``run.fingerprint``, ``run.package_version``, ``run.git_revision``,
+  ``input.NAME.sha256``, ``model.ROLE``, ``model.ROLE.revision``, ``adapter.ROLE.revision``;
+- ``details``: the framework's whole details as JSON text.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..runtime.provenance import input_digests, input_records, manifest_provenance
+from ..runtime.records import RunManifest
+from ..runtime.results import ItemResult, ItemText
+from ..runtime.runstore import MANIFEST, RESULTS, read_manifest, results_by_id
+
+Row = dict[str, Any]
+
+
+@dataclass
+class RunRows:
+    """One run's rows and what a reader of them should know (``notes``: one line each)."""
+
+    run_dir: Path
+    manifest: RunManifest
+    framework: Any
+    options: Any
+    records: list[ItemResult]
+    texts: dict[str, ItemText]
+    rows: list[Row]
+    notes: list[str] = field(default_factory=list)
+
+
+def run_rows(run_dir: Path) -> RunRows:
+    """Every recorded item of ``run_dir`` as one flat row."""
+    from ..runtime.registry import framework
+
+    manifest = read_manifest(run_dir / MANIFEST)
+    fw = framework(manifest.framework)
+    options = fw.Options.model_validate(manifest.options)
+    records = list(results_by_id(run_dir / RESULTS))
+    texts, notes = item_texts(fw, options, manifest, records)
+    run = _run_columns(run_dir, manifest)
+    rows = [_row(fw, record, texts.get(record.id), run) for record in records]
+    return RunRows(run_dir, manifest, fw, options, records, texts, _union(rows), notes)
+
+
+def item_texts(
+    fw: Any, options: Any, manifest: RunManifest, records: list[ItemResult]
+) -> tuple[dict[str, ItemText], list[str]]:
+    """id -> what a person reads of the item, from the run's inputs as they are now; none
+    (with a note saying why) where they are gone or no longer hold what the run read."""
+    try:
+        if manifest.inputs is not None:
+            now, then = input_digests(input_records(options)), input_digests(manifest.inputs)
+            if now != then:
+                changed = [k for k in sorted(set(now) | set(then)) if now.get(k) != then.get(k)]
+                return {}, [
+                    f"{', '.join(changed)} changed since the run: the rows carry no item text"
+                ]
+        items = {str(item.id): item for item in fw.load(options)}
+    except (ValueError, OSError) as exc:  # UserError is a ValueError: gone, moved, unreadable
+        return {}, [f"the run's inputs cannot be read now ({exc}): the rows carry no item text"]
+    notes = []
+    if manifest.inputs is None:
+        notes.append("the run's inputs are known by name only: item text read as the files are")
+    given = _given_answers(fw, options)
+    texts = {}
+    for record in records:
+        item = items.get(record.id)
+        if item is None:
+            continue
+        text = fw.item_text(item, record, options)
+        if record.id in given and "answer" not in record.details:
+            text = ItemText(text.input, given[record.id], text.reference)
+        texts[record.id] = text
+    return texts, notes
+
+
+def _given_answers(fw: Any, options: Any) -> dict[str, str]:
+    try:
+        return fw.given_answers(options) or {}
+    except ValueError:
+        return {}
+
+
+def _run_columns(run_dir: Path, manifest: RunManifest) -> Row:
+    """The columns every row of a run shares: where it is and what it rests on."""
+    columns: Row = {
+        "run": str(run_dir),
+        "framework": manifest.framework,
+        "task": manifest.task,
+    }
+    rests_on = manifest_provenance(manifest)
+    provenance: Row = {
+        "run.fingerprint": manifest.config_fingerprint,
+        "run.package_version": manifest.package_version,
+        "run.git_revision": manifest.git_revision,
+    }
+    for entry in rests_on["inputs"]:
+        provenance[f"input.{entry['name']}.sha256"] = entry["sha256"]
+    for model in rests_on["models"]:
+        provenance[f"model.{model['role']}"] = model["model"]
+        provenance[f"model.{model['role']}.revision"] = model["revision"]
+        if model.get("adapter"):
+            provenance[f"adapter.{model['role']}"] = model["adapter"]
+            provenance[f"adapter.{model['role']}.revision"] = model.get("adapter_revision")
+    columns["_provenance"] = provenance  # placed after the item's own columns
+    return columns
+
+
+def _row(fw: Any, record: ItemResult, text: ItemText | None, run: Row) -> Row:
+    row: Row = {k: v for k, v in run.items() if k != "_provenance"}
+    row |= {
+        "id": record.id,
+        "status": record.status,
+        "score": record.score,
+        "explanation": record.explanation,
+        "failed_stage": record.failure.stage if record.failure else None,
+        "failure": record.failure.error if record.failure else None,
+        "input": text.input if text else None,
+        "answer": text.answer if text else None,
+        "reference": text.reference if text else None,
+    }
+    for name, value in fw.item_metrics(record).items():
+        row[f"metric.{name}"] = value
+    row |= panel_columns(record)
+    row |= usage_columns(fw, record)
+    row |= run["_provenance"]
+    row["details"] = json.dumps(record.details, ensure_ascii=False, default=str, sort_keys=True)
+    return row
+
+
+def panel_columns(record: ItemResult) -> Row:
+    """Per judging stage asked of a panel: every time's members' answers and combined value
+    (JSON text) and how many of them were ties."""
+    stages: dict[str, list[dict[str, Any]]] = {}
+    for entry in record.details.get("panel", []):
+        stages.setdefault(entry["stage"], []).append(entry)
+    row: Row = {}
+    for stage, entries in stages.items():
+        row[f"panel.{stage}.votes"] = json.dumps([e["members"] for e in entries], default=str)
+        row[f"panel.{stage}.value"] = json.dumps([e["value"] for e in entries], default=str)
+        row[f"panel.{stage}.ties"] = sum(bool(e.get("tie")) for e in entries)
+    return row
+
+
+def usage_columns(fw: Any, record: ItemResult) -> Row:
+    """Usage per stage, then per role (the sum of its stages), counter by counter."""
+    row: Row = {}
+    roles: dict[str, dict[str, float]] = {}
+    for stage, counters in sorted(record.usage.items()):
+        role = roles.setdefault(fw.role_of(stage, "unknown"), {})
+        for counter, value in counters.items():
+            if isinstance(value, bool) or not isinstance(value, int | float):
+                continue
+            row[f"usage.{stage}.{counter}"] = value
+            role[counter] = role.get(counter, 0) + value
+    for role_name, counters in sorted(roles.items()):
+        for counter, value in counters.items():
+            row[f"role.{role_name}.{counter}"] = value
+    return row
+
+
+def _union(rows: list[Row]) -> list[Row]:
+    """Every row with every column (in first-seen order; a missing one is None), so a table
+    built from the first row does not drop a later row's metric."""
+    columns: dict[str, None] = {}
+    for row in rows:
+        columns.update(dict.fromkeys(row))
+    return [{c: row.get(c) for c in columns} for row in rows]
+
+
+def all_rows(paths: list[Path]) -> tuple[list[Row], list[RunRows]]:
+    """The rows of every run (study roots stand for their runs), one table's worth."""
+    from ..runtime.runstore import run_directories
+
+    runs = [run_rows(p) for p in run_directories(paths)]
+    return _union([row for run in runs for row in run.rows]), runs
