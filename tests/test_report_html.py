@@ -13,7 +13,8 @@ from typer.testing import CliRunner
 from groundcover.pipelines.cli import app
 from groundcover.pipelines.comprehensiveness.common import ComprehensivenessOptions
 from groundcover.pipelines.comprehensiveness.framework import COMPREHENSIVENESS
-from groundcover.pipelines.reports.report_html import export_scores, render
+from groundcover.pipelines.reports.export import export_runs
+from groundcover.pipelines.reports.report_html import render
 from groundcover.pipelines.runtime.runstore import RunStoreError
 from groundcover.serving.client import EndpointError
 from tests.support.scripted import Reply, ScriptedClient, field_of
@@ -80,13 +81,13 @@ def test_partial_run_says_so_and_two_runs_are_compared(tmp_path):
 
 def test_exports_and_cli(tmp_path):
     path = make_run(tmp_path, "run")
-    out = export_scores([path], tmp_path / "scores.csv", "csv")
+    out, _ = export_runs([path], tmp_path / "scores.csv", "csv")
     rows = list(csv.DictReader(out.open()))
     assert [(r["id"], r["status"], r["score"]) for r in rows] == [
         ("a", "ok", "0.5"),
         ("b", "ok", "1.0"),
     ]
-    parquet = export_scores([path], tmp_path / "scores.parquet", "parquet")
+    parquet, _ = export_runs([path], tmp_path / "scores.parquet", "parquet")
     import pyarrow.parquet as pq
 
     assert pq.read_table(parquet).to_pylist()[0]["score"] == 0.5

@@ -113,7 +113,7 @@ def build_log(run: RunRows) -> Any:
         results=results(run, summary),
         stats=EvalStats(
             started_at=_iso(manifest.created_at),
-            completed_at=_iso(max([manifest.created_at, *manifest.resumed_at])),
+            completed_at=_iso(_completed(run)),
             model_usage=_usage_by(run, models, by_model=True),
             role_usage=_usage_by(run, models, by_model=False),
         ),
@@ -228,6 +228,21 @@ def _usage_by(run: RunRows, models: dict[str, str], by_model: bool) -> Any:
             found.total_tokens += usage.total_tokens
             found.reasoning_tokens = (found.reasoning_tokens or 0) + (usage.reasoning_tokens or 0)
     return total
+
+
+def _completed(run: RunRows) -> float:
+    """When the last invocation ended: it started at the last (re)start and ran the seconds
+    its line in invocations.jsonl says (the start alone where there is none)."""
+    import json
+
+    from ..runtime.runstore import INVOCATIONS
+
+    last = max([run.manifest.created_at, *run.manifest.resumed_at])
+    try:
+        lines = (run.run_dir / INVOCATIONS).read_text(encoding="utf-8").splitlines()
+        return last + float(json.loads(lines[-1])["seconds"])
+    except (OSError, IndexError, ValueError, KeyError, TypeError):
+        return last
 
 
 def _input_location(run: RunRows) -> str | None:
