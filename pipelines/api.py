@@ -26,6 +26,7 @@ from typing import Any
 
 from ..serving.client import EvalClient
 from .datasets.names import resolve_names
+from .reports.tracking import track_outcomes
 from .runtime.config import load_config
 from .runtime.protocol import (
     Framework,
@@ -106,7 +107,9 @@ def evaluate(
             overrides[f"{section}.{key}"] = str(value) if isinstance(value, Path) else value
     request = request_from(found, Path(config) if config else None, overrides)
     opener = None if client is None else (lambda ev, run_dir: fixed_client(client))
-    return Evaluation(execute(found, request, no_cache=no_cache, quiet=quiet, open_client=opener))
+    outcomes = execute(found, request, no_cache=no_cache, quiet=quiet, open_client=opener)
+    track_outcomes(outcomes, request)
+    return Evaluation(outcomes)
 
 
 def request_from(found: Study, yaml_path: Path | None, overrides: dict[str, Any]) -> RunRequest:

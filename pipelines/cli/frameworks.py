@@ -154,6 +154,7 @@ def build(spec: Command) -> click.Command:
         raise ValueError(f"{spec.path}: flags {sorted(clash)} are shared options")
 
     def command(**given: Any) -> None:
+        from ..reports.tracking import track_outcomes
         from ..runtime.config import MissingFields, UserError
         from ..runtime.runner import execute, raise_for_failures
 
@@ -172,6 +173,8 @@ def build(spec: Command) -> click.Command:
             dry_run=common.dry_run,
             pilot=common.pilot,
         )
+        if not common.dry_run:
+            track_outcomes(outcomes, request)
         raise_for_failures(outcomes, request, shlex.join(["groundcover", *sys.argv[1:]]))
 
     command.__signature__ = inspect.Signature(own + shared)  # type: ignore[attr-defined]

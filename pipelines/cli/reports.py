@@ -38,15 +38,26 @@ def report(
     prices: Annotated[
         Path | None, typer.Option(help="YAML: model -> $ per million tokens or GPU-hour")
     ] = None,
+    track: Annotated[
+        str | None, typer.Option(help="also log the runs to mlflow or wandb (as --track of eval)")
+    ] = None,
+    track_uri: Annotated[
+        str | None, typer.Option(help="MLflow tracking URI (default ./mlruns) or W&B directory")
+    ] = None,
+    track_project: Annotated[
+        str, typer.Option(help="the MLflow experiment or W&B project")
+    ] = "groundcover",
 ) -> None:
     """Rebuild and print the summary and tables of runs from what is on disk (no model calls;
-    partial runs too); optionally an HTML page (--html) and per-item scores (--export)."""
+    partial runs too); optionally an HTML page (--html), every item's record (--export: CSV,
+    Parquet or an inspect_ai log) and a tracker's runs (--track mlflow|wandb)."""
     from ..reports.export import export_format
     from ..reports.report import report as rebuild
     from ..runtime.costs import load_prices
 
     kind = export_format(export, format) if export is not None else None
-
+    if track is not None and track not in ("mlflow", "wandb"):
+        raise UserError(f"--track must be mlflow or wandb, got {track!r}")
     priced = load_prices(prices)
     rebuild(run_dir, as_json, terminal(), priced)
     if html is not None:
@@ -58,6 +69,11 @@ def report(
 
         for written in export_runs(run_dir, export, kind):
             Console(stderr=True).print(f"export: {written}", highlight=False)
+    if track is not None:
+        from ..reports.tracking import Tracking
+        from ..reports.tracking import track as log_runs
+
+        log_runs(run_dir, Tracking(track, track_uri, track_project))  # type: ignore[arg-type]
 
 
 @clean_errors

@@ -181,6 +181,18 @@ class RunConfig(Strict):
         pattern=r"^\d+(\.\d+)?%?$",
         description="failed items a run may end with and still exit 0: N, or a share P%",
     )
+    # where people already look (pipelines.reports.tracking); off by default, never a failure
+    track: Literal["mlflow", "wandb"] | None = Field(
+        None,
+        description="also log the run to mlflow (a local file store by default) or wandb "
+        "(offline by default): identity, headline, tables, the HTML page",
+    )
+    track_uri: str | None = Field(
+        None,
+        description="an MLflow tracking URI (default: ./mlruns) or the directory W&B writes "
+        "under (default: .)",
+    )
+    track_project: str = Field("groundcover", description="the MLflow experiment or W&B project")
     # several processes of one run (pipelines.runtime.drivers); not part of its identity either
     drivers: int = Field(
         1,
@@ -265,6 +277,9 @@ SHARED_OPTIONS = (
     SharedOption("allow_failures", "run.allow_failures"),
     SharedOption("keep_reasoning", "run.keep_reasoning"),
     SharedOption("supersede", "run.supersede"),
+    SharedOption("track", "run.track"),
+    SharedOption("track_uri", "run.track_uri"),
+    SharedOption("track_project", "run.track_project"),
     SharedOption(
         "dry_run",
         help="check inputs, print what each run would still ask; start nothing",
