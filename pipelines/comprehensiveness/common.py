@@ -11,6 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from groundcover import (
     Content,
     FrameworkOptions,
+    GivenAnswers,
     InputFile,
     ItemContext,
     ModelName,
@@ -43,6 +44,12 @@ class Item(BaseModel):
         return dict(self.model_extra or {})
 
 
+class QueryItem(Item):
+    """An item whose response comes from an answers file (``--answers``): its own is optional."""
+
+    response: str = ""
+
+
 DEFAULT_DATA = {"wikicontradict": "wikicontradict-humaneval", "conflictbank": "conflictbank"}
 
 
@@ -57,7 +64,7 @@ def encoder_path(name: str) -> str | None:
     return resolve_model(name)
 
 
-class ComprehensivenessOptions(FrameworkOptions, NliPlacement):
+class ComprehensivenessOptions(FrameworkOptions, NliPlacement, GivenAnswers):
     input: InputFile | None = Field(
         None, description="items JSONL, or the meta-evaluation data file"
     )
@@ -97,6 +104,12 @@ class ComprehensivenessOptions(FrameworkOptions, NliPlacement):
         """A meta-evaluation without a data file reads its catalogued dataset."""
         if self.input is None and self.dataset in DEFAULT_DATA:
             self.input = Path(DEFAULT_DATA[self.dataset])
+        return self
+
+    @model_validator(mode="after")
+    def _answers_for_items(self) -> ComprehensivenessOptions:
+        if self.answers is not None and self.dataset != "items":
+            raise ValueError("answers: only items are scored from an answers file")
         return self
 
     @model_validator(mode="after")

@@ -21,6 +21,7 @@ from rich.table import Table
 
 from groundcover import (
     PLACEMENT_FIELDS,
+    AnswerFile,
     Average,
     EvalClient,
     EvaluatorConfig,
@@ -48,6 +49,7 @@ from .common import (
     ComprehensivenessOptions,
     Item,
     Method,
+    QueryItem,
     summarise_contexts,
 )
 from .graph import (
@@ -74,6 +76,17 @@ class Comprehensiveness(Framework[ComprehensivenessOptions, Item]):
     # relevance scores by their mean; the other stages (extraction, comparison, coverage lists)
     # are asked of the first member
     panel_rules = {"nli": Vote(tie="neutral"), "relevance": Average("mean")}
+    # responses made elsewhere (--answers): {id, response} as the items have them, or another
+    # harness's log; an item without one is not scored, and counted
+    answer_file = AnswerFile(answer_field="response", missing="not scored, counted")
+
+    def identity(self, options: ComprehensivenessOptions, paths: bool = False) -> dict[str, Any]:
+        """As every framework's, without ``answers`` where none is given: runs made before
+        comprehensiveness took an answers file keep their identity."""
+        found = super().identity(options, paths)
+        if found.get("answers") is None:
+            found.pop("answers", None)
+        return found
 
     def human_labels(
         self, record: ItemResult, options: ComprehensivenessOptions
@@ -114,7 +127,8 @@ class Comprehensiveness(Framework[ComprehensivenessOptions, Item]):
             return meta.wikicontradict_items(options.input, options.limit)
         if options.dataset == "conflictbank":
             return meta.conflictbank_items(options.input, options.limit, options.rules)
-        return read_jsonl(options.input, Item, limit=options.limit)
+        shape = Item if options.answers is None else QueryItem
+        return read_jsonl(options.input, shape, limit=options.limit)
 
     def plan(self, request: RunRequest, root: Path) -> list[RunPlan]:
         options = request.options
@@ -131,6 +145,14 @@ class Comprehensiveness(Framework[ComprehensivenessOptions, Item]):
     async def solve(self, item: Item, ctx: ItemContext) -> ItemResult:
         options: ComprehensivenessOptions = ctx.options
         ctx.details |= {"method": options.method, "protocol": options.protocol, "meta": item.meta}
+        if ctx.answered_elsewhere:
+            given = ctx.given_answer()
+            if given is None:
+                ctx.details["missing_answer"] = True
+                explanation = "the answers file has no response for this id: not scored, counted"
+                return ctx.result("abstained", None, explanation)
+            item = item.model_copy(update={"response": given})
+            ctx.details["answer"] = given
         contexts = item.contexts
         if options.rules.summarisation:
             contexts = await summarise_contexts(ctx, item.query, item.contexts)

@@ -22,7 +22,7 @@ COMMANDS = (
                 "method", "t_rel", "t_conf", "protocol", "summarise", "nli_backend", "nli_model"
             ),
             *NLI_PLACEMENT,
-            *flags("prune_below", "prune_model", "tools", "limit"),
+            *flags("prune_below", "prune_model", "tools", "limit", "answers"),
         ),
     ),
     Command(

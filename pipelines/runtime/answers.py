@@ -1,5 +1,7 @@
 """Answers made elsewhere (``--answers``): the runtime reads the file and supplies each item's
-answer in place of the answering role, for every framework with an answering stage. A
+answer in place of the answering role, for every framework with an answering stage. The file
+is the framework's own layout (JSON Lines or a JSON list), an inspect_ai eval log or an
+lm-evaluation-harness samples file (``harness_answers``), told apart by content. A
 framework states only how a record of the file maps to its items (``AnswerFile``); reading,
 one-line errors, duplicates, the run's identity (the file's SHA-256) and the per-item lookup
 (``ItemContext.given_answer``) are the runtime's.
@@ -17,6 +19,7 @@ from pydantic import BaseModel, Field
 
 from .config import iter_jsonl
 from .errors import UserError
+from .harness_answers import harness_layout, harness_records
 from .provenance import InputFile
 
 
@@ -48,9 +51,15 @@ class GivenAnswers(BaseModel):
 
 def _records(path: Path, spec: AnswerFile) -> Iterator[tuple[str, Any]]:
     """(where, row) per record, the layout decided by the content (whatever ``spec.layout``, the
-    one its authors publish): a JSON list (``file: answer #n``) when the first character is
+    one its authors publish): an inspect_ai log or an lm-evaluation-harness samples file
+    (``harness_answers``), a JSON list (``file: answer #n``) when the first character is
     ``[``, else JSON Lines (``file:line``); anything else is one line naming file and line."""
-    if _first_character(path) != "[":
+    first = _first_character(path)
+    harness = harness_layout(path)
+    if harness is not None:
+        yield from harness_records(path, harness, spec.id_field, spec.answer_field)
+        return
+    if first != "[":
         for lineno, row in iter_jsonl(path):
             yield f"{path}:{lineno}", row
         return
