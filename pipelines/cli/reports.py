@@ -63,12 +63,14 @@ def report(
     if html is not None:
         from ..reports.report_html import write_html
 
-        Console(stderr=True).print(f"html: {write_html(run_dir, html, prices=priced)}")
+        written = write_html(run_dir, html, prices=priced)
+        Console(stderr=True).print(f"html: {written}", highlight=False, soft_wrap=True)
     if export is not None and kind is not None:
         from ..reports.export import export_runs
 
-        for written in export_runs(run_dir, export, kind):
-            Console(stderr=True).print(f"export: {written}", highlight=False)
+        for path in export_runs(run_dir, export, kind):
+            # a path is one line however long (a wrapped one cannot be pasted back)
+            Console(stderr=True).print(f"export: {path}", highlight=False, soft_wrap=True)
     if track is not None:
         from ..reports.tracking import Tracking
         from ..reports.tracking import track as log_runs
@@ -136,7 +138,8 @@ def compare(
         from ..reports.report_html import write_html
 
         pages = [page for run in result["runs"] for page in run_dirs(Path(run["run"]))]
-        Console(stderr=True).print(f"html: {write_html(pages, html, result)}")
+        page = write_html(pages, html, result)
+        Console(stderr=True).print(f"html: {page}", highlight=False, soft_wrap=True)
 
 
 @clean_errors
