@@ -19,8 +19,9 @@ from typing import Any
 
 from ..runtime.errors import UserError
 from ..runtime.provenance import manifest_provenance
-from .rows import Row, RunRows, all_rows
+from .rows import RunRows, all_runs
 
+BATCH = 2000  # rows per Arrow batch
 FORMATS = {".csv": "csv", ".parquet": "parquet", ".eval": "inspect", ".json": "inspect"}
 
 
@@ -45,31 +46,51 @@ def export_runs(paths: list[Path], out: Path, kind: str) -> list[Path]:
         from .inspect_log import write_inspect_logs
 
         return write_inspect_logs(paths, out)
-    rows, runs = all_rows(paths)
+    runs = all_runs(paths)
+    table = arrow_table(runs)
     tables = tables_beside(runs)
     if kind == "parquet":
-        _write_parquet(rows, tables, out)
+        _write_parquet(table, tables, out)
     else:
-        _write_csv(rows, out)
+        _write_csv(table, out)
     beside = out.with_name(out.name + ".tables.json")
     _atomic_text(beside, json.dumps(tables, indent=1, default=str))
     return [out, beside]
 
 
+def arrow_table(runs: list[RunRows], batch: int = BATCH) -> Any:
+    """Every run's rows as one Arrow table, built ``batch`` rows at a time (a million-item run
+    is held column by column, never as a million dicts); a column some rows lack is null there,
+    and numbers of one column that differ in kind become floats."""
+    import pyarrow as pa
+
+    parts, pending = [], []
+    for run in runs:
+        for row in run.rows():
+            pending.append(row)
+            if len(pending) == batch:
+                parts.append(pa.Table.from_pylist(pending))
+                pending = []
+    if pending or not parts:
+        parts.append(pa.Table.from_pylist(pending))
+    return pa.concat_tables(parts, promote_options="permissive")
+
+
 def tables_beside(runs: list[RunRows]) -> dict[str, Any]:
     """Per run: its summary, tables and what it rests on (what the rows alone do not say)."""
-    from ..runtime.summary import summarise, tables_of
+    from ..runtime.summary import records_for_tables, summarise, tables_of
 
     out = []
     for run in runs:
-        summary = summarise(run.framework.name, run.manifest.task, run.manifest.items, run.records)
+        records = records_for_tables(run.framework, run.options, run.records)
+        summary = summarise(run.framework.name, run.manifest.task, run.manifest.items, records)
         out.append(
             {
                 "run": str(run.run_dir),
                 "framework": run.manifest.framework,
                 "task": run.manifest.task,
                 "summary": summary.to_json(),
-                "tables": tables_of(run.framework, run.options, run.records),
+                "tables": tables_of(run.framework, run.options, records),
                 "provenance": manifest_provenance(run.manifest),
                 "notes": run.notes,
             }
@@ -77,11 +98,9 @@ def tables_beside(runs: list[RunRows]) -> dict[str, Any]:
     return {"runs": out}
 
 
-def _write_parquet(rows: list[Row], tables: dict[str, Any], out: Path) -> None:
-    import pyarrow as pa
+def _write_parquet(table: Any, tables: dict[str, Any], out: Path) -> None:
     import pyarrow.parquet as pq
 
-    table = pa.Table.from_pylist(rows)
     meta = {b"groundcover": json.dumps(tables, default=str).encode()}
     table = table.replace_schema_metadata({**(table.schema.metadata or {}), **meta})
     tmp = out.with_name(out.name + ".tmp")
@@ -89,12 +108,15 @@ def _write_parquet(rows: list[Row], tables: dict[str, Any], out: Path) -> None:
     tmp.replace(out)
 
 
-def _write_csv(rows: list[Row], out: Path) -> None:
+def _write_csv(table: Any, out: Path) -> None:
+    """The same rows as text (Python's csv: what pandas and a spreadsheet read), batch by
+    batch."""
     tmp = out.with_name(out.name + ".tmp")
     with open(tmp, "w", newline="", encoding="utf-8") as handle:
-        writer = csv.DictWriter(handle, fieldnames=list(rows[0]) if rows else ["run", "id"])
+        writer = csv.DictWriter(handle, fieldnames=table.column_names or ["run", "id"])
         writer.writeheader()
-        writer.writerows(rows)
+        for part in table.to_batches(max_chunksize=BATCH):
+            writer.writerows(part.to_pylist())
     tmp.replace(out)
 
 

@@ -9,8 +9,9 @@ extra ``groundcover[inspect]``). One sample per recorded item:
 - ``scores``: each per-item metric (``Framework.item_metrics``) as an inspect score, the item's
   explanation on ``score``; an undefined metric is left out (inspect has no "no value"), and an
   item without a score carries none, its status in the sample's metadata;
-- per-role and per-model token usage; the status, failure, usage by stage and details in the
-  sample's metadata.
+- per-role and per-model token usage; the status, failure and usage by stage in the sample's
+  metadata (the framework's details stay in the run directory and the Parquet export: they are
+  large, and inspect walks every byte of a sample).
 
 The log's metadata (``groundcover``) holds the run's identity, what it rests on, its summary
 and its tables; its results hold the mean of each metric over the items that have it.
@@ -68,25 +69,29 @@ def write_inspect_log(run: RunRows, out: Path) -> Path:
 
 
 def build_log(run: RunRows) -> Any:
-    """The run as an ``EvalLog`` (inspect_ai's class)."""
+    """The run as an ``EvalLog`` (inspect_ai's class), its records read in one pass."""
     from inspect_ai.log import EvalConfig, EvalDataset, EvalLog, EvalSpec, EvalStats
 
-    from ..runtime.summary import summarise, tables_of
+    from ..runtime.summary import records_for_tables, summarise, tables_of
 
     manifest = run.manifest
-    summary = summarise(run.framework.name, manifest.task, manifest.items, run.records)
+    records = records_for_tables(run.framework, run.options, run.records)
+    summary = summarise(run.framework.name, manifest.task, manifest.items, records)
     models = role_models(run)
+    found = Samples(run, models)
+    for record in records:
+        found.add(record)
     lead = manifest.models or {}
     spec = EvalSpec(
         created=_iso(manifest.created_at),
         task=manifest.task,
-        task_version=run.manifest.format_version,
+        task_version=manifest.format_version,
         task_args=_json_safe(manifest.options),
         dataset=EvalDataset(
             name=manifest.task,
             location=_input_location(run),
             samples=manifest.items,
-            sample_ids=[r.id for r in run.records],
+            sample_ids=[s.id for s in found.samples],
         ),
         model=lead.get("request_model") or lead.get("model") or next(iter(models.values()), "none"),
         config=EvalConfig(),
@@ -100,24 +105,22 @@ def build_log(run: RunRows) -> Any:
                 "provenance": manifest_provenance(manifest),
                 "roles": models,
                 "summary": summary.to_json(),
-                "tables": _json_safe(tables_of(run.framework, run.options, run.records)),
+                "tables": _json_safe(tables_of(run.framework, run.options, records)),
                 "notes": run.notes,
             }
         },
     )
-    samples = [sample(run, record, models) for record in run.records]
-    partial = summary.recorded < manifest.items
     return EvalLog(
-        status="cancelled" if partial else "success",
+        status="cancelled" if summary.recorded < manifest.items else "success",
         eval=spec,
-        results=results(run, summary),
+        results=found.results(manifest.items, summary.recorded),
         stats=EvalStats(
             started_at=_iso(manifest.created_at),
             completed_at=_iso(_completed(run)),
-            model_usage=_usage_by(run, models, by_model=True),
-            role_usage=_usage_by(run, models, by_model=False),
+            model_usage=found.model_usage,
+            role_usage=found.role_usage,
         ),
-        samples=samples,
+        samples=found.samples,
     )
 
 
@@ -129,22 +132,75 @@ def role_models(run: RunRows) -> dict[str, str]:
     return out
 
 
-def sample(run: RunRows, record: Any, models: dict[str, str]) -> Any:
+class Samples:
+    """The log's samples, each metric's values and the usage totals, gathered record by record
+    (a large run's records are read once)."""
+
+    def __init__(self, run: RunRows, models: dict[str, str]):
+        self.run, self.models = run, models
+        self.samples: list[Any] = []
+        self.values: dict[str, list[float]] = {}
+        self.model_usage: dict[str, Any] = {}
+        self.role_usage: dict[str, Any] = {}
+
+    def add(self, record: Any) -> None:
+        metrics = self.run.framework.item_metrics(record)
+        for name, value in metrics.items():
+            self.values.setdefault(name, [])
+            if value is not None:
+                self.values[name].append(float(value))
+        by_model = _item_usage(self.run, record.usage, self.models, by_model=True)
+        by_role = _item_usage(self.run, record.usage, self.models, by_model=False)
+        _add_usage(self.model_usage, by_model)
+        _add_usage(self.role_usage, by_role)
+        self.samples.append(sample(self.run, record, metrics, by_model, by_role, self.models))
+
+    def results(self, items: int, recorded: int) -> Any:
+        """Each metric's mean over the items that have it; how many have none is said."""
+        from inspect_ai.log import EvalMetric, EvalResults, EvalScore
+
+        scores = []
+        for name, found in self.values.items():
+            metrics = {}
+            if found:
+                metrics["mean"] = EvalMetric(name="mean", value=sum(found) / len(found))
+            scores.append(
+                EvalScore(
+                    name=name,
+                    scorer=f"groundcover/{self.run.framework.name}",
+                    scored_samples=len(found),
+                    unscored_samples=len(self.samples) - len(found),  # None or absent
+                    metrics=metrics,
+                )
+            )
+        return EvalResults(total_samples=items, completed_samples=recorded, scores=scores)
+
+
+def sample(
+    run: RunRows,
+    record: Any,
+    metrics: dict[str, float | None],
+    model_usage: dict[str, Any],
+    role_usage: dict[str, Any],
+    models: dict[str, str],
+) -> Any:
+    """One item as an inspect sample. The framework's details are not in it: they are large
+    (a fact graph per item) and inspect's viewer walks every byte of a sample; the Parquet
+    export (``details``) and the run directory keep them."""
     from inspect_ai.log import EvalSample
     from inspect_ai.model import ChatMessageAssistant, ChatMessageUser, ModelOutput
     from inspect_ai.scorer import Score
 
-    text = run.texts.get(record.id)
+    text = run.text(record)
     question = text.input if text else ""
     answer = (text.answer if text else None) or ""
     answering = models.get("answer") or models.get("generate") or "given"
     scores = {}
-    for name, value in run.framework.item_metrics(record).items():
+    for name, value in metrics.items():
         if value is None:
             continue
         explanation = record.explanation if name == "score" else None
         scores[name] = Score(value=value, answer=answer or None, explanation=explanation)
-    usage = record.usage
     return EvalSample(
         id=record.id,
         epoch=1,
@@ -158,42 +214,10 @@ def sample(run: RunRows, record: Any, models: dict[str, str]) -> Any:
             "explanation": record.explanation,
             "failure": record.failure.model_dump() if record.failure else None,
             "unscored": record.status in UNSCORED,
-            "usage": usage,
-            "details": _json_safe(record.details),
+            "usage": record.usage,
         },
-        model_usage=_item_usage(run, usage, models, by_model=True),
-        role_usage=_item_usage(run, usage, models, by_model=False),
-    )
-
-
-def results(run: RunRows, summary: Any) -> Any:
-    """Each metric's mean over the items that have it; how many have none is said."""
-    from inspect_ai.log import EvalMetric, EvalResults, EvalScore
-
-    values: dict[str, list[float]] = {}
-    for record in run.records:
-        for name, value in run.framework.item_metrics(record).items():
-            values.setdefault(name, [])
-            if value is not None:
-                values[name].append(float(value))
-    scores = []
-    for name, found in values.items():
-        metrics = {}
-        if found:
-            metrics["mean"] = EvalMetric(name="mean", value=sum(found) / len(found))
-        scores.append(
-            EvalScore(
-                name=name,
-                scorer=f"groundcover/{run.framework.name}",
-                scored_samples=len(found),
-                unscored_samples=len(run.records) - len(found),
-                metrics=metrics,
-            )
-        )
-    return EvalResults(
-        total_samples=run.manifest.items,
-        completed_samples=summary.recorded,
-        scores=scores,
+        model_usage=model_usage,
+        role_usage=role_usage,
     )
 
 
@@ -215,19 +239,15 @@ def _item_usage(run: RunRows, usage: dict[str, Any], models: dict[str, str], by_
     return out
 
 
-def _usage_by(run: RunRows, models: dict[str, str], by_model: bool) -> Any:
-    total: dict[str, Any] = {}
-    for record in run.records:
-        for key, usage in _item_usage(run, record.usage, models, by_model).items():
-            if key not in total:
-                total[key] = usage
-                continue
-            found = total[key]
-            found.input_tokens += usage.input_tokens
-            found.output_tokens += usage.output_tokens
-            found.total_tokens += usage.total_tokens
-            found.reasoning_tokens = (found.reasoning_tokens or 0) + (usage.reasoning_tokens or 0)
-    return total
+def _add_usage(total: dict[str, Any], usage: dict[str, Any]) -> None:
+    from inspect_ai.model import ModelUsage
+
+    for key, found in usage.items():
+        into = total.setdefault(key, ModelUsage(reasoning_tokens=0))
+        into.input_tokens += found.input_tokens
+        into.output_tokens += found.output_tokens
+        into.total_tokens += found.total_tokens
+        into.reasoning_tokens = (into.reasoning_tokens or 0) + (found.reasoning_tokens or 0)
 
 
 def _completed(run: RunRows) -> float:

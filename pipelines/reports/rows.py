@@ -19,6 +19,7 @@ The columns, in this order (a column a run does not have is absent, never filled
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -33,62 +34,68 @@ Row = dict[str, Any]
 
 @dataclass
 class RunRows:
-    """One run's rows and what a reader of them should know (``notes``: one line each)."""
+    """One run, read for its rows: the records stay on disk and are read as the rows are made
+    (a large run never holds every parsed record at once); ``items`` are the run's inputs when
+    they still hold what the run read (else None, with a ``notes`` line saying why)."""
 
     run_dir: Path
     manifest: RunManifest
     framework: Any
     options: Any
-    records: list[ItemResult]
-    texts: dict[str, ItemText]
-    rows: list[Row]
+    records: Sequence[ItemResult]
+    items: dict[str, Any] | None
+    given: dict[str, str] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+
+    def text(self, record: ItemResult) -> ItemText | None:
+        """What a person reads of the record's item (None without the run's inputs)."""
+        item = (self.items or {}).get(record.id)
+        if item is None:
+            return None
+        text = self.framework.item_text(item, record, self.options)
+        if record.id in self.given and "answer" not in record.details:
+            text = ItemText(text.input, self.given[record.id], text.reference)
+        return text
+
+    def rows(self) -> Iterator[Row]:
+        """Every recorded item as one flat row, in id order (columns may differ by row)."""
+        run = _run_columns(self.run_dir, self.manifest)
+        for record in self.records:
+            yield _row(self.framework, record, self.text(record), run)
 
 
 def run_rows(run_dir: Path) -> RunRows:
-    """Every recorded item of ``run_dir`` as one flat row."""
+    """``run_dir`` read for its rows."""
     from ..runtime.registry import framework
 
     manifest = read_manifest(run_dir / MANIFEST)
     fw = framework(manifest.framework)
     options = fw.Options.model_validate(manifest.options)
-    records = list(results_by_id(run_dir / RESULTS))
-    texts, notes = item_texts(fw, options, manifest, records)
-    run = _run_columns(run_dir, manifest)
-    rows = [_row(fw, record, texts.get(record.id), run) for record in records]
-    return RunRows(run_dir, manifest, fw, options, records, texts, _union(rows), notes)
+    items, notes = run_items(fw, options, manifest)
+    given = _given_answers(fw, options) if items is not None else {}
+    records = results_by_id(run_dir / RESULTS)
+    return RunRows(run_dir, manifest, fw, options, records, items, given, notes)
 
 
-def item_texts(
-    fw: Any, options: Any, manifest: RunManifest, records: list[ItemResult]
-) -> tuple[dict[str, ItemText], list[str]]:
-    """id -> what a person reads of the item, from the run's inputs as they are now; none
-    (with a note saying why) where they are gone or no longer hold what the run read."""
+def run_items(
+    fw: Any, options: Any, manifest: RunManifest
+) -> tuple[dict[str, Any] | None, list[str]]:
+    """id -> item, from the run's inputs as they are now; None (with a note saying why) where
+    they are gone or no longer hold what the run read."""
     try:
         if manifest.inputs is not None:
             now, then = input_digests(input_records(options)), input_digests(manifest.inputs)
             if now != then:
                 changed = [k for k in sorted(set(now) | set(then)) if now.get(k) != then.get(k)]
-                return {}, [
+                return None, [
                     f"{', '.join(changed)} changed since the run: the rows carry no item text"
                 ]
         items = {str(item.id): item for item in fw.load(options)}
     except (ValueError, OSError) as exc:  # UserError is a ValueError: gone, moved, unreadable
-        return {}, [f"the run's inputs cannot be read now ({exc}): the rows carry no item text"]
-    notes = []
+        return None, [f"the run's inputs cannot be read now ({exc}): the rows carry no item text"]
     if manifest.inputs is None:
-        notes.append("the run's inputs are known by name only: item text read as the files are")
-    given = _given_answers(fw, options)
-    texts = {}
-    for record in records:
-        item = items.get(record.id)
-        if item is None:
-            continue
-        text = fw.item_text(item, record, options)
-        if record.id in given and "answer" not in record.details:
-            text = ItemText(text.input, given[record.id], text.reference)
-        texts[record.id] = text
-    return texts, notes
+        return items, ["the run's inputs are known by name only: item text read as the files are"]
+    return items, []
 
 
 def _given_answers(fw: Any, options: Any) -> dict[str, str]:
@@ -176,18 +183,8 @@ def usage_columns(fw: Any, record: ItemResult) -> Row:
     return row
 
 
-def _union(rows: list[Row]) -> list[Row]:
-    """Every row with every column (in first-seen order; a missing one is None), so a table
-    built from the first row does not drop a later row's metric."""
-    columns: dict[str, None] = {}
-    for row in rows:
-        columns.update(dict.fromkeys(row))
-    return [{c: row.get(c) for c in columns} for row in rows]
-
-
-def all_rows(paths: list[Path]) -> tuple[list[Row], list[RunRows]]:
-    """The rows of every run (study roots stand for their runs), one table's worth."""
+def all_runs(paths: list[Path]) -> list[RunRows]:
+    """Every run the paths stand for (study roots for their runs), read for their rows."""
     from ..runtime.runstore import run_directories
 
-    runs = [run_rows(p) for p in run_directories(paths)]
-    return _union([row for run in runs for row in run.rows]), runs
+    return [run_rows(p) for p in run_directories(paths)]
