@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 
+import numpy as np
 import pytest
 from typer.testing import CliRunner
 
@@ -49,19 +50,43 @@ def test_krippendorffs_alpha_by_hand_nominal_and_ordinal():
 
 
 def test_the_prediction_powered_mean_by_hand():
-    # 4 labelled items (Y, and the judge's f), 6 unlabelled (the judge's only):
-    # estimate = mean(f unlabelled) + mean(Y - f) = 5/6 + 0;
+    # PPI with lambda = 1 (ppi_py's lam=1). 4 labelled items (Y, and the judge's f), 6
+    # unlabelled (the judge's only): estimate = mean(f unlabelled) + mean(Y - f) = 5/6 + 0;
     # half-width = 1.96 * sqrt((5/36) / 6 + 0.5 / 4) = 1.96 * sqrt(0.148148) = 0.754390
-    estimate, low, high = ppi_mean([1, 0, 1, 1], [1, 1, 1, 0], [1, 1, 0, 1, 1, 1])
+    estimate, low, high = ppi_mean([1, 0, 1, 1], [1, 1, 1, 0], [1, 1, 0, 1, 1, 1], lam=1)
     assert estimate == pytest.approx(5 / 6)
     half = 1.959963984540054 * math.sqrt(5 / 216 + 0.125)
     assert (low, high) == pytest.approx((5 / 6 - half, 5 / 6 + half))
     assert half == pytest.approx(0.754390, abs=1e-6)
     # a judge that is right on the labelled items: the correction is 0 and the interval the
     # unlabelled items' alone
-    estimate, low, high = ppi_mean([1, 0], [1, 0], [1, 0, 1, 1])
+    estimate, low, high = ppi_mean([1, 0], [1, 0], [1, 0, 1, 1], lam=1)
     assert estimate == pytest.approx(0.75)
     assert high - estimate == pytest.approx(1.959963984540054 * math.sqrt(0.1875 / 4))
+
+
+def test_ppi_plus_plus_tunes_lambda_by_hand():
+    # PPI++ (the default): lambda = cov(Y, f) / ((1 + n/N) var(f, all n + N items)),
+    # clipped to [0, 1]; ppi_py's cov is the labelled pairs' (population), var the sample one.
+    # Y = [1, 0, 1, 0], f = [1, 0, 1, 1], unlabelled g = [1, 0, 0, 1] (n = N = 4):
+    # cov = (1/4) sum((Y - 1/2)(f - 3/4)) = 0.5 / 4 = 0.125; var of [f, g] = 1.875 / 7;
+    # lambda = 0.125 / (2 * 1.875 / 7) = 7/30
+    lam = 7 / 30
+    estimate, low, high = ppi_mean([1, 0, 1, 0], [1, 0, 1, 1], [1, 0, 0, 1])
+    # estimate = mean(lambda g) + mean(Y - lambda f) = lambda/2 + 1/2 - 3 lambda/4
+    assert estimate == pytest.approx(0.5 - lam / 4)
+    rectifier = np.array([1 - lam, 0, 1 - lam, -lam])  # Y - lambda f
+    half = 1.959963984540054 * math.sqrt((lam * 0.5) ** 2 / 4 + rectifier.var() / 4)
+    assert (low, high) == pytest.approx((estimate - half, estimate + half))
+    assert half == pytest.approx(0.454912, abs=1e-6)
+    # a judge against the humans (negative covariance) gets lambda 0: the labels' own mean
+    # and interval, narrower than PPI's 0.754390 on the same data
+    estimate, low, high = ppi_mean([1, 0, 1, 1], [1, 1, 1, 0], [1, 1, 0, 1, 1, 1])
+    mean, c_low, c_high = (
+        0.75,
+        *(0.75 + s * 1.959963984540054 * math.sqrt(0.1875 / 4) for s in (-1, 1)),
+    )
+    assert (estimate, low, high) == pytest.approx((mean, c_low, c_high))
     mean, low, high = classical_mean([0.0, 1.0, 1.0, 1.0])
     assert mean == 0.75 and high - mean == pytest.approx(1.959963984540054 * 0.5 / 2)
 
@@ -112,13 +137,12 @@ def test_a_panel_runs_agreement_with_humans_and_the_three_means(tmp_path):
     assert versus["panel"]["agree"] == 0.5  # the panel said B and D (a tie), humans B and C
     assert versus["panel"]["confusion"] == {"B": {"B": 1}, "C": {"D": 1}}
     assert versus["judge (j1)"]["agree"] == 1.0
-    # scores: the judge's f1 0.5, f2 1.0, f3 0.0; humans 1.0 for f1 and f2;
-    # PPI: f3's 0.0 + mean(1.0 - 0.5, 1.0 - 1.0) = 0.25, +- 1.96 * sqrt(0 + 0.0625 / 2)
+    # scores: the judge's f1 0.5, f2 1.0, f3 0.0; humans 1.0 for f1 and f2. The humans agree
+    # with each other whatever the judge says (cov(Y, f) = 0), so PPI++ tunes lambda to 0: the
+    # humans' mean 1.0 with their zero-width interval (PPI's lambda = 1 would give 0.25)
     score = found["score"]
     assert score["judge"][0] == pytest.approx(0.5) and score["human"][0] == pytest.approx(1.0)
-    estimate, low, high = score["ppi"]
-    assert estimate == pytest.approx(0.25)
-    assert high - estimate == pytest.approx(1.959963984540054 * math.sqrt(0.0625 / 2))
+    assert score["ppi"] == pytest.approx([1.0, 1.0, 1.0])
     shown = CliRunner().invoke(app, ["agreement", str(run), "--human", str(human)])
     assert shown.exit_code == 0 and "prediction-powered" in shown.output
 

@@ -15,10 +15,12 @@ Read from run directories only (no model calls):
   numbers a stage's units within an item, from 0, default 0): the panel's combined answer and each
   member against the humans, with a confusion matrix per label. Stage ``score`` labels an
   item's score: it works for any run, panel or not.
-- **Prediction-powered mean** (Angelopoulos et al., 2023): with human scores for a subset of the
-  items, the mean three ways: the judge's over all items (classical interval), the humans' over
-  their subset, and the judge's mean over the unlabelled items corrected by the judge's mean
-  error on the labelled ones, with its interval.
+- **Prediction-powered mean** (Angelopoulos et al., 2023; PPI++, Angelopoulos, Duchi and Zrnic
+  2023, through their ``ppi_py``): with human scores for a subset of the items, the mean three
+  ways: the judge's over all items (classical interval), the humans' over their subset, and the
+  judge's mean over the unlabelled items corrected by the judge's error on the labelled ones,
+  weighted by the power-tuned lambda (never wider than the humans' own interval), with its
+  interval.
 """
 
 from __future__ import annotations
@@ -126,21 +128,35 @@ def by_item_interval(
 
 
 def ppi_mean(
-    labelled: Sequence[float], predicted: Sequence[float], unlabelled: Sequence[float]
+    labelled: Sequence[float],
+    predicted: Sequence[float],
+    unlabelled: Sequence[float],
+    lam: float | None = None,
+    weights: Sequence[float] | None = None,
 ) -> tuple[float, float, float]:
-    """Prediction-powered estimate of a mean and its 95% interval (Angelopoulos et al. 2023,
-    the mean with lambda = 1): the predictions' mean over the N unlabelled units plus the mean
-    of (label - prediction) over the n labelled ones; the interval's half-width is
-    z * sqrt(var(unlabelled predictions) / N + var(label - prediction) / n), population
-    variances as in ppi_py."""
+    """Prediction-powered estimate of a mean and its 95% interval, by the method authors' own
+    package (``ppi_py``): PPI++ (Angelopoulos, Duchi and Zrnic 2023) with the power-tuned
+    lambda, clipped to [0, 1], so never wider than the labels' own (classical) interval up to
+    its estimate; ``lam=1`` is the original PPI (the unlabelled predictions' mean plus the
+    labelled units' mean of label - prediction), ``lam=0`` the labels alone. ``weights``: each
+    labelled unit's inverse inclusion probability where the labels were drawn by a design
+    (``agreement --sample``), so the correction is the population's, not the sample's."""
+    import ppi_py
+
     y = np.asarray(labelled, dtype=float)
     f = np.asarray(predicted, dtype=float)
     g = np.asarray(unlabelled, dtype=float)
     if not (y.size and y.size == f.size and g.size):
         raise ValueError("PPI needs labelled units with predictions and unlabelled units")
-    estimate = float(g.mean() + (y - f).mean())
-    half = Z95 * math.sqrt(g.var() / g.size + (y - f).var() / y.size)
-    return estimate, estimate - half, estimate + half
+    w = None if weights is None else np.asarray(weights, dtype=float)
+    estimate = ppi_py.ppi_mean_pointestimate(y, f, g, lam=lam, w=w)
+    low, high = ppi_py.ppi_mean_ci(y, f, g, alpha=0.05, lam=lam, w=w)
+    return _scalar(estimate), _scalar(low), _scalar(high)
+
+
+def _scalar(value: Any) -> float:
+    """ppi_py answers in arrays of one number (a d-dimensional mean with d = 1)."""
+    return float(np.asarray(value, dtype=float).reshape(-1)[0])
 
 
 def classical_mean(values: Sequence[float]) -> tuple[float, float, float]:
