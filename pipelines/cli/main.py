@@ -17,6 +17,7 @@ from .cache import cache_app
 from .data import data_app
 from .frameworks import lazy_group
 from .index import index_app
+from .labels import labels_app
 from .options import clean_errors
 
 app = typer.Typer(
@@ -51,6 +52,7 @@ app.add_typer(data_app, name="data")
 app.add_typer(cache_app, name="cache")
 app.add_typer(crux_app, name="crux")
 app.add_typer(index_app, name="index")
+app.add_typer(labels_app, name="labels")
 app.command()(serve.serve)
 app.command()(reports.report)
 app.command()(reports.compare)

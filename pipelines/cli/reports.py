@@ -93,11 +93,28 @@ def agreement(
         typer.Option(help="use only N items' dataset labels for the score estimates (random)"),
     ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="print one JSON object")] = False,
+    sample: Annotated[
+        int | None,
+        typer.Option(
+            help="draw N items to label into RUN/labels/queue.jsonl and say the interval to "
+            "expect (no agreement is computed)"
+        ),
+    ] = None,
+    strategy: Annotated[
+        str,
+        typer.Option(help="with --sample: random | stratified | balanced (by the judge's verdict)"),
+    ] = "stratified",
+    seed: Annotated[int, typer.Option(help="with --sample: the draw's seed")] = 0,
 ) -> None:
     """How far to trust the judges: agreement within a judge panel (Cohen's kappa,
     Krippendorff's alpha, Kendall / Spearman, bootstrap intervals over items), between runs
     judged by different models, with human labels (--human), and the mean score corrected by
     them (prediction-powered inference). Reads run directories only."""
+    if sample is not None:
+        from ..reports.labels import draw_for_runs
+
+        draw_for_runs(run_dir, sample, strategy, seed, terminal())
+        return
     from ..reports.agreement import agreement as measure
     from ..reports.agreement import render
 

@@ -38,6 +38,7 @@ from ..runtime.config import UserError, iter_jsonl
 from ..runtime.panels import Average, Level, PanelRule, Vote
 from ..runtime.results import ItemResult
 from ..runtime.runstore import run_directories
+from .labels import read_queue, run_labels
 
 Z95 = 1.959963984540054  # the standard normal's 97.5% quantile
 RESAMPLES = 1000
@@ -360,9 +361,13 @@ def against_humans(
 
 
 def score_estimates(
-    records: Sequence[ItemResult], human: dict[tuple[str, str, int], Any]
+    records: Sequence[ItemResult],
+    human: dict[tuple[str, str, int], Any],
+    weights: dict[str, float] | None = None,
 ) -> dict[str, Any] | None:
-    """The run's mean score three ways, from the human ``score`` labels of some items."""
+    """The run's mean score three ways, from the human ``score`` labels of some items;
+    ``weights``: the labelling queue's (``agreement --sample``), used where every labelled
+    item was drawn by it."""
     scores = {r.id: r.score for r in records if r.score is not None}
     recorded = {r.id for r in records}
     labels = {i: float(v) for (i, stage, _), v in human.items() if stage == "score"}
@@ -378,9 +383,15 @@ def score_estimates(
         "human": classical_mean(graded),
     }
     if rest:
+        drawn = weights is not None and all(i in weights for i in both)
         out["ppi"] = ppi_mean(
-            [labels[i] for i in both], [scores[i] for i in both], [scores[i] for i in rest]
+            [labels[i] for i in both],
+            [scores[i] for i in both],
+            [scores[i] for i in rest],
+            weights=[weights[i] for i in both] if drawn and weights else None,
         )
+        if weights is not None:
+            out["weighted"] = drawn  # False: labels outside the queue, so none is weighted
     pair = [Unit(i, "score", 0, [scores[i], labels[i]]) for i in both]
     stats = raters_agreement(pair, ["judge", "human"], None)
     out["agreement"] = {"alpha": stats["alpha"], **stats["pairwise"][0]}
@@ -439,9 +450,10 @@ def run_agreement(run_dir: Path, human: dict | None, sample: int | None = None) 
         keys = sorted(scored)
         picked = np.random.default_rng(0).permutation(len(keys))[:sample]
         scored = {keys[k]: scored[keys[k]] for k in sorted(picked)}
-    labels = scored | labels  # a user's own labels win over the dataset's
+    # a user's own labels win over the dataset's; a --human file over those made in the run
+    labels = scored | run_labels(run_dir) | labels
     if labels:
-        out["score"] = score_estimates(records, labels)
+        out["score"] = score_estimates(records, labels, read_queue(run_dir))
     return out
 
 
@@ -561,9 +573,13 @@ def _estimates(score: dict[str, Any], out: Any) -> None:
     for name, key, n in (
         ("judge only (classical)", "judge", score["items"]),
         ("humans only (their subset)", "human", score["labelled"]),
-        ("prediction-powered (judge, corrected)", "ppi", score["items"]),
+        ("prediction-powered (PPI++, judge corrected)", "ppi", score["items"]),
     ):
         if key in score:
             mean, low, high = score[key]
             table.add_row(name, f"{mean:.4f}", f"{low:.4f}-{high:.4f}", str(n))
     out.print(table)
+    if score.get("weighted") is False:
+        out.print("note: some labels are of items outside the labelling queue: unweighted")
+    elif score.get("weighted"):
+        out.print("prediction-powered: each label weighted by its queue's inclusion probability")

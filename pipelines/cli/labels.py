@@ -1,0 +1,56 @@
+"""``groundcover labels``: a run's labelling queue out to an annotation tool, people's labels
+back into the run (``labels/labels.jsonl``; the records never change)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+
+from .frameworks import lazy_group
+from .options import clean_errors
+
+labels_app = typer.Typer(
+    cls=lazy_group("labels"),
+    help="People's labels of a run: export its labelling queue to Label Studio or CSV, import "
+    "their labels.",
+    no_args_is_help=True,
+)
+
+
+@labels_app.command("export")
+@clean_errors
+def export(
+    run_dir: Annotated[Path, typer.Argument(help="a run directory")],
+    out: Annotated[Path, typer.Argument(help="tasks.json (Label Studio) or labels.csv")],
+    format: Annotated[
+        str | None, typer.Option(help="label-studio | csv (default: by OUT's suffix)")
+    ] = None,
+) -> None:
+    """The run's labelling queue (from agreement --sample; every scored item without one) as
+    Label Studio tasks with their labelling configuration, or a CSV to fill in. Blind: the
+    judge's verdicts are not in it."""
+    from ..reports.exchange import export_tasks
+
+    kind = format or ("csv" if out.suffix.lower() == ".csv" else "label-studio")
+    for path in export_tasks(run_dir, out, kind):
+        Console(stderr=True).print(f"export: {path}", highlight=False, soft_wrap=True)
+
+
+@labels_app.command("import")
+@clean_errors
+def import_(
+    run_dir: Annotated[Path, typer.Argument(help="a run directory")],
+    file: Annotated[Path, typer.Argument(help="Label Studio's JSON export, or a labels CSV")],
+    annotator: Annotated[
+        str | None, typer.Option(help="who labelled (default: the file's completed_by)")
+    ] = None,
+) -> None:
+    """Append people's labels to the run (labels/labels.jsonl), each with the judge's score
+    beside it; `groundcover agreement RUN` then uses them."""
+    from ..reports.exchange import import_labels
+
+    found = import_labels(run_dir, file, annotator)
+    Console(stderr=True).print(f"labels: {found} added to {run_dir / 'labels'}", highlight=False)
