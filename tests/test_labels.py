@@ -277,3 +277,47 @@ def test_two_writers_at_once_keep_every_label_and_annotators_combine(tmp_path):
     append_labels(tmp_path, [{"id": "j", "stage": "judge", "label": "B", "annotator": "ana"}])
     append_labels(tmp_path, [{"id": "j", "stage": "judge", "label": "C", "annotator": "bo"}])
     assert run_labels(tmp_path)[("j", "judge", 0)] == "B"  # a tie: the earliest given
+
+
+def test_an_override_is_a_layer_shown_apart_and_reversible(judged, tmp_path):
+    import shutil
+
+    run_a, run_b = tmp_path / "a", tmp_path / "b"
+    shutil.copytree(judged, run_a)
+    shutil.copytree(judged, run_b)
+    runner = CliRunner()
+    before = (run_a / "results.jsonl").read_bytes()
+    refused = runner.invoke(app, ["labels", "override", str(run_a), "i00", "--score", "0"])
+    assert refused.exit_code == 2 and "an override needs a reason" in refused.output
+    done = runner.invoke(
+        app,
+        ["labels", "override", str(run_a), "i00", "--score", "0", "--reason", "misses both"]
+        + ["--annotator", "ana"],
+    )
+    assert done.exit_code == 0, done.output
+    assert (run_a / "results.jsonl").read_bytes() == before  # a layer, never a rewrite
+    # the judge: 4 x 1.0, 4 x 0.5, 4 x 0.0 -> 0.5; i00 (1.0) overridden to 0 -> 5/12
+    shown = json.loads(runner.invoke(app, ["report", str(run_a), "--json"]).output)
+    assert shown["summary"]["mean_score"] == pytest.approx(0.5)
+    assert shown["overrides"] == {
+        "overrides": 1,
+        "judge_mean": pytest.approx(0.5),
+        "overridden_mean": pytest.approx(5 / 12),
+        "overridden_scored": 12,
+    }
+    text = runner.invoke(app, ["report", str(run_a)], env={"COLUMNS": "200"}).output
+    assert "overridden by people: 1 items; judge's mean 0.5000, with the overrides 0.4167" in text
+    from groundcover.pipelines.reports.report_html import render
+
+    assert "overridden by people: <b>1</b> items" in render([run_a])
+    compared = runner.invoke(app, ["compare", str(run_a), str(run_b)], env={"COLUMNS": "200"})
+    assert compared.exit_code == 0, compared.output
+    assert "A: overridden by people: 1 items" in compared.output
+    assert "B: overridden" not in compared.output
+    back = runner.invoke(app, ["labels", "override", str(run_a), "i00", "--withdraw"])
+    assert back.exit_code == 0, back.output
+    assert "overrides" not in json.loads(
+        runner.invoke(app, ["report", str(run_a), "--json"]).output
+    )
+    history = (run_a / "labels" / "overrides.jsonl").read_text().splitlines()
+    assert len(history) == 2  # the override and its withdrawal: the history stays

@@ -54,3 +54,37 @@ def import_(
 
     found = import_labels(run_dir, file, annotator)
     Console(stderr=True).print(f"labels: {found} added to {run_dir / 'labels'}", highlight=False)
+
+
+@labels_app.command("override")
+@clean_errors
+def override(
+    run_dir: Annotated[Path, typer.Argument(help="a run directory")],
+    item: Annotated[str, typer.Argument(help="the item's id")],
+    score: Annotated[
+        float | None, typer.Option(help="the score a person gives it (0 to 1)")
+    ] = None,
+    reason: Annotated[str, typer.Option(help="why the judge was wrong here")] = "",
+    annotator: Annotated[str, typer.Option(help="who overrides")] = "unknown",
+    withdraw: Annotated[
+        bool, typer.Option("--withdraw", help="take the item's override back")
+    ] = False,
+) -> None:
+    """Override one item's verdict, with a reason, as a layer over the records (never a
+    rewrite): report, the HTML headline and compare show the judge's mean and the
+    overridden mean apart. --withdraw takes it back; the history stays."""
+    from ..reports.overrides import add_override, withdraw_override
+    from ..runtime.config import UserError
+    from ..runtime.runstore import RESULTS, results_by_id
+
+    if withdraw:
+        withdraw_override(run_dir, item, annotator)
+        Console(stderr=True).print(f"override of {item!r} withdrawn", highlight=False)
+        return
+    if score is None:
+        raise UserError("give --score (0 to 1) or --withdraw")
+    records = {r.id: r for r in results_by_id(run_dir / RESULTS)}
+    found = add_override(run_dir, records, item, score, reason, annotator)
+    Console(stderr=True).print(
+        f"override: {item!r} {found.judge} -> {found.score} ({reason})", highlight=False
+    )

@@ -217,6 +217,7 @@ def compare_runs(paths: list[Path], resamples: int = 10_000, seed: int = 0) -> d
                 "repeats": run.repeats,
                 "between_repeat_sd": run.between_repeat_sd,
                 **_mean(list(run.scores.values()), resamples, seed),
+                "overrides": _overrides(run.path),
             }
         )
     pairs = [compare_pair(a, b, resamples, seed) for a, b in itertools.combinations(runs, 2)]
@@ -243,6 +244,15 @@ def _interval(interval: dict[str, Any] | None) -> str:
 
 def _p(value: float | None) -> str:
     return "-" if value is None else f"{value:.3g}"
+
+
+def _overrides(path: Path) -> dict[str, Any] | None:
+    """A run's overrides in force, apart from the judge's scores compared here."""
+    if not (path / MANIFEST).is_file():
+        return None
+    from .overrides import override_summary
+
+    return override_summary(path, results_by_id(path / RESULTS))
 
 
 def print_comparison(result: dict[str, Any], out: Console, top: int = 10) -> None:
@@ -274,6 +284,12 @@ def print_comparison(result: dict[str, Any], out: Console, top: int = 10) -> Non
             f"{run['repeats']} ({_num(run['between_repeat_sd'])})" if run["repeats"] > 1 else "-",
         )
     out.print(runs)
+    for run in result["runs"]:
+        if run.get("overrides"):
+            from .overrides import override_line
+
+            line = override_line(run["overrides"])
+            out.print(f"{letter[run['run']]}: {line}; compared here: the judge's", highlight=False)
     pairs = Table(
         "pair",
         "paired",

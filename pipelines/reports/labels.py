@@ -200,11 +200,16 @@ def read_queue(run_dir: Path) -> dict[str, float] | None:
 
 
 def append_labels(run_dir: Path, labels: Sequence[dict[str, Any]]) -> int:
-    """Append whole lines, one ``write`` on an O_APPEND descriptor: two writers at once lose
-    nothing and never interleave inside a line."""
+    """Append people's labels to ``labels.jsonl``."""
+    return append_labels_to(run_dir, LABELS, labels)
+
+
+def append_labels_to(run_dir: Path, name: str, labels: Sequence[dict[str, Any]]) -> int:
+    """Append whole lines to ``labels/NAME``, one ``write`` on an O_APPEND descriptor: two
+    writers at once lose nothing and never interleave inside a line."""
     if not labels:
         return 0
-    path = labels_dir(run_dir) / LABELS
+    path = labels_dir(run_dir) / name
     path.parent.mkdir(exist_ok=True)
     now = time.time()
     text = "".join(

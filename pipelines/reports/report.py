@@ -95,18 +95,25 @@ def load_outcome(run_dir: Path, prices: dict[str, Any] | None = None):
 
 
 def _print(outcome, as_json: bool, out: Console, label: str) -> None:
+    from .overrides import override_line, override_summary
+
     judges = panel_agreement(outcome)
     rests_on = manifest_provenance(read_manifest(outcome.dir / MANIFEST))
+    overrides = override_summary(outcome.dir, outcome.results)
     if as_json:  # plain print: rich would wrap long lines inside the JSON
         summary = outcome.summary.to_json() if outcome.summary else None
         payload = {"run": label, "summary": summary, "tables": outcome.tables}
         payload["provenance"] = rests_on
         if judges:
             payload["agreement"] = judges
+        if overrides:
+            payload["overrides"] = overrides
         print(json.dumps(payload, default=str))
         return
     if outcome.summary is not None:
         print_summary(outcome.summary, out)
+    if overrides:
+        out.print(override_line(overrides), highlight=False)
     print_provenance(rests_on, out)
     if outcome.tables is not None:
         outcome.framework.render(outcome.tables, out)

@@ -116,9 +116,12 @@ def headline(outcome: Any, manifest: RunManifest, scores: list[float]) -> dict[s
         interval = (
             bca_interval(scores, 2000) if len(scores) <= 5000 else percentile_interval(scores, 2000)
         ).as_dict()
+    from .overrides import override_summary
+
     roles = manifest.roles or {"judge": manifest.models or {}}
     cost = summary.cost_recorded
     return {
+        "overrides": override_summary(outcome.dir, outcome.results),
         "mean": summary.mean_score,
         "interval": interval,
         "scored": len(scores),
