@@ -321,3 +321,65 @@ def test_an_override_is_a_layer_shown_apart_and_reversible(judged, tmp_path):
     )
     history = (run_a / "labels" / "overrides.jsonl").read_text().splitlines()
     assert len(history) == 2  # the override and its withdrawal: the history stays
+
+
+def test_the_length_audit_by_hand(tmp_path):
+    # nine answers of 1..9 words; the judge covers none of the shortest three, one of two of
+    # the middle three and both of the longest three: scores 0, 0.5, 1 by length
+    items = [
+        {
+            "id": f"n{k}",
+            "query": "Q?",
+            "response": " ".join(["w"] * (k + 1)),
+            "contexts": ["c1.", "c2."],
+        }
+        for k in range(9)
+    ]
+    data = tmp_path / "items.jsonl"
+    data.write_text("".join(json.dumps(i) + "\n" for i in items))
+    options = ComprehensivenessOptions(
+        input=data, method="e2e", summarise=False, export_graphs=False
+    )
+
+    def coverage(prompt):
+        size = len(field_of(prompt, "Answer").split())
+        return COVERAGE[2 if size <= 3 else 1 if size <= 6 else 0]
+
+    client = ScriptedClient({"coverage": coverage}, check_constraints=False)
+    run(COMPREHENSIVENESS, options, client, tmp_path / "run")
+    # humans say 0.5 for n0, n4, n8: the judge's error -0.5, 0, +0.5 grows with length too
+    human = tmp_path / "human.jsonl"
+    human.write_text(
+        "".join(
+            json.dumps({"id": i, "stage": "score", "label": 0.5}) + "\n" for i in ("n0", "n4", "n8")
+        )
+    )
+    done = CliRunner().invoke(
+        app, ["agreement", str(tmp_path / "run"), "--bias", "--human", str(human), "--json"]
+    )
+    assert done.exit_code == 0, done.output
+    (audit,) = json.loads(done.output)["bias"]
+    # Spearman = Pearson of ranks: scores ranked [2,2,2,5,5,5,8,8,8] against 1..9:
+    # cov 54, sums of squares 54 and 60 -> rho = 54 / sqrt(54 * 60) = sqrt(0.9)
+    assert audit["score"]["spearman"] == pytest.approx(0.9**0.5)
+    assert (audit["score"]["shortest_third"], audit["score"]["longest_third"]) == (0.0, 1.0)
+    assert audit["score"]["units"] == 9 and audit["error"]["spearman"] == pytest.approx(1.0)
+    shown = CliRunner().invoke(app, ["agreement", str(tmp_path / "run"), "--bias"])
+    assert "score: Spearman rho with length +0.949" in shown.output
+    assert "shortest third 0.0000, longest third 1.0000" in shown.output
+
+
+def test_a_judge_of_the_answering_models_family_is_said():
+    from groundcover.pipelines.reports.bias import family, same_family
+
+    assert family("meta-llama/Llama-3.1-8B-Instruct") == "llama"
+    assert family("Qwen2.5-72B-Instruct") == "qwen"
+    roles = {
+        "answer": {"request_model": "Qwen2.5-7B-Instruct"},
+        "judge": {"request_model": "Qwen/Qwen2.5-72B-Instruct"},
+        "judge#2": {"request_model": "gpt-oss-20b"},
+    }
+    assert same_family(roles) == [
+        {"system": "Qwen2.5-7B-Instruct", "judge": "Qwen/Qwen2.5-72B-Instruct", "role": "judge"}
+        | {"family": "qwen"}
+    ]

@@ -105,6 +105,14 @@ def agreement(
         typer.Option(help="with --sample: random | stratified | balanced (by the judge's verdict)"),
     ] = "stratified",
     seed: Annotated[int, typer.Option(help="with --sample: the draw's seed")] = 0,
+    bias: Annotated[
+        bool,
+        typer.Option(
+            "--bias",
+            help="also audit length bias: the score (and each panel stage, and the judge's "
+            "error against human labels) against the judged answer's length",
+        ),
+    ] = False,
 ) -> None:
     """How far to trust the judges: agreement within a judge panel (Cohen's kappa,
     Krippendorff's alpha, Kendall / Spearman, bootstrap intervals over items), between runs
@@ -121,10 +129,21 @@ def agreement(
     if human_sample is not None and human_sample < 1:
         raise UserError(f"--human-sample must be at least 1, got {human_sample}")
     found = measure(run_dir, human, human_sample)
+    if bias:
+        from ..reports.agreement import read_human
+        from ..reports.bias import length_audit
+        from ..runtime.runstore import run_directories
+
+        labels = read_human(human) if human is not None else None
+        found["bias"] = [length_audit(d, labels) for d in run_directories(run_dir)]
     if as_json:
         print(json.dumps(found, default=str))
-    else:
-        render(found, terminal())
+        return
+    render(found, terminal())
+    if bias:
+        from ..reports.bias import render_bias
+
+        render_bias(found["bias"], terminal())
 
 
 @clean_errors
