@@ -36,9 +36,9 @@ COVERAGE = {
 }
 
 
-@pytest.fixture(scope="module")
-def judged(tmp_path_factory):
-    root = tmp_path_factory.mktemp("labels")
+def judged_run(root):
+    """Twelve comprehensiveness items judged by a scripted judge: i00, i03, ... score 1.0,
+    i01, i04, ... 0.5, i02, i05, ... 0.0 (run directory ``root / "run"``)."""
     items = [
         {
             "id": f"i{k:02d}",
@@ -61,6 +61,11 @@ def judged(tmp_path_factory):
     client = ScriptedClient({"coverage": coverage}, check_constraints=False)
     run(COMPREHENSIVENESS, options, client, root / "run")
     return root / "run"
+
+
+@pytest.fixture(scope="module")
+def judged(tmp_path_factory):
+    return judged_run(tmp_path_factory.mktemp("labels"))
 
 
 def records(scores: dict[str, float | None]) -> list[ItemResult]:

@@ -187,14 +187,15 @@ def view(
         str | None, typer.Option(help="variable holding the key (needed off loopback)")
     ] = None,
 ) -> None:
-    """Serve the HTML report of the runs at http://127.0.0.1:PORT/ until Ctrl-C (rebuilt on
-    every request, so a running evaluation shows its progress). Opens nothing else. Another
-    --host needs a key, as `serve` does: a browser gives it as the password of the login it
-    is asked for (any user name), a client as a Bearer token."""
-    import http.server
-
+    """Serve the HTML report of the runs at http://127.0.0.1:PORT/ until Ctrl-C (rebuilt
+    when a run changes on disk, so a running evaluation shows its progress; its items are
+    filtered, searched and paged by the server), with a labelling page per run (/label?run=K:
+    people's labels and overrides, written only from the page itself). Another --host needs a
+    key, as `serve` does: a browser gives it as the password of the login it is asked for (any
+    user name), a client as a Bearer token."""
     from ...serving.launcher import is_loopback
     from ..reports.report_html import render
+    from ..reports.viewer import Viewer, serve
 
     key = api_key_from(api_key_env)
     if key is None and not is_loopback(host):
@@ -202,31 +203,6 @@ def view(
             f"--host {host} shows the runs beyond this machine: give it a key "
             "(--api-key-env NAME, the key in that variable)"
         )
-
-    class Page(http.server.BaseHTTPRequestHandler):
-        def do_GET(self) -> None:  # noqa: N802 - the stdlib's name
-            if key is not None and not authorised(self.headers.get("Authorization"), key):
-                self.send_response(401)
-                self.send_header("WWW-Authenticate", 'Basic realm="groundcover"')
-                self.send_header("Content-Length", "0")
-                self.end_headers()
-                return
-            body = render(run_dir).encode()
-            self.send_response(200)
-            self.send_header("Content-Type", "text/html; charset=utf-8")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *args) -> None:
-            pass
-
-    render(run_dir)  # bad run directories stop here, with one line
-    server = http.server.ThreadingHTTPServer((host, port), Page)
-    console.print(f"report at http://{host}:{server.server_address[1]}/  (Ctrl-C stops)")
-    try:
-        server.serve_forever()
-    except KeyboardInterrupt:
-        pass
-    finally:
-        server.server_close()
+    render(run_dir, served=True)  # bad run directories stop here, with one line
+    allowed = None if key is None else (lambda header: authorised(header, key))
+    serve(Viewer(run_dir), host, port, allowed, console.print)

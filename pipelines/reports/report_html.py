@@ -75,10 +75,14 @@ def terminal_tables(framework, tables: dict[str, Any] | None) -> str | None:
     return console.export_html(inline_styles=True, code_format='<pre class="rich">{code}</pre>')
 
 
-def run_view(path: Path, prices: dict[str, Any] | None = None) -> dict[str, Any]:
+def run_view(
+    path: Path, prices: dict[str, Any] | None = None, served: bool = False
+) -> dict[str, Any]:
+    """What the page shows of one run; ``served`` (``view``): without its items, which the
+    page fetches by page from the server."""
     manifest = read_manifest(path / MANIFEST)
     outcome = load_outcome(path, prices)
-    items = [r.model_dump(mode="json") for r in outcome.results]
+    items = [] if served else [r.model_dump(mode="json") for r in outcome.results]
     for item in items:  # the fact graph written by the run, for the drill-down's drawing
         item["graph"] = _graph(path, item.get("details", {}))
     scores = [r.score for r in outcome.results if r.score is not None]
@@ -102,6 +106,7 @@ def run_view(path: Path, prices: dict[str, Any] | None = None) -> dict[str, Any]
         "usage": summary.usage_recorded,
         "plot": score_plot(scores),
         "items": items,
+        "served": served,
     }
 
 
@@ -173,16 +178,18 @@ def render(
     paths: list[Path],
     compared: dict[str, Any] | None = None,
     prices: dict[str, Any] | None = None,
+    served: bool = False,
 ) -> str:
     """The page of ``paths``; with ``compared`` (``compare_runs`` of the same paths) the paired
-    comparison comes first, each item linked to its drill-down below."""
-    runs = [run_view(p, prices) for p in paths]
+    comparison comes first, each item linked to its drill-down below. ``served``: the items
+    are fetched from the viewer by page (``pipelines.reports.viewer``), not embedded."""
+    runs = [run_view(p, prices, served) for p in paths]
     environment = Environment(autoescape=select_autoescape(default=True, default_for_string=True))
     environment.filters["safe_json"] = _safe_json
     template = environment.from_string(TEMPLATE.read_text(encoding="utf-8"))
     return template.render(
         runs=runs,
-        comparison=None if compared else comparison(runs),  # the paired view replaces it
+        comparison=None if compared or served else comparison(runs),  # paired view replaces it
         compared=compared,
         index=page_index(paths, compared),
     )

@@ -55,8 +55,38 @@ class Page:
         )
         return found.get("result", {}).get("value", "")
 
+    async def evaluate(self, expression: str) -> Any:
+        found = await self.call("Runtime.evaluate", expression=expression, awaitPromise=True)
+        return found.get("result", {}).get("value")
 
-async def _open(url: str, wanted: list[str], screenshot: Path | None, timeout: float) -> str:
+    async def navigate(self, url: str) -> None:
+        await self.call("Page.navigate", url=url)
+
+    async def wait_for(self, wanted: list[str], timeout: float = 60) -> str:
+        """The page's text once every string of ``wanted`` is in it (or at ``timeout``)."""
+        deadline = time.monotonic() + timeout
+        text = ""
+        while time.monotonic() < deadline:
+            text = await self.text()
+            if all(w in text for w in wanted):
+                break
+            await asyncio.sleep(0.2)
+        return text
+
+    async def key(self, key: str) -> None:
+        """One key pressed and released, as a person types it (DOM keydown with ``key``)."""
+        for kind in ("keyDown", "keyUp"):
+            await self.call("Input.dispatchKeyEvent", type=kind, key=key, text=key)
+
+    async def screenshot(self, path: Path) -> None:
+        await asyncio.sleep(0.3)  # let the last paint land
+        shot = await self.call("Page.captureScreenshot", format="png")
+        path.write_bytes(base64.b64decode(shot["data"]))
+
+
+@contextlib.asynccontextmanager
+async def browser(timeout: float = 60):
+    """A fresh headless Chromium (its own empty profile), one page of it, then gone."""
     assert BROWSER is not None
     profile = tempfile.mkdtemp(prefix="gc-chromium-")
     process = subprocess.Popen(
@@ -74,23 +104,20 @@ async def _open(url: str, wanted: list[str], screenshot: Path | None, timeout: f
             async with session.ws_connect(target["webSocketDebuggerUrl"], max_msg_size=0) as ws:
                 page = Page(ws)
                 await page.call("Page.enable")
-                await page.call("Page.navigate", url=url)
-                deadline = time.monotonic() + timeout
-                text = ""
-                while time.monotonic() < deadline:
-                    text = await page.text()
-                    if all(w in text for w in wanted):
-                        break
-                    await asyncio.sleep(0.25)
-                if screenshot is not None:
-                    await asyncio.sleep(0.5)  # let the last paint land
-                    shot = await page.call("Page.captureScreenshot", format="png")
-                    screenshot.write_bytes(base64.b64decode(shot["data"]))
-                return text
+                yield page
     finally:
         process.kill()
         process.wait()
         shutil.rmtree(profile, ignore_errors=True)
+
+
+async def _open(url: str, wanted: list[str], screenshot: Path | None, timeout: float) -> str:
+    async with browser(timeout) as page:
+        await page.navigate(url)
+        text = await page.wait_for(wanted, timeout)
+        if screenshot is not None:
+            await page.screenshot(screenshot)
+        return text
 
 
 def _devtools_address(process: subprocess.Popen, timeout: float) -> str:

@@ -1,0 +1,161 @@
+"""`groundcover view` with people in the loop: a person labels six items of a finished run by
+keyboard in a real Chromium (driven over the DevTools protocol), overrides one, reloads and finds
+them kept; `agreement` then computes from exactly those labels. A forged cross-origin write and a
+write without the page's token are refused; two writers at once keep every label; the report
+page is served without its items, which the server filters, searches and pages."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import urllib.error
+import urllib.request
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from groundcover.pipelines.cli import app
+from groundcover.pipelines.reports.viewer import SCALE, Viewer, make_server
+from tests.support.browser import BROWSER, browser
+from tests.test_exports import ARTIFACTS
+from tests.test_labels import judged_run
+
+
+@pytest.fixture
+def served(tmp_path):
+    """A finished run of twelve items served by the viewer on a free loopback port."""
+    run = judged_run(tmp_path)
+    viewer = Viewer([run])
+    server = make_server(viewer, "127.0.0.1", 0, None)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield run, viewer, f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def post(url: str, body: dict, headers: dict) -> tuple[int, dict]:
+    request = urllib.request.Request(
+        url,
+        data=json.dumps(body).encode(),
+        headers={"Content-Type": "application/json"} | headers,
+        method="POST",
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=30) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as error:
+        return error.code, json.loads(error.read())
+
+
+def get(url: str) -> dict:
+    with urllib.request.urlopen(url, timeout=30) as response:
+        return json.loads(response.read())
+
+
+@pytest.mark.skipif(BROWSER is None, reason="no chromium: ./setup.sh installs Debian's chromium")
+def test_six_labels_by_keyboard_an_override_and_a_reload(served):
+    run, viewer, base = served
+    # keys pressed per item, in the page's order (i00, i01, ...): the score scale's buttons
+    keys = ["5", "3", "1", "4", "3", "2"]
+
+    async def label() -> tuple[str, str]:
+        async with browser() as page:
+            await page.navigate(f"{base}/label?run=0&annotator=ana")
+            await page.wait_for(["0 of 12 labelled", "Question 0?"])
+            blind = await page.text()
+            for key in keys:
+                await page.key(key)
+                await page.wait_for(["judge's verdict:"])
+                await page.key("n")
+            await page.wait_for(["6 of 12 labelled"])
+            await page.key("p")  # back to the sixth item (i05): override it
+            await page.evaluate(
+                "document.getElementById('override-score').value = '0.5';"
+                "document.getElementById('override-reason').value = 'half is covered';"
+                "document.getElementById('override').click();"
+            )
+            await page.wait_for(["overridden to 0.5"])
+            await page.navigate(f"{base}/label?run=0&annotator=ana")  # reload: all kept
+            kept = await page.wait_for(["6 of 12 labelled", "Question 6?"])
+            await page.screenshot(ARTIFACTS / "label-page.png")
+            return blind, kept
+
+    ARTIFACTS.mkdir(exist_ok=True)
+    blind, kept = asyncio.run(label())
+    assert "judge's verdict:" not in blind  # the verdict shows only after the label
+    assert "6 of 12 labelled" in kept and "item i06 (7 of 12)" in kept
+    lines = [json.loads(x) for x in (run / "labels" / "labels.jsonl").read_text().splitlines()]
+    given = {x["id"]: x["label"] for x in lines}
+    assert given == {f"i{k:02d}": SCALE[int(key) - 1] for k, key in enumerate(keys)}
+    assert {x["annotator"] for x in lines} == {"ana"} and all(x["source"] == "view" for x in lines)
+    (override,) = [
+        json.loads(x) for x in (run / "labels" / "overrides.jsonl").read_text().splitlines()
+    ]
+    assert (override["id"], override["score"], override["judge"]) == ("i05", 0.5, 0.0)
+    # agreement from exactly those labels: the judge 1, .5, 0, 1, .5, 0 on i00..i05; the
+    # person 1, .5, 0, .75, .5, .25
+    found = json.loads(CliRunner().invoke(app, ["agreement", str(run), "--json"]).output)
+    score = found["runs"][0]["score"]
+    assert score["labelled"] == 6 and score["human"][0] == pytest.approx(3.0 / 6)
+    import ppi_py
+
+    judge = [1.0, 0.5, 0.0, 1.0, 0.5, 0.0]
+    human = [SCALE[int(k) - 1] for k in keys]
+    rest = [1.0, 0.5, 0.0, 1.0, 0.5, 0.0]  # i06..i11
+    expected = ppi_py.ppi_mean_pointestimate(np.array(human), np.array(judge), np.array(rest))
+    assert score["ppi"][0] == pytest.approx(float(np.asarray(expected).reshape(-1)[0]))
+    report = json.loads(CliRunner().invoke(app, ["report", str(run), "--json"]).output)
+    assert report["overrides"]["overrides"] == 1
+    assert report["overrides"]["overridden_mean"] == pytest.approx(6.5 / 12)  # 6 -> 6.5
+
+
+def test_writes_need_the_token_and_the_pages_own_origin(served):
+    run, viewer, base = served
+    label = {"run": 0, "id": "i00", "label": 1.0, "annotator": "ana"}
+    token = {"X-Groundcover-Token": viewer.token}
+    assert post(f"{base}/api/labels", label, {})[0] == 403
+    forged = post(f"{base}/api/labels", label, token | {"Origin": "http://evil.example"})
+    assert forged == (403, {"error": "refused: a write from another origin (http://evil.example)"})
+    site = post(f"{base}/api/labels", label, token | {"Sec-Fetch-Site": "cross-site"})
+    assert site[0] == 403
+    assert not (run / "labels" / "labels.jsonl").exists()
+    origin = {"Origin": base}
+    status, body = post(f"{base}/api/labels", label, token | origin)
+    assert status == 200 and body == {"id": "i00", "label": 1.0, "judge": 1.0}
+    bad = post(f"{base}/api/labels", label | {"id": "../../etc/passwd"}, token | origin)
+    assert bad == (400, {"error": "'../../etc/passwd': not an item of run 0"})
+    assert post(f"{base}/api/labels", label | {"run": 7}, token | origin)[0] == 400
+
+    def write(who: str) -> None:
+        for k in range(40):
+            item = {"run": 0, "id": f"i{k % 12:02d}", "label": 0.5, "annotator": who}
+            assert post(f"{base}/api/labels", item, token | origin)[0] == 200
+
+    writers = [threading.Thread(target=write, args=(who,)) for who in ("bo", "cy")]
+    for w in writers:
+        w.start()
+    for w in writers:
+        w.join()
+    lines = (run / "labels" / "labels.jsonl").read_text().splitlines()
+    assert len(lines) == 81 and all(json.loads(x)["label"] in (0.5, 1.0) for x in lines)
+
+
+def test_the_page_is_served_without_its_items_which_come_by_page(served):
+    run, viewer, base = served
+    with urllib.request.urlopen(f"{base}/", timeout=30) as response:
+        page = response.read().decode()
+    assert 'id="data-0" data-served="1">[]</script>' in page and "/label?run=0" in page
+    first = get(f"{base}/api/items?run=0&size=5&page=1")
+    assert first["total"] == 12 and [i["id"] for i in first["items"]] == [
+        f"i{k:02d}" for k in range(5, 10)
+    ]
+    assert first["items"][0]["explanation"]  # the whole record, for the drill-down
+    zeros = get(f"{base}/api/items?run=0&max=0")
+    assert [i["id"] for i in zeros["items"]] == [f"i{k:02d}" for k in (2, 5, 8, 11)]
+    assert get(f"{base}/api/items?run=0&q=i07")["total"] == 1
+    assert get(f"{base}/api/item?run=0&id=i03")["score"] == 1.0
