@@ -87,6 +87,10 @@ def test_ppi_plus_plus_tunes_lambda_by_hand():
         *(0.75 + s * 1.959963984540054 * math.sqrt(0.1875 / 4) for s in (-1, 1)),
     )
     assert (estimate, low, high) == pytest.approx((mean, c_low, c_high))
+    # a judge that says 1 throughout: no lambda can be tuned (zero variance), and none is
+    # needed: the labels' own mean and interval, never a NaN
+    estimate, low, high = ppi_mean([1, 0, 1, 1], [1, 1, 1, 1], [1, 1, 1])
+    assert (estimate, low, high) == pytest.approx((mean, c_low, c_high))
     mean, low, high = classical_mean([0.0, 1.0, 1.0, 1.0])
     assert mean == 0.75 and high - mean == pytest.approx(1.959963984540054 * 0.5 / 2)
 

@@ -150,6 +150,10 @@ def ppi_mean(
     if not (y.size and y.size == f.size and g.size):
         raise ValueError("PPI needs labelled units with predictions and unlabelled units")
     w = None if weights is None else np.asarray(weights, dtype=float)
+    if lam is None and np.ptp(np.concatenate([f, g])) == 0:
+        # a judge that gives one value throughout says nothing: ppi_py's tuning divides by
+        # its zero variance (NaN); any lambda gives the labels' own mean, so take 0
+        lam = 0.0
     estimate = ppi_py.ppi_mean_pointestimate(y, f, g, lam=lam, w=w)
     low, high = ppi_py.ppi_mean_ci(y, f, g, alpha=0.05, lam=lam, w=w)
     return _scalar(estimate), _scalar(low), _scalar(high)
