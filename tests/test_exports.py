@@ -217,3 +217,37 @@ def test_report_exports_by_the_file_name_and_refuses_an_unknown_one(panel, tmp_p
     bad = runner.invoke(app, ["report", str(panel), "--export", str(tmp_path / "x.txt")])
     assert bad.exit_code == 2 and "name the file .csv, .parquet, .eval or .json" in bad.output
     assert not (tmp_path / "x.txt").exists()
+
+
+def test_per_item_metrics_by_hand():
+    from groundcover.pipelines.icat.framework import ICAT
+    from groundcover.pipelines.runtime.protocol import Framework
+    from groundcover.pipelines.runtime.results import ItemResult
+
+    # ICAT: 3 of 4 claims grounded (S_fact 0.75); ICAT-M covers 1 of 2 aspects (S_cov 0.5):
+    # ICAT_1 = 2 * 0.75 * 0.5 / (0.75 + 0.5) = 0.6; ICAT-A found no aspect (undefined)
+    details = {
+        "s_fact": 0.75,
+        "variants": {
+            "m": {"s_cov": 0.5, "icat": {"1": 0.6}},
+            "a": {"s_cov": None, "icat": {"1": None}},
+        },
+    }
+    record = ItemResult(id="q", status="ok", score=0.6, explanation="x", details=details)
+    assert ICAT.item_metrics(record) == {
+        "score": 0.6,
+        "s_fact": 0.75,
+        "icat_m.s_cov": 0.5,
+        "icat_m.icat_1": 0.6,
+        "icat_a.s_cov": None,  # undefined stays None, never 0
+        "icat_a.icat_1": None,
+    }
+    # the default: the score, then every number or yes/no at the top of the details
+    plain = ItemResult(
+        id="g",
+        status="ok",
+        score=1.0,
+        explanation="x",
+        details={"raf": 1, "deflected": False, "eligibility": "eligible", "sentences": [1]},
+    )
+    assert Framework.item_metrics(ICAT, plain) == {"score": 1.0, "raf": 1.0, "deflected": 0.0}

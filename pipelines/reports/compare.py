@@ -248,11 +248,10 @@ def _p(value: float | None) -> str:
 
 def _overrides(path: Path) -> dict[str, Any] | None:
     """A run's overrides in force, apart from the judge's scores compared here."""
-    if not (path / MANIFEST).is_file():
-        return None
-    from .overrides import override_summary
+    from .overrides import overridden, read_overrides
 
-    return override_summary(path, results_by_id(path / RESULTS))
+    found = read_overrides(path) if (path / MANIFEST).is_file() else {}
+    return overridden(results_by_id(path / RESULTS), found) if found else None
 
 
 def print_comparison(result: dict[str, Any], out: Console, top: int = 10) -> None:

@@ -26,7 +26,7 @@ from typing import Any
 from xml.sax.saxutils import quoteattr
 
 from ..runtime.errors import UserError
-from ..runtime.runstore import RESULTS, results_by_id
+from ..runtime.runstore import RESULTS, atomic_write_text, results_by_id
 from .labels import QUEUE, append_labels, labels_dir
 from .rows import run_rows
 
@@ -39,8 +39,10 @@ def export_tasks(run_dir: Path, out: Path, kind: str) -> list[Path]:
     tasks = _tasks(run_dir)
     if kind == "label-studio":
         config = out.with_name(f"{out.stem}.label-config.xml")
-        _atomic(out, json.dumps([{"data": t} for t in tasks], ensure_ascii=False, indent=1))
-        _atomic(config, label_config())
+        atomic_write_text(
+            out, json.dumps([{"data": t} for t in tasks], ensure_ascii=False, indent=1)
+        )
+        atomic_write_text(config, label_config())
         return [out, config]
     if kind != "csv":
         raise UserError(f"--format must be label-studio or csv, got {kind!r}")
@@ -204,9 +206,3 @@ def _seconds(annotation: dict[str, Any]) -> float | None:
         return datetime.fromisoformat(str(stamp).replace("Z", "+00:00")).timestamp()
     except ValueError:
         return None
-
-
-def _atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text, encoding="utf-8")
-    tmp.replace(path)

@@ -19,6 +19,7 @@ from typing import Any
 
 from ..runtime.errors import UserError
 from ..runtime.provenance import manifest_provenance
+from ..runtime.runstore import atomic_write_text
 from .rows import RunRows, all_runs
 
 BATCH = 2000  # rows per Arrow batch
@@ -54,7 +55,7 @@ def export_runs(paths: list[Path], out: Path, kind: str) -> list[Path]:
     else:
         _write_csv(table, out)
     beside = out.with_name(out.name + ".tables.json")
-    _atomic_text(beside, json.dumps(tables, indent=1, default=str))
+    atomic_write_text(beside, json.dumps(tables, indent=1, default=str))
     return [out, beside]
 
 
@@ -118,9 +119,3 @@ def _write_csv(table: Any, out: Path) -> None:
         for part in table.to_batches(max_chunksize=BATCH):
             writer.writerows(part.to_pylist())
     tmp.replace(out)
-
-
-def _atomic_text(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text, encoding="utf-8")
-    tmp.replace(path)

@@ -175,9 +175,9 @@ def write_queue(run_dir: Path, queue: Queue) -> Path:
         | {"stratum": d.stratum, "weight": d.weight}
         for d in queue.items
     ]
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text("".join(json.dumps(line) + "\n" for line in lines), encoding="utf-8")
-    tmp.replace(path)
+    from ..runtime.runstore import atomic_write_text
+
+    atomic_write_text(path, "".join(json.dumps(line) + "\n" for line in lines))
     return path
 
 
@@ -223,21 +223,45 @@ def append_labels_to(run_dir: Path, name: str, labels: Sequence[dict[str, Any]])
     return len(labels)
 
 
+def label_rows(run_dir: Path) -> list[dict[str, Any]]:
+    """Every line of ``labels.jsonl`` in order, each checked for ``id``, ``stage``, ``label``;
+    a last line still being written by another browser is left for the next read."""
+    path = labels_dir(run_dir) / LABELS
+    if not path.is_file():
+        return []
+    lines = path.read_text(encoding="utf-8").split("\n")
+    rows = []
+    for lineno, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            if lineno == len(lines):  # no newline yet: an append in progress
+                break
+            raise UserError(f"{path}:{lineno}: not JSON") from None
+        for name in ("id", "stage", "label"):
+            if not isinstance(row, dict) or name not in row:
+                raise UserError(f"{path}:{lineno}: record {row.get('id')!r}: field {name}: missing")
+        rows.append(row)
+    return rows
+
+
+def annotators(run_dir: Path, stage: str = "score") -> dict[str, dict[str, Any]]:
+    """annotator -> id -> that annotator's latest label of ``stage`` (unit 0)."""
+    found: dict[str, dict[str, Any]] = {}
+    for row in label_rows(run_dir):
+        if row["stage"] == stage and int(row.get("key", 0)) == 0:
+            found.setdefault(str(row.get("annotator", "")), {})[str(row["id"])] = row["label"]
+    return found
+
+
 def run_labels(run_dir: Path) -> dict[tuple[str, str, int], Any]:
     """(id, stage, key) -> the label people gave, from ``labels.jsonl``: each annotator's
     latest line counts; several annotators' numbers are averaged, their labels the most
     frequent (ties: the earliest given)."""
-    path = labels_dir(run_dir) / LABELS
-    if not path.is_file():
-        return {}
-    from ..runtime.config import iter_jsonl
-
     latest: dict[tuple[str, str, int], dict[str, Any]] = {}
-    for lineno, row in iter_jsonl(path):
-        where = f"{path}:{lineno}: record {row.get('id')!r}"
-        for name in ("id", "stage", "label"):
-            if name not in row:
-                raise UserError(f"{where}: field {name}: missing")
+    for row in label_rows(run_dir):
         unit = (str(row["id"]), str(row["stage"]), int(row.get("key", 0)))
         latest.setdefault(unit, {})[str(row.get("annotator", ""))] = row["label"]
     return {unit: _combined(list(given.values())) for unit, given in latest.items()}

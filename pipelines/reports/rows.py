@@ -59,9 +59,14 @@ class RunRows:
 
     def rows(self) -> Iterator[Row]:
         """Every recorded item as one flat row, in id order (columns may differ by row)."""
-        run = _run_columns(self.run_dir, self.manifest)
+        where = {
+            "run": str(self.run_dir),
+            "framework": self.manifest.framework,
+            "task": self.manifest.task,
+        }
+        rests_on = provenance_columns(self.manifest)
         for record in self.records:
-            yield _row(self.framework, record, self.text(record), run)
+            yield _row(self.framework, record, self.text(record), where, rests_on)
 
 
 def run_rows(run_dir: Path) -> RunRows:
@@ -105,13 +110,8 @@ def _given_answers(fw: Any, options: Any) -> dict[str, str]:
         return {}
 
 
-def _run_columns(run_dir: Path, manifest: RunManifest) -> Row:
-    """The columns every row of a run shares: where it is and what it rests on."""
-    columns: Row = {
-        "run": str(run_dir),
-        "framework": manifest.framework,
-        "task": manifest.task,
-    }
+def provenance_columns(manifest: RunManifest) -> Row:
+    """The columns every row of a run shares after its own: what its numbers rest on."""
     rests_on = manifest_provenance(manifest)
     provenance: Row = {
         "run.fingerprint": manifest.config_fingerprint,
@@ -126,12 +126,11 @@ def _run_columns(run_dir: Path, manifest: RunManifest) -> Row:
         if model.get("adapter"):
             provenance[f"adapter.{model['role']}"] = model["adapter"]
             provenance[f"adapter.{model['role']}.revision"] = model.get("adapter_revision")
-    columns["_provenance"] = provenance  # placed after the item's own columns
-    return columns
+    return provenance
 
 
-def _row(fw: Any, record: ItemResult, text: ItemText | None, run: Row) -> Row:
-    row: Row = {k: v for k, v in run.items() if k != "_provenance"}
+def _row(fw: Any, record: ItemResult, text: ItemText | None, where: Row, rests_on: Row) -> Row:
+    row: Row = dict(where)
     row |= {
         "id": record.id,
         "status": record.status,
@@ -147,7 +146,7 @@ def _row(fw: Any, record: ItemResult, text: ItemText | None, run: Row) -> Row:
         row[f"metric.{name}"] = value
     row |= panel_columns(record)
     row |= usage_columns(fw, record)
-    row |= run["_provenance"]
+    row |= rests_on
     row["details"] = json.dumps(record.details, ensure_ascii=False, default=str, sort_keys=True)
     return row
 

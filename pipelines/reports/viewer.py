@@ -32,7 +32,7 @@ from urllib.parse import parse_qs, urlparse
 from ..runtime.errors import UserError
 from ..runtime.results import ItemResult
 from ..runtime.runstore import RESULTS, results_by_id
-from .labels import LABELS, append_labels, labels_dir
+from .labels import LABELS_DIR, annotators, append_labels
 from .overrides import OVERRIDES, add_override, read_overrides, withdraw_override
 
 PAGE_SIZE = 100
@@ -62,10 +62,11 @@ class Viewer:
 
     # ---- reading -------------------------------------------------------------------------
 
-    def stamp(self, k: int) -> tuple:
+    def stamp(self, k: int, *names: str) -> tuple:
+        """When run k's files last changed: its records, and the label files ``names``."""
         path = self.paths[k]
         found: list[tuple[int, int] | None] = []
-        for name in (RESULTS, f"{labels_dir(path).name}/{LABELS}", f"labels/{OVERRIDES}"):
+        for name in (RESULTS, *(f"{LABELS_DIR}/{n}" for n in names)):
             try:
                 stat = (path / name).stat()
                 found.append((stat.st_mtime_ns, stat.st_size))
@@ -101,7 +102,8 @@ class Viewer:
         """The report page without its items (they are fetched by page)."""
         from .report_html import render
 
-        key = tuple(self.stamp(k) for k in range(len(self.paths)))
+        # the headline shows the overrides; labels are read by the labelling page itself
+        key = tuple(self.stamp(k, OVERRIDES) for k in range(len(self.paths)))
         with self.lock:
             if key in self.pages:
                 return self.pages[key]
@@ -160,7 +162,7 @@ class Viewer:
             if drawn is not None
             else [r["id"] for r in state.rows if r["score"] is not None]
         )
-        mine = _annotator_labels(self.paths[k], annotator)
+        mine = annotators(self.paths[k]).get(annotator, {})
         overrides = read_overrides(self.paths[k])
         out = []
         for item in ids:
@@ -231,38 +233,15 @@ def _text(body: dict[str, Any], field: str) -> str:
     return value.strip()
 
 
-def _annotator_labels(run_dir: Path, annotator: str) -> dict[str, Any]:
-    """id -> this annotator's latest score label."""
-    path = labels_dir(run_dir) / LABELS
-    found: dict[str, Any] = {}
-    if not path.is_file():
-        return found
-    for line in path.read_text(encoding="utf-8").splitlines():
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError:
-            continue  # a line being written by another browser: read on the next request
-        if row.get("annotator") == annotator and row.get("stage") == "score":
-            found[str(row.get("id"))] = row.get("label")
-    return found
-
-
 def _annotators(run_dir: Path, state: RunState) -> dict[str, Any] | None:
     """Several annotators' agreement with each other and with the judge (Krippendorff's alpha,
     interval), on the items labelled by all of them."""
     from .agreement import Unit, raters_agreement
 
-    path = labels_dir(run_dir) / LABELS
-    if not path.is_file():
-        return None
-    by: dict[str, dict[str, float]] = {}
-    for line in path.read_text(encoding="utf-8").splitlines():
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if row.get("stage") == "score" and isinstance(row.get("label"), int | float):
-            by.setdefault(str(row.get("annotator")), {})[str(row["id"])] = float(row["label"])
+    by = {
+        name: {i: float(v) for i, v in given.items() if isinstance(v, int | float)}
+        for name, given in annotators(run_dir).items()
+    }
     judge = {r["id"]: r["score"] for r in state.rows}
     names = sorted(by)
     shared = sorted(set.intersection(*(set(v) for v in by.values()))) if by else []

@@ -187,7 +187,9 @@ class RunConfig(Strict):
         description="also log the run to mlflow (a local file store by default) or wandb "
         "(offline by default): identity, headline, tables, the HTML page",
     )
-    track_uri: str | None = Field(
+    track_uri: Annotated[
+        str | None, NotContent("where tracking writes, never what a run computes")
+    ] = Field(
         None,
         description="an MLflow tracking URI (default: ./mlruns) or the directory W&B writes "
         "under (default: .)",

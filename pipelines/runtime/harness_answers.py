@@ -52,8 +52,15 @@ def harness_layout(path: Path) -> str | None:
 
 
 def _is_inspect_json(path: Path) -> bool:
-    """A whole-file JSON object with inspect's ``eval`` and ``samples`` keys (JSON Lines stops
-    parsing at its second line: cheap to rule out)."""
+    """A whole-file JSON object with inspect's ``eval`` and ``version`` keys. JSON Lines is
+    ruled out from its first line (a whole object), before the file is read whole."""
+    with path.open("rb") as handle:
+        first = handle.readline().decode("utf-8", errors="ignore")
+    try:
+        json.loads(first)
+        return False  # the first line is a record of its own: JSON Lines
+    except ValueError:
+        pass
     try:
         whole = json.loads(path.read_text(encoding="utf-8"))
     except (ValueError, RecursionError):

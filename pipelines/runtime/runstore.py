@@ -66,11 +66,16 @@ class RunStoreError(RuntimeError):
 
 
 def atomic_write_json(path: Path, value: Any) -> None:
+    """``value`` as JSON, whole or not at all (``atomic_write_text``)."""
+    atomic_write_text(path, json.dumps(value, indent=2, ensure_ascii=False, default=str) + "\n")
+
+
+def atomic_write_text(path: Path, text: str) -> None:
     """Write a temporary file and rename it over ``path``: readers see the old or the new file,
     never half of one; when the disk is full the old file stays and the temporary one goes."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
-        tmp.write_text(json.dumps(value, indent=2, ensure_ascii=False, default=str) + "\n")
+        tmp.write_text(text, encoding="utf-8")
         os.replace(tmp, path)
     except OSError as exc:
         tmp.unlink(missing_ok=True)
