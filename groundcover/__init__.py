@@ -88,6 +88,7 @@ if TYPE_CHECKING:
         StageFailed,
         StageFailure,
         Status,
+        SwapPair,
         not_scored,
     )
 
@@ -168,6 +169,7 @@ __all__ = [
     "Status",
     "Strict",
     "Study",
+    "SwapPair",
     "Tool",
     "UserError",
     "Vote",

@@ -126,10 +126,12 @@ def test_writes_need_the_token_and_the_pages_own_origin(served):
     assert not (run / "labels" / "labels.jsonl").exists()
     origin = {"Origin": base}
     status, body = post(f"{base}/api/labels", label, token | origin)
-    assert status == 200 and body == {"id": "i00", "label": 1.0, "judge": 1.0}
+    assert status == 200 and body == {"id": "i00", "key": 0, "label": 1.0, "judge": 1.0}
     bad = post(f"{base}/api/labels", label | {"id": "../../etc/passwd"}, token | origin)
     assert bad == (400, {"error": "'../../etc/passwd': not an item of run 0"})
     assert post(f"{base}/api/labels", label | {"run": 7}, token | origin)[0] == 400
+    stage = post(f"{base}/api/labels", label | {"stage": "../labels"}, token | origin)
+    assert stage == (400, {"error": "stage: '../labels' is not a judging stage of run 0"})
 
     def write(who: str) -> None:
         for k in range(40):
@@ -159,3 +161,49 @@ def test_the_page_is_served_without_its_items_which_come_by_page(served):
     assert [i["id"] for i in zeros["items"]] == [f"i{k:02d}" for k in (2, 5, 8, 11)]
     assert get(f"{base}/api/items?run=0&q=i07")["total"] == 1
     assert get(f"{base}/api/item?run=0&id=i03")["score"] == 1.0
+
+
+def test_a_panel_stage_is_labelled_with_its_own_labels_and_agreement_reads_them(tmp_path):
+    # FanOutQA judged by three scripted judges (tests/test_panels.py): the judge stage decided
+    # f1 B (B, B, A) and f2 D (C, D, E: a tie, the declared D); f3 was not judged
+    from tests.test_panels import panel_run
+
+    panel_run(tmp_path / "p", ["j1", "j2", "j3"])
+    run = tmp_path / "p" / "run" / "closed-book"
+    viewer = Viewer([run])
+    server = make_server(viewer, "127.0.0.1", 0, None)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    base = f"http://127.0.0.1:{server.server_address[1]}"
+    try:
+        queue = get(f"{base}/api/queue?run=0&stage=judge&annotator=ana")
+        assert (queue["kind"], queue["choices"]) == ("labels", list("ABCDEF"))
+        assert queue["stages"] == ["score", "judge"]
+        assert [(e["id"], e["key"]) for e in queue["items"]] == [("f1", 0), ("f2", 0)]
+        assert not any("judge" in e for e in queue["items"])  # blind
+        with urllib.request.urlopen(f"{base}/label?run=0&stage=judge", timeout=30) as response:
+            page = response.read().decode()
+        assert "data-value='\"F\"'" in page and 'id="override"' not in page
+        write = {"X-Groundcover-Token": viewer.token, "Origin": base}
+        label = {"run": 0, "stage": "judge", "key": 0, "annotator": "ana"}
+        assert post(f"{base}/api/labels", label | {"id": "f1", "label": "B"}, write) == (
+            200,
+            {"id": "f1", "key": 0, "label": "B", "judge": "B"},
+        )
+        assert post(f"{base}/api/labels", label | {"id": "f2", "label": "C"}, write)[0] == 200
+        wrong = post(f"{base}/api/labels", label | {"id": "f2", "label": "Z"}, write)
+        assert wrong[0] == 400 and "label: one of" in wrong[1]["error"]
+        unit = post(f"{base}/api/labels", label | {"id": "f2", "key": 1, "label": "C"}, write)
+        assert unit == (400, {"error": "key: item 'f2' has no unit 1 of stage judge"})
+        unjudged = post(f"{base}/api/labels", label | {"id": "f3", "label": "C"}, write)
+        assert unjudged[0] == 400
+        after = get(f"{base}/api/queue?run=0&stage=judge&annotator=ana")["items"]
+        assert [(e["label"], e["judge"]) for e in after] == [("B", "B"), ("C", "D")]
+    finally:
+        server.shutdown()
+        server.server_close()
+    out = CliRunner().invoke(app, ["agreement", str(run), "--json"])
+    human = json.loads(out.output)["runs"][0]["stages"]["judge"]["human"]
+    # the panel: B = B, D for C -> half agree; j1 said B and C: all agree
+    assert human["judges"]["panel"]["confusion"] == {"B": {"B": 1}, "C": {"D": 1}}
+    assert human["judges"]["panel"]["agree"] == 0.5
+    assert human["judges"]["judge (j1)"]["agree"] == 1.0

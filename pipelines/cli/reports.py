@@ -104,7 +104,7 @@ def agreement(
         str,
         typer.Option(help="with --sample: random | stratified | balanced (by the judge's verdict)"),
     ] = "stratified",
-    seed: Annotated[int, typer.Option(help="with --sample: the draw's seed")] = 0,
+    seed: Annotated[int, typer.Option(help="with --sample or --swap-audit: the draw's seed")] = 0,
     bias: Annotated[
         bool,
         typer.Option(
@@ -113,6 +113,21 @@ def agreement(
             "error against human labels) against the judged answer's length",
         ),
     ] = False,
+    swap_audit: Annotated[
+        int | None,
+        typer.Option(
+            help="ask K of the run's model-decided comparisons of two texts of one kind again "
+            "with the texts swapped and report the flip rate (only that is done)",
+        ),
+    ] = None,
+    model: Annotated[
+        str | None,
+        typer.Option(help="with --swap-audit: the judge to ask (default: the run's, recorded)"),
+    ] = None,
+    endpoint: Annotated[
+        str | None,
+        typer.Option(help="with --swap-audit: where that judge is served (default: recorded)"),
+    ] = None,
 ) -> None:
     """How far to trust the judges: agreement within a judge panel (Cohen's kappa,
     Krippendorff's alpha, Kendall / Spearman, bootstrap intervals over items), between runs
@@ -122,6 +137,9 @@ def agreement(
         from ..reports.labels import draw_for_runs
 
         draw_for_runs(run_dir, sample, strategy, seed, terminal())
+        return
+    if swap_audit is not None:
+        audit_swaps(run_dir, swap_audit, seed, model, endpoint, as_json)
         return
     from ..reports.agreement import agreement as measure
     from ..reports.agreement import render
@@ -144,6 +162,23 @@ def agreement(
         from ..reports.bias import render_bias
 
         render_bias(found["bias"], terminal())
+
+
+def audit_swaps(
+    run_dir: list[Path], k: int, seed: int, model: str | None, endpoint: str | None, as_json: bool
+) -> None:
+    from ..reports.swap import audit_runs, render_swap
+
+    if k < 1:
+        raise UserError(f"--swap-audit must be at least 1, got {k}")
+    found = audit_runs(run_dir, k, seed, model, endpoint)
+    if as_json:
+        print(json.dumps({"swap": found}, default=str))
+    else:
+        render_swap(found, terminal())
+    unparseable = sum(run.get("unparseable", 0) for run in found)
+    if unparseable:  # counted apart above; the command still says something is missing
+        raise typer.Exit(1)
 
 
 @clean_errors

@@ -34,6 +34,7 @@ from groundcover import (
     RunPlan,
     RunRequest,
     Study,
+    SwapPair,
     UserError,
     Vote,
     model_name,
@@ -173,6 +174,15 @@ class Comprehensiveness(Framework[ComprehensivenessOptions, Item]):
             return ctx.result("undefined", None, explanation)
         explanation = f"{n_in} of {n_in + n_out} relevant context statements are covered"
         return ctx.result("ok", score, explanation)
+
+    def swap_pairs(self, record: ItemResult) -> list[SwapPair]:
+        """The Q&A method's answer comparisons: two answers to one question, in an order."""
+        if record.details.get("method") != "qa":
+            return []
+        return qa_method.swap_pairs(record.details)
+
+    async def ask_swapped(self, ctx: ItemContext, pair: SwapPair) -> str:
+        return await qa_method.ask_swapped(ctx, pair)
 
     def tables_file(self, options: ComprehensivenessOptions) -> str | None:
         return None if options.dataset == "items" else "lmr.json"

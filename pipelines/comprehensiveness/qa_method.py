@@ -9,7 +9,7 @@ import math
 import re
 from typing import Any
 
-from groundcover import ItemContext
+from groundcover import ItemContext, SwapPair
 
 from ...serving.client import marker_label_scores
 from .common import (
@@ -283,6 +283,36 @@ async def evaluate(ctx: ItemContext, item: Item, contexts: list[str]) -> dict[st
             "comparisons": comparisons,
         },
     }
+
+
+# A relation read with the two answers swapped, in the original order.
+MIRRORED = {
+    "first implies second": "second implies first",
+    "second implies first": "first implies second",
+}
+
+
+def swap_pairs(details: dict[str, Any]) -> list[SwapPair]:
+    """The recorded answer comparisons the model decided (not a rule: identical text, units,
+    the units tool), each with its question and two answers."""
+    questions = details.get("questions") or []
+    texts = {a["id"]: a["text"] for a in details.get("answers") or []}
+    pairs = []
+    for c in details.get("comparisons") or []:
+        if c.get("method") not in ("llm", "llm+tool"):
+            continue
+        question = questions[c["question"] - 1]
+        both = {"question": question, "first": texts[c["first"]], "second": texts[c["second"]]}
+        pairs.append(SwapPair("compare", f"{c['first']}|{c['second']}", c["relation"], both))
+    return pairs
+
+
+async def ask_swapped(ctx: ItemContext, pair: SwapPair) -> str:
+    """The comparison asked with the second answer first, its relation read back in the
+    original order."""
+    texts = pair.texts
+    outcome = await compare(ctx, texts["question"], texts["second"], texts["first"])
+    return MIRRORED.get(outcome["relation"], outcome["relation"])
 
 
 def _norm(text: str) -> str:

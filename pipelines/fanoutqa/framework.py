@@ -262,7 +262,7 @@ class FanOutQA(Framework[FanoutOptions, Question]):
     }
     stage_roles = {"answer-*": "answer", "judge": "judge"}
     # a judge panel: the case letter by strict majority; a tie is case D (they disagree: 0)
-    panel_rules = {"judge": Vote(tie="D")}
+    panel_rules = {"judge": Vote(tie="D", labels=tuple("ABCDEF"))}
     # the official submission format; a question without an answer scores 0 everywhere, as the
     # official scorer counts it, and an answer for no question of ours is not scored
     answer_file = AnswerFile(layout="json-list", missing="0 in every column")

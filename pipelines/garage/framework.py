@@ -81,8 +81,8 @@ class Garage(Framework[GarageOptions, Record]):
     # a judge panel: labels by strict majority; a tie gives the answer the lesser credit
     panel_rules = {
         "eligibility": Vote(tie="Major Issue(s)", order=tuple(ELIGIBILITY)),
-        "support-*": Vote(tie="unsupported"),
-        "deflection": Vote(tie="attempted"),
+        "support-*": Vote(tie="unsupported", labels=tuple(SUPPORT)),
+        "deflection": Vote(tie="attempted", labels=("missing", "attempted")),
     }
     # answers with the benchmark's numbered citation markers; one for no record of ours is not
     # scored, a record without one is counted as such

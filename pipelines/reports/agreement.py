@@ -427,6 +427,8 @@ def run_agreement(run_dir: Path, human: dict | None, sample: int | None = None) 
     options = fw.Options.model_validate(manifest.options)
     records = list(results_by_id(run_dir / RESULTS))
     out: dict[str, Any] = {"run": str(run_dir), "task": manifest.task, "stages": {}}
+    made = run_labels(run_dir)  # labels people gave in the run (``view``, ``labels import``)
+    people = made | dict(human or {})  # a --human file wins over those
     for stage, units in panel_units(records).items():
         rule = fw.panel_rule(stage)
         members = panel_members(fw.role_of(stage, "judge"), list(manifest.roles))
@@ -435,8 +437,9 @@ def run_agreement(run_dir: Path, human: dict | None, sample: int | None = None) 
         models = [(manifest.roles.get(m) or {}).get("request_model", "?") for m in members]
         names = [f"{m} ({model})" for m, model in zip(members, models, strict=True)]
         entry = raters_agreement(units, names, rule)
-        if human:
-            entry["human"] = against_humans(units, names, human, rule)
+        versus = against_humans(units, names, people, rule) if people else None
+        if versus:
+            entry["human"] = versus
         out["stages"][stage] = entry
     given = {r.id: fw.human_labels(r, options) for r in records}  # read once, used twice
     shipped = dataset_labels(given)
@@ -455,7 +458,7 @@ def run_agreement(run_dir: Path, human: dict | None, sample: int | None = None) 
         picked = np.random.default_rng(0).permutation(len(keys))[:sample]
         scored = {keys[k]: scored[keys[k]] for k in sorted(picked)}
     # a user's own labels win over the dataset's; a --human file over those made in the run
-    labels = scored | run_labels(run_dir) | labels
+    labels = scored | made | labels
     if labels:
         out["score"] = score_estimates(records, labels, read_queue(run_dir))
     return out

@@ -247,12 +247,13 @@ def label_rows(run_dir: Path) -> list[dict[str, Any]]:
     return rows
 
 
-def annotators(run_dir: Path, stage: str = "score") -> dict[str, dict[str, Any]]:
-    """annotator -> id -> that annotator's latest label of ``stage`` (unit 0)."""
-    found: dict[str, dict[str, Any]] = {}
+def annotator_units(run_dir: Path, stage: str) -> dict[str, dict[tuple[str, int], Any]]:
+    """annotator -> (id, key) -> that annotator's latest label of ``stage``'s unit."""
+    found: dict[str, dict[tuple[str, int], Any]] = {}
     for row in label_rows(run_dir):
-        if row["stage"] == stage and int(row.get("key", 0)) == 0:
-            found.setdefault(str(row.get("annotator", "")), {})[str(row["id"])] = row["label"]
+        if row["stage"] == stage:
+            unit = (str(row["id"]), int(row.get("key", 0)))
+            found.setdefault(str(row.get("annotator", "")), {})[unit] = row["label"]
     return found
 
 

@@ -2,11 +2,12 @@
 
 - ``GET /``: the report page without its items (a million-item run opens as fast as a small
   one); the items come from ``/api/items``, filtered, searched and paged by the server.
-- ``GET /label?run=K``: the labelling page of run K: its queue (``agreement --sample``, else
-  every scored item), one item at a time: the question, the answer under judgement and the
-  reference, the score scale as buttons with keys 1-5, a note, progress. Blind by default: the
-  judge's verdict shows only after the label is given. An override (score and reason) is a
-  layer over the records (``overrides``).
+- ``GET /label?run=K[&stage=S]``: the labelling page of run K's score (its queue from
+  ``agreement --sample``, else every scored item) or of one judging stage of a panel (every
+  unit the panel decided), one at a time: the question, the answer under judgement and the
+  reference, the stage's labels (or the score scale) as buttons with keys 1-9, a note,
+  progress. Blind by default: the judge's verdict shows only after the label is given. An
+  override of an item's score (with a reason) is a layer over the records (``overrides``).
 - ``POST /api/labels`` and ``/api/overrides``: written only with the page's per-session token
   (``X-Groundcover-Token``) from the page's own origin: another site's form or script is
   refused. Runs are named by their number on the command line and items by their ids in the
@@ -30,12 +31,15 @@ from typing import Any
 from urllib.parse import parse_qs, urlparse
 
 from ..runtime.errors import UserError
+from ..runtime.panels import Vote
 from ..runtime.results import ItemResult
 from ..runtime.runstore import RESULTS, results_by_id
-from .labels import LABELS_DIR, annotators, append_labels
+from .agreement import Unit
+from .labels import LABELS_DIR, annotator_units, append_labels
 from .overrides import OVERRIDES, add_override, read_overrides, withdraw_override
 
 PAGE_SIZE = 100
+SCORE = "score"  # the item's score: the stage a label of the whole item names
 SCALE = (0.0, 0.25, 0.5, 0.75, 1.0)  # the score scale's buttons, keys 1-5
 LABEL_PAGE = Path(__file__).with_name("label_page.html.j2")
 
@@ -49,6 +53,7 @@ class RunState:
     rows: list[dict[str, Any]]  # id, status, score, explanation: what filters read
     index: dict[str, int]  # id -> position in ``records``
     texts: Any  # ``rows.RunRows``: what a person reads of an item
+    stages: dict[str, list[Unit]]  # per panel stage, the units the panel decided
 
 
 class Viewer:
@@ -82,18 +87,22 @@ class Viewer:
             found = self.states.get(k)
             if found is not None and found.stamp == stamp:
                 return found
+        from .agreement import panel_units
         from .rows import run_rows
 
         path = self.paths[k]
         records = results_by_id(path / RESULTS)
         rows, index = [], {}
-        for n, record in enumerate(records):
+        stages: dict[str, list[Unit]] = {}
+        for n, record in enumerate(records):  # one pass over the records
             index[record.id] = n
             rows.append(
                 {"id": record.id, "status": record.status, "score": record.score}
                 | {"explanation": record.explanation}
             )
-        state = RunState(stamp, records, rows, index, run_rows(path))
+            for stage, units in panel_units([record]).items():
+                stages.setdefault(stage, []).extend(units)
+        state = RunState(stamp, records, rows, index, run_rows(path), stages)
         with self.lock:
             self.states[k] = state
         return state
@@ -150,60 +159,117 @@ class Viewer:
         found["graph"] = _graph(self.paths[k], found.get("details", {}))
         return found
 
-    def queue(self, k: int, annotator: str) -> dict[str, Any]:
-        """Run k's labelling queue with what a person reads of each item; the judge's verdict
-        and the labels already given come only for items this annotator labelled."""
+    def choices(self, k: int, stage: str) -> dict[str, Any]:
+        """What a person labels ``stage`` with: ``labels`` (one of the stage's labels) or
+        ``number`` (buttons for the usual values, any number accepted)."""
+        if stage == SCORE:
+            return {"kind": "number", "choices": list(SCALE), "low": 0.0, "high": 1.0}
         state = self.state(k)
+        if stage not in state.stages:
+            raise KeyError(f"stage {stage!r}")
+        rule = state.texts.framework.panel_rule(stage)
+        declared = getattr(rule, "choices", None)
+        if declared:
+            return {"kind": "labels", "choices": list(declared)}
+        seen = {v for u in state.stages[stage] for v in (*u.values, u.combined) if v is not None}
+        if isinstance(rule, Vote):
+            return {"kind": "labels", "choices": sorted(seen | {rule.tie}, key=str)}
+        numbers = sorted(v for v in seen if isinstance(v, int | float))
+        return {"kind": "number", "choices": numbers[:9], "low": None, "high": None}
+
+    def units(self, k: int, stage: str) -> list[tuple[str, int, Any]]:
+        """(item, key, the judge's verdict) of each unit to label, in the queue's order."""
+        state = self.state(k)
+        if stage != SCORE:
+            if stage not in state.stages:
+                raise KeyError(f"stage {stage!r}")
+            return [(u.item, u.key, u.combined) for u in state.stages[stage]]
         from .labels import read_queue
 
         drawn = read_queue(self.paths[k])
-        ids = (
-            list(drawn)
-            if drawn is not None
-            else [r["id"] for r in state.rows if r["score"] is not None]
-        )
-        mine = annotators(self.paths[k]).get(annotator, {})
-        overrides = read_overrides(self.paths[k])
+        if drawn is None:
+            return [(r["id"], 0, r["score"]) for r in state.rows if r["score"] is not None]
+        by_id = {r["id"]: r["score"] for r in state.rows}
+        return [(i, 0, by_id[i]) for i in drawn if i in by_id]
+
+    def queue(self, k: int, annotator: str, stage: str = SCORE) -> dict[str, Any]:
+        """Run k's labelling queue of ``stage`` with what a person reads of each unit; the
+        judge's verdict and the labels already given come only for units this annotator
+        labelled."""
+        state = self.state(k)
+        mine = annotator_units(self.paths[k], stage).get(annotator, {})
+        overrides = read_overrides(self.paths[k]) if stage == SCORE else {}
         out = []
-        for item in ids:
-            if item not in state.index:
-                continue
+        for item, key, verdict in self.units(k, stage):
             record: ItemResult = state.records[state.index[item]]
             text = state.texts.text(record)
             entry = {
                 "id": item,
+                "key": key,
                 "input": text.input if text else "",
                 "answer": (text.answer if text else None) or "",
                 "reference": (text.reference if text else None) or "",
             }
-            if item in mine:  # blind until labelled
-                entry |= {"label": mine[item], "judge": record.score}
+            if (item, key) in mine:  # blind until labelled
+                entry |= {"label": mine[(item, key)], "judge": verdict}
                 if item in overrides:
                     entry["override"] = {
                         "score": overrides[item].score,
                         "reason": overrides[item].reason,
                     }
             out.append(entry)
-        agreement = _annotators(self.paths[k], state)
-        return {"run": str(self.paths[k]), "scale": SCALE, "items": out, "agreement": agreement}
+        return {
+            "run": str(self.paths[k]),
+            "stage": stage,
+            "stages": [SCORE, *sorted(state.stages)],
+            "items": out,
+            "agreement": self._annotators(k, stage),
+        } | self.choices(k, stage)
+
+    def _annotators(self, k: int, stage: str) -> dict[str, Any] | None:
+        """Several annotators' agreement with each other and with the judge (Krippendorff's
+        alpha at the stage's level), on the units labelled by all of them."""
+        from .agreement import raters_agreement
+
+        by = annotator_units(self.paths[k], stage)
+        names = sorted(by)
+        shared = sorted(set.intersection(*(set(v) for v in by.values()))) if by else []
+        if not shared:
+            return None
+        judge = {(i, n): v for i, n, v in self.units(k, stage)}
+        units = [
+            Unit(i, stage, n, [judge.get((i, n)), *(by[a][(i, n)] for a in names)])
+            for i, n in shared
+        ]
+        rule = None if stage == SCORE else self.state(k).texts.framework.panel_rule(stage)
+        stats = raters_agreement(units, ["judge", *names], rule)
+        return {"annotators": names, "items": len(shared), "alpha": stats["alpha"]}
 
     # ---- writing -------------------------------------------------------------------------
 
     def add_label(self, k: int, body: dict[str, Any]) -> dict[str, Any]:
         state = self.state(k)
         item, annotator = _text(body, "id"), _text(body, "annotator")
+        stage = body.get("stage", SCORE)
+        key = body.get("key", 0)
         if item not in state.index:
             raise UserError(f"{item!r}: not an item of run {k}")
-        label = body.get("label")
-        if not isinstance(label, int | float) or isinstance(label, bool) or not 0 <= label <= 1:
-            raise UserError(f"label: a score from 0 to 1, got {label!r}")
-        record = state.records[state.index[item]]
-        line = {"id": item, "stage": "score", "key": 0, "label": float(label)}
-        line |= {"annotator": annotator, "judge": record.score, "source": "view"}
+        if not isinstance(stage, str) or (stage != SCORE and stage not in state.stages):
+            raise UserError(f"stage: {stage!r} is not a judging stage of run {k}")
+        if stage == SCORE:  # the item's score: one unit, whether the queue drew it or not
+            key, judge = 0, state.records[state.index[item]].score
+        else:
+            verdicts = {(i, n): v for i, n, v in self.units(k, stage) if i == item}
+            if isinstance(key, bool) or not isinstance(key, int) or (item, key) not in verdicts:
+                raise UserError(f"key: item {item!r} has no unit {key!r} of stage {stage}")
+            judge = verdicts[(item, key)]
+        label = checked_label(body.get("label"), self.choices(k, stage))
+        line = {"id": item, "stage": stage, "key": key, "label": label}
+        line |= {"annotator": annotator, "judge": judge, "source": "view"}
         if isinstance(body.get("note"), str) and body["note"].strip():
             line["note"] = body["note"].strip()[:2000]
         append_labels(self.paths[k], [line])
-        return {"id": item, "label": float(label), "judge": record.score}
+        return {"id": item, "key": key, "label": label, "judge": judge}
 
     def override(self, k: int, body: dict[str, Any]) -> dict[str, Any]:
         state = self.state(k)
@@ -233,23 +299,18 @@ def _text(body: dict[str, Any], field: str) -> str:
     return value.strip()
 
 
-def _annotators(run_dir: Path, state: RunState) -> dict[str, Any] | None:
-    """Several annotators' agreement with each other and with the judge (Krippendorff's alpha,
-    interval), on the items labelled by all of them."""
-    from .agreement import Unit, raters_agreement
-
-    by = {
-        name: {i: float(v) for i, v in given.items() if isinstance(v, int | float)}
-        for name, given in annotators(run_dir).items()
-    }
-    judge = {r["id"]: r["score"] for r in state.rows}
-    names = sorted(by)
-    shared = sorted(set.intersection(*(set(v) for v in by.values()))) if by else []
-    if not shared:
-        return None
-    units = [Unit(i, "score", 0, [judge.get(i), *(by[n][i] for n in names)]) for i in shared]
-    stats = raters_agreement(units, ["judge", *names], None)
-    return {"annotators": names, "items": len(shared), "alpha": stats["alpha"]}
+def checked_label(label: Any, how: dict[str, Any]) -> Any:
+    """A label as the stage takes it: one of its labels, or a number in its range."""
+    if how["kind"] == "labels":
+        if label not in how["choices"]:
+            raise UserError(f"label: one of {how['choices']}, got {label!r}")
+        return label
+    if not isinstance(label, int | float) or isinstance(label, bool):
+        raise UserError(f"label: a number, got {label!r}")
+    low, high = how.get("low"), how.get("high")
+    if (low is not None and label < low) or (high is not None and label > high):
+        raise UserError(f"label: a score from {low} to {high}, got {label!r}")
+    return float(label)
 
 
 # ---- the HTTP server -----------------------------------------------------------------------
@@ -293,15 +354,15 @@ def make_server(
                 if url.path == "/":
                     self._send(200, viewer.page().encode(), "text/html; charset=utf-8")
                 elif url.path == "/label":
-                    page = label_page(viewer, int(query.get("run", "0")))
+                    page = label_page(viewer, int(query.get("run", "0")), query.get("stage"))
                     self._send(200, page.encode(), "text/html; charset=utf-8")
                 elif url.path == "/api/items":
                     self._json(200, viewer.items(int(query.get("run", "0")), query))
                 elif url.path == "/api/item":
                     self._json(200, viewer.item(int(query.get("run", "0")), query.get("id", "")))
                 elif url.path == "/api/queue":
-                    run = int(query.get("run", "0"))
-                    self._json(200, viewer.queue(run, query.get("annotator", "")))
+                    run, stage = int(query.get("run", "0")), query.get("stage", SCORE)
+                    self._json(200, viewer.queue(run, query.get("annotator", ""), stage))
                 else:
                     self._json(404, {"error": "no such page"})
             except (KeyError, ValueError) as exc:
@@ -370,11 +431,22 @@ def serve(
         server.server_close()
 
 
-def label_page(viewer: Viewer, run: int) -> str:
+def label_page(viewer: Viewer, run: int, stage: str | None = None) -> str:
     from jinja2 import Environment, select_autoescape
 
     if not 0 <= run < len(viewer.paths):
         raise KeyError(run)
+    stage = stage or SCORE
+    how = viewer.choices(run, stage)
+    stages = [SCORE, *sorted(viewer.state(run).stages)]
     environment = Environment(autoescape=select_autoescape(default=True, default_for_string=True))
     template = environment.from_string(LABEL_PAGE.read_text(encoding="utf-8"))
-    return template.render(run=run, path=str(viewer.paths[run]), token=viewer.token, scale=SCALE)
+    return template.render(
+        run=run,
+        path=str(viewer.paths[run]),
+        token=viewer.token,
+        stage=stage,
+        stages=stages,
+        choices=how["choices"],
+        free=how["kind"] == "number" and stage != SCORE,
+    )

@@ -35,10 +35,17 @@ Level = Literal["nominal", "ordinal", "interval"]
 @dataclass(frozen=True)
 class Vote:
     """Labels by strict majority; a tie goes to ``tie``. ``order``: the labels' order when they
-    are ordinal (agreement then weighs near misses less), None when nominal."""
+    are ordinal (agreement then weighs near misses less), None when nominal; ``labels``: every
+    label the stage may give when nominal (what a person labelling it chooses from)."""
 
     tie: Any
     order: tuple[Any, ...] | None = None
+    labels: tuple[Any, ...] | None = None
+
+    @property
+    def choices(self) -> tuple[Any, ...] | None:
+        """The labels a person chooses from (None: not declared)."""
+        return self.order or self.labels
 
     @property
     def level(self) -> Level:

@@ -67,6 +67,7 @@ from .results import (
     StageFailed,
     StageFailure,
     Status,
+    SwapPair,
     item_fields,
 )
 from .roles import (
@@ -242,6 +243,20 @@ class Framework(Study[OptionsT], Generic[OptionsT, ItemT]):
             if isinstance(value, bool | int | float) and key not in found:
                 found[key] = float(value)
         return found
+
+    def swap_pairs(self, record: ItemResult) -> list[SwapPair]:
+        """The record's judgements whose prompt held two texts of one kind, each of which
+        ``ask_swapped`` can ask again with the texts swapped (``agreement --swap-audit``).
+        Default: none (a judge that reads one answer against a reference has no order to flip).
+        A judgement a rule decided, not the model, is no pair."""
+        return []
+
+    async def ask_swapped(self, ctx: ItemContext, pair: SwapPair) -> Any:
+        """``pair`` asked again with its two texts swapped, through ``ctx`` as the run asks;
+        the verdict mapped back to the original order, so that it equals ``pair.verdict`` when
+        the judge does not follow the order. An answer that stays unparseable raises
+        ``StageFailed``."""
+        raise NotImplementedError(f"{self.name}: swap_pairs gave pairs but ask_swapped is missing")
 
     def panel_rule(self, stage: str) -> PanelRule | None:
         """How a panel's answers to ``stage`` combine (None: the first member answers alone;

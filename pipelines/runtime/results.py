@@ -89,6 +89,19 @@ class ItemText:
     reference: str | None = None
 
 
+@dataclass(frozen=True)
+class SwapPair:
+    """One recorded judgement whose prompt held two texts of one kind (two answers compared),
+    as ``agreement --swap-audit`` asks it again with the texts swapped: the stage, a key unique
+    within the item, the verdict the run recorded, and what the framework needs to ask again
+    (the two texts, the question)."""
+
+    stage: str
+    key: str
+    verdict: Any
+    texts: dict[str, Any]
+
+
 # the item fields ``Framework.item_text`` reads by default, first found wins
 INPUT_FIELDS = ("query", "question", "prompt", "input", "paragraph", "topic")
 ANSWER_FIELDS = ("response",)

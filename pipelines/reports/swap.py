@@ -1,0 +1,212 @@
+"""Does the judge's verdict follow the order of two texts? (``agreement RUN --swap-audit K``)
+
+A judge that compares two texts of one kind (two answers to one question) should give the same
+relation whichever it reads first. The audit draws K of the run's recorded comparisons (seeded,
+among those the model decided: a rule's verdict has no order to follow), asks each again with
+the two texts swapped, through the framework's own stage (``Framework.ask_swapped``: the same
+prompt, parser, re-asks and cache), maps the answer back to the original order and counts the
+flips: a flip is a mapped-back verdict other than the recorded one. The flip rate carries a 95%
+bootstrap interval with an item's comparisons resampled together.
+
+Each answer is appended to ``RUN/labels/swap-audit.jsonl`` as it arrives, so a killed audit
+asked again with the same K and seed asks only what is missing. An answer that stays
+unparseable after the re-asks is recorded and counted as such, never as agreement or a flip.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..runtime.protocol import ItemContext
+from ..runtime.results import StageFailed, SwapPair
+from .agreement import Unit, by_item_interval
+from .labels import append_labels_to, labels_dir
+
+AUDIT = "swap-audit.jsonl"
+
+
+@dataclass(frozen=True)
+class Drawn:
+    item: str
+    pair: SwapPair
+
+
+def swap_candidates(run: Any) -> list[Drawn]:
+    """Every recorded comparison the framework can ask again swapped, in id order."""
+    return [Drawn(r.id, pair) for r in run.records for pair in run.framework.swap_pairs(r)]
+
+
+def draw(candidates: list[Drawn], k: int, seed: int) -> list[Drawn]:
+    """K of them at random (all, when there are fewer), in id order."""
+    if k >= len(candidates):
+        return list(candidates)
+    picked = set(random.Random(seed).sample(range(len(candidates)), k))
+    return [c for n, c in enumerate(candidates) if n in picked]
+
+
+def done_before(run_dir: Path) -> dict[tuple[str, str, str], dict[str, Any]]:
+    """(item, stage, key) -> the answer an earlier audit recorded (a torn last line is left)."""
+    path = labels_dir(run_dir) / AUDIT
+    if not path.is_file():
+        return {}
+    out = {}
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            continue  # the last line of a killed audit: asked again
+        out[(row["id"], row["stage"], row["key"])] = row
+    return out
+
+
+async def swap_audit(run_dir: Path, k: int, seed: int, clients: Any) -> dict[str, Any]:
+    """Ask K recorded comparisons of ``run_dir`` again with the texts swapped (``clients``:
+    one client for every role, or one per role) and measure how often the verdict flips."""
+    from .rows import run_rows
+
+    run = run_rows(run_dir)
+    out: dict[str, Any] = {"run": str(run_dir), "task": run.manifest.task, "seed": seed}
+    candidates = swap_candidates(run)
+    if not candidates:
+        out["note"] = (
+            "no recorded judgement of this run compares two texts of one kind that a model "
+            "decided (the comprehensiveness Q&A method's answer comparison has them)"
+        )
+        return out
+    drawn = draw(candidates, k, seed)
+    earlier = done_before(run_dir)
+    todo = [d for d in drawn if (d.item, d.pair.stage, d.pair.key) not in earlier]
+    answers = await asyncio.gather(*(_ask(run, d, clients) for d in todo))
+    for found in answers:  # already appended one by one; here only to read them back below
+        earlier[(found["id"], found["stage"], found["key"])] = found
+    rows = [earlier[(d.item, d.pair.stage, d.pair.key)] for d in drawn]
+    return out | {"candidates": len(candidates), "asked_now": len(todo)} | flip_summary(rows)
+
+
+async def _ask(run: Any, drawn: Drawn, clients: Any) -> dict[str, Any]:
+    fw, options = run.framework, run.options
+    ctx = ItemContext(drawn.item, clients, options, None, run.run_dir, options.max_reasks, fw, None)
+    row: dict[str, Any] = {
+        "id": drawn.item,
+        "stage": drawn.pair.stage,
+        "key": drawn.pair.key,
+        "original": drawn.pair.verdict,
+    }
+    try:
+        row["swapped"] = await fw.ask_swapped(ctx, drawn.pair)
+    except StageFailed as exc:
+        row |= {"swapped": None, "unparseable": exc.error, "outputs": exc.outputs}
+    append_labels_to(run.run_dir, AUDIT, [row])
+    return row
+
+
+def flip_summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """Flips among the answered comparisons, the rate's interval, and the table of recorded
+    against swapped-back verdicts (unparseable answers counted apart)."""
+    answered = [r for r in rows if r.get("swapped") is not None]
+    flips = [r for r in answered if r["swapped"] != r["original"]]
+    units = [
+        Unit(r["id"], r["stage"], n, [float(r["swapped"] != r["original"])])
+        for n, r in enumerate(answered)
+    ]
+
+    def rate(found):
+        return sum(u.values[0] for u in found) / len(found) if found else None
+
+    table = Counter((r["original"], r["swapped"]) for r in answered)
+    return {
+        "drawn": len(rows),
+        "answered": len(answered),
+        "unparseable": len(rows) - len(answered),
+        "flips": len(flips),
+        "flip_rate": rate(units),
+        "flip_rate_ci": by_item_interval(units, rate),
+        "items": len({r["id"] for r in answered}),
+        "table": [{"original": a, "swapped": b, "count": n} for (a, b), n in sorted(table.items())],
+    }
+
+
+def render_swap(found: list[dict[str, Any]], out: Any) -> None:
+    for run in found:
+        out.print(f"swap audit: {run['run']} ({run['task']})", highlight=False, soft_wrap=True)
+        if "note" in run:
+            out.print(f"  {run['note']}", highlight=False)
+            continue
+        rate, ci = run["flip_rate"], run["flip_rate_ci"]
+        shown = "undefined" if rate is None else f"{rate:.3f}"
+        interval = f" (95% CI {ci[0]:.3f} to {ci[1]:.3f}, items resampled)" if ci else ""
+        out.print(
+            f"  {run['flips']} of {run['answered']} comparisons flip with the texts swapped: "
+            f"{shown}{interval}; drawn {run['drawn']} of {run['candidates']} (seed "
+            f"{run['seed']}), {run['items']} items, asked now {run['asked_now']}",
+            highlight=False,
+        )
+        if run["unparseable"]:
+            out.print(
+                f"  {run['unparseable']} swapped answers stayed unparseable: counted apart, "
+                "neither flip nor agreement",
+                highlight=False,
+            )
+        for row in run["table"]:
+            mark = "" if row["original"] == row["swapped"] else "  (flip)"
+            out.print(
+                f"  recorded {row['original']!r} -> swapped back {row['swapped']!r}: "
+                f"{row['count']}{mark}",
+                highlight=False,
+            )
+
+
+# ---- the judge asked again -----------------------------------------------------------------
+
+SAMPLING = ("temperature", "seed", "max_tokens", "reasoning", "reasoning_tokens")
+
+
+def judge_config(run: Any, stage: str, model: str | None, endpoint: str | None) -> Any:
+    """The model that answered ``stage`` in the run, as its manifest records it (``model`` /
+    ``endpoint``: another, or the same one moved), with the run's sampling settings."""
+    from ..runtime.config import EvaluatorConfig, UserError
+
+    role = run.framework.role_of(stage, "judge")
+    recorded = (run.manifest.roles or {}).get(role) or {}
+    config = run.manifest.config
+    sampling = (config.get("roles") or {}).get(role) or config
+    fields: dict[str, Any] = {k: sampling[k] for k in SAMPLING if sampling.get(k) is not None}
+    if model is None:
+        model = recorded.get("model") or config.get("model")
+        fields["adapter"] = recorded.get("adapter") or config.get("adapter")
+    endpoint = endpoint or recorded.get("endpoint")
+    if model is None:
+        raise UserError(
+            f"{run.run_dir}: the manifest names no model for role {role!r}: give --model"
+        )
+    return EvaluatorConfig.model_validate({"model": model, "endpoint": endpoint} | fields)
+
+
+def audit_runs(
+    run_dir: Sequence[Path], k: int, seed: int, model: str | None, endpoint: str | None
+) -> list[dict[str, Any]]:
+    """``swap_audit`` of every run under ``run_dir``, each asking the judge its manifest
+    records (the response cache answers what was asked before)."""
+    from ...serving.embedded import cache_root
+    from ..runtime.evaluator import open_evaluator
+    from ..runtime.runstore import run_directories
+    from .rows import run_rows
+
+    async def one(directory: Path) -> dict[str, Any]:
+        run = run_rows(directory)
+        candidates = swap_candidates(run)
+        if not candidates:
+            return await swap_audit(directory, k, seed, None)
+        cfg = judge_config(run, candidates[0].pair.stage, model, endpoint)
+        cache = cache_root() / "responses.sqlite"
+        async with open_evaluator(cfg, directory, cache) as client:
+            return await swap_audit(directory, k, seed, client)
+
+    return [asyncio.run(one(d)) for d in run_directories(run_dir)]
