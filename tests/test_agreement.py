@@ -245,3 +245,41 @@ def test_report_and_the_html_page_show_a_panels_agreement(tmp_path):
     panel_run(tmp_path / "one", ["j1"])
     [single] = report_json(tmp_path / "one" / "run" / "closed-book")
     assert "agreement" not in single
+
+
+def test_the_sampling_figure_draws_as_agreement_does(tmp_path):
+    """scripts/fig_ppi_sampling.py on the graded WikiContradict run above: every draw labels
+    exactly N items with their shipped grades; the table and the SVG are written."""
+    import importlib.util
+    from pathlib import Path
+
+    from groundcover.pipelines.comprehensiveness.common import ComprehensivenessOptions
+    from groundcover.pipelines.comprehensiveness.framework import COMPREHENSIVENESS
+    from tests.test_runtime import WC_ROW, run, wc_client
+
+    data = tmp_path / "wc.jsonl"
+    data.write_text(json.dumps(WC_ROW) + "\n")
+    options = ComprehensivenessOptions(
+        input=data, dataset="wikicontradict", method="e2e", protocol="spec", resamples=1000
+    )
+    run(COMPREHENSIVENESS, options, wc_client(), tmp_path / "run")
+    script = Path(__file__).resolve().parents[1] / "scripts" / "fig_ppi_sampling.py"
+    spec = importlib.util.spec_from_file_location("fig_ppi_sampling", script)
+    assert spec is not None and spec.loader is not None
+    figure = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(figure)
+    out = tmp_path / "fig" / "ppi"
+    args = [str(tmp_path / "run"), "--sizes", "2", "--seeds", "4", "--out", str(out)]
+    assert figure.main(args) == 0
+    found = json.loads(out.with_suffix(".json").read_text())
+    assert found["meta"] == {
+        "run": str(tmp_path / "run"),
+        "items": 5,
+        "scored": 4,
+        "graded": 5,
+        "seeds": 4,
+    }
+    assert set(found["draws"]) == {"random", "stratified", "balanced"}
+    for by_size in found["draws"].values():
+        assert [d["labels"] for d in by_size["2"]] == [2, 2, 2, 2]
+    assert out.with_suffix(".svg").read_text().lstrip().startswith("<?xml")
