@@ -207,3 +207,67 @@ def test_a_panel_stage_is_labelled_with_its_own_labels_and_agreement_reads_them(
     assert human["judges"]["panel"]["confusion"] == {"B": {"B": 1}, "C": {"D": 1}}
     assert human["judges"]["panel"]["agree"] == 0.5
     assert human["judges"]["judge (j1)"]["agree"] == 1.0
+
+
+def test_the_light_pass_reads_each_records_first_fields_as_the_run_store_does(tmp_path):
+    from groundcover.pipelines.reports.viewer import light_state
+    from groundcover.pipelines.runtime.results import ItemResult, StageFailure
+    from groundcover.pipelines.runtime.runstore import RESULTS, results_by_id
+
+    panel = {"panel": [{"stage": "judge", "members": ["B"], "value": "B"}]}
+    failed = StageFailure(stage="judge", error="boom")
+    records = [
+        ItemResult(id="a", status="ok", score=0.5, explanation='" \\ é', details=panel),
+        ItemResult(id="b\u2603", status="undefined", score=None, explanation="no statements"),
+        ItemResult(id="c", status="error", score=None, explanation="boom", failure=failed),
+        ItemResult(id="c", status="ok", score=1.0, explanation="retried"),  # supersedes
+    ]
+    lines = [r.model_dump_json() + "\n" for r in records]
+    # a record written with another key order is read whole; a torn last line is no record
+    lines.append(json.dumps({"explanation": "x", "status": "ok", "id": "d", "score": 0.25}) + "\n")
+    lines.append('{"id": "e", "status": "ok", "sco')
+    (tmp_path / RESULTS).write_text("".join(lines))
+    state = light_state(tmp_path, ())
+    full = {r.id: r for r in results_by_id(tmp_path / RESULTS)}
+    assert [r.id for r in state.rows] == sorted(full) == ["a", "b\u2603", "c", "d"]
+    for row in state.rows:
+        record = full[row.id]
+        assert (row.status, row.score, row.explanation) == (
+            record.status,
+            record.score,
+            record.explanation,
+        )
+        assert state.records[state.index[row.id]] == record  # read by offset when asked
+    assert state.with_panel == [0] and list(state.stages) == ["judge"]
+    (tmp_path / RESULTS).write_text(lines[0] + '{"no": "id"}\n')
+    with pytest.raises(Exception, match=rf"{RESULTS}:2: corrupt record"):
+        light_state(tmp_path, ())
+
+
+def test_a_large_run_opens_on_the_light_page_then_reloads_to_the_whole_one(served, monkeypatch):
+    from groundcover.pipelines.reports import viewer as viewing
+
+    run, viewer, base = served
+    monkeypatch.setattr(viewing, "LIGHT_ABOVE", 5)  # twelve records: "large"
+    gate = threading.Event()
+    made = viewer._render
+
+    def slow(key):  # the whole page is being made while the light one is served
+        gate.wait(30)
+        made(key)
+
+    monkeypatch.setattr(viewer, "_render", slow)
+    with urllib.request.urlopen(f"{base}/", timeout=30) as response:
+        light = response.read().decode()
+    assert "being made from its records" in light and get(f"{base}/api/ready") == {"ready": False}
+    # the headline is the light pass's: twelve items, mean (4 x 1 + 4 x 0.5 + 4 x 0) / 12
+    assert "0.5000" in light and "over 12 scored of 12 recorded" in light
+    assert get(f"{base}/api/items?run=0&status=ok&min=0.75")["total"] == 4
+    gate.set()
+    for _ in range(300):
+        if get(f"{base}/api/ready")["ready"]:
+            break
+        threading.Event().wait(0.1)
+    with urllib.request.urlopen(f"{base}/", timeout=30) as response:
+        whole = response.read().decode()
+    assert "being made from its records" not in whole and "over 12 scored of 12 recorded" in whole

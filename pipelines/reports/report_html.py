@@ -15,9 +15,12 @@ from __future__ import annotations
 
 import io
 import json
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
+import numpy as np
 from jinja2 import Environment, select_autoescape
 
 from ..runtime.provenance import manifest_provenance
@@ -37,7 +40,7 @@ def _safe_json(value: Any) -> str:
 def score_range(scores: list[float]) -> tuple[float, float]:
     """The plot's axis: the score's range, [0, 1] for every framework here (wider only if a
     score is), so a run of all 1.0 is a bar at 1, not a bar in the middle of 0.5-1.5."""
-    return min(0.0, *scores), max(1.0, *scores)
+    return min(0.0, float(np.min(scores))), max(1.0, float(np.max(scores)))
 
 
 def score_plot(scores: list[float]) -> str | None:
@@ -51,7 +54,7 @@ def score_plot(scores: list[float]) -> str | None:
 
     figure, axes = plt.subplots(figsize=(5, 2.4), dpi=100)
     low, high = score_range(scores)
-    axes.hist(scores, bins=20, range=(low, high), color="#4a7ab5")
+    axes.hist(np.asarray(scores, dtype=float), bins=20, range=(low, high), color="#4a7ab5")
     axes.set_xlim(low, high)
     axes.set_xlabel("score")
     axes.set_ylabel("items")
@@ -107,6 +110,42 @@ def run_view(
         "plot": score_plot(scores),
         "items": items,
         "served": served,
+    }
+
+
+LIGHT_INTERVAL = 200_000  # scores up to which the light page bootstraps its interval
+
+
+def light_view(path: Path, rows: Sequence[Any]) -> dict[str, Any]:
+    """What the served page shows of a run before its tables are made: the headline, statuses,
+    provenance and score histogram from the records' first fields (``rows``: each with id,
+    status, score and explanation); tables, figures, usage and agreement come with the whole
+    page."""
+    from ..runtime.summary import summarise
+
+    manifest = read_manifest(path / MANIFEST)
+    summary = summarise(manifest.framework, manifest.task, manifest.items, rows)
+    summary.add(self_judging=manifest.self_judging)
+    scores = [row.score for row in rows if row.score is not None]
+    outcome = SimpleNamespace(summary=summary, dir=path, results=rows)
+    shown = headline(outcome, manifest, scores if len(scores) <= LIGHT_INTERVAL else [])
+    shown |= {"scored": len(scores), "mean": summary.mean_score}
+    return {
+        "headline": shown,
+        "figures": [],
+        "tables_html": None,
+        "agreement": None,
+        "path": str(path),
+        "manifest": manifest.model_dump(mode="json"),
+        "provenance": manifest_provenance(manifest),
+        "summary": summary.model_dump(mode="json", exclude_none=True),
+        "partial": summary.partial or summary.recorded < manifest.items,
+        "tables_json": "null",
+        "usage": {},
+        "plot": score_plot(scores),
+        "items": [],
+        "served": True,
+        "pending": True,
     }
 
 
@@ -179,11 +218,17 @@ def render(
     compared: dict[str, Any] | None = None,
     prices: dict[str, Any] | None = None,
     served: bool = False,
+    light: Mapping[int, Sequence[Any]] | None = None,
 ) -> str:
     """The page of ``paths``; with ``compared`` (``compare_runs`` of the same paths) the paired
     comparison comes first, each item linked to its drill-down below. ``served``: the items
-    are fetched from the viewer by page (``pipelines.reports.viewer``), not embedded."""
-    runs = [run_view(p, prices, served) for p in paths]
+    are fetched from the viewer by page (``pipelines.reports.viewer``), not embedded;
+    ``light``: each run's records' first fields (the viewer's light pass), for the page shown
+    while the whole one is made."""
+    if light is not None:
+        runs = [light_view(p, light[k]) for k, p in enumerate(paths)]
+    else:
+        runs = [run_view(p, prices, served) for p in paths]
     environment = Environment(autoescape=select_autoescape(default=True, default_for_string=True))
     environment.filters["safe_json"] = _safe_json
     template = environment.from_string(TEMPLATE.read_text(encoding="utf-8"))

@@ -69,8 +69,8 @@ class RunRows:
             yield _row(self.framework, record, self.text(record), where, rests_on)
 
 
-def run_rows(run_dir: Path) -> RunRows:
-    """``run_dir`` read for its rows."""
+def run_rows(run_dir: Path, records: Sequence[ItemResult] | None = None) -> RunRows:
+    """``run_dir`` read for its rows (``records``: the run's, where a caller has read them)."""
     from ..runtime.registry import framework
 
     manifest = read_manifest(run_dir / MANIFEST)
@@ -78,7 +78,8 @@ def run_rows(run_dir: Path) -> RunRows:
     options = fw.Options.model_validate(manifest.options)
     items, notes = run_items(fw, options, manifest)
     given = _given_answers(fw, options) if items is not None else {}
-    records = results_by_id(run_dir / RESULTS)
+    if records is None:
+        records = results_by_id(run_dir / RESULTS)
     return RunRows(run_dir, manifest, fw, options, records, items, given, notes)
 
 

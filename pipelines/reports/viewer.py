@@ -20,25 +20,29 @@ evaluation still shows its progress on the next request).
 
 from __future__ import annotations
 
+import functools
 import hmac
 import json
+import mmap
+import re
 import secrets
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from html import escape
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 from urllib.parse import parse_qs, urlparse
 
 from ..runtime.errors import UserError
 from ..runtime.panels import Vote
-from ..runtime.results import ItemResult
-from ..runtime.runstore import RESULTS, results_by_id
+from ..runtime.runstore import RESULTS
 from .agreement import Unit
 from .labels import LABELS_DIR, annotator_units, append_labels
 from .overrides import OVERRIDES, add_override, read_overrides, withdraw_override
 
 PAGE_SIZE = 100
+LIGHT_ABOVE = 10_000  # records beyond which the first page is the light one, not awaited
 SCORE = "score"  # the item's score: the stage a label of the whole item names
 SCALE = (0.0, 0.25, 0.5, 0.75, 1.0)  # the score scale's buttons, keys 1-5
 LABEL_PAGE = Path(__file__).with_name("label_page.html.j2")
@@ -46,14 +50,145 @@ LABEL_PAGE = Path(__file__).with_name("label_page.html.j2")
 
 @dataclass
 class RunState:
-    """What a run's page and requests read, kept until the run changes on disk."""
+    """What a run's page and requests read, kept until the run changes on disk: the records'
+    first fields from one light pass (never the details), the records themselves read by
+    offset when one is asked for, and what only the labelling pages need, made when asked."""
 
     stamp: tuple
+    path: Path
     records: Any  # the records view (read on access)
-    rows: list[dict[str, Any]]  # id, status, score, explanation: what filters read
+    rows: list[Head]  # id, status, score, explanation: what filters read
     index: dict[str, int]  # id -> position in ``records``
-    texts: Any  # ``rows.RunRows``: what a person reads of an item
-    stages: dict[str, list[Unit]]  # per panel stage, the units the panel decided
+    with_panel: list[int]  # positions of the records whose details hold a panel's verdicts
+
+    @functools.cached_property
+    def texts(self) -> Any:
+        """``rows.RunRows``: what a person reads of an item (the run's inputs, loaded once)."""
+        from .rows import run_rows
+
+        return run_rows(self.path, self.records)
+
+    @functools.cached_property
+    def stages(self) -> dict[str, list[Unit]]:
+        """Per panel stage, the units the panel decided (only the records with a panel read)."""
+        from .agreement import panel_units
+
+        stages: dict[str, list[Unit]] = {}
+        for k in self.with_panel:
+            for stage, units in panel_units([self.records[k]]).items():
+                stages.setdefault(stage, []).extend(units)
+        return stages
+
+
+def light_state(path: Path, stamp: tuple) -> RunState:
+    """One pass over the run's results files reading each record's id, status, score and
+    explanation only (the fields a record starts with), with the run store's own rule for
+    which record of an id survives."""
+    from ..runtime.runstore import index_files, records_view, result_files
+
+    files = [f for f in result_files(path) if f.exists()] or [path / RESULTS]
+    heads: dict[tuple[int, int], Head] = {}
+    numbers = {file: n for n, file in enumerate(files)}
+
+    def scan(file: Path) -> Iterator[tuple[str, int, str]]:
+        number = numbers[file]
+        for head in scan_heads(file):
+            heads[(number, head.offset)] = head
+            yield head.id, head.offset, head.status
+
+    if len(files) == 1:  # the usual run: a later record of an id supersedes an earlier one
+        survivors = {head.id: head for head in scan_heads(files[0])}
+        ids = sorted(survivors)
+        chosen = [survivors[i] for i in ids]
+        entries = [(0, head.offset, head.status) for head in chosen]
+    else:
+        index = index_files(files, scan)
+        ids = sorted(index)
+        entries = [index[i] for i in ids]
+        chosen = [heads[(number, offset)] for number, offset, _ in entries]
+    with_panel = [k for k, head in enumerate(chosen) if head.panel]
+    positions = {record_id: k for k, record_id in enumerate(ids)}
+    return RunState(stamp, path, records_view(files, entries), chosen, positions, with_panel)
+
+
+class Head(NamedTuple):
+    """A record's leading fields, where it starts, and whether it holds a panel's verdicts."""
+
+    id: str
+    status: str
+    score: float | None
+    explanation: str
+    offset: int
+    panel: bool
+
+
+# A record as the run store writes it: id, status, score and explanation before anything else
+# (``ItemResult``'s field order). A JSON string's quotes inside it are escaped, so a string
+# ends at the first unescaped quote.
+_STRING = rb'"([^"\\]*(?:\\.[^"\\]*)*)"'
+_HEAD = re.compile(
+    rb'\{"id":'
+    + _STRING
+    + rb',"status":"(\w+)","score":(null|[-+0-9.eE]+),"explanation":'
+    + _STRING
+)
+_PANEL = re.compile(rb'"panel":\[')
+
+
+def scan_heads(file: Path) -> Iterator[Head]:
+    """Each whole record of one results file, read for its leading fields by one regular
+    expression over the mapped file (no record parsed whole); a line written otherwise is
+    parsed whole. A torn last line is not a record."""
+    if not file.exists() or file.stat().st_size == 0:
+        return
+    with open(file, "rb") as handle, mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) as data:
+        panels = [m.start() for m in _PANEL.finditer(data)]
+        panels.append(len(data))  # a sentinel: the next panel at or after a line
+        lineno, position, panel, size = 1, 0, 0, len(data)
+        match, find = _HEAD.match, data.find
+        while position < size:
+            end = find(b"\n", position)
+            if end < 0:
+                return  # torn tail: not a finished record
+            while panels[panel] < position:
+                panel += 1
+            found = match(data, position, end)
+            if found is None:
+                yield _slow(file, lineno, data[position : end + 1], position, panels[panel] < end)
+            else:
+                record_id, status, score, explanation = found.groups()
+                yield Head(
+                    record_id.decode() if b"\\" not in record_id else _string(record_id),
+                    status.decode(),
+                    None if score == b"null" else float(score),
+                    explanation.decode() if b"\\" not in explanation else _string(explanation),
+                    position,
+                    panels[panel] < end,
+                )
+            position, lineno = end + 1, lineno + 1
+
+
+def _string(raw: bytes) -> str:
+    """A JSON string's inside as text, its escapes decoded."""
+    return json.loads(b'"' + raw + b'"')
+
+
+def _slow(file: Path, lineno: int, line: bytes, offset: int, panel: bool) -> Head:
+    from ..runtime.runstore import RunStoreError
+
+    try:
+        record = json.loads(line)
+        score = record.get("score")
+        return Head(
+            str(record["id"]),
+            str(record["status"]),
+            None if score is None else float(score),
+            str(record.get("explanation", "")),
+            offset,
+            panel,
+        )
+    except (ValueError, KeyError, TypeError, AttributeError):
+        raise RunStoreError(f"{file}:{lineno}: corrupt record: id or status") from None
 
 
 class Viewer:
@@ -64,6 +199,7 @@ class Viewer:
         self.lock = threading.Lock()
         self.states: dict[int, RunState] = {}
         self.pages: dict[tuple, str] = {}
+        self.jobs: dict[tuple, threading.Thread] = {}
 
     # ---- reading -------------------------------------------------------------------------
 
@@ -87,39 +223,61 @@ class Viewer:
             found = self.states.get(k)
             if found is not None and found.stamp == stamp:
                 return found
-        from .agreement import panel_units
-        from .rows import run_rows
-
-        path = self.paths[k]
-        records = results_by_id(path / RESULTS)
-        rows, index = [], {}
-        stages: dict[str, list[Unit]] = {}
-        for n, record in enumerate(records):  # one pass over the records
-            index[record.id] = n
-            rows.append(
-                {"id": record.id, "status": record.status, "score": record.score}
-                | {"explanation": record.explanation}
-            )
-            for stage, units in panel_units([record]).items():
-                stages.setdefault(stage, []).extend(units)
-        state = RunState(stamp, records, rows, index, run_rows(path), stages)
+        state = light_state(self.paths[k], stamp)
         with self.lock:
             self.states[k] = state
         return state
 
     def page(self) -> str:
-        """The report page without its items (they are fetched by page)."""
-        from .report_html import render
-
-        # the headline shows the overrides; labels are read by the labelling page itself
-        key = tuple(self.stamp(k, OVERRIDES) for k in range(len(self.paths)))
+        """The report page without its items (they are fetched by page). Its tables, figures
+        and agreement need every record parsed: they are made in the background. Runs of up to
+        ``LIGHT_ABOVE`` records wait for them; a larger one's page comes from the light pass
+        at once, says so, and reloads itself when the whole page is ready."""
+        key = self.page_key()
         with self.lock:
             if key in self.pages:
                 return self.pages[key]
-        html = render(self.paths, prices=self.prices, served=True)
+        light = {k: self.state(k).rows for k in range(len(self.paths))}  # the light pass first
+        if sum(map(len, light.values())) <= LIGHT_ABOVE:
+            self._start(key).join()
+            with self.lock:
+                if key in self.pages:
+                    return self.pages[key]
+        from .report_html import render
+
+        html = render(self.paths, prices=self.prices, served=True, light=light)
+        self._start(key)  # after the light page: the two would share one interpreter's time
+        return html
+
+    def _start(self, key: tuple) -> threading.Thread:
+        """The whole page's making for ``key``, started once."""
+        with self.lock:
+            job = self.jobs.get(key)
+            if job is None:
+                job = threading.Thread(target=self._render, args=(key,), daemon=True)
+                self.jobs = {key: job}
+                job.start()
+        return job
+
+    def page_key(self) -> tuple:
+        # the headline shows the overrides; labels are read by the labelling page itself
+        return tuple(self.stamp(k, OVERRIDES) for k in range(len(self.paths)))
+
+    def ready(self) -> bool:
+        """Whether the whole page of the runs as they are now is made."""
+        key = self.page_key()
+        with self.lock:
+            return key in self.pages
+
+    def _render(self, key: tuple) -> None:
+        from .report_html import render
+
+        try:
+            html = render(self.paths, prices=self.prices, served=True)
+        except Exception as exc:  # shown on the page in place of the tables, never a hang
+            html = f"<!DOCTYPE html><p>the report could not be made: {escape(str(exc))}</p>"
         with self.lock:
             self.pages = {key: html}
-        return html
 
     def items(self, k: int, query: dict[str, str]) -> dict[str, Any]:
         """One page of run k's items, filtered and searched here."""
@@ -128,16 +286,16 @@ class Viewer:
         low, high = _number(query.get("min")), _number(query.get("max"))
         found = []
         for row in state.rows:
-            score = row["score"]
-            if status and row["status"] != status:
+            score = row.score
+            if status and row.status != status:
                 continue
             if low is not None and not (score is not None and score >= low):
                 continue
             if high is not None and not (score is not None and score <= high):
                 continue
-            if text and text not in f"{row['id']} {row['explanation']}".lower():
+            if text and text not in f"{row.id} {row.explanation}".lower():
                 continue
-            found.append(row["id"])
+            found.append(row.id)
         page = max(int(query.get("page", "0") or 0), 0)
         size = min(max(int(query.get("size", str(PAGE_SIZE)) or PAGE_SIZE), 1), 1000)
         shown = found[page * size : (page + 1) * size]
@@ -158,6 +316,19 @@ class Viewer:
         found = record.model_dump(mode="json")
         found["graph"] = _graph(self.paths[k], found.get("details", {}))
         return found
+
+    def unit(self, k: int, item: str) -> dict[str, Any]:
+        """What a person reads of one item: the question, the answer judged, the reference."""
+        state = self.state(k)
+        if item not in state.index:
+            raise KeyError(item)
+        text = state.texts.text(state.records[state.index[item]])
+        return {
+            "id": item,
+            "input": text.input if text else "",
+            "answer": (text.answer if text else None) or "",
+            "reference": (text.reference if text else None) or "",
+        }
 
     def choices(self, k: int, stage: str) -> dict[str, Any]:
         """What a person labels ``stage`` with: ``labels`` (one of the stage's labels) or
@@ -188,28 +359,19 @@ class Viewer:
 
         drawn = read_queue(self.paths[k])
         if drawn is None:
-            return [(r["id"], 0, r["score"]) for r in state.rows if r["score"] is not None]
-        by_id = {r["id"]: r["score"] for r in state.rows}
+            return [(r.id, 0, r.score) for r in state.rows if r.score is not None]
+        by_id = {r.id: r.score for r in state.rows}
         return [(i, 0, by_id[i]) for i in drawn if i in by_id]
 
     def queue(self, k: int, annotator: str, stage: str = SCORE) -> dict[str, Any]:
-        """Run k's labelling queue of ``stage`` with what a person reads of each unit; the
-        judge's verdict and the labels already given come only for units this annotator
-        labelled."""
-        state = self.state(k)
+        """Run k's labelling queue of ``stage``: each unit, and the judge's verdict and the label
+        given only for units this annotator labelled (what a person reads of a unit comes from
+        ``unit``, as the page shows it: a queue of every item of a large run stays small)."""
         mine = annotator_units(self.paths[k], stage).get(annotator, {})
         overrides = read_overrides(self.paths[k]) if stage == SCORE else {}
         out = []
         for item, key, verdict in self.units(k, stage):
-            record: ItemResult = state.records[state.index[item]]
-            text = state.texts.text(record)
-            entry = {
-                "id": item,
-                "key": key,
-                "input": text.input if text else "",
-                "answer": (text.answer if text else None) or "",
-                "reference": (text.reference if text else None) or "",
-            }
+            entry: dict[str, Any] = {"id": item, "key": key}
             if (item, key) in mine:  # blind until labelled
                 entry |= {"label": mine[(item, key)], "judge": verdict}
                 if item in overrides:
@@ -221,7 +383,7 @@ class Viewer:
         return {
             "run": str(self.paths[k]),
             "stage": stage,
-            "stages": [SCORE, *sorted(state.stages)],
+            "stages": [SCORE, *sorted(self.state(k).stages)],
             "items": out,
             "agreement": self._annotators(k, stage),
         } | self.choices(k, stage)
@@ -356,6 +518,10 @@ def make_server(
                 elif url.path == "/label":
                     page = label_page(viewer, int(query.get("run", "0")), query.get("stage"))
                     self._send(200, page.encode(), "text/html; charset=utf-8")
+                elif url.path == "/api/unit":
+                    self._json(200, viewer.unit(int(query.get("run", "0")), query.get("id", "")))
+                elif url.path == "/api/ready":
+                    self._json(200, {"ready": viewer.ready()})
                 elif url.path == "/api/items":
                     self._json(200, viewer.items(int(query.get("run", "0")), query))
                 elif url.path == "/api/item":
