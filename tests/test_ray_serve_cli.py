@@ -98,15 +98,23 @@ def test_generate_with_two_replicas_started_by_the_run(
 
 
 def ray_workers_after(seconds: float) -> list[int]:
-    """Ray worker processes still alive after ``seconds`` (shutdown is asynchronous)."""
+    """Ray worker processes still alive after ``seconds`` (shutdown is asynchronous), leaving
+    out a Slurm job's Ray that tests/test_slurm.py may run meanwhile (its own ports, and its
+    workers' files in /tmp/gc-ray-JOB)."""
     import psutil
+
+    def elsewhere(process) -> bool:
+        try:
+            return any(f.path.startswith("/tmp/gc-ray-") for f in process.open_files())
+        except psutil.Error:
+            return False
 
     deadline = time.monotonic() + seconds
     while True:
         alive = [
             p.pid
             for p in psutil.process_iter(["cmdline"])
-            if (p.info["cmdline"] or [""])[0].startswith("ray::")
+            if (p.info["cmdline"] or [""])[0].startswith("ray::") and not elsewhere(p)
         ]
         if not alive or time.monotonic() > deadline:
             return alive
