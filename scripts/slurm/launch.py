@@ -3,7 +3,7 @@ spread over them, and everything stopped however the job ends.
 
 ``groundcover.sbatch`` calls this on the allocation's first node (the batch step)::
 
-    launch.py [--drivers-per-node K] [--replicas auto|N] [--gpus-per-replica G]
+    launch.py [--drivers-per-node K] [--judge MODEL --replicas auto|N --gpus-per-replica G]
               [--nli CHECKPOINT --nli-replicas auto|N] -- groundcover eval ... --run-dir runs/x
 
 1. The Ray head starts on the first node and a worker on every other one, each as one
@@ -12,11 +12,14 @@ spread over them, and everything stopped however the job ends.
    that share a node do not meet; Ray's files live under ``/tmp/gc-ray-<job>``.
 2. With ``--nli``, the NLI app is deployed on the cluster (``groundcover serve --nli``) on
    CUDA when the allocation has GPUs, and the command is given ``--nli-app``.
-3. The command runs with ``--ray-address`` and ``--drivers N`` (N = nodes x
-   ``--drivers-per-node``) added, and, with ``--replicas``, its judge started as that many Ray
-   Serve LLM replicas (``auto``: the allocation's GPUs left after the NLI app, divided by
-   ``--gpus-per-replica``).
-4. At the end -- the command done, ``scancel`` (SIGTERM), the time limit's warning (SIGUSR1 with
+3. With ``--judge MODEL``, the judge is served once for every driver: ``groundcover serve MODEL
+   --replicas R`` (Ray Serve LLM; ``auto``: the allocation's GPUs left after the NLI app,
+   divided by ``--gpus-per-replica``) on a port of the job's block, and the command is given
+   ``--endpoint http://127.0.0.1:PORT/v1 --model MODEL`` (each node's Serve proxy answers on
+   that port, so every driver asks the one beside it).
+4. The command runs with ``--ray-address`` and ``--drivers N`` (N = nodes x
+   ``--drivers-per-node``) added.
+5. At the end -- the command done, ``scancel`` (SIGTERM), the time limit's warning (SIGUSR1 with
    ``#SBATCH --signal=B:USR1@300``) or Ctrl-C -- the command is asked to stop (SIGTERM: what is
    recorded stays, the run resumes), then each node's ``srun`` step is ended, and with it that
    node's Ray (never ``ray stop``, which would stop another job's Ray on a shared node).
@@ -40,6 +43,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)
@@ -78,6 +82,7 @@ class Allocation:
             "metrics-export-port",
         )
         found = {name: start + k for k, name in enumerate(names)}
+        found["judge-port"] = start + 19  # the judge's Serve proxy (``--judge``)
         return found | {"min-worker-port": start + 20, "max-worker-port": start + 399}
 
 
@@ -128,9 +133,11 @@ class Cluster:
         self.temp = f"/tmp/gc-ray-{alloc.job}"  # Ray's socket paths must stay short
         self.address = f"{node_address(alloc.head)}:{self.ports['port']}"
         self.steps: list[subprocess.Popen] = []
+        self.servers: list[subprocess.Popen] = []  # the judge's ``groundcover serve``
 
     def node_flags(self) -> list[str]:
-        fixed = [f"--{name}={port}" for name, port in self.ports.items() if name != "port"]
+        own = ("port", "judge-port")  # the head's GCS port; the judge's proxy (not Ray's)
+        fixed = [f"--{name}={port}" for name, port in self.ports.items() if name not in own]
         return [
             *fixed,
             f"--num-cpus={self.alloc.cpus}",
@@ -196,6 +203,15 @@ class Cluster:
         another job's too). ``srun`` passes the SIGTERM on; one still there after
         ``STEP_GRACE`` seconds is killed, and Slurm ends its tasks (all within Slurm's
         KillWait, 30 s by default, after which Slurm kills the launcher too)."""
+        for server in self.servers:  # ``serve`` deletes its app when it stops
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(server.pid, signal.SIGTERM)
+        for server in self.servers:
+            try:
+                server.wait(STEP_GRACE)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(server.pid, signal.SIGKILL)
         for step in self.steps:
             if step.poll() is None:
                 with contextlib.suppress(ProcessLookupError):
@@ -300,10 +316,41 @@ def command_for(args: argparse.Namespace, alloc: Allocation, cluster: Cluster) -
     if args.nli:
         nli_gpus = deploy_nli(args, alloc, cluster)
         command += ["--nli-app", args.nli_app]
-    if args.replicas is not None:
-        count = replicas_for(args.replicas, alloc, nli_gpus, args.gpus_per_replica)
-        command += ["--replicas", str(count)]
+    if args.judge:
+        count = replicas_for(args.replicas or "auto", alloc, nli_gpus, args.gpus_per_replica)
+        command += serve_judge(args, count, cluster)
     return command
+
+
+def serve_judge(args: argparse.Namespace, replicas: int, cluster: Cluster) -> list[str]:
+    """The judge's replicas behind one URL, served (and waited for) before the command; the
+    arguments that point the command at it. Stopped with the cluster."""
+    port = cluster.ports["judge-port"]
+    serve = [
+        args.groundcover,
+        "serve",
+        args.judge,
+        "--replicas",
+        str(replicas),
+        "--ray-address",
+        cluster.address,
+        "--port",
+        str(port),
+    ]
+    cluster.servers.append(subprocess.Popen(serve, start_new_session=True))
+    url = f"http://127.0.0.1:{port}/v1"
+    deadline = time.monotonic() + 3600  # a large model's first load
+    while time.monotonic() < deadline:
+        if cluster.stopping.signal is not None:
+            raise SystemExit(128 + cluster.stopping.signal)
+        if cluster.servers[-1].poll() is not None:
+            raise SystemExit("launch: the judge's server stopped while starting (serve.log)")
+        with contextlib.suppress(OSError):
+            urllib.request.urlopen(f"{url}/models", timeout=5).close()
+            say(f"the judge {args.judge}: {replicas} replica(s) at {url}")
+            return ["--endpoint", url, "--model", args.judge]
+        time.sleep(5)
+    raise SystemExit("launch: the judge's server did not answer within an hour")
 
 
 def deploy_nli(args: argparse.Namespace, alloc: Allocation, cluster: Cluster) -> int:
@@ -401,7 +448,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     bindir = Path(sys.executable).parent
     parser.add_argument("--drivers-per-node", type=int, default=1)
-    parser.add_argument("--replicas", help="the judge's Ray Serve LLM replicas: N or auto")
+    parser.add_argument("--judge", help="serve this model once for every driver (Ray Serve LLM)")
+    parser.add_argument("--replicas", help="with --judge: N replicas, or auto (the GPUs left)")
     parser.add_argument("--gpus-per-replica", type=int, default=1)
     parser.add_argument("--nli", help="an NLI cross-encoder to deploy as a Ray Serve app")
     parser.add_argument("--nli-app", default="groundcover-nli")
