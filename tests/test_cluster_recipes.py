@@ -62,7 +62,7 @@ def test_the_recipe_runs_resumes_after_scancel_and_cleans_up(slurm, tmp_path):
         {"judge": lambda p: f"Compared.\n{judge_letter(p)}"}, check_constraints=False
     )
     pace = {"seconds": 0.0}
-    env = dict(os.environ, PYTHONPATH=str(ROOT), GROUNDCOVER_HOME=str(ROOT))
+    env = dict(os.environ, PYTHONPATH=str(ROOT), GC_CHECKOUT=str(ROOT))
     env["GC_PYTHON"] = sys.executable
 
     def command(run: Path | None, url: str) -> list[str]:
