@@ -129,14 +129,19 @@ def test_the_recipe_runs_resumes_after_scancel_and_cleans_up(slurm, tmp_path):
 # ---- the launcher's rules, without Slurm -------------------------------------------------------
 
 
-def launcher():
+def script(path: str):
+    """A script of scripts/ loaded as a module (scripts/ is no package)."""
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location("launch", ROOT / "scripts/slurm/launch.py")
+    spec = importlib.util.spec_from_file_location(Path(path).stem, ROOT / path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def launcher():
+    return script("scripts/slurm/launch.py")
 
 
 def test_the_allocation_read_from_slurms_environment():
@@ -214,13 +219,7 @@ KUBERAY = Path(os.environ.get("GC_KUBERAY_CRDS", "/nonexistent"))
 
 
 def checker():
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("check", ROOT / "scripts/kuberay/check.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return script("scripts/kuberay/check.py")
 
 
 def test_the_schema_is_made_strict_as_kubectl_validates():
