@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.slurm import slurm_cluster, unavailable
+from tests.support.slurm import install, slurm_cluster, unavailable
 from tests.test_drivers import QUESTIONS, fanoutqa_inputs, judge_letter, records_of, wait_for
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -29,6 +29,9 @@ needs_slurm = pytest.mark.skipif(WHY is not None, reason=f"no Slurm here: {WHY}"
 
 @pytest.fixture(scope="module")
 def slurm():
+    failed = install()  # here, not at collection: one worker installs, once
+    if failed is not None:
+        pytest.skip(f"no Slurm here: {failed}")
     with slurm_cluster(cpus=2) as cluster:
         yield cluster
 

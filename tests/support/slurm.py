@@ -20,19 +20,29 @@ PACKAGES = ("slurmctld", "slurmd", "slurm-client", "munge")
 
 
 def unavailable() -> str | None:
-    """Why a Slurm cannot be started here (None: it can, installing it if need be)."""
+    """Why a Slurm cannot be started here (None: it can, after ``install`` where it is
+    missing). Cheap: collection calls it on every worker."""
     if os.geteuid() != 0:
         return "needs root: slurmd and munged run as root (CI runs as root)"
-    if all(shutil.which(c) for c in ("slurmctld", "slurmd", "munged", "sbatch")):
-        return None
-    if not shutil.which("apt-get"):
+    if not installed() and not shutil.which("apt-get"):
         return "no slurm-wlm and no apt-get to install it"
+    return None
+
+
+def installed() -> bool:
+    return all(shutil.which(c) for c in ("slurmctld", "slurmd", "munged", "sbatch"))
+
+
+def install() -> str | None:
+    """Debian's Slurm and munge installed with apt where missing (None), else why not."""
+    if installed():
+        return None
     env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
-    install = ["apt-get", "install", "-y", "-q", "--no-install-recommends", *PACKAGES]
-    done = subprocess.run(install, capture_output=True, text=True, env=env, timeout=600)
+    command = ["apt-get", "install", "-y", "-q", "--no-install-recommends", *PACKAGES]
+    done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=600)
     if done.returncode != 0:  # the package lists may be missing on a fresh machine
         subprocess.run(["apt-get", "update", "-q"], capture_output=True, timeout=600)
-        done = subprocess.run(install, capture_output=True, text=True, env=env, timeout=600)
+        done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=600)
     if done.returncode != 0:
         return f"apt-get could not install {', '.join(PACKAGES)}: {done.stderr.strip()[-300:]}"
     return None
@@ -124,9 +134,10 @@ def slurm_cluster(cpus: int, memory_mb: int = 4096) -> Iterator[Slurm]:
     )
     env = dict(os.environ, SLURM_CONF=str(conf))
     started: list[subprocess.Popen] = []
+    munge_pid = Path("/run/munge/munged.pid")
+    ours = not Path("/run/munge/munge.socket.2").exists()  # a munged already up stays up
     try:
-        munge = Path("/run/munge/munge.socket.2")
-        if not munge.exists():
+        if ours:
             Path("/run/munge").mkdir(parents=True, exist_ok=True)
             subprocess.run(["munged", "--force"], check=True, timeout=60, env=env)
         for daemon in (["slurmctld", "-D", "-i"], ["slurmd", "-D"]):
@@ -164,6 +175,9 @@ def slurm_cluster(cpus: int, memory_mb: int = 4096) -> Iterator[Slurm]:
                 process.wait(30)
             except subprocess.TimeoutExpired:
                 os.killpg(process.pid, signal.SIGKILL)
+        if ours and munge_pid.exists():
+            with contextlib.suppress(ValueError, ProcessLookupError):
+                os.kill(int(munge_pid.read_text().strip()), signal.SIGTERM)
         shutil.rmtree(root, ignore_errors=True)
 
 
