@@ -375,7 +375,8 @@ def deploy_nli(args: argparse.Namespace, alloc: Allocation, cluster: Cluster) ->
         "--ray-address",
         cluster.address,
     ]
-    subprocess.run(serve, check=True, timeout=1800)
+    if subprocess.run(serve, timeout=1800).returncode != 0:
+        raise SystemExit(f"launch: the NLI app {args.nli_app} could not be deployed (above)")
     return replicas if on_gpu else 0
 
 
