@@ -93,6 +93,11 @@ async def test_an_unparseable_swapped_answer_is_counted_apart(qa_run):
         assert len(client.stage_calls("compare")) == 2 + 2 * 3
     assert (found["drawn"], found["answered"], found["unparseable"]) == (4, 2, 2)
     assert (found["flips"], found["flip_rate"]) == (0, 0.0)
+    # the next audit asks just those two again, as a run retries its failed items
+    async with swapped_judge() as client:
+        again = await swap_audit(qa_run, 4, 0, client)
+        assert again["asked_now"] == 2 and len(client.stage_calls("compare")) == 2
+    assert (again["answered"], again["unparseable"], again["flips"]) == (4, 0, 2)
 
 
 def test_the_judge_asked_is_the_one_the_manifest_records(qa_run):

@@ -10,7 +10,8 @@ bootstrap interval with an item's comparisons resampled together.
 
 Each answer is appended to ``RUN/labels/swap-audit.jsonl`` as it arrives, so a killed audit
 asked again with the same K and seed asks only what is missing. An answer that stays
-unparseable after the re-asks is recorded and counted as such, never as agreement or a flip.
+unparseable after the re-asks is recorded and counted as such, never as agreement or a flip,
+and asked again by the next audit.
 """
 
 from __future__ import annotations
@@ -82,7 +83,13 @@ async def swap_audit(run_dir: Path, k: int, seed: int, clients: Any) -> dict[str
         return out
     drawn = draw(candidates, k, seed)
     earlier = done_before(run_dir)
-    todo = [d for d in drawn if (d.item, d.pair.stage, d.pair.key) not in earlier]
+    # asked again: what no earlier audit answered, and what stayed unparseable (as a run
+    # retries its failed items)
+    todo = [
+        d
+        for d in drawn
+        if (earlier.get((d.item, d.pair.stage, d.pair.key)) or {}).get("swapped") is None
+    ]
     answers = await asyncio.gather(*(_ask(run, d, clients) for d in todo))
     for found in answers:  # already appended one by one; here only to read them back below
         earlier[(found["id"], found["stage"], found["key"])] = found
