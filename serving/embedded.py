@@ -67,7 +67,7 @@ def _convert(source: Path, target: Path) -> None:
         source.parent, gguf_file=source.name, dtype=torch.bfloat16
     )
     # A GGUF-loaded model refuses to serialise while it still carries its quantiser.
-    model.hf_quantizer = None  # type: ignore[assignment]
+    model.hf_quantizer = None
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
     model.save_pretrained(staging)
