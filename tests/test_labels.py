@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import threading
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -36,6 +37,19 @@ COVERAGE = {
 }
 
 
+def e2e_run(root, items: list[dict], coverage) -> Path:
+    """A comprehensiveness run (e2e method) of ``items`` judged by ``coverage(prompt)``, in
+    ``root / "run"``."""
+    data = root / "items.jsonl"
+    data.write_text("".join(json.dumps(i) + "\n" for i in items))
+    options = ComprehensivenessOptions(
+        input=data, method="e2e", summarise=False, export_graphs=False
+    )
+    client = ScriptedClient({"coverage": coverage}, check_constraints=False)
+    run(COMPREHENSIVENESS, options, client, root / "run")
+    return root / "run"
+
+
 def judged_run(root):
     """Twelve comprehensiveness items judged by a scripted judge: i00, i03, ... score 1.0,
     i01, i04, ... 0.5, i02, i05, ... 0.0 (run directory ``root / "run"``)."""
@@ -48,19 +62,12 @@ def judged_run(root):
         }
         for k in range(12)
     ]
-    data = root / "items.jsonl"
-    data.write_text("".join(json.dumps(i) + "\n" for i in items))
-    options = ComprehensivenessOptions(
-        input=data, method="e2e", summarise=False, export_graphs=False
-    )
 
     def coverage(prompt):
         k = int(field_of(prompt, "Answer").split()[1].rstrip("."))
         return COVERAGE[k % 3]
 
-    client = ScriptedClient({"coverage": coverage}, check_constraints=False)
-    run(COMPREHENSIVENESS, options, client, root / "run")
-    return root / "run"
+    return e2e_run(root, items, coverage)
 
 
 @pytest.fixture(scope="module")
@@ -340,18 +347,12 @@ def test_the_length_audit_by_hand(tmp_path):
         }
         for k in range(9)
     ]
-    data = tmp_path / "items.jsonl"
-    data.write_text("".join(json.dumps(i) + "\n" for i in items))
-    options = ComprehensivenessOptions(
-        input=data, method="e2e", summarise=False, export_graphs=False
-    )
 
     def coverage(prompt):
         size = len(field_of(prompt, "Answer").split())
         return COVERAGE[2 if size <= 3 else 1 if size <= 6 else 0]
 
-    client = ScriptedClient({"coverage": coverage}, check_constraints=False)
-    run(COMPREHENSIVENESS, options, client, tmp_path / "run")
+    e2e_run(tmp_path, items, coverage)
     # humans say 0.5 for n0, n4, n8: the judge's error -0.5, 0, +0.5 grows with length too
     human = tmp_path / "human.jsonl"
     human.write_text(

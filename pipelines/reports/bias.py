@@ -23,9 +23,8 @@ from typing import Any
 
 import numpy as np
 
+from ..runtime.roles import SYSTEM_ROLES
 from .agreement import Unit, by_item_interval, rank_correlations
-
-SYSTEM_ROLES = ("answer", "generate")
 
 
 def words(text: str | None) -> int | None:

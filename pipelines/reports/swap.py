@@ -67,12 +67,15 @@ def done_before(run_dir: Path) -> dict[tuple[str, str, str], dict[str, Any]]:
     return out
 
 
-async def swap_audit(run_dir: Path, k: int, seed: int, clients: Any) -> dict[str, Any]:
+async def swap_audit(
+    run_dir: Path, k: int, seed: int, clients: Any, run: Any = None
+) -> dict[str, Any]:
     """Ask K recorded comparisons of ``run_dir`` again with the texts swapped (``clients``:
-    one client for every role, or one per role) and measure how often the verdict flips."""
+    one client for every role, or one per role) and measure how often the verdict flips.
+    ``run``: the run's ``RunRows``, where the caller has read them."""
     from .rows import run_rows
 
-    run = run_rows(run_dir)
+    run = run or run_rows(run_dir)
     out: dict[str, Any] = {"run": str(run_dir), "task": run.manifest.task, "seed": seed}
     candidates = swap_candidates(run)
     if not candidates:
