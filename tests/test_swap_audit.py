@@ -123,3 +123,17 @@ def test_a_run_without_comparisons_says_so(tmp_path):
     assert "no recorded judgement of this run compares two texts" in out.output
     bad = CliRunner().invoke(app, ["agreement", str(tmp_path / "run"), "--swap-audit", "0"])
     assert bad.exit_code != 0 and "--swap-audit must be at least 1" in bad.output
+
+
+async def test_a_judge_that_reasons_first_is_read_for_its_answer(qa_run):
+    # shaped like gpt-oss behind vLLM: 400 reasoning tokens before every answer, returned
+    # apart; the swapped comparison's budget leaves room for them and the relation is read
+    # from the answer alone
+    def compare(prompt: str) -> str:
+        return SWAPPED[field_of(prompt, "Answer pair")]
+
+    async with ScriptedClient({"compare": compare}, check_constraints=False, reasons=400) as c:
+        found = await swap_audit(qa_run, 4, 0, c)
+        budgets = [call.body["max_tokens"] for call in c.stage_calls("compare")]
+    assert (found["answered"], found["unparseable"], found["flips"]) == (4, 0, 2)
+    assert min(budgets) > 400
