@@ -85,6 +85,7 @@ if TYPE_CHECKING:
     from .pipelines.runtime.results import (
         ItemResult,
         ItemText,
+        Judgement,
         StageFailed,
         StageFailure,
         Status,
@@ -123,7 +124,7 @@ if TYPE_CHECKING:
     # the evaluator client a stage asks through, and prompt templates
     from .serving.client import EvalClient, LabelScore, Parsed, Tool
     from .serving.parsing import ParseError, bullet_list, bullets, extract_json
-    from .serving.templates import PromptTemplate, load_dir
+    from .serving.templates import PromptTemplate, load_dir, load_variants
 
 __all__ = [
     "MANIFEST",
@@ -149,6 +150,7 @@ __all__ = [
     "ItemContext",
     "ItemResult",
     "ItemText",
+    "Judgement",
     "LabelScore",
     "ModelGrid",
     "ModelName",
@@ -184,6 +186,7 @@ __all__ = [
     "flags",
     "iter_jsonl",
     "load_dir",
+    "load_variants",
     "model_name",
     "not_scored",
     "paired_test",

@@ -25,7 +25,10 @@ The cache is derived data, so it fails safe:
 
 A file written before keys carried revisions still answers: a row from before (``legacy``) is
 served for a model whose revision is the one first seen with it (``bindings``); a model whose
-revision changed since is asked again.
+revision changed since is asked again. The same holds for rows keyed before an endpoint that
+nothing identifies was known by its URL (schema 3): such a row (keyed with no revision, or with
+the revision the endpoint's listing alone gave) is served to the first endpoint that asks for
+it, and only to that one, so two servers sharing one model name never share answers.
 """
 
 from __future__ import annotations
@@ -50,7 +53,9 @@ import orjson
 
 from .content import on_network_filesystem
 
-SCHEMA = "2"  # keys carry revisions; rows carry their model and revision
+# 2: keys carry revisions; rows carry their model and revision. 3: an endpoint nothing
+# identifies is keyed by its URL too (rows keyed before that are legacy, bound on first use)
+SCHEMA = "3"
 RESCAN_SECONDS = 30.0  # how often a miss looks for other hosts' new files
 
 
@@ -108,6 +113,9 @@ class ResponseCache:
         # other hosts' files, read-only (None: left out), and whether their rows carry revisions
         self._others: dict[Path, sqlite3.Connection | None] = {}
         self._revisioned: dict[Path, bool] = {}
+        # per other file: rows keyed without a revision count as legacy when created before this
+        # (None: all of them, the file was last written before schema 3)
+        self._marks: dict[Path, float | None] = {}
         self._scanned = 0.0
         self._scan_others()
         self._pending: dict[str, dict[str, Any]] = {}  # put, not yet committed
@@ -177,13 +185,18 @@ class ResponseCache:
         print(f"note: {text}", file=sys.stderr)
 
     def _legacy_mark(self, db: sqlite3.Connection) -> float | None:
-        """Rows created before this time were keyed without revisions (None: none were)."""
+        """Rows created before this time and keyed without a revision were keyed by the rules
+        before this schema (None: none were). Moving to this schema sets the mark to now when
+        the file holds such rows."""
         with self._lock:
-            row = db.execute("SELECT value FROM meta WHERE name='legacy_before'").fetchone()
-            if row is not None:
-                return float(row[0]) if row[0] else None
-            had = db.execute("SELECT 1 FROM responses LIMIT 1").fetchone() is not None
-            mark = time.time() if had else None
+            found = dict(db.execute("SELECT name, value FROM meta").fetchall())
+            stored = found.get("legacy_before")
+            mark = float(stored) if stored else None
+            if found.get("schema") == SCHEMA:
+                return mark
+            unkeyed = "SELECT 1 FROM responses WHERE revision IS NULL LIMIT 1"
+            if db.execute(unkeyed).fetchone() is not None:
+                mark = time.time()
             db.execute(
                 "INSERT OR REPLACE INTO meta VALUES ('legacy_before', ?), ('schema', ?)",
                 ("" if mark is None else repr(mark), SCHEMA),
@@ -201,6 +214,7 @@ class ResponseCache:
                 db = sqlite3.connect(f"file:{path}?mode=ro", uri=True, check_same_thread=False)
                 db.execute("SELECT 1 FROM responses LIMIT 1").fetchall()
                 self._revisioned[path] = _has_revision(db)
+                self._marks[path] = _mark_of(db)
                 self._others[path] = db
             except sqlite3.DatabaseError as exc:
                 self._others[path] = None
@@ -251,11 +265,16 @@ class ResponseCache:
                     return row[0]
         return None
 
-    def legacy(self, key: str, name: str, revision: str) -> dict[str, Any] | None:
-        """A row keyed without revisions (written before they were), served only while
-        ``name`` (base and model) has the revision first seen with such rows here."""
-        if self.legacy_before is None and not self._others:
+    def legacy(
+        self, key: str, name: str, revision: str, keyed_with: str | None = None
+    ) -> dict[str, Any] | None:
+        """A row keyed by the rules before (``key``: with no revision, or with ``keyed_with``,
+        the revision those rules gave), served only while ``name`` (base and model, and the
+        revision before) has the revision first seen with such rows here."""
+        if keyed_with is None and self.legacy_before is None and not self._others:
             return None
+        if keyed_with is not None:
+            name = f"{name}\0{keyed_with}"
         with self._lock:
             try:
                 bound = self._reader.execute(
@@ -263,7 +282,7 @@ class ResponseCache:
                 ).fetchone()
                 if bound is not None and bound[0] != revision:
                     return None
-                raw = self._legacy_row(key)
+                raw = self._legacy_row(key) if keyed_with is None else self._keyed_row(key)
                 if raw is not None and bound is None:
                     self._reader.execute(
                         "INSERT OR IGNORE INTO bindings VALUES (?, ?, ?)",
@@ -277,6 +296,20 @@ class ResponseCache:
                 return None
         return _decoded(raw)
 
+    def _keyed_row(self, key: str) -> str | None:
+        """A row under ``key`` in any file of the family (a held lock)."""
+        row = self._reader.execute("SELECT response FROM responses WHERE key=?", (key,)).fetchone()
+        if row:
+            return row[0]
+        for db in self._others.values():
+            if db is None:
+                continue
+            with contextlib.suppress(sqlite3.DatabaseError):
+                row = db.execute("SELECT response FROM responses WHERE key=?", (key,)).fetchone()
+                if row:
+                    return row[0]
+        return None
+
     def _legacy_row(self, key: str) -> str | None:
         if self.legacy_before is not None:
             row = self._reader.execute(
@@ -288,12 +321,16 @@ class ResponseCache:
         for path, db in self._others.items():  # other files' rows without a revision
             if db is None:
                 continue
+            query = "SELECT response FROM responses WHERE key=?"
+            args: list[Any] = [key]
+            mark = self._marks.get(path)
+            if self._revisioned[path]:
+                query += " AND revision IS NULL"
+                if mark is not None:
+                    query += " AND created < ?"
+                    args.append(mark)
             with contextlib.suppress(sqlite3.DatabaseError):
-                row = db.execute(
-                    "SELECT response FROM responses WHERE key=?"
-                    + (" AND revision IS NULL" if self._revisioned[path] else ""),
-                    (key,),
-                ).fetchone()
+                row = db.execute(query, args).fetchone()
                 if row:
                     return row[0]
         return None
@@ -453,6 +490,18 @@ def _journal(db: sqlite3.Connection, mode: str, patience: float = 60.0) -> None:
             if "locked" not in str(exc) or time.monotonic() > deadline:
                 raise
             time.sleep(0.02 + 0.05 * random.random())
+
+
+def _mark_of(db: sqlite3.Connection) -> float | None:
+    """Another host's file: before when its rows keyed without a revision are legacy (None:
+    all of them, as the file was last written under an older schema)."""
+    try:
+        found = dict(db.execute("SELECT name, value FROM meta").fetchall())
+    except sqlite3.DatabaseError:
+        return None
+    if found.get("schema") != SCHEMA:
+        return None
+    return float(found["legacy_before"]) if found.get("legacy_before") else 0.0
 
 
 def _has_revision(db: sqlite3.Connection) -> bool:

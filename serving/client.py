@@ -308,12 +308,21 @@ class EvalClient:
         reasoning: Reasoning | None = None,
         reasoning_parser: bool | None = None,
         revisions: dict[str, str] | None = None,
+        keyed_before: dict[str, str | None] | None = None,
+        sample: int | str | None = None,
     ):
         self.base_url = base_url
         # request name (base model, adapter) -> what it is by content (a digest, a hub commit,
         # what the endpoint reports): part of every cache key, so a retrained adapter or a
         # replaced model is never answered from the cache of the old one
         self.revisions = dict(revisions or {})
+        # request name -> the revision its cache keys carried before an endpoint that nothing
+        # identifies was known by its URL too (None: no revision): rows keyed so still answer,
+        # bound to the first endpoint that asks (``ResponseCache.legacy``)
+        self.keyed_before = dict(keyed_before or {})
+        # one sample of a self-consistency panel (the member's index) or of an audit's rerun:
+        # part of every cache key, so each sample is kept apart (None: the plain request)
+        self.sample = sample
         self.gone = gone  # says why the server cannot come back (a lost Ray cluster): no retry
         # () -> [{"node", "pid", "requests"}] of the replicas behind the URL (a Ray Serve app
         # the run started), for the run to report how its requests spread
@@ -449,20 +458,22 @@ class EvalClient:
         raw, key = None, ""
         revision = self._revision(model)
         if self.cache is not None:  # the key (canonical JSON, SHA-256) only where it is used
-            payload = {
+            payload: dict[str, Any] = {
                 "base": self.model,
                 "model": model,
                 "messages": messages,
                 "params": body,
                 "template": template,
             }
+            if self.sample is not None:
+                payload["sample"] = self.sample
             # without revisions (a client built by hand) the key is the one it always was
             key = cache_key(payload | {"revision": revision} if revision else payload)
             # a point read on the cache's own connection; the put below only queues the row for
             # the cache's writer thread: no request waits for SQLite or a thread hop
             raw = self.cache.get(key)
-            if raw is None and revision:  # a row from before keys carried revisions
-                raw = self.cache.legacy(cache_key(payload), f"{self.model}\0{model}", revision)
+            if raw is None and revision:  # a row keyed by the rules before
+                raw = self._legacy(payload, model, revision)
                 if raw is not None:
                     self.cache.put(key, raw, model, revision)
         cached = raw is not None
@@ -490,6 +501,35 @@ class EvalClient:
             item.completion_tokens += result.completion_tokens
             item.reasoning_tokens += result.reasoning_tokens
         return result
+
+    def _legacy(self, payload: dict[str, Any], model: str, revision: str) -> dict[str, Any] | None:
+        """The answer a row keyed by the rules before holds: keyed without revisions, or with
+        the revision the endpoint's listing alone gave before its URL counted."""
+        assert self.cache is not None
+        name = f"{self.model}\0{model}"
+        before = self._revision_before(model)
+        if before is None:
+            return self.cache.legacy(cache_key(payload), name, revision)
+        return self.cache.legacy(
+            cache_key(payload | {"revision": before}), name, revision, keyed_with=before
+        )
+
+    def _revision_before(self, model: str) -> str | None:
+        """The revision ``model``'s keys carried before its URL counted (None: none, or no
+        change)."""
+        if model not in self.keyed_before and self.model not in self.keyed_before:
+            return None
+
+        def old(name: str) -> str | None:
+            if name in self.keyed_before:
+                return self.keyed_before[name]
+            return self.revisions.get(name)
+
+        mine = old(model)
+        if model == self.model:
+            return mine
+        base = old(self.model)
+        return None if mine is None and base is None else f"{base}+{mine}"
 
     def _revision(self, model: str) -> str | None:
         """What ``model`` (a request name) is by content, with its base model when it is an

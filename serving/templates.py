@@ -2,7 +2,9 @@
 
 A template has ``name``, ``version``, optional ``system`` and a ``user`` Jinja body. Its id,
 ``name@vN#hash``, goes into cache keys and run manifests, so editing a prompt (even without bumping
-its version) never serves a stale cached answer.
+its version) never serves a stale cached answer. A paraphrase of a judging prompt (the same
+values, output format and scale in other words) names its ``variant`` and lives under the
+prompts' ``variants/`` folder (``load_variants``); its id is ``name~variant@vN#hash``.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ class PromptTemplate(BaseModel):
     version: int
     user: str
     system: str | None = None
+    variant: str | None = None  # a paraphrase's label (None: the prompt a run asks)
     path: str | None = None
 
     @classmethod
@@ -44,7 +47,8 @@ class PromptTemplate(BaseModel):
 
     @property
     def id(self) -> str:
-        return f"{self.name}@v{self.version}#{self.digest}"
+        name = f"{self.name}~{self.variant}" if self.variant else self.name
+        return f"{name}@v{self.version}#{self.digest}"
 
     def messages(self, **values) -> list[dict[str, str]]:
         out = []
@@ -64,6 +68,16 @@ class PromptTemplate(BaseModel):
 def load_dir(folder: Path | str) -> dict[str, PromptTemplate]:
     """All templates in a folder, by name."""
     return {t.name: t for t in map(PromptTemplate.load, sorted(Path(folder).glob("*.yaml")))}
+
+
+def load_variants(folder: Path | str) -> dict[str, tuple[PromptTemplate, ...]]:
+    """The paraphrases under ``folder/variants``, by the name of the prompt each rewords."""
+    found: dict[str, list[PromptTemplate]] = {}
+    for template in map(PromptTemplate.load, sorted((Path(folder) / "variants").glob("*.yaml"))):
+        if not template.variant:
+            raise ValueError(f"{template.path}: a paraphrase names its variant")
+        found.setdefault(template.name, []).append(template)
+    return {name: tuple(found[name]) for name in sorted(found)}
 
 
 REASK = PromptTemplate.load(Path(__file__).parent / "prompts" / "reask.yaml")

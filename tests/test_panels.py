@@ -10,7 +10,7 @@ import pytest
 
 from groundcover.pipelines.fanoutqa.framework import FANOUTQA, FanoutOptions
 from groundcover.pipelines.runtime.config import EvaluatorConfig, RunConfig, UserError
-from groundcover.pipelines.runtime.panels import Average, Vote, split_member
+from groundcover.pipelines.runtime.panels import Average, Vote, asked_digest, split_member
 from groundcover.pipelines.runtime.protocol import RunRequest, request_model
 from groundcover.pipelines.runtime.roles import RoleSpec, parse_role_options
 from groundcover.pipelines.runtime.runner import execute
@@ -106,9 +106,25 @@ def test_three_judges_a_majority_and_a_tie_each_member_accounted(tmp_path):
     # f1: B, B, A -> B by majority (passes); f2: C, D, E -> no majority: the declared D (fails)
     assert details["f1"]["judge"]["category"] == "B" and details["f1"]["judge"]["score"] == 1
     assert details["f2"]["judge"]["category"] == "D" and details["f2"]["judge"]["score"] == 0
-    assert details["f1"]["panel"] == [{"stage": "judge", "members": ["B", "B", "A"], "value": "B"}]
+    # each entry keeps a digest of the values its prompt was rendered with (the audits find
+    # each member's own answer to a judgement by it)
+    asked = {
+        q["id"]: asked_digest(
+            {"question": q["question"], "reference": json.dumps(q["answer"]), "answer": answer}
+        )
+        for q, answer in zip(FANOUT, ANSWERS.values(), strict=True)
+    }
+    assert details["f1"]["panel"] == [
+        {"stage": "judge", "members": ["B", "B", "A"], "value": "B", "asked": asked["f1"]}
+    ]
     assert details["f2"]["panel"] == [
-        {"stage": "judge", "members": ["C", "D", "E"], "value": "D", "tie": True}
+        {
+            "stage": "judge",
+            "members": ["C", "D", "E"],
+            "value": "D",
+            "tie": True,
+            "asked": asked["f2"],
+        }
     ]
     assert outcome.tables["gpt_judge"] == pytest.approx(1 / 3)
     # each member asked once per answered question, accounted under its own stage and role
@@ -165,8 +181,9 @@ def test_a_panel_of_one_is_the_role_byte_for_byte(tmp_path):
 
 
 def test_the_same_model_twice_in_a_panel_is_refused(tmp_path):
-    with pytest.raises(UserError, match="a panel's members must differ"):
+    with pytest.raises(UserError, match="judge#2: the same model as judge .* temperature 0"):
         panel_run(tmp_path, ["j1", "j1"])
+    assert not (tmp_path / "run").exists()  # refused before anything is written
 
 
 async def test_a_comprehensiveness_panel_votes_nli_labels_and_averages_relevance(tmp_path):

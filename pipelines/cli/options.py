@@ -107,7 +107,7 @@ class Shared:
     def overrides(self) -> dict[str, Any]:
         """Dotted config keys; None means 'not given' (the YAML file or the default stands)."""
         from ..runtime.config import SHARED_OPTIONS
-        from ..runtime.roles import parse_role_options
+        from ..runtime.roles import parse_role_options, with_revisions
 
         out: dict[str, Any] = {}
         for option in SHARED_OPTIONS:
@@ -116,6 +116,8 @@ class Shared:
                 continue  # how this invocation runs: read by the command itself
             if option.field == "roles":
                 out |= {f"roles.{r}": s for r, s in parse_role_options(value).items()}
+            elif option.field == "roles.revision":
+                out = with_revisions(out, value)
             elif option.field == "evaluator.adapters":
                 out[option.field] = parse_loras(value) or None
             elif value is False:

@@ -62,8 +62,9 @@ def report(
     rebuild(run_dir, as_json, terminal(), priced)
     if html is not None:
         from ..reports.report_html import write_html
+        from ..runtime.runstore import run_directories
 
-        written = write_html(run_dir, html, prices=priced)
+        written = write_html(run_directories(run_dir), html, prices=priced)
         Console(stderr=True).print(f"html: {written}", highlight=False, soft_wrap=True)
     if export is not None and kind is not None:
         from ..reports.export import export_runs
@@ -104,7 +105,9 @@ def agreement(
         str,
         typer.Option(help="with --sample: random | stratified | balanced (by the judge's verdict)"),
     ] = "stratified",
-    seed: Annotated[int, typer.Option(help="with --sample or --swap-audit: the draw's seed")] = 0,
+    seed: Annotated[
+        int, typer.Option(help="with --sample or an audit that asks again: the draw's seed")
+    ] = 0,
     bias: Annotated[
         bool,
         typer.Option(
@@ -120,26 +123,57 @@ def agreement(
             "with the texts swapped and report the flip rate (only that is done)",
         ),
     ] = None,
+    rerun: Annotated[
+        int | None,
+        typer.Option(
+            help="self-consistency: ask K recorded judgements again of the same judge at its "
+            "recorded sampling (the cache bypassed for them) and report the flip rate (only "
+            "that is done)",
+        ),
+    ] = None,
+    paraphrase: Annotated[
+        int | None,
+        typer.Option(
+            help="rubric wording: ask K recorded judgements with each paraphrase the framework "
+            "declares for their prompt and report the flips per paraphrase (only that is done)",
+        ),
+    ] = None,
     model: Annotated[
         str | None,
-        typer.Option(help="with --swap-audit: the judge to ask (default: the run's, recorded)"),
+        typer.Option(
+            help="with --swap-audit, --rerun or --paraphrase: the judge to ask (default: the "
+            "run's, recorded)"
+        ),
     ] = None,
     endpoint: Annotated[
         str | None,
-        typer.Option(help="with --swap-audit: where that judge is served (default: recorded)"),
+        typer.Option(
+            help="with --swap-audit, --rerun or --paraphrase: where that judge is served "
+            "(default: recorded)"
+        ),
     ] = None,
 ) -> None:
     """How far to trust the judges: agreement within a judge panel (Cohen's kappa,
     Krippendorff's alpha, Kendall / Spearman, bootstrap intervals over items), between runs
-    judged by different models, with human labels (--human), and the mean score corrected by
-    them (prediction-powered inference). Reads run directories only."""
+    judged by different models, with human labels (--human: also the members' error
+    correlation and the effective number of independent judges), and the mean score corrected
+    by them (prediction-powered inference). Reads run directories only, except the audits that
+    ask the judge again (--swap-audit, --rerun, --paraphrase)."""
     if sample is not None:
         from ..reports.labels import draw_for_runs
 
         draw_for_runs(run_dir, sample, strategy, seed, terminal())
         return
+    audits = {"--swap-audit": swap_audit, "--rerun": rerun, "--paraphrase": paraphrase}
+    asked = [name for name, k in audits.items() if k is not None]
+    if len(asked) > 1:
+        raise UserError(f"{' and '.join(asked)}: one audit at a time")
     if swap_audit is not None:
         audit_swaps(run_dir, swap_audit, seed, model, endpoint, as_json)
+        return
+    if rerun is not None or paraphrase is not None:
+        kind = "rerun" if rerun is not None else "paraphrase"
+        audit_reasks(run_dir, kind, rerun or paraphrase or 0, seed, model, endpoint, as_json)
         return
     from ..reports.agreement import agreement as measure
     from ..reports.agreement import render
@@ -178,6 +212,28 @@ def audit_swaps(
         render_swap(found, terminal())
     unparseable = sum(run.get("unparseable", 0) for run in found)
     if unparseable:  # counted apart above; the command still says something is missing
+        raise typer.Exit(1)
+
+
+def audit_reasks(
+    run_dir: list[Path],
+    kind: str,
+    k: int,
+    seed: int,
+    model: str | None,
+    endpoint: str | None,
+    as_json: bool,
+) -> None:
+    from ..reports.reask import audit_runs, render_reask
+
+    if k < 1:
+        raise UserError(f"--{kind} must be at least 1, got {k}")
+    found = audit_runs(run_dir, kind, k, seed, model, endpoint)  # type: ignore[arg-type]
+    if as_json:
+        print(json.dumps({kind: found}, default=str))
+    else:
+        render_reask(found, kind, terminal())  # type: ignore[arg-type]
+    if sum(run.get("unparseable", 0) for run in found):  # counted apart; still missing
         raise typer.Exit(1)
 
 

@@ -9,7 +9,9 @@ metrics with ``metrics`` against P** from the ratings file. The item's score is 
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
@@ -27,15 +29,20 @@ from groundcover import (
     InputFile,
     ItemContext,
     ItemResult,
+    Judgement,
     ModelName,
+    PromptTemplate,
+    StageFailed,
     Strict,
     load_dir,
+    load_variants,
     not_scored,
 )
 
 from . import data, metrics
 
 PROMPTS = load_dir(Path(__file__).parent / "prompts")
+VARIANTS = load_variants(Path(__file__).parent / "prompts")  # paraphrases (agreement)
 
 
 class CruxOptions(FrameworkOptions, GivenAnswers):
@@ -77,18 +84,47 @@ class Resources:
         self.tokens = metrics.token_counter(options.tokenizer)
 
 
-async def rate(ctx: ItemContext, question: str, text: str, stage: str = "rate") -> tuple[int, str]:
+@dataclass
+class Texts:
+    """The sub-questions and passage texts a run's ratings were asked with."""
+
+    topics: dict[str, Any]
+    passages: dict[str, dict[str, str]]
+
+
+@functools.lru_cache(maxsize=4)
+def _read_texts(topics: str, passages: str) -> Texts:
+    found = data.load_topics(Path(topics))
+    return Texts(found, data.load_passages(Path(passages), found))
+
+
+def _texts(options: CruxOptions) -> Texts:
+    """Read once per run's files (an audit asks for them record by record)."""
+    return _read_texts(str(options.topics), str(options.passages))
+
+
+# the paper's rater: greedy, a few tokens (a panel of one model sampled apart cannot differ here)
+RATE_SAMPLING: dict[str, Any] = {"temperature": 0.0, "max_tokens": 8}
+
+
+async def rate(
+    ctx: ItemContext,
+    question: str,
+    text: str,
+    stage: str = "rate",
+    template: PromptTemplate | None = None,
+) -> tuple[int, str]:
     """The judge at temperature 0 with a few output tokens; the first digit is the rating. An
     answer without one (or with 6-9 on the 0-5 scale) is re-asked; still none -> -1, counted 0
-    as the authors count it, and counted in ``details["unreadable"]`` (never silently)."""
+    as the authors count it, and counted in ``details["unreadable"]`` (never silently).
+    ``template``: a paraphrase of the rating prompt (``agreement --paraphrase``)."""
     parsed = await ctx.attempt(
-        PROMPTS["rate"],
+        template or PROMPTS["rate"],
         stage,
         metrics.read_rating,
         "a rating from 0 to 5",
         {"question": question, "text": text},
-        temperature=0.0,
-        max_tokens=8,
+        **RATE_SAMPLING,
     )
     if not parsed.ok:
         ctx.details["unreadable"] = ctx.details.get("unreadable", 0) + 1
@@ -110,6 +146,8 @@ class Crux(Framework[CruxOptions, TopicItem]):
         "rate": Average("median", level="ordinal"),
         "rate_answer": Average("median", level="ordinal"),
     }
+    stage_sampling = {"rate": RATE_SAMPLING, "rate_answer": RATE_SAMPLING}
+    prompt_variants = {"rate": VARIANTS["rate"], "rate_answer": VARIANTS["rate"]}
     # the results to rate, per topic; a topic the topics file lacks is refused
     answer_file = AnswerFile(id_field="topic", unknown="error", missing="no Cov(y)")
 
@@ -144,6 +182,43 @@ class Crux(Framework[CruxOptions, TopicItem]):
 
     def setup(self, request, root: Path) -> Resources:
         return Resources(request.options)
+
+    def judgements(
+        self, item: TopicItem, record: ItemResult, options: CruxOptions
+    ) -> list[Judgement]:
+        """The ratings the run's rater gave: of passages (``rate``) and of the answer
+        (``rate_answer``), each with its sub-question and text (none that stayed unreadable)."""
+        texts = _texts(options)
+        questions = texts.topics[item.id].questions
+        passages = texts.passages.get(item.id) or {}
+        found = []
+        for rated in record.details.get("rated") or []:
+            pid, q, rating = rated["passage_id"], rated["question"], rated["rating"]
+            if rating >= 0 and pid in passages:
+                values = {"question": questions[q], "text": passages[pid]}
+                found.append(Judgement("rate", f"{pid}|{q}", rating, values))
+        answer = record.details.get("answer")
+        for q, rating in enumerate(record.details.get("answer_ratings") or []):
+            if rating >= 0 and isinstance(answer, str):
+                values = {"question": questions[q], "text": answer}
+                found.append(Judgement("rate_answer", f"y|{q}", rating, values))
+        return found
+
+    async def ask_judgement(
+        self, ctx: ItemContext, judgement: Judgement, template: PromptTemplate | None = None
+    ) -> float:
+        values = judgement.values
+        parsed = await ctx.attempt(
+            template or PROMPTS["rate"],
+            judgement.stage,
+            metrics.read_rating,
+            "a rating from 0 to 5",
+            values,
+            **RATE_SAMPLING,
+        )
+        if not parsed.ok:
+            raise StageFailed(judgement.stage, parsed)
+        return parsed.value
 
     async def solve(self, item: TopicItem, ctx: ItemContext) -> ItemResult:
         options: CruxOptions = ctx.options

@@ -36,7 +36,9 @@ from groundcover import (
     ItemContext,
     ItemResult,
     ItemText,
+    Judgement,
     ParseError,
+    PromptTemplate,
     RunOutcome,
     RunPlan,
     RunRequest,
@@ -47,6 +49,7 @@ from groundcover import (
     describe_validation,
     iter_jsonl,
     load_dir,
+    load_variants,
     not_scored,
     read_text,
 )
@@ -60,6 +63,7 @@ from .metrics import (
 )
 
 PROMPTS = load_dir(Path(__file__).parent / "prompts")
+VARIANTS = load_variants(Path(__file__).parent / "prompts")  # paraphrases (agreement)
 Setting = Literal["closed-book", "evidence", "open-book"]
 CHARS_PER_TOKEN = 4  # budget estimate when the endpoint's tokenizer is not at hand
 JUDGE_PASS = set("BCE")  # SPEC §4: categories B, C and E score 1
@@ -263,6 +267,7 @@ class FanOutQA(Framework[FanoutOptions, Question]):
     stage_roles = {"answer-*": "answer", "judge": "judge"}
     # a judge panel: the case letter by strict majority; a tie is case D (they disagree: 0)
     panel_rules = {"judge": Vote(tie="D", labels=tuple("ABCDEF"))}
+    prompt_variants = {"judge": VARIANTS["judge"]}
     # the official submission format; a question without an answer scores 0 everywhere, as the
     # official scorer counts it, and an answer for no question of ours is not scored
     answer_file = AnswerFile(layout="json-list", missing="0 in every column")
@@ -285,6 +290,21 @@ class FanOutQA(Framework[FanoutOptions, Question]):
         it: a string, a list or a mapping, written as JSON unless a string)."""
         reference = item.answer if isinstance(item.answer, str) else json.dumps(item.answer)
         return ItemText(item.question, record.details.get("generation"), reference)
+
+    def judgements(
+        self, item: Question, record: ItemResult, options: FanoutOptions
+    ) -> list[Judgement]:
+        """The A-F judge's verdict on the generation (none where it stayed unreadable)."""
+        verdict = (record.details.get("judge") or {}).get("category")
+        generation = record.details.get("generation")
+        if verdict is None or not generation:
+            return []
+        return [Judgement("judge", "0", verdict, judge_values(item, generation))]
+
+    async def ask_judgement(
+        self, ctx: ItemContext, judgement: Judgement, template: PromptTemplate | None = None
+    ) -> str:
+        return await ask_judge(ctx, judgement.values, template)
 
     def item_metrics(self, record: ItemResult) -> dict[str, float | None]:
         """Loose and strict accuracy, ROUGE-1/2/L F1, BLEURT and the judge's score where the
@@ -472,26 +492,40 @@ def judge_letter(text: str) -> str:
     return lines[-1].upper()
 
 
-async def judge_answer(ctx: ItemContext, question: Question, generation: str) -> dict:
-    """The A-F judge; an unreadable verdict is recorded (the string metrics still stand)."""
-    values = {
+def judge_values(question: Question, generation: str) -> dict[str, str]:
+    """What the A-F judge's prompt is rendered with (the original trims answers at 4,000
+    characters)."""
+    return {
         "question": question.question,
         "reference": json.dumps(question.answer),
         "answer": generation[:4000],
-    }  # the original trims answers at 4,000 chars
+    }
+
+
+async def ask_judge(
+    ctx: ItemContext, values: dict[str, str], template: PromptTemplate | None = None
+) -> str:
+    """The case letter A-F (``template``: a paraphrase of the judge's prompt);
+    ``StageFailed`` when it stays unreadable."""
+    verdict = await ctx.ask(
+        template or PROMPTS["judge"],
+        "judge",
+        judge_letter,
+        "your reasoning, then the letter A-F alone on the last line",
+        values,
+        regex=r"[^\[\]]{0,1500}\n[A-F]",
+        max_tokens=768,  # reasoning, then the letter
+    )
+    return str(verdict.value)
+
+
+async def judge_answer(ctx: ItemContext, question: Question, generation: str) -> dict:
+    """The A-F judge; an unreadable verdict is recorded (the string metrics still stand)."""
     try:
-        verdict = await ctx.ask(
-            PROMPTS["judge"],
-            "judge",
-            judge_letter,
-            "your reasoning, then the letter A-F alone on the last line",
-            values,
-            regex=r"[^\[\]]{0,1500}\n[A-F]",
-            max_tokens=768,  # reasoning, then the letter
-        )
+        category = await ask_judge(ctx, judge_values(question, generation))
     except StageFailed as failure:
         return {"status": "unparseable", "failure": failure.failure().model_dump()}
-    return {"category": verdict.value, "score": int(verdict.value in JUDGE_PASS)}
+    return {"category": category, "score": int(category in JUDGE_PASS)}
 
 
 def table_row(results: list[ItemResult]) -> dict[str, Any]:

@@ -364,6 +364,84 @@ def against_humans(
     return out
 
 
+def judge_errors(
+    units: Sequence[Unit],
+    members: Sequence[str],
+    human: dict[tuple[str, str, int], Any],
+    rule: PanelRule | None,
+) -> dict[str, Any] | None:
+    """How the panel members' errors against the human labels go together. A member's error
+    on a unit is 1 when its label differs from the human's, else 0 (nominal labels), or its
+    value minus the human's (ordered labels by rank, scores). Per pair of members: the Pearson
+    correlation of their errors over the units both answered (and, for labels, how often both
+    were wrong against how often that would happen were their errors independent). The
+    effective number of independent judges is ``n / (1 + (n - 1) * r)``, with ``r`` the mean
+    pairwise error correlation: the panel's mean error varies as that many judges with
+    uncorrelated errors would (Kish's design effect); ``n`` when errors are uncorrelated, 1
+    when they are perfectly correlated. With a 95% interval, items resampled."""
+    labelled = [u for u in units if (u.item, u.stage, u.key) in human]
+    if len(members) < 2 or not labelled:
+        return None
+    values = [v for u in labelled for v in u.values] + [
+        human[(u.item, u.stage, u.key)] for u in labelled
+    ]
+    code = coder(rule, values)
+    nominal = level_of(rule, values) == "nominal"
+
+    def error(unit: Unit, k: int) -> float | None:
+        given, truth = unit.values[k], human[(unit.item, unit.stage, unit.key)]
+        if given is None or truth is None:
+            return None
+        if nominal:
+            return float(str(given) != str(truth))
+        a, b = code(given), code(truth)
+        return None if a is None or b is None else a - b
+
+    errs = [
+        Unit(u.item, u.stage, u.key, [error(u, k) for k in range(len(members))]) for u in labelled
+    ]
+    pairs = [(i, j) for i in range(len(members)) for j in range(i + 1, len(members))]
+
+    def correlation(us: Sequence[Unit], i: int, j: int) -> float | None:
+        both = [(u.values[i], u.values[j]) for u in us if None not in (u.values[i], u.values[j])]
+        if len(both) < 2:
+            return None
+        x, y = (np.array(side, dtype=float) for side in zip(*both, strict=True))
+        if x.std() == 0 or y.std() == 0:  # a member that never errs (or always): undefined
+            return None
+        return float(np.corrcoef(x, y)[0, 1])
+
+    def effective(us: Sequence[Unit]) -> float | None:
+        found = [r for r in (correlation(us, i, j) for i, j in pairs) if r is not None]
+        if not found:
+            return None
+        spread = 1 + (len(members) - 1) * float(np.mean(found))
+        return len(members) / spread if spread > 0 else None
+
+    table = []
+    for i, j in pairs:
+        entry: dict[str, Any] = {"a": members[i], "b": members[j]}
+        entry["error_correlation"] = correlation(errs, i, j)
+        if nominal:
+            both = [u for u in errs if None not in (u.values[i], u.values[j])]
+            if both:
+                wrong_i = sum(u.values[i] for u in both) / len(both)
+                wrong_j = sum(u.values[j] for u in both) / len(both)
+                entry["both_wrong"] = sum(u.values[i] * u.values[j] for u in both) / len(both)
+                entry["both_wrong_if_independent"] = wrong_i * wrong_j
+        table.append(entry)
+    found = [e["error_correlation"] for e in table if e["error_correlation"] is not None]
+    return {
+        "units": len(labelled),
+        "judges": len(members),
+        "error": "disagreement with the human label" if nominal else "value minus human's",
+        "pairwise": table,
+        "mean_error_correlation": float(np.mean(found)) if found else None,
+        "effective_judges": effective(errs),
+        "effective_judges_ci": by_item_interval(errs, effective),
+    }
+
+
 def score_estimates(
     records: Sequence[ItemResult],
     human: dict[tuple[str, str, int], Any],
@@ -440,6 +518,9 @@ def run_agreement(run_dir: Path, human: dict | None, sample: int | None = None) 
         versus = against_humans(units, names, people, rule) if people else None
         if versus:
             entry["human"] = versus
+            errors = judge_errors(units, names, people, rule)
+            if errors:
+                entry["errors"] = errors
         out["stages"][stage] = entry
     given = {r.id: fw.human_labels(r, options) for r in records}  # read once, used twice
     shipped = dataset_labels(given)
@@ -461,6 +542,11 @@ def run_agreement(run_dir: Path, human: dict | None, sample: int | None = None) 
     labels = scored | made | labels
     if labels:
         out["score"] = score_estimates(records, labels, read_queue(run_dir))
+    from .reask import recorded_audits
+
+    audits = recorded_audits(run_dir)  # the audits that asked the judge again, read back
+    if audits:
+        out["audits"] = audits
     return out
 
 
@@ -532,10 +618,14 @@ def render(report: dict[str, Any], out: Any) -> None:
             _agreement_table(f"stage {stage}", stats, out)
             for name, versus in ((stats.get("human") or {}).get("judges") or {}).items():
                 _versus_humans(name, versus, out)
+            if stats.get("errors"):
+                _errors(stats["errors"], out)
         for stage, versus in (run.get("dataset_labels") or {}).items():
             _versus_humans(f"stage {stage}: the run", versus, out)
         if run.get("score"):
             _estimates(run["score"], out)
+        for kind, found in (run.get("audits") or {}).items():
+            _audit_line(kind, found, out)
         if run.get("dataset_score_mean"):
             mean, low, high = run["dataset_score_mean"]
             out.print(f"  every annotator label, for reference: {mean:.4f} ({low:.4f}-{high:.4f})")
@@ -571,6 +661,49 @@ def _versus_humans(name: str, versus: dict[str, Any], out: Any) -> None:
     )
     for truth, row in (versus.get("confusion") or {}).items():
         out.print(f"    human {truth}: judge {row}")
+
+
+AUDITS = {
+    "swap": "order (texts swapped, --swap-audit)",
+    "rerun": "self-consistency (asked again, --rerun)",
+    "paraphrase": "rubric wording (paraphrases, --paraphrase)",
+}
+
+
+def _audit_line(kind: str, found: dict[str, Any], out: Any) -> None:
+    rate = _num(found["flip_rate"], found["flip_rate_ci"])
+    out.print(
+        f"  audit of {AUDITS[kind]}: {found['flips']} of {found['answered']} flip, {rate}"
+        + (f"; {found['unparseable']} unparseable" if found["unparseable"] else ""),
+        highlight=False,
+    )
+    for name, part in (found.get("by_member") or found.get("by_variant") or {}).items():
+        out.print(
+            f"    {name}: {part['flips']} of {part['answered']} flip, "
+            f"{_num(part['flip_rate'], part['flip_rate_ci'])}",
+            highlight=False,
+        )
+
+
+def _errors(errors: dict[str, Any], out: Any) -> None:
+    n_eff = _num(errors["effective_judges"], errors["effective_judges_ci"])
+    out.print(
+        f"  correlated errors on {errors['units']} labelled units ({errors['error']}): mean "
+        f"correlation {_num(errors['mean_error_correlation'])}; effective independent judges "
+        f"{n_eff} of {errors['judges']} (n / (1 + (n - 1) r))",
+        highlight=False,
+    )
+    for p in errors["pairwise"]:
+        both = ""
+        if "both_wrong" in p:
+            both = (
+                f", both wrong {_num(p['both_wrong'])} (independent: "
+                f"{_num(p['both_wrong_if_independent'])})"
+            )
+        out.print(
+            f"    {p['a']} / {p['b']}: error correlation {_num(p['error_correlation'])}{both}",
+            highlight=False,
+        )
 
 
 def _estimates(score: dict[str, Any], out: Any) -> None:

@@ -26,6 +26,7 @@ from jinja2 import Environment, select_autoescape
 from ..runtime.provenance import manifest_provenance
 from ..runtime.records import RunManifest
 from ..runtime.runstore import MANIFEST, read_manifest
+from .reask import recorded_audits
 from .report import load_outcome, panel_agreement
 
 TEMPLATE = Path(__file__).parent / "report_html.html.j2"
@@ -100,6 +101,7 @@ def run_view(
         "figures": figures,
         "tables_html": terminal_tables(outcome.framework, outcome.tables),
         "agreement": panel_agreement(outcome),
+        "reliability": recorded_audits(path),
         "path": str(path),
         "manifest": manifest.model_dump(mode="json"),
         "provenance": manifest_provenance(manifest),
@@ -135,6 +137,7 @@ def light_view(path: Path, rows: Sequence[Any]) -> dict[str, Any]:
         "figures": [],
         "tables_html": None,
         "agreement": None,
+        "reliability": {},
         "path": str(path),
         "manifest": manifest.model_dump(mode="json"),
         "provenance": manifest_provenance(manifest),

@@ -23,7 +23,7 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from ..runtime.protocol import ItemContext
 from ..runtime.results import StageFailed, SwapPair
@@ -31,6 +31,7 @@ from .agreement import Unit, by_item_interval
 from .labels import append_labels_to, labels_dir
 
 AUDIT = "swap-audit.jsonl"
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -44,7 +45,7 @@ def swap_candidates(run: Any) -> list[Drawn]:
     return [Drawn(r.id, pair) for r in run.records for pair in run.framework.swap_pairs(r)]
 
 
-def draw(candidates: list[Drawn], k: int, seed: int) -> list[Drawn]:
+def draw(candidates: list[T], k: int, seed: int) -> list[T]:
     """K of them at random (all, when there are fewer), in id order."""
     if k >= len(candidates):
         return list(candidates)
@@ -52,9 +53,12 @@ def draw(candidates: list[Drawn], k: int, seed: int) -> list[Drawn]:
     return [c for n, c in enumerate(candidates) if n in picked]
 
 
-def done_before(run_dir: Path) -> dict[tuple[str, str, str], dict[str, Any]]:
-    """(item, stage, key) -> the answer an earlier audit recorded (a torn last line is left)."""
-    path = labels_dir(run_dir) / AUDIT
+def done_before(
+    run_dir: Path, name: str = AUDIT, fields: tuple[str, ...] = ("id", "stage", "key")
+) -> dict[tuple[str, ...], dict[str, Any]]:
+    """The answers an earlier audit recorded in ``labels/NAME``, by ``fields`` (a torn last
+    line is left: asked again)."""
+    path = labels_dir(run_dir) / name
     if not path.is_file():
         return {}
     out = {}
@@ -63,7 +67,7 @@ def done_before(run_dir: Path) -> dict[tuple[str, str, str], dict[str, Any]]:
             row = json.loads(line)
         except json.JSONDecodeError:
             continue  # the last line of a killed audit: asked again
-        out[(row["id"], row["stage"], row["key"])] = row
+        out[tuple(str(row.get(f)) for f in fields)] = row
     return out
 
 
@@ -117,20 +121,21 @@ async def _ask(run: Any, drawn: Drawn, clients: Any) -> dict[str, Any]:
     return row
 
 
-def flip_summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
-    """Flips among the answered comparisons, the rate's interval, and the table of recorded
-    against swapped-back verdicts (unparseable answers counted apart)."""
-    answered = [r for r in rows if r.get("swapped") is not None]
-    flips = [r for r in answered if r["swapped"] != r["original"]]
+def flip_summary(rows: list[dict[str, Any]], answer: str = "swapped") -> dict[str, Any]:
+    """Flips among the answered judgements (``answer``: the field holding the new verdict,
+    beside ``original``), the rate's interval with items resampled, and the table of recorded
+    against new verdicts (unparseable answers counted apart, neither flip nor agreement)."""
+    answered = [r for r in rows if r.get(answer) is not None]
+    flips = [r for r in answered if r[answer] != r["original"]]
     units = [
-        Unit(r["id"], r["stage"], n, [float(r["swapped"] != r["original"])])
+        Unit(r["id"], r["stage"], n, [float(r[answer] != r["original"])])
         for n, r in enumerate(answered)
     ]
 
     def rate(found):
         return sum(u.values[0] for u in found) / len(found) if found else None
 
-    table = Counter((r["original"], r["swapped"]) for r in answered)
+    table = Counter((r["original"], r[answer]) for r in answered)
     return {
         "drawn": len(rows),
         "answered": len(answered),
@@ -139,7 +144,10 @@ def flip_summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
         "flip_rate": rate(units),
         "flip_rate_ci": by_item_interval(units, rate),
         "items": len({r["id"] for r in answered}),
-        "table": [{"original": a, "swapped": b, "count": n} for (a, b), n in sorted(table.items())],
+        "table": [
+            {"original": a, answer: b, "count": n}
+            for (a, b), n in sorted(table.items(), key=lambda kv: (str(kv[0][0]), str(kv[0][1])))
+        ],
     }
 
 
@@ -191,12 +199,27 @@ def judge_config(run: Any, stage: str, model: str | None, endpoint: str | None) 
     if model is None:
         model = recorded.get("model") or config.get("model")
         fields["adapter"] = recorded.get("adapter") or config.get("adapter")
+        if endpoint is None:  # the same model where it was: known as the run knew it
+            fields["content"] = recorded.get("content")
+            fields["revision"] = recorded.get("declared_revision")
+            fields["sample"] = recorded.get("sample")  # a self-consistency member's
     endpoint = endpoint or recorded.get("endpoint")
     if model is None:
         raise UserError(
             f"{run.run_dir}: the manifest names no model for role {role!r}: give --model"
         )
     return EvaluatorConfig.model_validate({"model": model, "endpoint": endpoint} | fields)
+
+
+def known_by_content(cfg: Any) -> Any:
+    """``cfg`` with its model resolved by content where the manifest's record did not come
+    with it (another judge, or one moved): its endpoint is asked for its models first."""
+    if cfg.content is not None:
+        return cfg
+    from ..runtime.served import ask_endpoints
+
+    roles, _ = ask_endpoints([{"judge": cfg}], probe=True, tolerate=False)
+    return roles[0]["judge"]
 
 
 def audit_runs(
@@ -214,7 +237,7 @@ def audit_runs(
         candidates = swap_candidates(run)
         if not candidates:
             return await swap_audit(directory, k, seed, None)
-        cfg = judge_config(run, candidates[0].pair.stage, model, endpoint)
+        cfg = known_by_content(judge_config(run, candidates[0].pair.stage, model, endpoint))
         cache = cache_root() / "responses.sqlite"
         async with open_evaluator(cfg, directory, cache) as client:
             return await swap_audit(directory, k, seed, client)

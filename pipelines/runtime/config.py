@@ -101,6 +101,9 @@ class EvaluatorConfig(Strict):
     )
     vllm_extensions: bool = Field(True, description="server accepts vLLM's structured_outputs")
     max_model_len: int | None = Field(None, ge=256)
+    # set by the run for the members of a self-consistency panel (one model sampled k times):
+    # the member's index, part of its cache keys so each sample is kept (identity.plan_roles)
+    sample: int | None = Field(None, ge=2, description="set by the run: do not set")
     # set by the run before anything is written (pipelines.runtime.served), never by hand: what
     # the base model and each adapter are by content; cache keys and the run identity use it
     content: dict[str, Any] | None = Field(None, description="resolved by the run: do not set")
@@ -257,6 +260,13 @@ SHARED_OPTIONS = (
         "roles",
         "ROLE=MODEL, ROLE=MODEL@URL, ROLE=MODEL:ADAPTER or ROLE=:ADAPTER: another model for one "
         "role (repeat; a judging role given again is a judge panel, docs/judges.md)",
+        list[str] | None,
+    ),
+    SharedOption(
+        "role_revision",
+        "roles.revision",
+        "ROLE=REVISION: the revision of one role's model, a hub commit or a label for what an "
+        "endpoint serves (repeat; a panel's members are judge, judge#2, judge#3, ...)",
         list[str] | None,
     ),
     SharedOption("lora", "evaluator.adapters", kind=list[str] | None),

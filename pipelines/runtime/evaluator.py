@@ -24,7 +24,7 @@ from ...serving.launcher import PortTaken, ServerSpec, VLLMServer
 from ...serving.reasoning import Reasoning
 from ...serving.registry import lora_adapter, model_source, resolve
 from .config import EvaluatorConfig, UserError
-from .served import revisions
+from .served import keyed_before, revisions
 
 
 def model_record(cfg: EvaluatorConfig) -> dict:
@@ -35,6 +35,8 @@ def model_record(cfg: EvaluatorConfig) -> dict:
         record["declared_revision"] = cfg.revision
     if cfg.content is not None:  # what the model and its adapters are, by content
         record["content"] = cfg.content
+    if cfg.sample is not None:  # a self-consistency panel's member: its sample's index
+        record["sample"] = cfg.sample
     reasoning = reasoning_of(cfg)
     if reasoning is not None:
         record |= {"reasoning": reasoning.setting, "reasoning_tokens": reasoning.budget}
@@ -219,6 +221,8 @@ def client_options(cfg: EvaluatorConfig) -> dict[str, Any]:
         "reasoning": reasoning_of(cfg),
         "reasoning_parser": started_with_reasoning_parser(cfg),
         "revisions": revisions(cfg),
+        "keyed_before": keyed_before(cfg),
+        "sample": cfg.sample,
     }
 
 

@@ -14,8 +14,9 @@ from .evaluator import model_record
 from .panels import panel_members, split_member
 from .protocol import Framework, RunPlan, RunRequest, Study
 from .provenance import input_digests, input_records
+from .roles import model_identity
 from .runstore import fingerprint
-from .served import role_revision
+from .served import known_by_url, role_revision
 
 
 def evaluator_identity(ev: EvaluatorConfig) -> dict[str, Any]:
@@ -66,16 +67,83 @@ def plan_roles(fw: Framework, plan: RunPlan, request: RunRequest) -> dict[str, E
         members = [m for m in panel_members(role, list(request.roles)) if m != role]
         for member in members:
             out[member] = request.role(member)
-        seen: dict[str, str] = {}
-        for member in [role, *members]:
-            key = evaluator_key(out[member])
-            if key in seen:
-                raise UserError(
-                    f"--role {member}: the same model as {seen[key]}; a panel's members must "
-                    "differ (the same model answers the same)"
-                )
-            seen[key] = member
     return out
+
+
+def members_apart(fw: Framework, roles: dict[str, EvaluatorConfig]) -> dict[str, EvaluatorConfig]:
+    """A panel's members told apart, or refused, once each is known by content (before
+    anything is written). Members that are one model (equal revisions: the same weights, or
+    one URL where nothing identifies them) asked with equal sampling would send the same
+    request: at temperature 0 (the run's, or one a panel stage fixes) they cannot differ and
+    are refused; a fixed seed makes them answer alike and is refused too; sampled at
+    temperature > 0 they are a self-consistency panel, each further member's requests keyed
+    by its member index (``EvaluatorConfig.sample``) so the cache keeps every sample."""
+    out = dict(roles)
+    bases = {split_member(name)[0] for name in roles if split_member(name)[1] > 1}
+    for base in sorted(bases):
+        first_of: dict[str, str] = {}
+        for member in panel_members(base, list(roles)):
+            ev = roles[member]
+            key = fingerprint(asked_as(ev))
+            if key not in first_of:
+                first_of[key] = member
+                continue
+            refusal = same_request(fw, base, member, first_of[key], ev)
+            if refusal:
+                raise UserError(refusal)
+            out[member] = ev.model_copy(update={"sample": split_member(member)[1]})
+    return out
+
+
+def asked_as(ev: EvaluatorConfig) -> dict[str, Any]:
+    """What makes two members' requests the same: the model by content (by name where nothing
+    resolved it) and the sampling."""
+    revision = role_revision(ev)
+    return {
+        "model": revision if revision.get("model") else model_identity(ev),
+        "adapter": ev.adapter,
+        "sampling": {k: getattr(ev, k) for k in SAMPLING_FIELDS},
+    }
+
+
+SAMPLING_FIELDS = ("temperature", "seed", "max_tokens", "reasoning", "reasoning_tokens")
+
+
+def same_request(
+    fw: Framework, base: str, member: str, twin: str, ev: EvaluatorConfig
+) -> str | None:
+    """Why ``member``, one model with ``twin`` asked the same way, is refused (None: sampled
+    apart, a self-consistency panel)."""
+    how = (
+        "give it another model, or tell the models apart (--role-revision "
+        f"{member}=REVISION, or revision: in the YAML roles), or sample a self-consistency "
+        "panel (--temperature above 0, no --seed)"
+    )
+    what = f"--role {member}: the same model as {twin} ({describe_model(ev)})"
+    if ev.temperature == 0:
+        return f"{what} asked at temperature 0 answers the same; {how}"
+    if ev.seed is not None:
+        return f"{what} with --seed {ev.seed} answers the same; {how}"
+    fixed = [
+        stage
+        for stage, role in fw.stage_roles.items()
+        if role == base
+        and fw.panel_rule(stage) is not None
+        and fw.sampling_of(stage).get("temperature", ev.temperature) == 0
+    ]
+    if fixed:
+        return (
+            f"{what}: {fw.name} asks {', '.join(sorted(fixed))} at temperature 0 whatever the "
+            "run's (the paper's protocol), so its samples cannot differ; give it another model"
+        )
+    return None
+
+
+def describe_model(ev: EvaluatorConfig) -> str:
+    """A model as a refusal names it: where it is served, and how it is known."""
+    where = f"{ev.model} at {ev.endpoint}" if ev.endpoint else ev.model
+    revision = role_revision(ev).get("model")
+    return f"{where}, revision {revision}" if revision else where
 
 
 def lead_evaluator(roles: dict[str, EvaluatorConfig], default: EvaluatorConfig) -> EvaluatorConfig:
@@ -91,13 +159,16 @@ def run_identity(
     items: Sequence[Any],
     inputs: dict[str, dict[str, Any]] | None = None,
     legacy: bool = False,
+    before_urls: bool = False,
 ) -> dict[str, Any]:
     """What a run's answers depend on. The first role's evaluator is written flat (so a run with
     one model keeps the identity it always had); every other role whose model differs is
     listed under ``roles``. ``content``: every input by digest (``inputs``, default: read from
     ``options``) and every role's model and adapter by revision (``served``), input paths
     left out of the options. ``legacy``: the identity as run directories made before that kept
-    it (paths, no content), which ``RunStore`` accepts as the same run."""
+    it (paths, no content), which ``RunStore`` accepts as the same run; ``before_urls``: the
+    identity as it was before an endpoint that nothing identifies was known by its URL, which
+    ``RunStore`` accepts too (``earlier_identity``)."""
     lead = evaluator_identity(lead_evaluator(roles, default))
     others = {  # a panel member is listed even when it is the lead's model (it judges too)
         role: evaluator_identity(ev)
@@ -117,9 +188,24 @@ def run_identity(
     records = input_records(options) if inputs is None else inputs
     found["content"] = {
         "inputs": input_digests(records),
-        "models": {role: role_revision(ev) for role, ev in sorted(roles.items())},
+        "models": {role: role_revision(ev, before_urls) for role, ev in sorted(roles.items())},
     }
     return found
+
+
+def earlier_identity(
+    fw: Framework[Any, Any],
+    options: BaseModel,
+    roles: dict[str, EvaluatorConfig],
+    default: EvaluatorConfig,
+    items: Sequence[Any],
+    inputs: dict[str, dict[str, Any]] | None = None,
+) -> dict[str, Any] | None:
+    """``run_identity`` as it was before endpoints were known by their URL, where that differs
+    (None: no role's model is known by its URL)."""
+    if not any(known_by_url(ev) for ev in roles.values()):
+        return None
+    return run_identity(fw, options, roles, default, items, inputs, before_urls=True)
 
 
 def role_records(fw: Framework, roles: dict[str, EvaluatorConfig]) -> dict[str, dict[str, Any]]:

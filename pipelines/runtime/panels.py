@@ -21,6 +21,8 @@ asked of the first member only. Each combined answer is kept in the item's detai
 
 from __future__ import annotations
 
+import hashlib
+import json
 import statistics
 from collections import Counter
 from collections.abc import Sequence
@@ -131,6 +133,13 @@ class HumanLabel:
     human: Any
     order: tuple[Any, ...] | None = None
     key: int = 0
+
+
+def asked_digest(values: dict[str, Any]) -> str:
+    """A short digest of the values a judging prompt was rendered with: the same judgement
+    asked again has the same one, whatever the wording of the prompt."""
+    canonical = json.dumps(values, sort_keys=True, ensure_ascii=False, default=str)
+    return hashlib.sha256(canonical.encode()).hexdigest()[:16]
 
 
 def record(stage: str, answers: Sequence[Any], value: Any, tie: bool) -> dict[str, Any]:

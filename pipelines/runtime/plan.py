@@ -16,7 +16,7 @@ from typing import Any
 from .config import EvaluatorConfig
 from .costs import ModelPrice, load_prices, require_prices
 from .drivers import check_drivers
-from .identity import plan_roles, role_records, study_root
+from .identity import members_apart, plan_roles, role_records, study_root
 from .protocol import Framework, RunPlan, RunRequest, Study
 from .repeats import repeat_plans
 from .roles import judges_without_reasoning
@@ -62,6 +62,7 @@ def plan_study(
     if study.paper_judges_without_reasoning:
         roles = [judges_without_reasoning(r) for r in roles]
     roles, notes = ask_endpoints(roles, probe=probe, tolerate=dry_run)
+    roles = [members_apart(fw, r) for fw, r in zip(frameworks, roles, strict=True)]
     for note in notes:
         console.print(f"note: {note}", highlight=False, soft_wrap=True)
     check_drivers(request, roles)

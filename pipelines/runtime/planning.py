@@ -13,7 +13,7 @@ from rich.console import Console
 from ...serving.cache import ResponseCache, family
 from .estimate import estimate_run, print_estimate, replay_cached
 from .evaluator import CacheReplay
-from .identity import lead_evaluator, role_records, run_identity
+from .identity import earlier_identity, lead_evaluator, role_records, run_identity
 from .lines import item_ids, select
 from .protocol import RunPlan, RunRequest
 from .provenance import identity_changes
@@ -91,10 +91,10 @@ def another_run(run_dir: Path, fw, plan: RunPlan, found, request: RunRequest, it
         return None
     config = run_identity(fw, plan.options, found, request.evaluator, items)
     legacy = run_identity(fw, plan.options, found, request.evaluator, items, legacy=True)
+    earlier = earlier_identity(fw, plan.options, found, request.evaluator, items)
     held = read_manifest(run_dir / MANIFEST)
-    if not RunStore.changed(
-        held, plan.task, config, fingerprint({"task": plan.task, "config": config}), legacy
-    ):
+    fp = fingerprint({"task": plan.task, "config": config})
+    if not RunStore.changed(held, plan.task, config, fp, legacy, earlier):
         return None
     if held.task != plan.task:
         return f"the task {held.task}, not {plan.task}"

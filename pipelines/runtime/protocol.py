@@ -64,6 +64,7 @@ from .results import (
     REFERENCE_FIELDS,
     ItemResult,
     ItemText,
+    Judgement,
     StageFailed,
     StageFailure,
     Status,
@@ -200,6 +201,13 @@ class Framework(Study[OptionsT], Generic[OptionsT, ItemT]):
     # judging stage (same patterns) -> how a panel's answers combine (``runtime.panels``); a
     # stage without one is asked of a panel's first member only
     panel_rules: ClassVar[dict[str, PanelRule]] = {}
+    # judging stage (same patterns) -> sampling it asks with whatever the run's (the paper's
+    # protocol: CRUX rates at temperature 0): a panel of one model sampled several times is
+    # refused where a panel stage fixes temperature 0 (its members could not differ)
+    stage_sampling: ClassVar[dict[str, dict[str, Any]]] = {}
+    # judging stage (same patterns) -> paraphrases of its prompt (``PromptTemplate`` variants,
+    # the same output format and scale), asked by ``agreement --paraphrase``
+    prompt_variants: ClassVar[dict[str, tuple[PromptTemplate, ...]]] = {}
 
     def roles_used(self, options: OptionsT) -> list[str]:
         """The roles a run with ``options`` asks (only these are opened, and identify it)."""
@@ -257,6 +265,32 @@ class Framework(Study[OptionsT], Generic[OptionsT, ItemT]):
         the judge does not follow the order. An answer that stays unparseable raises
         ``StageFailed``."""
         raise NotImplementedError(f"{self.name}: swap_pairs gave pairs but ask_swapped is missing")
+
+    def sampling_of(self, stage: str) -> dict[str, Any]:
+        """The sampling parameters ``stage`` fixes (``stage_sampling``; empty: the run's)."""
+        return dict(_matching(self.stage_sampling, split_member(stage)[0]) or {})
+
+    def judgements(self, item: ItemT, record: ItemResult, options: OptionsT) -> list[Judgement]:
+        """The record's judgements a model decided, each of which ``ask_judgement`` can ask
+        again (``agreement --rerun``, ``--paraphrase``). Default: none. A verdict a rule gave,
+        or one that stayed unparseable, is no judgement."""
+        return []
+
+    async def ask_judgement(
+        self, ctx: ItemContext, judgement: Judgement, template: PromptTemplate | None = None
+    ) -> Any:
+        """``judgement`` asked again through ``ctx`` as the run asked it (the same stage,
+        parser, constraint and re-asks), with ``template`` in place of the stage's own prompt
+        when given (one of ``paraphrases``); its verdict in the recorded verdict's terms. An
+        answer that stays unparseable raises ``StageFailed``."""
+        raise NotImplementedError(
+            f"{self.name}: judgements gave judgements but ask_judgement is missing"
+        )
+
+    def paraphrases(self, stage: str) -> tuple[PromptTemplate, ...]:
+        """Rewordings of ``stage``'s prompt with its output format and scale
+        (``prompt_variants``), for ``agreement --paraphrase``."""
+        return tuple(_matching(self.prompt_variants, split_member(stage)[0]) or ())
 
     def panel_rule(self, stage: str) -> PanelRule | None:
         """How a panel's answers to ``stage`` combine (None: the first member answers alone;
@@ -395,24 +429,33 @@ class ItemContext:
         return rule, list(await asyncio.gather(*(ask(s) for s in stages)))
 
     def _combined(
-        self, stage: str, rule: PanelRule, answers: Sequence[Parsed | LabelScore]
+        self,
+        stage: str,
+        rule: PanelRule,
+        answers: Sequence[Parsed | LabelScore],
+        asked: dict[str, Any],
     ) -> tuple[Any, float | None]:
-        """The members' answers combined by the stage's rule and kept in the details: (the
-        combined value, or None when no member answered; the share of members that gave it)."""
+        """The members' answers combined by the stage's rule and kept in the details, with a
+        digest of the values the prompt was rendered with (``asked``: the audits find each
+        member's own answer to a judgement by it): (the combined value, or None when no member
+        answered; the share of members that gave it)."""
         values = [
             (a.value if isinstance(a, Parsed) else a.score) if a.status == "ok" else None
             for a in answers
         ]
         value, tie = (None, False) if all(v is None for v in values) else rule.combine(values)
-        self.details.setdefault("panel", []).append(panels.record(stage, values, value, tie))
+        entry = panels.record(stage, values, value, tie) | {"asked": panels.asked_digest(asked)}
+        self.details.setdefault("panel", []).append(entry)
         return value, None if value is None else sum(v == value for v in values) / len(values)
 
-    def _panel_parsed(self, stage: str, rule: PanelRule | None, answers: list[Parsed]) -> Parsed:
+    def _panel_parsed(
+        self, stage: str, rule: PanelRule | None, answers: list[Parsed], asked: dict[str, Any]
+    ) -> Parsed:
         """The answer as one ``Parsed``: a panel's combined value with the first member's
         outputs, unparseable (with a failing member's error) when no member answered."""
         if rule is None:
             return answers[0]
-        value, share = self._combined(stage, rule, answers)
+        value, share = self._combined(stage, rule, answers, asked)
         if value is None:
             failed = next(a for a in answers if not a.ok)
             return Parsed("unparseable", error=failed.error, outputs=failed.outputs)
@@ -451,7 +494,7 @@ class ItemContext:
                 template, s, parse, expected, values, regex, max_reasks, params
             ),
         )
-        return self._panel_parsed(stage, rule, answers)
+        return self._panel_parsed(stage, rule, answers, values)
 
     async def _attempt_one(
         self,
@@ -518,7 +561,7 @@ class ItemContext:
         rule, answers = await self._each_member(
             stage, lambda s: self._choice_one(template, choices, s, values, params)
         )
-        return self._panel_parsed(stage, rule, answers)
+        return self._panel_parsed(stage, rule, answers, values)
 
     async def _choice_one(
         self,
@@ -561,7 +604,7 @@ class ItemContext:
         )
         scored = scores[0]
         if rule is not None:  # each member's score, combined by the stage's rule
-            value, _ = self._combined(stage, rule, scores)
+            value, _ = self._combined(stage, rule, scores, values)
             failed = next((s for s in scores if s.status != "ok"), scored)
             scored = failed if value is None else LabelScore("ok", value, output=scored.output)
         if scored.status != "ok":

@@ -102,6 +102,20 @@ class SwapPair:
     texts: dict[str, Any]
 
 
+@dataclass(frozen=True)
+class Judgement:
+    """One recorded judgement a model decided, as the reliability audits ask it again
+    (``agreement --rerun`` asks it once more, ``--paraphrase`` with each declared variant of
+    its prompt): the stage, a key unique within the item, the verdict the run recorded, and the
+    values its prompt was rendered with (exactly those the stage was asked with: a panel's
+    members' own answers are found by them)."""
+
+    stage: str
+    key: str
+    verdict: Any
+    values: dict[str, Any]
+
+
 # the item fields ``Framework.item_text`` reads by default, first found wins
 INPUT_FIELDS = ("query", "question", "prompt", "input", "paragraph", "topic")
 ANSWER_FIELDS = ("response",)

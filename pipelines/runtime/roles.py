@@ -82,6 +82,28 @@ def parse_role_options(values: list[str] | None) -> dict[str, str]:
     return out
 
 
+def with_revisions(overrides: dict[str, Any], values: list[str] | None) -> dict[str, Any]:
+    """``--role-revision ROLE=REVISION`` (repeatable) joined to the ``roles.ROLE`` the same
+    command line gave (a panel member is ``judge#2``, ...)."""
+    out = dict(overrides)
+    for value in values or []:
+        role, sep, revision = value.partition("=")
+        role, revision = role.strip(), revision.strip()
+        if not sep or not role or not revision:
+            raise UserError(f"--role-revision expects ROLE=REVISION, got {value!r}")
+        spec = out.get(f"roles.{role}")
+        if spec is None:
+            raise UserError(
+                f"--role-revision {role}: no --role {role} on the command line (a panel's "
+                "members are judge, judge#2, ... in the order given; in YAML, give revision: "
+                "in the role's entry)"
+            )
+        out[f"roles.{role}"] = (parse_spec(spec) if isinstance(spec, str) else dict(spec)) | {
+            "revision": revision
+        }
+    return out
+
+
 def expand_panels(roles: Any) -> Any:
     """The YAML ``roles:`` section with a list for a role (a judge panel) as the member roles
     ``ROLE``, ``ROLE#2``, ...; a list of one is the role itself."""
@@ -123,6 +145,8 @@ def role_evaluator(default: EvaluatorConfig, spec: RoleSpec | None) -> Evaluator
             "replicas": 1 if spec.endpoint else default.replicas,
             "revision": spec.revision,  # another model: the default's revision is not its own
         }
+    if spec.revision is not None:  # the role's own (--role-revision, YAML revision:)
+        update["revision"] = spec.revision
     if spec.api_key_env:
         update["api_key_env"] = spec.api_key_env
     update["content"] = None  # resolved again for this role (pipelines.runtime.served)

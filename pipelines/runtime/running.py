@@ -19,7 +19,13 @@ from .costs import BudgetReached, cost_table, open_budget
 from .drivers import solve_on_drivers, spread_over_drivers
 from .estimate import print_estimate
 from .evaluator import Servers, model_record, open_evaluator
-from .identity import evaluator_key, lead_evaluator, role_records, run_identity
+from .identity import (
+    earlier_identity,
+    evaluator_key,
+    lead_evaluator,
+    role_records,
+    run_identity,
+)
 from .lines import item_ids, select
 from .plan import StudyPlan
 from .planning import estimate_from_disk
@@ -141,12 +147,14 @@ class Run:
         inputs = input_records(plan.options)
         given = (fw, plan.options, self.roles, request.evaluator, self.items)
         identity, legacy = run_identity(*given, inputs), run_identity(*given, legacy=True)
+        earlier = earlier_identity(*given, inputs)
         self.store = store = RunStore(root / plan.key if plan.key else root)
         store.open(
             framework=fw.name,
             task=plan.task,
             config=identity,
             legacy=legacy,
+            earlier=earlier,
             supersede=request.run.supersede,
             inputs=inputs,
             options=plan.options.model_dump(mode="json"),

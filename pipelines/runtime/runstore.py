@@ -333,12 +333,15 @@ class RunStore:
         config: dict[str, Any],
         supersede: bool = False,
         legacy: dict[str, Any] | None = None,
+        earlier: dict[str, Any] | None = None,
         **provenance: Any,
     ):
         """Create the run, or resume it if the directory holds the same task and config; read
         the recorded results once. ``provenance``: options, models, prompts, inputs... (not
         identity); ``legacy``: the run's identity as directories made before content identities
-        kept it (such a directory resumes, and says its inputs were not fingerprinted).
+        kept it (such a directory resumes, and says its inputs were not fingerprinted);
+        ``earlier``: the identity before endpoints were known by their URL (such a directory
+        resumes, and keeps the identity of now from then on).
 
         A directory whose identity changed (an input, a model, an option) is refused in one
         line naming what changed, unless ``supersede``: its files are then moved to
@@ -349,7 +352,7 @@ class RunStore:
             lock.acquire()
             self.lock = lock
         try:
-            return self._open(framework, task, config, provenance, supersede, legacy)
+            return self._open(framework, task, config, provenance, supersede, legacy, earlier)
         except BaseException:
             self.release()
             raise
@@ -362,10 +365,13 @@ class RunStore:
         provenance: dict[str, Any],
         supersede: bool,
         legacy: dict[str, Any] | None,
+        earlier: dict[str, Any] | None = None,
     ):
         config_fp = fingerprint({"task": task, "config": config})
         manifest = read_manifest(self.manifest_path) if self.manifest_path.exists() else None
-        if manifest is not None and self.changed(manifest, task, config, config_fp, legacy):
+        if manifest is not None and self.changed(
+            manifest, task, config, config_fp, legacy, earlier
+        ):
             if not supersede or manifest.task != task:
                 raise RunStoreError(changed_run(self.manifest_path, manifest, task, config))
             self.set_aside()
@@ -376,6 +382,8 @@ class RunStore:
             if not fingerprinted and "content" in config:  # from now on, by content
                 manifest.inputs_fingerprinted = False
                 manifest.fingerprinted_since = time.time()
+                manifest.config, manifest.config_fingerprint = config, config_fp
+            elif manifest.config_fingerprint != config_fp:  # made before URLs counted
                 manifest.config, manifest.config_fingerprint = config, config_fp
             if "inputs" in provenance:  # where the same content lives now
                 manifest.inputs = provenance["inputs"]
@@ -406,11 +414,16 @@ class RunStore:
         config: dict,
         config_fp: str,
         legacy: dict | None = None,
+        earlier: dict | None = None,
     ) -> bool:
         """Whether the run directory holds another run than ``task`` with ``config``
         (``legacy``: the same run's identity as directories made before content identities
-        kept it)."""
+        kept it; ``earlier``: as made before endpoints were known by their URL)."""
         if manifest.config_fingerprint == config_fp:
+            return False
+        if earlier is not None and manifest.config_fingerprint == fingerprint(
+            {"task": task, "config": earlier}
+        ):
             return False
         return not cls.from_before_fingerprints(manifest, task, legacy)
 

@@ -10,7 +10,12 @@ Then each role's model and adapter are resolved to what they are by content
 - a hub id: the commit it resolves to (``--model-revision`` pins a branch, tag or commit);
 - a model at an endpoint: what the server reports (``root``, ``max_model_len``, an adapter's
   ``parent``), with the weights' digest where the endpoint is on this machine and its ``root`` a
-  path here, plus the declared ``--model-revision``.
+  path here, plus the declared ``--model-revision``. When none of these identifies the weights
+  (no declared revision, no digest, no ``root`` naming weights: most hosted APIs, proxies and
+  stubs list a bare name), the endpoint's URL joins them: two servers that answer under one name
+  are two models, never one answer in the cache. ``keyed_before`` keeps the revision the rules
+  before gave, so a cache and a run directory made before still answer (bound to the first
+  endpoint that claims them).
 
 The run identity (``identity.run_identity``) and every cache key (``EvalClient.revisions``) use
 these revisions, so a retrained adapter or a replaced model is another model.
@@ -172,13 +177,17 @@ def _at_endpoint(ev: EvaluatorConfig, listing: Listing) -> dict[str, Any]:
                 f"adapter {adapter!r} is not served at {ev.endpoint} (it serves: "
                 f"{', '.join(sorted(by_id)) or 'nothing'})"
             )
-        adapters[adapter] = _served(entry, None, local)
-    base = _served(by_id.get(model), ev.revision, local)
+        adapters[adapter] = _served(entry, None, local, ev.endpoint or "", served_as)
+    base = _served(by_id.get(model), ev.revision, local, ev.endpoint or "", model)
     return {"base": base, "adapters": adapters, "listed": listing is not None}
 
 
-def _served(entry: ServedModel | None, declared: str | None, local: bool) -> dict[str, Any]:
-    """What the server says a model is, and a revision over it (None: it says nothing)."""
+def _served(
+    entry: ServedModel | None, declared: str | None, local: bool, url: str, name: str
+) -> dict[str, Any]:
+    """What the server says a model is, and a revision over it; where nothing of that
+    identifies the weights, the endpoint's URL and the name served there are part of it
+    (``known_by``)."""
     record: dict[str, Any] = {"source": "endpoint"}
     if entry is not None:
         record |= entry.record()
@@ -188,12 +197,56 @@ def _served(entry: ServedModel | None, declared: str | None, local: bool) -> dic
     if declared is not None:
         record["declared_revision"] = declared
     said = {k: v for k, v in record.items() if k not in ("source", "id")}
-    if said:
-        canonical = json.dumps(said, sort_keys=True)
-        record["revision"] = "endpoint:" + hashlib.sha256(canonical.encode()).hexdigest()[:16]
-    else:
-        record["revision"] = None
+    identified = declared is not None or "sha256" in record or names_weights(entry)
+    if identified:
+        record["revision"] = _endpoint_revision(said)
+        return record
+    # the rules before keyed this model by what it said alone (None: it said nothing)
+    record["keyed_before"] = _endpoint_revision(said) if said else None
+    record["known_by"] = "url"
+    record["url"] = location(url)
+    record["revision"] = _endpoint_revision(said | {"url": record["url"], "name": name})
     return record
+
+
+def _endpoint_revision(said: dict[str, Any]) -> str:
+    canonical = json.dumps(said, sort_keys=True)
+    return "endpoint:" + hashlib.sha256(canonical.encode()).hexdigest()[:16]
+
+
+def names_weights(entry: ServedModel | None) -> bool:
+    """Whether a listing's ``root`` names the weights the server loaded: a path or a hub id, or
+    a name other than the one the model is served under (vLLM's ``--served-model-name``). A
+    root that only repeats a bare served name (``judge``) names nothing."""
+    if entry is None or not entry.root:
+        return False
+    return entry.root != entry.id or "/" in entry.root
+
+
+def location(url: str) -> str:
+    """An endpoint's URL as one spelling: scheme and host in lower case, the default port
+    written out, no credentials, no trailing slash, no query."""
+    parts = urlparse(url.strip())
+    scheme = (parts.scheme or "http").lower()
+    host = (parts.hostname or "").lower()
+    if ":" in host:  # an IPv6 address
+        host = f"[{host}]"
+    port = parts.port or (443 if scheme == "https" else 80)
+    return f"{scheme}://{host}:{port}{parts.path.rstrip('/')}"
+
+
+def keyed_before(ev: EvaluatorConfig) -> dict[str, str | None]:
+    """Request name -> the revision its cache keys carried before its URL counted (only the
+    models known by their URL)."""
+    content = ev.content or {}
+    out: dict[str, str | None] = {}
+    base = content.get("base") or {}
+    if "keyed_before" in base:
+        out[ev.ref().base_name] = base["keyed_before"]
+    for name, record in (content.get("adapters") or {}).items():
+        if "keyed_before" in record:
+            out[name] = record["keyed_before"]
+    return out
 
 
 def revisions(ev: EvaluatorConfig) -> dict[str, str]:
@@ -209,28 +262,49 @@ def revisions(ev: EvaluatorConfig) -> dict[str, str]:
     return out
 
 
-def role_revision(ev: EvaluatorConfig) -> dict[str, Any]:
+def role_revision(ev: EvaluatorConfig, before: bool = False) -> dict[str, Any]:
     """One role's model in the run identity: the base's revision, the adapter's when it asks
-    one (``None`` where nothing says what it is)."""
+    one (``None`` where nothing says what it is). ``before``: as the rules before an
+    endpoint's URL counted gave it."""
     content = ev.content or {}
-    found: dict[str, Any] = {"model": (content.get("base") or {}).get("revision")}
+
+    def revision(record: dict[str, Any]) -> Any:
+        return (
+            record["keyed_before"]
+            if before and "keyed_before" in record
+            else record.get("revision")
+        )
+
+    found: dict[str, Any] = {"model": revision(content.get("base") or {})}
     if ev.adapter:
-        adapter = (content.get("adapters") or {}).get(ev.adapter) or {}
-        found["adapter"] = adapter.get("revision")
+        found["adapter"] = revision((content.get("adapters") or {}).get(ev.adapter) or {})
     return found
 
 
+def known_by_url(ev: EvaluatorConfig) -> bool:
+    """Whether the role's model (or adapter) is known by its endpoint's URL."""
+    content = ev.content or {}
+    records = [content.get("base") or {}, *(content.get("adapters") or {}).values()]
+    return any(r.get("known_by") == "url" for r in records)
+
+
 def unresolved_notes(roles: Iterable[dict[str, EvaluatorConfig]]) -> list[str]:
-    """One note per model whose revision nothing could tell (a hub id offline and not cached,
-    an endpoint that lists nothing)."""
+    """One note per model whose revision nothing could tell (a hub id offline and not cached)
+    or that is known only by where it is served (an endpoint that says nothing of its weights)."""
     notes: dict[str, str] = {}
     for found in roles:
         for ev in found.values():
             base = (ev.content or {}).get("base") or {}
+            where = f" at {ev.endpoint}" if ev.endpoint else ""
             if base and base.get("revision") is None:
-                where = f" at {ev.endpoint}" if ev.endpoint else ""
                 notes[f"{ev.model}{where}"] = (
                     f"{ev.model}{where}: its revision is unknown (give --model-revision to "
                     "record one); a replaced model there would not be told apart"
+                )
+            elif known_by_url(ev):
+                notes[f"{ev.model}{where}"] = (
+                    f"{ev.model}{where}: the server says nothing that identifies its weights, "
+                    "so the model is known by its URL (another URL is another model; a model "
+                    "replaced there is not told apart: give --model-revision to record one)"
                 )
     return list(notes.values())
