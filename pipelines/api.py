@@ -19,6 +19,8 @@ ordinary run directory: it resumes, and ``groundcover report`` reads it.
 
 from __future__ import annotations
 
+import contextlib
+import io
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -51,6 +53,7 @@ class Evaluation:
     plain framework), each with its directory, per-item results, summary and tables."""
 
     runs: dict[str, RunOutcome]
+    log: str = ""  # what the run would have printed, kept instead (``evaluate(quiet=True)``)
 
     @property
     def only(self) -> RunOutcome:
@@ -93,8 +96,10 @@ def evaluate(
     ``config``: a YAML file with the same sections, read first; the keyword sections override
     it field by field. ``roles``: ``{"judge": "MODEL@URL"}`` as ``--role`` takes them.
     ``client``: an open client that answers every role (a notebook's own ``EvalClient``);
-    without it each role's model is connected or started as on the command line. Bad input
-    raises ``UserError`` with the same one line the command prints."""
+    without it each role's model is connected or started as on the command line. ``quiet``:
+    nothing is printed (what the command would print, its notes included, is kept in the
+    result's ``log``). Bad input raises ``UserError`` with the same one line the command
+    prints."""
     found = study(name)
     overrides: dict[str, Any] = {}
     for section, values in (
@@ -107,9 +112,14 @@ def evaluate(
             overrides[f"{section}.{key}"] = str(value) if isinstance(value, Path) else value
     request = request_from(found, Path(config) if config else None, overrides)
     opener = None if client is None else (lambda ev, run_dir: fixed_client(client))
-    outcomes = execute(found, request, no_cache=no_cache, quiet=quiet, open_client=opener)
-    track_outcomes(outcomes, request)
-    return Evaluation(outcomes)
+    log = io.StringIO()
+    with contextlib.ExitStack() as stack:
+        if quiet:  # the runtime's consoles write to sys.stdout / sys.stderr as they are then
+            stack.enter_context(contextlib.redirect_stdout(log))
+            stack.enter_context(contextlib.redirect_stderr(log))
+        outcomes = execute(found, request, no_cache=no_cache, quiet=quiet, open_client=opener)
+        track_outcomes(outcomes, request)
+    return Evaluation(outcomes, log.getvalue())
 
 
 def request_from(found: Study, yaml_path: Path | None, overrides: dict[str, Any]) -> RunRequest:

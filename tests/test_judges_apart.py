@@ -273,3 +273,58 @@ def test_a_member_sample_is_part_of_the_key_only_when_set():
     assert plain.sample is None
     with pytest.raises(ValueError):
         EvaluatorConfig(model="judge", sample=1)  # the first member is the plain request
+
+
+def test_a_run_directory_made_before_urls_counted_resumes(tmp_path, monkeypatch):
+    """A run directory whose identity knew a bare-listing model by nothing (as runs made before
+    this change did) resumes under the same command; its identity becomes today's."""
+    from groundcover.pipelines.runtime.runstore import fingerprint
+
+    monkeypatch.setenv("GROUNDCOVER_HOME", str(tmp_path / "home"))
+    server = JudgeServer("BBBBBB")
+    with serve_app(server.app()) as url:
+        assert eval_panel(tmp_path, [url], "old").exit_code == 0
+        path = tmp_path / "old" / "answers" / "manifest.json"
+        manifest = json.loads(path.read_text())
+        now = manifest["config_fingerprint"]
+        assert manifest["config"]["content"]["models"]["judge"]["model"].startswith("endpoint:")
+        manifest["config"]["content"]["models"]["judge"]["model"] = None  # as made before
+        manifest["config_fingerprint"] = fingerprint(
+            {"task": manifest["task"], "config": manifest["config"]}
+        )
+        path.write_text(json.dumps(manifest))
+        resumed = eval_panel(tmp_path, [url], "old")
+        assert resumed.exit_code == 0, resumed.output
+        assert json.loads(path.read_text())["config_fingerprint"] == now
+        # another model there is still another run
+        manifest = json.loads(path.read_text())
+        manifest["config"]["content"]["models"]["judge"]["model"] = "endpoint:0000"
+        manifest["config_fingerprint"] = fingerprint(
+            {"task": manifest["task"], "config": manifest["config"]}
+        )
+        path.write_text(json.dumps(manifest))
+        refused = eval_panel(tmp_path, [url], "old")
+        assert refused.exit_code == 2 and "changed" in refused.output
+    assert sum(server.asked.values()) == 6  # resumed from its records: nothing asked again
+
+
+def test_a_stage_that_fixes_temperature_0_refuses_a_self_consistency_panel():
+    """CRUX rates at temperature 0 whatever the run's (the paper): one rater given twice at
+    --temperature 0.7 would repeat one rating, so it is refused; FanOutQA's judge, which takes
+    the run's sampling, keeps both samples (the second keyed by its member index)."""
+    from groundcover.pipelines.crux.framework import CRUX
+    from groundcover.pipelines.fanoutqa.framework import FANOUTQA
+    from groundcover.pipelines.runtime.config import UserError
+    from groundcover.pipelines.runtime.identity import members_apart
+
+    content = {"base": {"revision": "sha256:abc", "source": "directory"}, "adapters": {}}
+    ev = EvaluatorConfig(
+        model="rater", endpoint="http://127.0.0.1:9/v1", temperature=0.7, content=content
+    )
+    with pytest.raises(UserError, match="crux asks rate, rate_answer at temperature 0"):
+        members_apart(CRUX, {"rate": ev, "rate#2": ev})
+    apart = members_apart(FANOUTQA, {"judge": ev, "judge#2": ev, "judge#3": ev})
+    assert [apart[r].sample for r in ("judge", "judge#2", "judge#3")] == [None, 2, 3]
+    seeded = ev.model_copy(update={"seed": 1})
+    with pytest.raises(UserError, match="with --seed 1 answers the same"):
+        members_apart(FANOUTQA, {"judge": seeded, "judge#2": seeded})

@@ -307,7 +307,27 @@ class LazyGroup(TyperGroup):
     ) -> tuple[str | None, click.Command | None, list[str]]:
         if args and args[0] not in self.commands and args[0] in self.declared():
             self.commands[args[0]] = build(self.declared()[args[0]])
-        return super().resolve_command(ctx, args)
+        name, command, rest = super().resolve_command(ctx, args)
+        return name, command, optional_values(self.path, name, rest)
+
+
+# Options whose value may be left out (click has none): ``report RUN --html`` writes the page
+# beside the run. Left out means: last, or followed by another option or an existing directory
+# (a run, which a page path never is); the command then gets "".
+OPTIONAL_VALUE = {("", "report"): ("--html",), ("", "compare"): ("--html",)}
+
+
+def optional_values(group: str, name: str | None, args: list[str]) -> list[str]:
+    """``args`` with "" after each optional-value option given without its value."""
+    flags = OPTIONAL_VALUE.get((group, name or ""), ())
+    out = []
+    for k, arg in enumerate(args):
+        out.append(arg)
+        if arg in flags:
+            following = args[k + 1] if k + 1 < len(args) else None
+            if following is None or following.startswith("-") or Path(following).is_dir():
+                out.append("")
+    return out
 
 
 def lazy_group(path: str) -> type[LazyGroup]:

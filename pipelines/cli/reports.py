@@ -22,7 +22,11 @@ def report(
     run_dir: Annotated[list[Path], typer.Argument(help="run directories (or a study's root)")],
     as_json: Annotated[bool, typer.Option("--json", help="one JSON object per run")] = False,
     html: Annotated[
-        Path | None, typer.Option(help="also write one self-contained HTML page")
+        Path | None,
+        typer.Option(
+            help="also write one self-contained HTML page to this file (--html alone: beside "
+            "the run, RUN.html)"
+        ),
     ] = None,
     export: Annotated[
         Path | None,
@@ -64,7 +68,7 @@ def report(
         from ..reports.report_html import write_html
         from ..runtime.runstore import run_directories
 
-        written = write_html(run_directories(run_dir), html, prices=priced)
+        written = write_html(run_directories(run_dir), page_path(html, run_dir), prices=priced)
         Console(stderr=True).print(f"html: {written}", highlight=False, soft_wrap=True)
     if export is not None and kind is not None:
         from ..reports.export import export_runs
@@ -198,6 +202,15 @@ def agreement(
         render_bias(found["bias"], terminal())
 
 
+def page_path(html: Path, runs: list[Path]) -> Path:
+    """Where ``--html`` writes the page: the path given, or (``--html`` alone) beside the first
+    run or study directory, named after it."""
+    if str(html) not in ("", "."):
+        return html
+    first = runs[0].resolve()
+    return first.parent / f"{first.name}.html"
+
+
 def audit_swaps(
     run_dir: list[Path], k: int, seed: int, model: str | None, endpoint: str | None, as_json: bool
 ) -> None:
@@ -242,7 +255,11 @@ def compare(
     run_dir: Annotated[list[Path], typer.Argument(help="two or more runs over the same items")],
     as_json: Annotated[bool, typer.Option("--json", help="print one JSON object")] = False,
     html: Annotated[
-        Path | None, typer.Option(help="also write an HTML page: this comparison, then each run")
+        Path | None,
+        typer.Option(
+            help="also write an HTML page: this comparison, then each run (--html alone: "
+            "beside the first run)"
+        ),
     ] = None,
     top: Annotated[int, typer.Option(help="largest per-item differences printed per pair")] = 10,
     resamples: Annotated[int, typer.Option(help="bootstrap resamples")] = 10_000,
@@ -265,13 +282,13 @@ def compare(
         from ..reports.report_html import write_html
 
         pages = [page for run in result["runs"] for page in run_dirs(Path(run["run"]))]
-        page = write_html(pages, html, result)
+        page = write_html(pages, page_path(html, run_dir), result)
         Console(stderr=True).print(f"html: {page}", highlight=False, soft_wrap=True)
 
 
 @clean_errors
 def view(
-    run_dir: Annotated[list[Path], typer.Argument(help="run directories")],
+    run_dir: Annotated[list[Path], typer.Argument(help="run directories (or a study's root)")],
     port: Annotated[int, typer.Option(help="0 picks a free port")] = 8765,
     host: Annotated[str, typer.Option(help="bind address")] = "127.0.0.1",
     api_key_env: Annotated[
@@ -294,6 +311,9 @@ def view(
             f"--host {host} shows the runs beyond this machine: give it a key "
             "(--api-key-env NAME, the key in that variable)"
         )
+    from ..runtime.runstore import run_directories
+
+    run_dir = run_directories(run_dir)  # a study's root stands for its runs
     render(run_dir, served=True)  # bad run directories stop here, with one line
     allowed = None if key is None else (lambda header: authorised(header, key))
     serve(Viewer(run_dir), host, port, allowed, console.print)

@@ -288,7 +288,10 @@ class FanOutQA(Framework[FanoutOptions, Question]):
     def item_text(self, item: Question, record: ItemResult, options: FanoutOptions) -> ItemText:
         """The question, the generation scored and the reference answer (as the dataset has
         it: a string, a list or a mapping, written as JSON unless a string)."""
-        reference = item.answer if isinstance(item.answer, str) else json.dumps(item.answer)
+        if isinstance(item.answer, str):
+            reference = item.answer
+        else:  # text as text (Exupéry, not Exup\u00e9ry)
+            reference = json.dumps(item.answer, ensure_ascii=False)
         return ItemText(item.question, record.details.get("generation"), reference)
 
     def judgements(

@@ -55,7 +55,7 @@ def export_runs(paths: list[Path], out: Path, kind: str) -> list[Path]:
     else:
         _write_csv(table, out)
     beside = out.with_name(out.name + ".tables.json")
-    atomic_write_text(beside, json.dumps(tables, indent=1, default=str))
+    atomic_write_text(beside, json.dumps(tables, indent=1, ensure_ascii=False, default=str))
     return [out, beside]
 
 
@@ -102,7 +102,7 @@ def tables_beside(runs: list[RunRows]) -> dict[str, Any]:
 def _write_parquet(table: Any, tables: dict[str, Any], out: Path) -> None:
     import pyarrow.parquet as pq
 
-    meta = {b"groundcover": json.dumps(tables, default=str).encode()}
+    meta = {b"groundcover": json.dumps(tables, ensure_ascii=False, default=str).encode()}
     table = table.replace_schema_metadata({**(table.schema.metadata or {}), **meta})
     tmp = out.with_name(out.name + ".tmp")
     pq.write_table(table, tmp)

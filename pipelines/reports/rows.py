@@ -160,8 +160,9 @@ def panel_columns(record: ItemResult) -> Row:
         stages.setdefault(entry["stage"], []).append(entry)
     row: Row = {}
     for stage, entries in stages.items():
-        row[f"panel.{stage}.votes"] = json.dumps([e["members"] for e in entries], default=str)
-        row[f"panel.{stage}.value"] = json.dumps([e["value"] for e in entries], default=str)
+        votes, values = [e["members"] for e in entries], [e["value"] for e in entries]
+        row[f"panel.{stage}.votes"] = json.dumps(votes, ensure_ascii=False, default=str)
+        row[f"panel.{stage}.value"] = json.dumps(values, ensure_ascii=False, default=str)
         row[f"panel.{stage}.ties"] = sum(bool(e.get("tie")) for e in entries)
     return row
 

@@ -317,18 +317,28 @@ class Viewer:
         found["graph"] = _graph(self.paths[k], found.get("details", {}))
         return found
 
-    def unit(self, k: int, item: str) -> dict[str, Any]:
-        """What a person reads of one item: the question, the answer judged, the reference."""
+    def unit(
+        self, k: int, item: str, stage: str | None = None, key: int | None = None
+    ) -> dict[str, Any]:
+        """What a person reads of one item: the question, the answer judged, the reference;
+        for the ``key``-th unit of a panel ``stage``, also what the judge read for it (the
+        values its prompt was rendered with: a passage judged on its own, say)."""
         state = self.state(k)
         if item not in state.index:
             raise KeyError(item)
-        text = state.texts.text(state.records[state.index[item]])
-        return {
+        record = state.records[state.index[item]]
+        text = state.texts.text(record)
+        found = {
             "id": item,
             "input": text.input if text else "",
             "answer": (text.answer if text else None) or "",
             "reference": (text.reference if text else None) or "",
         }
+        if stage not in (None, SCORE) and key is not None:
+            judged = judged_values(state.texts, record, stage, key)
+            if judged is not None:
+                found["judged"] = judged
+        return found
 
     def choices(self, k: int, stage: str) -> dict[str, Any]:
         """What a person labels ``stage`` with: ``labels`` (one of the stage's labels) or
@@ -519,7 +529,14 @@ def make_server(
                     page = label_page(viewer, int(query.get("run", "0")), query.get("stage"))
                     self._send(200, page.encode(), "text/html; charset=utf-8")
                 elif url.path == "/api/unit":
-                    self._json(200, viewer.unit(int(query.get("run", "0")), query.get("id", "")))
+                    key = query.get("key")
+                    found = viewer.unit(
+                        int(query.get("run", "0")),
+                        query.get("id", ""),
+                        query.get("stage"),
+                        int(key) if key is not None and key.isdigit() else None,
+                    )
+                    self._json(200, found)
                 elif url.path == "/api/ready":
                     self._json(200, {"ready": viewer.ready()})
                 elif url.path == "/api/items":
@@ -616,3 +633,19 @@ def label_page(viewer: Viewer, run: int, stage: str | None = None) -> str:
         choices=how["choices"],
         free=how["kind"] == "number" and stage != SCORE,
     )
+
+
+def judged_values(run: Any, record: Any, stage: str, key: int) -> dict[str, str] | None:
+    """What the judge read for the ``key``-th time a panel decided ``stage`` for ``record``:
+    the values of the framework's recorded judgement whose digest the panel entry keeps (None
+    where the framework declares no judgements, or the run's inputs changed)."""
+    from ..runtime.panels import asked_digest
+
+    entries = [e for e in record.details.get("panel") or [] if e.get("stage") == stage]
+    item = (run.items or {}).get(record.id)
+    if key >= len(entries) or "asked" not in entries[key] or item is None:
+        return None
+    for judgement in run.framework.judgements(item, record, run.options):
+        if judgement.stage == stage and asked_digest(judgement.values) == entries[key]["asked"]:
+            return {name: str(value) for name, value in judgement.values.items()}
+    return None
