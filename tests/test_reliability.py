@@ -259,3 +259,54 @@ def test_agreement_rerun_asks_the_servers_again_not_the_cache(tmp_path, monkeypa
         app, ["agreement", str(tmp_path / "run"), "--rerun", "1", "--paraphrase", "1"]
     )
     assert both.exit_code == 2 and "one audit at a time" in both.output
+
+
+def test_garage_judgements_carry_the_values_each_stage_was_asked_with(tmp_path):
+    """A GaRAGe panel of two: every recorded judgement (deflection, eligibility, each
+    sentence's support against all and against the relevant passages) finds both members'
+    own answers by the digest of its values, so they are the values the stages were asked
+    with; asked again, only the member that now answers otherwise flips."""
+    from groundcover.pipelines.garage.framework import GARAGE, GarageOptions
+    from tests.test_roles import EXAMPLES, request_for, run_with
+
+    records = tmp_path / "garage.jsonl"
+    rows = [json.loads(line) for line in (EXAMPLES / "garage.jsonl").read_text().splitlines()]
+    records.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    answers = tmp_path / "answers.jsonl"
+    first = rows[0]["sample_id"]
+    text = "It is 330 m tall [1]. It was completed in 1889 [2]."
+    answers.write_text(json.dumps({"sample_id": first, "answer": text}) + "\n")
+    labels = {
+        "deflection": "attempted",
+        "eligibility": "No Issues",
+        "support-all": "supported",
+        "support-relevant": "supported",
+    }
+
+    def grader(name: str, support: str) -> ScriptedClient:
+        scripts = {s: labels[s] for s in labels} | {"support-all": support}
+        member = {f"{s}#2": v for s, v in scripts.items()}
+        return ScriptedClient(scripts | member, model=name, check_constraints=False)
+
+    request = request_for(
+        GarageOptions(input=records, answers=answers),
+        tmp_path / "run",
+        judge="g1@http://g.invalid/v1",
+        **{"judge#2": "g2@http://g.invalid/v1"},
+    )
+    clients = {"g1": grader("g1", "supported"), "g2": grader("g2", "unsupported")}
+    outcome = run_with(GARAGE, request, clients)[""]
+    found = recorded_judgements(run_rows(outcome.dir))
+    stages = sorted((r.judgement.stage, r.judgement.key) for r in found)
+    # two sentences, each against all three passages and against the two relevant ones
+    assert rows[0]["evidence_relevant"] == ["YES", "YES", "NO"]
+    expected = [("deflection", "0"), ("eligibility", "0")]
+    expected += [(stage, n) for stage in ("support-all", "support-relevant") for n in "01"]
+    assert stages == sorted(expected)
+    by = {(r.judgement.stage, r.judgement.key): r.members for r in found}
+    assert by[("support-all", "0")] == {"judge": "supported", "judge#2": "unsupported"}
+    assert by[("eligibility", "0")] == {"judge": "No Issues", "judge#2": "No Issues"}
+    again = {"judge": grader("g1", "unsupported"), "judge#2": grader("g2", "unsupported")}
+    result = asyncio.run(reask_audit(run_rows(outcome.dir), "rerun", 50, 0, again))
+    assert result["by_member"]["judge"]["flips"] == 2  # its two support-all labels changed
+    assert result["by_member"]["judge#2"]["flips"] == 0

@@ -29,6 +29,8 @@ from groundcover import (
     InputFile,
     ItemContext,
     ItemResult,
+    Judgement,
+    PromptTemplate,
     Vote,
     load_dir,
     not_scored,
@@ -152,6 +154,54 @@ class Garage(Framework[GarageOptions, Record]):
             f"relevant ones: RAF {int(d['raf'])}"
         )
         return ctx.result("ok", float(d["raf"]), explanation)
+
+    def judgements(
+        self, item: Record, record: ItemResult, options: GarageOptions
+    ) -> list[Judgement]:
+        """The judge's recorded labels: deflection, eligibility and each sentence's support
+        against all passages and against the relevant ones (none for a sentence with no
+        passage to rest on: a rule labelled it)."""
+        d, answer = record.details, record.details.get("answer")
+        if not isinstance(answer, str) or "deflected" not in d:
+            return []
+        found = [
+            Judgement(
+                "deflection",
+                "0",
+                "missing" if d["deflected"] else "attempted",
+                {"question": item.question, "answer": answer},
+            )
+        ]
+        if "eligibility" in d:
+            values = {"question": item.question, "reference": item.answer_generate}
+            found.append(
+                Judgement("eligibility", "0", d["eligibility"], values | {"answer": answer})
+            )
+        texts = [p.text for p in item.grounding]
+        relevant = [p.text for p, r in zip(item.grounding, item.relevant, strict=True) if r]
+        for n, sentence in enumerate(d.get("sentences") or []):
+            for stage, field, passages in (
+                ("support-all", "all", texts),
+                ("support-relevant", "relevant", relevant),
+            ):
+                if passages:
+                    values = {"passages": passages, "sentence": sentence["text"]}
+                    found.append(Judgement(stage, str(n), sentence[field], values))
+        return found
+
+    async def ask_judgement(
+        self, ctx: ItemContext, judgement: Judgement, template: PromptTemplate | None = None
+    ) -> str:
+        stage = judgement.stage
+        kind = "support" if stage.startswith("support-") else stage
+        choices = {"deflection": ["missing", "attempted"], "eligibility": ELIGIBILITY}
+        return await ctx.choose(
+            template or PROMPTS[kind],
+            choices.get(kind, SUPPORT),
+            stage,
+            judgement.values,
+            max_tokens=16,
+        )
 
     def tables_file(self, options: GarageOptions) -> str:
         return "tables.json"

@@ -647,5 +647,12 @@ def judged_values(run: Any, record: Any, stage: str, key: int) -> dict[str, str]
         return None
     for judgement in run.framework.judgements(item, record, run.options):
         if judgement.stage == stage and asked_digest(judgement.values) == entries[key]["asked"]:
-            return {name: str(value) for name, value in judgement.values.items()}
+            return {name: _shown(value) for name, value in judgement.values.items()}
     return None
+
+
+def _shown(value: Any) -> str:
+    """A prompt value as a person reads it (a list of passages numbered, one per line)."""
+    if isinstance(value, list):
+        return "\n".join(f"[{n}] {v}" for n, v in enumerate(value, 1))
+    return str(value)
