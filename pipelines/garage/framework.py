@@ -173,10 +173,8 @@ class Garage(Framework[GarageOptions, Record]):
             )
         ]
         if "eligibility" in d:
-            values = {"question": item.question, "reference": item.answer_generate}
-            found.append(
-                Judgement("eligibility", "0", d["eligibility"], values | {"answer": answer})
-            )
+            asked = {"question": item.question, "reference": item.answer_generate, "answer": answer}
+            found.append(Judgement("eligibility", "0", d["eligibility"], asked))
         texts = [p.text for p in item.grounding]
         relevant = [p.text for p, r in zip(item.grounding, item.relevant, strict=True) if r]
         for n, sentence in enumerate(d.get("sentences") or []):
