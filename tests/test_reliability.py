@@ -310,3 +310,28 @@ def test_garage_judgements_carry_the_values_each_stage_was_asked_with(tmp_path):
     result = asyncio.run(reask_audit(run_rows(outcome.dir), "rerun", 50, 0, again))
     assert result["by_member"]["judge"]["flips"] == 2  # its two support-all labels changed
     assert result["by_member"]["judge#2"]["flips"] == 0
+
+
+def test_agreement_reports_the_members_correlated_errors_from_human_labels(tmp_path):
+    """The three-judge panel (f1: B, B, A; f2: C, D, E) against human labels A and C: errors
+    judge 1 0, judge#2 1 1 (constant: no correlation), judge#3 0 1; r(judge, judge#3) = -1,
+    so no positive spread: the effective number is undefined, never a made-up one."""
+    outcome, _, _ = panel_run(tmp_path, ["j1", "j2", "j3"])
+    human = tmp_path / "human.jsonl"
+    human.write_text(
+        "".join(
+            json.dumps({"id": i, "stage": "judge", "label": label}) + "\n"
+            for i, label in (("f1", "A"), ("f2", "C"))
+        )
+    )
+    args = ["agreement", str(outcome.dir), "--human", str(human), "--json"]
+    out = CliRunner().invoke(app, args)
+    assert out.exit_code == 0, out.output
+    errors = json.loads(out.output)["runs"][0]["stages"]["judge"]["errors"]
+    assert (errors["units"], errors["judges"]) == (2, 3)
+    pairs = {(p["a"].split()[0], p["b"].split()[0]): p for p in errors["pairwise"]}
+    assert pairs[("judge", "judge#3")]["error_correlation"] == pytest.approx(-1.0)
+    assert pairs[("judge", "judge#2")]["error_correlation"] is None
+    assert errors["effective_judges"] is None
+    text = CliRunner().invoke(app, ["agreement", str(outcome.dir), "--human", str(human)])
+    assert "effective independent judges - of 3" in " ".join(text.output.split())
