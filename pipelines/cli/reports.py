@@ -185,6 +185,12 @@ def agreement(
     if human_sample is not None and human_sample < 1:
         raise UserError(f"--human-sample must be at least 1, got {human_sample}")
     found = measure(run_dir, human, human_sample)
+    from ..reports.reask import recorded_audits
+
+    for run in found["runs"]:  # the audits that asked the judge again, read back
+        audits = recorded_audits(Path(run["run"]))
+        if audits:
+            run["audits"] = audits
     if bias:
         from ..reports.agreement import read_human
         from ..reports.bias import length_audit

@@ -542,11 +542,6 @@ def run_agreement(run_dir: Path, human: dict | None, sample: int | None = None) 
     labels = scored | made | labels
     if labels:
         out["score"] = score_estimates(records, labels, read_queue(run_dir))
-    from .reask import recorded_audits
-
-    audits = recorded_audits(run_dir)  # the audits that asked the judge again, read back
-    if audits:
-        out["audits"] = audits
     return out
 
 
