@@ -30,13 +30,13 @@ if TYPE_CHECKING:
     from .pipelines.api import Evaluation, evaluate, score_item
 
     # answers made elsewhere (``--answers``)
-    from .pipelines.runtime.answers import AnswerFile, GivenAnswers
+    from .pipelines.runtime.contract.answers import AnswerFile, GivenAnswers
 
     # commands and flags, declared as data (the CLI builds them from the options' fields)
-    from .pipelines.runtime.commands import NLI_PLACEMENT, Command, Flag, flags
+    from .pipelines.runtime.contract.commands import NLI_PLACEMENT, Command, Flag, flags
 
     # configuration, readers and the one-line error
-    from .pipelines.runtime.config import (
+    from .pipelines.runtime.contract.config import (
         EvaluatorConfig,
         RecordId,
         Strict,
@@ -47,21 +47,11 @@ if TYPE_CHECKING:
         read_text,
     )
 
-    # paper grids: one run per model, the published values beside ours
-    from .pipelines.runtime.grid import ModelGrid, Published, cell_text, published_row
-
-    # where a cross-encoder runs (in process, a Ray Serve app, Ray Data)
-    from .pipelines.runtime.nli_placement import (
-        PLACEMENT_FIELDS,
-        NliPlacement,
-        placement_of,
-    )
-
     # judge panels: how members' answers combine, and human labels beside a run's decision
-    from .pipelines.runtime.panels import Average, HumanLabel, PanelRule, Vote
+    from .pipelines.runtime.contract.panels import Average, HumanLabel, PanelRule, Vote
 
     # a framework, its options and the per-item context it solves in; studies of several runs
-    from .pipelines.runtime.protocol import (
+    from .pipelines.runtime.contract.protocol import (
         Framework,
         FrameworkOptions,
         ItemContext,
@@ -71,18 +61,8 @@ if TYPE_CHECKING:
         Study,
     )
 
-    # which option fields are inputs known by content (the run's identity)
-    from .pipelines.runtime.provenance import (
-        Content,
-        IndexDir,
-        InputDir,
-        InputFile,
-        ModelName,
-        NotContent,
-    )
-
     # per-item results and statuses
-    from .pipelines.runtime.results import (
+    from .pipelines.runtime.contract.results import (
         ItemResult,
         ItemText,
         Judgement,
@@ -94,24 +74,25 @@ if TYPE_CHECKING:
     )
 
     # which model plays which role
-    from .pipelines.runtime.roles import (
+    from .pipelines.runtime.contract.roles import (
         RoleSpec,
         model_name,
         responder_config,
         role_evaluator,
     )
 
-    # what a run directory holds
-    from .pipelines.runtime.runstore import (
-        MANIFEST,
-        RESULTS,
-        atomic_write_json,
-        read_manifest,
-        results_by_id,
+    # paper grids: one run per model, the published values beside ours
+    from .pipelines.runtime.execution.grid import ModelGrid, Published, cell_text, published_row
+
+    # where a cross-encoder runs (in process, a Ray Serve app, Ray Data)
+    from .pipelines.runtime.execution.nli_placement import (
+        PLACEMENT_FIELDS,
+        NliPlacement,
+        placement_of,
     )
 
     # one item solved outside a run (a study that solves items of another framework)
-    from .pipelines.runtime.solving import solve_item
+    from .pipelines.runtime.execution.solve import solve_item
 
     # metric helpers
     from .pipelines.runtime.stats import (
@@ -119,6 +100,25 @@ if TYPE_CHECKING:
         bca_interval,
         paired_test,
         precision_recall_f1,
+    )
+
+    # which option fields are inputs known by content (the run's identity)
+    from .pipelines.runtime.store.provenance import (
+        Content,
+        IndexDir,
+        InputDir,
+        InputFile,
+        ModelName,
+        NotContent,
+    )
+
+    # what a run directory holds
+    from .pipelines.runtime.store.run_dir import (
+        MANIFEST,
+        RESULTS,
+        atomic_write_json,
+        read_manifest,
+        results_by_id,
     )
 
     # the evaluator client a stage asks through, and prompt templates

@@ -28,9 +28,10 @@ from typing import Any
 
 from ..serving.client import EvalClient
 from .datasets.names import resolve_names
-from .reports.tracking import track_outcomes
-from .runtime.config import load_config
-from .runtime.protocol import (
+from .reports.exports.tracking import track_outcomes
+from .runtime.contract.config import load_config
+from .runtime.contract.plugins import framework, study
+from .runtime.contract.protocol import (
     Framework,
     ItemContext,
     RunOutcome,
@@ -38,11 +39,10 @@ from .runtime.protocol import (
     Study,
     request_model,
 )
-from .runtime.records import RunSummary
-from .runtime.registry import framework, study
-from .runtime.results import ItemResult
-from .runtime.runner import execute, fixed_client
-from .runtime.solving import solve_item
+from .runtime.contract.results import ItemResult
+from .runtime.execution.execute import execute, fixed_client
+from .runtime.execution.solve import solve_item
+from .runtime.store.manifest import RunSummary
 
 __all__ = ["Evaluation", "ItemResult", "RunOutcome", "evaluate", "score_item"]
 

@@ -133,9 +133,9 @@ def bench_training(tmp: Path, steps: int) -> None:
 
 def bench_teacher(tmp: Path, n_topics: int) -> None:
     from groundcover.pipelines.finetune.teacher import TEACHER_DATA, TeacherOptions
-    from groundcover.pipelines.runtime.config import EvaluatorConfig, RunConfig
-    from groundcover.pipelines.runtime.protocol import RunRequest
-    from groundcover.pipelines.runtime.runner import execute
+    from groundcover.pipelines.runtime.contract.config import EvaluatorConfig, RunConfig
+    from groundcover.pipelines.runtime.contract.protocol import RunRequest
+    from groundcover.pipelines.runtime.execution.execute import execute
 
     topics = tmp / "topics.txt"
     topics.write_text(

@@ -99,9 +99,9 @@ def bench_retrieval(index, responses: list[list[str]], k: int) -> None:
 
 def bench_full(tmp: Path, index_dir: Path, model_path: str, n: int) -> None:
     from groundcover.pipelines.icat.framework import ICAT, IcatOptions
-    from groundcover.pipelines.runtime.config import EvaluatorConfig, RunConfig
-    from groundcover.pipelines.runtime.protocol import RunRequest
-    from groundcover.pipelines.runtime.runner import execute
+    from groundcover.pipelines.runtime.contract.config import EvaluatorConfig, RunConfig
+    from groundcover.pipelines.runtime.contract.protocol import RunRequest
+    from groundcover.pipelines.runtime.execution.execute import execute
 
     topics = [json.loads(line) for line in TOPICS.read_text().splitlines()][:n]
     responses = tmp / "responses.jsonl"

@@ -31,9 +31,9 @@ FILLER = (
 def one_run(size: int, tmp: Path) -> None:
     """In a fresh process: write the items, run them, print the peak RSS in KB."""
     from groundcover.pipelines.generate.framework import GENERATE, GenerateOptions
-    from groundcover.pipelines.runtime.config import EvaluatorConfig, RunConfig
-    from groundcover.pipelines.runtime.protocol import RunRequest
-    from groundcover.pipelines.runtime.runner import execute, fixed_client
+    from groundcover.pipelines.runtime.contract.config import EvaluatorConfig, RunConfig
+    from groundcover.pipelines.runtime.contract.protocol import RunRequest
+    from groundcover.pipelines.runtime.execution.execute import execute, fixed_client
     from tests.support.scripted import ScriptedClient
 
     items = tmp / "items.jsonl"

@@ -58,9 +58,9 @@ def one_run(args) -> None:
     """In a fresh process whose sys.path starts at the revision's tree: run, print JSON."""
     sys.path.insert(0, str(args.tree))
     try:
-        from groundcover.pipelines.runtime.config import EvaluatorConfig, RunConfig
-        from groundcover.pipelines.runtime.protocol import RunRequest
-        from groundcover.pipelines.runtime.runner import execute, fixed_client
+        from groundcover.pipelines.runtime.contract.config import EvaluatorConfig, RunConfig
+        from groundcover.pipelines.runtime.contract.protocol import RunRequest
+        from groundcover.pipelines.runtime.execution.execute import execute, fixed_client
     except ImportError:  # a revision before the runtime had its own package
         from groundcover.pipelines.config import EvaluatorConfig, RunConfig  # type: ignore[no-redef]
         from groundcover.pipelines.protocol import RunRequest  # type: ignore[no-redef]

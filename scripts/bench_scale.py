@@ -665,8 +665,8 @@ def cpu_burner():
 
 def bench_drivers(tmp: Path, items: int, rounds: int) -> None:
     from groundcover.pipelines.api import request_from
-    from groundcover.pipelines.runtime.registry import study
-    from groundcover.pipelines.runtime.runner import execute
+    from groundcover.pipelines.runtime.contract.plugins import study
+    from groundcover.pipelines.runtime.execution.execute import execute
     from groundcover.serving.launcher import free_port
     from tests.support.ray_head import ray_head, ray_worker
 

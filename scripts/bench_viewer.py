@@ -21,7 +21,7 @@ from pathlib import Path
 
 
 def manifest(records: int) -> str:
-    from groundcover.pipelines.runtime.records import FORMAT_VERSION, RunManifest
+    from groundcover.pipelines.runtime.store.manifest import FORMAT_VERSION, RunManifest
 
     made = RunManifest(
         framework="comprehensiveness",
@@ -73,7 +73,7 @@ def main() -> None:
     parser.add_argument("--statements", type=int, default=4)
     parser.add_argument("--whole", action="store_true", help="also wait for the whole page")
     args = parser.parse_args()
-    from groundcover.pipelines.reports.viewer import Viewer
+    from groundcover.pipelines.reports.pages.viewer import Viewer
 
     with tempfile.TemporaryDirectory(prefix="gc-bench-view-") as tmp:
         run = make_run(Path(tmp), args.records, args.statements)

@@ -24,10 +24,15 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from groundcover.pipelines.reports.agreement import score_estimates
-from groundcover.pipelines.reports.labels import STRATEGIES, draw
-from groundcover.pipelines.runtime.registry import framework
-from groundcover.pipelines.runtime.runstore import MANIFEST, RESULTS, read_manifest, results_by_id
+from groundcover.pipelines.reports.audits.agreement import score_estimates
+from groundcover.pipelines.reports.people.labels import STRATEGIES, draw
+from groundcover.pipelines.runtime.contract.plugins import framework
+from groundcover.pipelines.runtime.store.run_dir import (
+    MANIFEST,
+    RESULTS,
+    read_manifest,
+    results_by_id,
+)
 
 
 def shipped_grades(run_dir: Path) -> tuple[list[Any], dict[str, float]]:

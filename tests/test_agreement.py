@@ -11,7 +11,7 @@ import pytest
 from typer.testing import CliRunner
 
 from groundcover.pipelines.cli import app
-from groundcover.pipelines.reports.agreement import (
+from groundcover.pipelines.reports.audits.agreement import (
     Unit,
     classical_mean,
     cohen_kappa,
@@ -19,7 +19,7 @@ from groundcover.pipelines.reports.agreement import (
     ppi_mean,
     raters_agreement,
 )
-from groundcover.pipelines.runtime.panels import Vote
+from groundcover.pipelines.runtime.contract.panels import Vote
 from tests.test_panels import panel_run
 
 

@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from groundcover.pipelines.runtime.answers import AnswerFile, read_answers
-from groundcover.pipelines.runtime.config import UserError
+from groundcover.pipelines.runtime.contract.answers import AnswerFile, read_answers
+from groundcover.pipelines.runtime.contract.config import UserError
 
 JSONL = AnswerFile(id_field="sample_id")
 LIST = AnswerFile(layout="json-list")
@@ -104,7 +104,7 @@ def test_either_layout_is_read_by_every_framework_decided_by_the_content(tmp_pat
 def test_every_framework_with_an_answering_role_reads_answers_through_the_runtime():
     """FanOutQA (the official JSON list), GaRAGe (sample_id JSONL) and CRUX (topic JSONL) each
     declare their layout; the answers file identifies the run by its content."""
-    from groundcover.pipelines.runtime.registry import framework
+    from groundcover.pipelines.runtime.contract.plugins import framework
 
     layouts = {
         name: (f.answer_file.id_field, f.answer_file.layout)

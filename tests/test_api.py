@@ -9,8 +9,8 @@ import json
 import pytest
 
 from groundcover.pipelines.api import Evaluation, evaluate, score_item
-from groundcover.pipelines.runtime.config import UserError
-from groundcover.pipelines.runtime.results import ItemResult
+from groundcover.pipelines.runtime.contract.config import UserError
+from groundcover.pipelines.runtime.contract.results import ItemResult
 from tests.support.scripted import ScriptedClient
 from tests.test_exact_scores import ITEM, QA_SCRIPTS
 

@@ -13,11 +13,16 @@ import typer
 from groundcover.pipelines.cli.options import clean_errors
 from groundcover.pipelines.comprehensiveness.common import ComprehensivenessOptions
 from groundcover.pipelines.comprehensiveness.framework import COMPREHENSIVENESS
-from groundcover.pipelines.runtime.config import EvaluatorConfig, RunConfig, UserError
-from groundcover.pipelines.runtime.costs import BudgetReached, ModelPrice, cost_table, load_prices
-from groundcover.pipelines.runtime.protocol import RunRequest
-from groundcover.pipelines.runtime.runner import execute, fixed_client
-from groundcover.pipelines.runtime.runstore import RESULTS, results_by_id
+from groundcover.pipelines.runtime.budget.costs import (
+    BudgetReached,
+    ModelPrice,
+    cost_table,
+    load_prices,
+)
+from groundcover.pipelines.runtime.contract.config import EvaluatorConfig, RunConfig, UserError
+from groundcover.pipelines.runtime.contract.protocol import RunRequest
+from groundcover.pipelines.runtime.execution.execute import execute, fixed_client
+from groundcover.pipelines.runtime.store.run_dir import RESULTS, results_by_id
 from tests.support.scripted import ScriptedClient
 
 N = 8

@@ -335,9 +335,9 @@ def test_a_run_on_a_damaged_cache_completes_with_the_records_of_a_clean_run(tmp_
     product's client and cache. The same run on a copy of that cache, damaged, asks them again
     (the damaged file moved aside) and records what the clean run recorded."""
     from groundcover.pipelines.crux.framework import CRUX, PROMPTS
-    from groundcover.pipelines.runtime.config import EvaluatorConfig, RunConfig
-    from groundcover.pipelines.runtime.protocol import RunRequest
-    from groundcover.pipelines.runtime.runner import execute
+    from groundcover.pipelines.runtime.contract.config import EvaluatorConfig, RunConfig
+    from groundcover.pipelines.runtime.contract.protocol import RunRequest
+    from groundcover.pipelines.runtime.execution.execute import execute
     from tests.support.loopback import StageByPrompt, loopback_judge
     from tests.support.scripted import ScriptedClient, field_of
     from tests.test_crux import crux_options, write_crux

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 from groundcover.pipelines.cli.frameworks import build, option_field
-from groundcover.pipelines.runtime.commands import Command, Flag
-from groundcover.pipelines.runtime.config import SHARED_OPTIONS
-from groundcover.pipelines.runtime.registry import commands, plugins
+from groundcover.pipelines.runtime.contract.commands import Command, Flag
+from groundcover.pipelines.runtime.contract.config import SHARED_OPTIONS
+from groundcover.pipelines.runtime.contract.plugins import commands, plugins
 
 
 def _framework_modules_after(code: str) -> list[str]:
@@ -48,7 +48,7 @@ def test_no_framework_imports_a_cli_library(package):
     """Importing every study of a package, first in a fresh interpreter, loads no typer."""
     code = (
         "import sys\n"
-        f"from groundcover.pipelines.runtime.commands import load_object\n"
+        f"from groundcover.pipelines.runtime.contract.commands import load_object\n"
         f"import {package}.plugin as plugin\n"
         "for ref in plugin.STUDIES:\n"
         "    load_object(ref)\n"

@@ -12,10 +12,10 @@ from typer.testing import CliRunner
 
 from groundcover.pipelines.cli import app
 from groundcover.pipelines.reports.compare import compare_runs
-from groundcover.pipelines.runtime.config import UserError
-from groundcover.pipelines.runtime.results import ItemResult, StageFailure
-from groundcover.pipelines.runtime.runstore import RunStore
+from groundcover.pipelines.runtime.contract.config import UserError
+from groundcover.pipelines.runtime.contract.results import ItemResult, StageFailure
 from groundcover.pipelines.runtime.stats import paired_test
+from groundcover.pipelines.runtime.store.run_dir import RunStore
 
 # A: i5 unparseable, i6 only here. B: i7 only here. Both scored: i1 i2 i3 i4 i8.
 A = {"i1": 1.0, "i2": 0.5, "i3": 0.0, "i4": 0.75, "i5": None, "i6": 0.2, "i8": 0.3}

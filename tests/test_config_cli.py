@@ -7,15 +7,15 @@ from typer.testing import CliRunner
 
 from groundcover.pipelines.cli import app
 from groundcover.pipelines.generate.framework import GenerateItem
-from groundcover.pipelines.runtime.config import (
+from groundcover.pipelines.runtime.contract.config import (
     EvaluatorConfig,
     UserError,
     items_digest,
     load_config,
     read_jsonl,
 )
-from groundcover.pipelines.runtime.lines import FileChanged
-from groundcover.pipelines.runtime.registry import plugins
+from groundcover.pipelines.runtime.contract.plugins import plugins
+from groundcover.pipelines.runtime.store.lines import FileChanged
 
 runner = CliRunner()
 
@@ -193,7 +193,7 @@ def test_models_lists_presets():
     ],
 )
 def test_shared_options_appear_once_in_one_group(command):
-    from groundcover.pipelines.runtime.config import SHARED_OPTIONS
+    from groundcover.pipelines.runtime.contract.config import SHARED_OPTIONS
 
     output = run([*command, "--help"]).output
     panel = output.index("Evaluator and run")

@@ -20,7 +20,7 @@ import pytest
 from typer.testing import CliRunner
 
 from groundcover.pipelines.cli import app
-from groundcover.pipelines.runtime.results import ItemResult, StageFailure, not_scored
+from groundcover.pipelines.runtime.contract.results import ItemResult, StageFailure, not_scored
 
 ROOT = Path(__file__).resolve().parents[1]
 FRAMEWORK_PACKAGES = [
@@ -42,7 +42,7 @@ def crux_record(i: int, status: str = "ok") -> ItemResult:
 
 def test_tables_parse_each_record_once(tmp_path, monkeypatch):
     """CRUX's aggregate makes many passes over the records; each record is read once."""
-    import groundcover.pipelines.runtime.runstore as runstore
+    import groundcover.pipelines.runtime.store.run_dir as runstore
     from groundcover.pipelines.crux.framework import CruxOptions
     from groundcover.pipelines.reports.report import load_outcome
 
@@ -87,8 +87,8 @@ def test_no_framework_touches_the_client_or_the_meter():
 
 
 async def test_attempt_returns_what_ask_raises_and_account_counts():
-    from groundcover.pipelines.runtime.protocol import ItemContext
-    from groundcover.pipelines.runtime.results import StageFailed
+    from groundcover.pipelines.runtime.contract.protocol import ItemContext
+    from groundcover.pipelines.runtime.contract.results import StageFailed
     from groundcover.serving.templates import REASK
     from tests.support.scripted import ScriptedClient
 
@@ -210,8 +210,8 @@ def test_docs_protocol_table_names_every_rule():
 
 
 def test_every_framework_declares_max_reasks():
-    from groundcover.pipelines.runtime.protocol import Framework, FrameworkOptions
-    from groundcover.pipelines.runtime.registry import studies
+    from groundcover.pipelines.runtime.contract.plugins import studies
+    from groundcover.pipelines.runtime.contract.protocol import Framework, FrameworkOptions
 
     frameworks = [s for s in studies().values() if isinstance(s, Framework)]
     assert len(frameworks) >= 9
@@ -224,7 +224,7 @@ def test_max_reasks_from_yaml_reaches_the_stage(tmp_path):
     """GaRAGe had no max_reasks: the YAML key was refused; now it bounds the re-asks."""
     from groundcover.pipelines.cli.options import Shared, load_request
     from groundcover.pipelines.garage.framework import GARAGE
-    from groundcover.pipelines.runtime.runner import execute, fixed_client
+    from groundcover.pipelines.runtime.execution.execute import execute, fixed_client
     from tests.support.scripted import ScriptedClient
 
     config = tmp_path / "c.yaml"
@@ -281,7 +281,7 @@ def test_deeply_nested_inputs_are_one_line(tmp_path):
 
 def test_view_off_loopback_needs_a_key(tmp_path):
     run_dir = tmp_path / "run"
-    from groundcover.pipelines.runtime.runstore import RunStore
+    from groundcover.pipelines.runtime.store.run_dir import RunStore
 
     store = RunStore(run_dir)
     store.open(
@@ -359,7 +359,7 @@ LIBRARIES = ("groundcover.serving", "groundcover.retrieval", "groundcover.index_
 
 
 def _built_in_frameworks() -> list[str]:
-    from groundcover.pipelines.runtime.registry import BUILT_IN, plugins
+    from groundcover.pipelines.runtime.contract.plugins import BUILT_IN, plugins
 
     return [p.value.split(".")[2] for p in plugins() if p.distribution == BUILT_IN]
 

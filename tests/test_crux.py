@@ -178,7 +178,7 @@ def test_eval_crux_by_hand(tmp_path, rate):
 
 def test_crux_inputs_fail_in_one_line(tmp_path):
     from groundcover.pipelines.crux import data
-    from groundcover.pipelines.runtime.config import UserError
+    from groundcover.pipelines.runtime.contract.config import UserError
 
     paths = write_crux(tmp_path, run_lines="t1 Q0 p4 1 9.0 sys\nt9 Q0 p2 2 9.0 sys\n")
     topics = data.load_topics(paths["topics"])

@@ -18,7 +18,7 @@ from groundcover.pipelines.datasets.convert import (
     wikicontradict_humaneval,
 )
 from groundcover.pipelines.datasets.fetch import read_lock
-from groundcover.pipelines.runtime.config import UserError
+from groundcover.pipelines.runtime.contract.config import UserError
 from tests.conftest import SHARED
 from tests.support.fake_hub import FakeHub
 from tests.support.scripted import ScriptedClient

@@ -1,4 +1,4 @@
-"""``--drivers N``: one run spread over driver actors on a Ray cluster (pipelines.runtime.drivers).
+"""``--drivers N``: one run spread over driver actors on a Ray cluster (execution.drivers).
 
 The shard rule, the run store's union of driver files and the shared budget are checked here
 directly; the two-node test (``-m multinode``) runs the real command against a loopback judge
@@ -20,17 +20,22 @@ from pathlib import Path
 
 import pytest
 
-from groundcover.pipelines.runtime.costs import Budget
-from groundcover.pipelines.runtime.drivers import (
+from groundcover.pipelines.runtime.budget.costs import Budget
+from groundcover.pipelines.runtime.contract.errors import UserError
+from groundcover.pipelines.runtime.contract.results import ItemResult, StageFailure
+from groundcover.pipelines.runtime.execution.drivers import (
     SharedBudget,
     driver_resources,
     merged,
     shard_counts,
     shard_of,
 )
-from groundcover.pipelines.runtime.errors import UserError
-from groundcover.pipelines.runtime.results import ItemResult, StageFailure
-from groundcover.pipelines.runtime.runstore import RunStore, result_files, results_by_id, shard_file
+from groundcover.pipelines.runtime.store.run_dir import (
+    RunStore,
+    result_files,
+    results_by_id,
+    shard_file,
+)
 from tests.support.records import whole_records
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -69,7 +74,7 @@ def test_driver_resources_one_for_all_or_one_each():
 
 
 def test_driver_options_are_validated_where_they_are_read():
-    from groundcover.pipelines.runtime.config import RunConfig
+    from groundcover.pipelines.runtime.contract.config import RunConfig
 
     assert RunConfig(driver_resources='[{"a": 1}, {"b": 0.5}]').driver_resources == [  # type: ignore[arg-type]
         {"a": 1},
@@ -469,7 +474,7 @@ def _open_files(pid: int) -> list[str]:
 def judged_request(tmp_path: Path, **settings):
     """FanOutQA judging the fixture's answers, with ``settings`` (dotted keys, ``__`` for a dot)."""
     from groundcover.pipelines.api import request_from
-    from groundcover.pipelines.runtime.registry import study
+    from groundcover.pipelines.runtime.contract.plugins import study
 
     dev, answers = fanoutqa_inputs(tmp_path)
     fanoutqa = study("fanoutqa")
@@ -483,7 +488,7 @@ def judged_request(tmp_path: Path, **settings):
 
 
 def test_a_dry_run_names_each_drivers_share(tmp_path, capsys):
-    from groundcover.pipelines.runtime.runner import execute
+    from groundcover.pipelines.runtime.execution.execute import execute
 
     fanoutqa, request = judged_request(
         tmp_path,
@@ -501,7 +506,7 @@ def test_a_dry_run_names_each_drivers_share(tmp_path, capsys):
 
 
 def test_drivers_refuse_a_serve_app_each_would_start(tmp_path):
-    from groundcover.pipelines.runtime.runner import execute
+    from groundcover.pipelines.runtime.execution.execute import execute
 
     fanoutqa, request = judged_request(tmp_path, evaluator__replicas=2, run__drivers=2)
     with pytest.raises(UserError, match="each driver start its own Ray Serve app"):
@@ -515,9 +520,9 @@ def test_the_drivers_share_one_nli_app_of_the_runs_replicas(tmp_path):
     from groundcover.pipelines.comprehensiveness.common import ComprehensivenessOptions
     from groundcover.pipelines.comprehensiveness.framework import COMPREHENSIVENESS
     from groundcover.pipelines.icat.framework import IcatOptions
-    from groundcover.pipelines.runtime.config import EvaluatorConfig, RunConfig
-    from groundcover.pipelines.runtime.drivers import SharedNli
-    from groundcover.pipelines.runtime.protocol import RunRequest
+    from groundcover.pipelines.runtime.contract.config import EvaluatorConfig, RunConfig
+    from groundcover.pipelines.runtime.contract.protocol import RunRequest
+    from groundcover.pipelines.runtime.execution.drivers import SharedNli
 
     items = tmp_path / "items.jsonl"
     items.write_text("")

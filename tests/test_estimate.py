@@ -13,11 +13,11 @@ from typer.testing import CliRunner
 from groundcover.pipelines.cli import app
 from groundcover.pipelines.comprehensiveness.common import ComprehensivenessOptions
 from groundcover.pipelines.comprehensiveness.framework import COMPREHENSIVENESS
-from groundcover.pipelines.runtime.config import EvaluatorConfig, RunConfig
-from groundcover.pipelines.runtime.estimate import predict_total
-from groundcover.pipelines.runtime.protocol import RunRequest
-from groundcover.pipelines.runtime.runner import execute, fixed_client
-from groundcover.pipelines.runtime.runstore import RESULTS, results_by_id
+from groundcover.pipelines.runtime.budget.estimate import predict_total
+from groundcover.pipelines.runtime.contract.config import EvaluatorConfig, RunConfig
+from groundcover.pipelines.runtime.contract.protocol import RunRequest
+from groundcover.pipelines.runtime.execution.execute import execute, fixed_client
+from groundcover.pipelines.runtime.store.run_dir import RESULTS, results_by_id
 from tests.support.scripted import ScriptedClient, field_of
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
@@ -164,7 +164,7 @@ def test_a_pilot_with_a_reasoning_judge_estimates_its_reasoning_tokens_apart(tmp
 
     from rich.console import Console
 
-    from groundcover.pipelines.runtime.estimate import print_estimate
+    from groundcover.pipelines.runtime.budget.estimate import print_estimate
     from groundcover.serving.reasoning import Reasoning
 
     items = write_items(tmp_path / "items.jsonl", 30)
@@ -251,7 +251,7 @@ def test_dry_run_says_when_the_run_directory_holds_another_run(tmp_path):
 
 
 def test_dry_run_replays_the_response_cache(tmp_path):
-    from groundcover.pipelines.runtime.evaluator import client_options
+    from groundcover.pipelines.runtime.execution.models import client_options
     from groundcover.serving.cache import ResponseCache
 
     cache_path = tmp_path / "responses.sqlite"

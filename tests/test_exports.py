@@ -19,7 +19,7 @@ import pytest
 from typer.testing import CliRunner
 
 from groundcover.pipelines.cli import app
-from groundcover.pipelines.reports.export import export_runs
+from groundcover.pipelines.reports.exports.export import export_runs
 from tests.support.browser import BROWSER, page_text
 from tests.test_panels import panel_run
 
@@ -221,8 +221,8 @@ def test_report_exports_by_the_file_name_and_refuses_an_unknown_one(panel, tmp_p
 
 def test_per_item_metrics_by_hand():
     from groundcover.pipelines.icat.framework import ICAT
-    from groundcover.pipelines.runtime.protocol import Framework
-    from groundcover.pipelines.runtime.results import ItemResult
+    from groundcover.pipelines.runtime.contract.protocol import Framework
+    from groundcover.pipelines.runtime.contract.results import ItemResult
 
     # ICAT: 3 of 4 claims grounded (S_fact 0.75); ICAT-M covers 1 of 2 aspects (S_cov 0.5):
     # ICAT_1 = 2 * 0.75 * 0.5 / (0.75 + 0.5) = 0.6; ICAT-A found no aspect (undefined)

@@ -189,7 +189,7 @@ def test_eval_fanoutqa_end_to_end(vllm_server, tmp_path):
 
 def test_fanoutqa_input_errors(tmp_path):
     from groundcover.pipelines.fanoutqa.framework import check_articles, load_questions
-    from groundcover.pipelines.runtime.config import UserError
+    from groundcover.pipelines.runtime.contract.config import UserError
 
     bad = tmp_path / "q.json"
     bad.write_text('{"not": "a list"}')
@@ -227,7 +227,7 @@ def test_open_book_tools_search_and_read(tmp_path):
 
 def test_table_row_counts_unanswered_and_reports_bleurt_absent():
     from groundcover.pipelines.fanoutqa.framework import table_row
-    from groundcover.pipelines.runtime.results import ItemResult
+    from groundcover.pipelines.runtime.contract.results import ItemResult
 
     def result(status, gold, generation):
         metrics = string_metrics(gold, generation)

@@ -17,7 +17,7 @@ import pytest
 from groundcover.pipelines.finetune.examples import TEMPLATE, chat_example
 from groundcover.pipelines.finetune.teacher import TEACHER_DATA, TeacherOptions
 from groundcover.pipelines.finetune.train import TrainOptions, read_examples, train
-from groundcover.pipelines.runtime.config import UserError
+from groundcover.pipelines.runtime.contract.config import UserError
 from groundcover.serving.adapters import AdapterError, register, registered
 from groundcover.serving.registry import lora_adapter
 from tests.conftest import require_engine

@@ -10,8 +10,8 @@ from typer.testing import CliRunner
 
 from groundcover.pipelines.garage.data import citations, load_records, quality_band
 from groundcover.pipelines.garage.framework import attribution, breakdowns, sentences, summarise
-from groundcover.pipelines.runtime.config import UserError
-from groundcover.pipelines.runtime.results import ItemResult, StageFailure
+from groundcover.pipelines.runtime.contract.config import UserError
+from groundcover.pipelines.runtime.contract.results import ItemResult, StageFailure
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples" / "garage.jsonl"
 # the examples are published-shape rows: their ids are the sample_id UUIDs

@@ -16,8 +16,8 @@ from groundcover.pipelines.cli import app
 from groundcover.pipelines.comprehensiveness.common import ComprehensivenessOptions
 from groundcover.pipelines.comprehensiveness.framework import COMPREHENSIVENESS
 from groundcover.pipelines.fanoutqa.framework import FANOUTQA, FanoutOptions
-from groundcover.pipelines.runtime.answers import AnswerFile, read_answers
-from groundcover.pipelines.runtime.config import UserError
+from groundcover.pipelines.runtime.contract.answers import AnswerFile, read_answers
+from groundcover.pipelines.runtime.contract.config import UserError
 from tests.support.scripted import ScriptedClient, field_of
 from tests.test_report_html import ITEMS, OUTPUTS
 from tests.test_runtime import FANOUT, run

@@ -18,10 +18,10 @@ from groundcover.pipelines.icat.scoring import (
     macro_average,
     parse_alignment,
 )
-from groundcover.pipelines.runtime.config import EvaluatorConfig, RunConfig, UserError
-from groundcover.pipelines.runtime.protocol import RunRequest
-from groundcover.pipelines.runtime.roles import RoleSpec
-from groundcover.pipelines.runtime.runner import execute, fixed_client
+from groundcover.pipelines.runtime.contract.config import EvaluatorConfig, RunConfig, UserError
+from groundcover.pipelines.runtime.contract.protocol import RunRequest
+from groundcover.pipelines.runtime.contract.roles import RoleSpec
+from groundcover.pipelines.runtime.execution.execute import execute, fixed_client
 from groundcover.serving.parsing import ParseError
 from tests.conftest import SHARED
 from tests.support.scripted import ScriptedClient, by_text, field_of
@@ -381,8 +381,8 @@ def test_icat_m_grounds_claims_in_a_bm25_index(tmp_path, bm25_index):
 
 
 def _request(options):
-    from groundcover.pipelines.runtime.config import EvaluatorConfig, RunConfig
-    from groundcover.pipelines.runtime.protocol import RunRequest
+    from groundcover.pipelines.runtime.contract.config import EvaluatorConfig, RunConfig
+    from groundcover.pipelines.runtime.contract.protocol import RunRequest
 
     return RunRequest(EvaluatorConfig(), RunConfig(), options)
 

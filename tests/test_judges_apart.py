@@ -16,8 +16,8 @@ from aiohttp import web
 from typer.testing import CliRunner
 
 from groundcover.pipelines.cli import app
-from groundcover.pipelines.runtime.config import EvaluatorConfig
-from groundcover.pipelines.runtime.served import location, names_weights
+from groundcover.pipelines.runtime.contract.config import EvaluatorConfig
+from groundcover.pipelines.runtime.execution.model_content import location, names_weights
 from groundcover.serving.cache import ResponseCache
 from groundcover.serving.client import EvalClient
 from groundcover.serving.endpoints import ServedModel
@@ -278,7 +278,7 @@ def test_a_member_sample_is_part_of_the_key_only_when_set():
 def test_a_run_directory_made_before_urls_counted_resumes(tmp_path, monkeypatch):
     """A run directory whose identity knew a bare-listing model by nothing (as runs made before
     this change did) resumes under the same command; its identity becomes today's."""
-    from groundcover.pipelines.runtime.runstore import fingerprint
+    from groundcover.pipelines.runtime.store.run_dir import fingerprint
 
     monkeypatch.setenv("GROUNDCOVER_HOME", str(tmp_path / "home"))
     server = JudgeServer("BBBBBB")
@@ -314,8 +314,8 @@ def test_a_stage_that_fixes_temperature_0_refuses_a_self_consistency_panel():
     the run's sampling, keeps both samples (the second keyed by its member index)."""
     from groundcover.pipelines.crux.framework import CRUX
     from groundcover.pipelines.fanoutqa.framework import FANOUTQA
-    from groundcover.pipelines.runtime.config import UserError
-    from groundcover.pipelines.runtime.identity import members_apart
+    from groundcover.pipelines.runtime.contract.config import UserError
+    from groundcover.pipelines.runtime.execution.identity import members_apart
 
     content = {"base": {"revision": "sha256:abc", "source": "directory"}, "adapters": {}}
     ev = EvaluatorConfig(

@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 from groundcover.pipelines.cli import app
 from groundcover.pipelines.comprehensiveness.common import ComprehensivenessOptions
 from groundcover.pipelines.comprehensiveness.framework import COMPREHENSIVENESS
-from groundcover.pipelines.reports.labels import (
+from groundcover.pipelines.reports.people.labels import (
     allocate,
     append_labels,
     draw,
@@ -24,8 +24,8 @@ from groundcover.pipelines.reports.labels import (
     run_labels,
     write_queue,
 )
-from groundcover.pipelines.runtime.config import UserError
-from groundcover.pipelines.runtime.results import ItemResult
+from groundcover.pipelines.runtime.contract.config import UserError
+from groundcover.pipelines.runtime.contract.results import ItemResult
 from tests.support.scripted import ScriptedClient, field_of
 from tests.test_runtime import run
 
@@ -232,7 +232,7 @@ def test_label_studio_out_and_back_and_the_weighted_mean(judged, tmp_path):
 
 
 def _records(run_dir):
-    from groundcover.pipelines.runtime.runstore import RESULTS, results_by_id
+    from groundcover.pipelines.runtime.store.run_dir import RESULTS, results_by_id
 
     return results_by_id(run_dir / RESULTS)
 
@@ -319,7 +319,7 @@ def test_an_override_is_a_layer_shown_apart_and_reversible(judged, tmp_path):
     }
     text = runner.invoke(app, ["report", str(run_a)], env={"COLUMNS": "200"}).output
     assert "overridden by people: 1 items; judge's mean 0.5000, with the overrides 0.4167" in text
-    from groundcover.pipelines.reports.report_html import render
+    from groundcover.pipelines.reports.pages.report_html import render
 
     assert "overridden by people: <b>1</b> items" in render([run_a])
     compared = runner.invoke(app, ["compare", str(run_a), str(run_b)], env={"COLUMNS": "200"})
@@ -376,7 +376,7 @@ def test_the_length_audit_by_hand(tmp_path):
 
 
 def test_a_judge_of_the_answering_models_family_is_said():
-    from groundcover.pipelines.reports.bias import family, same_family
+    from groundcover.pipelines.reports.audits.bias import family, same_family
 
     assert family("meta-llama/Llama-3.1-8B-Instruct") == "llama"
     assert family("Qwen2.5-72B-Instruct") == "qwen"

@@ -19,8 +19,8 @@ from groundcover.pipelines.comprehensiveness.meta import (
     wikicontradict_items,
 )
 from groundcover.pipelines.comprehensiveness.rules import rules_for
-from groundcover.pipelines.runtime.config import UserError
-from groundcover.pipelines.runtime.results import ItemResult, StageFailure
+from groundcover.pipelines.runtime.contract.config import UserError
+from groundcover.pipelines.runtime.contract.results import ItemResult, StageFailure
 from tests.conftest import SHARED
 
 WC = SHARED / "data" / "wikicontradict" / "humaneval-dev.jsonl"

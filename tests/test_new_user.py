@@ -19,11 +19,11 @@ from typer.testing import CliRunner
 import groundcover
 from groundcover.pipelines.cli import app
 from groundcover.pipelines.crux.framework import CRUX
-from groundcover.pipelines.reports.viewer import Viewer, make_server
-from groundcover.pipelines.runtime.config import EvaluatorConfig, RunConfig
-from groundcover.pipelines.runtime.protocol import RunRequest
-from groundcover.pipelines.runtime.roles import RoleSpec
-from groundcover.pipelines.runtime.runner import execute
+from groundcover.pipelines.reports.pages.viewer import Viewer, make_server
+from groundcover.pipelines.runtime.contract.config import EvaluatorConfig, RunConfig
+from groundcover.pipelines.runtime.contract.protocol import RunRequest
+from groundcover.pipelines.runtime.contract.roles import RoleSpec
+from groundcover.pipelines.runtime.execution.execute import execute
 from tests.support.browser import BROWSER, browser
 from tests.support.scripted import ScriptedClient, field_of
 from tests.test_crux import TEXTS, crux_options, write_crux

@@ -89,7 +89,7 @@ def test_a_serve_app_scores_as_the_local_scorer(tiny_nli):
 
 def test_placement_options_are_checked_in_one_line():
     from groundcover.pipelines.comprehensiveness.common import ComprehensivenessOptions
-    from groundcover.pipelines.runtime.nli_placement import parse_resources
+    from groundcover.pipelines.runtime.execution.nli_placement import parse_resources
 
     base = {"nli_backend": "cross-encoder", "nli_model": "m", "method": "nli"}
     old = ComprehensivenessOptions(**base, nli_actors=3)  # the option before Serve

@@ -9,11 +9,11 @@ import json
 import pytest
 
 from groundcover.pipelines.fanoutqa.framework import FANOUTQA, FanoutOptions
-from groundcover.pipelines.runtime.config import EvaluatorConfig, RunConfig, UserError
-from groundcover.pipelines.runtime.panels import Average, Vote, asked_digest, split_member
-from groundcover.pipelines.runtime.protocol import RunRequest, request_model
-from groundcover.pipelines.runtime.roles import RoleSpec, parse_role_options
-from groundcover.pipelines.runtime.runner import execute
+from groundcover.pipelines.runtime.contract.config import EvaluatorConfig, RunConfig, UserError
+from groundcover.pipelines.runtime.contract.panels import Average, Vote, asked_digest, split_member
+from groundcover.pipelines.runtime.contract.protocol import RunRequest, request_model
+from groundcover.pipelines.runtime.contract.roles import RoleSpec, parse_role_options
+from groundcover.pipelines.runtime.execution.execute import execute
 from tests.support.scripted import ScriptedClient, by_text
 from tests.test_runtime import FANOUT, closing_client
 
@@ -194,8 +194,8 @@ async def test_a_comprehensiveness_panel_votes_nli_labels_and_averages_relevance
     from groundcover.pipelines.comprehensiveness.common import ComprehensivenessOptions
     from groundcover.pipelines.comprehensiveness.framework import COMPREHENSIVENESS
     from groundcover.pipelines.comprehensiveness.nli_method import LlmNli
-    from groundcover.pipelines.runtime.protocol import ItemContext
-    from groundcover.pipelines.runtime.solving import solve_item
+    from groundcover.pipelines.runtime.contract.protocol import ItemContext
+    from groundcover.pipelines.runtime.execution.solve import solve_item
     from tests.test_exact_scores import ITEM, NLI_SCRIPTS
 
     options = ComprehensivenessOptions(protocol="spec", method="nli")

@@ -19,15 +19,15 @@ from pydantic import BaseModel
 from typer.testing import CliRunner
 
 from groundcover.pipelines.cli.main import app
-from groundcover.pipelines.runtime.config import EvaluatorConfig, RunConfig
-from groundcover.pipelines.runtime.provenance import (
+from groundcover.pipelines.runtime.contract.config import EvaluatorConfig, RunConfig
+from groundcover.pipelines.runtime.contract.plugins import studies
+from groundcover.pipelines.runtime.contract.roles import RoleSpec
+from groundcover.pipelines.runtime.store.provenance import (
     InputFile,
     NotContent,
     input_records,
     unmarked_fields,
 )
-from groundcover.pipelines.runtime.registry import studies
-from groundcover.pipelines.runtime.roles import RoleSpec
 from groundcover.serving import content
 from groundcover.serving.content import digest_path, file_digest, filesystem_of
 from tests.support.loopback import serve_app

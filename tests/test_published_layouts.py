@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 from groundcover.pipelines.cli import app
 from groundcover.pipelines.datasets import CATALOG, get
 from groundcover.pipelines.datasets.fetch import read_lock
-from groundcover.pipelines.runtime.config import UserError
+from groundcover.pipelines.runtime.contract.config import UserError
 from tests.support.fake_hub import FakeHub
 
 PUBLISHED = Path(__file__).parent / "fixtures" / "published"

@@ -9,10 +9,10 @@ import pytest
 from groundcover.pipelines.comprehensiveness.common import ComprehensivenessOptions
 from groundcover.pipelines.comprehensiveness.framework import evaluate_item
 from groundcover.pipelines.comprehensiveness.nli_method import LlmNli
-from groundcover.pipelines.runtime.config import EvaluatorConfig, UserError
-from groundcover.pipelines.runtime.evaluator import reasoning_of
-from groundcover.pipelines.runtime.identity import evaluator_identity
-from groundcover.pipelines.runtime.results import STATUSES, UNSCORED
+from groundcover.pipelines.runtime.contract.config import EvaluatorConfig, UserError
+from groundcover.pipelines.runtime.contract.results import STATUSES, UNSCORED
+from groundcover.pipelines.runtime.execution.identity import evaluator_identity
+from groundcover.pipelines.runtime.execution.models import reasoning_of
 from groundcover.serving.client import ChatResult, EvalClient, StageUsage, answer_tokens
 from groundcover.serving.reasoning import BUDGETS, Reasoning, ReasoningCut
 from tests.support.faults import cases
@@ -138,8 +138,8 @@ async def test_nli_method_scores_equal_a_plain_judge_with_a_reasoning_judge(tmp_
 
 async def test_an_item_cut_in_reasoning_is_its_own_status_never_a_score(tmp_path):
     from groundcover.pipelines.comprehensiveness.framework import COMPREHENSIVENESS
-    from groundcover.pipelines.runtime.protocol import ItemContext
-    from groundcover.pipelines.runtime.solving import solve_item
+    from groundcover.pipelines.runtime.contract.protocol import ItemContext
+    from groundcover.pipelines.runtime.execution.solve import solve_item
 
     assert "cut_in_reasoning" in STATUSES and "cut_in_reasoning" in UNSCORED
     options = ComprehensivenessOptions(protocol="spec", method="nli")
@@ -225,8 +225,8 @@ def test_reproduce_comprehensiveness_runs_each_evaluator_as_the_papers_appendix(
     import json
 
     from groundcover.pipelines.comprehensiveness.reproduce import REPRODUCE, ReproduceOptions
-    from groundcover.pipelines.runtime.config import RunConfig
-    from groundcover.pipelines.runtime.protocol import RunRequest
+    from groundcover.pipelines.runtime.contract.config import RunConfig
+    from groundcover.pipelines.runtime.contract.protocol import RunRequest
     from tests.test_runtime import WC_ROW
 
     data = tmp_path / "wc.jsonl"
@@ -292,7 +292,7 @@ def test_a_server_without_a_reasoning_parser_leaves_it_in_the_content(content, r
 
 
 def test_constrained_decoding_only_where_the_server_parses_the_reasoning_apart():
-    from groundcover.pipelines.runtime.evaluator import started_with_reasoning_parser
+    from groundcover.pipelines.runtime.execution.models import started_with_reasoning_parser
 
     medium = Reasoning.make("effort", "medium")
     assert EvalClient("http://127.0.0.1:9/v1", "plain").constrains
@@ -323,8 +323,8 @@ async def test_keep_reasoning_keeps_each_requests_reasoning_in_the_record(tmp_pa
     import json
 
     from groundcover.pipelines.comprehensiveness.framework import COMPREHENSIVENESS
-    from groundcover.pipelines.runtime.protocol import ItemContext
-    from groundcover.pipelines.runtime.solving import solve_item
+    from groundcover.pipelines.runtime.contract.protocol import ItemContext
+    from groundcover.pipelines.runtime.execution.solve import solve_item
 
     options = ComprehensivenessOptions(protocol="spec", method="nli")
     reasoning = Reasoning.make("effort", "low", 100)

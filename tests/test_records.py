@@ -13,17 +13,17 @@ from typer.testing import CliRunner
 
 from groundcover.pipelines.cli import app
 from groundcover.pipelines.fanoutqa.framework import FANOUTQA, FanoutOptions
-from groundcover.pipelines.runtime.config import EvaluatorConfig, RunConfig
-from groundcover.pipelines.runtime.protocol import RunRequest
-from groundcover.pipelines.runtime.records import (
+from groundcover.pipelines.runtime.contract.config import EvaluatorConfig, RunConfig
+from groundcover.pipelines.runtime.contract.protocol import RunRequest
+from groundcover.pipelines.runtime.contract.roles import RoleSpec
+from groundcover.pipelines.runtime.execution.execute import execute, fixed_client
+from groundcover.pipelines.runtime.store.manifest import (
     FORMAT_VERSION,
     RunManifest,
     RunSummary,
     StudyRecord,
 )
-from groundcover.pipelines.runtime.roles import RoleSpec
-from groundcover.pipelines.runtime.runner import execute, fixed_client
-from groundcover.pipelines.runtime.runstore import (
+from groundcover.pipelines.runtime.store.run_dir import (
     RunStoreError,
     read_manifest,
     read_study,
@@ -154,7 +154,7 @@ def test_the_previous_versions_report_says_its_inputs_were_not_fingerprinted(tmp
 
 
 def test_a_record_of_another_format_or_broken_is_refused_in_one_line(tmp_path):
-    from groundcover.pipelines.runtime.runstore import RunStoreError
+    from groundcover.pipelines.runtime.store.run_dir import RunStoreError
 
     run_dir = tmp_path / "run"
     shutil.copytree(RUNS[0], run_dir)

@@ -17,16 +17,16 @@ from typer.testing import CliRunner
 from groundcover.pipelines.cli import app
 from groundcover.pipelines.crux.framework import CRUX
 from groundcover.pipelines.fanoutqa.framework import FANOUTQA, FanoutOptions
-from groundcover.pipelines.reports.agreement import Unit, judge_errors
-from groundcover.pipelines.reports.reask import (
+from groundcover.pipelines.reports.audits.agreement import Unit, judge_errors
+from groundcover.pipelines.reports.audits.reask import (
     PARAPHRASE,
     RERUN,
     reask_audit,
     recorded_audits,
     recorded_judgements,
 )
-from groundcover.pipelines.reports.rows import run_rows
-from groundcover.pipelines.runtime.panels import Vote
+from groundcover.pipelines.reports.exports.rows import run_rows
+from groundcover.pipelines.runtime.contract.panels import Vote
 from tests.support.loopback import serve_app
 from tests.support.scripted import ScriptedClient, field_of
 from tests.test_crux import crux_options, write_crux

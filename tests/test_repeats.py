@@ -13,11 +13,11 @@ from groundcover.pipelines.cli import app
 from groundcover.pipelines.comprehensiveness.common import ComprehensivenessOptions
 from groundcover.pipelines.comprehensiveness.framework import COMPREHENSIVENESS
 from groundcover.pipelines.reports.compare import compare_runs
-from groundcover.pipelines.runtime.config import EvaluatorConfig, RunConfig, UserError
-from groundcover.pipelines.runtime.evaluator import sampling_defaults
-from groundcover.pipelines.runtime.protocol import RunPlan, RunRequest
-from groundcover.pipelines.runtime.repeats import repeat_plans
-from groundcover.pipelines.runtime.runner import execute, fixed_client
+from groundcover.pipelines.runtime.contract.config import EvaluatorConfig, RunConfig, UserError
+from groundcover.pipelines.runtime.contract.protocol import RunPlan, RunRequest
+from groundcover.pipelines.runtime.execution.execute import execute, fixed_client
+from groundcover.pipelines.runtime.execution.models import sampling_defaults
+from groundcover.pipelines.runtime.execution.repeats import repeat_plans
 from tests.support.scripted import Sampled, ScriptedClient, field_of
 
 HALF = "x\n[Covered statements]\n- In Paris [1]\n[Uncovered statements]\n- In Lyon [2]\n"

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from groundcover.pipelines.reports.report_html import write_html
+from groundcover.pipelines.reports.pages.report_html import write_html
 from tests.test_report_html import make_run
 
 BROWSER = shutil.which("chromium") or shutil.which("chromium-browser")

@@ -13,9 +13,9 @@ from typer.testing import CliRunner
 from groundcover.pipelines.cli import app
 from groundcover.pipelines.comprehensiveness.common import ComprehensivenessOptions
 from groundcover.pipelines.comprehensiveness.framework import COMPREHENSIVENESS
-from groundcover.pipelines.reports.export import export_runs
-from groundcover.pipelines.reports.report_html import render
-from groundcover.pipelines.runtime.runstore import RunStoreError
+from groundcover.pipelines.reports.exports.export import export_runs
+from groundcover.pipelines.reports.pages.report_html import render
+from groundcover.pipelines.runtime.store.run_dir import RunStoreError
 from groundcover.serving.client import EndpointError
 from tests.support.scripted import Reply, ScriptedClient, field_of
 from tests.test_runtime import run
@@ -169,7 +169,7 @@ def test_garage_fanoutqa_and_crux_runs_draw_their_figures(tmp_path):
 
 
 def test_score_axis_is_the_scores_range():
-    from groundcover.pipelines.reports.report_html import score_range
+    from groundcover.pipelines.reports.pages.report_html import score_range
 
     assert score_range([1.0, 1.0, 1.0]) == (0.0, 1.0)  # not 0.5-1.5 around the one value
     assert score_range([0.25]) == (0.0, 1.0)

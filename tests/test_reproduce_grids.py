@@ -100,7 +100,7 @@ def test_icat_table3_rows_per_source_and_system(tmp_path):
         ReproduceIcat,
         ReproduceIcatOptions,
     )
-    from groundcover.pipelines.runtime.grid import published_row
+    from groundcover.pipelines.runtime.execution.grid import published_row
     from tests.test_icat import P_ENTAIL, SCRIPTS, StandInIcat, write_inputs
 
     paths = write_inputs(tmp_path)
@@ -144,10 +144,10 @@ def test_a_papers_grid_judges_without_reasoning_as_the_paper_did(tmp_path, judge
     model under evaluation keeps its own."""
     from groundcover.pipelines.garage.framework import GarageOptions
     from groundcover.pipelines.garage.reproduce import REPRODUCE_GARAGE, ReproduceGarageOptions
-    from groundcover.pipelines.runtime.config import EvaluatorConfig, RunConfig
-    from groundcover.pipelines.runtime.protocol import RunRequest
-    from groundcover.pipelines.runtime.roles import RoleSpec
-    from groundcover.pipelines.runtime.runner import execute
+    from groundcover.pipelines.runtime.contract.config import EvaluatorConfig, RunConfig
+    from groundcover.pipelines.runtime.contract.protocol import RunRequest
+    from groundcover.pipelines.runtime.contract.roles import RoleSpec
+    from groundcover.pipelines.runtime.execution.execute import execute
     from tests.test_runtime import GARAGE_SCRIPTS, closing_client, garage_records
 
     opened: dict[str, EvaluatorConfig] = {}

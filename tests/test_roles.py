@@ -15,15 +15,15 @@ from groundcover.pipelines.cli import app
 from groundcover.pipelines.crux.framework import CRUX, CruxOptions
 from groundcover.pipelines.fanoutqa.framework import FANOUTQA, FanoutOptions
 from groundcover.pipelines.garage.framework import GARAGE, GarageOptions
-from groundcover.pipelines.runtime.config import EvaluatorConfig, RunConfig, UserError
-from groundcover.pipelines.runtime.protocol import RunRequest
-from groundcover.pipelines.runtime.roles import (
+from groundcover.pipelines.runtime.contract.config import EvaluatorConfig, RunConfig, UserError
+from groundcover.pipelines.runtime.contract.protocol import RunRequest
+from groundcover.pipelines.runtime.contract.roles import (
     RoleSpec,
     parse_role_options,
     parse_spec,
     role_evaluator,
 )
-from groundcover.pipelines.runtime.runner import execute, fixed_client
+from groundcover.pipelines.runtime.execution.execute import execute, fixed_client
 from tests.support.scripted import ScriptedClient, by_text
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
@@ -206,7 +206,7 @@ def test_a_judge_that_is_the_answering_model_is_said_so(tmp_path):
     assert "self-judging: the judge role is the answer model answerer" in " ".join(
         result.output.split()
     )
-    from groundcover.pipelines.reports.report_html import render
+    from groundcover.pipelines.reports.pages.report_html import render
 
     page = render([outcome.dir])
     assert "self-judging" in page and "answerer" in page
@@ -478,7 +478,7 @@ def test_lingering_servers_start_each_base_once_and_hold_one_base_at_a_time(monk
     run on another base stops the idle one first; close stops the rest."""
     import asyncio
 
-    from groundcover.pipelines.runtime import evaluator
+    from groundcover.pipelines.runtime.execution import models as evaluator
 
     events: list[str] = []
 
@@ -539,8 +539,8 @@ def test_servers_of_two_bases_start_side_by_side(monkeypatch, tmp_path):
     import asyncio
     import threading
 
-    from groundcover.pipelines.runtime import evaluator
-    from groundcover.pipelines.runtime.solving import Evaluators, _open_roles, evaluator_key
+    from groundcover.pipelines.runtime.execution import models as evaluator
+    from groundcover.pipelines.runtime.execution.solve import Evaluators, _open_roles, evaluator_key
 
     both_starting = threading.Barrier(2, timeout=20)
     events: list[str] = []
@@ -586,7 +586,7 @@ def test_a_start_interrupted_by_its_run_leaves_nothing_serving(kind, monkeypatch
     import asyncio
     import threading
 
-    from groundcover.pipelines.runtime import evaluator
+    from groundcover.pipelines.runtime.execution import models as evaluator
     from groundcover.serving import ray_serve
 
     release, events = threading.Event(), []
@@ -656,7 +656,7 @@ def test_a_run_starts_its_server_elsewhere_when_the_chosen_port_is_taken(monkeyp
     import socket
     import sys
 
-    from groundcover.pipelines.runtime import evaluator
+    from groundcover.pipelines.runtime.execution import models as evaluator
     from groundcover.serving.launcher import ServerSpec, VLLMServer
 
     holders: list[socket.socket] = []

@@ -305,8 +305,8 @@ def test_an_adapter_retrained_in_place_is_asked_again(tiny_model, tmp_path):
     here, the old adapter's.)"""
     require_engine()
     from groundcover.pipelines.api import request_from
-    from groundcover.pipelines.runtime.registry import study
-    from groundcover.pipelines.runtime.runner import execute
+    from groundcover.pipelines.runtime.contract.plugins import study
+    from groundcover.pipelines.runtime.execution.execute import execute
     from groundcover.serving.content import digest_path
     from tests.support.tiny import build_tiny_lora
 

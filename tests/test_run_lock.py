@@ -1,4 +1,4 @@
-"""One writer per run directory (``pipelines.runtime.runstore.RunLock``): a second process is
+"""One writer per run directory (``pipelines.runtime.store.run_dir.RunLock``): a second process is
 refused in one line naming the holder, a stale holder (its process gone, or a host that stopped
 renewing) is taken over, a holder whose lock was taken stops recording, and two real commands on
 one run directory record every item once with the calls of one run."""
@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from groundcover.pipelines.runtime import runstore
-from groundcover.pipelines.runtime.results import ItemResult
-from groundcover.pipelines.runtime.runstore import LOCK, RunLock, RunStoreError
+from groundcover.pipelines.runtime.contract.results import ItemResult
+from groundcover.pipelines.runtime.store import run_dir as runstore
+from groundcover.pipelines.runtime.store.run_dir import LOCK, RunLock, RunStoreError
 from tests.support.records import whole_records
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -26,7 +26,7 @@ HOLD = """
 import sys, time
 sys.path.insert(0, sys.argv[2])
 from pathlib import Path
-from groundcover.pipelines.runtime.runstore import RunLock
+from groundcover.pipelines.runtime.store.run_dir import RunLock
 RunLock(Path(sys.argv[1])).acquire()
 print("held", flush=True)
 time.sleep(600)
@@ -77,7 +77,7 @@ def test_a_holder_on_another_host_is_taken_over_only_when_it_stopped_renewing(tm
 
 
 def test_a_holder_whose_lock_was_taken_stops_recording(tmp_path, monkeypatch):
-    from groundcover.pipelines.runtime.runstore import RunStore
+    from groundcover.pipelines.runtime.store.run_dir import RunStore
 
     monkeypatch.setattr(runstore, "RENEW_SECONDS", 0.05)
     store = RunStore(tmp_path / "run")

@@ -2,8 +2,8 @@ import json
 
 import pytest
 
-from groundcover.pipelines.runtime.results import ItemResult, StageFailure
-from groundcover.pipelines.runtime.runstore import (
+from groundcover.pipelines.runtime.contract.results import ItemResult, StageFailure
+from groundcover.pipelines.runtime.store.run_dir import (
     FORMAT_VERSION,
     RunStore,
     RunStoreError,

@@ -17,9 +17,9 @@ from groundcover.pipelines.comprehensiveness.framework import COMPREHENSIVENESS
 from groundcover.pipelines.comprehensiveness.reproduce import REPRODUCE, ReproduceOptions
 from groundcover.pipelines.fanoutqa.framework import FANOUTQA, FanoutOptions
 from groundcover.pipelines.garage.framework import GARAGE, GarageOptions
-from groundcover.pipelines.runtime.config import EvaluatorConfig, RunConfig
-from groundcover.pipelines.runtime.protocol import RunRequest
-from groundcover.pipelines.runtime.runner import execute, fixed_client
+from groundcover.pipelines.runtime.contract.config import EvaluatorConfig, RunConfig
+from groundcover.pipelines.runtime.contract.protocol import RunRequest
+from groundcover.pipelines.runtime.execution.execute import execute, fixed_client
 from groundcover.serving.client import EndpointError
 from tests.support.scripted import Reply, ScriptedClient, by_text, field_of
 
@@ -344,7 +344,7 @@ def test_items_file_changed_mid_run_stops_it_and_restoring_it_resumes(tmp_path):
     """Items are parsed again when a worker takes them: a file edited under a running run stops
     it (what finished stays recorded) instead of answering other questions under the old id."""
     from groundcover.pipelines.generate.framework import GENERATE, GenerateOptions
-    from groundcover.pipelines.runtime.lines import FileChanged
+    from groundcover.pipelines.runtime.store.lines import FileChanged
 
     items = tmp_path / "items.jsonl"
     original = "".join(json.dumps({"id": f"q{k}", "question": f"Q{k}?"}) + "\n" for k in range(4))
@@ -369,7 +369,7 @@ def test_items_file_changed_mid_run_stops_it_and_restoring_it_resumes(tmp_path):
 def test_auto_concurrency_reaches_the_client_and_the_summary_reports_the_limit(tmp_path):
     """--concurrency auto gives the run's client an adaptive limit up to concurrency_max; the
     summary reports each role's limit (here a scripted client's fixed one)."""
-    from groundcover.pipelines.runtime.evaluator import open_evaluator
+    from groundcover.pipelines.runtime.execution.models import open_evaluator
 
     auto = EvaluatorConfig(
         model="judge", endpoint="http://127.0.0.1:9/v1", concurrency="auto", concurrency_max=64

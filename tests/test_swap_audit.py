@@ -12,8 +12,13 @@ from typer.testing import CliRunner
 from groundcover.pipelines.cli import app
 from groundcover.pipelines.comprehensiveness.common import ComprehensivenessOptions
 from groundcover.pipelines.comprehensiveness.framework import COMPREHENSIVENESS
-from groundcover.pipelines.reports.rows import run_rows
-from groundcover.pipelines.reports.swap import AUDIT, judge_config, swap_audit, swap_candidates
+from groundcover.pipelines.reports.audits.swap import (
+    AUDIT,
+    judge_config,
+    swap_audit,
+    swap_candidates,
+)
+from groundcover.pipelines.reports.exports.rows import run_rows
 from tests.support.scripted import ScriptedClient, field_of
 from tests.test_exact_scores import ITEM, QA_SCRIPTS
 from tests.test_runtime import run

@@ -13,8 +13,8 @@ import pytest
 from typer.testing import CliRunner
 
 from groundcover.pipelines.cli import app
-from groundcover.pipelines.runtime.records import RunSummary
-from groundcover.pipelines.runtime.summary import print_summary
+from groundcover.pipelines.runtime.store.manifest import RunSummary
+from groundcover.pipelines.runtime.store.summary import print_summary
 from groundcover.pipelines.runtime.terminal import FittedConsole
 from tests.support.tables import table_rows
 
@@ -125,7 +125,7 @@ def test_help_paragraphs_read_as_paragraphs_and_each_entry_is_one_sentence():
 
 def test_the_progress_label_names_the_run_on_one_line():
     """The bar gives way, never the label (the run's task: framework and setting)."""
-    from groundcover.pipelines.runtime.solving import items_progress
+    from groundcover.pipelines.runtime.execution.solve import items_progress
 
     out = io.StringIO()
     console = FittedConsole(file=out, width=80, color_system=None)

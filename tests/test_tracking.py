@@ -18,7 +18,7 @@ from rich.console import Console
 from typer.testing import CliRunner
 
 from groundcover.pipelines.cli import app
-from groundcover.pipelines.reports.tracking import Tracking, track
+from groundcover.pipelines.reports.exports.tracking import Tracking, track
 from tests.support.wandb_log import offline_run
 from tests.test_panels import panel_run
 

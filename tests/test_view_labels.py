@@ -17,7 +17,7 @@ import pytest
 from typer.testing import CliRunner
 
 from groundcover.pipelines.cli import app
-from groundcover.pipelines.reports.viewer import SCALE, Viewer, make_server
+from groundcover.pipelines.reports.pages.viewer import SCALE, Viewer, make_server
 from tests.support.browser import BROWSER, browser
 from tests.test_exports import ARTIFACTS
 from tests.test_labels import judged_run
@@ -210,9 +210,9 @@ def test_a_panel_stage_is_labelled_with_its_own_labels_and_agreement_reads_them(
 
 
 def test_the_light_pass_reads_each_records_first_fields_as_the_run_store_does(tmp_path):
-    from groundcover.pipelines.reports.viewer import light_state
-    from groundcover.pipelines.runtime.results import ItemResult, StageFailure
-    from groundcover.pipelines.runtime.runstore import RESULTS, results_by_id
+    from groundcover.pipelines.reports.pages.viewer import light_state
+    from groundcover.pipelines.runtime.contract.results import ItemResult, StageFailure
+    from groundcover.pipelines.runtime.store.run_dir import RESULTS, results_by_id
 
     panel = {"panel": [{"stage": "judge", "members": ["B"], "value": "B"}]}
     failed = StageFailure(stage="judge", error="boom")
@@ -245,7 +245,7 @@ def test_the_light_pass_reads_each_records_first_fields_as_the_run_store_does(tm
 
 
 def test_a_large_run_opens_on_the_light_page_then_reloads_to_the_whole_one(served, monkeypatch):
-    from groundcover.pipelines.reports import viewer as viewing
+    from groundcover.pipelines.reports.pages import viewer as viewing
 
     run, viewer, base = served
     monkeypatch.setattr(viewing, "LIGHT_ABOVE", 5)  # twelve records: "large"

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from groundcover.pipelines.runtime.runstore import results_by_id
+from groundcover.pipelines.runtime.store.run_dir import results_by_id
 from tests.support.faulty import PERMANENT, TRANSIENT, FaultyServer, faulty_judge, usage_total
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -94,8 +94,8 @@ def overrides(paths: dict[str, Path], url: str, run_dir: Path) -> dict:
 
 def run_crux(paths: dict[str, Path], server: FaultyServer, run_dir: Path):
     from groundcover.pipelines.api import request_from
-    from groundcover.pipelines.runtime.registry import study
-    from groundcover.pipelines.runtime.runner import execute
+    from groundcover.pipelines.runtime.contract.plugins import study
+    from groundcover.pipelines.runtime.execution.execute import execute
 
     crux = study("crux")
     with faulty_judge(server) as url:
@@ -168,7 +168,7 @@ def test_a_malformed_request_fails_its_item_and_the_run_goes_on(clean, tmp_path)
     rest = [row for row in scored(outcome) if row[0] != "t03"]
     assert rest == [row for row in scored(clean_outcome) if row[0] != "t03"]
     assert outcome.summary.failed == {"count": 1, "by_status": {"error": 1}, "ids": ["t03"]}
-    from groundcover.pipelines.reports.report_html import render
+    from groundcover.pipelines.reports.pages.report_html import render
 
     page = render([outcome.dir])
     failed = page.index('class="failed">FAILED: 1 items (error 1): t03')
@@ -179,8 +179,8 @@ def test_a_request_failing_for_good_fails_its_item_and_names_it(clean, tmp_path)
     """503 on every request of one topic, past the retries: that topic is recorded ``error``
     with the server's last answer, the rest are scored; the run names it as failed."""
     from groundcover.pipelines.api import request_from
-    from groundcover.pipelines.runtime.registry import study
-    from groundcover.pipelines.runtime.runner import execute
+    from groundcover.pipelines.runtime.contract.plugins import study
+    from groundcover.pipelines.runtime.execution.execute import execute
 
     paths, clean_outcome = clean[8]
     server = crux_server()
@@ -253,8 +253,8 @@ def test_failed_items_exit_4_with_their_names_and_the_rerun_retries_just_those(c
 
 def test_an_estimate_after_a_pilot_under_faults_counts_the_retries_to_come(clean, tmp_path):
     from groundcover.pipelines.api import request_from
-    from groundcover.pipelines.runtime.registry import study
-    from groundcover.pipelines.runtime.runner import execute
+    from groundcover.pipelines.runtime.contract.plugins import study
+    from groundcover.pipelines.runtime.execution.execute import execute
 
     paths, _ = clean[8]
     server = crux_server(share=0.3, classes=("503",), seed=3)

@@ -1,7 +1,8 @@
 """The ``groundcover`` command line (typer, used nowhere else): ``main`` holds the app and its
 groups, ``frameworks`` builds each framework's commands from its declaration when they run,
 ``options`` the flags every evaluation shares, and one module per command family (``serve``,
-``index``, ``data``, ``reports``, ``finetune``)."""
+``index``, ``data``, ``finetune``, and, named as the report rooms they drive, ``report``,
+``audits``, ``pages``, ``people``)."""
 
 from typing import Any
 

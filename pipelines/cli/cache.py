@@ -98,7 +98,7 @@ def cache_prune(
 ) -> None:
     """Delete entries older than a date, or of models and adapters no longer present."""
     from ...serving.cache_admin import parse_when, prune
-    from ..runtime.config import UserError
+    from ..runtime.contract.config import UserError
 
     if before is None and not missing:
         raise UserError("cache prune: give --before DATE, --missing, or both")
@@ -118,7 +118,7 @@ def cache_clear(
 ) -> None:
     """Delete every entry (every host's file) and the damaged files set aside."""
     from ...serving.cache_admin import clear
-    from ..runtime.config import UserError
+    from ..runtime.contract.config import UserError
 
     if not yes:
         raise UserError("cache clear deletes every cached answer: add --yes")

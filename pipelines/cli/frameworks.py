@@ -1,8 +1,8 @@
-"""The framework commands, built from their declarations (``pipelines.runtime.commands``).
+"""The framework commands, built from their declarations (``pipelines.runtime.contract.commands``).
 
 A flag's name, type, help and default come from a field of the study's options model, so an
 option is declared once, in the framework; every command gets the shared evaluator and run
-options (``runtime.config.SHARED_OPTIONS``). A command group lists its commands from the
+options (``runtime.contract.config.SHARED_OPTIONS``). A command group lists its commands from the
 declarations alone: a framework is imported only when one of its commands runs or shows its own
 help.
 """
@@ -22,11 +22,11 @@ import typer
 from typer import _click as click  # the click typer vendors (0.29+): its groups' base
 from typer.core import TyperCommand, TyperGroup
 
-from ..runtime.commands import Command, Flag
+from ..runtime.contract.commands import Command, Flag
 from .options import PANEL, Shared, clean_errors, load_request
 
 if TYPE_CHECKING:
-    from ..runtime.protocol import Study
+    from ..runtime.contract.protocol import Study
 
 SCALARS = (bool, int, float, str, Path)
 
@@ -116,8 +116,8 @@ def flag_parameter(study: Study[Any], flag: Flag) -> inspect.Parameter:
 
 def shared_parameters() -> list[inspect.Parameter]:
     """The shared options as keyword parameters for typer, from their one declaration
-    (``runtime.config.SHARED_OPTIONS``): a field's type, description and default."""
-    from ..runtime.config import SHARED_OPTIONS
+    (``runtime.contract.config.SHARED_OPTIONS``): a field's type, description and default."""
+    from ..runtime.contract.config import SHARED_OPTIONS
 
     found = []
     for option in SHARED_OPTIONS:
@@ -154,9 +154,9 @@ def build(spec: Command) -> click.Command:
         raise ValueError(f"{spec.path}: flags {sorted(clash)} are shared options")
 
     def command(**given: Any) -> None:
-        from ..reports.tracking import track_outcomes
-        from ..runtime.config import MissingFields, UserError
-        from ..runtime.runner import execute, raise_for_failures
+        from ..reports.exports.tracking import track_outcomes
+        from ..runtime.contract.config import MissingFields, UserError
+        from ..runtime.execution.execute import execute, raise_for_failures
 
         common = Shared(**{p.name: given.pop(p.name) for p in shared})
         try:
@@ -278,7 +278,7 @@ class LazyGroup(TyperGroup):
         sys.exit(returned if isinstance(returned, int) and not isinstance(returned, bool) else 0)
 
     def declared(self) -> dict[str, Command]:
-        from ..runtime.registry import commands
+        from ..runtime.contract.plugins import commands
 
         return {c.name: c for c in commands().values() if c.group == self.path}
 

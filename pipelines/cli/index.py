@@ -9,7 +9,7 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
-from ..runtime.errors import UserError
+from ..runtime.contract.errors import UserError
 from .frameworks import lazy_group
 from .options import clean_errors
 
@@ -75,7 +75,7 @@ def index_build_command(
     from ...index_build.corpus import CorpusError
     from ..datasets.catalog import is_name
     from ..datasets.names import dataset_file
-    from ..runtime.config import describe_validation
+    from ..runtime.contract.config import describe_validation
 
     if not corpus.exists() and is_name(str(corpus)):  # e.g. clueweb09-b, registered with data add
         corpus = dataset_file(str(corpus))

@@ -1,6 +1,7 @@
 """The ``groundcover`` command line: the groups, the plain commands of ``serve``, ``index``,
-``data``, ``reports`` and ``finetune``, and every framework's commands from the registry
-(``frameworks``: built when run, so ``--help`` imports no framework)."""
+``data``, ``report``, ``audits``, ``pages``, ``people`` and ``finetune``, and every framework's
+commands from the registry (``frameworks``: built when run, so ``--help`` imports no
+framework)."""
 
 from __future__ import annotations
 
@@ -12,13 +13,13 @@ from rich.console import Console
 from rich.table import Column, Table
 
 from ..runtime.terminal import terminal
-from . import finetune, reports, serve
+from . import audits, finetune, pages, report, serve
 from .cache import cache_app
 from .data import data_app
 from .frameworks import lazy_group
 from .index import index_app
-from .labels import labels_app
 from .options import clean_errors
+from .people import labels_app
 
 app = typer.Typer(
     cls=lazy_group(""),
@@ -54,10 +55,10 @@ app.add_typer(crux_app, name="crux")
 app.add_typer(index_app, name="index")
 app.add_typer(labels_app, name="labels")
 app.command()(serve.serve)
-app.command()(reports.report)
-app.command()(reports.compare)
-app.command()(reports.agreement)
-app.command()(reports.view)
+app.command()(report.report)
+app.command()(report.compare)
+app.command()(audits.agreement)
+app.command()(pages.view)
 claims_app.command("train")(finetune.finetune_claims_train)
 claims_app.command("register")(finetune.finetune_claims_register)
 

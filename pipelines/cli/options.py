@@ -13,7 +13,7 @@ import typer
 from rich.console import Console
 
 if TYPE_CHECKING:
-    from ..runtime.protocol import RunRequest, Study
+    from ..runtime.contract.protocol import RunRequest, Study
 
 PANEL = "Evaluator and run options (shared by every framework)"
 console = Console(stderr=True)
@@ -34,11 +34,11 @@ def expected_errors() -> tuple[
     from ...serving.embedded import EmbeddedModelMissing
     from ...serving.launcher import ServerStartError
     from ...serving.registry import UnknownModelError
-    from ..runtime.config import UserError
-    from ..runtime.costs import BudgetReached
-    from ..runtime.errors import ItemsFailed
-    from ..runtime.lines import FileChanged
-    from ..runtime.runstore import RunStoreError
+    from ..runtime.budget.costs import BudgetReached
+    from ..runtime.contract.config import UserError
+    from ..runtime.contract.errors import ItemsFailed
+    from ..runtime.store.lines import FileChanged
+    from ..runtime.store.run_dir import RunStoreError
 
     user = (UserError, RunStoreError, UnknownModelError, EmbeddedModelMissing, FileChanged)
     return user, BudgetReached, (ServerStartError, EndpointError), ItemsFailed
@@ -73,7 +73,7 @@ def clean_errors(command: Callable) -> Callable:
 def parse_loras(values: list[str] | None) -> dict[str, str]:
     """NAME=PATH, or NAME of an adapter registered with `finetune claims register`."""
     from ...serving.adapters import registered
-    from ..runtime.config import UserError
+    from ..runtime.contract.config import UserError
 
     out = {}
     for value in values or []:
@@ -91,7 +91,7 @@ class Shared:
     or the field's default stands)."""
 
     def __init__(self, **given: Any) -> None:
-        from ..runtime.config import SHARED_OPTIONS
+        from ..runtime.contract.config import SHARED_OPTIONS
 
         unknown = set(given) - {o.name for o in SHARED_OPTIONS}
         if unknown:
@@ -106,8 +106,8 @@ class Shared:
 
     def overrides(self) -> dict[str, Any]:
         """Dotted config keys; None means 'not given' (the YAML file or the default stands)."""
-        from ..runtime.config import SHARED_OPTIONS
-        from ..runtime.roles import parse_role_options, with_revisions
+        from ..runtime.contract.config import SHARED_OPTIONS
+        from ..runtime.contract.roles import parse_role_options, with_revisions
 
         out: dict[str, Any] = {}
         for option in SHARED_OPTIONS:

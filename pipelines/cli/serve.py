@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 from rich.console import Console
 
-from ..runtime.errors import UserError
+from ..runtime.contract.errors import UserError
 from .options import clean_errors, parse_loras
 
 if TYPE_CHECKING:
@@ -75,7 +75,7 @@ def serve(
         raise UserError("serve: give MODEL (or --nli CHECKPOINT for an NLI app)")
     from ...serving.launcher import ServerSpec, ServerStartError, VLLMServer
     from ...serving.registry import lora_adapter, resolve
-    from ..runtime.runner import sigterm_as_interrupt
+    from ..runtime.execution.execute import sigterm_as_interrupt
 
     preset = resolve(model)
     adapters = parse_loras(lora)
@@ -123,7 +123,7 @@ def serve_nli(
 ) -> None:
     """``serve --nli``: a named NLI app that outlives this command, on a running cluster."""
     from ...retrieval import nli_serve
-    from ..runtime import nli_placement
+    from ..runtime.execution import nli_placement
 
     if not address:
         raise UserError(
@@ -163,7 +163,7 @@ def serve_nli(
 def serve_replicas(spec: ServerSpec, replicas: int, address: str | None, timeout: float) -> None:
     from ...serving.launcher import ServerStartError
     from ...serving.ray_serve import RayReplicas
-    from ..runtime.runner import sigterm_as_interrupt
+    from ..runtime.execution.execute import sigterm_as_interrupt
 
     if replicas < 1:
         raise UserError("--replicas must be at least 1")

@@ -28,8 +28,8 @@ from rich.console import Console
 
 from ...serving.content import file_digest
 from ...serving.embedded import cache_root
-from ..runtime.config import UserError
-from ..runtime.lines import stamp
+from ..runtime.contract.config import UserError
+from ..runtime.store.lines import stamp
 from .catalog import Dataset, lookup, parse_spec
 from .convert import offline
 

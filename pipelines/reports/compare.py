@@ -21,17 +21,17 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from ..runtime.config import UserError
-from ..runtime.provenance import manifest_provenance, provenance_differences
-from ..runtime.results import UNSCORED
-from ..runtime.runstore import (
+from ..runtime.contract.config import UserError
+from ..runtime.contract.results import UNSCORED
+from ..runtime.stats import bca_interval, paired_test
+from ..runtime.store.provenance import manifest_provenance, provenance_differences
+from ..runtime.store.run_dir import (
     MANIFEST,
     RESULTS,
     STUDY_FILE,
     read_manifest,
     results_by_id,
 )
-from ..runtime.stats import bca_interval, paired_test
 
 
 @dataclass
@@ -112,7 +112,7 @@ def _repeated(path: Path, runs: list[RunScores]) -> RunScores:
 
 
 def _one_run(path: Path) -> RunScores:
-    from ..runtime.registry import framework
+    from ..runtime.contract.plugins import framework
 
     if not (path / MANIFEST).is_file():
         raise UserError(f"{path}: not a run directory (no {MANIFEST})")
@@ -248,7 +248,7 @@ def _p(value: float | None) -> str:
 
 def _overrides(path: Path) -> dict[str, Any] | None:
     """A run's overrides in force, apart from the judge's scores compared here."""
-    from .overrides import overridden, read_overrides
+    from .people.overrides import overridden, read_overrides
 
     found = read_overrides(path) if (path / MANIFEST).is_file() else {}
     return overridden(results_by_id(path / RESULTS), found) if found else None
@@ -285,7 +285,7 @@ def print_comparison(result: dict[str, Any], out: Console, top: int = 10) -> Non
     out.print(runs)
     for run in result["runs"]:
         if run.get("overrides"):
-            from .overrides import override_line
+            from .people.overrides import override_line
 
             line = override_line(run["overrides"])
             out.print(f"{letter[run['run']]}: {line}; compared here: the judge's", highlight=False)

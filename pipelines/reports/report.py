@@ -13,8 +13,8 @@ from typing import Any
 
 from rich.console import Console
 
-from ..runtime.provenance import manifest_provenance, short
-from ..runtime.runstore import (
+from ..runtime.store.provenance import manifest_provenance, short
+from ..runtime.store.run_dir import (
     MANIFEST,
     RESULTS,
     STUDY_FILE,
@@ -22,7 +22,7 @@ from ..runtime.runstore import (
     read_study,
     results_by_id,
 )
-from ..runtime.summary import (
+from ..runtime.store.summary import (
     print_summary,
     recorded_cost,
     recorded_usage,
@@ -38,7 +38,7 @@ def report(
 ) -> None:
     """Print each run's summary and tables (``as_json``: one JSON object per line instead); a
     study root also gets the study's combined tables."""
-    from ..runtime.registry import study as find_study
+    from ..runtime.contract.plugins import study as find_study
 
     for path in paths:
         study_file = path / STUDY_FILE
@@ -55,7 +55,7 @@ def report(
         for key, outcome in outcomes.items():
             _print(outcome, as_json, out, label=str(path / key))
         if meta.repeats:
-            from ..runtime.repeats import print_repeats, repeats_table
+            from ..runtime.execution.repeats import print_repeats, repeats_table
 
             table = repeats_table(outcomes)
             if as_json:
@@ -75,8 +75,8 @@ def report(
 def load_outcome(run_dir: Path, prices: dict[str, Any] | None = None):
     """A run's outcome rebuilt from disk: summary and tables from manifest and results (and
     with ``prices``, what the recorded items cost)."""
-    from ..runtime.protocol import RunOutcome
-    from ..runtime.registry import framework
+    from ..runtime.contract.plugins import framework
+    from ..runtime.contract.protocol import RunOutcome
 
     manifest = read_manifest(run_dir / MANIFEST)
     fw = framework(manifest.framework)
@@ -95,7 +95,7 @@ def load_outcome(run_dir: Path, prices: dict[str, Any] | None = None):
 
 
 def _print(outcome, as_json: bool, out: Console, label: str) -> None:
-    from .overrides import override_line, override_summary
+    from .people.overrides import override_line, override_summary
 
     judges = panel_agreement(outcome)
     rests_on = manifest_provenance(read_manifest(outcome.dir / MANIFEST))
@@ -118,7 +118,7 @@ def _print(outcome, as_json: bool, out: Console, label: str) -> None:
     if outcome.tables is not None:
         outcome.framework.render(outcome.tables, out)
     if judges:
-        from .agreement import render
+        from .audits.agreement import render
 
         render({"runs": [judges]}, out)
 
@@ -149,6 +149,6 @@ def panel_agreement(outcome) -> dict[str, Any] | None:
     """A judge panel's agreement per stage (``groundcover agreement``), for a run with one."""
     if not any("panel" in r.details for r in outcome.results):
         return None
-    from .agreement import run_agreement
+    from .audits.agreement import run_agreement
 
     return run_agreement(outcome.dir, None)

@@ -5,7 +5,7 @@ cluster-gone test, which kills the cluster under it, and the Ray job test, which
     python -m tests.support.ray_gone ITEMS RUN_DIR NLI_MODEL ADDRESS|local [PLACEMENT]
 
 PLACEMENT: ``bulk`` (one Ray Data actor, the default) or a JSON object of NLI placement options
-(``pipelines.runtime.nli_placement``), e.g. ``{"nli_replicas": 2, "nli_wait": 10}``.
+(``pipelines.runtime.execution.nli_placement``), e.g. ``{"nli_replicas": 2, "nli_wait": 10}``.
 """
 
 from __future__ import annotations
@@ -25,9 +25,9 @@ def main(items: str, run_dir: str, nli_model: str, address: str, where: str = "b
     from groundcover.pipelines.cli.options import clean_errors
     from groundcover.pipelines.comprehensiveness.common import ComprehensivenessOptions
     from groundcover.pipelines.comprehensiveness.framework import COMPREHENSIVENESS
-    from groundcover.pipelines.runtime.config import EvaluatorConfig, RunConfig
-    from groundcover.pipelines.runtime.protocol import RunRequest
-    from groundcover.pipelines.runtime.runner import execute, fixed_client
+    from groundcover.pipelines.runtime.contract.config import EvaluatorConfig, RunConfig
+    from groundcover.pipelines.runtime.contract.protocol import RunRequest
+    from groundcover.pipelines.runtime.execution.execute import execute, fixed_client
     from tests.support.scripted import ScriptedClient
     from tests.test_exact_scores import NLI_SCRIPTS
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from groundcover.pipelines.runtime.runstore import result_files
+from groundcover.pipelines.runtime.store.run_dir import result_files
 
 
 def whole_records(run: Path) -> list[str]:

@@ -1,0 +1,179 @@
+"""`groundcover agreement`: how far to trust the judges (``reports.audits``), from run
+directories, and the audits that ask the judge again (``--swap-audit``, ``--rerun``,
+``--paraphrase``)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from ..runtime.contract.errors import UserError
+from ..runtime.terminal import terminal
+from .options import clean_errors
+
+
+@clean_errors
+def agreement(
+    run_dir: Annotated[list[Path], typer.Argument(help="runs (or study roots) to read")],
+    human: Annotated[
+        Path | None,
+        typer.Option(
+            help="JSON Lines of human labels: {id, stage, label[, key]}; stage score "
+            "labels an item's score"
+        ),
+    ] = None,
+    human_sample: Annotated[
+        int | None,
+        typer.Option(help="use only N items' dataset labels for the score estimates (random)"),
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="print one JSON object")] = False,
+    sample: Annotated[
+        int | None,
+        typer.Option(
+            help="draw N items to label into RUN/labels/queue.jsonl and say the interval to "
+            "expect (no agreement is computed)"
+        ),
+    ] = None,
+    strategy: Annotated[
+        str,
+        typer.Option(help="with --sample: random | stratified | balanced (by the judge's verdict)"),
+    ] = "stratified",
+    seed: Annotated[
+        int, typer.Option(help="with --sample or an audit that asks again: the draw's seed")
+    ] = 0,
+    bias: Annotated[
+        bool,
+        typer.Option(
+            "--bias",
+            help="also audit length bias: the score (and each panel stage, and the judge's "
+            "error against human labels) against the judged answer's length",
+        ),
+    ] = False,
+    swap_audit: Annotated[
+        int | None,
+        typer.Option(
+            help="ask K of the run's model-decided comparisons of two texts of one kind again "
+            "with the texts swapped and report the flip rate (only that is done)",
+        ),
+    ] = None,
+    rerun: Annotated[
+        int | None,
+        typer.Option(
+            help="self-consistency: ask K recorded judgements again of the same judge at its "
+            "recorded sampling (the cache bypassed for them) and report the flip rate (only "
+            "that is done)",
+        ),
+    ] = None,
+    paraphrase: Annotated[
+        int | None,
+        typer.Option(
+            help="rubric wording: ask K recorded judgements with each paraphrase the framework "
+            "declares for their prompt and report the flips per paraphrase (only that is done)",
+        ),
+    ] = None,
+    model: Annotated[
+        str | None,
+        typer.Option(
+            help="with --swap-audit, --rerun or --paraphrase: the judge to ask (default: the "
+            "run's, recorded)"
+        ),
+    ] = None,
+    endpoint: Annotated[
+        str | None,
+        typer.Option(
+            help="with --swap-audit, --rerun or --paraphrase: where that judge is served "
+            "(default: recorded)"
+        ),
+    ] = None,
+) -> None:
+    """How far to trust the judges: agreement within a judge panel (Cohen's kappa,
+    Krippendorff's alpha, Kendall / Spearman, bootstrap intervals over items), between runs
+    judged by different models, with human labels (--human: also the members' error
+    correlation and the effective number of independent judges), and the mean score corrected
+    by them (prediction-powered inference). Reads run directories only, except the audits that
+    ask the judge again (--swap-audit, --rerun, --paraphrase)."""
+    if sample is not None:
+        from ..reports.people.labels import draw_for_runs
+
+        draw_for_runs(run_dir, sample, strategy, seed, terminal())
+        return
+    audits = {"--swap-audit": swap_audit, "--rerun": rerun, "--paraphrase": paraphrase}
+    asked = [name for name, k in audits.items() if k is not None]
+    if len(asked) > 1:
+        raise UserError(f"{' and '.join(asked)}: one audit at a time")
+    if swap_audit is not None:
+        audit_swaps(run_dir, swap_audit, seed, model, endpoint, as_json)
+        return
+    if rerun is not None or paraphrase is not None:
+        kind = "rerun" if rerun is not None else "paraphrase"
+        audit_reasks(run_dir, kind, rerun or paraphrase or 0, seed, model, endpoint, as_json)
+        return
+    from ..reports.audits.agreement import agreement as measure
+    from ..reports.audits.agreement import render
+
+    if human_sample is not None and human_sample < 1:
+        raise UserError(f"--human-sample must be at least 1, got {human_sample}")
+    found = measure(run_dir, human, human_sample)
+    from ..reports.audits.reask import recorded_audits
+
+    for run in found["runs"]:  # the audits that asked the judge again, read back
+        audits = recorded_audits(Path(run["run"]))
+        if audits:
+            run["audits"] = audits
+    if bias:
+        from ..reports.audits.agreement import read_human
+        from ..reports.audits.bias import length_audit
+        from ..runtime.store.run_dir import run_directories
+
+        labels = read_human(human) if human is not None else None
+        found["bias"] = [length_audit(d, labels) for d in run_directories(run_dir)]
+    if as_json:
+        print(json.dumps(found, default=str))
+        return
+    render(found, terminal())
+    if bias:
+        from ..reports.audits.bias import render_bias
+
+        render_bias(found["bias"], terminal())
+
+
+def audit_swaps(
+    run_dir: list[Path], k: int, seed: int, model: str | None, endpoint: str | None, as_json: bool
+) -> None:
+    from ..reports.audits.swap import audit_runs, render_swap
+
+    if k < 1:
+        raise UserError(f"--swap-audit must be at least 1, got {k}")
+    found = audit_runs(run_dir, k, seed, model, endpoint)
+    if as_json:
+        print(json.dumps({"swap": found}, default=str))
+    else:
+        render_swap(found, terminal())
+    unparseable = sum(run.get("unparseable", 0) for run in found)
+    if unparseable:  # counted apart above; the command still says something is missing
+        raise typer.Exit(1)
+
+
+def audit_reasks(
+    run_dir: list[Path],
+    kind: str,
+    k: int,
+    seed: int,
+    model: str | None,
+    endpoint: str | None,
+    as_json: bool,
+) -> None:
+    from ..reports.audits.reask import audit_runs, render_reask
+
+    if k < 1:
+        raise UserError(f"--{kind} must be at least 1, got {k}")
+    found = audit_runs(run_dir, kind, k, seed, model, endpoint)  # type: ignore[arg-type]
+    if as_json:
+        print(json.dumps({kind: found}, default=str))
+    else:
+        render_reask(found, kind, terminal())  # type: ignore[arg-type]
+    if sum(run.get("unparseable", 0) for run in found):  # counted apart; still missing
+        raise typer.Exit(1)

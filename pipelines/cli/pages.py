@@ -1,0 +1,49 @@
+"""`groundcover view`: the runs' page served on 127.0.0.1, with a labelling page per run
+(``reports.pages``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+
+from ..runtime.contract.errors import UserError
+from .options import clean_errors
+from .serve import api_key_from, authorised
+
+console = Console(stderr=True)
+
+
+@clean_errors
+def view(
+    run_dir: Annotated[list[Path], typer.Argument(help="run directories (or a study's root)")],
+    port: Annotated[int, typer.Option(help="0 picks a free port")] = 8765,
+    host: Annotated[str, typer.Option(help="bind address")] = "127.0.0.1",
+    api_key_env: Annotated[
+        str | None, typer.Option(help="variable holding the key (needed off loopback)")
+    ] = None,
+) -> None:
+    """Serve the HTML report of the runs at http://127.0.0.1:PORT/ until Ctrl-C (rebuilt
+    when a run changes on disk, so a running evaluation shows its progress; its items are
+    filtered, searched and paged by the server), with a labelling page per run (/label?run=K:
+    people's labels and overrides, written only from the page itself). Another --host needs a
+    key, as `serve` does: a browser gives it as the password of the login it is asked for (any
+    user name), a client as a Bearer token."""
+    from ...serving.launcher import is_loopback
+    from ..reports.pages.report_html import render
+    from ..reports.pages.viewer import Viewer, serve
+
+    key = api_key_from(api_key_env)
+    if key is None and not is_loopback(host):
+        raise UserError(
+            f"--host {host} shows the runs beyond this machine: give it a key "
+            "(--api-key-env NAME, the key in that variable)"
+        )
+    from ..runtime.store.run_dir import run_directories
+
+    run_dir = run_directories(run_dir)  # a study's root stands for its runs
+    render(run_dir, served=True)  # bad run directories stop here, with one line
+    allowed = None if key is None else (lambda header: authorised(header, key))
+    serve(Viewer(run_dir), host, port, allowed, console.print)

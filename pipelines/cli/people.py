@@ -1,0 +1,90 @@
+"""``groundcover labels``: a run's labelling queue out to an annotation tool, people's labels
+back into the run (``labels/labels.jsonl``; the records never change)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+
+from .frameworks import lazy_group
+from .options import clean_errors
+
+labels_app = typer.Typer(
+    cls=lazy_group("labels"),
+    help="People's labels of a run: export its labelling queue to Label Studio or CSV, import "
+    "their labels.",
+    no_args_is_help=True,
+)
+
+
+@labels_app.command("export")
+@clean_errors
+def export(
+    run_dir: Annotated[Path, typer.Argument(help="a run directory")],
+    out: Annotated[Path, typer.Argument(help="tasks.json (Label Studio) or labels.csv")],
+    format: Annotated[
+        str | None, typer.Option(help="label-studio | csv (default: by OUT's suffix)")
+    ] = None,
+) -> None:
+    """The run's labelling queue (from agreement --sample; every scored item without one) as
+    Label Studio tasks with their labelling configuration, or a CSV to fill in. Blind: the
+    judge's verdicts are not in it."""
+    from ..reports.people.exchange import export_tasks
+
+    kind = format or ("csv" if out.suffix.lower() == ".csv" else "label-studio")
+    for path in export_tasks(run_dir, out, kind):
+        Console(stderr=True).print(f"export: {path}", highlight=False, soft_wrap=True)
+
+
+@labels_app.command("import")
+@clean_errors
+def import_(
+    run_dir: Annotated[Path, typer.Argument(help="a run directory")],
+    file: Annotated[Path, typer.Argument(help="Label Studio's JSON export, or a labels CSV")],
+    annotator: Annotated[
+        str | None, typer.Option(help="who labelled (default: the file's completed_by)")
+    ] = None,
+) -> None:
+    """Append people's labels to the run (labels/labels.jsonl), each with the judge's score
+    beside it; `groundcover agreement RUN` then uses them."""
+    from ..reports.people.exchange import import_labels
+
+    found = import_labels(run_dir, file, annotator)
+    Console(stderr=True).print(f"labels: {found} added to {run_dir / 'labels'}", highlight=False)
+
+
+@labels_app.command("override")
+@clean_errors
+def override(
+    run_dir: Annotated[Path, typer.Argument(help="a run directory")],
+    item: Annotated[str, typer.Argument(help="the item's id")],
+    score: Annotated[
+        float | None, typer.Option(help="the score a person gives it (0 to 1)")
+    ] = None,
+    reason: Annotated[str, typer.Option(help="why the judge was wrong here")] = "",
+    annotator: Annotated[str, typer.Option(help="who overrides")] = "unknown",
+    withdraw: Annotated[
+        bool, typer.Option("--withdraw", help="take the item's override back")
+    ] = False,
+) -> None:
+    """Override one item's verdict, with a reason, as a layer over the records (never a
+    rewrite): report, the HTML headline and compare show the judge's mean and the
+    overridden mean apart. --withdraw takes it back; the history stays."""
+    from ..reports.people.overrides import add_override, withdraw_override
+    from ..runtime.contract.config import UserError
+    from ..runtime.store.run_dir import RESULTS, results_by_id
+
+    if withdraw:
+        withdraw_override(run_dir, item, annotator)
+        Console(stderr=True).print(f"override of {item!r} withdrawn", highlight=False)
+        return
+    if score is None:
+        raise UserError("give --score (0 to 1) or --withdraw")
+    records = {r.id: r for r in results_by_id(run_dir / RESULTS)}
+    found = add_override(run_dir, records, item, score, reason, annotator)
+    Console(stderr=True).print(
+        f"override: {item!r} {found.judge} -> {found.score} ({reason})", highlight=False
+    )

@@ -1,0 +1,128 @@
+"""`groundcover report` and `compare`: runs rebuilt and compared from what is on disk (no model
+calls); ``--html`` writes the page (``reports.pages``)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+
+from ..runtime.contract.errors import UserError
+from ..runtime.terminal import terminal
+from .options import clean_errors
+
+console = Console(stderr=True)
+
+
+@clean_errors
+def report(
+    run_dir: Annotated[list[Path], typer.Argument(help="run directories (or a study's root)")],
+    as_json: Annotated[bool, typer.Option("--json", help="one JSON object per run")] = False,
+    html: Annotated[
+        Path | None,
+        typer.Option(
+            help="also write one self-contained HTML page to this file (--html alone: beside "
+            "the run, RUN.html)"
+        ),
+    ] = None,
+    export: Annotated[
+        Path | None,
+        typer.Option(
+            help="also write every item's record: FILE.csv or FILE.parquet (flat, with "
+            "FILE.tables.json beside), FILE.eval or FILE.json (an inspect_ai log)"
+        ),
+    ] = None,
+    format: Annotated[
+        str | None,
+        typer.Option(help="export format: csv | parquet | inspect (default: by FILE's suffix)"),
+    ] = None,
+    prices: Annotated[
+        Path | None, typer.Option(help="YAML: model -> $ per million tokens or GPU-hour")
+    ] = None,
+    track: Annotated[
+        str | None, typer.Option(help="also log the runs to mlflow or wandb (as --track of eval)")
+    ] = None,
+    track_uri: Annotated[
+        str | None, typer.Option(help="MLflow tracking URI (default ./mlruns) or W&B directory")
+    ] = None,
+    track_project: Annotated[
+        str, typer.Option(help="the MLflow experiment or W&B project")
+    ] = "groundcover",
+) -> None:
+    """Rebuild and print the summary and tables of runs from what is on disk (no model calls;
+    partial runs too); optionally an HTML page (--html), every item's record (--export: CSV,
+    Parquet or an inspect_ai log) and a tracker's runs (--track mlflow|wandb)."""
+    from ..reports.exports.export import export_format
+    from ..reports.report import report as rebuild
+    from ..runtime.budget.costs import load_prices
+
+    kind = export_format(export, format) if export is not None else None
+    if track is not None and track not in ("mlflow", "wandb"):
+        raise UserError(f"--track must be mlflow or wandb, got {track!r}")
+    priced = load_prices(prices)
+    rebuild(run_dir, as_json, terminal(), priced)
+    if html is not None:
+        from ..reports.pages.report_html import write_html
+        from ..runtime.store.run_dir import run_directories
+
+        written = write_html(run_directories(run_dir), page_path(html, run_dir), prices=priced)
+        Console(stderr=True).print(f"html: {written}", highlight=False, soft_wrap=True)
+    if export is not None and kind is not None:
+        from ..reports.exports.export import export_runs
+
+        for path in export_runs(run_dir, export, kind):
+            # a path is one line however long (a wrapped one cannot be pasted back)
+            Console(stderr=True).print(f"export: {path}", highlight=False, soft_wrap=True)
+    if track is not None:
+        from ..reports.exports.tracking import Tracking
+        from ..reports.exports.tracking import track as log_runs
+
+        log_runs(run_dir, Tracking(track, track_uri, track_project))  # type: ignore[arg-type]
+
+
+def page_path(html: Path, runs: list[Path]) -> Path:
+    """Where ``--html`` writes the page: the path given, or (``--html`` alone) beside the first
+    run or study directory, named after it."""
+    if str(html) not in ("", "."):
+        return html
+    first = runs[0].resolve()
+    return first.parent / f"{first.name}.html"
+
+
+@clean_errors
+def compare(
+    run_dir: Annotated[list[Path], typer.Argument(help="two or more runs over the same items")],
+    as_json: Annotated[bool, typer.Option("--json", help="print one JSON object")] = False,
+    html: Annotated[
+        Path | None,
+        typer.Option(
+            help="also write an HTML page: this comparison, then each run (--html alone: "
+            "beside the first run)"
+        ),
+    ] = None,
+    top: Annotated[int, typer.Option(help="largest per-item differences printed per pair")] = 10,
+    resamples: Annotated[int, typer.Option(help="bootstrap resamples")] = 10_000,
+    seed: Annotated[int, typer.Option(help="bootstrap seed")] = 0,
+) -> None:
+    """Compare runs item by item: each run's mean with a 95% BCa interval; per pair the paired
+    mean difference with a paired BCa interval, win/tie/loss, sign and Wilcoxon p-values, the
+    largest per-item differences, and items only one run has. Runs of different frameworks or
+    protocols are refused. No model is called."""
+    from ..reports.compare import compare_runs, print_comparison, run_dirs
+
+    if resamples < 100:
+        raise UserError(f"--resamples {resamples}: use at least 100")
+    result = compare_runs(run_dir, resamples, seed)
+    if as_json:
+        typer.echo(json.dumps(result))
+    else:
+        print_comparison(result, terminal(), top)
+    if html is not None:
+        from ..reports.pages.report_html import write_html
+
+        pages = [page for run in result["runs"] for page in run_dirs(Path(run["run"]))]
+        page = write_html(pages, page_path(html, run_dir), result)
+        Console(stderr=True).print(f"html: {page}", highlight=False, soft_wrap=True)

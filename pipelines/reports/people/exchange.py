@@ -1,0 +1,208 @@
+"""Labels exchanged with annotation tools: a run's labelling queue out, people's labels back in.
+
+- **Label Studio**: ``labels export RUN tasks.json`` writes Label Studio's import layout (a JSON
+  list of tasks, each ``{"data": {...}}``) with the labelling configuration beside it
+  (``tasks.label-config.xml``: the question, the answer and the reference as text, a ``Number``
+  control named ``score`` on the framework's 0-1 scale and a ``TextArea`` named ``note``). The
+  judge's verdict is not in the task: people label blind. ``labels import RUN export.json``
+  reads Label Studio's JSON export (tasks with their ``annotations``: each a ``result`` list of
+  ``{"from_name", "to_name", "type", "value"}``; ``completed_by`` the annotator; cancelled
+  annotations skipped).
+- **CSV**: the same columns a spreadsheet fills in (``id, input, answer, reference, score, note,
+  annotator``); rows without a score are not labels.
+
+Imported labels are appended to the run's ``labels/labels.jsonl`` (``labels``) with the judge's
+score at import time beside them; the run's records never change.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+from xml.sax.saxutils import quoteattr
+
+from ...runtime.contract.errors import UserError
+from ...runtime.store.run_dir import RESULTS, atomic_write_text, results_by_id
+from ..exports.rows import run_rows
+from .labels import QUEUE, append_labels, labels_dir
+
+SCORE, NOTE = "score", "note"
+CSV_COLUMNS = ("id", "input", "answer", "reference", "score", "note", "annotator")
+
+
+def export_tasks(run_dir: Path, out: Path, kind: str) -> list[Path]:
+    """The run's labelling queue (every scored item where it has none) for a tool."""
+    tasks = _tasks(run_dir)
+    if kind == "label-studio":
+        config = out.with_name(f"{out.stem}.label-config.xml")
+        atomic_write_text(
+            out, json.dumps([{"data": t} for t in tasks], ensure_ascii=False, indent=1)
+        )
+        atomic_write_text(config, label_config())
+        return [out, config]
+    if kind != "csv":
+        raise UserError(f"--format must be label-studio or csv, got {kind!r}")
+    tmp = out.with_name(out.name + ".tmp")
+    with open(tmp, "w", newline="", encoding="utf-8") as handle:
+        writer = csv.DictWriter(handle, fieldnames=CSV_COLUMNS)
+        writer.writeheader()
+        writer.writerows({k: t.get(k, "") for k in CSV_COLUMNS} for t in tasks)
+    tmp.replace(out)
+    return [out]
+
+
+def label_config() -> str:
+    """Label Studio's labelling interface for an item's score."""
+    scale = 'min="0" max="1" step="0.01" required="true"'
+    return (
+        "<View>\n"
+        '  <Header value="Question"/>\n  <Text name="input" value="$input"/>\n'
+        '  <Header value="Answer"/>\n  <Text name="answer" value="$answer"/>\n'
+        '  <Header value="Reference"/>\n  <Text name="reference" value="$reference"/>\n'
+        f'  <Number name={quoteattr(SCORE)} toName="answer" {scale}/>\n'
+        f'  <TextArea name={quoteattr(NOTE)} toName="answer" maxSubmissions="1"/>\n'
+        "</View>\n"
+    )
+
+
+def _tasks(run_dir: Path) -> list[dict[str, Any]]:
+    run = run_rows(run_dir)
+    records = {r.id: r for r in run.records}
+    queue = labels_dir(run_dir) / QUEUE
+    if queue.is_file():
+        from ...runtime.contract.config import iter_jsonl
+
+        ids = [str(row["id"]) for n, row in iter_jsonl(queue) if not (n == 1 and "queue" in row)]
+    else:
+        ids = [i for i, r in records.items() if r.score is not None]
+    tasks = []
+    for item in ids:
+        text = run.text(records[item]) if item in records else None
+        tasks.append(
+            {
+                "id": item,
+                "input": text.input if text else "",
+                "answer": (text.answer if text else None) or "",
+                "reference": (text.reference if text else None) or "",
+                "run": str(run_dir),
+            }
+        )
+    return tasks
+
+
+# ---- back in --------------------------------------------------------------------------------
+
+
+def import_labels(run_dir: Path, path: Path, annotator: str | None = None) -> int:
+    """Read a Label Studio JSON export or a CSV of labels into the run; how many labels."""
+    if not path.is_file():
+        raise UserError(f"labels file not found: {path}")
+    judged = {r.id: r.score for r in results_by_id(run_dir / RESULTS)}
+    head = path.read_bytes()[:4096].decode("utf-8", errors="ignore").lstrip("\ufeff \t\r\n")
+    rows = _label_studio(path) if head.startswith("[") else _csv(path)
+    labels = []
+    for where, item, value, note, who, when in rows:
+        if item not in judged:
+            raise UserError(f"{where}: record {item!r}: field id: not an item of {run_dir}")
+        label = {"id": item, "stage": "score", "key": 0, "label": value, "judge": judged[item]}
+        label |= {"annotator": annotator or who or "unknown", "source": path.name}
+        if note:
+            label["note"] = note
+        if when is not None:
+            label["time"] = when
+        labels.append(label)
+    if not labels:
+        raise UserError(f"{path}: no labels (no annotation with a score)")
+    return append_labels(run_dir, labels)
+
+
+Row = tuple[str, str, float, str | None, str | None, float | None]
+
+
+def _label_studio(path: Path) -> list[Row]:
+    try:
+        tasks = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise UserError(f"{path}: not a Label Studio JSON export: {exc}") from None
+    if not isinstance(tasks, list):
+        raise UserError(f"{path}: not a Label Studio JSON export (a list of tasks)")
+    out = []
+    for n, task in enumerate(tasks):
+        where = f"{path}: task #{n}"
+        data = task.get("data") if isinstance(task, dict) else None
+        if not isinstance(data, dict) or "id" not in data:
+            raise UserError(f"{where}: field data.id: missing")
+        item = str(data["id"])
+        for annotation in task.get("annotations") or []:
+            if annotation.get("was_cancelled"):
+                continue
+            found = _ls_result(f"{where} ({item!r})", annotation.get("result") or [])
+            if found is None:
+                continue
+            value, note = found
+            who = annotation.get("completed_by")
+            if isinstance(who, dict):
+                who = who.get("email") or who.get("id")
+            out.append((where, item, value, note, _text(who), _seconds(annotation)))
+    return out
+
+
+def _ls_result(where: str, result: list[dict[str, Any]]) -> tuple[float, str | None] | None:
+    value, note = None, None
+    for region in result:
+        name, kind, found = region.get("from_name"), region.get("type"), region.get("value") or {}
+        if name == SCORE and kind == "number":
+            value = _score(where, found.get("number"), "result.value.number")
+        elif name == NOTE and kind == "textarea":
+            note = " ".join(found.get("text") or []) or None
+    return None if value is None else (value, note)
+
+
+def _csv(path: Path) -> list[Row]:
+    out: list[Row] = []
+    with open(path, newline="", encoding="utf-8-sig") as handle:
+        reader = csv.DictReader(handle)
+        if not reader.fieldnames or not {"id", "score"} <= set(reader.fieldnames):
+            raise UserError(f"{path}: a labels CSV needs the columns id and score")
+        for lineno, row in enumerate(reader, start=2):
+            where = f"{path}:{lineno}"
+            if not (row.get("score") or "").strip():
+                continue  # not labelled yet
+            value = _score(f"{where}: record {row['id']!r}", row["score"], "score")
+            out.append(
+                (
+                    where,
+                    row["id"],
+                    value,
+                    row.get("note") or None,
+                    row.get("annotator") or None,
+                    None,
+                )
+            )
+    return out
+
+
+def _score(where: str, value: Any, field: str) -> float:
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        raise UserError(f"{where}: field {field}: not a number ({value!r})") from None
+    if not math.isfinite(number) or not 0.0 <= number <= 1.0:
+        raise UserError(f"{where}: field {field}: {value!r} is outside the score's 0-1 scale")
+    return number
+
+
+def _text(value: Any) -> str | None:
+    return None if value is None else str(value)
+
+
+def _seconds(annotation: dict[str, Any]) -> float | None:
+    stamp = annotation.get("created_at")
+    try:
+        return datetime.fromisoformat(str(stamp).replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return None

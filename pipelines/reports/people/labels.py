@@ -1,0 +1,301 @@
+"""People's labels of a run, kept apart from its records, and which items to ask them about.
+
+A run directory's ``labels/`` holds:
+
+- ``labels.jsonl``: one line per label a person gave, appended and never rewritten:
+  ``{"id", "stage", "key", "label", "annotator", "time", "judge"}`` (``judge``: the judge's
+  value at that time, so a later rerun cannot change what the person was shown). Stage
+  ``score`` labels an item's score on the framework's scale; ``key`` numbers a stage's units
+  within an item (0 by default). The run's ``results.jsonl`` is never touched.
+- ``queue.jsonl``: the items drawn for labelling by ``agreement --sample N``, in the order to
+  label them: ``{"id", "stage", "key", "judge", "stratum", "weight"}`` after one header line
+  ``{"queue": {strategy, seed, size, strata}}``. ``weight`` is the item's inverse inclusion
+  probability: the prediction-powered mean weighs each labelled item by it, so a design that
+  over-samples a rare verdict still estimates the run's mean.
+
+Strategies (seeded; strata are the judge's verdicts: each distinct score where there are at most
+``MAX_LEVELS``, else quintiles of the score):
+
+- ``random``: a simple random sample (every weight N / n: equal, so nothing is reweighted);
+- ``stratified``: proportional allocation, at least one item per stratum (weights N_h / n_h);
+- ``balanced``: as equal a share per stratum as the strata allow, so a rare verdict is labelled
+  as often as a common one (weights N_h / n_h, unequal).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+
+from ...runtime.contract.errors import UserError
+from ...runtime.contract.results import ItemResult
+
+LABELS_DIR = "labels"
+LABELS = "labels.jsonl"
+QUEUE = "queue.jsonl"
+MAX_LEVELS = 6  # a score with at most this many distinct values is stratified by value
+Strategy = Literal["random", "stratified", "balanced"]
+STRATEGIES: tuple[str, ...] = ("random", "stratified", "balanced")
+Z95 = 1.959963984540054
+
+
+@dataclass(frozen=True)
+class Drawn:
+    """One item of the queue."""
+
+    id: str
+    judge: float
+    stratum: str
+    weight: float
+
+
+@dataclass
+class Queue:
+    strategy: str
+    seed: int
+    strata: dict[str, dict[str, int]]  # stratum -> {"items": N_h, "drawn": n_h}
+    items: list[Drawn]
+
+    def header(self) -> dict[str, Any]:
+        found = {"strategy": self.strategy, "seed": self.seed, "size": len(self.items)}
+        return {"queue": found | {"strata": self.strata}}
+
+    def expected_half_width(self, spread: float) -> dict[str, float]:
+        """The 95% half-width the labels alone would give at this size, taking the judge's
+        score spread as the humans' (Kish's effective size for unequal weights); PPI++ is at
+        most this, and narrower the closer the judge tracks the humans."""
+        weights = np.array([d.weight for d in self.items], dtype=float)
+        effective = float(weights.sum() ** 2 / (weights**2).sum()) if weights.size else 0.0
+        half = Z95 * spread / math.sqrt(effective) if effective else float("inf")
+        return {"labels": len(self.items), "effective": effective, "half_width": half}
+
+
+def strata_of(scores: dict[str, float]) -> dict[str, str]:
+    """id -> its stratum: the score itself where the judge uses few values, else the quintile
+    band it falls in."""
+    values = sorted(set(scores.values()))
+    if len(values) <= MAX_LEVELS:
+        return {i: f"{s:g}" for i, s in scores.items()}
+    edges = np.quantile(list(scores.values()), [0.2, 0.4, 0.6, 0.8])
+    names = ["q1", "q2", "q3", "q4", "q5"]
+    return {i: names[int(np.searchsorted(edges, s, side="right"))] for i, s in scores.items()}
+
+
+def draw(records: Sequence[ItemResult], size: int, strategy: str, seed: int = 0) -> Queue:
+    """A labelling queue of ``size`` scored items (fewer if the run has fewer)."""
+    if strategy not in STRATEGIES:
+        raise UserError(f"--strategy must be one of {', '.join(STRATEGIES)}, got {strategy!r}")
+    if size < 1:
+        raise UserError(f"--sample must be at least 1, got {size}")
+    scores = {r.id: float(r.score) for r in records if r.score is not None}
+    if not scores:
+        raise UserError("no item of the run has a score: nothing to label against")
+    rng = np.random.default_rng(seed)
+    groups: dict[str, list[str]] = {}
+    if strategy == "random":
+        groups["all"] = sorted(scores)
+    else:
+        for item, stratum in sorted(strata_of(scores).items()):
+            groups.setdefault(stratum, []).append(item)
+    shares = allocate({k: len(v) for k, v in groups.items()}, min(size, len(scores)), strategy)
+    drawn: list[Drawn] = []
+    strata = {}
+    for name, members in sorted(groups.items()):
+        n_h = shares[name]
+        strata[name] = {"items": len(members), "drawn": n_h}
+        picked = rng.permutation(len(members))[:n_h]
+        weight = len(members) / n_h if n_h else 0.0
+        drawn += [Drawn(members[k], scores[members[k]], name, weight) for k in picked]
+    order = rng.permutation(len(drawn))  # label in a random order, not stratum by stratum
+    return Queue(strategy, seed, strata, [drawn[k] for k in order])
+
+
+def allocate(sizes: dict[str, int], total: int, strategy: str) -> dict[str, int]:
+    """How many of ``total`` each stratum gets: proportional (largest remainders, at least one
+    per stratum while there are enough), or as equal as the strata's sizes allow."""
+    if strategy in ("random", "stratified"):
+        exact = {k: total * n / sum(sizes.values()) for k, n in sizes.items()}
+        out = {k: int(v) for k, v in exact.items()}
+        if total >= len(sizes):
+            out = {k: max(1, v) for k, v in out.items()}
+        left = total - sum(out.values())
+        by_remainder = sorted(sizes, key=lambda k: (out[k] - exact[k], k))
+        for k in by_remainder:
+            if left <= 0:
+                break
+            if out[k] < sizes[k]:
+                out[k] += 1
+                left -= 1
+        while left < 0:  # the minimum of one took too many: from the largest shares
+            k = max(out, key=lambda j: (out[j] - exact[j], out[j]))
+            out[k] -= 1
+            left += 1
+        return out
+    out = dict.fromkeys(sizes, 0)
+    left = total
+    while left > 0:
+        open_ = [k for k in sorted(sizes) if out[k] < sizes[k]]
+        share = max(1, left // len(open_))
+        for k in open_:
+            give = min(share, sizes[k] - out[k], left)
+            out[k] += give
+            left -= give
+            if left == 0:
+                break
+    return out
+
+
+# ---- files ---------------------------------------------------------------------------------
+
+
+def labels_dir(run_dir: Path) -> Path:
+    return run_dir / LABELS_DIR
+
+
+def write_queue(run_dir: Path, queue: Queue) -> Path:
+    """The queue, whole or not at all; an existing queue is never replaced (the labels made
+    against it carry its weights)."""
+    path = labels_dir(run_dir) / QUEUE
+    if path.exists():
+        raise UserError(
+            f"{path} exists: a run has one labelling queue (remove it to draw another; "
+            "the labels already made stay in labels.jsonl)"
+        )
+    path.parent.mkdir(exist_ok=True)
+    lines = [queue.header()] + [
+        {"id": d.id, "stage": "score", "key": 0, "judge": d.judge}
+        | {"stratum": d.stratum, "weight": d.weight}
+        for d in queue.items
+    ]
+    from ...runtime.store.run_dir import atomic_write_text
+
+    atomic_write_text(path, "".join(json.dumps(line) + "\n" for line in lines))
+    return path
+
+
+def read_queue(run_dir: Path) -> dict[str, float] | None:
+    """id -> the weight the queue gave it (None: the run has no queue)."""
+    path = labels_dir(run_dir) / QUEUE
+    if not path.is_file():
+        return None
+    from ...runtime.contract.config import iter_jsonl
+
+    weights = {}
+    for lineno, row in iter_jsonl(path):
+        if lineno == 1 and "queue" in row:
+            continue
+        try:
+            weights[str(row["id"])] = float(row["weight"])
+        except (KeyError, TypeError, ValueError):
+            raise UserError(f"{path}:{lineno}: record {row.get('id')!r}: field weight") from None
+    return weights
+
+
+def append_labels(run_dir: Path, labels: Sequence[dict[str, Any]]) -> int:
+    """Append people's labels to ``labels.jsonl``."""
+    return append_labels_to(run_dir, LABELS, labels)
+
+
+def append_labels_to(run_dir: Path, name: str, labels: Sequence[dict[str, Any]]) -> int:
+    """Append whole lines to ``labels/NAME``, one ``write`` on an O_APPEND descriptor: two
+    writers at once lose nothing and never interleave inside a line."""
+    if not labels:
+        return 0
+    path = labels_dir(run_dir) / name
+    path.parent.mkdir(exist_ok=True)
+    now = time.time()
+    text = "".join(
+        json.dumps({"time": now} | dict(label), ensure_ascii=False) + "\n" for label in labels
+    )
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, text.encode("utf-8"))
+    finally:
+        os.close(fd)
+    return len(labels)
+
+
+def label_rows(run_dir: Path) -> list[dict[str, Any]]:
+    """Every line of ``labels.jsonl`` in order, each checked for ``id``, ``stage``, ``label``;
+    a last line still being written by another browser is left for the next read."""
+    path = labels_dir(run_dir) / LABELS
+    if not path.is_file():
+        return []
+    lines = path.read_text(encoding="utf-8").split("\n")
+    rows = []
+    for lineno, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            if lineno == len(lines):  # no newline yet: an append in progress
+                break
+            raise UserError(f"{path}:{lineno}: not JSON") from None
+        for name in ("id", "stage", "label"):
+            if not isinstance(row, dict) or name not in row:
+                raise UserError(f"{path}:{lineno}: record {row.get('id')!r}: field {name}: missing")
+        rows.append(row)
+    return rows
+
+
+def annotator_units(run_dir: Path, stage: str) -> dict[str, dict[tuple[str, int], Any]]:
+    """annotator -> (id, key) -> that annotator's latest label of ``stage``'s unit."""
+    found: dict[str, dict[tuple[str, int], Any]] = {}
+    for row in label_rows(run_dir):
+        if row["stage"] == stage:
+            unit = (str(row["id"]), int(row.get("key", 0)))
+            found.setdefault(str(row.get("annotator", "")), {})[unit] = row["label"]
+    return found
+
+
+def run_labels(run_dir: Path) -> dict[tuple[str, str, int], Any]:
+    """(id, stage, key) -> the label people gave, from ``labels.jsonl``: each annotator's
+    latest line counts; several annotators' numbers are averaged, their labels the most
+    frequent (ties: the earliest given)."""
+    latest: dict[tuple[str, str, int], dict[str, Any]] = {}
+    for row in label_rows(run_dir):
+        unit = (str(row["id"]), str(row["stage"]), int(row.get("key", 0)))
+        latest.setdefault(unit, {})[str(row.get("annotator", ""))] = row["label"]
+    return {unit: _combined(list(given.values())) for unit, given in latest.items()}
+
+
+def _combined(values: list[Any]) -> Any:
+    numbers = [v for v in values if isinstance(v, int | float) and not isinstance(v, bool)]
+    if len(numbers) == len(values):
+        return sum(numbers) / len(numbers)
+    counts: dict[Any, int] = {}
+    for value in values:
+        counts[value] = counts.get(value, 0) + 1
+    return max(counts, key=lambda v: counts[v])
+
+
+def draw_for_runs(paths: Sequence[Path], size: int, strategy: str, seed: int, out: Any) -> None:
+    """``agreement --sample``: a queue per run, and the interval its labels should give."""
+    from ...runtime.store.run_dir import RESULTS, results_by_id, run_directories
+
+    for run_dir in run_directories(list(paths)):
+        records = results_by_id(run_dir / RESULTS)
+        queue = draw(records, size, strategy, seed)
+        path = write_queue(run_dir, queue)
+        judged = [r.score for r in records if r.score is not None]
+        spread = float(np.std(judged, ddof=1)) if len(judged) > 1 else 0.0
+        expect = queue.expected_half_width(spread)
+        strata = ", ".join(f"{k}: {v['drawn']} of {v['items']}" for k, v in queue.strata.items())
+        out.print(f"queue: {path}", highlight=False, soft_wrap=True)
+        out.print(f"  {len(queue.items)} items ({strategy}, seed {seed}); {strata}")
+        out.print(
+            f"  expected 95% interval at {expect['labels']} labels: about +-"
+            f"{expect['half_width']:.3f} from the labels alone (the judge's score spread "
+            f"{spread:.3f}, effective size {expect['effective']:.0f}); the prediction-powered "
+            "mean is at most as wide, narrower the closer the judge tracks the labels",
+            highlight=False,
+        )
