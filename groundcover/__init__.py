@@ -9,224 +9,98 @@ move. Run a framework from Python::
     print(done.only.summary.mean_score)
 
 Write one (``docs/write-a-framework.md``): subclass ``Framework`` with a ``FrameworkOptions``
-model, ask the judge through the ``ItemContext`` its ``solve`` gets, return ``ItemResult`` s,
-and register the object in the ``groundcover.frameworks`` entry-point group. The built-in
-frameworks import only these names from the runtime (``tests/test_contract.py`` holds them to it).
+model, ask the judge through the ``ItemContext`` its ``solve`` gets, return ``ItemResult`` s, and
+register the object in the ``groundcover.frameworks`` entry-point group (or run its file:
+``groundcover eval my_metric.py``). The names here are what a framework author needs; the rest
+of the face is in modules by theme:
 
-Names load when first used, so ``import groundcover`` costs nothing a command's ``--help``
-would notice; the imports under ``TYPE_CHECKING`` below are the one list of what is public.
+- ``groundcover.inputs``: option fields known by content, answers files, JSON Lines readers;
+- ``groundcover.judges``: panels, human labels, judgements the audits ask again, parsing;
+- ``groundcover.models``: the evaluator client, evaluator configuration, roles;
+- ``groundcover.runs``: run directories as the runtime reads and writes them;
+- ``groundcover.stats``, ``groundcover.grids``, ``groundcover.nli``: metric helpers, paper
+  grids, where a cross-encoder runs;
+- ``groundcover.testing``: a scripted judge for exact-score tests.
+
+Names load when first used (``_PUBLIC``: name -> module), so ``import groundcover`` costs
+nothing a command's ``--help`` would notice.
 """
 
 from __future__ import annotations
 
-import ast
 import importlib
-from functools import cache
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-if TYPE_CHECKING:
-    # the Python API
-    from .pipelines.api import Evaluation, evaluate, score_item
+# name -> the module (under this package) it comes from
+_PUBLIC = {
+    "Evaluation": "pipelines.api",
+    "evaluate": "pipelines.api",
+    "score_item": "pipelines.api",
+    "Command": "pipelines.runtime.contract.commands",
+    "Flag": "pipelines.runtime.contract.commands",
+    "flags": "pipelines.runtime.contract.commands",
+    "UserError": "pipelines.runtime.contract.errors",
+    "Average": "pipelines.runtime.contract.panels",
+    "Vote": "pipelines.runtime.contract.panels",
+    "Framework": "pipelines.runtime.contract.protocol",
+    "FrameworkOptions": "pipelines.runtime.contract.protocol",
+    "ItemContext": "pipelines.runtime.contract.protocol",
+    "RunOutcome": "pipelines.runtime.contract.protocol",
+    "RunPlan": "pipelines.runtime.contract.protocol",
+    "RunRequest": "pipelines.runtime.contract.protocol",
+    "Study": "pipelines.runtime.contract.protocol",
+    "ItemResult": "pipelines.runtime.contract.results",
+    "ItemText": "pipelines.runtime.contract.results",
+    "Judgement": "pipelines.runtime.contract.results",
+    "StageFailed": "pipelines.runtime.contract.results",
+    "not_scored": "pipelines.runtime.contract.results",
+    "InputFile": "pipelines.runtime.store.provenance",
+    "ParseError": "serving.parsing",
+    "PromptTemplate": "serving.templates",
+    "load_dir": "serving.templates",
+}
+# the public modules by theme (their own ``__all__`` each)
+_THEMES = ("inputs", "judges", "models", "runs", "stats", "grids", "nli", "testing")
 
-    # answers made elsewhere (``--answers``)
-    from .pipelines.runtime.contract.answers import AnswerFile, GivenAnswers
+if TYPE_CHECKING:  # the same names, for type checkers (tests/test_contract.py holds them equal)
+    from .pipelines.api import Evaluation as Evaluation
+    from .pipelines.api import evaluate as evaluate
+    from .pipelines.api import score_item as score_item
+    from .pipelines.runtime.contract.commands import Command as Command
+    from .pipelines.runtime.contract.commands import Flag as Flag
+    from .pipelines.runtime.contract.commands import flags as flags
+    from .pipelines.runtime.contract.errors import UserError as UserError
+    from .pipelines.runtime.contract.panels import Average as Average
+    from .pipelines.runtime.contract.panels import Vote as Vote
+    from .pipelines.runtime.contract.protocol import Framework as Framework
+    from .pipelines.runtime.contract.protocol import FrameworkOptions as FrameworkOptions
+    from .pipelines.runtime.contract.protocol import ItemContext as ItemContext
+    from .pipelines.runtime.contract.protocol import RunOutcome as RunOutcome
+    from .pipelines.runtime.contract.protocol import RunPlan as RunPlan
+    from .pipelines.runtime.contract.protocol import RunRequest as RunRequest
+    from .pipelines.runtime.contract.protocol import Study as Study
+    from .pipelines.runtime.contract.results import ItemResult as ItemResult
+    from .pipelines.runtime.contract.results import ItemText as ItemText
+    from .pipelines.runtime.contract.results import Judgement as Judgement
+    from .pipelines.runtime.contract.results import StageFailed as StageFailed
+    from .pipelines.runtime.contract.results import not_scored as not_scored
+    from .pipelines.runtime.store.provenance import InputFile as InputFile
+    from .serving.parsing import ParseError as ParseError
+    from .serving.templates import PromptTemplate as PromptTemplate
+    from .serving.templates import load_dir as load_dir
 
-    # commands and flags, declared as data (the CLI builds them from the options' fields)
-    from .pipelines.runtime.contract.commands import NLI_PLACEMENT, Command, Flag, flags
-
-    # configuration, readers and the one-line error
-    from .pipelines.runtime.contract.config import (
-        EvaluatorConfig,
-        RecordId,
-        Strict,
-        UserError,
-        describe_validation,
-        iter_jsonl,
-        read_jsonl,
-        read_text,
-    )
-
-    # judge panels: how members' answers combine, and human labels beside a run's decision
-    from .pipelines.runtime.contract.panels import Average, HumanLabel, PanelRule, Vote
-
-    # a framework, its options and the per-item context it solves in; studies of several runs
-    from .pipelines.runtime.contract.protocol import (
-        Framework,
-        FrameworkOptions,
-        ItemContext,
-        RunOutcome,
-        RunPlan,
-        RunRequest,
-        Study,
-    )
-
-    # per-item results and statuses
-    from .pipelines.runtime.contract.results import (
-        ItemResult,
-        ItemText,
-        Judgement,
-        StageFailed,
-        StageFailure,
-        Status,
-        SwapPair,
-        not_scored,
-    )
-
-    # which model plays which role
-    from .pipelines.runtime.contract.roles import (
-        RoleSpec,
-        model_name,
-        responder_config,
-        role_evaluator,
-    )
-
-    # paper grids: one run per model, the published values beside ours
-    from .pipelines.runtime.execution.grid import ModelGrid, Published, cell_text, published_row
-
-    # where a cross-encoder runs (in process, a Ray Serve app, Ray Data)
-    from .pipelines.runtime.execution.nli_placement import (
-        PLACEMENT_FIELDS,
-        NliPlacement,
-        placement_of,
-    )
-
-    # one item solved outside a run (a study that solves items of another framework)
-    from .pipelines.runtime.execution.solve import solve_item
-
-    # metric helpers
-    from .pipelines.runtime.stats import (
-        Interval,
-        bca_interval,
-        paired_test,
-        precision_recall_f1,
-    )
-
-    # which option fields are inputs known by content (the run's identity)
-    from .pipelines.runtime.store.provenance import (
-        Content,
-        IndexDir,
-        InputDir,
-        InputFile,
-        ModelName,
-        NotContent,
-    )
-
-    # what a run directory holds
-    from .pipelines.runtime.store.run_dir import (
-        MANIFEST,
-        RESULTS,
-        atomic_write_json,
-        read_manifest,
-        results_by_id,
-    )
-
-    # the evaluator client a stage asks through, and prompt templates
-    from .serving.client import EvalClient, LabelScore, Parsed, Tool
-    from .serving.parsing import ParseError, bullet_list, bullets, extract_json
-    from .serving.templates import PromptTemplate, load_dir, load_variants
-
-__all__ = [
-    "MANIFEST",
-    "NLI_PLACEMENT",
-    "PLACEMENT_FIELDS",
-    "RESULTS",
-    "AnswerFile",
-    "Average",
-    "Command",
-    "Content",
-    "EvalClient",
-    "Evaluation",
-    "EvaluatorConfig",
-    "Flag",
-    "Framework",
-    "FrameworkOptions",
-    "GivenAnswers",
-    "HumanLabel",
-    "IndexDir",
-    "InputDir",
-    "InputFile",
-    "Interval",
-    "ItemContext",
-    "ItemResult",
-    "ItemText",
-    "Judgement",
-    "LabelScore",
-    "ModelGrid",
-    "ModelName",
-    "NliPlacement",
-    "NotContent",
-    "PanelRule",
-    "ParseError",
-    "Parsed",
-    "PromptTemplate",
-    "Published",
-    "RecordId",
-    "RoleSpec",
-    "RunOutcome",
-    "RunPlan",
-    "RunRequest",
-    "StageFailed",
-    "StageFailure",
-    "Status",
-    "Strict",
-    "Study",
-    "SwapPair",
-    "Tool",
-    "UserError",
-    "Vote",
-    "atomic_write_json",
-    "bca_interval",
-    "bullet_list",
-    "bullets",
-    "cell_text",
-    "describe_validation",
-    "evaluate",
-    "extract_json",
-    "flags",
-    "iter_jsonl",
-    "load_dir",
-    "load_variants",
-    "model_name",
-    "not_scored",
-    "paired_test",
-    "placement_of",
-    "precision_recall_f1",
-    "published_row",
-    "read_jsonl",
-    "read_manifest",
-    "read_text",
-    "responder_config",
-    "results_by_id",
-    "role_evaluator",
-    "score_item",
-    "solve_item",
-]
-
+__all__ = sorted(_PUBLIC)
 __version__ = "0.1.0"
 
 
-@cache
-def _where() -> dict[str, str]:
-    """Public name -> its module, read from the ``TYPE_CHECKING`` imports of this file."""
-    tree = ast.parse(Path(__file__).read_text(encoding="utf-8"))
-    block = next(node for node in tree.body if isinstance(node, ast.If))
-    return {
-        alias.asname or alias.name: f"{__name__}.{node.module}"
-        for node in block.body
-        if isinstance(node, ast.ImportFrom)
-        for alias in node.names
-    }
-
-
 def __getattr__(name: str) -> Any:
-    module = _where().get(name)
+    module = _PUBLIC.get(name)
     if module is None:
         raise AttributeError(f"module 'groundcover' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
+    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
     globals()[name] = value  # once loaded, an ordinary attribute
     return value
 
 
 def __dir__() -> list[str]:
-    return sorted([*__all__, "__version__"])
+    return sorted([*__all__, *_THEMES, "__version__"])

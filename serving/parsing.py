@@ -10,7 +10,8 @@ _FENCE = re.compile(r"```(?:json|JSON)?\s*(.*?)```", re.DOTALL)
 
 
 class ParseError(ValueError):
-    pass
+    """A model's output that a stage's parser cannot read; its message is what the re-ask tells
+    the model (the stage asks again, then records the output as unparseable)."""
 
 
 def extract_json(text: str) -> Any:

@@ -29,6 +29,10 @@ def compiled(source: str) -> jinja2.Template:
 
 
 class PromptTemplate(BaseModel):
+    """A versioned prompt: ``name``, ``version``, an optional ``system`` and a ``user`` Jinja
+    body (undefined values are errors), ``variant`` for a paraphrase. ``messages(**values)``
+    renders the chat messages; ``id`` (``name@vN#hash``) enters cache keys and manifests."""
+
     name: str
     version: int
     user: str

@@ -385,16 +385,24 @@ def _imports(path: Path) -> list[tuple[int, str]]:
 def test_built_in_frameworks_import_the_runtime_only_through_the_public_face():
     """A framework may import ``groundcover`` (the face), the serving and retrieval libraries and
     framework packages; never ``pipelines.runtime``, the CLI, reports or datasets."""
+    import groundcover
+
     frameworks = _built_in_frameworks()
     assert {"comprehensiveness", "crux", "fanoutqa", "garage", "icat"} <= set(frameworks)
-    allowed = ("groundcover", *LIBRARIES, *(f"groundcover.pipelines.{f}" for f in frameworks))
+    themes = tuple(f"groundcover.{t}" for t in groundcover._THEMES)  # the face, by theme
+    allowed = (
+        "groundcover",
+        *themes,
+        *LIBRARIES,
+        *(f"groundcover.pipelines.{f}" for f in frameworks),
+    )
     offenders = [
         f"{path.relative_to(ROOT)}:{line}: {module}"
         for name in frameworks
         for path in (ROOT / "pipelines" / name).rglob("*.py")
         for line, module in _imports(path)
         if module.split(".")[0] in ("groundcover", "pipelines", "serving", "retrieval")
-        and module != "groundcover"
+        and module not in ("groundcover", *themes)
         and not any(module == a or module.startswith(a + ".") for a in allowed[1:])
     ]
     assert offenders == []
@@ -418,9 +426,44 @@ def test_no_module_imports_the_folders_by_their_repository_names():
 def test_every_public_name_loads_and_importing_the_face_loads_no_runtime():
     import groundcover
 
-    assert sorted(groundcover._where()) == sorted(groundcover.__all__)
+    assert sorted(groundcover._PUBLIC) == groundcover.__all__
     for name in groundcover.__all__:
         assert getattr(groundcover, name) is not None, name
+    # the type checkers' names are the table's: one list, held equal here
+    tree = ast.parse((ROOT / "groundcover" / "__init__.py").read_text())
+    block = next(node for node in tree.body if isinstance(node, ast.If))
+    checked = {alias.name for node in block.body for alias in node.names}  # type: ignore[attr-defined]
+    assert checked == set(groundcover._PUBLIC)
+    assert len(groundcover.__all__) <= 26  # what a framework author needs; the rest by theme
     probe = "import sys, groundcover; print(sorted(m for m in sys.modules if 'runtime' in m))"
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True)
     assert done.returncode == 0 and done.stdout.strip() == "[]", done.stderr[-1000:]
+
+
+def test_the_face_by_theme_and_help_shows_each_classs_own_docstring():
+    """About two dozen names at the root, the rest in public modules by theme; each public
+    class documents itself (``help(groundcover.Framework)`` is not ``typing.Generic``'s), and
+    the framework's documentation names every hook it has."""
+    import importlib
+    import inspect
+
+    import groundcover
+
+    modules = [
+        groundcover,
+        *(importlib.import_module(f"groundcover.{t}") for t in groundcover._THEMES),
+    ]
+    for module in modules:
+        for name in module.__all__:
+            value = getattr(module, name)
+            if inspect.isclass(value):
+                assert (value.__dict__.get("__doc__") or "").strip(), f"{module.__name__}.{name}"
+    for cls in (groundcover.Framework, groundcover.Study):
+        hooks = [k for k in cls.__dict__ if not k.startswith("_")]
+        assert [h for h in hooks if f"``{h}" not in (cls.__doc__ or "")] == [], cls
+    run_dir_internals = {"MANIFEST", "atomic_write_json", "results_by_id", "cell_text"}
+    assert not run_dir_internals & set(groundcover.__all__)
+    from groundcover.runs import MANIFEST, atomic_write_json
+    from groundcover.testing import ScriptedClient
+
+    assert MANIFEST == "manifest.json" and callable(atomic_write_json) and ScriptedClient

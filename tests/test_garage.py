@@ -197,7 +197,7 @@ def test_eval_garage_end_to_end(vllm_server, tmp_path):
 def test_precision_recall_f1_from_counts_by_hand():
     """The one helper behind GaRAGe's attribution and the claims evaluation: matched predicted
     and matched gold counted apart (claims eval: 2 of 4 predicted claims match, 3 of 5 gold)."""
-    from groundcover import precision_recall_f1
+    from groundcover.stats import precision_recall_f1
 
     got = precision_recall_f1(2, 4, 3, 5)
     assert got["precision"] == 0.5 and got["recall"] == 0.6

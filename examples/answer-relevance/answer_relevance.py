@@ -26,11 +26,10 @@ from groundcover import (
     ItemContext,
     ItemResult,
     PromptTemplate,
-    RecordId,
     Vote,
-    bca_interval,
-    read_jsonl,
 )
+from groundcover.inputs import RecordId, read_jsonl
+from groundcover.stats import bca_interval
 
 SCORES = {"yes": 1.0, "partly": 0.5, "no": 0.0}
 

@@ -8,17 +8,9 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from groundcover import (
-    Content,
-    FrameworkOptions,
-    GivenAnswers,
-    InputFile,
-    ItemContext,
-    ModelName,
-    NliPlacement,
-    RecordId,
-    load_dir,
-)
+from groundcover import FrameworkOptions, InputFile, ItemContext, load_dir
+from groundcover.inputs import Content, GivenAnswers, ModelName, RecordId
+from groundcover.nli import NliPlacement
 
 from ...serving.client import Parsed, marker_label_scores
 from .formats import Formats

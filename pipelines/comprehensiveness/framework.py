@@ -20,13 +20,8 @@ from rich.console import Console
 from rich.table import Table
 
 from groundcover import (
-    PLACEMENT_FIELDS,
-    AnswerFile,
     Average,
-    EvalClient,
-    EvaluatorConfig,
     Framework,
-    HumanLabel,
     InputFile,
     ItemContext,
     ItemResult,
@@ -34,14 +29,14 @@ from groundcover import (
     RunPlan,
     RunRequest,
     Study,
-    SwapPair,
     UserError,
     Vote,
-    model_name,
     not_scored,
-    read_jsonl,
-    responder_config,
 )
+from groundcover.inputs import AnswerFile, read_jsonl
+from groundcover.judges import HumanLabel, SwapPair
+from groundcover.models import EvalClient, EvaluatorConfig, model_name, responder_config
+from groundcover.nli import PLACEMENT_FIELDS
 
 from ..generate.framework import GENERATE, GenerateItem, GenerateOptions
 from . import e2e_method, meta, nli_method, qa_method
@@ -271,7 +266,7 @@ async def evaluate_item(
 ) -> ItemResult:
     """One item outside a run (benchmarks, notebooks): the same solve, recorded failures too.
     Graph files are written under ``run_dir`` only when one is given."""
-    from groundcover import solve_item
+    from groundcover.runs import solve_item
 
     if run_dir is None:
         options = options.model_copy(update={"export_graphs": False})

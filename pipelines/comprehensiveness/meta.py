@@ -20,7 +20,9 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
-from groundcover import Interval, ItemResult, UserError, bca_interval, iter_jsonl, not_scored
+from groundcover import ItemResult, UserError, not_scored
+from groundcover.inputs import iter_jsonl
+from groundcover.stats import Interval, bca_interval
 
 from .common import Item
 from .rules import Rules, rules_for

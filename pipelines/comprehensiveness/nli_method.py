@@ -6,7 +6,8 @@ import asyncio
 import itertools
 from typing import Any, Protocol
 
-from groundcover import ItemContext, StageFailed, placement_of
+from groundcover import ItemContext, StageFailed
+from groundcover.nli import placement_of
 
 from .common import (
     LOGPROBS,

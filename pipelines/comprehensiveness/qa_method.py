@@ -9,7 +9,8 @@ import math
 import re
 from typing import Any
 
-from groundcover import ItemContext, SwapPair
+from groundcover import ItemContext
+from groundcover.judges import SwapPair
 
 from ...serving.client import marker_label_scores
 from .common import (

@@ -15,16 +15,9 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from rich.console import Console
 from rich.table import Table
 
-from groundcover import (
-    EvaluatorConfig,
-    InputFile,
-    NotContent,
-    RunOutcome,
-    RunPlan,
-    RunRequest,
-    Study,
-    responder_config,
-)
+from groundcover import InputFile, RunOutcome, RunPlan, RunRequest, Study
+from groundcover.inputs import NotContent
+from groundcover.models import EvaluatorConfig, responder_config
 
 from . import meta
 from .common import (

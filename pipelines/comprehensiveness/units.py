@@ -13,7 +13,7 @@ from functools import lru_cache
 import pint
 from pydantic import BaseModel, ConfigDict, Field
 
-from groundcover import Tool
+from groundcover.models import Tool
 
 _QUANTITY = re.compile(
     r"^\s*(?:about|approximately|approx\.|around|~)?\s*"

@@ -31,13 +31,12 @@ from groundcover import (
     RunOutcome,
     RunPlan,
     RunRequest,
-    Strict,
     Study,
     UserError,
-    atomic_write_json,
-    bullet_list,
-    iter_jsonl,
 )
+from groundcover.inputs import Strict, iter_jsonl
+from groundcover.judges import bullet_list
+from groundcover.runs import atomic_write_json
 
 from . import metrics
 from .framework import PROMPTS, rate

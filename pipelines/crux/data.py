@@ -13,7 +13,8 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
-from groundcover import UserError, iter_jsonl
+from groundcover import UserError
+from groundcover.inputs import iter_jsonl
 
 
 class Topic(BaseModel):

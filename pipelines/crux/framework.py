@@ -20,24 +20,20 @@ from rich.console import Console
 from rich.table import Table
 
 from groundcover import (
-    AnswerFile,
     Average,
     Framework,
     FrameworkOptions,
-    GivenAnswers,
-    IndexDir,
     InputFile,
     ItemContext,
     ItemResult,
     Judgement,
-    ModelName,
     PromptTemplate,
     StageFailed,
-    Strict,
     load_dir,
-    load_variants,
     not_scored,
 )
+from groundcover.inputs import AnswerFile, GivenAnswers, IndexDir, ModelName, Strict
+from groundcover.judges import load_variants
 
 from . import data, metrics
 

@@ -18,17 +18,8 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from rich.console import Console
 from rich.table import Table
 
-from groundcover import (
-    IndexDir,
-    InputDir,
-    InputFile,
-    ModelName,
-    RunOutcome,
-    RunPlan,
-    RunRequest,
-    Study,
-    UserError,
-)
+from groundcover import InputFile, RunOutcome, RunPlan, RunRequest, Study, UserError
+from groundcover.inputs import IndexDir, InputDir, ModelName
 
 from . import data
 from .framework import CRUX, CruxOptions, TopicItem

@@ -25,13 +25,8 @@ from rich.console import Console
 from rich.table import Table
 
 from groundcover import (
-    AnswerFile,
-    EvaluatorConfig,
     Framework,
     FrameworkOptions,
-    GivenAnswers,
-    IndexDir,
-    InputDir,
     InputFile,
     ItemContext,
     ItemResult,
@@ -43,16 +38,22 @@ from groundcover import (
     RunPlan,
     RunRequest,
     StageFailed,
-    Tool,
     UserError,
     Vote,
+    load_dir,
+    not_scored,
+)
+from groundcover.inputs import (
+    AnswerFile,
+    GivenAnswers,
+    IndexDir,
+    InputDir,
     describe_validation,
     iter_jsonl,
-    load_dir,
-    load_variants,
-    not_scored,
     read_text,
 )
+from groundcover.judges import load_variants
+from groundcover.models import EvaluatorConfig, Tool
 
 from ...serving.registry import UnknownModelError, resolve
 from .metrics import (

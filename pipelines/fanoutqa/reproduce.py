@@ -12,7 +12,8 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from groundcover import ModelGrid, NotContent, Published, published_row
+from groundcover.grids import ModelGrid, Published, published_row
+from groundcover.inputs import NotContent
 
 from .framework import FANOUTQA, TABLE_COLUMNS, FanoutOptions
 

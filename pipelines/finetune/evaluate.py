@@ -21,18 +21,15 @@ from groundcover import (
     InputFile,
     ItemContext,
     ItemResult,
-    ModelName,
-    NotContent,
-    RoleSpec,
     RunOutcome,
     RunPlan,
     RunRequest,
     Study,
     UserError,
-    iter_jsonl,
-    precision_recall_f1,
-    role_evaluator,
 )
+from groundcover.inputs import ModelName, NotContent, iter_jsonl
+from groundcover.models import RoleSpec, role_evaluator
+from groundcover.stats import precision_recall_f1
 
 from ..icat.framework import extract_claims, parse_claims
 

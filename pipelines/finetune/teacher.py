@@ -32,11 +32,11 @@ from groundcover import (
     RunRequest,
     Study,
     UserError,
-    atomic_write_json,
-    bullet_list,
-    iter_jsonl,
     load_dir,
 )
+from groundcover.inputs import iter_jsonl
+from groundcover.judges import bullet_list
+from groundcover.runs import atomic_write_json
 
 from ..icat.framework import parse_claims
 from .examples import TEMPLATE as CLAIMS_TEMPLATE
@@ -189,7 +189,7 @@ class TeacherData(Study[TeacherOptions]):
         ]
 
     def combine(self, outcomes: dict[str, RunOutcome], options: TeacherOptions) -> dict:
-        from groundcover import MANIFEST, read_manifest
+        from groundcover.runs import MANIFEST, read_manifest
 
         outcome = outcomes["examples"]  # in <root>/examples: the dataset goes to <root>
         teacher = read_manifest(outcome.dir / MANIFEST).models

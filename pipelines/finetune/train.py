@@ -19,7 +19,8 @@ from typing import Any
 
 from pydantic import Field, model_validator
 
-from groundcover import Strict, UserError, iter_jsonl
+from groundcover import UserError
+from groundcover.inputs import Strict, iter_jsonl
 
 TARGET_MODULES = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 

@@ -43,7 +43,8 @@ from pydantic import (
     model_validator,
 )
 
-from groundcover import RecordId, UserError, describe_validation, iter_jsonl
+from groundcover import UserError
+from groundcover.inputs import RecordId, describe_validation, iter_jsonl
 
 QUALITY_LABELS = ("ANSWER-THE-QUESTION", "RELATED-INFORMATION", "OUTDATED", "UNKNOWN")
 RELEVANCE = {"YES": True, "NO": False, "": None}  # "" = not annotated

@@ -22,10 +22,8 @@ from rich.console import Console
 from rich.table import Table
 
 from groundcover import (
-    AnswerFile,
     Framework,
     FrameworkOptions,
-    GivenAnswers,
     InputFile,
     ItemContext,
     ItemResult,
@@ -34,8 +32,9 @@ from groundcover import (
     Vote,
     load_dir,
     not_scored,
-    precision_recall_f1,
 )
+from groundcover.inputs import AnswerFile, GivenAnswers
+from groundcover.stats import precision_recall_f1
 
 from .data import (
     DIMENSIONS,

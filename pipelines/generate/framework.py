@@ -12,16 +12,8 @@ from typing import Literal
 
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field
 
-from groundcover import (
-    Framework,
-    FrameworkOptions,
-    InputFile,
-    ItemContext,
-    ItemResult,
-    RecordId,
-    load_dir,
-    read_jsonl,
-)
+from groundcover import Framework, FrameworkOptions, InputFile, ItemContext, ItemResult, load_dir
+from groundcover.inputs import RecordId, read_jsonl
 
 PROMPTS = load_dir(Path(__file__).parent / "prompts")
 

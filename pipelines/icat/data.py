@@ -18,7 +18,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from groundcover import UserError, iter_jsonl
+from groundcover import UserError
+from groundcover.inputs import iter_jsonl
 
 
 class Subtopic(BaseModel):

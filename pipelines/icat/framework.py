@@ -20,21 +20,18 @@ from rich.console import Console
 from rich.table import Table
 
 from groundcover import (
-    PLACEMENT_FIELDS,
     Framework,
     FrameworkOptions,
-    IndexDir,
     InputFile,
     ItemContext,
     ItemResult,
-    ModelName,
-    NliPlacement,
     ParseError,
     UserError,
     load_dir,
     not_scored,
-    placement_of,
 )
+from groundcover.inputs import IndexDir, ModelName
+from groundcover.nli import PLACEMENT_FIELDS, NliPlacement, placement_of
 
 from . import data, scoring
 from .grounding import (

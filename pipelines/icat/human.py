@@ -17,7 +17,9 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
-from groundcover import UserError, atomic_write_json, iter_jsonl
+from groundcover import UserError
+from groundcover.inputs import iter_jsonl
+from groundcover.runs import atomic_write_json
 
 from .framework import NAMES
 
@@ -132,7 +134,7 @@ def render(table: dict[str, Any], console: Console) -> None:
 def validate(run_dir: Path, human: Path, resamples: int) -> dict[str, Any]:
     """Correlation of an ICAT run's coverage (and ICAT_beta) with human coverage, per variant;
     written to icat-human.json in the run directory."""
-    from groundcover import MANIFEST, RESULTS, read_manifest, results_by_id
+    from groundcover.runs import MANIFEST, RESULTS, read_manifest, results_by_id
 
     manifest = read_manifest(run_dir / MANIFEST)
     if manifest.framework != "icat":

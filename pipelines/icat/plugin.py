@@ -1,6 +1,7 @@
 """What ICAT plugs into the runtime: its studies and commands."""
 
-from groundcover import NLI_PLACEMENT, Command, Flag, flags
+from groundcover import Command, Flag, flags
+from groundcover.nli import NLI_PLACEMENT
 
 FRAMEWORK = "groundcover.pipelines.icat.framework:ICAT"
 REPRODUCE = "groundcover.pipelines.icat.reproduce:REPRODUCE_ICAT"

@@ -16,18 +16,9 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from rich.console import Console
 from rich.table import Table
 
-from groundcover import (
-    IndexDir,
-    InputFile,
-    ModelName,
-    Published,
-    RunOutcome,
-    RunPlan,
-    RunRequest,
-    Study,
-    cell_text,
-    published_row,
-)
+from groundcover import InputFile, RunOutcome, RunPlan, RunRequest, Study
+from groundcover.grids import Published, cell_text, published_row
+from groundcover.inputs import IndexDir, ModelName
 
 from .framework import ICAT, IcatOptions
 

@@ -46,10 +46,19 @@ RecordId = Annotated[str, BeforeValidator(_number_as_id)]
 
 
 class Strict(BaseModel):
+    """A pydantic model that refuses fields it does not declare (a misspelt option is one line,
+    never silently ignored)."""
+
     model_config = ConfigDict(extra="forbid")
 
 
 class EvaluatorConfig(Strict):
+    """One evaluator: the model (a preset, a directory, a hub id, ``MODEL:ADAPTER``), where it
+    is served (an ``endpoint``, else vLLM started here, with ``adapters`` and ``replicas``), how
+    it is asked (concurrency, timeouts, retries, sampling, reasoning) and, set by the run, what
+    it is by content (``content``) and a self-consistency member's sample (``sample``). Each
+    field's description is its flag's help (``--model``, ``--endpoint``, ...)."""
+
     model: Annotated[str, NotContent("known by the revision the run resolves: ``content``")] = (
         Field(
             "embedded",

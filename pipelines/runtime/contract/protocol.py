@@ -150,6 +150,29 @@ def _matching(patterns: Mapping[str, T], stage: str) -> T | None:
 
 
 class Study(Generic[OptionsT]):
+    """A study: one or more runs over the same items, planned from its options (an ELI5 table, a
+    paper's grid). ``Framework`` is the study of one run solved item by item; subclass ``Study``
+    only for several runs that belong together.
+
+    Declared (class attributes; default after ``=``):
+
+    - ``name``: the name ``groundcover eval NAME`` and the entry point use (required);
+    - ``Options``: the pydantic model of its options, one flag per field (required);
+    - ``roles = {"judge": "every model stage"}``: role -> what it does (``--role ROLE=...``);
+    - ``paper_judges_without_reasoning = False``: its judging roles turn a model's reasoning off,
+      as the paper's judges did not reason;
+    - ``commands = ()``: its commands when registered as an object (none: ``eval NAME``).
+
+    Hooks (methods; what the default does):
+
+    - ``load(options)``: the items (required);
+    - ``check_inputs(options)``: read the other input files, one ``UserError`` if malformed
+      (default: nothing to check);
+    - ``plan(request, root)``: the runs, each in ``root / key`` (required for a ``Study``);
+    - ``combine(outcomes, options)``: study-level tables (default None: each run's suffice);
+    - ``render_combined(combined, console)``: print them (default: nothing);
+    - ``check_roles(names)``: refuse roles it does not have (default: against ``roles``)."""
+
     name: ClassVar[str]
     Options: ClassVar[type[BaseModel]]
     # role -> what it does (the models a user can set with --role ROLE=...)
@@ -189,6 +212,51 @@ class Study(Generic[OptionsT]):
 
 
 class Framework(Study[OptionsT], Generic[OptionsT, ItemT]):
+    """A framework: items solved one by one, each an ``ItemResult``, summed up in tables.
+
+    Subclass ``Framework[MyOptions, MyItem]``, implement ``load`` and ``solve``, and register the
+    object in the ``groundcover.frameworks`` entry-point group (or run its file: ``groundcover eval
+    my_metric.py``). Everything else has a default.
+
+    Declared (class attributes; default after ``=``), beside ``Study``'s ``name``, ``Options``
+    (a ``FrameworkOptions``) and ``roles``:
+
+    - ``prompts = {}``: its versioned prompt templates by name (``load_dir``), recorded in the run;
+    - ``stage_roles = {"*": "judge"}``: stage -> the role that answers it ("prefix*" patterns);
+    - ``panel_rules = {}``: judging stage -> how a panel combines its members' answers (``Vote``,
+      ``Average``); a stage without one is asked of the first member only;
+    - ``stage_sampling = {}``: judging stage -> sampling it fixes whatever the run's (a paper's
+      protocol, e.g. ``{"temperature": 0.0}``);
+    - ``prompt_variants = {}``: judging stage -> paraphrases of its prompt (``agreement
+      --paraphrase``);
+    - ``answer_file = None``: how a record of an answers file (``--answers``) maps to an item;
+    - ``report_only = frozenset()``: options that change reports only, not the run's identity.
+
+    Hooks (methods; what the default does):
+
+    - ``load(options)`` and ``solve(item, ctx)``: the items, and one item's result (required);
+    - ``setup(request, root)``: resources shared by every item, in ``ctx.resources`` (None);
+      ``light_setup(options)``: whether it loads no model or index (True unless overridden);
+    - ``roles_used(options)``: the roles a run asks (every declared role);
+    - ``known_calls(item, options)``: calls per stage known before asking ({}: estimated);
+    - ``identity(options)``: what of the options identifies a run (every field, inputs by content);
+    - ``score_protocol(options)``: options that change what a score means ({});
+    - ``prompt_ids(options)``: the prompt ids a run records (every template's, and the re-ask's);
+    - ``tables_file(options)``, ``aggregate(results, options)``, ``render(tables, console)``,
+      ``figures(tables)``: the run's tables, their file, how they print and plot (none);
+    - ``item_text(item, record, options)``, ``item_metrics(record)``: what a person reads of an item
+      and its metrics by name (the first question-like field; the score and every number);
+    - ``human_labels(record, options)``: labels the dataset's annotators gave ([]);
+    - ``swap_pairs(record)``, ``ask_swapped(ctx, pair)``: judgements of two texts of one kind,
+      asked again swapped (``agreement --swap-audit``; none);
+    - ``judgements(item, record, options)``, ``ask_judgement(ctx, judgement, template)``:
+      recorded judgements asked again (``agreement --rerun`` / ``--paraphrase``; none);
+    - ``given_answers(options, ids)``, ``answer_ids(options, items)``: the answers file read (by
+      ``answer_file``), and the ids it may name (the items');
+    - ``role_of(stage)``, ``panel_rule(stage)``, ``sampling_of(stage)``, ``paraphrases(stage)``:
+      read the declarations above for one stage (not overridden);
+    - ``plan(request, root)``: its one run."""
+
     Options: ClassVar[type[FrameworkOptions]]
     prompts: ClassVar[dict[str, PromptTemplate]] = {}
     report_only: ClassVar[frozenset[str]] = frozenset()

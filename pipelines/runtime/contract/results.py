@@ -42,6 +42,11 @@ class StageFailure(BaseModel):
 
 
 class ItemResult(BaseModel):
+    """One item's record: its ``status`` (``ok``, ``abstained``, ``undefined``, ``failed``...),
+    ``score`` (None where there is none, never a silent 0), a one-line ``explanation``, the
+    framework's ``details``, per-stage ``usage`` and, for a failed item, its ``failure``.
+    Build it with ``ctx.result(...)`` or ``ctx.failed(...)``."""
+
     model_config = ConfigDict(extra="forbid")
 
     id: str

@@ -37,6 +37,11 @@ def published_row(model: str, run: str, table: Published, columns: tuple[str, ..
 
 
 class ModelGrid(Study[OptionsT]):
+    """A paper's table as a grid: one run of ``framework`` per answering model (a row) x the
+    framework's own runs, each row flattened to ``columns`` (``flat``) beside the published
+    values (``paper``), titled ``title``; ``field`` names the framework's options inside the
+    grid's."""
+
     framework: ClassVar[Framework]
     field: ClassVar[str]  # the framework's options inside the grid's options
     columns: ClassVar[tuple[str, ...]]  # keys of ``flat`` shown, in the paper's order

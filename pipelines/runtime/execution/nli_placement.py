@@ -27,6 +27,10 @@ PLACEMENT_FIELDS = frozenset({"nli_replicas", "nli_app", "nli_bulk", "nli_resour
 
 
 class NliPlacement(Strict):
+    """Where a framework's NLI cross-encoder runs, as options: here (the default), on a Ray
+    Serve app of ``nli_replicas`` (or the running ``nli_app``), or on Ray Data actors
+    (``nli_bulk``), with their resources and how long to wait for them."""
+
     nli_replicas: int = Field(0, ge=0, le=4096, description="NLI on a Serve app of N replicas")
     nli_app: str | None = Field(None, description="NLI on this running Serve app")
     nli_bulk: bool = Field(False, description="NLI replicas as Ray Data actors per call")

@@ -1,0 +1,22 @@
+"""Judging: how a panel's answers combine (``Vote``, ``Average``), human labels beside a run's
+decision (``HumanLabel``), the recorded judgements the reliability audits ask again
+(``Judgement``, ``SwapPair``), paraphrases of a judging prompt (``load_variants``) and reading a
+model's output (``ParseError``, ``bullet_list``)."""
+
+from __future__ import annotations
+
+from .pipelines.runtime.contract.panels import Average, HumanLabel, Vote
+from .pipelines.runtime.contract.results import Judgement, SwapPair
+from .serving.parsing import ParseError, bullet_list
+from .serving.templates import load_variants
+
+__all__ = [
+    "Average",
+    "HumanLabel",
+    "Judgement",
+    "ParseError",
+    "SwapPair",
+    "Vote",
+    "bullet_list",
+    "load_variants",
+]
