@@ -30,7 +30,7 @@ from ..serving.client import EvalClient
 from .datasets.names import resolve_names
 from .reports.exports.tracking import track_outcomes
 from .runtime.contract.config import load_config
-from .runtime.contract.plugins import framework, study
+from .runtime.contract.plugins import add_study, framework, study
 from .runtime.contract.protocol import (
     Framework,
     ItemContext,
@@ -80,7 +80,7 @@ class Evaluation:
 
 
 def evaluate(
-    name: str,
+    name: str | Study[Any],
     config: str | Path | None = None,
     *,
     options: Mapping[str, Any] | None = None,
@@ -91,7 +91,9 @@ def evaluate(
     no_cache: bool = False,
     quiet: bool = True,
 ) -> Evaluation:
-    """Run (or resume) framework or study ``name`` as ``groundcover eval NAME`` would.
+    """Run (or resume) framework or study ``name`` as ``groundcover eval NAME`` would; ``name``
+    may be the ``Framework`` (or ``Study``) object itself, installed or not (its file's digest
+    then enters the run's identity, as with ``groundcover eval FILE.py``).
 
     ``config``: a YAML file with the same sections, read first; the keyword sections override
     it field by field. ``roles``: ``{"judge": "MODEL@URL"}`` as ``--role`` takes them.
@@ -100,7 +102,7 @@ def evaluate(
     nothing is printed (what the command would print, its notes included, is kept in the
     result's ``log``). Bad input raises ``UserError`` with the same one line the command
     prints."""
-    found = study(name)
+    found = study(name) if isinstance(name, str) else add_study(name)
     overrides: dict[str, Any] = {}
     for section, values in (
         ("evaluator", evaluator),

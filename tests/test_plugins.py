@@ -224,3 +224,70 @@ def test_a_wheel_installs_one_top_level_name(tmp_path):
     entry_points = next(n for n in names if n.endswith(".dist-info/entry_points.txt"))
     text = zipfile.ZipFile(wheel).read(entry_points).decode()
     assert "[groundcover.frameworks]" in text and "garage = groundcover.pipelines.garage" in text
+
+
+# ---- a framework run from its file, as docs/write-a-framework.md writes it ---------------------
+
+
+def docs_blocks() -> list[str]:
+    """The Python blocks of docs/write-a-framework.md, in order: the framework file, its test."""
+    text = (ROOT / "docs" / "write-a-framework.md").read_text()
+    return [block.split("```", 1)[0] for block in text.split("```python\n")[1:]]
+
+
+def test_a_framework_file_from_the_docs_runs_with_eval_and_evaluate(plugin, tmp_path):
+    """The docs' file copied as it stands: `groundcover eval FILE.py` against the HTTP judge
+    (j1: yes, yes, no, partly -> 1, 1, 0, 0.5), its digest in the run's identity, `report`
+    reading it back from the file, an edited file refused as another run, `--drivers`
+    refused in one line; then the docs' own test through `evaluate(obj)` and the scripted
+    judge of `groundcover.testing`."""
+    code, test = docs_blocks()[:2]
+    metric = tmp_path / "my_metric.py"
+    metric.write_text(code)
+    env = os.environ | {"GROUNDCOVER_HOME": str(tmp_path / "home")}  # not the installed example
+    items = str(EXAMPLE / "items.jsonl")
+    run_dir = tmp_path / "run"
+    args = [str(metric), items, "--model", "j1", "--endpoint", plugin["url"], "--quiet"]
+
+    def groundcover_here(*extra: str) -> subprocess.CompletedProcess[str]:
+        command = [sys.executable, "-m", "groundcover", *extra]
+        return subprocess.run(command, capture_output=True, text=True, env=env, timeout=120)
+
+    done = groundcover_here("eval", *args, "--run-dir", str(run_dir), "--no-cache")
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "runs from" in done.stderr and "the same command resumes it" in done.stderr
+    found = records(run_dir)
+    assert {i: r["score"] for i, r in found.items()} == {"q1": 1.0, "q2": 1.0, "q3": 0.0, "q4": 0.5}
+    manifest = json.loads((run_dir / "manifest.json").read_text())
+    digest = __import__("hashlib").sha256(metric.read_bytes()).hexdigest()
+    assert manifest["source"]["sha256"] == digest == manifest["config"]["framework_sha256"]
+    report = groundcover_here("report", str(run_dir), "--json")
+    assert report.returncode == 0, report.stderr[-2000:]
+    assert json.loads(report.stdout.splitlines()[0])["tables"]["mean"] == 0.625
+    metric.write_text(code + "\n# edited\n")
+    again = groundcover_here("eval", *args, "--run-dir", str(run_dir), "--no-cache")
+    assert again.returncode == 2 and "changed" in again.stderr
+    spread = groundcover_here("eval", *args, "--run-dir", str(tmp_path / "d"), "--drivers", "2")
+    assert spread.returncode == 2 and "install it as a package" in spread.stderr
+    assert len(spread.stderr.strip().splitlines()) == 1
+    missing = groundcover_here("eval", str(tmp_path / "nothing.py"), items)
+    assert missing.returncode == 2 and "no such framework file" in missing.stderr
+    # the docs' test, as written, through evaluate(obj) with groundcover.testing's judge
+    from groundcover.pipelines.runtime.contract.plugins import from_file
+
+    metric.write_text(code)
+    _, found_object = from_file(str(metric))
+    namespace = {"RELEVANCE": found_object}
+    exec(compile(test, "write-a-framework.md", "exec"), namespace)  # noqa: S102 - our own docs
+    (tmp_path / "api").mkdir()
+    namespace["test_relevance_by_hand"](tmp_path / "api")
+
+
+def test_the_example_packages_own_test_passes_with_the_public_scripted_judge(plugin, tmp_path):
+    """``examples/answer-relevance/test_answer_relevance.py``, run by pytest where the example is
+    installed: a framework author's exact-score test with ``groundcover.testing``."""
+    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--rootdir"]
+    command += [str(tmp_path), str(EXAMPLE / "test_answer_relevance.py")]
+    done = subprocess.run(command, capture_output=True, text=True, env=plugin["env"], timeout=120)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-1000:]
+    assert "1 passed" in done.stdout

@@ -192,6 +192,26 @@ def build(spec: Command) -> click.Command:
     return built
 
 
+def build_from_file(spec: str) -> click.Command:
+    """``eval PATH.py[:OBJECT]``: the framework in that file, with the command an installed one
+    of its kind gets (a flag per field of its options, ``input`` positional); a file that does
+    not load is one line."""
+    import dataclasses
+
+    from ..runtime.contract.config import UserError
+    from ..runtime.contract.plugins import default_command, from_file
+    from .options import EXIT_USER, console
+
+    try:
+        ref, found = from_file(spec)
+    except UserError as exc:
+        console.print(f"[red]error:[/red] {exc}", highlight=False, soft_wrap=True)
+        raise typer.Exit(EXIT_USER) from None
+    if found.commands:  # its own declaration, pointed at the object loaded from the file
+        return build(dataclasses.replace(found.commands[0], study=ref))
+    return build(default_command(ref, found))
+
+
 def flag_text(flag: Flag) -> str:
     """How a flag is given: ``INPUT`` for a positional one, else ``--name``."""
     if flag.argument:
@@ -307,6 +327,11 @@ class LazyGroup(TyperGroup):
     ) -> tuple[str | None, click.Command | None, list[str]]:
         if args and args[0] not in self.commands and args[0] in self.declared():
             self.commands[args[0]] = build(self.declared()[args[0]])
+        elif self.path == "eval" and args and args[0] not in self.commands:
+            from ..runtime.contract.plugins import is_file_spec
+
+            if is_file_spec(args[0]):  # a framework run from its file, not installed
+                self.commands[args[0]] = build_from_file(args[0])
         name, command, rest = super().resolve_command(ctx, args)
         return name, command, optional_values(self.path, name, rest)
 

@@ -117,7 +117,7 @@ def _one_run(path: Path) -> RunScores:
     if not (path / MANIFEST).is_file():
         raise UserError(f"{path}: not a run directory (no {MANIFEST})")
     manifest = read_manifest(path / MANIFEST)
-    fw = framework(manifest.framework)
+    fw = framework(manifest.framework, manifest.source)
     options = fw.Options.model_validate(manifest.options)
     run = RunScores(
         path,

@@ -46,7 +46,7 @@ def report(
             _print(load_outcome(path, prices), as_json, out, label=str(path))
             continue
         meta = read_study(path)
-        study = find_study(meta.study)
+        study = find_study(meta.study, meta.source)
         outcomes = {
             key: load_outcome(path / key, prices)
             for key in meta.runs
@@ -79,7 +79,7 @@ def load_outcome(run_dir: Path, prices: dict[str, Any] | None = None):
     from ..runtime.contract.protocol import RunOutcome
 
     manifest = read_manifest(run_dir / MANIFEST)
-    fw = framework(manifest.framework)
+    fw = framework(manifest.framework, manifest.source)
     options = fw.Options.model_validate(manifest.options)
     results = records_for_tables(fw, options, results_by_id(run_dir / RESULTS))
     summary = summarise(fw.name, manifest.task, manifest.items, results)

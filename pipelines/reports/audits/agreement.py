@@ -501,7 +501,7 @@ def run_agreement(run_dir: Path, human: dict | None, sample: int | None = None) 
     )
 
     manifest = read_manifest(run_dir / MANIFEST)
-    fw = framework(manifest.framework)
+    fw = framework(manifest.framework, manifest.source)
     options = fw.Options.model_validate(manifest.options)
     records = list(results_by_id(run_dir / RESULTS))
     out: dict[str, Any] = {"run": str(run_dir), "task": manifest.task, "stages": {}}

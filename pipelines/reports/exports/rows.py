@@ -74,7 +74,7 @@ def run_rows(run_dir: Path, records: Sequence[ItemResult] | None = None) -> RunR
     from ...runtime.contract.plugins import framework
 
     manifest = read_manifest(run_dir / MANIFEST)
-    fw = framework(manifest.framework)
+    fw = framework(manifest.framework, manifest.source)
     options = fw.Options.model_validate(manifest.options)
     items, notes = run_items(fw, options, manifest)
     given = _given_answers(fw, options) if items is not None else {}

@@ -10,14 +10,23 @@ exactly as a user's package does (``docs/write-a-framework.md``). An entry point
   ``eval NAME`` with a flag for each of its options' fields (``default_command``).
 
 A plugin that fails to import is one warning line naming it, and the others load.
+
+A framework needs no install to run: ``groundcover eval path/to/file.py[:OBJECT]`` loads the
+file (``from_file``) and ``groundcover.evaluate(obj, ...)`` takes the object (``add_study``).
+Such a study records where it came from (``source``: the file, the object's name and the file's
+SHA-256), the digest enters its runs' identity, and ``report``, ``view`` and ``agreement`` load it
+again from the file their manifest names.
 """
 
 from __future__ import annotations
 
+import importlib.util
+import inspect
 import sys
 from dataclasses import dataclass
 from functools import cache
 from importlib.metadata import EntryPoint, entry_points
+from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
@@ -113,25 +122,115 @@ def studies() -> dict[str, Study[Any]]:
     return found
 
 
-def study(name: str) -> Study[Any]:
+# studies given as objects or loaded from their files in this process, by name
+_GIVEN: dict[str, Study[Any]] = {}
+
+
+def study(name: str, source: dict[str, Any] | None = None) -> Study[Any]:
+    """The study named ``name``: given in this process, installed, or (``source``: what a run's
+    manifest records of a study run from its file) loaded again from its file."""
     from .config import UserError
 
+    if name in _GIVEN:
+        return _GIVEN[name]
     try:
         return studies()[name]
     except KeyError:
+        if source and source.get("file"):
+            return from_file(f"{source['file']}:{source.get('object') or ''}".rstrip(":"))[1]
         raise UserError(
             f"unknown framework or study {name!r}: have {', '.join(studies())}"
         ) from None
 
 
-def framework(name: str) -> Framework[Any, Any]:
+def framework(name: str, source: dict[str, Any] | None = None) -> Framework[Any, Any]:
     from .config import UserError
     from .protocol import Framework
 
-    found = study(name)
+    found = study(name, source)
     if not isinstance(found, Framework):
         raise UserError(f"{name!r} is a study of several runs, not a framework")
     return found
+
+
+def add_study(found: Study[Any]) -> Study[Any]:
+    """``found`` (an object, not installed) known by its name in this process, with where it
+    comes from: its class's file and that file's digest (``source``; None when it has none,
+    as a class defined in a notebook). An installed study of that name is refused."""
+    from .config import UserError
+    from .protocol import Study
+
+    if not isinstance(found, Study):
+        raise UserError(f"{found!r} is neither a Framework nor a Study object")
+    installed = studies().get(found.name)
+    if installed is not None and installed is not found:
+        raise UserError(
+            f"{found.name!r} is the name of an installed framework: give yours another name"
+        )
+    if found.source is None:
+        found.source = _source_of(found)
+    _GIVEN[found.name] = found
+    return found
+
+
+def _source_of(found: Study[Any], name: str | None = None) -> dict[str, Any] | None:
+    from ....serving.content import file_digest
+
+    try:
+        path = inspect.getsourcefile(type(found))
+    except TypeError:
+        return None
+    if not path or not Path(path).is_file():
+        return None
+    return {"file": str(Path(path).resolve()), "object": name, "sha256": file_digest(Path(path))}
+
+
+def is_file_spec(text: str) -> bool:
+    """``PATH.py`` or ``PATH.py:OBJECT``: a framework run from its file."""
+    path = text.rpartition(":")[0] if ".py:" in text else text
+    return path.endswith(".py")
+
+
+def from_file(spec: str) -> tuple[str, Study[Any]]:
+    """``PATH.py[:OBJECT]`` loaded as a module of its own: its ``"module:OBJECT"`` reference and
+    the study (``OBJECT``, or the file's only ``Study`` object), known by name from now on."""
+    from ....serving.content import file_digest
+    from .config import UserError
+    from .protocol import Study
+
+    path_text, _, name = spec.partition(".py:") if ".py:" in spec else (spec[:-3], "", "")
+    path = Path(path_text if path_text.endswith(".py") else path_text + ".py").resolve()
+    if not path.is_file():
+        raise UserError(f"{path}: no such framework file")
+    digest = file_digest(path)
+    module_name = f"groundcover_file_{digest[:16]}"
+    module = sys.modules.get(module_name)
+    if module is None:
+        loader = importlib.util.spec_from_file_location(module_name, path)
+        if loader is None or loader.loader is None:
+            raise UserError(f"{path}: not a Python file")
+        module = importlib.util.module_from_spec(loader)
+        sys.modules[module_name] = module
+        try:
+            loader.loader.exec_module(module)
+        except Exception as exc:  # the user's file: one line naming it
+            del sys.modules[module_name]
+            raise UserError(f"{path}: did not load: {type(exc).__name__}: {exc}") from None
+    if name:
+        found = getattr(module, name, None)
+        if not isinstance(found, Study):
+            raise UserError(f"{path}: {name!r} is not a Framework or Study object in the file")
+    else:
+        defined = [k for k, v in vars(module).items() if isinstance(v, Study)]
+        if len(defined) != 1:
+            raise UserError(
+                f"{path}: {len(defined)} Framework or Study objects ({', '.join(defined)}); "
+                "name one: FILE.py:OBJECT"
+            )
+        name, found = defined[0], getattr(module, defined[0])
+    found.source = {"file": str(path), "object": name, "sha256": digest}
+    add_study(found)
+    return f"{module_name}:{name}", found
 
 
 @cache

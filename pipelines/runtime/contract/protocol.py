@@ -159,9 +159,11 @@ class Study(Generic[OptionsT]):
     - ``name``: the name ``groundcover eval NAME`` and the entry point use (required);
     - ``Options``: the pydantic model of its options, one flag per field (required);
     - ``roles = {"judge": "every model stage"}``: role -> what it does (``--role ROLE=...``);
-    - ``paper_judges_without_reasoning = False``: its judging roles turn a model's reasoning off,
-      as the paper's judges did not reason;
-    - ``commands = ()``: its commands when registered as an object (none: ``eval NAME``).
+    - ``paper_judges_without_reasoning = False``: its judging roles turn a model's reasoning
+      off, as the paper's judges did not reason;
+    - ``commands = ()``: its commands when registered as an object (none: ``eval NAME``);
+    - ``source = None``: set by the runtime for a study run from its file or given as an object
+      (the file, the object, the file's SHA-256: part of its runs' identity).
 
     Hooks (methods; what the default does):
 
@@ -171,7 +173,8 @@ class Study(Generic[OptionsT]):
     - ``plan(request, root)``: the runs, each in ``root / key`` (required for a ``Study``);
     - ``combine(outcomes, options)``: study-level tables (default None: each run's suffice);
     - ``render_combined(combined, console)``: print them (default: nothing);
-    - ``check_roles(names)``: refuse roles it does not have (default: against ``roles``)."""
+    - ``check_roles(names)``: refuse roles it does not have (default: against ``roles``).
+    """
 
     name: ClassVar[str]
     Options: ClassVar[type[BaseModel]]
@@ -183,6 +186,9 @@ class Study(Generic[OptionsT]):
     # the commands of a study registered as an object (none: ``eval NAME``, a flag per field of
     # its options); a plugin module declares its commands beside it instead (``registry``)
     commands: ClassVar[tuple[Command, ...]] = ()
+    # set by the runtime for a study run from its file or given as an object (not installed):
+    # the file, the object's name and the file's SHA-256 (``contract.plugins.from_file``)
+    source: dict[str, Any] | None = None
 
     def check_roles(self, names: list[str]) -> None:
         unknown = [n for n in names if split_member(n)[0] not in self.roles]
@@ -255,7 +261,8 @@ class Framework(Study[OptionsT], Generic[OptionsT, ItemT]):
       ``answer_file``), and the ids it may name (the items');
     - ``role_of(stage)``, ``panel_rule(stage)``, ``sampling_of(stage)``, ``paraphrases(stage)``:
       read the declarations above for one stage (not overridden);
-    - ``plan(request, root)``: its one run."""
+    - ``plan(request, root)``: its one run.
+    """
 
     Options: ClassVar[type[FrameworkOptions]]
     prompts: ClassVar[dict[str, PromptTemplate]] = {}

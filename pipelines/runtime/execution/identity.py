@@ -183,6 +183,9 @@ def run_identity(
         "prompts": fw.prompt_ids(options),
         "options": fw.identity(options, paths=legacy),
     }
+    source = getattr(fw, "source", None)
+    if source:  # a framework run from its file: its code is part of what the answers rest on
+        found["framework_sha256"] = source["sha256"]
     if legacy:  # the identity a run directory made before content identities kept
         return found
     records = input_records(options) if inputs is None else inputs

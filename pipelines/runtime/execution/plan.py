@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from ..budget.costs import ModelPrice, load_prices, require_prices
-from ..contract.config import EvaluatorConfig
+from ..contract.config import EvaluatorConfig, UserError
 from ..contract.protocol import Framework, RunPlan, RunRequest, Study
 from ..contract.roles import judges_without_reasoning
 from .drivers import check_drivers
@@ -49,6 +49,12 @@ def plan_study(
     """The study's plan; ``probe``: ask each endpoint for its models (not a caller's own
     client), ``dry_run``: an endpoint that does not answer is a note, not an error."""
     study.check_roles(list(request.roles))
+    if getattr(study, "source", None) and request.run.drivers > 1:
+        raise UserError(
+            f"--drivers {request.run.drivers}: driver processes find a framework by its entry "
+            f"point, and {study.name} runs from its file: install it as a package "
+            "(docs/write-a-framework.md) to spread it over drivers"
+        )
     items = study.load(request.options)
     study.check_inputs(request.options)
     if isinstance(study, Framework):  # an answers file: read and checked before anything is written

@@ -73,6 +73,7 @@ def run_study(
             options=options.model_dump(mode="json"),
             runs=[run.key for run in planned.runs],
             combined=combined,
+            source=getattr(study, "source", None),
             **repeats,
         )
         atomic_write_json(planned.root / STUDY_FILE, record.to_json())
@@ -164,8 +165,18 @@ class Run:
             prompts=fw.prompt_ids(plan.options),
             items=len(self.items),
             data=data_provenance(plan.options),
+            source=getattr(fw, "source", None),
         )
         console.print(f"run directory: {store.dir}")
+        source = getattr(fw, "source", None)
+        if source:
+            console.print(
+                f"note: {fw.name} runs from {source['file']} (sha256 {source['sha256'][:12]}, part "
+                "of the run's identity: an edited file is another run); the same command resumes "
+                "it, and report / view / agreement read it from that file",
+                highlight=False,
+                soft_wrap=True,
+            )
         for pair in self.self_judging:
             console.print(
                 f"note: the {pair['judge']} role uses the {pair['system']} model {pair['model']} "

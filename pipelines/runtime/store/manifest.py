@@ -46,6 +46,8 @@ class RunManifest(RunDirRecord):
     prompts: dict[str, str] = Field(default_factory=dict)
     items: int = 0
     data: Any = None  # the catalogued datasets the inputs are (``data_provenance``)
+    # a framework run from its file (not installed): the file, the object, its SHA-256
+    source: dict[str, Any] | None = None
     # every input the run rests on: name -> path, sha256, size, files, kind
     # (``provenance.input_records``); absent in a run made before inputs were fingerprinted
     inputs: dict[str, dict[str, Any]] | None = None
@@ -103,3 +105,4 @@ class StudyRecord(RunDirRecord):
     runs: list[str] = Field(default_factory=list)
     combined: Any = None
     repeats: int | None = None
+    source: dict[str, Any] | None = None  # a study run from its file (``RunManifest.source``)
