@@ -44,7 +44,7 @@ _PUBLIC = {
     "Vote": "pipelines.runtime.contract.panels",
     "Framework": "pipelines.runtime.contract.protocol",
     "FrameworkOptions": "pipelines.runtime.contract.protocol",
-    "ItemContext": "pipelines.runtime.contract.protocol",
+    "ItemContext": "pipelines.runtime.contract.context",
     "RunOutcome": "pipelines.runtime.contract.protocol",
     "RunPlan": "pipelines.runtime.contract.protocol",
     "RunRequest": "pipelines.runtime.contract.protocol",
@@ -69,12 +69,12 @@ if TYPE_CHECKING:  # the same names, for type checkers (tests/test_contract.py h
     from .pipelines.runtime.contract.commands import Command as Command
     from .pipelines.runtime.contract.commands import Flag as Flag
     from .pipelines.runtime.contract.commands import flags as flags
+    from .pipelines.runtime.contract.context import ItemContext as ItemContext
     from .pipelines.runtime.contract.errors import UserError as UserError
     from .pipelines.runtime.contract.panels import Average as Average
     from .pipelines.runtime.contract.panels import Vote as Vote
     from .pipelines.runtime.contract.protocol import Framework as Framework
     from .pipelines.runtime.contract.protocol import FrameworkOptions as FrameworkOptions
-    from .pipelines.runtime.contract.protocol import ItemContext as ItemContext
     from .pipelines.runtime.contract.protocol import RunOutcome as RunOutcome
     from .pipelines.runtime.contract.protocol import RunPlan as RunPlan
     from .pipelines.runtime.contract.protocol import RunRequest as RunRequest

@@ -7,9 +7,8 @@ record and field."""
 from __future__ import annotations
 
 from .pipelines.runtime.contract.answers import AnswerFile, GivenAnswers
-from .pipelines.runtime.contract.config import (
-    RecordId,
-    Strict,
+from .pipelines.runtime.contract.config import RecordId, Strict
+from .pipelines.runtime.contract.readers import (
     describe_validation,
     iter_jsonl,
     read_jsonl,

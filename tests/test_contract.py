@@ -87,7 +87,7 @@ def test_no_framework_touches_the_client_or_the_meter():
 
 
 async def test_attempt_returns_what_ask_raises_and_account_counts():
-    from groundcover.pipelines.runtime.contract.protocol import ItemContext
+    from groundcover.pipelines.runtime.contract.context import ItemContext
     from groundcover.pipelines.runtime.contract.results import StageFailed
     from groundcover.serving.templates import REASK
     from tests.support.scripted import ScriptedClient

@@ -291,11 +291,8 @@ def test_a_bom_and_crlf_line_ends_are_read_like_the_clean_file(tmp_path):
     from groundcover.index_build.corpus import read_corpus
     from groundcover.pipelines.crux.data import load_run, load_topics
     from groundcover.pipelines.fanoutqa.framework import load_questions
-    from groundcover.pipelines.runtime.contract.config import (
-        EvaluatorConfig,
-        iter_jsonl,
-        load_config,
-    )
+    from groundcover.pipelines.runtime.contract.config import EvaluatorConfig, load_config
+    from groundcover.pipelines.runtime.contract.readers import iter_jsonl
 
     def variant(name: str) -> Path:
         path = tmp_path / f"bom-crlf-{name}"

@@ -194,7 +194,7 @@ async def test_a_comprehensiveness_panel_votes_nli_labels_and_averages_relevance
     from groundcover.pipelines.comprehensiveness.common import ComprehensivenessOptions
     from groundcover.pipelines.comprehensiveness.framework import COMPREHENSIVENESS
     from groundcover.pipelines.comprehensiveness.nli_method import LlmNli
-    from groundcover.pipelines.runtime.contract.protocol import ItemContext
+    from groundcover.pipelines.runtime.contract.context import ItemContext
     from groundcover.pipelines.runtime.execution.solve import solve_item
     from tests.test_exact_scores import ITEM, NLI_SCRIPTS
 

@@ -19,7 +19,7 @@ from groundcover.pipelines.comprehensiveness.parsers import parse_answers
 from groundcover.pipelines.comprehensiveness.qa_method import relation_by_probability
 from groundcover.pipelines.comprehensiveness.rules import rules_for
 from groundcover.pipelines.comprehensiveness.units import compare_quantities
-from groundcover.pipelines.runtime.contract.protocol import ItemContext
+from groundcover.pipelines.runtime.contract.context import ItemContext
 from groundcover.pipelines.runtime.contract.results import ItemResult, StageFailure
 from groundcover.serving.parsing import ParseError
 from tests.support.scripted import (

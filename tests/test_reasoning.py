@@ -138,7 +138,7 @@ async def test_nli_method_scores_equal_a_plain_judge_with_a_reasoning_judge(tmp_
 
 async def test_an_item_cut_in_reasoning_is_its_own_status_never_a_score(tmp_path):
     from groundcover.pipelines.comprehensiveness.framework import COMPREHENSIVENESS
-    from groundcover.pipelines.runtime.contract.protocol import ItemContext
+    from groundcover.pipelines.runtime.contract.context import ItemContext
     from groundcover.pipelines.runtime.execution.solve import solve_item
 
     assert "cut_in_reasoning" in STATUSES and "cut_in_reasoning" in UNSCORED
@@ -323,7 +323,7 @@ async def test_keep_reasoning_keeps_each_requests_reasoning_in_the_record(tmp_pa
     import json
 
     from groundcover.pipelines.comprehensiveness.framework import COMPREHENSIVENESS
-    from groundcover.pipelines.runtime.contract.protocol import ItemContext
+    from groundcover.pipelines.runtime.contract.context import ItemContext
     from groundcover.pipelines.runtime.execution.solve import solve_item
 
     options = ComprehensivenessOptions(protocol="spec", method="nli")

@@ -10,7 +10,8 @@ import typer
 from pydantic import ValidationError
 from rich.console import Console
 
-from ..runtime.contract.config import UserError, describe_validation
+from ..runtime.contract.config import UserError
+from ..runtime.contract.readers import describe_validation
 from ..runtime.terminal import terminal
 from .options import clean_errors
 

@@ -75,7 +75,7 @@ def index_build_command(
     from ...index_build.corpus import CorpusError
     from ..datasets.catalog import is_name
     from ..datasets.names import dataset_file
-    from ..runtime.contract.config import describe_validation
+    from ..runtime.contract.readers import describe_validation
 
     if not corpus.exists() and is_name(str(corpus)):  # e.g. clueweb09-b, registered with data add
         corpus = dataset_file(str(corpus))

@@ -34,8 +34,9 @@ from typing import Any
 
 import numpy as np
 
-from ...runtime.contract.config import UserError, iter_jsonl
+from ...runtime.contract.config import UserError
 from ...runtime.contract.panels import Average, Level, PanelRule, Vote
+from ...runtime.contract.readers import iter_jsonl
 from ...runtime.contract.results import ItemResult
 from ...runtime.store.run_dir import run_directories
 from ..people.labels import read_queue, run_labels

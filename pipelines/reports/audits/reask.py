@@ -31,8 +31,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from ...runtime.contract.context import ItemContext
 from ...runtime.contract.panels import asked_digest, panel_members, split_member
-from ...runtime.contract.protocol import ItemContext
 from ...runtime.contract.results import Judgement, StageFailed
 from ..people.labels import append_labels_to
 from .swap import done_before, draw, flip_summary, judge_config, known_by_content

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-from ...runtime.contract.protocol import ItemContext
+from ...runtime.contract.context import ItemContext
 from ...runtime.contract.results import StageFailed, SwapPair
 from ..people.labels import append_labels_to, labels_dir
 from .agreement import Unit, by_item_interval

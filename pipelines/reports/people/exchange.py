@@ -74,7 +74,7 @@ def _tasks(run_dir: Path) -> list[dict[str, Any]]:
     records = {r.id: r for r in run.records}
     queue = labels_dir(run_dir) / QUEUE
     if queue.is_file():
-        from ...runtime.contract.config import iter_jsonl
+        from ...runtime.contract.readers import iter_jsonl
 
         ids = [str(row["id"]) for n, row in iter_jsonl(queue) if not (n == 1 and "queue" in row)]
     else:

@@ -186,7 +186,7 @@ def read_queue(run_dir: Path) -> dict[str, float] | None:
     path = labels_dir(run_dir) / QUEUE
     if not path.is_file():
         return None
-    from ...runtime.contract.config import iter_jsonl
+    from ...runtime.contract.readers import iter_jsonl
 
     weights = {}
     for lineno, row in iter_jsonl(path):

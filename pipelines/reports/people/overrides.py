@@ -38,7 +38,7 @@ def read_overrides(run_dir: Path) -> dict[str, Override]:
     path = labels_dir(run_dir) / OVERRIDES
     if not path.is_file():
         return {}
-    from ...runtime.contract.config import iter_jsonl
+    from ...runtime.contract.readers import iter_jsonl
 
     found: dict[str, Override] = {}
     for lineno, row in iter_jsonl(path):

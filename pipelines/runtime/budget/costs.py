@@ -22,7 +22,8 @@ from typing import Any
 import yaml
 from pydantic import Field, ValidationError, model_validator
 
-from ..contract.config import Strict, UserError, describe_validation, read_text
+from ..contract.config import Strict, UserError
+from ..contract.readers import describe_validation, read_text
 
 
 class ModelPrice(Strict):

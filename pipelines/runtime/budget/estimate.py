@@ -30,8 +30,9 @@ from pydantic import BaseModel
 from rich.console import Console
 from rich.table import Table
 
+from ..contract.context import ItemContext
 from ..contract.panels import member_name, panel_members
-from ..contract.protocol import Framework, ItemContext
+from ..contract.protocol import Framework
 from ..contract.results import ItemResult, StageFailed
 from ..execution.models import NotCached
 from .costs import cost_table

@@ -19,8 +19,8 @@ from pydantic import BaseModel, Field
 
 from ..store.harness_answers import harness_layout, harness_records
 from ..store.provenance import InputFile
-from .config import iter_jsonl
 from .errors import UserError
+from .readers import iter_jsonl
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,5 @@
-"""The framework protocol: what a framework declares, and the per-item context it solves in.
+"""The framework protocol: what a framework declares (``Framework``, ``Study``), the request a
+run is asked with and what it gives back; the per-item context it solves in is ``context``.
 
 A framework (in the spirit of inspect_ai's Task = dataset + solver + scorer) declares
 
@@ -24,8 +25,7 @@ lists its runs (each a sub-directory, maybe another framework, evaluator or deri
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, ClassVar, Generic, Protocol, TypeVar
@@ -33,29 +33,19 @@ from typing import Annotated, Any, ClassVar, Generic, Protocol, TypeVar
 from pydantic import BaseModel, BeforeValidator, Field, create_model
 from rich.console import Console
 
-from ....serving.client import (
-    ChatResult,
-    EvalClient,
-    LabelScore,
-    Parsed,
-    StageUsage,
-    Tool,
-    ToolRun,
-)
 from ....serving.content import file_digest
 from ....serving.templates import REASK, PromptTemplate
 from ..store.manifest import RunSummary
 from ..store.provenance import without_input_paths
-from . import panels
 from .answers import AnswerFile, read_answers
 from .commands import Command
 from .config import EvaluatorConfig, RunConfig, Strict, UserError
+from .context import ItemContext
 from .panels import (
     HumanLabel,
     PanelRule,
     check_panels,
     member_name,
-    panel_members,
     split_member,
 )
 from .results import (
@@ -65,9 +55,6 @@ from .results import (
     ItemResult,
     ItemText,
     Judgement,
-    StageFailed,
-    StageFailure,
-    Status,
     SwapPair,
     item_fields,
 )
@@ -448,298 +435,6 @@ class Framework(Study[OptionsT], Generic[OptionsT, ItemT]):
         """Plots of the tables for the HTML report, as (title, spec) pairs that
         ``reports.pages.plots.draw`` renders (none by default)."""
         return []
-
-
-@dataclass
-class ItemContext:
-    """One item's view of the runtime: the model of each role (a stage reaches its role's
-    client, with per-item accounting), the run's options and shared resources, and ``details``
-    that are recorded even when a stage fails. Frameworks ask through the stage methods only."""
-
-    item_id: str
-    clients: EvalClient | Mapping[str, EvalClient]  # one client: every role
-    options: Any
-    resources: Any = None
-    run_dir: Path = Path(".")
-    max_reasks: int = 2
-    framework: Framework | None = None  # its stage_roles route each stage
-    answers: Mapping[str, str] | None = None  # answers made elsewhere (``--answers``)
-    details: dict[str, Any] = field(default_factory=dict)
-    meter: dict[str, StageUsage] = field(default_factory=dict)
-    # the reasoning of each request, kept only with --keep-reasoning (None: not kept)
-    reasoning_log: list[dict[str, Any]] | None = None
-
-    @property
-    def answered_elsewhere(self) -> bool:
-        """The run scores a file's answers: no answering model is asked."""
-        return self.answers is not None
-
-    def given_answer(self) -> str | None:
-        """This item's answer in the run's answers file (None: the file has none for it)."""
-        if self.answers is None:
-            raise RuntimeError("given_answer: this run has no answers file")
-        return self.answers.get(self.item_id)
-
-    def _client(self, stage: str) -> EvalClient:
-        if isinstance(self.clients, EvalClient):
-            return self.clients
-        role = self.framework.role_of(stage) if self.framework else "judge"
-        if role not in self.clients:  # a defect: roles_used() misses a role solve() asks
-            raise KeyError(f"stage {stage!r} asks role {role!r}, which this run did not open")
-        return self.clients[role]
-
-    async def _each_member(
-        self, stage: str, ask: Callable[[str], Awaitable[A]]
-    ) -> tuple[PanelRule | None, list[A]]:
-        """``ask(stage)``, or for a judging stage whose role is a panel, ``ask`` of each
-        member's stage side by side, with the stage's rule (None: one answer, no panel)."""
-        rule, members = None, []
-        if not isinstance(self.clients, EvalClient) and self.framework is not None:
-            rule = self.framework.panel_rule(stage)
-            if rule is not None:
-                members = panel_members(self.framework.role_of(stage), list(self.clients))
-        if rule is None or len(members) < 2:
-            return None, [await ask(stage)]
-        stages = [member_name(stage, k) for k in range(1, len(members) + 1)]
-        return rule, list(await asyncio.gather(*(ask(s) for s in stages)))
-
-    def _combined(
-        self,
-        stage: str,
-        rule: PanelRule,
-        answers: Sequence[Parsed | LabelScore],
-        asked: dict[str, Any],
-    ) -> tuple[Any, float | None]:
-        """The members' answers combined by the stage's rule and kept in the details, with a
-        digest of the values the prompt was rendered with (``asked``: the audits find each
-        member's own answer to a judgement by it): (the combined value, or None when no member
-        answered; the share of members that gave it)."""
-        values = [
-            (a.value if isinstance(a, Parsed) else a.score) if a.status == "ok" else None
-            for a in answers
-        ]
-        value, tie = (None, False) if all(v is None for v in values) else rule.combine(values)
-        entry = panels.record(stage, values, value, tie) | {"asked": panels.asked_digest(asked)}
-        self.details.setdefault("panel", []).append(entry)
-        return value, None if value is None else sum(v == value for v in values) / len(values)
-
-    def _panel_parsed(
-        self, stage: str, rule: PanelRule | None, answers: list[Parsed], asked: dict[str, Any]
-    ) -> Parsed:
-        """The answer as one ``Parsed``: a panel's combined value with the first member's
-        outputs, unparseable (with a failing member's error) when no member answered."""
-        if rule is None:
-            return answers[0]
-        value, share = self._combined(stage, rule, answers, asked)
-        if value is None:
-            failed = next(a for a in answers if not a.ok)
-            return Parsed("unparseable", error=failed.error, outputs=failed.outputs)
-        return Parsed("ok", value, outputs=answers[0].outputs, probability=share)
-
-    async def chat(
-        self, messages: list[dict], *, stage: str, template: str | None = None, **params: Any
-    ) -> ChatResult:
-        return await self._client(stage).chat(
-            messages,
-            stage=stage,
-            template=template,
-            meter=self.meter,
-            reasoning_log=self.reasoning_log,
-            **params,
-        )
-
-    async def attempt(
-        self,
-        template: PromptTemplate,
-        stage: str,
-        parse: Callable[[str], Any],
-        expected: str,
-        values: dict[str, Any],
-        *,
-        regex: str | None = None,
-        max_reasks: int | None = None,
-        **params: Any,
-    ) -> Parsed:
-        """One stage: render, constrain to ``regex`` (vLLM), parse, re-ask with the parse error,
-        account; an output that stays unparseable comes back as such (the caller decides). A
-        panel's members each answer; their values combine by the stage's rule."""
-        rule, answers = await self._each_member(
-            stage,
-            lambda s: self._attempt_one(
-                template, s, parse, expected, values, regex, max_reasks, params
-            ),
-        )
-        return self._panel_parsed(stage, rule, answers, values)
-
-    async def _attempt_one(
-        self,
-        template: PromptTemplate,
-        stage: str,
-        parse: Callable[[str], Any],
-        expected: str,
-        values: dict[str, Any],
-        regex: str | None,
-        max_reasks: int | None,
-        params: dict[str, Any],
-    ) -> Parsed:
-        client, params = self._client(stage), dict(params)  # a panel's members share params
-        if regex and client.vllm_extensions and client.constrains:
-            extra = dict(params.pop("extra_body", None) or {})
-            params["extra_body"] = extra | {"structured_outputs": {"regex": regex}}
-        return await client.parsed(
-            template.messages(**values),
-            parse,
-            expected,
-            self.max_reasks if max_reasks is None else max_reasks,
-            stage=stage,
-            template=template.id,
-            meter=self.meter,
-            reasoning_log=self.reasoning_log,
-            **params,
-        )
-
-    async def ask(
-        self,
-        template: PromptTemplate,
-        stage: str,
-        parse: Callable[[str], Any],
-        expected: str,
-        values: dict[str, Any],
-        *,
-        regex: str | None = None,
-        max_reasks: int | None = None,
-        **params: Any,
-    ) -> Parsed:
-        """``attempt``, with ``StageFailed`` when the output stays unparseable."""
-        parsed = await self.attempt(
-            template, stage, parse, expected, values, regex=regex, max_reasks=max_reasks, **params
-        )
-        if not parsed.ok:
-            raise StageFailed(stage, parsed)
-        return parsed
-
-    def account(self, stage: str, calls: int) -> None:
-        """Work of a stage that is no model request (a cross-encoder's pairs), in the usage."""
-        self.meter.setdefault(stage, StageUsage()).calls += calls
-
-    async def choice(
-        self,
-        template: PromptTemplate,
-        choices: list[str],
-        stage: str,
-        values: dict[str, Any],
-        **params: Any,
-    ) -> Parsed:
-        """One of ``choices`` (constrained on vLLM), or the unparseable record: the caller
-        decides what an unreadable answer means. A panel votes (``probability``: the share of
-        its members that gave the label)."""
-        rule, answers = await self._each_member(
-            stage, lambda s: self._choice_one(template, choices, s, values, params)
-        )
-        return self._panel_parsed(stage, rule, answers, values)
-
-    async def _choice_one(
-        self,
-        template: PromptTemplate,
-        choices: list[str],
-        stage: str,
-        values: dict[str, Any],
-        params: dict[str, Any],
-    ) -> Parsed:
-        return await self._client(stage).choice(
-            template.messages(**values),
-            choices,
-            max_reasks=self.max_reasks,
-            stage=stage,
-            template=template.id,
-            meter=self.meter,
-            reasoning_log=self.reasoning_log,
-            **params,
-        )
-
-    async def choose(
-        self,
-        template: PromptTemplate,
-        choices: list[str],
-        stage: str,
-        values: dict[str, Any],
-        **params: Any,
-    ) -> str:
-        """One of ``choices`` (constrained on vLLM); ``StageFailed`` when none can be read."""
-        parsed = await self.choice(template, choices, stage, values, **params)
-        if not parsed.ok:
-            raise StageFailed(stage, parsed)
-        return parsed.value
-
-    async def label_score(
-        self, template: PromptTemplate, stage: str, values: dict[str, Any], **params: Any
-    ) -> LabelScore:
-        rule, scores = await self._each_member(
-            stage, lambda s: self._label_score(template, s, values, **params)
-        )
-        scored = scores[0]
-        if rule is not None:  # each member's score, combined by the stage's rule
-            value, _ = self._combined(stage, rule, scores, values)
-            failed = next((s for s in scores if s.status != "ok"), scored)
-            scored = failed if value is None else LabelScore("ok", value, output=scored.output)
-        if scored.status != "ok":
-            raise StageFailed(stage, error=scored.error)
-        return scored
-
-    async def _label_score(
-        self, template: PromptTemplate, stage: str, values: dict[str, Any], **params: Any
-    ) -> LabelScore:
-        return await self._client(stage).label_score(
-            template.messages(**values),
-            max_reasks=self.max_reasks,
-            stage=stage,
-            template=template.id,
-            meter=self.meter,
-            reasoning_log=self.reasoning_log,
-            **params,
-        )
-
-    async def run_tools(
-        self,
-        messages: list[dict],
-        tools: list[Tool],
-        *,
-        stage: str,
-        template: str | None = None,
-        **params: Any,
-    ) -> ToolRun:
-        return await self._client(stage).run_tools(
-            messages,
-            tools,
-            stage=stage,
-            template=template,
-            meter=self.meter,
-            reasoning_log=self.reasoning_log,
-            **params,
-        )
-
-    def usage(self) -> dict[str, dict[str, Any]]:
-        return {stage: u.as_dict() for stage, u in self.meter.items()}
-
-    def result(self, status: Status, score: float | None, explanation: str) -> ItemResult:
-        return ItemResult(
-            id=self.item_id,
-            status=status,
-            score=score,
-            explanation=explanation,
-            details=self.details,
-            usage=self.usage(),
-        )
-
-    def failed(self, failure: StageFailure, status: Status, explanation: str) -> ItemResult:
-        return ItemResult(
-            id=self.item_id,
-            status=status,
-            explanation=explanation,
-            details=self.details,
-            usage=self.usage(),
-            failure=failure,
-        )
 
 
 def request_model(study: Study) -> type[Strict]:

@@ -9,9 +9,10 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from ..contract.config import EvaluatorConfig, UserError, items_digest
+from ..contract.config import EvaluatorConfig, UserError
 from ..contract.panels import panel_members, split_member
 from ..contract.protocol import Framework, RunPlan, RunRequest, Study
+from ..contract.readers import items_digest
 from ..contract.roles import model_identity
 from ..store.provenance import input_digests, input_records
 from ..store.run_dir import fingerprint

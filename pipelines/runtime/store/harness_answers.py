@@ -23,8 +23,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from ..contract.config import iter_jsonl
 from ..contract.errors import UserError
+from ..contract.readers import iter_jsonl
 
 ZIP_MAGIC = b"PK\x03\x04"
 INSTALL = "pip install 'groundcover[inspect]'"
