@@ -99,7 +99,7 @@ def _driver(channel: Channel, address: str | None, num_cpus: int, settings: dict
 class RayNliScorer(NliDecisions):
     """``probabilities(pairs)`` like ``NliScorer``, computed by ``actors`` Ray Data actors."""
 
-    # Each call starts its actors (seconds: scripts/bench_scale.py measures it), so an
+    # Each call starts its actors (seconds: scripts/benchmarks/bench_scale.py measures it), so an
     # ``NliBatcher`` takes every pair waiting when a call ends, up to this many, into the next.
     pool_pairs, pool_wait = 1 << 16, 0.05
 

@@ -8,7 +8,7 @@ machine it measures the CPU side alone (the table to set beside a GPU's).
 The models are random, seeded and built here in the shapes that set the speed: DeBERTa-v3-large
 for NLI (24 layers, width 1,024, relative attention; plus the tests' tiny DeBERTa), MiniLM-L6 for
 the index encoder, Llama-3.1-8B for LoRA / QLoRA. Text is real sentences (those
-``scripts/bench_scale.py`` uses, or ``--sentences``), tokenised by the shipped MiniLM's WordPiece
+``benchmarks/bench_scale.py`` uses, or ``--sentences``), tokenised by the shipped MiniLM's WordPiece
 vocabulary (``--vocab``), so pairs and chunks have real token counts. A random NLI head is
 re-drawn wider so labels differ between pairs; labels are compared only where the CPU's top two
 probabilities are further apart than twice the tolerance (``decisive``).
@@ -184,6 +184,7 @@ def environment(device: str) -> dict[str, Any]:
 def read_sentences(path: Path | None) -> list[str]:
     if path is not None:
         return [line.strip() for line in path.read_text().splitlines() if line.strip()]
+    sys.path.insert(0, str(Path(__file__).resolve().parent / "benchmarks"))
     from bench_scale import distinct_sentences  # real sentences: ../shared when here, else examples
 
     return distinct_sentences()

@@ -6,7 +6,7 @@ lists, not prose) and the docstrings of every module, class and function in the 
 library and the installed site-packages (read with ``ast``; nothing is imported or executed).
 
 Writes JSONL (``id``, ``title``, ``text``) for ``groundcover index build`` or
-``scripts/bench_retrieval.py --corpus``:
+``scripts/benchmarks/bench_retrieval.py --corpus``:
 
     python scripts/offline_corpus.py /tmp/offline.jsonl --min-words 40
 """

@@ -24,7 +24,7 @@ _ENV = jinja2.Environment(undefined=jinja2.StrictUndefined, keep_trailing_newlin
 @functools.lru_cache(maxsize=1024)
 def compiled(source: str) -> jinja2.Template:
     """A template body compiled once: compiling took most of a trivial item's time in a run
-    (scripts/bench_runner.py's profile); rendering a compiled template is thread-safe."""
+    (scripts/benchmarks/bench_runner.py's profile); rendering a compiled template is thread-safe."""
     return _ENV.from_string(source)
 
 

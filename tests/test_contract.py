@@ -333,7 +333,7 @@ def test_view_off_loopback_needs_a_key(tmp_path):
 
 def test_prompt_bodies_are_compiled_once_and_render_as_before(tmp_path):
     """A template body is compiled once per process (compiling took most of a trivial item's
-    time: scripts/bench_runner.py); each render still sees only its own values."""
+    time: scripts/benchmarks/bench_runner.py); each render still sees only its own values."""
     from groundcover.serving import templates
 
     path = tmp_path / "t.yaml"

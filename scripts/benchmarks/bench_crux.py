@@ -10,8 +10,9 @@
 
 Passages and sub-questions are TREC Web Track topic descriptions and subtopics (real text).
 
-    python scripts/bench_crux.py --pairs 48 --concurrency 16
-    python scripts/bench_crux.py --endpoint http://gpu:8000/v1 --model Llama-3.1-70B-Instruct
+    python scripts/benchmarks/bench_crux.py --pairs 48 --concurrency 16
+    python scripts/benchmarks/bench_crux.py --endpoint http://gpu:8000/v1 \
+        --model Llama-3.1-70B-Instruct
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from groundcover.serving.cache import ResponseCache
 from groundcover.serving.client import EvalClient
 from groundcover.serving.launcher import endpoint_or_local
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 TOPICS = ROOT.parent / "shared" / "data" / "trec-web" / "topics.jsonl"
 DATASETS = {"DUC": (50, 1931, 15), "Multi-News test": (4986, 62126, 10)}
 

@@ -4,7 +4,7 @@ Both clients hit the same vLLM server at the same concurrency, interleaved over 
 (each round with fresh prompts, so the server's prefix cache favours no one); medians and ratios
 are printed. Without --endpoint a tiny random Llama is built and served on loopback.
 
-    python scripts/bench_serving.py --requests 256 --concurrency 32 --rounds 5
+    python scripts/benchmarks/bench_serving.py --requests 256 --concurrency 32 --rounds 5
 """
 
 from __future__ import annotations
@@ -106,7 +106,7 @@ def main() -> None:
         if args.endpoint:
             asyncio.run(bench(args.endpoint, args.model, args, workdir))
             return
-        sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests.support
+        sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # tests.support
         from tests.support.tiny import build_tiny_llama
 
         model_dir = build_tiny_llama(workdir / "tiny-llama")

@@ -25,8 +25,8 @@
 Default model: the embedded SmolLM2 (weak, but a real LM: its prompts and outputs have real
 lengths); NLI: a tiny random DeBERTa-v2 (speed only).
 
-    python scripts/bench_scale.py --pairs 32768 --llm-pairs 96 --items 2
-    python scripts/bench_scale.py --skip llm   # the NLI and driver sections only
+    python scripts/benchmarks/bench_scale.py --pairs 32768 --llm-pairs 96 --items 2
+    python scripts/benchmarks/bench_scale.py --skip llm   # the NLI and driver sections only
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 WC = ROOT.parent / "shared" / "data" / "wikicontradict" / "humaneval-dev.jsonl"
 FANOUT = ROOT.parent / "shared" / "data" / "fanoutqa" / "fanout-final-dev.json"

@@ -6,7 +6,7 @@
 2. With ``--teacher N``: teacher-data generation on the embedded model started here (N topics,
    2 entities each), examples/min.
 
-    python scripts/bench_finetune.py --steps 40 [--teacher 4]
+    python scripts/benchmarks/bench_finetune.py --steps 40 [--teacher 4]
 
 What the paper's run needs, measured on one H200 by ``scripts/gpu_check.py`` (random weights in the
 Llama-3.1-8B shape, the project's trainer, r=64 on every linear layer, micro-batch 4 x 4,
@@ -26,7 +26,7 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 PARAGRAPHS = [
     (
         "The river city has a tower. The tower is old and tall.",

@@ -2,7 +2,7 @@
 
 1. ``generate`` (one call per item) through the whole runtime (items file, plan, run store
    appends, accounting, the progress display, the summary) with the real ``EvalClient`` over HTTP
-   to the instant stub endpoint of ``scripts/bench_scale.py`` (its own process): quiet, with the
+   to the instant stub endpoint of ``bench_scale.py`` beside it (its own process): quiet, with the
    progress display, and with the response cache.
 2. Comprehensiveness, NLI method, spec protocol: the exact-score test's item (31 calls) repeated,
    answered in-process by the scripted client (the real client above its network call).
@@ -12,7 +12,8 @@
 Each run is a fresh process on one revision: an earlier one (a git worktree) beside today's, so
 the ratios are side by side; ``--profile`` adds the top of today's profile of run 1.
 
-    python scripts/bench_runner.py --items 10000 --comp-items 1000 [--before REV] [--profile]
+    python scripts/benchmarks/bench_runner.py --items 10000 --comp-items 1000 \
+        [--before REV] [--profile]
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def write_items(path: Path, items: int, framework: str) -> None:
@@ -122,7 +123,7 @@ def measure(
     with tempfile.TemporaryDirectory() as tmp:
         command = [
             sys.executable,
-            str(ROOT / "scripts" / "bench_runner.py"),
+            str(ROOT / "scripts" / "benchmarks" / "bench_runner.py"),
             "--one",
             str(items),
             "--url",
@@ -167,7 +168,7 @@ def main() -> None:
         one_run(args)
         return
     sys.path.insert(0, str(ROOT))
-    sys.path.insert(0, str(ROOT / "scripts"))
+    sys.path.insert(0, str(ROOT / "scripts" / "benchmarks"))
     from bench_scale import STUB
 
     from groundcover.serving.launcher import free_port

@@ -6,7 +6,7 @@ converts it with the catalogue's converter in a fresh process, and prints the fi
 rows, the wall time and the converting process's peak RSS (and, beside it, the same process's
 RSS after importing the converter, so the conversion's own share is visible).
 
-    python scripts/bench_datasets.py --gb 1.3
+    python scripts/benchmarks/bench_datasets.py --gb 1.3
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 FILLER = "Records kept by the works describe the engine's first production run in detail. "
 
 

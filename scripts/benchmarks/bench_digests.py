@@ -11,7 +11,7 @@
    one-line error, beside the time the same process takes to import the CLI and load the items
    (the same command with ``--dry-run`` against a tolerated dead endpoint).
 
-    python scripts/bench_digests.py [--gb 2] [--files 10000] [--rounds 3] [--drop-caches]
+    python scripts/benchmarks/bench_digests.py [--gb 2] [--files 10000] [--rounds 3] [--drop-caches]
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from groundcover.serving.content import digest_path  # noqa: E402

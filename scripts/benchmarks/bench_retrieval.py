@@ -7,7 +7,7 @@
    synthetic vectors, --vectors N x 384).
 4. NLI pairs/s with length-sorted dynamic padding against fixed padding (random DeBERTa-v2).
 
-    python scripts/bench_retrieval.py --vectors 50000
+    python scripts/benchmarks/bench_retrieval.py --vectors 50000
 
 With ``--corpus`` (a corpus file, or an index directory built with dense embeddings) it measures
 instead the FAISS kinds on real text and real embeddings: Flat, HNSW32, IVF-HNSW and IVF-PQ
@@ -18,7 +18,7 @@ and what a 50M-chunk index would need:
 
     python scripts/offline_corpus.py /tmp/offline.jsonl      # real prose any machine has
     groundcover index build /tmp/offline.jsonl /tmp/idx --chunk-size 32 --chunk-overlap 0
-    python scripts/bench_retrieval.py --corpus /tmp/idx --queries /tmp/held-out.txt
+    python scripts/benchmarks/bench_retrieval.py --corpus /tmp/idx --queries /tmp/held-out.txt
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ from groundcover.index_build.build import IndexSpec, build_faiss, build_index
 from groundcover.retrieval.index import SearchIndex
 from groundcover.retrieval.nli import NliScorer
 
-SHARED = Path(__file__).resolve().parents[2] / "shared" / "data"
+SHARED = Path(__file__).resolve().parents[3] / "shared" / "data"
 
 
 def corpus(path: Path) -> list[str]:
@@ -132,7 +132,7 @@ def bench_ann(n: int) -> None:
 
 
 def bench_nli(tmp: Path, pairs_n: int) -> None:
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests.support
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # tests.support
     from tests.support.tiny import build_tiny_classifier
 
     model = build_tiny_classifier(tmp / "nli")  # random weights: speed only
@@ -212,7 +212,7 @@ def resident(index_dir: Path, work: Path, what: str) -> tuple[float, float]:
         capture_output=True,
         text=True,
         check=True,
-        cwd=Path(__file__).resolve().parents[1],
+        cwd=Path(__file__).resolve().parents[2],
     )
     anon, file = out.stdout.split()[-2:]
     return int(anon) / 2**20, int(file) / 2**20

@@ -9,8 +9,9 @@ concurrent/one-at-a-time (items/min); for the NLI method also the pairs SPEC's f
 embedded model started here on the example items plus the first WikiContradict rows (response
 "answer3", both contexts) when ../shared is present. No response cache.
 
-    python scripts/bench_comprehensiveness.py --rows 2
-    python scripts/bench_comprehensiveness.py --endpoint http://gpu:8000/v1 --model gpt-oss-20b
+    python scripts/benchmarks/bench_comprehensiveness.py --rows 2
+    python scripts/benchmarks/bench_comprehensiveness.py --endpoint http://gpu:8000/v1 \
+        --model gpt-oss-20b
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from groundcover.pipelines.comprehensiveness.framework import evaluate_item
 from groundcover.serving.client import EvalClient
 from groundcover.serving.launcher import endpoint_or_local
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 WC = ROOT.parent / "shared" / "data" / "wikicontradict" / "humaneval-dev.jsonl"
 
 

@@ -9,7 +9,7 @@
 
 Default NLI model: a tiny random DeBERTa-v2 (speed only); pass a real checkpoint with --nli-model.
 
-    python scripts/bench_icat.py --responses 32 --claims 8 --k 10
+    python scripts/benchmarks/bench_icat.py --responses 32 --claims 8 --k 10
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 TOPICS = ROOT.parent / "shared" / "data" / "trec-web" / "topics.jsonl"
 
 

@@ -1,8 +1,8 @@
 """How fast ``groundcover view`` opens a large run: the first page, a page of items, a search,
 one item's drill-down and the labelling queue, on a run made here of N records.
 
-    .venv/bin/python scripts/bench_viewer.py --records 1000000 --statements 4
-    .venv/bin/python scripts/bench_viewer.py --records 20000 --statements 400 --whole
+    .venv/bin/python scripts/benchmarks/bench_viewer.py --records 1000000 --statements 4
+    .venv/bin/python scripts/benchmarks/bench_viewer.py --records 20000 --statements 400 --whole
 
 Each record is a comprehensiveness record whose details hold ``--statements`` statements (4: about
 1.2 KB a record; 400: about 35 KB, a run with fact graphs). ``--whole`` also waits for the whole

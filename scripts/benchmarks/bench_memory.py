@@ -5,7 +5,7 @@ over N items of about 2 KB of text each, answered by the scripted client (``gene
 per item, a ~300-character answer), so the numbers are the runtime's, not a model's. Prints the
 peak RSS per size and the slope in KB per item (median of the pairwise slopes).
 
-    python scripts/bench_memory.py --sizes 2000 10000 30000
+    python scripts/benchmarks/bench_memory.py --sizes 2000 10000 30000
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 FILLER = (
     "The tower was finished in 1889 for the fair and stands about three hundred metres "

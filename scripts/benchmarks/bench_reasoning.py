@@ -13,7 +13,7 @@ reasoning's share; cut replies asked again per call; items cut for good; whether
 and table equals the plain judge's. The token counts are the loopback judge's by construction;
 what a real gpt-oss writes per call must be measured on a GPU (docs/reasoning.md).
 
-    python scripts/bench_reasoning.py --reasons 300 --short-budget 200
+    python scripts/benchmarks/bench_reasoning.py --reasons 300 --short-budget 200
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from groundcover.serving.reasoning import Reasoning  # noqa: E402
