@@ -6,11 +6,11 @@ import pytest
 from typer.testing import CliRunner
 
 from groundcover.pipelines.cli import app
-from groundcover.pipelines.generate.framework import GenerateItem
 from groundcover.pipelines.runtime.contract.config import EvaluatorConfig, UserError, load_config
 from groundcover.pipelines.runtime.contract.plugins import plugins
 from groundcover.pipelines.runtime.contract.readers import items_digest, read_jsonl
 from groundcover.pipelines.runtime.store.lines import FileChanged
+from groundcover.pipelines.shared.answering import GenerateItem
 
 runner = CliRunner()
 

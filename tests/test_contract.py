@@ -86,6 +86,26 @@ def test_no_framework_touches_the_client_or_the_meter():
     assert offenders == []
 
 
+def test_frameworks_do_not_import_each_other():
+    """What one framework gives another lives in ``pipelines.shared``: a framework imports no
+    other framework's package (so each can move, or be dropped, alone)."""
+    frameworks = _built_in_frameworks()
+    offenders = [
+        f"{path.relative_to(ROOT)}:{line}: {module}"
+        for name in frameworks
+        for path in (ROOT / "pipelines" / name).rglob("*.py")
+        for line, module in _imports(path)
+        for other in frameworks
+        if other != name
+        and (
+            module == f"groundcover.pipelines.{other}"
+            or module.startswith(f"groundcover.pipelines.{other}.")
+        )
+    ]
+    assert "shared" not in frameworks
+    assert offenders == []
+
+
 async def test_attempt_returns_what_ask_raises_and_account_counts():
     from groundcover.pipelines.runtime.contract.context import ItemContext
     from groundcover.pipelines.runtime.contract.results import StageFailed
@@ -383,8 +403,9 @@ def _imports(path: Path) -> list[tuple[int, str]]:
 
 
 def test_built_in_frameworks_import_the_runtime_only_through_the_public_face():
-    """A framework may import ``groundcover`` (the face), the serving and retrieval libraries and
-    framework packages; never ``pipelines.runtime``, the CLI, reports or datasets."""
+    """A framework may import ``groundcover`` (the face), the serving and retrieval libraries, its
+    own package and the code frameworks share (``pipelines.shared``); never ``pipelines.runtime``,
+    the CLI, reports or datasets."""
     import groundcover
 
     frameworks = _built_in_frameworks()
@@ -394,6 +415,7 @@ def test_built_in_frameworks_import_the_runtime_only_through_the_public_face():
         "groundcover",
         *themes,
         *LIBRARIES,
+        "groundcover.pipelines.shared",
         *(f"groundcover.pipelines.{f}" for f in frameworks),
     )
     offenders = [

@@ -206,7 +206,7 @@ def test_adapter_reaches_the_server_through_every_command(vllm_server, tmp_path)
     assert manifest["config"]["adapter"] == ADAPTER
 
     async def direct() -> list[str]:
-        from groundcover.pipelines.generate.framework import PROMPTS
+        from groundcover.pipelines.shared.answering import PROMPTS
 
         async with make_client(vllm_server, adapter=ADAPTER) as client:
             out = []

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from groundcover.pipelines.icat.data import load_queries
-from groundcover.pipelines.icat.framework import Icat, IcatOptions, parse_aspects, parse_claims
+from groundcover.pipelines.icat.framework import Icat, IcatOptions, parse_aspects
 from groundcover.pipelines.icat.scoring import (
     covered_by_qrels,
     first_entailing,
@@ -22,6 +22,7 @@ from groundcover.pipelines.runtime.contract.config import EvaluatorConfig, RunCo
 from groundcover.pipelines.runtime.contract.protocol import RunRequest
 from groundcover.pipelines.runtime.contract.roles import RoleSpec
 from groundcover.pipelines.runtime.execution.execute import execute, fixed_client
+from groundcover.pipelines.shared.claims import parse_claims
 from groundcover.serving.parsing import ParseError
 from tests.conftest import SHARED
 from tests.support.scripted import ScriptedClient, by_text, field_of

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from groundcover.pipelines.generate.framework import GENERATE, GenerateOptions
 from groundcover.pipelines.runtime.store.run_dir import RunStoreError
+from groundcover.pipelines.shared.answering import GENERATE, GenerateOptions
 from tests.conftest import require_engine, tiny_server
 from tests.support.scripted import ScriptedClient
 from tests.test_runtime import run

@@ -343,8 +343,8 @@ def test_fanoutqa_table_by_hand(tmp_path):
 def test_items_file_changed_mid_run_stops_it_and_restoring_it_resumes(tmp_path):
     """Items are parsed again when a worker takes them: a file edited under a running run stops
     it (what finished stays recorded) instead of answering other questions under the old id."""
-    from groundcover.pipelines.generate.framework import GENERATE, GenerateOptions
     from groundcover.pipelines.runtime.store.lines import FileChanged
+    from groundcover.pipelines.shared.answering import GENERATE, GenerateOptions
 
     items = tmp_path / "items.jsonl"
     original = "".join(json.dumps({"id": f"q{k}", "question": f"Q{k}?"}) + "\n" for k in range(4))

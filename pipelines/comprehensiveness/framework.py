@@ -38,7 +38,7 @@ from groundcover.judges import HumanLabel, SwapPair
 from groundcover.models import EvalClient, EvaluatorConfig, model_name, responder_config
 from groundcover.nli import PLACEMENT_FIELDS
 
-from ..generate.framework import GENERATE, GenerateItem, GenerateOptions
+from ..shared.answering import GENERATE, GenerateItem, GenerateOptions
 from . import e2e_method, meta, nli_method, qa_method
 from .common import (
     PROMPTS,

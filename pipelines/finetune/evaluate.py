@@ -31,7 +31,7 @@ from groundcover.inputs import ModelName, NotContent, iter_jsonl
 from groundcover.models import RoleSpec, role_evaluator
 from groundcover.stats import precision_recall_f1
 
-from ..icat.framework import extract_claims, parse_claims
+from ..shared.claims import extract_claims, parse_claims
 
 
 class EvalOptions(FrameworkOptions):

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..icat.framework import PROMPTS as ICAT_PROMPTS
+from ..shared.claims import CLAIMS_PROMPT
 
-TEMPLATE = ICAT_PROMPTS["extract_claims"]
+TEMPLATE = CLAIMS_PROMPT
 
 
 def claims_text(claims: list[str]) -> str:

@@ -38,7 +38,7 @@ from groundcover.inputs import iter_jsonl
 from groundcover.judges import bullet_list
 from groundcover.runs import atomic_write_json
 
-from ..icat.framework import parse_claims
+from ..shared.claims import parse_claims
 from .examples import TEMPLATE as CLAIMS_TEMPLATE
 from .examples import chat_example
 

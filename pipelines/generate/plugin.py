@@ -2,11 +2,11 @@
 
 from groundcover import Command, Flag
 
-STUDIES = ("groundcover.pipelines.generate.framework:GENERATE",)
+STUDIES = ("groundcover.pipelines.shared.answering:GENERATE",)
 COMMANDS = (
     Command(
         "generate",
-        "groundcover.pipelines.generate.framework:GENERATE",
+        "groundcover.pipelines.shared.answering:GENERATE",
         "Generate an answer per question (from its background texts only, when given).",
         flags=(Flag("input", argument=True),),
     ),

@@ -33,6 +33,7 @@ from groundcover import (
 from groundcover.inputs import IndexDir, ModelName
 from groundcover.nli import PLACEMENT_FIELDS, NliPlacement, placement_of
 
+from ..shared.claims import CLAIMS_PROMPT, extract_claims
 from . import data, scoring
 from .grounding import (
     ClaimGrounding,
@@ -41,7 +42,8 @@ from .grounding import (
     NliBatcher,
 )
 
-PROMPTS = load_dir(Path(__file__).parent / "prompts")
+# ICAT's prompts, with the claim extraction it shares with the claim extractors' fine-tuning
+PROMPTS = load_dir(Path(__file__).parent / "prompts") | {"extract_claims": CLAIMS_PROMPT}
 NLI_STAGE = "nli-cross-encoder"  # snippet-claim pairs the NLI model judged (no LLM call)
 Variant = Literal["m", "s", "a"]
 NAMES = {"m": "ICAT-M", "s": "ICAT-S", "a": "ICAT-A"}
@@ -100,50 +102,6 @@ class Resources:
         self.grounder.batcher.close()
         if hasattr(self.grounder.batcher.model, "close"):
             self.grounder.batcher.model.close()
-
-
-# ---- claims ----------------------------------------------------------------------------------
-
-_BULLET = re.compile(r"^\s*(?:[-*•]|\d+[.)])\s*(.+?)\s*$")
-_NONE = {"none", "none.", "no claims", "no claims."}
-
-
-def parse_claims(text: str) -> list[str]:
-    """One claim per line ('- ' bullets or numbers; bare lines too); 'None' = no claim."""
-    lines = [line.strip() for line in (text or "").splitlines() if line.strip()]
-    if not lines:
-        raise ParseError("expected one claim per line, or None")
-    if len(lines) == 1 and lines[0].lower() in _NONE:
-        return []
-    claims = []
-    for line in lines:
-        match = _BULLET.match(line)
-        claim = (match.group(1) if match else line).strip()
-        if claim and claim.lower() not in _NONE and not claim.endswith(":"):
-            claims.append(claim)
-    if not claims:
-        raise ParseError("expected one claim per line, or None")
-    return list(dict.fromkeys(claims))
-
-
-def claims_regex(options: IcatOptions) -> str:
-    line = rf"- [^\n]{{1,{options.line_max_chars}}}\n"
-    return rf"(({line}){{1,{options.list_max_items}}}|None\n?)"
-
-
-async def extract_claims(ctx: ItemContext, response: str) -> list[str]:
-    if not response.strip():
-        return []
-    options: IcatOptions = ctx.options
-    parsed = await ctx.ask(
-        PROMPTS["extract_claims"],
-        "claims",
-        parse_claims,
-        "one '- <claim>' per line, or None",
-        {"response": response},
-        regex=claims_regex(options),
-    )
-    return parsed.value
 
 
 # ---- aspects and alignment -------------------------------------------------------------------

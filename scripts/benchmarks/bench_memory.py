@@ -30,10 +30,10 @@ FILLER = (
 
 def one_run(size: int, tmp: Path) -> None:
     """In a fresh process: write the items, run them, print the peak RSS in KB."""
-    from groundcover.pipelines.generate.framework import GENERATE, GenerateOptions
     from groundcover.pipelines.runtime.contract.config import EvaluatorConfig, RunConfig
     from groundcover.pipelines.runtime.contract.protocol import RunRequest
     from groundcover.pipelines.runtime.execution.execute import execute, fixed_client
+    from groundcover.pipelines.shared.answering import GENERATE, GenerateOptions
     from tests.support.scripted import ScriptedClient
 
     items = tmp / "items.jsonl"

@@ -73,7 +73,7 @@ def one_run(args) -> None:
     run = RunConfig(run_dir=args.tmp / "run", cache=(args.tmp / "c.sqlite") if args.cache else None)
     kwargs: dict = {"quiet": not args.progress}
     if args.framework == "generate":
-        from groundcover.pipelines.generate.framework import GENERATE, GenerateOptions
+        from groundcover.pipelines.shared.answering import GENERATE, GenerateOptions
 
         study, request = GENERATE, RunRequest(evaluator, run, GenerateOptions(input=path))
     elif args.framework == "fanoutqa":

@@ -10,7 +10,7 @@ import asyncio
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from ....serving.client import (
     ChatResult,
@@ -26,10 +26,17 @@ from . import panels
 from .panels import PanelRule, member_name, panel_members
 from .results import ItemResult, StageFailed, StageFailure, Status
 
-if TYPE_CHECKING:
-    from .protocol import Framework
-
 A = TypeVar("A")  # an answer of a stage (a panel member's, or the one)
+
+
+class StageRouting(Protocol):
+    """What a context reads of its framework: which role answers a stage, and how a panel's
+    answers to it combine (``Framework`` is one; named here so the context needs no import of
+    the protocol that hands it to frameworks)."""
+
+    def role_of(self, stage: str, default: str | None = None) -> str: ...
+
+    def panel_rule(self, stage: str) -> PanelRule | None: ...
 
 
 @dataclass
@@ -44,7 +51,7 @@ class ItemContext:
     resources: Any = None
     run_dir: Path = Path(".")
     max_reasks: int = 2
-    framework: Framework | None = None  # its stage_roles route each stage
+    framework: StageRouting | None = None  # its stage_roles route each stage
     answers: Mapping[str, str] | None = None  # answers made elsewhere (``--answers``)
     details: dict[str, Any] = field(default_factory=dict)
     meter: dict[str, StageUsage] = field(default_factory=dict)

@@ -15,7 +15,7 @@ from pydantic import AliasChoices, BaseModel, ConfigDict, Field
 from groundcover import Framework, FrameworkOptions, InputFile, ItemContext, ItemResult, load_dir
 from groundcover.inputs import RecordId, read_jsonl
 
-PROMPTS = load_dir(Path(__file__).parent / "prompts")
+PROMPTS = load_dir(Path(__file__).parent / "prompts" / "answering")
 
 
 class GenerateItem(BaseModel):
