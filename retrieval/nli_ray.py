@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from ..serving.ray_cluster import (
+from ..serving.cluster.join import (
     Channel,
     ClusterGone,
     DriverChild,

@@ -12,7 +12,7 @@ pairs per forward pass). The client cuts a call into length-sorted chunks of ``b
 An app is named. ``groundcover serve --nli MODEL`` deploys one on a cluster and leaves it there;
 ``--nli-app NAME`` uses it from any run on that cluster, warm. A run given ``--nli-replicas N``
 without a name deploys its own app and deletes it when it ends. The handle lives in a driver
-child (``serving.ray_cluster.DriverChild``) so that Ray ending its driver on a lost cluster ends
+child (``serving.cluster.join.DriverChild``) so that Ray ending its driver on a lost cluster ends
 the child, not the run.
 
 A request that fails because its replica died is sent again (Serve routes it to a live replica,
@@ -33,15 +33,15 @@ from typing import Any
 import numpy as np
 from ray import serve
 
-from ..serving import startlog
 from ..serving.client import EndpointError
-from ..serving.ray_cluster import (
+from ..serving.cluster.join import (
     Channel,
     ClusterGone,
     DriverChild,
     connect,
     error_line,
 )
+from ..serving.launch import startlog
 from .nli import CANONICAL, NliDecisions, NliScorer, plan_batches
 
 DEPLOYMENT = "NliReplica"

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .embedded import cache_root
+from .launch.embedded import cache_root
 
 BLOCK = 1 << 20
 RACY_SECONDS = 2.0  # a file this young may change again within its mtime's tick

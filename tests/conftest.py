@@ -11,9 +11,14 @@ from typing import Any
 
 import pytest
 
-from groundcover.serving import startlog
-from groundcover.serving.launcher import ServerSpec, ServerStartError, VLLMServer, engine_device
-from groundcover.serving.registry import LoraAdapter
+from groundcover.serving.launch import startlog
+from groundcover.serving.launch.registry import LoraAdapter
+from groundcover.serving.launch.server import (
+    ServerSpec,
+    ServerStartError,
+    VLLMServer,
+    engine_device,
+)
 
 ADAPTER = "claims"
 SHARED = Path(__file__).resolve().parents[1].parent / "shared"

@@ -219,8 +219,8 @@ def test_adapter_that_is_not_served_is_refused_before_anything_starts(tmp_path, 
 def test_a_colon_names_an_adapter_only_when_that_adapter_is_known(tmp_path):
     import json
 
-    from groundcover.serving.adapters import register
-    from groundcover.serving.registry import ModelRef
+    from groundcover.serving.launch.adapters import register
+    from groundcover.serving.launch.registry import ModelRef
 
     url = "http://127.0.0.1:1/v1"
     # An endpoint's model named with a colon (ollama style) is a model, not model + adapter.

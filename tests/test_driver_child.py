@@ -8,7 +8,7 @@ import os
 import signal
 import time
 
-from groundcover.serving.ray_cluster import Channel, DriverChild
+from groundcover.serving.cluster.join import Channel, DriverChild
 
 
 def echo(channel: Channel, greeting: str) -> None:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from groundcover.serving.launcher import port_in_use
+from groundcover.serving.launch.server import port_in_use
 from tests.conftest import require_engine
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -169,7 +169,7 @@ def test_the_exported_log_opens_in_inspect_view(panel, tmp_path):
     logs = tmp_path / "logs"
     logs.mkdir()
     inspect_log(panel, logs / "panel.eval")
-    from groundcover.serving.launcher import free_port
+    from groundcover.serving.launch.server import free_port
 
     port = free_port()
     inspect = Path(sys.executable).with_name("inspect")

@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 
 from groundcover.pipelines.cli import app
 from groundcover.serving.client import EvalClient
-from groundcover.serving.launcher import ServerSpec, ServerStartError, VLLMServer, is_loopback
+from groundcover.serving.launch.server import ServerSpec, ServerStartError, VLLMServer, is_loopback
 from tests.conftest import TEST_SERVER_ENV, require_engine
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -50,7 +50,7 @@ def test_loopback_is_the_default_and_anything_else_needs_a_key(tmp_path):
 
 
 def test_replicas_off_loopback_need_a_key():
-    from groundcover.serving.ray_serve import RayReplicas
+    from groundcover.serving.cluster.serve_app import RayReplicas
 
     with pytest.raises(ServerStartError, match="give it an API key"):
         RayReplicas(ServerSpec(model="embedded", host="0.0.0.0"), 2)

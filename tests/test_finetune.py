@@ -18,8 +18,8 @@ from groundcover.pipelines.finetune.examples import TEMPLATE, chat_example
 from groundcover.pipelines.finetune.teacher import TEACHER_DATA, TeacherOptions
 from groundcover.pipelines.finetune.train import TrainOptions, read_examples, train
 from groundcover.pipelines.runtime.contract.config import UserError
-from groundcover.serving.adapters import AdapterError, register, registered
-from groundcover.serving.registry import lora_adapter
+from groundcover.serving.launch.adapters import AdapterError, register, registered
+from groundcover.serving.launch.registry import lora_adapter
 from tests.conftest import require_engine
 from tests.support.scripted import ScriptedClient, by_text, field_of
 from tests.test_runtime import run

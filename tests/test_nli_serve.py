@@ -119,7 +119,7 @@ def cluster_state(address: str) -> dict:
     probe = f"""
 import json, ray
 from ray import serve
-from groundcover.serving.ray_cluster import connect
+from groundcover.serving.cluster.join import connect
 connect({address!r})
 nodes = [{{"id": n["NodeID"], "alive": n["Alive"], "resources": n["Resources"]}}
          for n in ray.nodes()]

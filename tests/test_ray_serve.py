@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 
 from groundcover.serving.client import EndpointError, EvalClient
-from groundcover.serving.launcher import ServerSpec
-from groundcover.serving.registry import LoraAdapter
+from groundcover.serving.launch.registry import LoraAdapter
+from groundcover.serving.launch.server import ServerSpec
 from tests.conftest import ADAPTER, TEST_SERVER_ENV, require_engine
 from tests.support.questions import questions_file
 from tests.support.ray_head import wait_for_records
@@ -34,7 +34,7 @@ KEYED = dict(os.environ, PYTHONPATH=str(ROOT), OPENAI_API_KEY=KEY)  # what runs 
 def replicas(tiny_model, tiny_lora):
     require_engine()
     pytest.importorskip("ray.serve.llm", reason="needs ray[serve] (the engine extra)")
-    from groundcover.serving.ray_serve import RayReplicas
+    from groundcover.serving.cluster.serve_app import RayReplicas
 
     adapter = LoraAdapter(name=ADAPTER, path=str(tiny_lora), base=tiny_model.name, rank=8)
     spec = ServerSpec(

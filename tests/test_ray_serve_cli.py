@@ -183,8 +183,8 @@ def test_a_cluster_whose_proxy_does_not_ask_for_the_key_is_not_served(tiny_model
     pytest.importorskip("ray.serve.llm", reason="needs ray[serve] (the engine extra)")
     import httpx
 
-    from groundcover.serving.launcher import free_port
-    from groundcover.serving.ray_serve import CALLBACK_ENV, KEY_ENV
+    from groundcover.serving.cluster.serve_app import CALLBACK_ENV, KEY_ENV
+    from groundcover.serving.launch.server import free_port
     from tests.support.ray_head import ray_head
 
     port = free_port()

@@ -9,7 +9,7 @@ import httpx
 import pytest
 
 from groundcover.serving.client import EvalClient
-from groundcover.serving.launcher import ServerSpec, VLLMServer
+from groundcover.serving.launch.server import ServerSpec, VLLMServer
 from groundcover.serving.reasoning import Reasoning, ReasoningCut
 from tests.conftest import TEST_SERVER_ENV, require_engine
 

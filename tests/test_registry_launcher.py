@@ -4,14 +4,14 @@ from pathlib import Path
 
 import pytest
 
-from groundcover.serving.launcher import (
+from groundcover.serving.launch.registry import PRESETS, LoraAdapter, UnknownModelError, resolve
+from groundcover.serving.launch.server import (
     ServerSpec,
     ServerStartError,
     VLLMServer,
     free_port,
     lora_rank_for,
 )
-from groundcover.serving.registry import PRESETS, LoraAdapter, UnknownModelError, resolve
 
 
 def test_presets_have_engine_arguments():
@@ -77,14 +77,14 @@ def test_a_reasoning_preset_is_served_with_its_reasoning_parser(tmp_path, model,
     else:
         assert command[command.index("--reasoning-parser") + 1] == parser
     # the same model on Ray Serve replicas: the engine gets the same parser
-    from groundcover.serving.ray_serve import llm_config
+    from groundcover.serving.cluster.serve_app import llm_config
 
     engine = llm_config(ServerSpec(model=model), replicas=2, device="cuda").engine_kwargs
     assert engine.get("reasoning_parser") == parser
 
 
 def test_named_adapter_presets():
-    from groundcover.serving.registry import ADAPTER_PRESETS, lora_adapter
+    from groundcover.serving.launch.registry import ADAPTER_PRESETS, lora_adapter
 
     claims = ADAPTER_PRESETS["icat-claims"]
     assert (claims.base, claims.rank) == ("Llama-3.1-8B-Instruct", 64)  # ICAT: r=64

@@ -145,7 +145,7 @@ def report_json(run_dir: Path) -> dict:
 
 def test_serve_command_starts_on_loopback_and_stops_its_process_group(tiny_model, tmp_path):
     require_engine()
-    from groundcover.serving.launcher import free_port, port_in_use
+    from groundcover.serving.launch.server import free_port, port_in_use
 
     port = free_port()
     command = [

@@ -587,7 +587,7 @@ def test_a_start_interrupted_by_its_run_leaves_nothing_serving(kind, monkeypatch
     import threading
 
     from groundcover.pipelines.runtime.execution import models as evaluator
-    from groundcover.serving import ray_serve
+    from groundcover.serving.cluster import serve_app
 
     release, events = threading.Event(), []
 
@@ -613,7 +613,7 @@ def test_a_start_interrupted_by_its_run_leaves_nothing_serving(kind, monkeypatch
             events.append("stopped")
 
     monkeypatch.setattr(evaluator, "VLLMServer", Server)
-    monkeypatch.setattr(ray_serve, "RayReplicas", Server)
+    monkeypatch.setattr(serve_app, "RayReplicas", Server)
     monkeypatch.setattr(evaluator, "model_source", lambda preset: None)
     cfg = EvaluatorConfig(model="org/A", replicas=2 if kind == "ray-serve" else 1)
     servers = evaluator.Servers([cfg])
@@ -657,7 +657,7 @@ def test_a_run_starts_its_server_elsewhere_when_the_chosen_port_is_taken(monkeyp
     import sys
 
     from groundcover.pipelines.runtime.execution import models as evaluator
-    from groundcover.serving.launcher import ServerSpec, VLLMServer
+    from groundcover.serving.launch.server import ServerSpec, VLLMServer
 
     holders: list[socket.socket] = []
 
@@ -689,7 +689,12 @@ def test_a_server_failing_otherwise_is_not_moved_for_an_earlier_launchs_taken_po
     """The log keeps every launch: only this launch's lines say whether its port was taken."""
     import sys
 
-    from groundcover.serving.launcher import PortTaken, ServerSpec, ServerStartError, VLLMServer
+    from groundcover.serving.launch.server import (
+        PortTaken,
+        ServerSpec,
+        ServerStartError,
+        VLLMServer,
+    )
 
     class Failing(VLLMServer):
         def command(self) -> list[str]:

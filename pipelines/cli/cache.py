@@ -27,7 +27,7 @@ CacheFile = Annotated[
 
 
 def _path(given: Path | None) -> Path:
-    from ...serving.embedded import cache_root
+    from ...serving.launch.embedded import cache_root
 
     return given or cache_root() / "responses.sqlite"
 
@@ -98,7 +98,7 @@ def cache_prune(
 ) -> None:
     """Delete entries older than a date, or of models and adapters no longer present."""
     from ...serving.cache_admin import parse_when, prune
-    from ..runtime.contract.config import UserError
+    from ..runtime.contract.errors import UserError
 
     if before is None and not missing:
         raise UserError("cache prune: give --before DATE, --missing, or both")
@@ -118,7 +118,7 @@ def cache_clear(
 ) -> None:
     """Delete every entry (every host's file) and the damaged files set aside."""
     from ...serving.cache_admin import clear
-    from ..runtime.contract.config import UserError
+    from ..runtime.contract.errors import UserError
 
     if not yes:
         raise UserError("cache clear deletes every cached answer: add --yes")

@@ -11,7 +11,7 @@ from rich.table import Table
 
 from ..datasets.catalog import CATALOG, lookup, parse_spec
 from ..datasets.fetch import LOCK, add, cached, data_root, get, read_lock
-from ..runtime.contract.config import UserError
+from ..runtime.contract.errors import UserError
 from ..runtime.terminal import terminal
 from .frameworks import lazy_group
 from .options import clean_errors

@@ -7,11 +7,9 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from pydantic import ValidationError
 from rich.console import Console
 
-from ..runtime.contract.config import UserError
-from ..runtime.contract.readers import describe_validation
+from ..runtime.contract.errors import UserError
 from ..runtime.terminal import terminal
 from .options import clean_errors
 
@@ -34,6 +32,8 @@ def finetune_claims_train(
 ) -> None:
     """LoRA (or QLoRA) fine-tuning of a claim extractor; the ICAT paper's hyper-parameters by
     default. Rerunning the same command resumes from the last checkpoint."""
+    from pydantic import ValidationError
+
     from ..finetune.train import TrainOptions, train
 
     try:
@@ -52,6 +52,8 @@ def finetune_claims_train(
             save_steps=save_steps,
         )
     except ValidationError as exc:
+        from ..runtime.contract.readers import describe_validation
+
         raise UserError(f"training options: {describe_validation(exc)}") from exc
     card = train(options)
     console = terminal()
@@ -71,7 +73,7 @@ def finetune_claims_register(
 ) -> None:
     """Register a trained adapter by name (under GROUNDCOVER_HOME) so that `serve BASE --lora
     NAME` and `--lora NAME` on any eval find it."""
-    from ...serving.adapters import AdapterError, register
+    from ...serving.launch.adapters import AdapterError, register
 
     try:
         path = register(name, directory, replace=replace)

@@ -198,7 +198,7 @@ def build_from_file(spec: str) -> click.Command:
     not load is one line."""
     import dataclasses
 
-    from ..runtime.contract.config import UserError
+    from ..runtime.contract.errors import UserError
     from ..runtime.contract.plugins import default_command, from_file
     from .options import EXIT_USER, console
 

@@ -69,7 +69,7 @@ claims_app.command("register")(finetune.finetune_claims_register)
 @app.command()
 def models() -> None:
     """List model presets and registered LoRA adapters."""
-    from ...serving.registry import ADAPTER_PRESETS, PRESETS
+    from ...serving.launch.registry import ADAPTER_PRESETS, PRESETS
 
     table = Table("max len", "dtype", "TP", "reasoning", "notes")
     table.columns.insert(0, Column("hub id", no_wrap=True))
@@ -90,7 +90,7 @@ def models() -> None:
             f"adapter {preset.name}: base {preset.base}, rank {preset.rank} "
             f"(serve with --lora {preset.name}=PATH)"
         )
-    from ...serving.adapters import listing
+    from ...serving.launch.adapters import listing
 
     for entry in listing():  # trained and registered with `finetune claims register`
         name = entry["name"]

@@ -31,12 +31,11 @@ def expected_errors() -> tuple[
     """(bad input or configuration, a budget reached, a server or endpoint failing, failed
     items), imported when a command runs, not when the CLI starts."""
     from ...serving.client import EndpointError
-    from ...serving.embedded import EmbeddedModelMissing
-    from ...serving.launcher import ServerStartError
-    from ...serving.registry import UnknownModelError
+    from ...serving.launch.embedded import EmbeddedModelMissing
+    from ...serving.launch.registry import UnknownModelError
+    from ...serving.launch.server import ServerStartError
     from ..runtime.budget.costs import BudgetReached
-    from ..runtime.contract.config import UserError
-    from ..runtime.contract.errors import ItemsFailed
+    from ..runtime.contract.errors import ItemsFailed, UserError
     from ..runtime.store.lines import FileChanged
     from ..runtime.store.run_dir import RunStoreError
 
@@ -72,8 +71,8 @@ def clean_errors(command: Callable) -> Callable:
 
 def parse_loras(values: list[str] | None) -> dict[str, str]:
     """NAME=PATH, or NAME of an adapter registered with `finetune claims register`."""
-    from ...serving.adapters import registered
-    from ..runtime.contract.config import UserError
+    from ...serving.launch.adapters import registered
+    from ..runtime.contract.errors import UserError
 
     out = {}
     for value in values or []:

@@ -31,7 +31,7 @@ def view(
     people's labels and overrides, written only from the page itself). Another --host needs a
     key, as `serve` does: a browser gives it as the password of the login it is asked for (any
     user name), a client as a Bearer token."""
-    from ...serving.launcher import is_loopback
+    from ...serving.launch.server import is_loopback
     from ..reports.pages.report_html import render
     from ..reports.pages.viewer import Viewer, serve
 

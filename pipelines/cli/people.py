@@ -74,7 +74,7 @@ def override(
     rewrite): report, the HTML headline and compare show the judge's mean and the
     overridden mean apart. --withdraw takes it back; the history stays."""
     from ..reports.people.overrides import add_override, withdraw_override
-    from ..runtime.contract.config import UserError
+    from ..runtime.contract.errors import UserError
     from ..runtime.store.run_dir import RESULTS, results_by_id
 
     if withdraw:

@@ -15,7 +15,7 @@ from ..runtime.contract.errors import UserError
 from .options import clean_errors, parse_loras
 
 if TYPE_CHECKING:
-    from ...serving.launcher import ServerSpec
+    from ...serving.launch.server import ServerSpec
 
 console = Console(stderr=True)
 NLI_APP = "groundcover-nli"
@@ -73,8 +73,8 @@ def serve(
         return
     if model is None:
         raise UserError("serve: give MODEL (or --nli CHECKPOINT for an NLI app)")
-    from ...serving.launcher import ServerSpec, ServerStartError, VLLMServer
-    from ...serving.registry import lora_adapter, resolve
+    from ...serving.launch.registry import lora_adapter, resolve
+    from ...serving.launch.server import ServerSpec, ServerStartError, VLLMServer
     from ..runtime.execution.execute import sigterm_as_interrupt
 
     preset = resolve(model)
@@ -161,8 +161,8 @@ def serve_nli(
 
 
 def serve_replicas(spec: ServerSpec, replicas: int, address: str | None, timeout: float) -> None:
-    from ...serving.launcher import ServerStartError
-    from ...serving.ray_serve import RayReplicas
+    from ...serving.cluster.serve_app import RayReplicas
+    from ...serving.launch.server import ServerStartError
     from ..runtime.execution.execute import sigterm_as_interrupt
 
     if replicas < 1:

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..runtime.contract.config import UserError
+from ..runtime.contract.errors import UserError
 from . import convert
 
 # sources in (published files; for an ir_datasets home, its dataset objects), directory out

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from ..runtime.contract.config import UserError
+from ..runtime.contract.errors import UserError
 
 WC_RESPONSES = 5  # prompts 0..4: no context, context 1, context 2, both, both with a hint
 WC_ANSWER_PREFIX = "\nAnswer: "  # what the authors' notebook removed from every response

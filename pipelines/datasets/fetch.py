@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import datetime
 import fnmatch
+import functools
 import importlib
 import importlib.util
 import json
@@ -27,8 +28,8 @@ from typing import Any
 from rich.console import Console
 
 from ...serving.content import file_digest
-from ...serving.embedded import cache_root
-from ..runtime.contract.config import UserError
+from ...serving.launch.embedded import cache_root
+from ..runtime.contract.errors import UserError
 from ..runtime.store.lines import stamp
 from .catalog import Dataset, lookup, parse_spec
 from .convert import offline
@@ -287,7 +288,7 @@ def _hub_files(
         raise UserError(
             f"dataset {entry.name}@{requested}: not in the cache and offline; get it online first"
         ) from None
-    except (HfHubHTTPError, OSError) + HTTP_ERRORS as exc:
+    except (HfHubHTTPError, OSError) + http_errors() as exc:
         raise UserError(
             f"dataset {entry.name}@{requested} ({entry.home}): {first_line(exc)}; "
             "check the network, HF_ENDPOINT and HF_TOKEN"
@@ -295,17 +296,16 @@ def _hub_files(
     return commit, files
 
 
+@functools.cache
 def http_errors() -> tuple[type[Exception], ...]:
     """The HTTP client's base error (huggingface_hub uses httpx, packaged as httpx2 in some
-    releases): an unreachable host is one line, not a traceback."""
+    releases): an unreachable host is one line, not a traceback. Looked up when a download
+    fails, not at import (httpx costs ``groundcover --help`` a tenth of a second)."""
     found: list[type[Exception]] = []
     for module in ("httpx2", "httpx"):
         with contextlib.suppress(ImportError, AttributeError):
             found.append(importlib.import_module(module).HTTPError)
     return tuple(found)
-
-
-HTTP_ERRORS: tuple[type[Exception], ...] = http_errors()
 
 
 def first_line(exc: BaseException) -> str:

@@ -8,7 +8,7 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel
 
-from ..runtime.contract.config import UserError
+from ..runtime.contract.errors import UserError
 from .catalog import is_name, split_spec
 from .fetch import get, provenance
 

@@ -55,7 +55,7 @@ from groundcover.inputs import (
 from groundcover.judges import load_variants
 from groundcover.models import EvaluatorConfig, Tool
 
-from ...serving.registry import UnknownModelError, resolve
+from ...serving.launch.registry import UnknownModelError, resolve
 from .metrics import (
     ROUGE_TYPES,
     aggregate,

@@ -111,7 +111,7 @@ def load_base(options: TrainOptions, device: str) -> tuple[Any, Any, str]:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from ...serving.registry import model_source, resolve
+    from ...serving.launch.registry import model_source, resolve
 
     source = str(model_source(resolve(options.base)))
     tokenizer = AutoTokenizer.from_pretrained(source)

@@ -26,7 +26,7 @@ from pathlib import Path
 from groundcover.pipelines.comprehensiveness.common import ComprehensivenessOptions, Item
 from groundcover.pipelines.comprehensiveness.framework import evaluate_item
 from groundcover.serving.client import EvalClient
-from groundcover.serving.launcher import endpoint_or_local
+from groundcover.serving.launch.server import endpoint_or_local
 
 ROOT = Path(__file__).resolve().parents[2]
 WC = ROOT.parent / "shared" / "data" / "wikicontradict" / "humaneval-dev.jsonl"

@@ -28,7 +28,7 @@ from groundcover.pipelines.crux.framework import PROMPTS
 from groundcover.pipelines.crux.metrics import parse_rating
 from groundcover.serving.cache import ResponseCache
 from groundcover.serving.client import EvalClient
-from groundcover.serving.launcher import endpoint_or_local
+from groundcover.serving.launch.server import endpoint_or_local
 
 ROOT = Path(__file__).resolve().parents[2]
 TOPICS = ROOT.parent / "shared" / "data" / "trec-web" / "topics.jsonl"

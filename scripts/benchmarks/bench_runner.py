@@ -171,7 +171,7 @@ def main() -> None:
     sys.path.insert(0, str(ROOT / "scripts" / "benchmarks"))
     from bench_scale import STUB
 
-    from groundcover.serving.launcher import free_port
+    from groundcover.serving.launch.server import free_port
 
     port = free_port()
     stub = subprocess.Popen(

@@ -335,7 +335,7 @@ async def drive_bare(url: str, messages, concurrency: int):
 def bench_driver(calls: int, concurrencies: list[int], in_flight: list[int], before: str) -> None:
     from groundcover.serving.cache import ResponseCache
     from groundcover.serving.client import EvalClient
-    from groundcover.serving.launcher import free_port
+    from groundcover.serving.launch.server import free_port
 
     work = Path(tempfile.mkdtemp(prefix="gc-driver-"))
     old_client, old_cache = client_before(before, work)
@@ -553,9 +553,9 @@ async def run_items(
 
 
 def bench_llm(tmp: Path, args) -> None:
-    from groundcover.serving.launcher import ServerSpec
-    from groundcover.serving.ray_serve import RayReplicas
-    from groundcover.serving.registry import model_source, resolve
+    from groundcover.serving.cluster.serve_app import RayReplicas
+    from groundcover.serving.launch.registry import model_source, resolve
+    from groundcover.serving.launch.server import ServerSpec
 
     batch = nli_messages(args.llm_pairs)
     rates = {}
@@ -667,7 +667,7 @@ def bench_drivers(tmp: Path, items: int, rounds: int) -> None:
     from groundcover.pipelines.api import request_from
     from groundcover.pipelines.runtime.contract.plugins import study
     from groundcover.pipelines.runtime.execution.execute import execute
-    from groundcover.serving.launcher import free_port
+    from groundcover.serving.launch.server import free_port
     from tests.support.ray_head import ray_head, ray_worker
 
     fanoutqa = study("fanoutqa")

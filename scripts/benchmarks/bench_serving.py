@@ -21,7 +21,7 @@ import openai
 
 from groundcover.serving.cache import ResponseCache
 from groundcover.serving.client import EvalClient
-from groundcover.serving.launcher import ServerSpec, VLLMServer
+from groundcover.serving.launch.server import ServerSpec, VLLMServer
 
 
 def prompts(tag: str, n: int) -> list[list[dict]]:

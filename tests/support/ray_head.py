@@ -16,8 +16,8 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from groundcover.serving import startlog
-from groundcover.serving.launcher import free_port
+from groundcover.serving.launch import startlog
+from groundcover.serving.launch.server import free_port
 
 
 @contextlib.contextmanager
@@ -126,7 +126,7 @@ def ray_worker(
 def _node_count(address: str, ray: str) -> int:
     """Alive nodes of the cluster, asked from a separate driver."""
     probe = (
-        f"import ray; from groundcover.serving.ray_cluster import connect; connect({address!r}); "
+        f"import ray; from groundcover.serving.cluster.join import connect; connect({address!r}); "
         "print(sum(n['Alive'] for n in ray.nodes()))"
     )
     done = subprocess.run(

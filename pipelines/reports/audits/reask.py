@@ -210,7 +210,7 @@ def audit_runs(
 async def _audit_one(
     run: Any, kind: Kind, k: int, seed: int, model: str | None, endpoint: str | None
 ) -> dict[str, Any]:
-    from ....serving.embedded import cache_root
+    from ....serving.launch.embedded import cache_root
     from ...runtime.execution.models import open_evaluator
 
     members = sorted({m for c in recorded_judgements(run) for m in c.members})

@@ -227,7 +227,7 @@ def audit_runs(
 ) -> list[dict[str, Any]]:
     """``swap_audit`` of every run under ``run_dir``, each asking the judge its manifest
     records (the response cache answers what was asked before)."""
-    from ....serving.embedded import cache_root
+    from ....serving.launch.embedded import cache_root
     from ...runtime.execution.models import open_evaluator
     from ...runtime.store.run_dir import run_directories
     from ..exports.rows import run_rows

@@ -22,8 +22,8 @@ from pydantic import (
     model_validator,
 )
 
-from ....serving.embedded import cache_root
-from ....serving.registry import ModelRef, UnknownModelError
+from ....serving.launch.embedded import cache_root
+from ....serving.launch.registry import ModelRef, UnknownModelError
 from ..store.provenance import NotContent
 from .errors import (
     UserError as UserError,  # raised by the readers here
@@ -147,7 +147,7 @@ class EvaluatorConfig(Strict):
         if self.adapter_prefix and not self.endpoint:
             raise ValueError("adapter_prefix: only for an --endpoint (a server we start knows)")
         if not self.endpoint:  # we start the server: its adapters must fit the base model
-            from ....serving.registry import lora_adapter, resolve
+            from ....serving.launch.registry import lora_adapter, resolve
 
             base = resolve(self.model).name
             for name, path in self.adapters.items():

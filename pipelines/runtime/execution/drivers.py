@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from ....serving.client import EndpointError
-from ....serving.ray_cluster import Channel, DriverChild, error_line
+from ....serving.cluster.join import Channel, DriverChild, error_line
 from ..budget.costs import Budget, Ledger, usage_tokens
 from ..contract.config import EvaluatorConfig, UserError
 from ..contract.protocol import RunRequest
@@ -304,7 +304,7 @@ def coordinate(
     """Deploy the drivers' shared NLI app (``nli``), start the drivers and the ledger, report
     progress, end with their results or one error line. Told to stop (or its command gone), it
     ends the drivers, then deletes the app."""
-    from ....serving.ray_cluster import connect
+    from ....serving.cluster.join import connect
 
     try:
         connect(address)

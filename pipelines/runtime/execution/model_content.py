@@ -37,8 +37,8 @@ from ....serving.endpoints import (
     ServedModel,
     served_models,
 )
-from ....serving.launcher import is_loopback
-from ....serving.registry import resolve
+from ....serving.launch.registry import resolve
+from ....serving.launch.server import is_loopback
 from ..contract.config import EvaluatorConfig, UserError
 
 Listing = list[ServedModel] | None
@@ -126,7 +126,7 @@ def model_content_of(ev: EvaluatorConfig, endpoints: Endpoints) -> dict[str, Any
         return _at_endpoint(ev, endpoints.listing(ev))
     preset = resolve(ev.model)
     if preset.name == "embedded":
-        from ....serving.embedded import gguf_path
+        from ....serving.launch.embedded import gguf_path
 
         gguf = gguf_path()
         sha = digest_path(gguf).sha256

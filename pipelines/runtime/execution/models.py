@@ -20,9 +20,9 @@ from typing import Any
 
 from ....serving.cache import ResponseCache
 from ....serving.client import EvalClient
-from ....serving.launcher import PortTaken, ServerSpec, VLLMServer
+from ....serving.launch.registry import lora_adapter, model_source, resolve
+from ....serving.launch.server import PortTaken, ServerSpec, VLLMServer
 from ....serving.reasoning import Reasoning
-from ....serving.registry import lora_adapter, model_source, resolve
 from ..contract.config import EvaluatorConfig, UserError
 from .model_content import keyed_before, revisions
 
@@ -72,7 +72,7 @@ async def start_server(spec: ServerSpec, cfg: EvaluatorConfig, log: Path) -> Any
     in threads, so the servers of a run's roles start side by side; an interrupted start
     leaves nothing serving."""
     if cfg.replicas > 1 or cfg.ray_address:
-        from ....serving.ray_serve import RayReplicas
+        from ....serving.cluster.serve_app import RayReplicas
 
         replicas = RayReplicas(spec, cfg.replicas, address=cfg.ray_address)
         return await _AbandonableStart(replicas).run()

@@ -19,7 +19,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Column
 
 from ....serving.client import EndpointError, EvalClient, RequestRejected, StageUsage
-from ....serving.launcher import ServerStartError
+from ....serving.launch.server import ServerStartError
 from ....serving.reasoning import ReasoningCut
 from ..budget.costs import Budget, Ledger
 from ..contract.config import EvaluatorConfig, UserError

@@ -20,7 +20,7 @@ from ray.llm._internal.common.utils.lora_utils import get_lora_id
 from ray.llm._internal.serve.core.configs.llm_config import DiskMultiplexConfig
 from ray.llm._internal.serve.utils.lora_serve_utils import LoraModelLoader
 
-from .ray_replica import CountedServer
+from .replica import CountedServer
 
 ADAPTERS_ENV = "GROUNDCOVER_SERVE_ADAPTERS"  # {"name": "/path/to/adapter", ...}
 

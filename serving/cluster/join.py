@@ -24,8 +24,8 @@ from collections.abc import Callable, Iterator
 from multiprocessing.connection import Connection
 from typing import Any, TypeVar
 
-from .client import EndpointError
-from .startlog import timed
+from ..client import EndpointError
+from ..launch.startlog import timed
 
 T = TypeVar("T")
 

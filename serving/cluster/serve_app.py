@@ -11,8 +11,8 @@ without it a local Ray is started with enough logical CPUs for the controller, t
 replicas.
 
 LoRA adapters go through Serve's multiplexing: a request for ``BASE:ADAPTER`` is routed to a
-replica that has the adapter loaded (or loads it there, ``serving.ray_lora``), so the served name
-of an adapter is ``adapter_prefix + name``, not the bare name a plain vLLM server uses.
+replica that has the adapter loaded (or loads it there, ``serving.cluster.lora``), so the served
+name of an adapter is ``adapter_prefix + name``, not the bare name a plain vLLM server uses.
 
 An API key (``spec.api_key``; required off loopback) is checked by Serve's HTTP proxy: Serve
 calls ``RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH`` in each proxy for Starlette middlewares, and
@@ -33,7 +33,8 @@ from typing import Any
 
 import httpx
 
-from .launcher import (
+from ..launch.registry import model_source
+from ..launch.server import (
     CPU_ENV,
     ServerSpec,
     ServerStartError,
@@ -41,14 +42,13 @@ from .launcher import (
     engine_device,
     lora_rank_for,
 )
-from .ray_cluster import Channel, DriverChild, connect, error_line, unreachable
-from .registry import model_source
-from .startlog import timed
+from ..launch.startlog import timed
+from .join import Channel, DriverChild, connect, error_line, unreachable
 
 APP = "groundcover"
 KEY_ENV = "GROUNDCOVER_SERVE_API_KEY"
 CALLBACK_ENV = "RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH"
-CALLBACK = "groundcover.serving.ray_serve:proxy_middlewares"
+CALLBACK = "groundcover.serving.cluster.serve_app:proxy_middlewares"
 
 
 def proxy_middlewares() -> list[Any]:
@@ -105,11 +105,11 @@ def llm_config(spec: ServerSpec, replicas: int, device: str) -> Any:
     if spec.revision:  # the hub commit the run's identity records
         engine["revision"] = spec.revision
     env = (CPU_ENV if device == "cpu" else {}) | spec.env
-    from .ray_replica import NO_MIRROR_CALLBACK, CountedServer
+    from .replica import NO_MIRROR_CALLBACK, CountedServer
 
     adapters: dict[str, Any] = {"server_cls": CountedServer}  # answers counted per replica
     if spec.loras:  # every replica can load every adapter; Serve decides which one does
-        from .ray_lora import ADAPTERS_ENV, AdapterServer
+        from .lora import ADAPTERS_ENV, AdapterServer
 
         engine |= {
             "enable_lora": True,
@@ -276,7 +276,7 @@ class RayReplicas:
         port: int | None = None,
     ):
         spec.check_exposure()  # off loopback only with a key
-        from .launcher import free_port
+        from ..launch.server import free_port
 
         self.spec, self.replicas, self.address = spec, replicas, address
         self.port = port or spec.port or free_port()
