@@ -20,6 +20,7 @@ from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
+from .batch import Batcher, BatchError, LineFailed
 from .cache import ResponseCache, cache_key
 from .limits import AdaptiveLimit, FixedLimit
 from .parsing import ParseError, extract_json, match_choice
@@ -310,8 +311,11 @@ class EvalClient:
         revisions: dict[str, str] | None = None,
         keyed_before: dict[str, str | None] | None = None,
         sample: int | str | None = None,
+        batcher: Batcher | None = None,
     ):
         self.base_url = base_url
+        # requests bought as batch jobs, in rounds (``serving.batch``); None: one by one
+        self.batcher = batcher
         # request name (base model, adapter) -> what it is by content (a digest, a hub commit,
         # what the endpoint reports): part of every cache key, so a retrained adapter or a
         # replaced model is never answered from the cache of the old one
@@ -457,7 +461,7 @@ class EvalClient:
         usage = self.usage.setdefault(stage, StageUsage())
         raw, key = None, ""
         revision = self._revision(model)
-        if self.cache is not None:  # the key (canonical JSON, SHA-256) only where it is used
+        if self.cache is not None or self.batcher is not None:  # the key only where it is used
             payload: dict[str, Any] = {
                 "base": self.model,
                 "model": model,
@@ -471,8 +475,8 @@ class EvalClient:
             key = cache_key(payload | {"revision": revision} if revision else payload)
             # a point read on the cache's own connection; the put below only queues the row for
             # the cache's writer thread: no request waits for SQLite or a thread hop
-            raw = self.cache.get(key)
-            if raw is None and revision:  # a row keyed by the rules before
+            raw = self.cache.get(key) if self.cache is not None else None
+            if raw is None and revision and self.cache is not None:  # keyed by the rules before
                 raw = self._legacy(payload, model, revision)
                 if raw is not None:
                     self.cache.put(key, raw, model, revision)
@@ -481,9 +485,12 @@ class EvalClient:
             served = model if model == self.model else self.adapter_prefix + model
             attempts = StageUsage()  # this call's attempts: the stage's and the item's
             try:
-                raw = await self._request(
-                    served, messages, body, attempts, stage=stage, template=template
-                )
+                if self.batcher is not None:  # the batch line's custom_id is the cache key
+                    raw = await self._batched(key, served, messages, body, attempts, stage)
+                else:
+                    raw = await self._request(
+                        served, messages, body, attempts, stage=stage, template=template
+                    )
             finally:
                 usage.add(attempts)
                 if meter is not None:
@@ -601,6 +608,35 @@ class EvalClient:
                 usage.backoff_seconds += delay
                 await asyncio.sleep(delay)
         raise AssertionError("unreachable")
+
+    async def _batched(
+        self,
+        key: str,
+        model: str,
+        messages: list[dict[str, Any]],
+        body: dict[str, Any],
+        usage: StageUsage,
+        stage: str,
+    ) -> dict[str, Any]:
+        """``_request`` as a line of the next batch round: the same request body, answered
+        when its batch ends. A line failed in every attempt fails its item; an endpoint that
+        cannot run batches stops the run."""
+        assert self.batcher is not None
+        request = {"model": model, "messages": messages}
+        request |= {k: v for k, v in body.items() if k != "extra_body"}
+        request |= body.get("extra_body") or {}
+        started = time.perf_counter()
+        try:
+            response = await self.batcher.ask(key, request)
+        except LineFailed as exc:
+            usage.failures += 1
+            raise RequestRejected(f"{self.base_url}: {exc}", stage) from exc
+        except BatchError as exc:
+            usage.failures += 1
+            raise EndpointError(str(exc)) from exc
+        usage.requests += 1
+        usage.seconds += time.perf_counter() - started
+        return response
 
     def _fails_items(self, exc: TransportError) -> bool:
         """A server that answers, but keeps answering this request with an error (a 5xx, a
@@ -786,6 +822,8 @@ class EvalClient:
         return {stage: usage.as_dict() for stage, usage in self.usage.items()}
 
     async def aclose(self) -> None:
+        if self.batcher is not None:
+            await self.batcher.close()
         await self._http.close()
         if self.cache is not None:  # what this client answered is on disk when it closes
             await asyncio.to_thread(self.cache.flush)

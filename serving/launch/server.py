@@ -177,50 +177,13 @@ class VLLMServer:
         return None
 
     def command(self) -> list[str]:
-        preset = self.spec.preset
-        args = [
-            sys.executable,
-            "-m",
-            "vllm.entrypoints.openai.api_server",
-            "--model",
-            model_source(preset),
-            "--served-model-name",
-            preset.name,
-            "--host",
-            self.spec.host,
-            "--port",
-            str(self.port),
-            "--dtype",
-            preset.dtype,
-            "--max-model-len",
-            str(self.spec.max_model_len or preset.max_model_len),
-        ]
-        if self.spec.revision:
-            args += ["--revision", self.spec.revision]
-        if self.device == "cpu":
-            args += [
-                "--distributed-executor-backend",
-                "uni",
-                "--enforce-eager",
-                "--kv-cache-memory-bytes",
-                self.spec.kv_cache_bytes,
-                "--structured-outputs-config",
-                json.dumps({"backend": "xgrammar", "disable_any_whitespace": True}),
-            ]
-        else:
-            args += ["--tensor-parallel-size", str(preset.tensor_parallel_size)]
-        if preset.reasoning_parser:  # the answer in content, the reasoning apart
-            args += ["--reasoning-parser", preset.reasoning_parser]
-        if self.spec.loras:
-            args += ["--enable-lora", "--max-lora-rank", str(lora_rank_for(self.spec.loras))]
-            args += ["--max-loras", str(len(self.spec.loras))]
-            args += ["--lora-modules", *[f"{a.name}={a.path}" for a in self.spec.loras]]
-        return args + preset.extra_engine_args + self.spec.extra_args
+        where = ["--host", self.spec.host, "--port", str(self.port)]
+        return [sys.executable, "-m", "vllm.entrypoints.openai.api_server", *where] + engine_args(
+            self.spec, self.device
+        )
 
     def environment(self) -> dict[str, str]:
-        env = dict(os.environ)
-        if self.device == "cpu":
-            env.update(CPU_ENV)
+        env = engine_environment(self.spec, self.device)
         if self.spec.api_key:  # in the environment, not on the command line other users can read
             env["VLLM_API_KEY"] = self.spec.api_key
         return env | self.spec.env
@@ -339,6 +302,57 @@ class VLLMServer:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+def engine_args(spec: ServerSpec, device: str) -> list[str]:
+    """The model and engine flags a server and ``vllm run-batch`` share."""
+    preset = spec.preset
+    args = [
+        "--model",
+        model_source(preset),
+        "--served-model-name",
+        preset.name,
+        "--dtype",
+        preset.dtype,
+        "--max-model-len",
+        str(spec.max_model_len or preset.max_model_len),
+    ]
+    if spec.revision:
+        args += ["--revision", spec.revision]
+    if device == "cpu":
+        args += [
+            "--distributed-executor-backend",
+            "uni",
+            "--enforce-eager",
+            "--kv-cache-memory-bytes",
+            spec.kv_cache_bytes,
+            "--structured-outputs-config",
+            json.dumps({"backend": "xgrammar", "disable_any_whitespace": True}),
+        ]
+    else:
+        args += ["--tensor-parallel-size", str(preset.tensor_parallel_size)]
+    if preset.reasoning_parser:  # the answer in content, the reasoning apart
+        args += ["--reasoning-parser", preset.reasoning_parser]
+    if spec.loras:
+        args += ["--enable-lora", "--max-lora-rank", str(lora_rank_for(spec.loras))]
+        args += ["--max-loras", str(len(spec.loras))]
+        args += ["--lora-modules", *[f"{a.name}={a.path}" for a in spec.loras]]
+    return args + preset.extra_engine_args + spec.extra_args
+
+
+def engine_environment(spec: ServerSpec, device: str) -> dict[str, str]:
+    env = dict(os.environ)
+    if device == "cpu":
+        env.update(CPU_ENV)
+    return env | spec.env
+
+
+def run_batch_command(spec: ServerSpec, device: str, source: Path, output: Path) -> list[str]:
+    """``vllm run-batch`` over one batch file: the model loaded in that process, no server
+    (the ``vllm`` console script is missing from the CPU wheel: the module, as for serving)."""
+    module = "vllm.entrypoints.openai.run_batch"
+    files = ["-i", str(source), "-o", str(output)]
+    return [sys.executable, "-m", module, *files, *engine_args(spec, device)]
 
 
 @contextlib.contextmanager

@@ -106,6 +106,19 @@ class EvaluatorConfig(Strict):
         None, ge=1, description="reasoning tokens on top of each answer budget (default per effort)"
     )
     vllm_extensions: bool = Field(True, description="server accepts vLLM's structured_outputs")
+    transport: Literal["online", "batch"] = Field(
+        "online",
+        description="online: requests one by one; batch: the calls of the items in flight "
+        "bought in rounds of batch jobs (the endpoint's /batches, or vllm run-batch for a model "
+        "served here; docs/batch.md). Answers are keyed alike: the run's identity is the same",
+    )
+    batch_size: int = Field(
+        10_000, ge=1, le=50_000, description="the most lines of one batch (a round's cap)"
+    )
+    batch_settle: float = Field(
+        1.0, gt=0, description="seconds without a new request before a round is submitted"
+    )
+    batch_poll: float = Field(10.0, gt=0, description="seconds between polls of a batch")
     max_model_len: int | None = Field(None, ge=256)
     # set by the run for the members of a self-consistency panel (one model sampled k times):
     # the member's index, part of its cache keys so each sample is kept (identity.plan_roles)
@@ -282,6 +295,8 @@ SHARED_OPTIONS = (
     SharedOption("replicas", "evaluator.replicas"),
     SharedOption("ray_address", "evaluator.ray_address"),
     SharedOption("concurrency", "evaluator.concurrency"),
+    SharedOption("transport", "evaluator.transport"),
+    SharedOption("batch_size", "evaluator.batch_size"),
     SharedOption("max_tokens", "evaluator.max_tokens"),
     SharedOption("temperature", "evaluator.temperature"),
     SharedOption("reasoning", "evaluator.reasoning"),

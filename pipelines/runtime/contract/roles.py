@@ -35,6 +35,7 @@ class RoleSpec(Strict):
     api_key_env: str | None = None
     reasoning: Literal["off", "low", "medium", "high"] | None = None  # this role's, in YAML
     reasoning_tokens: int | None = Field(None, ge=1)
+    transport: Literal["online", "batch"] | None = None  # this role's, in YAML
 
     @model_validator(mode="before")
     @classmethod
@@ -150,7 +151,7 @@ def role_evaluator(default: EvaluatorConfig, spec: RoleSpec | None) -> Evaluator
     if spec.api_key_env:
         update["api_key_env"] = spec.api_key_env
     update["content"] = None  # resolved again for this role (execution.model_content)
-    for name in ("reasoning", "reasoning_tokens"):  # a role's own, else the default's
+    for name in ("reasoning", "reasoning_tokens", "transport"):  # the role's, else the default's
         if getattr(spec, name) is not None:
             update[name] = getattr(spec, name)
     return EvaluatorConfig.model_validate(base | update)

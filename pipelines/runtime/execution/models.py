@@ -12,16 +12,25 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import threading
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ....serving.batch import Batcher, LocalRunBatch, OpenAIBatches
 from ....serving.cache import ResponseCache
 from ....serving.client import EvalClient
 from ....serving.launch.registry import lora_adapter, model_source, resolve
-from ....serving.launch.server import PortTaken, ServerSpec, VLLMServer
+from ....serving.launch.server import (
+    PortTaken,
+    ServerSpec,
+    VLLMServer,
+    engine_device,
+    engine_environment,
+    run_batch_command,
+)
 from ....serving.reasoning import Reasoning
 from ..contract.config import EvaluatorConfig, UserError
 from .model_content import keyed_before, revisions
@@ -270,6 +279,18 @@ async def open_evaluator(
     try:
         async with contextlib.AsyncExitStack() as stack:
             base_url, adapter_prefix, gone, replicas = cfg.endpoint, cfg.adapter_prefix, None, None
+            batcher = batcher_of(cfg, run_dir)
+            if batcher is not None and base_url is None:  # vllm run-batch: no server
+                client = EvalClient(
+                    f"vllm-run-batch://{_safe(cfg.model)}",
+                    **options,
+                    cache=cache,
+                    max_retries=cfg.max_retries,
+                    batcher=batcher,
+                )
+                async with client:
+                    yield client
+                return
             if base_url is None:
                 pool = servers or Servers([cfg])
                 served = await stack.enter_async_context(pool.use(cfg, run_dir))
@@ -286,6 +307,7 @@ async def open_evaluator(
                 max_retries=cfg.max_retries,
                 cache=cache,
                 gone=gone,
+                batcher=batcher,
             )
             client.replicas = replicas
             async with client:
@@ -294,6 +316,45 @@ async def open_evaluator(
     finally:
         if cache is not None:
             cache.close()
+
+
+def batcher_of(cfg: EvaluatorConfig, run_dir: Path) -> Batcher | None:
+    """The batch rounds of a batch transport (None: online), in ``run_dir/batches/`` (a folder
+    per client: its ledger is what a resumed run reads back). At an endpoint: its Batch API;
+    a model served here: ``vllm run-batch``, the model loaded once per round."""
+    if cfg.transport != "batch":
+        return None
+    folder = run_dir / "batches" / f"{_safe(cfg.model)}-{batch_folder_key(cfg)}"
+    executor: OpenAIBatches | LocalRunBatch
+    if cfg.endpoint is not None:
+        executor = OpenAIBatches(cfg.endpoint, cfg.api_key(), timeout=cfg.timeout)
+    else:
+        base = resolve(cfg.model).name
+        loras = [lora_adapter(n, p, base, cfg.model) for n, p in cfg.adapters.items()]
+        spec = ServerSpec(
+            model=cfg.model, loras=loras, max_model_len=cfg.max_model_len, revision=pinned(cfg)
+        )
+        model_source(spec.preset)  # converts the embedded model, once
+        device = engine_device()
+        executor = LocalRunBatch(
+            lambda source, output: run_batch_command(spec, device, source, output),
+            engine_environment(spec, device),
+        )
+    return Batcher(
+        executor,
+        folder,
+        settle=cfg.batch_settle,
+        max_lines=cfg.batch_size,
+        poll=cfg.batch_poll,
+        max_attempts=max(1, min(cfg.max_retries, 3)),
+    )
+
+
+def batch_folder_key(cfg: EvaluatorConfig) -> str:
+    """A short digest of what makes a client's requests (two roles on one model and settings
+    share a client, so its ledger; a self-consistency member has its own)."""
+    dumped = cfg.model_dump_json(exclude={"content", "batch_size", "batch_settle", "batch_poll"})
+    return hashlib.sha256(dumped.encode()).hexdigest()[:10]
 
 
 def remember_models(cache: ResponseCache, cfg: EvaluatorConfig) -> None:

@@ -259,6 +259,7 @@ class Solved:
     limits: dict[str, dict[str, Any]] = field(default_factory=dict)  # per role: concurrency
     spread: dict[str, list[dict[str, Any]]] = field(default_factory=dict)  # Serve replicas
     where: dict[str, Any] | None = None  # NLI placement, where the framework has one
+    batches: dict[str, dict[str, Any]] = field(default_factory=dict)  # per role: batch rounds
 
 
 async def solve_missing(
@@ -325,6 +326,11 @@ async def solve_missing(
     return Solved(
         usage=_usage_since(clients, before),
         limits={role: client.limit.report() for role, client in clients.items()},
+        batches={
+            role: client.batcher.stats.as_dict()
+            for role, client in clients.items()
+            if client.batcher is not None
+        },
         spread=replicas_since(spread, await replica_counts(clients)),
         where=placement() if callable(placement) else None,
     )

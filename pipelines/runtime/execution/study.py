@@ -264,6 +264,8 @@ class Run:
             summary.add(nli_placement_this_invocation=solved.where)
         if solved is not None and solved.spread:  # requests over the replicas the run started
             summary.add(replicas_this_invocation=solved.spread)
+        if solved is not None and solved.batches:  # a batch transport: its rounds
+            summary.add(batches_this_invocation=solved.batches)
         if solving is not None and solving.drivers is not None:  # --drivers N: each one's work
             summary.add(drivers_this_invocation=solving.drivers)
         if planned.prices:

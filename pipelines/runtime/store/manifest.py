@@ -83,6 +83,8 @@ class RunSummary(RunDirRecord):
     seconds_this_invocation: float | None = None
     nli_placement_this_invocation: dict[str, Any] | None = None
     replicas_this_invocation: dict[str, list[dict[str, Any]]] | None = None
+    # per role of a batch transport: rounds, each batch's id, lines and wait, requeued lines
+    batches_this_invocation: dict[str, dict[str, Any]] | None = None
     drivers_this_invocation: list[dict[str, Any]] | None = None  # --drivers N: each driver
     cost_this_invocation: dict[str, Any] | None = None
     cost_recorded: dict[str, Any] | None = None
