@@ -374,3 +374,26 @@ def test_vllm_run_batch_gives_the_served_answers_at_temperature_0(
     rounds = summary(tmp_path / "batch")["batches_this_invocation"]
     (only,) = rounds.values()
     assert only["rounds"] == 1 and only["batches"][0]["batch"].startswith("local-")
+
+
+def test_batch_prices_in_the_cost_and_the_dry_run_says_rounds_and_saving(tmp_path, monkeypatch):
+    prices = tmp_path / "prices.yaml"
+    prices.write_text("judge: {input: 2.0, output: 8.0, batch_input: 1.0, batch_output: 4.0}\n")
+    server = BatchServer(polls=0)
+    with serve_app(server.app()) as url:
+        monkeypatch.setenv("GROUNDCOVER_HOME", str(tmp_path / "home-batch"))
+        config = ["--config", str(write_config(tmp_path)), "--prices", str(prices)]
+        done = CliRunner().invoke(app, eval_args(tmp_path, url, "batch", *config))
+        assert done.exit_code == 0, done.output
+        # 12 calls of 20 prompt and 4 completion tokens: 240 and 48 tokens, by hand
+        cost = summary(tmp_path / "batch")["cost_this_invocation"]
+        assert cost["total"] == pytest.approx((240 * 1.0 + 48 * 4.0) / 1e6)
+        assert cost["online"] == pytest.approx((240 * 2.0 + 48 * 8.0) / 1e6)
+        assert cost["saving"] == pytest.approx(cost["online"] - cost["total"])
+        # a plan of another run: two items solved for real, the rest estimated
+        args = eval_args(tmp_path, url, "planned", *config, "--pilot", "2")
+        planned = CliRunner().invoke(app, args)
+        assert planned.exit_code == 0, planned.output
+    said = " ".join(planned.output.split())
+    assert "batch rounds: at least 2" in said
+    assert "as batch jobs: $" in said and "online (saving $" in said

@@ -3,7 +3,12 @@
 A prices file (YAML) maps a model name to its price::
 
     gpt-4o-mini: {input: 0.15, output: 0.60}     # $ per million prompt / completion tokens
+    gpt-4.1: {input: 2.0, output: 8.0, batch_input: 1.0, batch_output: 4.0}  # and as batches
     llama-3.1-8b: {gpu_hour: 2.40, gpus: 1}       # a model we serve: $ per GPU-hour
+
+A role bought as batch jobs (``transport: batch``) pays the batch prices where the file gives
+them (else the online ones); the table then says what the same tokens cost online (``online``)
+and the difference (``saving``).
 
 A model is found by the name a role was given (``--model``, ``--role``), else by the name
 requests carry, else by its hub id. Token prices apply to every call's tokens, cached calls
@@ -31,6 +36,8 @@ class ModelPrice(Strict):
     output: float | None = Field(None, ge=0, description="$ per million completion tokens")
     gpu_hour: float | None = Field(None, ge=0, description="$ per GPU-hour (a served model)")
     gpus: int = Field(1, ge=1, description="GPUs the served model holds")
+    batch_input: float | None = Field(None, ge=0, description="$ per million, in a batch job")
+    batch_output: float | None = Field(None, ge=0, description="$ per million, in a batch job")
 
     @model_validator(mode="after")
     def _one_kind(self) -> ModelPrice:
@@ -41,10 +48,15 @@ class ModelPrice(Strict):
             raise ValueError("a token price needs both input and output")
         return self
 
-    def tokens(self, prompt: float, completion: float) -> float:
+    def tokens(self, prompt: float, completion: float, batch: bool = False) -> float:
         if self.gpu_hour is not None:
             return 0.0
-        return (prompt * (self.input or 0) + completion * (self.output or 0)) / 1e6
+        per_input, per_output = self.input or 0, self.output or 0
+        if batch and self.batch_input is not None:
+            per_input = self.batch_input
+        if batch and self.batch_output is not None:
+            per_output = self.batch_output
+        return (prompt * per_input + completion * per_output) / 1e6
 
     def hours(self, seconds: float) -> float:
         return (self.gpu_hour or 0) * self.gpus * seconds / 3600
@@ -91,6 +103,7 @@ def cost_table(
     by_stage: dict[str, float] = {}
     unpriced: set[str] = set()
     hourly: dict[str, tuple[ModelPrice, list[str]]] = {}  # served model -> price, its stages
+    online = 0.0  # what the batch-bought stages' tokens would have cost online, beyond
     for stage, u in usage.items():
         role = fw.role_of(stage, "unknown")
         record = roles.get(role)
@@ -102,7 +115,11 @@ def cost_table(
         elif price.gpu_hour is not None:  # GPU time is shared by the model's stages
             hourly.setdefault(record.get("request_model") or role, (price, []))[1].append(stage)
         else:
-            by_stage[stage] = price.tokens(u.get("prompt_tokens", 0), u.get("completion_tokens", 0))
+            prompt, completion = u.get("prompt_tokens", 0), u.get("completion_tokens", 0)
+            batch = record.get("transport") == "batch"
+            by_stage[stage] = price.tokens(prompt, completion, batch)
+            if batch:
+                online += price.tokens(prompt, completion) - by_stage[stage]
     for price, stages in hourly.values():
         tokens = {
             s: usage[s].get("prompt_tokens", 0) + usage[s].get("completion_tokens", 0)
@@ -116,12 +133,16 @@ def cost_table(
     for stage, dollars in by_stage.items():
         role = fw.role_of(stage, "unknown")
         by_role[role] = by_role.get(role, 0.0) + dollars
-    return {
+    table = {
         "by_stage": {s: round(v, 6) for s, v in by_stage.items()},
         "by_role": {r: round(v, 6) for r, v in by_role.items()},
         "total": round(sum(by_stage.values()), 6),
         "unpriced": sorted(unpriced),
     }
+    if any(r.get("transport") == "batch" for r in roles.values()):
+        table["online"] = round(sum(by_stage.values()) + online, 6)
+        table["saving"] = round(online, 6)
+    return table
 
 
 def hourly_rate(roles: dict[str, dict[str, Any]], prices: dict[str, ModelPrice]) -> float:

@@ -183,6 +183,9 @@ def estimate_run(
         "stages": [s.as_dict() for s in out],
         "seconds": n_rest / throughput if throughput else None,
     }
+    batched = [s.stage for s in out if (roles.get(s.role) or {}).get("transport") == "batch"]
+    if batched and n_rest:  # each stage's calls wait on the one before: a round per stage
+        result["batch_rounds"] = len(batched)
     if prices and all(s.tokens for s in out) and out:
         result["cost"] = {
             bound: cost_table(fw, _usage_at(out, i), roles, prices, result["seconds"] or 0.0)
@@ -323,6 +326,17 @@ def print_estimate(label: str, estimate: dict[str, Any], out: Console) -> None:
                 if cost["estimate"]["unpriced"]
                 else ""
             )
+        )
+    if estimate.get("cost") and "saving" in estimate["cost"]["estimate"]:
+        cost = estimate["cost"]["estimate"]
+        out.print(
+            f"as batch jobs: ${cost['total']:.4f} at the batch prices, ${cost['online']:.4f} "
+            f"online (saving ${cost['saving']:.4f})"
+        )
+    if estimate.get("batch_rounds"):
+        out.print(
+            f"batch rounds: at least {estimate['batch_rounds']} (one per stage bought as batch "
+            "jobs; failed lines add rounds), each waiting for its batch to end"
         )
     if estimate["seconds"] is not None:
         out.print(f"wall time about {estimate['seconds'] / 60:.1f} min at the recorded throughput")

@@ -48,7 +48,10 @@ def study_root(study: Study[Any], request: RunRequest, items: Sequence[Any]) -> 
         "options": request.options.model_dump(mode="json"),
     }
     if request.roles:  # a run with other models per role is another run
-        identity["roles"] = {r: s.model_dump(mode="json") for r, s in sorted(request.roles.items())}
+        identity["roles"] = {  # how calls are bought changes no answer: not the run's root
+            r: s.model_dump(mode="json", exclude={"transport"})
+            for r, s in sorted(request.roles.items())
+        }
     if request.run.repeats > 1:  # K seeded runs under one root: not the single run's root
         identity["repeats"] = request.run.repeats
     return Path("runs") / f"{study.name}-{fingerprint(identity)}"

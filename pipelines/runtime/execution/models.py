@@ -46,6 +46,8 @@ def model_record(cfg: EvaluatorConfig) -> dict:
         record["content"] = cfg.content
     if cfg.sample is not None:  # a self-consistency panel's member: its sample's index
         record["sample"] = cfg.sample
+    if cfg.transport == "batch":  # bought as batch jobs: priced at the batch price
+        record["transport"] = "batch"
     reasoning = reasoning_of(cfg)
     if reasoning is not None:
         record |= {"reasoning": reasoning.setting, "reasoning_tokens": reasoning.budget}

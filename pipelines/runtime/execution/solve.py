@@ -309,6 +309,9 @@ async def solve_missing(
         return await solve_item(fw, item, ctx)
 
     workers = lead.concurrency_max if lead.concurrency == "auto" else lead.concurrency
+    batched = [ev.batch_size for ev in roles.values() if ev.transport == "batch"]
+    if batched:  # a round holds the calls of the items in flight: as many as a batch takes
+        workers = max(workers, *batched)
     if began is not None:
         began()
     await run_items(
