@@ -537,3 +537,47 @@ def _read_lines(path: Path) -> dict[str, dict[str, Any]]:
 
 def _file_safe(name: str) -> str:
     return "".join(c if c.isalnum() or c in "-_." else "_" for c in name)[:120]
+
+
+def read_ledgers(run_dir: Path) -> dict[str, Any] | None:
+    """Every batch a run bought, from its ledgers (all invocations; None: none): per client
+    folder, each batch's round, lines, status, failed lines and wait, and the totals
+    (``report`` and the HTML page show them)."""
+    folders = sorted((run_dir / "batches").glob("*/ledger.jsonl"))
+    if not folders:
+        return None
+    clients: dict[str, list[dict[str, Any]]] = {}
+    for ledger in folders:
+        batches: dict[str, dict[str, Any]] = {}
+        for line in ledger.read_text(encoding="utf-8").splitlines():
+            try:
+                event = json.loads(line)
+            except json.JSONDecodeError:  # a torn last line
+                continue
+            if event.get("event") == "submitted":
+                batches[event["batch"]] = {
+                    "batch": event["batch"],
+                    "round": event["round"],
+                    "executor": event.get("executor"),
+                    "lines": len(event["custom_ids"]),
+                    "status": "pending",
+                    "failed": 0,
+                    "waited_s": None,
+                }
+            elif event.get("event") == "finished" and event["batch"] in batches:
+                batches[event["batch"]] |= {
+                    "status": event["status"],
+                    "failed": len(event.get("failed") or {}),
+                    "waited_s": event.get("waited_s"),
+                }
+        clients[ledger.parent.name] = list(batches.values())
+    every = [b for batches in clients.values() for b in batches]
+    return {
+        "batches": len(every),
+        "rounds": sum(len({b["round"] for b in batches}) for batches in clients.values()),
+        "lines": sum(b["lines"] for b in every),
+        "failed_lines": sum(b["failed"] for b in every),
+        "pending": sum(b["status"] == "pending" for b in every),
+        "waited_s": round(sum(b["waited_s"] or 0 for b in every), 3),
+        "clients": clients,
+    }

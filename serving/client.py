@@ -559,10 +559,7 @@ class EvalClient:
     ) -> dict[str, Any]:
         """The network part of ``chat``: one completion as a plain dict (test doubles replace
         only this, so caching, accounting and parsing stay the real code)."""
-        # the OpenAI wire format: extra_body's fields go at the top level of the JSON
-        request = {"model": model, "messages": messages}
-        request |= {k: v for k, v in body.items() if k != "extra_body"}
-        request |= body.get("extra_body") or {}
+        request = wire_request(model, messages, body)
         for attempt in range(self.max_retries + 1):
             started = time.perf_counter()
             try:
@@ -622,9 +619,7 @@ class EvalClient:
         when its batch ends. A line failed in every attempt fails its item; an endpoint that
         cannot run batches stops the run."""
         assert self.batcher is not None
-        request = {"model": model, "messages": messages}
-        request |= {k: v for k, v in body.items() if k != "extra_body"}
-        request |= body.get("extra_body") or {}
+        request = wire_request(model, messages, body)
         started = time.perf_counter()
         try:
             response = await self.batcher.ask(key, request)
@@ -833,6 +828,16 @@ class EvalClient:
 
     async def __aexit__(self, *exc: Any) -> None:
         await self.aclose()
+
+
+def wire_request(
+    model: str, messages: list[dict[str, Any]], body: dict[str, Any]
+) -> dict[str, Any]:
+    """A chat request in the OpenAI wire format (extra_body's fields at the top level of the
+    JSON): what is POSTed online and what a batch line carries."""
+    request = {"model": model, "messages": messages}
+    request |= {k: v for k, v in body.items() if k != "extra_body"}
+    return request | (body.get("extra_body") or {})
 
 
 def _one_line(exc: BaseException) -> str:

@@ -251,6 +251,16 @@ def test_a_batch_run_goes_in_rounds_and_equals_the_online_run(tmp_path, monkeypa
     events = [json.loads(x) for x in ledger[0].read_text().splitlines()]
     assert [e["event"] for e in events] == ["submitted", "finished", "submitted", "finished"]
     assert sorted(events[0]["custom_ids"] + events[2]["custom_ids"]) == sorted(server.submitted)
+    # report and its page read the ledgers: rounds, batch ids, waits
+    shown = CliRunner().invoke(app, ["report", str(tmp_path / "batch")])
+    assert shown.exit_code == 0, shown.output
+    said = " ".join(shown.output.split())
+    assert "batch jobs: 2 rounds, 2 batches, 12 lines (0 failed and asked again)" in said
+    page = tmp_path / "page.html"
+    html = CliRunner().invoke(app, ["report", str(tmp_path / "batch"), "--html", str(page)])
+    assert html.exit_code == 0, html.output
+    text = page.read_text()
+    assert "<h3>Batch jobs</h3>" in text and "batch-0" in text and "batch-1" in text
 
 
 def test_expired_batches_and_failed_lines_go_into_the_next_round(tmp_path, monkeypatch):

@@ -218,7 +218,9 @@ def test_the_cleanup_ends_only_the_jobs_processes(tmp_path):
 
 # ---- KubeRay ----------------------------------------------------------------------------------
 
-KUBERAY = Path(os.environ.get("GC_KUBERAY_CRDS", "/nonexistent"))
+# KubeRay v1.7.0's published CRDs: ../shared/kuberay-crds beside the checkout (CI has it), or
+# a folder named by GC_KUBERAY_CRDS
+KUBERAY = Path(os.environ.get("GC_KUBERAY_CRDS") or ROOT.parent / "shared" / "kuberay-crds")
 
 
 def checker():
@@ -244,8 +246,9 @@ def test_the_schema_is_made_strict_as_kubectl_validates():
 
 @pytest.mark.skipif(
     not KUBERAY.is_dir(),
-    reason="no KubeRay CRDs here: set GC_KUBERAY_CRDS to a folder of KubeRay's published "
-    "ray.io_*.yaml (ray-operator/config/crd/bases of a release)",
+    reason=f"no KubeRay CRDs at {KUBERAY}: ../shared/kuberay-crds is absent; set "
+    "GC_KUBERAY_CRDS to a folder of KubeRay's published ray.io_*.yaml (a release's "
+    "ray-operator/config/crd/bases)",
 )
 def test_the_rayjob_manifest_is_valid_against_kuberays_schema(tmp_path, capsys):
     check = checker()
@@ -261,3 +264,35 @@ def test_the_rayjob_manifest_is_valid_against_kuberays_schema(tmp_path, capsys):
     lines = capsys.readouterr().out.splitlines()
     assert f"{broken}: document 1: spec: Additional properties are not allowed" in lines[1]
     assert any("'groupName' is a required property" in line for line in lines)
+
+
+def test_the_rayjob_manifest_cleans_up_on_failure_has_a_deadline_and_keeps_drivers_off_the_head():
+    """What a failed run leaves behind and where its work lands, read from the manifest (its
+    schema is checked above): no ``set -e`` before the cleanup, a trap that stops the NLI app
+    and the judge on every exit, a bounded wait for the judge, a deadline, KubeRay's own token
+    authentication, a head that offers no CPU (drivers are placed on workers), and secrets a
+    pod starts without."""
+    import yaml
+
+    text = (ROOT / "scripts/kuberay/groundcover-rayjob.yaml").read_text()
+    job = yaml.safe_load(text)
+    entry = job["spec"]["entrypoint"]
+    assert "set -e" not in entry and "trap cleanup EXIT" in entry
+    assert "--nli-app nli --stop" in entry.split("trap")[0]  # the cleanup stops the NLI app
+    assert "until curl" not in entry and "seq 60" in entry  # the judge's wait ends
+    assert job["spec"]["activeDeadlineSeconds"] > 0
+    cluster = job["spec"]["rayClusterSpec"]
+    assert cluster["authOptions"] == {"mode": "token"}
+    assert cluster["headGroupSpec"]["rayStartParams"]["num-cpus"] == "0"
+    pods = [cluster["headGroupSpec"]["template"]] + [
+        g["template"] for g in cluster["workerGroupSpecs"]
+    ]
+    refs = [
+        env["valueFrom"]["secretKeyRef"]
+        for pod in pods
+        for container in pod["spec"]["containers"]
+        for env in container.get("env", [])
+        if "secretKeyRef" in env.get("valueFrom", {})
+    ]
+    assert refs and all(ref.get("optional") is True for ref in refs)
+    assert "RAY_AUTH_TOKEN" not in text  # KubeRay makes and mounts the token

@@ -100,10 +100,15 @@ def _print(outcome, as_json: bool, out: Console, label: str) -> None:
     judges = panel_agreement(outcome)
     rests_on = manifest_provenance(read_manifest(outcome.dir / MANIFEST))
     overrides = override_summary(outcome.dir, outcome.results)
+    from ...serving.batch import read_ledgers  # aiohttp: not for --help
+
+    bought = read_ledgers(outcome.dir)
     if as_json:  # plain print: rich would wrap long lines inside the JSON
         summary = outcome.summary.to_json() if outcome.summary else None
         payload = {"run": label, "summary": summary, "tables": outcome.tables}
         payload["provenance"] = rests_on
+        if bought:
+            payload["batches"] = bought
         if judges:
             payload["agreement"] = judges
         if overrides:
@@ -115,12 +120,30 @@ def _print(outcome, as_json: bool, out: Console, label: str) -> None:
     if overrides:
         out.print(override_line(overrides), highlight=False)
     print_provenance(rests_on, out)
+    if bought:
+        out.print(batch_line(bought, outcome.summary), highlight=False)
     if outcome.tables is not None:
         outcome.framework.render(outcome.tables, out)
     if judges:
         from .audits.agreement import render
 
         render({"runs": [judges]}, out)
+
+
+def batch_line(bought: dict[str, Any], summary: Any) -> str:
+    """The calls bought as batch jobs, in one line: rounds, batches, lines, failures, the wait
+    and (with prices) the saving."""
+    line = (
+        f"batch jobs: {bought['rounds']} rounds, {bought['batches']} batches, "
+        f"{bought['lines']:,} lines ({bought['failed_lines']:,} failed and asked again), "
+        f"waited {bought['waited_s'] / 60:.1f} min"
+    )
+    if bought["pending"]:
+        line += f"; {bought['pending']} pending (the same command waits for them)"
+    cost = getattr(summary, "cost_recorded", None) or {}
+    if "saving" in cost:
+        line += f"; ${cost['saving']:.4f} saved against online prices"
+    return line
 
 
 def print_provenance(rests_on: dict[str, Any], out: Console) -> None:

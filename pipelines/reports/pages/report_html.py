@@ -102,6 +102,7 @@ def run_view(
         "tables_html": terminal_tables(outcome.framework, outcome.tables),
         "agreement": panel_agreement(outcome),
         "reliability": recorded_audits(path),
+        "batches": _bought(path),
         "path": str(path),
         "manifest": manifest.model_dump(mode="json"),
         "provenance": manifest_provenance(manifest),
@@ -113,6 +114,12 @@ def run_view(
         "items": items,
         "served": served,
     }
+
+
+def _bought(path: Path) -> dict[str, Any] | None:
+    from ....serving.batch import read_ledgers  # aiohttp: imported where a page is made
+
+    return read_ledgers(path)
 
 
 LIGHT_INTERVAL = 200_000  # scores up to which the light page bootstraps its interval
