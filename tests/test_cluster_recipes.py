@@ -96,7 +96,10 @@ def test_the_recipe_runs_resumes_after_scancel_and_cleans_up(slurm, tmp_path):
         assert len(expected) == QUESTIONS
 
         # (1) submitted, cancelled once the drivers have recorded some items
-        pace["seconds"] = 1.5  # 24 items over 2 drivers, 2 at a time each: about 9 s
+        # 24 items over 2 drivers, 2 at a time each: about 24 s, so the cancel (sent after the
+        # first two records) lands mid-run even on a loaded machine (at 1.5 s the run once
+        # finished first)
+        pace["seconds"] = 4.0
         run = tmp_path / "slurm"
         job = submit(run, url)
         wait_for(lambda: len(whole_records(run / "answers")) >= 2, 240, "the job's first records")
