@@ -198,7 +198,9 @@ def write_inputs(tmp_path: Path) -> tuple[Path, Path]:
 
 def write_config(tmp_path: Path, **evaluator: Any) -> Path:
     config = tmp_path / "batch.yaml"
-    fields = {"transport": "batch", "batch_settle": 0.3, "batch_poll": 0.05} | evaluator
+    # a round closes 1 s after its last call: wide enough for a loaded machine to let every item
+    # of a stage ask before its round goes (the tests count rounds)
+    fields = {"transport": "batch", "batch_settle": 1.0, "batch_poll": 0.05} | evaluator
     config.write_text(json.dumps({"evaluator": fields}))  # JSON is YAML
     return config
 
