@@ -156,10 +156,14 @@ def test_the_allocation_read_from_slurms_environment():
     alloc = launch.Allocation(env | {"SLURM_GPUS_ON_NODE": "4", "SLURM_ARRAY_TASK_ID": "3"})
     assert (alloc.nodes, alloc.cpus, alloc.gpus, alloc.array_task) == (["gpu7"], 32, 4, "3")
     ports = alloc.ports()
-    # job 4242: block 42 of 400 ports from 20000; the GCS first, the workers' range last
-    assert ports["port"] == 20000 + 42 * 400 == 36800
-    assert (ports["min-worker-port"], ports["max-worker-port"]) == (36820, 37199)
+    # job 4242: block 4242 % 56 = 42 of the 56 blocks of 400 between 10000 and 32768 (below the
+    # kernel's ephemeral range); the GCS first, the workers' range last
+    assert ports["port"] == 10000 + 42 * 400 == 26800
+    assert (ports["min-worker-port"], ports["max-worker-port"]) == (26820, 27199)
     assert len(set(ports.values())) == len(ports)  # no port twice
+    for job in range(0, 5000, 97):  # every block stays below the ephemeral range
+        block = launch.Allocation(env | {"SLURM_JOB_ID": str(job)}).ports()
+        assert min(block.values()) >= 10000 and max(block.values()) < 32768
     assert launch.Allocation(env | {"CUDA_VISIBLE_DEVICES": "0,1"}).gpus == 2
     # 4 GPUs on each of 2 nodes, 1 for the NLI app: 7 judge replicas of 1 GPU, 3 of 2
     two = launch.Allocation(env | {"SLURM_GPUS_ON_NODE": "4"})
@@ -168,6 +172,21 @@ def test_the_allocation_read_from_slurms_environment():
     assert launch.replicas_for("auto", two, 1, 2) == 3
     with pytest.raises(SystemExit, match="0 GPU"):
         launch.replicas_for("auto", launch.Allocation(env), 0, 1)
+
+
+def test_a_block_with_a_port_in_use_gives_way_to_the_next_one():
+    import socket
+
+    launch = launcher()
+    alloc = launch.Allocation({"SLURM_JOB_ID": "4242", "SLURM_JOB_NODELIST": "gpu7"})
+    first = alloc.ports()
+    with socket.socket() as holder:  # something else holds a worker port of the job's block
+        holder.bind(("127.0.0.1", first["min-worker-port"] + 7))
+        holder.listen()
+        moved = alloc.ports()
+    assert moved["port"] == first["port"] + 400  # the next block
+    assert alloc.ports() == first  # free again: the job's own block
+    assert alloc.ports(base=15000)["port"] == 15000  # GC_RAY_PORT_BASE: no probing
 
 
 def test_a_grid_line_per_array_task(tmp_path):
@@ -195,7 +214,7 @@ def test_the_command_gets_the_cluster_and_one_driver_per_node_and_k(monkeypatch)
     assert command == [
         *["groundcover", "eval", "x", "--ray-address", cluster.address, "--drivers", "6"]
     ]
-    assert cluster.address.endswith(":22800")  # job 7: block 7
+    assert cluster.address.endswith(":12800")  # job 7: block 7 (10000 + 7 x 400)
 
 
 def test_the_cleanup_ends_only_the_jobs_processes(tmp_path):

@@ -67,23 +67,55 @@ class Allocation:
         return self.nodes[0]
 
     def ports(self, base: int | None = None) -> dict[str, int]:
-        """Ray's ports for this job: 400 in a block chosen by the job id (``GC_RAY_PORT_BASE``
-        chooses another block)."""
-        start = base if base is not None else 20000 + (int(self.job) % 100) * 400
-        names = (
-            "port",
-            "dashboard-port",  # the minimal dashboard runs even without --include-dashboard
-            "ray-client-server-port",
-            "node-manager-port",
-            "object-manager-port",
-            "dashboard-agent-grpc-port",
-            "dashboard-agent-listen-port",
-            "runtime-env-agent-port",
-            "metrics-export-port",
+        """Ray's ports for this job: a block of 400 below Linux's ephemeral range (where the
+        kernel hands out ports for outgoing connections), chosen by the job id; a block with a
+        port in use on this node gives way to the next one (``GC_RAY_PORT_BASE`` fixes the
+        block instead)."""
+        if base is not None:
+            return block_ports(base)
+        blocks = (PORT_CEILING - PORT_FLOOR) // PORT_BLOCK
+        first = int(self.job) % blocks
+        for k in range(blocks):
+            found = block_ports(PORT_FLOOR + (first + k) % blocks * PORT_BLOCK)
+            if not any(port_taken(p) for p in range(found["port"], found["max-worker-port"] + 1)):
+                return found
+        raise SystemExit(
+            f"no block of {PORT_BLOCK} free ports between {PORT_FLOOR} and {PORT_CEILING} on "
+            "this node: set GC_RAY_PORT_BASE"
         )
-        found = {name: start + k for k, name in enumerate(names)}
-        found["judge-port"] = start + 19  # the judge's Serve proxy (``--judge``)
-        return found | {"min-worker-port": start + 20, "max-worker-port": start + 399}
+
+
+PORT_FLOOR, PORT_CEILING = 10000, 32768  # Linux's ephemeral range starts at 32768
+PORT_BLOCK = 400
+
+
+def port_taken(port: int) -> bool:
+    """Whether something on this node holds ``port`` (a bind on every address fails)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        try:
+            probe.bind(("", port))
+        except OSError:
+            return True
+    return False
+
+
+def block_ports(start: int) -> dict[str, int]:
+    """The ports of the block that starts at ``start``: Ray's own, the judge's proxy, and the
+    workers' range (the rest of the block)."""
+    names = (
+        "port",
+        "dashboard-port",  # the minimal dashboard runs even without --include-dashboard
+        "ray-client-server-port",
+        "node-manager-port",
+        "object-manager-port",
+        "dashboard-agent-grpc-port",
+        "dashboard-agent-listen-port",
+        "runtime-env-agent-port",
+        "metrics-export-port",
+    )
+    found = {name: start + k for k, name in enumerate(names)}
+    found["judge-port"] = start + 19  # the judge's Serve proxy (``--judge``)
+    return found | {"min-worker-port": start + 20, "max-worker-port": start + PORT_BLOCK - 1}
 
 
 def expand_nodes(nodelist: str) -> list[str]:
