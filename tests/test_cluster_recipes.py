@@ -112,15 +112,21 @@ def test_the_recipe_runs_resumes_after_scancel_and_cleans_up(slurm, tmp_path):
         partial = whole_records(run / "answers")
         assert 2 <= len(partial) < QUESTIONS and len(set(partial)) == len(partial)
 
-        # (2) the same script again: the run continues, each item recorded once
+        # (2) the same script again: the run continues, each item recorded once; the site's
+        # environment file (GC_SETUP) is sourced first
         pace["seconds"] = 0.0
+        setup = tmp_path / "site.sh"
+        setup.write_text('echo "site environment: $SLURM_JOB_ID"\nexport GC_SITE_MARK=1\n')
+        env["GC_SETUP"] = str(setup)
         again = submit(run, url)
+        del env["GC_SETUP"]
         assert slurm.wait(again, 240) == "COMPLETED", (tmp_path / f"slurm-{again}.out").read_text()
         assert records_of(run / "answers") == expected
         assert sorted(whole_records(run / "answers")) == sorted(r[0] for r in expected)
         assert not ray_processes(again)
         log = (tmp_path / f"slurm-{again}.out").read_text()
         assert "--drivers 2" in log and "the command ended with exit code 0" in log
+        assert f"site environment: {again}" in log
 
         # (3) a grid of two runs as one job array: line k of the grid file for task k, each
         # task its own Ray on its own ports
