@@ -289,11 +289,7 @@ class Batcher:
             return
         submitted: dict[str, dict[str, Any]] = {}
         finished: set[str] = set()
-        for line in self.ledger.read_text(encoding="utf-8").splitlines():
-            try:
-                event = json.loads(line)
-            except json.JSONDecodeError:  # a torn last line (killed mid-append): never acted on
-                continue
+        for event in ledger_events(self.ledger):
             if event.get("event") == "submitted":
                 submitted[event["batch"]] = event
                 self.files[event["batch"]] = event["file"]
@@ -539,6 +535,15 @@ def _file_safe(name: str) -> str:
     return "".join(c if c.isalnum() or c in "-_." else "_" for c in name)[:120]
 
 
+def ledger_events(ledger: Path) -> list[dict[str, Any]]:
+    """A ledger's events in order; a torn last line (a kill mid-append) is never acted on."""
+    events = []
+    for line in ledger.read_text(encoding="utf-8").splitlines():
+        with contextlib.suppress(json.JSONDecodeError):
+            events.append(json.loads(line))
+    return events
+
+
 def read_ledgers(run_dir: Path) -> dict[str, Any] | None:
     """Every batch a run bought, from its ledgers (all invocations; None: none): per client
     folder, each batch's round, lines, status, failed lines and wait, and the totals
@@ -549,11 +554,7 @@ def read_ledgers(run_dir: Path) -> dict[str, Any] | None:
     clients: dict[str, list[dict[str, Any]]] = {}
     for ledger in folders:
         batches: dict[str, dict[str, Any]] = {}
-        for line in ledger.read_text(encoding="utf-8").splitlines():
-            try:
-                event = json.loads(line)
-            except json.JSONDecodeError:  # a torn last line
-                continue
+        for event in ledger_events(ledger):
             if event.get("event") == "submitted":
                 batches[event["batch"]] = {
                     "batch": event["batch"],

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import threading
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -33,6 +32,7 @@ from ....serving.launch.server import (
 )
 from ....serving.reasoning import Reasoning
 from ..contract.config import EvaluatorConfig, UserError
+from ..store.run_dir import fingerprint
 from .model_content import keyed_before, revisions
 
 
@@ -281,6 +281,8 @@ async def open_evaluator(
     try:
         async with contextlib.AsyncExitStack() as stack:
             base_url, adapter_prefix, gone, replicas = cfg.endpoint, cfg.adapter_prefix, None, None
+            if cfg.transport == "batch" and cfg.endpoint is None:  # converted once, off the loop
+                await asyncio.to_thread(model_source, resolve(cfg.model))
             batcher = batcher_of(cfg, run_dir)
             if batcher is not None and base_url is None:  # vllm run-batch: no server
                 client = EvalClient(
@@ -336,7 +338,6 @@ def batcher_of(cfg: EvaluatorConfig, run_dir: Path) -> Batcher | None:
         spec = ServerSpec(
             model=cfg.model, loras=loras, max_model_len=cfg.max_model_len, revision=pinned(cfg)
         )
-        model_source(spec.preset)  # converts the embedded model, once
         device = engine_device()
         executor = LocalRunBatch(
             lambda source, output: run_batch_command(spec, device, source, output),
@@ -355,8 +356,10 @@ def batcher_of(cfg: EvaluatorConfig, run_dir: Path) -> Batcher | None:
 def batch_folder_key(cfg: EvaluatorConfig) -> str:
     """A short digest of what makes a client's requests (two roles on one model and settings
     share a client, so its ledger; a self-consistency member has its own)."""
-    dumped = cfg.model_dump_json(exclude={"content", "batch_size", "batch_settle", "batch_poll"})
-    return hashlib.sha256(dumped.encode()).hexdigest()[:10]
+    asked = cfg.model_dump(
+        mode="json", exclude={"content", "batch_size", "batch_settle", "batch_poll"}
+    )
+    return fingerprint(asked)[:10]
 
 
 def remember_models(cache: ResponseCache, cfg: EvaluatorConfig) -> None:
