@@ -1,19 +1,27 @@
-"""The cluster recipes. The Slurm recipe (scripts/slurm/) on a real Slurm: Debian's slurmctld,
-slurmd and munge started here as root with a minimal slurm.conf (tests/support/slurm.py), and
-``groundcover.sbatch`` submitted with sbatch. The run is FanOutQA judged through a loopback
-judge that answers from the prompt alone (as in tests/test_drivers.py), so the records of the
-job's two drivers equal a local run's. An ``scancel`` mid-run stops the command, the drivers and
-Ray; the same script submitted again ends with every item recorded once. A grid of two runs is
-one job array. Skipped, with the reason, where Slurm cannot be started (not root, no apt). The
-launcher's own rules (ports, GPUs, the grid, what it adds to the command, which processes it
-ends) are checked without Slurm; the KubeRay manifest against KubeRay's published schema where
-its CRDs are at hand (``GC_KUBERAY_CRDS``: a folder of them)."""
+"""The cluster recipes. The Slurm recipe (scripts/slurm/) on a real two-node Slurm: Debian's
+slurmctld, slurmd and munge started here as root with a minimal slurm.conf, each node a network
+namespace of its own joined to the other by a veth pair (tests/support/slurm.py), and
+``groundcover.sbatch`` submitted with sbatch. Slurm starts once for the module.
+
+The cheap part runs FanOutQA judged through a loopback judge on the first node's address that
+answers from the prompt alone (as in tests/test_drivers.py), so the records of the job's two
+drivers, one per node, equal a local run's: an ``scancel`` mid-run leaves no process of the job
+on either node (told by ``SLURM_JOB_ID`` in each process's environment, not by the rule the
+cleanup uses); the time limit's warning (SIGUSR1 to the batch step, as Slurm sends it) requeues
+the job, which ends with every item recorded once; a grid of two runs is one job array whose
+tasks run side by side. The served part runs the judge (the tiny model on vLLM's CPU engine,
+Ray Serve LLM) beside the NLI app on the two nodes. Skipped, with the reason, where Slurm cannot
+be started (not root, no apt). The launcher's own rules (ports, GPUs, the grid, what it adds to
+the command) are checked without Slurm; the KubeRay manifest against KubeRay's published
+schema where its CRDs are at hand."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -32,29 +40,37 @@ def slurm():
     failed = install()  # here, not at collection: one worker installs, once
     if failed is not None:
         pytest.skip(f"no Slurm here: {failed}")
-    with slurm_cluster(cpus=2) as cluster:
+    with slurm_cluster(cpus=2, nodes=2) as cluster:
         yield cluster
 
 
-def ray_processes(job: str) -> list[int]:
-    """Processes of the job's Ray: naming its temp dir (which names the job), or with a file
-    in it open (a worker's log: a driver actor's command line is ``ray::ShardDriver``)."""
-    import psutil
-
-    mark = f"/tmp/gc-ray-{job}"
-    found = []
-    for process in psutil.process_iter(["cmdline"]):
-        try:
-            named = any(mark in part for part in process.info["cmdline"] or [])
-            if named or any(f.path.startswith(mark + "/") for f in process.open_files()):
-                found.append(process.pid)
-        except psutil.Error:
+def job_processes(slurm, job: str) -> dict[int, list[int]]:
+    """The job's processes on each node: those with ``SLURM_JOB_ID=job`` in their environment
+    (Slurm puts it in every step's; Ray's processes inherit it from ``ray start``), by the
+    node's network namespace."""
+    mark = f"SLURM_JOB_ID={job}".encode()
+    found: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
             continue
+        try:
+            environ = Path(f"/proc/{entry}/environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        node = slurm.network.namespace_of(int(entry))
+        if mark in environ and node is not None:
+            found.setdefault(node, []).append(int(entry))
     return found
 
 
+def recipe_env() -> dict[str, str]:
+    env = dict(os.environ, PYTHONPATH=str(ROOT), GC_CHECKOUT=str(ROOT))
+    env["GC_PYTHON"] = sys.executable
+    return env
+
+
 @needs_slurm
-def test_the_recipe_runs_resumes_after_scancel_and_cleans_up(slurm, tmp_path):
+def test_two_nodes_cancelled_requeued_at_the_time_limit_and_an_array_side_by_side(slurm, tmp_path):
     from groundcover.pipelines.fanoutqa.framework import PROMPTS
     from tests.support.loopback import StageByPrompt, loopback_judge
     from tests.support.records import whole_records
@@ -65,8 +81,9 @@ def test_the_recipe_runs_resumes_after_scancel_and_cleans_up(slurm, tmp_path):
         {"judge": lambda p: f"Compared.\n{judge_letter(p)}"}, check_constraints=False
     )
     pace = {"seconds": 0.0}
-    env = dict(os.environ, PYTHONPATH=str(ROOT), GC_CHECKOUT=str(ROOT))
-    env["GC_PYTHON"] = sys.executable
+    env = recipe_env()
+    network = slurm.network
+    head, worker = network.addresses
 
     def command(run: Path | None, url: str) -> list[str]:
         return [
@@ -76,66 +93,176 @@ def test_the_recipe_runs_resumes_after_scancel_and_cleans_up(slurm, tmp_path):
             *(["--run-dir", str(run)] if run else []),
         ]
 
-    def submit(
-        run: Path | None, url: str, *sbatch: str, grid: Path | None = None, drivers: int = 2
-    ) -> str:
-        """The recipe, its resources set for this one-node, two-CPU Slurm (a driver takes a
-        CPU of the node's Ray)."""
-        options = [f"--cpus-per-task={drivers}", "--nodes=1", f"--output={tmp_path}/slurm-%j.out"]
-        launch = ["--drivers-per-node", str(drivers), "--", *command(run, url)]
+    def submit(run: Path | None, url: str, *sbatch: str, grid: Path | None = None) -> str:
+        """The recipe on both nodes, two CPUs each, a driver on each (a driver takes a CPU of
+        its node's Ray)."""
+        options = ["--cpus-per-task=2", "--nodes=2", f"--output={tmp_path}/slurm-%j.out"]
+        launch = ["--drivers-per-node", "1", "--", *command(run, url)]
         where = env | ({"GC_GRID": str(grid)} if grid else {})
         return slurm.submit([*options, *sbatch], RECIPE, launch, where)
 
+    def log_of(job: str) -> str:
+        return (tmp_path / f"slurm-{job}.out").read_text()
+
+    listen = network.listen(0)  # the judge on the first node's address: both nodes reach it
     with loopback_judge(
-        judge, "reasoning", StageByPrompt(PROMPTS, {"judge": "judge"}), lambda: pace["seconds"]
+        judge,
+        "reasoning",
+        StageByPrompt(PROMPTS, {"judge": "judge"}),
+        lambda: pace["seconds"],
+        listen=listen,
     ) as url:
+        assert url.startswith(f"http://{head}:")
         local = tmp_path / "local"
-        done = subprocess.run(command(local, url), capture_output=True, text=True, env=env)
+        here = [*network.enter(0), *command(local, url)]
+        done = subprocess.run(here, capture_output=True, text=True, env=env)
         assert done.returncode == 0, done.stderr[-3000:]
         expected = records_of(local / "answers")
         assert len(expected) == QUESTIONS
 
-        # (1) submitted, cancelled once the drivers have recorded some items
-        # 24 items over 2 drivers, 2 at a time each: about 24 s, so the cancel (sent after the
-        # first two records) lands mid-run even on a loaded machine (at 1.5 s the run once
-        # finished first)
+        # (1) across both nodes, cancelled once the drivers have recorded some items
+        # 24 items over 2 drivers, 2 at a time each, 4 s an answer: about 24 s, so the cancel
+        # (sent after the first two records) lands mid-run even on a loaded machine
         pace["seconds"] = 4.0
         run = tmp_path / "slurm"
         job = submit(run, url)
         wait_for(lambda: len(whole_records(run / "answers")) >= 2, 240, "the job's first records")
+        assert set(job_processes(slurm, job)) == {0, 1}  # the job runs on both nodes
         slurm.cancel(job)
         assert slurm.wait(job, 120) == "CANCELLED"
-        log = tmp_path / f"slurm-{job}.out"  # the job ends after Slurm says CANCELLED
-        wait_for(lambda: "Ray stopped on every node" in log.read_text(), 60, "the cleanup")
-        assert "SIGTERM: stopping the command" in log.read_text()
-        wait_for(lambda: not ray_processes(job), 60, "the job's Ray to stop")
+        wait_for(lambda: not job_processes(slurm, job), 90, "no process of the job on a node")
+        log = log_of(job)
+        # the head's address is the first node's veth (hostname --ip-address there), each node
+        # joins from its own address, and both joined
+        assert f"Ray cluster at {head}:" in log and "2 node(s) joined" in log, log
+        assert f"node n1: head at {head}, 2 CPUs" in log and f"node n2: worker at {worker}" in log
+        assert "--drivers 2" in log
         partial = whole_records(run / "answers")
         assert 2 <= len(partial) < QUESTIONS and len(set(partial)) == len(partial)
 
-        # (2) the same script again: the run continues, each item recorded once; the site's
-        # environment file (GC_SETUP) is sourced first
-        pace["seconds"] = 0.0
+        # (2) the same script again, the site's environment file (GC_SETUP) sourced first; the
+        # time limit's warning (SIGUSR1 to the batch step, what --signal=B:USR1@300 sends)
+        # mid-run: the command records what it has, Ray stops, the job is requeued, and it
+        # continues where it stopped (Slurm holds a requeued job for two minutes: released here)
         setup = tmp_path / "site.sh"
         setup.write_text('echo "site environment: $SLURM_JOB_ID"\nexport GC_SITE_MARK=1\n')
         env["GC_SETUP"] = str(setup)
         again = submit(run, url)
         del env["GC_SETUP"]
-        assert slurm.wait(again, 240) == "COMPLETED", (tmp_path / f"slurm-{again}.out").read_text()
+        wait_for(
+            lambda: len(whole_records(run / "answers")) >= len(partial) + 2, 240, "more records"
+        )
+        slurm.cancel(again, "--batch", "--signal=USR1")
+        wait_for(lambda: slurm.field(again, "Restarts") == "1", 120, "the job requeued")
+        assert "requeueing job" in log_of(again)
+        wait_for(lambda: not job_processes(slurm, again), 90, "the first run's processes gone")
+        pace["seconds"] = 0.0
+        assert slurm.run("scontrol", "update", f"JobId={again}", "StartTime=now").returncode == 0
+        assert slurm.wait(again, 300) == "COMPLETED", log_of(again)
         assert records_of(run / "answers") == expected
         assert sorted(whole_records(run / "answers")) == sorted(r[0] for r in expected)
-        assert not ray_processes(again)
-        log = (tmp_path / f"slurm-{again}.out").read_text()
-        assert "--drivers 2" in log and "the command ended with exit code 0" in log
-        assert f"site environment: {again}" in log
+        log = log_of(again)
+        assert "SIGUSR1: stopping the command" in log
+        assert "the command ended with exit code 0" in log
+        assert log.count(f"site environment: {again}") == 2  # sourced by each start
+        assert not job_processes(slurm, again)
 
         # (3) a grid of two runs as one job array: line k of the grid file for task k, each
-        # task its own Ray on its own ports
+        # task one node, its own Ray on its own ports, its log named by %A_%a
         grid = tmp_path / "grid.txt"
         grid.write_text(f"# one run per line\n--run-dir {tmp_path}/g0\n--run-dir {tmp_path}/g1\n")
-        array = submit(None, url, "--array=0-1", grid=grid, drivers=1)  # side by side
-        for task in ("0", "1"):
-            assert slurm.wait(f"{array}_{task}", 240) == "COMPLETED"
-            assert records_of(tmp_path / f"g{task}" / "answers") == expected
+        pace["seconds"] = 1.0
+        array = submit(
+            None,
+            url,
+            "--array=0-1",
+            "--nodes=1",
+            f"--output={tmp_path}/array-%A_%a.out",
+            grid=grid,
+        )
+        tasks = [f"{array}_{k}" for k in (0, 1)]
+        wait_for(
+            lambda: [slurm.state(t) for t in tasks] == ["RUNNING", "RUNNING"],
+            240,
+            "both array tasks running at once",
+        )
+        for k, task in enumerate(tasks):
+            assert slurm.wait(task, 300) == "COMPLETED"
+            assert records_of(tmp_path / f"g{k}" / "answers") == expected
+            assert (
+                "the command ended with exit code 0"
+                in (tmp_path / f"array-{array}_{k}.out").read_text()
+            )
+        assert {slurm.field(t, "NodeList") for t in tasks} == {"n1", "n2"}
+
+
+@needs_slurm
+@pytest.mark.engine
+def test_the_judge_beside_the_nli_app_on_two_nodes_equals_a_local_run(
+    slurm, tmp_path, tiny_model, vllm_server
+):
+    """``--judge`` (the tiny model on vLLM's CPU engine, one Ray Serve LLM replica) and
+    ``--nli`` (the tiny cross-encoder, a Serve app) on one Serve instance over both nodes, two
+    drivers asking the judge through the head's proxy: comprehensiveness by the NLI method
+    equals the same run here against the plain vLLM server and the local NLI scorer."""
+    from tests.support.tiny import build_tiny_classifier
+
+    nli = build_tiny_classifier(tmp_path / "nli")
+    items = tmp_path / "items.jsonl"
+    contexts = [
+        "The Eiffel Tower is 330 metres tall including its antennas.",
+        "Without its antennas, the Eiffel Tower measures 300 metres.",
+    ]
+    rows = [
+        {
+            "id": f"t{k}",
+            "query": "How tall is the Eiffel Tower?",
+            "contexts": contexts,
+            "response": f"The Eiffel Tower in Paris is {300 + 10 * k} metres tall.",
+        }
+        for k in range(2, 6)  # t2, t3 hash to driver 0, t4, t5 to driver 1
+    ]
+    items.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    config = tmp_path / "comp.yaml"
+    config.write_text(
+        "comprehensiveness:\n  method: nli\n  nli_backend: cross-encoder\n"
+        f"  nli_model: {nli}\n  t_rel: 1.0\n  list_max_items: 3\n  line_max_chars: 30\n"
+        "  list_max_tokens: 600\n"
+    )
+    base = [
+        *[sys.executable, "-m", "groundcover", "eval", "comprehensiveness", str(items)],
+        *["--config", str(config), "--concurrency", "1", "--no-cache", "--quiet"],
+    ]
+    # a node here has 2 CPUs (bound: task/affinity), and the judge takes 3 of the 4 (its replica's
+    # placement group 2, Serve LLM's ingress 1) and the NLI app 1: the drivers, which wait on
+    # them, are placed without a CPU of their own
+    drivers = ["--driver-resources", '{"CPU": 0}']
+    env = recipe_env()
+    local = tmp_path / "local"
+    here = [*base, "--endpoint", vllm_server.base_url, "--model", vllm_server.served_name]
+    done = subprocess.run([*here, "--run-dir", str(local)], capture_output=True, text=True, env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+
+    run = tmp_path / "slurm"
+    options = ["--cpus-per-task=2", "--nodes=2", f"--output={tmp_path}/slurm-%j.out"]
+    launch = [
+        *["--judge", str(tiny_model), "--replicas", "1", "--nli", str(nli), "--nli-replicas", "1"],
+        *["--drivers-per-node", "1", "--", *base, *drivers, "--run-dir", str(run)],
+    ]
+    began = time.monotonic()
+    job = slurm.submit(options, RECIPE, launch, env)
+    state = slurm.wait(job, 900)
+    log = (tmp_path / f"slurm-{job}.out").read_text()
+    assert state == "COMPLETED", log[-5000:]
+    head = slurm.network.addresses[0]
+    assert f"replica(s) of tiny-llama at http://{head}:" in log
+    assert "--nli-app groundcover-nli" in log and "--model tiny-llama" in log
+    assert "--api-key-env GROUNDCOVER_SERVE_API_KEY" in log and "--drivers 2" in log
+    assert records_of(run) == records_of(local), log[-3000:]
+    for driver in ("d0", "d1"):  # each driver solved its shard
+        assert len((run / f"results.{driver}.jsonl").read_text().splitlines()) == 2
+    assert not job_processes(slurm, job)
+    print(f"the served two-node job took {time.monotonic() - began:.0f} s")
 
 
 # ---- the launcher's rules, without Slurm -------------------------------------------------------
@@ -178,6 +305,51 @@ def test_the_allocation_read_from_slurms_environment():
     assert launch.replicas_for("auto", two, 1, 2) == 3
     with pytest.raises(SystemExit, match="0 GPU"):
         launch.replicas_for("auto", launch.Allocation(env), 0, 1)
+
+
+def test_each_step_asks_for_the_jobs_cpus_and_gpus_per_node():
+    """Since Slurm 22.05 a step does not inherit --cpus-per-task: each node's step asks for
+    the job's (or, without it, the fewest CPUs the job has on a node), and GPUs by node."""
+    launch = launcher()
+    env = {"SLURM_JOB_ID": "9", "SLURM_JOB_NODELIST": "gpu7", "SLURM_CPUS_ON_NODE": "32"}
+    assert launch.Allocation(env | {"SLURM_CPUS_PER_TASK": "16"}).step_cpus == 16
+    assert launch.Allocation(env | {"SLURM_JOB_CPUS_PER_NODE": "16(x2),8"}).step_cpus == 8
+    assert launch.fewest_cpus({"SLURM_JOB_CPUS_PER_NODE": "24"}) == 24
+    alloc = launch.Allocation(env | {"SLURM_GPUS_PER_NODE": "4", "SLURM_CPUS_PER_TASK": "16"})
+    step = launch.srun_step(["a", "b"], alloc.step_cpus, alloc.step_gpus)
+    assert "--cpus-per-task=16" in step and "--gpus-per-node=4" in step
+    assert "--ntasks=2" in step and "--nodelist=a,b" in step and "--overlap" in step
+    array = launch.Allocation(
+        env | {"SLURM_ARRAY_JOB_ID": "8", "SLURM_ARRAY_TASK_ID": "1", "SLURM_JOB_ID": "9"}
+    )
+    assert array.requeue_id == "8_1"  # scontrol requeue names an array task this way
+
+
+def test_the_head_address_is_never_loopback_on_several_nodes(monkeypatch):
+    """This machine's name resolves to 127.0.0.1 (as a 127.0.1.1 hosts entry would): fine for
+    one node, refused with the fix for two; GC_HEAD_ADDRESS overrides it. A node's own address
+    is the one it reaches the head from."""
+    launch = launcher()
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+    one = launch.Allocation({"SLURM_JOB_ID": "3", "SLURM_JOB_NODELIST": "localhost"})
+    assert launch.head_address(one, {}) == "127.0.0.1"
+    two = launch.Allocation({"SLURM_JOB_ID": "3", "SLURM_JOB_NODELIST": "localhost"})
+    two.nodes = ["localhost", "other"]
+    with pytest.raises(SystemExit, match="set GC_HEAD_ADDRESS"):
+        launch.head_address(two, {})
+    assert launch.head_address(two, {"GC_HEAD_ADDRESS": "10.1.2.3"}) == "10.1.2.3"
+    assert launch.route_source("127.0.0.1", 9) == "127.0.0.1"
+
+
+def test_the_launchers_key_names_are_the_serve_apps():
+    from groundcover.serving.cluster import serve_app
+
+    launch = launcher()
+    assert (launch.KEY_ENV, launch.CALLBACK_ENV, launch.CALLBACK) == (
+        serve_app.KEY_ENV,
+        serve_app.CALLBACK_ENV,
+        serve_app.CALLBACK,
+    )
 
 
 def test_a_block_with_a_port_in_use_gives_way_to_the_next_one():
@@ -308,6 +480,11 @@ def test_the_rayjob_manifest_cleans_up_on_failure_has_a_deadline_and_keeps_drive
     assert "set -e" not in entry and "trap cleanup EXIT" in entry
     assert "--nli-app nli --stop" in entry.split("trap")[0]  # the cleanup stops the NLI app
     assert "until curl" not in entry and "seq 60" in entry  # the judge's wait ends
+    # Serve starts with its proxy before the NLI app (whose start has none) and the judge; the
+    # drivers ask the head's proxy with the key every pod's proxy checks
+    start, nli, judge = (entry.index(s) for s in ("serve start", "--nli Mor", "--replicas 3"))
+    assert start < nli < judge and "--proxy-location EveryNode" in entry
+    assert entry.count("--api-key-env GROUNDCOVER_SERVE_API_KEY") == 2
     assert job["spec"]["activeDeadlineSeconds"] > 0
     cluster = job["spec"]["rayClusterSpec"]
     assert cluster["authOptions"] == {"mode": "token"}
@@ -324,3 +501,5 @@ def test_the_rayjob_manifest_cleans_up_on_failure_has_a_deadline_and_keeps_drive
     ]
     assert refs and all(ref.get("optional") is True for ref in refs)
     assert "RAY_AUTH_TOKEN" not in text  # KubeRay makes and mounts the token
+    names = {env["name"] for env in pods[0]["spec"]["containers"][0]["env"]}
+    assert {"GROUNDCOVER_SERVE_API_KEY", "RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH"} <= names

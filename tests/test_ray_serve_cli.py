@@ -221,3 +221,40 @@ def test_a_cluster_whose_proxy_does_not_ask_for_the_key_is_not_served(tiny_model
         assert "ray-join" in kinds and "serve-llm" not in kinds, kinds
         with pytest.raises(httpx.HTTPError):  # the app is gone (Serve stays for others' apps)
             httpx.get(f"http://127.0.0.1:{port}/v1/models", timeout=10).raise_for_status()
+
+
+def test_a_judge_after_a_serve_started_without_a_proxy_stops_at_once(tiny_model, tmp_path):
+    """Serve's proxy is set by whoever starts Serve: after an NLI app's start (no proxy), a
+    judge's ``serve.start(http_options=...)`` joins Serve as it is and its proxy never comes.
+    `serve MODEL --replicas` says so at once, with the fix (the order the Slurm and KubeRay
+    recipes use: tests/test_cluster_recipes.py), instead of waiting out its start."""
+    require_engine()
+    pytest.importorskip("ray.serve.llm", reason="needs ray[serve] (the engine extra)")
+    from groundcover.serving.launch.server import free_port
+    from tests.support.ray_head import ray_head
+
+    port = free_port()
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    serve_bin = str(Path(sys.executable).parent / "serve")
+    with ray_head(num_cpus=8) as head:
+        address = f"127.0.0.1:{head.port}"
+        started = subprocess.run(
+            [serve_bin, "start", f"--address={address}", "--proxy-location=Disabled"],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert started.returncode == 0, started.stderr[-3000:]
+        command = [
+            *[sys.executable, "-m", "groundcover", "serve", str(tiny_model), "--replicas", "1"],
+            *["--ray-address", address, "--port", str(port), "--run-dir", str(tmp_path)],
+            *["--timeout", "600"],
+        ]
+        began = time.monotonic()
+        done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=900)
+        errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
+        assert done.returncode != 0 and len(errors) == 1, done.stderr[-3000:]
+        assert "HTTP proxy" in errors[0] and "Disabled" in errors[0], errors
+        assert f"--http-port {port} --proxy-location EveryNode" in errors[0], errors
+        assert time.monotonic() - began < 300  # not the start's timeout

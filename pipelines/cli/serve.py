@@ -37,6 +37,10 @@ def serve(
         str | None, typer.Option(help="variable holding the API key (needed off loopback)")
     ] = None,
     replicas: Annotated[int, typer.Option(help="replicas behind one URL (Ray Serve LLM)")] = 1,
+    tensor_parallel_size: Annotated[
+        int | None,
+        typer.Option(help="GPUs per replica (vLLM's tensor parallelism); default: the preset's"),
+    ] = None,
     ray_address: Annotated[
         str | None, typer.Option(help="Ray cluster for the replicas (default: local)")
     ] = None,
@@ -94,6 +98,7 @@ def serve(
         max_model_len=max_model_len,
         extra_args=list(engine_arg or []),
         api_key=api_key_from(api_key_env),
+        tensor_parallel_size=tensor_parallel_size,
     )
     try:
         spec.check_exposure()

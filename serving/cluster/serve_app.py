@@ -98,8 +98,8 @@ def llm_config(spec: ServerSpec, replicas: int, device: str) -> Any:
         }
         bundles = [{"CPU": 1}]
     else:
-        engine["tensor_parallel_size"] = preset.tensor_parallel_size
-        bundles = [{"GPU": 1, "CPU": 1}] * preset.tensor_parallel_size
+        engine["tensor_parallel_size"] = spec.gpus_per_replica
+        bundles = [{"GPU": 1, "CPU": 1}] * spec.gpus_per_replica
     if preset.reasoning_parser:  # the answer in content, the reasoning apart (as vllm serve)
         engine["reasoning_parser"] = preset.reasoning_parser
     if spec.revision:  # the hub commit the run's identity records
@@ -163,6 +163,7 @@ def _host(
         # controller + proxy + router + replicas each hold a logical CPU of a local Ray
         connect(address, num_cpus=max(8, 2 * replicas + 4))
         serve.start(http_options={"host": spec.host, "port": port})
+        _check_proxy_settings(ray, serve, spec.host, port)
         if spec.api_key:  # before the model is deployed: it is never served without its key
             _proxy_up(base_url, timeout)
             _check_key_asked(base_url)
@@ -185,6 +186,25 @@ def _host(
         if request.get("served"):
             channel.say({"served": _served(serve)})
     _take_down(serve, ray, address)
+
+
+def _check_proxy_settings(ray: Any, serve: Any, host: str, port: int) -> None:
+    """Serve's HTTP proxy is set once, by whoever starts Serve on the cluster; a later
+    ``serve.start`` joins it as it is. An instance started without a proxy (the NLI app's
+    handles-only start) or on another port would leave the judge's wait to time out: said at
+    once, with the fix."""
+    from ray.serve.context import _get_global_client
+
+    controller = _get_global_client()._controller
+    location = str(ray.get(controller.get_proxy_location.remote()))
+    config = ray.get(controller.get_http_config.remote())
+    if "Disabled" in location or config.port != port or config.host != host:
+        raise ServerStartError(
+            f"Ray Serve already runs on this cluster with its HTTP proxy {location} at "
+            f"{config.host}:{config.port}, not {host}:{port} (an NLI app deployed first starts "
+            f"Serve without one): start Serve first with `serve start --http-host {host} "
+            f"--http-port {port} --proxy-location EveryNode`, then the NLI app and the judge"
+        )
 
 
 def _served(serve: Any) -> list[dict[str, Any]]:

@@ -137,6 +137,11 @@ class ServerSpec:
     env: dict[str, str] = field(default_factory=dict)
     device: str = "auto"
     api_key: str | None = None  # required off loopback; handed to vLLM in its environment
+    tensor_parallel_size: int | None = None  # GPUs per replica; None: the preset's
+
+    @property
+    def gpus_per_replica(self) -> int:
+        return self.tensor_parallel_size or self.preset.tensor_parallel_size
 
     def check_exposure(self) -> None:
         """A server reachable from other hosts must ask for a key (vLLM's --api-key)."""
@@ -330,7 +335,7 @@ def engine_args(spec: ServerSpec, device: str) -> list[str]:
             json.dumps({"backend": "xgrammar", "disable_any_whitespace": True}),
         ]
     else:
-        args += ["--tensor-parallel-size", str(preset.tensor_parallel_size)]
+        args += ["--tensor-parallel-size", str(spec.gpus_per_replica)]
     if preset.reasoning_parser:  # the answer in content, the reasoning apart
         args += ["--reasoning-parser", preset.reasoning_parser]
     if spec.loras:

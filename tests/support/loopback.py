@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import copy
+import socket
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -110,10 +111,12 @@ def loopback_judge(
     parser: Parser,
     stage_of: StageByPrompt | None = None,
     delay: Callable[[], float] | None = None,
+    listen: socket.socket | None = None,
 ) -> Iterator[str]:
-    """Serves ``scripted`` on 127.0.0.1 (a free port), from a thread with its own event loop
-    (a run under test has its own), for the block; yields the base URL. A request without its
-    stage in ``user`` gets ``stage_of(messages)``; each answer waits ``delay()`` seconds."""
+    """Serves ``scripted`` on 127.0.0.1 (a free port; or on ``listen``, a bound socket), from a
+    thread with its own event loop (a run under test has its own), for the block; yields the
+    base URL. A request without its stage in ``user`` gets ``stage_of(messages)``; each answer
+    waits ``delay()`` seconds."""
 
     async def complete(request: web.Request) -> web.Response:
         body = await request.json()
@@ -131,24 +134,27 @@ def loopback_judge(
 
     app = web.Application()
     app.router.add_post("/v1/chat/completions", complete)
-    with serve_app(app) as url:
+    with serve_app(app, listen) as url:
         yield url
 
 
 @contextlib.contextmanager
-def serve_app(app: web.Application) -> Iterator[str]:
-    """``app`` on 127.0.0.1 (a free port), from a thread with its own event loop, for the block;
+def serve_app(app: web.Application, listen: socket.socket | None = None) -> Iterator[str]:
+    """``app`` on 127.0.0.1 (a free port; or on ``listen``, a bound socket: an address in a
+    network namespace of a test's own), from a thread with its own event loop, for the block;
     yields the base URL (``.../v1``)."""
     loop = asyncio.new_event_loop()
     runner = web.AppRunner(app)
     loop.run_until_complete(runner.setup())
-    site = web.TCPSite(runner, "127.0.0.1", 0)
+    site: web.BaseSite = (
+        web.TCPSite(runner, "127.0.0.1", 0) if listen is None else web.SockSite(runner, listen)
+    )
     loop.run_until_complete(site.start())
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    host, port = site._server.sockets[0].getsockname()[:2]  # type: ignore[union-attr]
     thread = threading.Thread(target=loop.run_forever, daemon=True)
     thread.start()
     try:
-        yield f"http://127.0.0.1:{port}/v1"
+        yield f"http://{host}:{port}/v1"
     finally:
         asyncio.run_coroutine_threadsafe(runner.cleanup(), loop).result(10)
         loop.call_soon_threadsafe(loop.stop)

@@ -1,6 +1,14 @@
-"""A real single-node Slurm for the recipe's test: Debian's slurmctld, slurmd and munge, a
-minimal slurm.conf of our own in a temporary folder, started as root (``slurm_cluster``), and
-the calls a test makes (submit, wait, cancel)."""
+"""A real Slurm for the recipe's test: Debian's slurmctld, slurmd and munge, a minimal
+slurm.conf of our own in a temporary folder, started as root (``slurm_cluster``), and the calls
+a test makes (submit, wait, cancel).
+
+With ``nodes=2`` the two nodes are two network namespaces made here (``Network``), joined by a
+veth pair with an address on each end and none elsewhere, so nothing outside is contacted.
+Each node's slurmd runs in its namespace with a host name of its own (a UTS namespace) and its
+own ``/etc/hosts`` (bind-mounted in a mount namespace), so on node ``n2`` ``hostname`` says n2
+and ``hostname --ip-address`` gives n2's veth address, as on a real cluster; slurmctld runs on
+n1. Every job's process is then in one node's network namespace, which tells the nodes apart
+on this one machine."""
 
 from __future__ import annotations
 
@@ -15,6 +23,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 PACKAGES = ("slurmctld", "slurmd", "slurm-client", "munge")
 
@@ -52,16 +61,20 @@ def install() -> str | None:
 class Slurm:
     conf: Path
     env: dict[str, str]
+    network: Network | None = None  # two nodes: Slurm's commands run where slurmctld is
 
     def run(self, *args: str, timeout: float = 60) -> subprocess.CompletedProcess:
         return subprocess.run(
-            list(args), capture_output=True, text=True, env=self.env, timeout=timeout
+            [*self.on_head(), *args], capture_output=True, text=True, env=self.env, timeout=timeout
         )
+
+    def on_head(self) -> list[str]:
+        return self.network.enter(0) if self.network else []
 
     def submit(self, options: list[str], script: Path, args: list[str], env: dict[str, str]) -> str:
         """``sbatch OPTIONS SCRIPT ARGS``; the job id."""
         done = subprocess.run(
-            ["sbatch", "--parsable", *options, str(script), *args],
+            [*self.on_head(), "sbatch", "--parsable", *options, str(script), *args],
             capture_output=True,
             text=True,
             env=env | {"SLURM_CONF": self.env["SLURM_CONF"]},
@@ -87,36 +100,157 @@ class Slurm:
             time.sleep(0.5)
         raise AssertionError(f"job {job} still {self.state(job)} after {timeout} s")
 
-    def cancel(self, job: str) -> None:
-        assert self.run("scancel", job).returncode == 0
+    def cancel(self, job: str, *options: str) -> None:
+        assert self.run("scancel", *options, job).returncode == 0
+
+    def field(self, job: str, name: str) -> str:
+        """One field of ``scontrol show job`` (Restarts, NodeList, ...)."""
+        done = self.run("scontrol", "show", "job", job, "-o")
+        for part in done.stdout.split():
+            if part.startswith(name + "="):
+                return part.split("=", 1)[1]
+        return ""
+
+
+class Network:
+    """Network namespaces made for a test, one per node, joined by veth pairs to the first;
+    addresses only on those veths. Named after this process, removed at the end."""
+
+    def __init__(self, nodes: int) -> None:
+        tag = os.getpid() % 100000
+        self.names = [f"gc{tag}n{k + 1}" for k in range(nodes)]
+        self.hosts = [f"n{k + 1}" for k in range(nodes)]
+        self.subnet = f"10.213.{tag % 250}"
+        self.addresses = [f"{self.subnet}.{k + 1}" for k in range(nodes)]
+        self.made: list[str] = []
+
+    def up(self) -> None:
+        if len(self.names) != 2:
+            raise ValueError("two nodes: one veth pair")
+        for name in self.names:
+            ip("netns", "add", name)
+            self.made.append(name)
+            ip("-n", name, "link", "set", "lo", "up")
+        a, b = (f"{n}v" for n in self.names)
+        ip("link", "add", a, "type", "veth", "peer", "name", b)
+        for name, end, address in zip(self.names, (a, b), self.addresses, strict=True):
+            ip("link", "set", end, "netns", name)
+            ip("-n", name, "addr", "add", f"{address}/24", "dev", end)
+            ip("-n", name, "link", "set", end, "up")
+            hosts = Path("/etc/netns") / name / "hosts"
+            hosts.parent.mkdir(parents=True, exist_ok=True)
+            lines = [f"{ad} {h}" for ad, h in zip(self.addresses, self.hosts, strict=True)]
+            hosts.write_text("\n".join(["127.0.0.1 localhost", *lines, ""]))
+
+    def down(self) -> None:
+        for name in self.made:
+            subprocess.run(["ip", "netns", "delete", name], capture_output=True, timeout=60)
+            shutil.rmtree(Path("/etc/netns") / name, ignore_errors=True)
+        with contextlib.suppress(OSError):
+            Path("/etc/netns").rmdir()  # only if it is empty (made here)
+
+    def enter(self, node: int) -> list[str]:
+        """A command's prefix that runs it in node ``node``'s network (only)."""
+        return ["nsenter", f"--net=/run/netns/{self.names[node]}"]
+
+    def as_node(self, node: int) -> list[str]:
+        """A daemon's prefix: the node's network, host name and /etc/hosts."""
+        name, host = self.names[node], self.hosts[node]
+        script = f"mount --bind /etc/netns/{name}/hosts /etc/hosts && hostname {host} && "
+        return [
+            *self.enter(node),
+            "unshare",
+            "--uts",
+            "--mount",
+            "sh",
+            "-c",
+            script + 'exec "$@"',
+            "sh",
+        ]
+
+    def namespace_of(self, pid: int) -> int | None:
+        """Which node a process runs on (its network namespace), None if neither."""
+        try:
+            inode = os.stat(f"/proc/{pid}/ns/net").st_ino
+        except OSError:
+            return None
+        for k, name in enumerate(self.made):
+            if os.stat(f"/run/netns/{name}").st_ino == inode:
+                return k
+        return None
+
+    def listen(self, node: int) -> socket.socket:
+        """A TCP socket bound to a free port of node ``node``'s address, made from a thread
+        that enters the namespace (setns applies to the calling thread only)."""
+        import ctypes
+        import threading
+
+        made: dict[str, Any] = {}
+
+        def bind() -> None:
+            fd = os.open(f"/run/netns/{self.names[node]}", os.O_RDONLY)
+            try:
+                libc = ctypes.CDLL(None, use_errno=True)
+                if libc.setns(fd, 0x40000000) != 0:  # CLONE_NEWNET
+                    made["error"] = OSError(ctypes.get_errno(), "setns")
+                    return
+                sock = socket.socket()
+                sock.bind((self.addresses[node], 0))
+                made["socket"] = sock
+            finally:
+                os.close(fd)
+
+        thread = threading.Thread(target=bind)
+        thread.start()
+        thread.join()
+        if "error" in made:
+            raise made["error"]
+        return made["socket"]
+
+
+def ip(*args: str) -> None:
+    subprocess.run(["ip", *args], check=True, capture_output=True, timeout=60)
 
 
 @contextlib.contextmanager
-def slurm_cluster(cpus: int, memory_mb: int = 4096) -> Iterator[Slurm]:
-    """slurmctld and slurmd for this host in a temporary folder, stopped at the end."""
+def slurm_cluster(cpus: int, memory_mb: int = 4096, nodes: int = 1) -> Iterator[Slurm]:
+    """slurmctld and slurmd for this host (or for ``nodes`` namespaces of it) in a temporary
+    folder, stopped at the end."""
     root = Path(tempfile.mkdtemp(prefix="gc-slurm-"))
+    network = Network(nodes) if nodes > 1 else None
     host = socket.gethostname()
     for name in ("state", "spool", "log"):
         (root / name).mkdir()
     conf = root / "slurm.conf"
+    if network is not None:
+        network.up()
+        control = f"{network.hosts[0]}({network.addresses[0]})"
+        node_lines = [
+            f"NodeName={h} NodeAddr={a} CPUs={cpus} RealMemory={memory_mb} State=UNKNOWN"
+            for h, a in zip(network.hosts, network.addresses, strict=True)
+        ]
+    else:
+        control = host
+        node_lines = [f"NodeName={host} CPUs={cpus} RealMemory={memory_mb} State=UNKNOWN"]
     conf.write_text(
         "\n".join(
             [
                 "ClusterName=groundcover",
-                f"SlurmctldHost={host}",
+                f"SlurmctldHost={control}",
                 "AuthType=auth/munge",
                 "SlurmUser=root",
                 "SlurmdUser=root",
                 f"SlurmctldPort={free_port()}",
                 f"SlurmdPort={free_port()}",
                 f"StateSaveLocation={root / 'state'}",
-                f"SlurmdSpoolDir={root / 'spool'}",
+                f"SlurmdSpoolDir={root / 'spool'}/%n",
                 f"SlurmctldPidFile={root / 'slurmctld.pid'}",
-                f"SlurmdPidFile={root / 'slurmd.pid'}",
+                f"SlurmdPidFile={root / 'slurmd-%n.pid'}",
                 f"SlurmctldLogFile={root / 'log' / 'slurmctld.log'}",
-                f"SlurmdLogFile={root / 'log' / 'slurmd.log'}",
-                "ProctrackType=proctrack/linuxproc",
-                "TaskPlugin=task/none",
+                f"SlurmdLogFile={root / 'log' / 'slurmd-%n.log'}",
+                "ProctrackType=proctrack/linuxproc",  # no cgroup hierarchy to use here
+                # two nodes: CPU binding, as on a cluster (affinity runs here; cgroup does not)
+                f"TaskPlugin={'task/affinity' if network else 'task/none'}",
                 "SelectType=select/cons_tres",
                 "SelectTypeParameters=CR_CPU",
                 "MpiDefault=none",
@@ -125,7 +259,7 @@ def slurm_cluster(cpus: int, memory_mb: int = 4096) -> Iterator[Slurm]:
                 "ReturnToService=2",
                 "KillWait=30",  # Slurm's default: SIGKILL this long after the SIGTERM
                 "SchedulerType=sched/builtin",
-                f"NodeName={host} CPUs={cpus} RealMemory={memory_mb} State=UNKNOWN",
+                *node_lines,
                 "PartitionName=test Nodes=ALL Default=YES MaxTime=INFINITE State=UP "
                 "OverSubscribe=YES",
                 "",
@@ -140,7 +274,12 @@ def slurm_cluster(cpus: int, memory_mb: int = 4096) -> Iterator[Slurm]:
         if ours:
             Path("/run/munge").mkdir(parents=True, exist_ok=True)
             subprocess.run(["munged", "--force"], check=True, timeout=60, env=env)
-        for daemon in (["slurmctld", "-D", "-i"], ["slurmd", "-D"]):
+        daemons = [["slurmctld", "-D", "-i"], ["slurmd", "-D"]]
+        if network is not None:  # slurmctld on n1, a slurmd on each node
+            daemons = [network.as_node(0) + daemons[0]] + [
+                network.as_node(k) + daemons[1] for k in range(nodes)
+            ]
+        for daemon in daemons:
             started.append(
                 subprocess.Popen(
                     [*daemon, "-f", str(conf)],
@@ -150,11 +289,11 @@ def slurm_cluster(cpus: int, memory_mb: int = 4096) -> Iterator[Slurm]:
                     start_new_session=True,
                 )
             )
-        cluster = Slurm(conf, env)
+        cluster = Slurm(conf, env, network)
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
-            shown = cluster.run("sinfo", "-h", "-o", "%t").stdout.split()
-            if shown and shown[0] in ("idle", "mix", "alloc"):
+            shown = cluster.run("sinfo", "-h", "-N", "-o", "%t").stdout.split()
+            if len(shown) == nodes and all(s in ("idle", "mix", "alloc") for s in shown):
                 break
             time.sleep(0.5)
         else:
@@ -178,6 +317,8 @@ def slurm_cluster(cpus: int, memory_mb: int = 4096) -> Iterator[Slurm]:
         if ours and munge_pid.exists():
             with contextlib.suppress(ValueError, ProcessLookupError):
                 os.kill(int(munge_pid.read_text().strip()), signal.SIGTERM)
+        if network is not None:
+            network.down()
         shutil.rmtree(root, ignore_errors=True)
 
 

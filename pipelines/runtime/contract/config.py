@@ -79,7 +79,10 @@ class EvaluatorConfig(Strict):
         description="what an endpoint puts before adapter names "
         "('BASE:' for a Ray Serve LLM app, which routes BASE:ADAPTER)",
     )
-    api_key_env: str = "OPENAI_API_KEY"
+    api_key_env: str = Field(
+        "OPENAI_API_KEY",
+        description="the variable holding the endpoint's API key (sent as Bearer)",
+    )
     replicas: int = Field(
         1, ge=1, le=1024, description="model replicas behind one URL (Ray Serve LLM), if started"
     )
@@ -291,6 +294,7 @@ SHARED_OPTIONS = (
     SharedOption("lora", "evaluator.adapters", kind=list[str] | None),
     SharedOption("model_revision", "evaluator.revision"),
     SharedOption("adapter_prefix", "evaluator.adapter_prefix"),
+    SharedOption("api_key_env", "evaluator.api_key_env"),
     SharedOption("run_dir", "run.run_dir"),
     SharedOption("replicas", "evaluator.replicas"),
     SharedOption("ray_address", "evaluator.ray_address"),
