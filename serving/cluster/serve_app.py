@@ -195,7 +195,10 @@ def _check_proxy_settings(ray: Any, serve: Any, host: str, port: int) -> None:
     once, with the fix."""
     from ray.serve.context import _get_global_client
 
-    controller = _get_global_client()._controller
+    client = _get_global_client()
+    if client is None:  # serve.start just made or found one: nothing to check without it
+        return
+    controller = client._controller
     location = str(ray.get(controller.get_proxy_location.remote()))
     config = ray.get(controller.get_http_config.remote())
     if "Disabled" in location or config.port != port or config.host != host:
