@@ -28,7 +28,7 @@ import os
 import signal
 import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -259,7 +259,13 @@ class Batcher:
         max_lines: int = 10_000,
         poll: float = 10.0,
         max_attempts: int = 3,
+        adopt: Sequence[Path] = (),
+        siblings: Sequence[Path] = (),
     ):
+        """``adopt``: folders of batchers gone from this invocation (drivers of an earlier
+        run with more of them) whose pending batches this one waits for; ``siblings``: other
+        batchers' folders of the same client, whose finished outputs answer here too (an item
+        that moved to another driver). Nothing any of them bought is bought again."""
         self.executor = executor
         self.folder = folder
         self.ledger = folder / "ledger.jsonl"
@@ -270,6 +276,7 @@ class Batcher:
         # are not all held in memory; the response cache answers most of them anyway)
         self.kept: dict[str, Path] = {}
         self.files: dict[str, str] = {}  # batch id -> its input file
+        self.where: dict[str, Path] = {}  # batch id -> the folder of its ledger and files
         self.queue: dict[str, dict[str, Any]] = {}  # custom id -> request body, next round
         self.waiting: dict[str, list[asyncio.Future]] = {}
         self.pending: dict[str, str] = {}  # custom id -> the submitted batch it is in
@@ -279,36 +286,44 @@ class Batcher:
         self._timer: asyncio.TimerHandle | None = None
         self._resumed: list[tuple[str, list[str]]] = []
         self._opened = False
-        self._read_ledger()
+        self.folder.mkdir(parents=True, exist_ok=True)
+        for where in siblings:
+            self._read_ledger(where, resume=False)
+        for where in adopt:
+            self._read_ledger(where, resume=True)
+        self.stats.rounds = self._read_ledger(self.folder, resume=True)
 
     # ---- the ledger: what was bought, and what came of it ----------------------------------
 
-    def _read_ledger(self) -> None:
-        self.folder.mkdir(parents=True, exist_ok=True)
-        if not self.ledger.is_file():
-            return
+    def _read_ledger(self, folder: Path, resume: bool) -> int:
+        """What ``folder``'s ledger bought: finished outputs answer; with ``resume`` its
+        pending batches are waited for again. Its last round."""
+        ledger = folder / "ledger.jsonl"
+        if not ledger.is_file():
+            return 0
         submitted: dict[str, dict[str, Any]] = {}
         finished: set[str] = set()
-        for event in ledger_events(self.ledger):
+        for event in ledger_events(ledger):
             if event.get("event") == "submitted":
                 submitted[event["batch"]] = event
-                self.files[event["batch"]] = event["file"]
             elif event.get("event") == "finished":
                 finished.add(event["batch"])
-                self._keep(self.folder / event["output"])
-        self.stats.rounds = max((e["round"] for e in submitted.values()), default=0)
+                self._keep(folder / event["output"])
         for batch_id, event in submitted.items():
-            if batch_id in finished:
+            if batch_id in finished or not resume:
                 continue
+            self.files[batch_id], self.where[batch_id] = event["file"], folder
             ids = list(event["custom_ids"])
-            for cid, body in _read_lines(self.folder / event["file"]).items():
+            for cid, body in _read_lines(folder / event["file"]).items():
                 self.bodies[cid] = body
             for cid in ids:
                 self.pending[cid] = batch_id
             self._resumed.append((batch_id, ids))
+        return max((e["round"] for e in submitted.values()), default=0)
 
-    def _append(self, event: dict[str, Any]) -> None:
-        with self.ledger.open("a", encoding="utf-8") as f:
+    def _append(self, event: dict[str, Any], folder: Path | None = None) -> None:
+        ledger = (folder or self.folder) / "ledger.jsonl"
+        with ledger.open("a", encoding="utf-8") as f:
             f.write(json.dumps(event, ensure_ascii=False) + "\n")
             f.flush()
             os.fsync(f.fileno())
@@ -395,7 +410,7 @@ class Batcher:
         )
         path.write_text(text, encoding="utf-8")
         batch_id = await self.executor.submit(path)
-        self.files[batch_id] = path.name
+        self.files[batch_id], self.where[batch_id] = path.name, self.folder
         ids = list(lines)
         # recorded before anything waits on it: a kill from here on finds it again
         self._append(
@@ -417,15 +432,16 @@ class Batcher:
         await self._wait(batch_id, ids, record, time.monotonic())
 
     async def _wait(self, batch_id: str, ids: list[str], record: BatchRecord, began: float) -> None:
+        folder = self.where[batch_id]
         while True:
-            state = await self.executor.poll(batch_id, self.folder / self.files[batch_id])
+            state = await self.executor.poll(batch_id, folder / self.files[batch_id])
             if state.status in TERMINAL:
                 break
             await asyncio.sleep(self.poll)
         record.waited_s = round(time.monotonic() - began, 3)
         self.stats.waited_s += record.waited_s
         answers, problems = _outcome(state, ids)
-        output = self.folder / f"{_file_safe(batch_id)}.out.jsonl"
+        output = folder / f"{_file_safe(batch_id)}.out.jsonl"
         output.write_text(state.output, encoding="utf-8")
         if state.errors:
             output.with_name(f"{_file_safe(batch_id)}.errors.jsonl").write_text(
@@ -441,7 +457,8 @@ class Batcher:
                 "failed": {cid: problems[cid] for cid in sorted(problems)},
                 "waited_s": record.waited_s,
                 "at": time.time(),
-            }
+            },
+            folder,
         )
         for cid in ids:
             self.pending.pop(cid, None)

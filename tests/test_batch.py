@@ -81,8 +81,8 @@ def answer_of(prompt: str) -> str:
     return str(len(summary) % 5 + 1)
 
 
-def completion(body: dict[str, Any]) -> dict[str, Any]:
-    reply = {"role": "assistant", "content": answer_of(body["messages"][-1]["content"])}
+def completion(body: dict[str, Any], answer: Any = answer_of) -> dict[str, Any]:
+    reply = {"role": "assistant", "content": answer(body["messages"][-1]["content"])}
     return {
         "id": "c",
         "object": "chat.completion",
@@ -98,8 +98,9 @@ class BatchServer:
     (``ok``, ``expire``, ``fail:K``: its first K lines in the error file; ``ok`` once the list
     is used up). ``submitted`` counts each custom id submitted."""
 
-    def __init__(self, polls: int = 2, outcomes: list[str] | None = None):
+    def __init__(self, polls: int = 2, outcomes: list[str] | None = None, answer: Any = answer_of):
         self.polls, self.outcomes = polls, list(outcomes or [])
+        self.answer = answer  # the stub model: a prompt's answer
         self.hold = False
         self.files: dict[str, str] = {}
         self.batches: dict[str, dict[str, Any]] = {}
@@ -112,7 +113,7 @@ class BatchServer:
 
         async def chat(request: web.Request) -> web.Response:
             self.online += 1
-            return web.json_response(completion(await request.json()))
+            return web.json_response(completion(await request.json(), self.answer))
 
         async def upload(request: web.Request) -> web.Response:
             form = await request.post()
@@ -161,7 +162,7 @@ class BatchServer:
             {
                 "id": f"r{n}",
                 "custom_id": line["custom_id"],
-                "response": {"status_code": 200, "body": completion(line["body"])},
+                "response": {"status_code": 200, "body": completion(line["body"], self.answer)},
                 "error": None,
             }
             for n, line in enumerate(lines[failing:])
@@ -334,21 +335,69 @@ def test_a_run_killed_while_its_batch_is_pending_resumes_it_and_submits_nothing_
     assert rounds["resumed"] == 1 and rounds["submitted"] == 6
 
 
-def test_drivers_with_a_batch_transport_are_refused_in_one_line(tmp_path):
-    framework, items = write_inputs(tmp_path)
+def test_drivers_buy_their_own_batches_and_a_resume_with_fewer_adopts_them(tmp_path):
+    """``--drivers 2`` with a batch judge: each driver's calls go into its own batches, its own
+    ledger (``batches/<client>-d0``, ``-d1``). Killed while both drivers' batches are pending,
+    the run resumes with one driver, which waits for both (the folders of drivers gone from
+    this invocation are adopted): every request submitted once, the records equal the online
+    run's. FanOutQA judged answers (a registered framework: drivers rebuild it by name)."""
+    from tests.test_drivers import fanoutqa_inputs, judge_letter, records_of, wait_for
+
+    dev, answers = fanoutqa_inputs(tmp_path)
+    server = BatchServer(polls=1, answer=lambda p: f"Compared.\n{judge_letter(p)}")
     config = write_config(tmp_path)
-    args = [
-        "eval",
-        str(framework),
-        str(items),
-        "--model",
-        "judge",
-        "--endpoint",
-        "http://127.0.0.1:9/v1",
-    ]
-    done = CliRunner().invoke(app, [*args, "--config", str(config), "--drivers", "2"])
-    assert done.exit_code == 2
-    assert "--drivers" in done.output and not (tmp_path / "runs").exists()
+    env = os.environ | {"GROUNDCOVER_HOME": str(tmp_path / "home"), "PYTHONPATH": str(ROOT)}
+
+    def command(run: str, *more: str) -> list[str]:
+        return [
+            *[sys.executable, "-m", "groundcover", "eval", "fanoutqa", "--data", str(dev)],
+            *["--answers", str(answers), "--judge", "--endpoint", server.url, "--model"],
+            *["judge", "--run-dir", str(tmp_path / run), "--quiet", *more],
+        ]
+
+    with serve_app(server.app()) as server.url:
+        online = subprocess.run(command("online"), env=env, capture_output=True, text=True)
+        assert online.returncode == 0, online.stderr[-3000:]
+        batch = [*command("batch", "--config", str(config)), "--no-cache"]
+        server.hold = True  # every batch stays in progress
+        run = subprocess.Popen(
+            [*batch, "--drivers", "2"], env=env, cwd=tmp_path, start_new_session=True
+        )
+        folders = tmp_path / "batch" / "answers" / "batches"
+        deadline = time.monotonic() + 300
+        while sum("submitted" in f.read_text() for f in folders.glob("*-d*/ledger.jsonl")) < 2:
+            assert run.poll() is None, "the run ended before both drivers' batches were recorded"
+            assert time.monotonic() < deadline, "no batch from each driver"
+            time.sleep(0.2)
+        os.killpg(run.pid, signal.SIGKILL)  # the command, and with it its drivers
+        run.wait(30)
+        # the drivers go with their owner once Ray sees it gone (a few seconds): until then
+        # a live driver would collect its own batch
+        home = f"GROUNDCOVER_HOME={env['GROUNDCOVER_HOME']}".encode()
+        wait_for(lambda: not processes_with(home), 120, "the drivers to end")
+        ours = {f.name.rsplit("-", 1)[1] for f in folders.iterdir()}
+        assert ours == {"d0", "d1"}
+        assert len(server.batches) == 2  # one per driver, each its shard's items
+        server.hold = False
+        resumed = subprocess.run(batch, env=env, cwd=tmp_path, capture_output=True, text=True)
+        assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert records_of(tmp_path / "batch" / "answers") == records_of(tmp_path / "online" / "answers")
+    assert set(server.submitted.values()) == {1} and len(server.submitted) == 24
+    assert len(server.batches) == 2  # the resume bought nothing: both pending batches answered
+    rounds = summary(tmp_path / "batch" / "answers")["batches_this_invocation"]["judge"]
+    assert rounds["resumed"] == 2 and rounds["submitted"] == 0
+
+
+def processes_with(mark: bytes) -> list[int]:
+    """Processes with ``mark`` in their environment (what the command and its Ray inherit)."""
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            if mark in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0"):
+                found.append(int(pid))
+        except OSError:
+            continue
+    return found
 
 
 @pytest.mark.engine
@@ -409,3 +458,23 @@ def test_batch_prices_in_the_cost_and_the_dry_run_says_rounds_and_saving(tmp_pat
     said = " ".join(planned.output.split())
     assert "batch rounds: at least 2" in said
     assert "as batch jobs: $" in said and "online (saving $" in said
+
+
+def test_which_batch_folders_a_driver_adopts(tmp_path):
+    """A driver waits for the pending batches of the folders whose drivers are gone from this
+    invocation (K >= N by K mod N; the one-driver folder by driver 0; with one driver every
+    -dK folder); the live drivers' folders are siblings (their finished outputs answer)."""
+    from groundcover.pipelines.runtime.execution.models import batch_folders
+
+    base = tmp_path / "batches" / "judge-0123456789"
+    for name in ("", "-d0", "-d1", "-d2", "-d3", "-dx"):
+        (base.parent / f"{base.name}{name}").mkdir(parents=True, exist_ok=True)
+    names = lambda folders: [f.name.removeprefix(base.name) or "base" for f in folders]  # noqa: E731
+    own, adopt, siblings = batch_folders(base, 0, 1)
+    assert own == base and names(adopt) == ["-d0", "-d1", "-d2", "-d3"] and not siblings
+    own, adopt, siblings = batch_folders(base, 0, 2)
+    assert own.name.endswith("-d0") and names(adopt) == ["base", "-d2"]
+    assert names(siblings) == ["-d1", "-d3"]
+    own, adopt, siblings = batch_folders(base, 1, 2)
+    assert own.name.endswith("-d1") and names(adopt) == ["-d3"]
+    assert names(siblings) == ["base", "-d0", "-d2"]

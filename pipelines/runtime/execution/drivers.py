@@ -251,7 +251,9 @@ async def solve_shard(spec: DriverSpec, ledger: Any, driver: ShardDriver) -> tup
     cache = Path(spec.cache) if spec.cache else None
     evaluators = Evaluators(
         # the drivers may be on several hosts: each host writes its own cache file, reads all
-        lambda ev, where: open_evaluator(ev, where, cache, None, shared_cache=True),
+        lambda ev, where: open_evaluator(
+            ev, where, cache, None, shared_cache=True, driver=(spec.shard, spec.drivers)
+        ),
         [{evaluator_key(ev) for ev in spec.roles.values()}],
     )
     records, prices = role_records(fw, spec.roles), load_prices(request.run.prices)

@@ -270,10 +270,11 @@ async def open_evaluator(
     cache_path: Path | None,
     servers: Servers | None = None,
     shared_cache: bool | None = None,
+    driver: tuple[int, int] = (0, 1),
 ) -> AsyncIterator[EvalClient]:
     """A client of ``cfg``'s model. ``shared_cache``: this process is one of several hosts
     sharing the cache directory (each writes its own file; None: when on a network file
-    system)."""
+    system). ``driver``: which of the run's drivers asks (its own batch ledger)."""
     options = client_options(cfg)  # an unknown model stops here, before anything is opened
     cache = ResponseCache(cache_path, shared=shared_cache) if cache_path else None
     if cache is not None:
@@ -283,7 +284,7 @@ async def open_evaluator(
             base_url, adapter_prefix, gone, replicas = cfg.endpoint, cfg.adapter_prefix, None, None
             if cfg.transport == "batch" and cfg.endpoint is None:  # converted once, off the loop
                 await asyncio.to_thread(model_source, resolve(cfg.model))
-            batcher = batcher_of(cfg, run_dir)
+            batcher = batcher_of(cfg, run_dir, driver)
             if batcher is not None and base_url is None:  # vllm run-batch: no server
                 client = EvalClient(
                     f"vllm-run-batch://{_safe(cfg.model)}",
@@ -322,19 +323,23 @@ async def open_evaluator(
             cache.close()
 
 
-def batcher_of(cfg: EvaluatorConfig, run_dir: Path) -> Batcher | None:
+def batcher_of(
+    cfg: EvaluatorConfig, run_dir: Path, driver: tuple[int, int] = (0, 1)
+) -> Batcher | None:
     """The batch rounds of a batch transport (None: online), in ``run_dir/batches/`` (a folder
-    per client: its ledger is what a resumed run reads back). At an endpoint: its Batch API;
-    a model served here: ``vllm run-batch``, the model loaded once per round."""
+    per client, and per driver ``(k, N)`` of a run spread over N: its ledger is what a resumed
+    run reads back). At an endpoint: its Batch API; a model served here: ``vllm run-batch``,
+    the model loaded once per round."""
     if cfg.transport != "batch":
         return None
-    folder = run_dir / "batches" / f"{_safe(cfg.model)}-{batch_folder_key(cfg)}"
+    base = run_dir / "batches" / f"{_safe(cfg.model)}-{batch_folder_key(cfg)}"
+    folder, adopt, siblings = batch_folders(base, *driver)
     executor: OpenAIBatches | LocalRunBatch
     if cfg.endpoint is not None:
         executor = OpenAIBatches(cfg.endpoint, cfg.api_key(), timeout=cfg.timeout)
     else:
-        base = resolve(cfg.model).name
-        loras = [lora_adapter(n, p, base, cfg.model) for n, p in cfg.adapters.items()]
+        name = resolve(cfg.model).name
+        loras = [lora_adapter(n, p, name, cfg.model) for n, p in cfg.adapters.items()]
         spec = ServerSpec(
             model=cfg.model, loras=loras, max_model_len=cfg.max_model_len, revision=pinned(cfg)
         )
@@ -348,9 +353,33 @@ def batcher_of(cfg: EvaluatorConfig, run_dir: Path) -> Batcher | None:
         folder,
         settle=cfg.batch_settle,
         max_lines=cfg.batch_size,
+        adopt=adopt,
+        siblings=siblings,
         poll=cfg.batch_poll,
         max_attempts=max(1, min(cfg.max_retries, 3)),
     )
+
+
+def batch_folders(base: Path, shard: int, drivers: int) -> tuple[Path, list[Path], list[Path]]:
+    """Driver ``shard`` of ``drivers``' own folder (``base`` for one driver, ``base-dK`` for
+    several), the folders it adopts (their drivers are gone: an earlier invocation had more,
+    or fewer; their pending batches are waited for here, never bought again) and its live
+    siblings' (their finished outputs answer an item that moved between drivers)."""
+    own = base if drivers == 1 else base.with_name(f"{base.name}-d{shard}")
+    found = [base] if base.is_dir() else []
+    if base.parent.is_dir():
+        numbered = base.parent.glob(f"{base.name}-d*")
+        found += sorted(f for f in numbered if f.name.rsplit("-d", 1)[1].isdigit())
+    adopt: list[Path] = []
+    siblings: list[Path] = []
+    for folder in found:
+        if folder == own:
+            continue
+        index = 0 if folder == base else int(folder.name.rsplit("-d", 1)[1])
+        live = (folder == base) if drivers == 1 else (folder != base and index < drivers)
+        gone_and_mine = not live and index % drivers == shard
+        (adopt if gone_and_mine else siblings).append(folder)
+    return own, adopt, siblings
 
 
 def batch_folder_key(cfg: EvaluatorConfig) -> str:

@@ -72,12 +72,6 @@ def plan_study(
     for note in notes:
         console.print(f"note: {note}", highlight=False, soft_wrap=True)
     check_drivers(request, roles)
-    batched = sorted({r for found in roles for r, ev in found.items() if ev.transport == "batch"})
-    if batched and request.run.drivers > 1:
-        raise UserError(
-            f"--drivers {request.run.drivers} with a batch transport ({', '.join(batched)}): "
-            "batches are bought by one driver; run with one (a round holds every item in flight)"
-        )
     prices = load_prices(request.run.prices)
     if request.run.max_cost is not None:
         require_prices(
