@@ -143,7 +143,8 @@ def test_two_nodes_cancelled_requeued_at_the_time_limit_and_an_array_side_by_sid
         # (2) the same script again, the site's environment file (GC_SETUP) sourced first; the
         # time limit's warning (SIGUSR1 to the batch step, what --signal=B:USR1@300 sends)
         # mid-run: the command records what it has, Ray stops, the job is requeued, and it
-        # continues where it stopped (Slurm holds a requeued job for two minutes: released here)
+        # continues where it stopped (Slurm holds a requeued job for two minutes: released here
+        # after 5 s)
         setup = tmp_path / "site.sh"
         setup.write_text('echo "site environment: $SLURM_JOB_ID"\nexport GC_SITE_MARK=1\n')
         env["GC_SETUP"] = str(setup)
@@ -156,8 +157,17 @@ def test_two_nodes_cancelled_requeued_at_the_time_limit_and_an_array_side_by_sid
         wait_for(lambda: slurm.field(again, "Restarts") == "1", 120, "the job requeued")
         assert "requeueing job" in log_of(again)
         wait_for(lambda: not job_processes(slurm, again), 90, "the first run's processes gone")
+        # released once Slurm has let go of the first run (its steps' slurmstepd gone, the job
+        # back to PENDING): what the two-minute hold is for
+        wait_for(
+            lambda: slurm.state(again) == "PENDING" and not slurm.stepds(again),
+            120,
+            "the requeued job pending, its first run's steps gone",
+        )
         pace["seconds"] = 0.0
-        assert slurm.run("scontrol", "update", f"JobId={again}", "StartTime=now").returncode == 0
+        # in 5 s, not at once: slurmd refuses a job credential made in the second the job's
+        # old one was revoked ("Job credential revoked"), what Slurm's own hold waits out
+        assert slurm.run("scontrol", "update", f"JobId={again}", "StartTime=now+5").returncode == 0
         assert slurm.wait(again, 300) == "COMPLETED", log_of(again)
         assert records_of(run / "answers") == expected
         assert sorted(whole_records(run / "answers")) == sorted(r[0] for r in expected)

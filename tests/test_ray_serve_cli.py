@@ -232,20 +232,22 @@ def test_a_judge_after_a_serve_started_without_a_proxy_stops_at_once(tiny_model,
     pytest.importorskip("ray.serve.llm", reason="needs ray[serve] (the engine extra)")
     from groundcover.serving.launch.server import free_port
     from tests.support.ray_head import ray_head
+    from tests.support.tiny import build_tiny_classifier
 
     port = free_port()
     env = dict(os.environ, PYTHONPATH=str(ROOT))
-    serve_bin = str(Path(sys.executable).parent / "serve")
+    nli = build_tiny_classifier(tmp_path / "nli")
     with ray_head(num_cpus=8) as head:
         address = f"127.0.0.1:{head.port}"
-        started = subprocess.run(
-            [serve_bin, "start", f"--address={address}", "--proxy-location=Disabled"],
+        groundcover = [sys.executable, "-m", "groundcover", "serve"]
+        deployed = subprocess.run(  # an NLI app first: Serve starts without an HTTP proxy
+            [*groundcover, "--nli", str(nli), "--nli-app", "n", "--ray-address", address],
             env=env,
             capture_output=True,
             text=True,
-            timeout=300,
+            timeout=600,
         )
-        assert started.returncode == 0, started.stderr[-3000:]
+        assert deployed.returncode == 0, deployed.stderr[-3000:]
         command = [
             *[sys.executable, "-m", "groundcover", "serve", str(tiny_model), "--replicas", "1"],
             *["--ray-address", address, "--port", str(port), "--run-dir", str(tmp_path)],

@@ -6,8 +6,11 @@ the replay sends those exact bodies straight to the server with a bare aiohttp l
 batch phase writes them as one Batch API file for ``vllm run-batch`` (the model loaded by that
 process: its wall time is reported with and without the load). For each phase: calls/s,
 completion tokens/s and the prefix cache's hit rate (vLLM's ``/metrics`` counters, read before
-and after). The run's ratio to the bare replay is what the runtime costs a multi-stage framework
-whose stages wait on each other; the replay keeps no such order.
+and after). The prefix cache is emptied before the run and before the replay (vLLM's
+``/reset_prefix_cache``, served in its dev mode), so both start cold and their hit rates compare:
+what the run's order of requests lets the cache reuse against what the replay's does. The run's
+ratio to the bare replay is what the runtime costs a multi-stage framework whose stages wait on
+each other; the replay keeps no such order.
 
     python scripts/benchmarks/bench_replay.py --model embedded --concurrency 16 \
         --run "eval comprehensiveness examples/comprehensiveness.jsonl" \
@@ -100,6 +103,14 @@ def prefix_counters(base_url: str) -> tuple[float, float]:
     return found["queries"], found["hits"]
 
 
+def empty_prefix_cache(base_url: str) -> None:
+    """A cold prefix cache for the next phase (the server runs with VLLM_SERVER_DEV_MODE=1)."""
+    import urllib.request
+
+    root = base_url.removesuffix("/v1")
+    urllib.request.urlopen(urllib.request.Request(f"{root}/reset_prefix_cache", method="POST"))
+
+
 def hit_rate(before: tuple[float, float], after: tuple[float, float]) -> float | None:
     queries, hits = after[0] - before[0], after[1] - before[1]
     return hits / queries if queries else None
@@ -163,7 +174,7 @@ def main() -> None:
         help="a groundcover command (after `groundcover`), repeat: each run is measured",
     )  # fmt: skip
     args = parser.parse_args()
-    spec = ServerSpec(model=args.model)
+    spec = ServerSpec(model=args.model, env={"VLLM_SERVER_DEV_MODE": "1"})
     model_source(resolve(args.model))  # converted once, outside every timing
     with tempfile.TemporaryDirectory() as tmp, VLLMServer(spec, Path(tmp) / "serve.log") as server:
         work = Path(tmp)
@@ -172,6 +183,7 @@ def main() -> None:
         rows = []
         for number, command in enumerate(args.run):
             recorder.bodies.clear()
+            empty_prefix_cache(server.base_url)
             before = prefix_counters(server.base_url)
             argv = [sys.executable, "-m", "groundcover", *shlex.split(command)]
             argv += ["--endpoint", recorder.url, "--model", server.served_name]
@@ -190,6 +202,7 @@ def main() -> None:
             ]
             run_s = sum(clocks) or run_s
             bodies = list(recorder.bodies)
+            empty_prefix_cache(server.base_url)
             after_run = prefix_counters(server.base_url)
             replayed = asyncio.run(replay(server.base_url, bodies, args.concurrency))
             after_replay = prefix_counters(server.base_url)

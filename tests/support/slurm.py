@@ -25,6 +25,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+# a job in these states has not ended (REQUEUED: on its way back to PENDING)
+UNFINISHED = ("PENDING", "RUNNING", "CONFIGURING", "COMPLETING", "SUSPENDED", "REQUEUED")
 PACKAGES = ("slurmctld", "slurmd", "slurm-client", "munge")
 
 
@@ -95,13 +97,25 @@ class Slurm:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             state = self.state(job)
-            if state not in ("PENDING", "RUNNING", "CONFIGURING", "COMPLETING", "SUSPENDED"):
+            if state not in UNFINISHED:
                 return state
             time.sleep(0.5)
         raise AssertionError(f"job {job} still {self.state(job)} after {timeout} s")
 
     def cancel(self, job: str, *options: str) -> None:
         assert self.run("scancel", *options, job).returncode == 0
+
+    def stepds(self, job: str) -> list[int]:
+        """The job's slurmstepd processes still running (on any node of this machine)."""
+        found = []
+        for entry in filter(str.isdigit, os.listdir("/proc")):
+            try:
+                command = Path(f"/proc/{entry}/cmdline").read_bytes()
+            except OSError:
+                continue
+            if command.startswith(f"slurmstepd: [{job}.".encode()):
+                found.append(int(entry))
+        return found
 
     def field(self, job: str, name: str) -> str:
         """One field of ``scontrol show job`` (Restarts, NodeList, ...)."""
@@ -319,7 +333,8 @@ def slurm_cluster(cpus: int, memory_mb: int = 4096, nodes: int = 1) -> Iterator[
                 os.kill(int(munge_pid.read_text().strip()), signal.SIGTERM)
         if network is not None:
             network.down()
-        shutil.rmtree(root, ignore_errors=True)
+        if not os.environ.get("GC_SLURM_KEEP"):  # set: the daemons' logs stay, to read
+            shutil.rmtree(root, ignore_errors=True)
 
 
 def free_port() -> int:
