@@ -43,6 +43,10 @@ class BatchError(RuntimeError):
     """The batch endpoint (or ``vllm run-batch``) cannot take or run batches: the run stops."""
 
 
+class AskOnline(RuntimeError):
+    """A failed batch line to be asked again online (``retry_online``), not in a round."""
+
+
 class LineFailed(RuntimeError):
     """A request whose line failed in ``max_attempts`` batches: its item fails."""
 
@@ -229,6 +233,7 @@ class BatchStats:
     answered: int = 0  # requests answered by a batch, this invocation's or a kept one
     requeued: int = 0  # failed lines sent again in a later round
     failed: int = 0  # requests given up after max_attempts
+    online: int = 0  # failed lines asked again online (retry_online)
     resumed: int = 0  # batches found pending in the ledger and waited for again
     waited_s: float = 0.0
     batches: list[BatchRecord] = field(default_factory=list)
@@ -240,6 +245,7 @@ class BatchStats:
             "answered": self.answered,
             "requeued": self.requeued,
             "failed": self.failed,
+            "online": self.online,
             "resumed": self.resumed,
             "waited_s": round(self.waited_s, 3),
             "batches": [vars(b) for b in self.batches],
@@ -259,6 +265,7 @@ class Batcher:
         max_lines: int = 10_000,
         poll: float = 10.0,
         max_attempts: int = 3,
+        retry_online: bool = False,
         adopt: Sequence[Path] = (),
         siblings: Sequence[Path] = (),
     ):
@@ -271,6 +278,7 @@ class Batcher:
         self.ledger = folder / "ledger.jsonl"
         self.settle, self.max_lines, self.poll = settle, max_lines, poll
         self.max_attempts = max_attempts
+        self.retry_online = retry_online  # a failed line is asked again online, at once
         self.stats = BatchStats()
         # custom id -> the kept output that answers it (read when asked: a long run's answers
         # are not all held in memory; the response cache answers most of them anyway)
@@ -478,6 +486,14 @@ class Batcher:
                 future.set_result(body)
 
     def _retry(self, cid: str, problem: str) -> None:
+        if self.retry_online:  # asked online by whoever waits (a line nobody asked yet
+            # goes into a round when it is asked)
+            futures = self.waiting.pop(cid, [])
+            self.stats.online += bool(futures)
+            for future in futures:
+                if not future.done():
+                    future.set_exception(AskOnline(problem))
+            return
         self.attempts[cid] = self.attempts.get(cid, 0) + 1
         if self.attempts[cid] < self.max_attempts and cid in self.bodies:
             self.stats.requeued += 1

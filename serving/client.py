@@ -20,7 +20,7 @@ from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
-from .batch import Batcher, BatchError, LineFailed
+from .batch import AskOnline, Batcher, BatchError, LineFailed
 from .cache import ResponseCache, cache_key
 from .limits import AdaptiveLimit, FixedLimit
 from .parsing import ParseError, extract_json, match_choice
@@ -623,6 +623,8 @@ class EvalClient:
         started = time.perf_counter()
         try:
             response = await self.batcher.ask(key, request)
+        except AskOnline:  # its batch line failed: asked again here, as an online run would
+            return await self._request(model, messages, body, usage, stage=stage, template=None)
         except LineFailed as exc:
             usage.failures += 1
             raise RequestRejected(f"{self.base_url}: {exc}", stage) from exc

@@ -289,6 +289,29 @@ def test_expired_batches_and_failed_lines_go_into_the_next_round(tmp_path, monke
     assert len(errors) == 2 and errors[0]["error"]["message"] == "the line failed"
 
 
+def test_failed_lines_asked_online_by_a_flag(tmp_path, monkeypatch):
+    """``--batch-retry online``: the two lines that fail in the summaries' batch are asked
+    again online at once (two more online calls), not in a round of their own; their items go
+    on with their siblings, so the ratings are one round of six."""
+    server = BatchServer(polls=0, outcomes=["fail:2"])
+    with serve_app(server.app()) as url:
+        online = online_records(tmp_path, monkeypatch, url)
+        asked_online = server.online
+        monkeypatch.setenv("GROUNDCOVER_HOME", str(tmp_path / "home-batch"))
+        config = write_config(tmp_path)
+        args = [*eval_args(tmp_path, url, "batch"), "--config", str(config)]
+        done = CliRunner().invoke(app, [*args, "--batch-retry", "online"])
+        assert done.exit_code == 0, done.output
+    assert records(tmp_path / "batch") == online
+    assert server.online == asked_online + 2
+    assert [len(b["lines"]) for b in server.batches.values()] == [6, 6]
+    rounds = summary(tmp_path / "batch")["batches_this_invocation"]["judge"]
+    assert rounds["online"] == 2 and rounds["requeued"] == 0 and rounds["failed"] == 0
+    here = ["--model", "embedded", "--transport", "batch", "--batch-retry", "online"]
+    refused = CliRunner().invoke(app, ["eval", *args[1:3], *here, "--run-dir", str(tmp_path)])
+    assert refused.exit_code == 2 and "needs an --endpoint" in refused.output
+
+
 def test_a_line_that_keeps_failing_fails_its_item_and_the_run_exits_non_zero(tmp_path, monkeypatch):
     server = BatchServer(polls=0, outcomes=["fail:1", "fail:1", "fail:1"])
     with serve_app(server.app()) as url:

@@ -122,6 +122,11 @@ class EvaluatorConfig(Strict):
         1.0, gt=0, description="seconds without a new request before a round is submitted"
     )
     batch_poll: float = Field(10.0, gt=0, description="seconds between polls of a batch")
+    batch_retry: Literal["batch", "online"] = Field(
+        "batch",
+        description="where a failed or expired batch line is asked again: in the next round, "
+        "or online at once (at an endpoint only)",
+    )
     max_model_len: int | None = Field(None, ge=256)
     # set by the run for the members of a self-consistency panel (one model sampled k times):
     # the member's index, part of its cache keys so each sample is kept (identity.plan_roles)
@@ -160,6 +165,10 @@ class EvaluatorConfig(Strict):
             )
         if self.replicas > 1 and self.endpoint:
             raise ValueError("replicas: the run starts replicas only without --endpoint")
+        if self.batch_retry == "online" and self.transport == "batch" and not self.endpoint:
+            raise ValueError(
+                "batch_retry: online needs an --endpoint (vllm run-batch has no server to ask)"
+            )
         if self.adapter_prefix and not self.endpoint:
             raise ValueError("adapter_prefix: only for an --endpoint (a server we start knows)")
         if not self.endpoint:  # we start the server: its adapters must fit the base model
@@ -301,6 +310,7 @@ SHARED_OPTIONS = (
     SharedOption("concurrency", "evaluator.concurrency"),
     SharedOption("transport", "evaluator.transport"),
     SharedOption("batch_size", "evaluator.batch_size"),
+    SharedOption("batch_retry", "evaluator.batch_retry"),
     SharedOption("max_tokens", "evaluator.max_tokens"),
     SharedOption("temperature", "evaluator.temperature"),
     SharedOption("reasoning", "evaluator.reasoning"),

@@ -353,6 +353,7 @@ def batcher_of(
         folder,
         settle=cfg.batch_settle,
         max_lines=cfg.batch_size,
+        retry_online=cfg.batch_retry == "online",
         adopt=adopt,
         siblings=siblings,
         poll=cfg.batch_poll,
@@ -386,7 +387,8 @@ def batch_folder_key(cfg: EvaluatorConfig) -> str:
     """A short digest of what makes a client's requests (two roles on one model and settings
     share a client, so its ledger; a self-consistency member has its own)."""
     asked = cfg.model_dump(
-        mode="json", exclude={"content", "batch_size", "batch_settle", "batch_poll"}
+        mode="json",
+        exclude={"content", "batch_size", "batch_settle", "batch_poll", "batch_retry"},
     )
     return fingerprint(asked)[:10]
 
