@@ -139,8 +139,16 @@ class Network:
         self.made: list[str] = []
 
     def up(self) -> None:
+        """The namespaces and their veth pair; whatever was made is removed if a step fails."""
         if len(self.names) != 2:
             raise ValueError("two nodes: one veth pair")
+        try:
+            self._make()
+        except BaseException:
+            self.down()
+            raise
+
+    def _make(self) -> None:
         for name in self.names:
             ip("netns", "add", name)
             self.made.append(name)
@@ -157,6 +165,8 @@ class Network:
             hosts.write_text("\n".join(["127.0.0.1 localhost", *lines, ""]))
 
     def down(self) -> None:
+        for end in (f"{n}v" for n in self.names):  # a veth end not yet moved into its namespace
+            subprocess.run(["ip", "link", "delete", end], capture_output=True, timeout=60)
         for name in self.made:
             subprocess.run(["ip", "netns", "delete", name], capture_output=True, timeout=60)
             shutil.rmtree(Path("/etc/netns") / name, ignore_errors=True)
