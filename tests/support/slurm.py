@@ -65,7 +65,7 @@ class Slurm:
     env: dict[str, str]
     network: Network | None = None  # two nodes: Slurm's commands run where slurmctld is
 
-    def run(self, *args: str, timeout: float = 60) -> subprocess.CompletedProcess:
+    def run(self, *args: str, timeout: float = 150) -> subprocess.CompletedProcess:
         return subprocess.run(
             [*self.on_head(), *args], capture_output=True, text=True, env=self.env, timeout=timeout
         )
@@ -86,8 +86,14 @@ class Slurm:
         return done.stdout.strip().split(";")[0]
 
     def state(self, job: str) -> str:
-        """The job's state (PENDING, RUNNING, COMPLETED, CANCELLED, FAILED, ...)."""
+        """The job's state (PENDING, RUNNING, COMPLETED, CANCELLED, FAILED, ...); GONE once Slurm
+        no longer knows it. A busy slurmctld that times out is asked again, never read as GONE."""
+        deadline = time.monotonic() + 300
         done = self.run("scontrol", "show", "job", job, "-o")
+        while done.returncode != 0 and "Invalid job id" not in done.stderr:
+            assert time.monotonic() < deadline, f"scontrol show job {job}: {done.stderr.strip()}"
+            time.sleep(1)
+            done = self.run("scontrol", "show", "job", job, "-o")
         for field in done.stdout.split():
             if field.startswith("JobState="):
                 return field.split("=", 1)[1]
@@ -282,6 +288,9 @@ def slurm_cluster(cpus: int, memory_mb: int = 4096, nodes: int = 1) -> Iterator[
                 "AccountingStorageType=accounting_storage/none",
                 "ReturnToService=2",
                 "KillWait=30",  # Slurm's default: SIGKILL this long after the SIGTERM
+                # a loaded test machine answers slowly: Slurm's 10 s default dropped slurmd's
+                # registrations in a CI run ("Socket timed out on send/recv operation")
+                "MessageTimeout=60",
                 "SchedulerType=sched/builtin",
                 *node_lines,
                 "PartitionName=test Nodes=ALL Default=YES MaxTime=INFINITE State=UP "
@@ -293,7 +302,8 @@ def slurm_cluster(cpus: int, memory_mb: int = 4096, nodes: int = 1) -> Iterator[
     env = dict(os.environ, SLURM_CONF=str(conf))
     started: list[subprocess.Popen] = []
     munge_pid = Path("/run/munge/munged.pid")
-    ours = not Path("/run/munge/munge.socket.2").exists()  # a munged already up stays up
+    # a munged that answers stays up; a socket left by one that is gone is started over
+    ours = subprocess.run(["munge", "-n"], capture_output=True, timeout=60).returncode != 0
     try:
         if ours:
             Path("/run/munge").mkdir(parents=True, exist_ok=True)
@@ -314,15 +324,16 @@ def slurm_cluster(cpus: int, memory_mb: int = 4096, nodes: int = 1) -> Iterator[
                 )
             )
         cluster = Slurm(conf, env, network)
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + 300
         while time.monotonic() < deadline:
-            shown = cluster.run("sinfo", "-h", "-N", "-o", "%t").stdout.split()
+            asked = cluster.run("sinfo", "-h", "-N", "-o", "%t")
+            shown = asked.stdout.split()
             if len(shown) == nodes and all(s in ("idle", "mix", "alloc") for s in shown):
                 break
             time.sleep(0.5)
         else:
             log = (root / "log" / "slurmctld.log").read_text()[-2000:]
-            raise AssertionError(f"Slurm did not come up: {shown}\n{log}")
+            raise AssertionError(f"Slurm did not come up: {shown} {asked.stderr.strip()}\n{log}")
         try:
             yield cluster
         finally:  # a failed test's jobs end with it, before the daemons do

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import struct
+import time
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +22,8 @@ def records(path: Path) -> list[Any]:
     from wandb.proto import wandb_internal_pb2 as pb
 
     data = path.read_bytes()
+    if len(data) < HEADER:  # not written yet
+        return []
     assert data[:4] == b":W&B", f"{path}: not a W&B transaction log"
     found, pending, offset = [], b"", HEADER
     while offset + HEADER <= len(data):
@@ -29,6 +32,8 @@ def records(path: Path) -> list[Any]:
             offset += room
             continue
         _, length, kind = struct.unpack("<IHB", data[offset : offset + HEADER])
+        if offset + HEADER + length > len(data):  # a tail still being written
+            break
         chunk = data[offset + HEADER : offset + HEADER + length]
         offset += HEADER + length
         if kind == 0 and length == 0:
@@ -42,12 +47,25 @@ def records(path: Path) -> list[Any]:
     return found
 
 
+def finished_records(run_dir: Path, wait: float = 60.0) -> list[Any]:
+    """The records of a run's log once its ``exit`` record is on disk. W&B's core process writes
+    the log through a buffer of its own and may still hold it when ``run.finish()`` has returned
+    (seen under load: a log with no ``run`` record yet), so the log is read until it ends."""
+    deadline = time.monotonic() + wait
+    while True:
+        logs = list(run_dir.glob("run-*.wandb"))
+        found = records(logs[0]) if len(logs) == 1 else []
+        if found and found[-1].WhichOneof("record_type") == "exit":
+            return found
+        assert time.monotonic() < deadline, f"{run_dir}: no exit record after {wait:.0f}s"
+        time.sleep(0.2)
+
+
 def offline_run(run_dir: Path) -> dict[str, Any]:
     """What an offline run holds: its run record (name, group, job type, id), config, every
     history row, the final summary, and the artifacts' names and manifests."""
     out: dict[str, Any] = {"config": {}, "history": [], "summary": {}, "artifacts": []}
-    (log,) = run_dir.glob("run-*.wandb")
-    for record in records(log):
+    for record in finished_records(run_dir):
         kind = record.WhichOneof("record_type")
         if kind == "run":
             run = record.run
