@@ -83,6 +83,26 @@ def test_a_reasoning_preset_is_served_with_its_reasoning_parser(tmp_path, model,
     assert engine.get("reasoning_parser") == parser
 
 
+def test_engine_args_reach_serve_replicas_as_vllm_would_read_them():
+    """``serve --engine-arg`` with ``--replicas``: vLLM's parser turns each flag into the engine
+    keyword and type ``vllm serve`` would give it (a later flag wins over ours); a server flag
+    has no place on a Serve replica and is refused, never dropped."""
+    from groundcover.serving.cluster.serve_app import llm_config
+
+    flags = ["--max-num-seqs", "1", "--enable-prefix-caching", "--max-model-len=1024"]
+    spec = ServerSpec(model="Qwen2.5-72B-Instruct", extra_args=flags)
+    engine = llm_config(spec, replicas=1, device="cuda").engine_kwargs
+    assert (engine["max_num_seqs"], engine["enable_prefix_caching"]) == (1, True)
+    assert engine["max_model_len"] == 1024  # the preset's 32768 given way
+    plain = llm_config(ServerSpec(model="Qwen2.5-72B-Instruct"), 1, "cuda").engine_kwargs
+    assert "max_num_seqs" not in plain and plain["max_model_len"] == 32768
+    refused = {"--port": "not a vLLM engine flag", "--max-num-seqs": "invalid int value"}
+    for flag, said in refused.items():
+        bad = [flag, "x"]
+        with pytest.raises(ServerStartError, match=said):
+            llm_config(ServerSpec(model="Qwen2.5-72B-Instruct", extra_args=bad), 1, "cuda")
+
+
 def test_named_adapter_presets():
     from groundcover.serving.launch.registry import ADAPTER_PRESETS, lora_adapter
 

@@ -506,6 +506,7 @@ def serve_judge(args: argparse.Namespace, replicas: int, cluster: Cluster) -> li
         *["--ray-address", cluster.address, "--host", "0.0.0.0", "--port", str(port)],
         *["--api-key-env", KEY_ENV],
         *(["--tensor-parallel-size", str(args.gpus_per_replica)] if args.gpus_per_replica else []),
+        *[f"--engine-arg={flag}" for flag in args.judge_engine_arg],
     ]
     cluster.servers.append(subprocess.Popen(serve, start_new_session=True))
     asked = urllib.request.Request(
@@ -674,6 +675,14 @@ def main(argv: list[str] | None = None) -> int:
         "--gpus-per-replica",
         type=int,
         help="with --judge: GPUs per replica, its tensor parallelism (default: the preset's)",
+    )
+    parser.add_argument(
+        "--judge-engine-arg",
+        action="append",
+        default=[],
+        metavar="FLAG",
+        help="with --judge: a vLLM engine flag for its replicas, one token each "
+        "(--judge-engine-arg=--max-num-seqs --judge-engine-arg=64)",
     )
     parser.add_argument("--nli", help="an NLI cross-encoder to deploy as a Ray Serve app")
     parser.add_argument("--nli-app", default="groundcover-nli")

@@ -18,6 +18,7 @@ import multiprocessing
 import os
 import signal
 import socket
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -34,6 +35,10 @@ class ClusterGone(EndpointError):
     """The Ray cluster stopped answering."""
 
 
+# The Ray node a driver child joins: its parent's, when the parent runs in Ray (set in the child).
+_parent_node_ip: str | None = None
+
+
 def connect(address: str | None = None, num_cpus: int | None = None) -> None:
     """Join the cluster at ``address`` (or ``auto``), or start a local Ray once."""
     import ray
@@ -43,6 +48,8 @@ def connect(address: str | None = None, num_cpus: int | None = None) -> None:
     kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False}
     if address:
         use_saved_token(address)
+        if _parent_node_ip:
+            kwargs["_node_ip_address"] = _parent_node_ip
         with timed("ray-join", address):
             ray.init(address=address, **kwargs)
     else:
@@ -163,8 +170,26 @@ class Channel:
         return True
 
 
-def _child_main(target: Callable[..., None], conn: Connection, args: tuple) -> None:
+def running_node_ip() -> str | None:
+    """The address of the Ray node this process runs on; None outside Ray.
+
+    A driver child joins its parent's node. Left to itself, ``ray.init(address=...)`` picks a
+    node by listing the raylet processes it can see and prefers the head's: where several nodes'
+    raylets share one process table (nodes in network namespaces of one machine, or a container
+    that sees its host's processes), a child of a driver actor on node 2 joined node 1's raylet
+    from node 2's network and its Serve calls were never answered."""
+    ray = sys.modules.get("ray")
+    if ray is None or not ray.is_initialized():
+        return None
+    return str(ray.util.get_node_ip_address())
+
+
+def _child_main(
+    target: Callable[..., None], conn: Connection, args: tuple, node_ip: str | None
+) -> None:
+    global _parent_node_ip
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the run; it stops us in order
+    _parent_node_ip = node_ip
     target(Channel(conn), *args)
 
 
@@ -180,7 +205,10 @@ class DriverChild:
         context = multiprocessing.get_context("spawn")  # a fresh interpreter: no inherited Ray
         self.conn, child = context.Pipe()
         self.process = context.Process(
-            target=_child_main, args=(target, child, args), name=name, daemon=True
+            target=_child_main,
+            args=(target, child, args, running_node_ip()),
+            name=name,
+            daemon=True,
         )
         self.process.start()
         child.close()

@@ -24,6 +24,7 @@ key before it is reported ready, and an app that answers is stopped, not used.
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import hmac
 import json
@@ -104,6 +105,7 @@ def llm_config(spec: ServerSpec, replicas: int, device: str) -> Any:
         engine["reasoning_parser"] = preset.reasoning_parser
     if spec.revision:  # the hub commit the run's identity records
         engine["revision"] = spec.revision
+    engine |= engine_flags(preset.extra_engine_args + spec.extra_args)  # later flags win
     env = (CPU_ENV if device == "cpu" else {}) | spec.env
     from .replica import NO_MIRROR_CALLBACK, CountedServer
 
@@ -132,6 +134,33 @@ def llm_config(spec: ServerSpec, replicas: int, device: str) -> Any:
         log_engine_metrics=False,
         **adapters,
     )
+
+
+def engine_flags(flags: list[str]) -> dict[str, Any]:
+    """vLLM flags (``serve --engine-arg``, a preset's) as Serve LLM's engine keywords, read by
+    vLLM's own parser: each with the value and type ``vllm serve`` would give it. Only engine
+    flags exist on a Serve replica (no server flags); anything else is refused, never dropped."""
+    if not flags:
+        return {}
+    from vllm.engine.arg_utils import AsyncEngineArgs
+
+    try:
+        from vllm.utils.argparse_utils import FlexibleArgumentParser
+    except ImportError:  # vLLM before 0.11 kept it in vllm.utils
+        from vllm.utils import FlexibleArgumentParser
+
+    parser = AsyncEngineArgs.add_cli_args(FlexibleArgumentParser(exit_on_error=False))
+    try:
+        given, unknown = parser.parse_known_args(flags)
+    except (argparse.ArgumentError, SystemExit) as exc:  # a bad value: argparse may exit
+        raise ServerStartError(f"--engine-arg {' '.join(flags)}: {exc}") from exc
+    if unknown:
+        raise ServerStartError(
+            f"--engine-arg {' '.join(unknown)}: not a vLLM engine flag (a Ray Serve replica "
+            "takes engine flags only)"
+        )
+    defaults = vars(parser.parse_args([]))
+    return {k: v for k, v in vars(given).items() if defaults.get(k) != v}
 
 
 def _bytes(text: str) -> int:
