@@ -214,7 +214,9 @@ def test_the_judge_beside_the_nli_app_on_two_nodes_equals_a_local_run(
     """``--judge`` (the tiny model on vLLM's CPU engine, one Ray Serve LLM replica) and
     ``--nli`` (the tiny cross-encoder, a Serve app) on one Serve instance over both nodes, two
     drivers asking the judge through the head's proxy: comprehensiveness by the NLI method
-    equals the same run here against the plain vLLM server and the local NLI scorer."""
+    equals the same run here against the plain vLLM server and the local NLI scorer. The job
+    starts its own Ray and judge on the Slurm nodes (that start is what the recipe does and what
+    is tested); the local run reuses the session's vLLM server."""
     from tests.support.tiny import build_tiny_classifier
 
     nli = build_tiny_classifier(tmp_path / "nli")

@@ -31,7 +31,13 @@ def serve(
     port: Annotated[int, typer.Option(help="0 picks a free port")] = 8000,
     run_dir: Annotated[Path, typer.Option(help="where serve.log goes")] = Path("runs/serve"),
     max_model_len: Annotated[int | None, typer.Option()] = None,
-    engine_arg: Annotated[list[str] | None, typer.Option(help="extra vLLM flag")] = None,
+    engine_arg: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="an extra vLLM flag, one token each (--engine-arg=--max-num-seqs "
+            "--engine-arg=8); with --replicas, engine flags only"
+        ),
+    ] = None,
     timeout: Annotated[float, typer.Option(help="seconds to wait for health")] = 900.0,
     api_key_env: Annotated[
         str | None, typer.Option(help="variable holding the API key (needed off loopback)")

@@ -89,11 +89,12 @@ class Slurm:
         """The job's state (PENDING, RUNNING, COMPLETED, CANCELLED, FAILED, ...); GONE once Slurm
         no longer knows it. A busy slurmctld that times out is asked again, never read as GONE."""
         deadline = time.monotonic() + 300
-        done = self.run("scontrol", "show", "job", job, "-o")
-        while done.returncode != 0 and "Invalid job id" not in done.stderr:
+        while True:
+            done = self.run("scontrol", "show", "job", job, "-o")
+            if done.returncode == 0 or "Invalid job id" in done.stderr:
+                break
             assert time.monotonic() < deadline, f"scontrol show job {job}: {done.stderr.strip()}"
             time.sleep(1)
-            done = self.run("scontrol", "show", "job", job, "-o")
         for field in done.stdout.split():
             if field.startswith("JobState="):
                 return field.split("=", 1)[1]
