@@ -313,12 +313,17 @@ def test_the_allocation_read_from_slurms_environment():
     env = {"SLURM_JOB_ID": "4242", "SLURM_JOB_NODELIST": "gpu7", "SLURM_CPUS_ON_NODE": "32"}
     alloc = launch.Allocation(env | {"SLURM_GPUS_ON_NODE": "4", "SLURM_ARRAY_TASK_ID": "3"})
     assert (alloc.nodes, alloc.cpus, alloc.gpus, alloc.array_task) == (["gpu7"], 32, 4, "3")
-    ports = alloc.ports()
     # job 4242: block 4242 % 56 = 42 of the 56 blocks of 400 between 10000 and 32768 (below the
     # kernel's ephemeral range); the GCS first, the workers' range last
-    assert ports["port"] == 10000 + 42 * 400 == 26800
+    assert alloc.first_block_start() == 10000 + 42 * 400 == 26800
+    ports = launch.block_ports(26800)
+    assert ports["port"] == 26800 and ports["judge-port"] == 26819
     assert (ports["min-worker-port"], ports["max-worker-port"]) == (26820, 27199)
     assert len(set(ports.values())) == len(ports)  # no port twice
+    # what ports() gives is a whole block: the job's own, or (where this busy machine holds a
+    # port of it) a later one -- test_a_block_with_a_port_in_use_gives_way_to_the_next_one
+    given = alloc.ports()
+    assert (given["port"] - 10000) % 400 == 0 and given == launch.block_ports(given["port"])
     for job in range(0, 5000, 97):  # every block stays below the ephemeral range
         block = launch.Allocation(env | {"SLURM_JOB_ID": str(job)}).ports()
         assert min(block.values()) >= 10000 and max(block.values()) < 32768

@@ -89,6 +89,12 @@ class Allocation:
     def head(self) -> str:
         return self.nodes[0]
 
+    def first_block_start(self) -> int:
+        """Where the job's own block of ports starts (the one tried first): the job id picks
+        one of the blocks between PORT_FLOOR and PORT_CEILING."""
+        blocks = (PORT_CEILING - PORT_FLOOR) // PORT_BLOCK
+        return PORT_FLOOR + int(self.job) % blocks * PORT_BLOCK
+
     def ports(self, base: int | None = None) -> dict[str, int]:
         """Ray's ports for this job: a block of 400 below Linux's ephemeral range (where the
         kernel hands out ports for outgoing connections), chosen by the job id; a block with a
@@ -97,7 +103,7 @@ class Allocation:
         if base is not None:
             return block_ports(base)
         blocks = (PORT_CEILING - PORT_FLOOR) // PORT_BLOCK
-        first = int(self.job) % blocks
+        first = (self.first_block_start() - PORT_FLOOR) // PORT_BLOCK
         for k in range(blocks):
             found = block_ports(PORT_FLOOR + (first + k) % blocks * PORT_BLOCK)
             if not any(port_taken(p) for p in range(found["port"], found["max-worker-port"] + 1)):
