@@ -50,3 +50,43 @@ def test_a_closed_pipe_ends_the_child():
     child.conn.close()  # what the run's death does to the pipe (even SIGKILL)
     child.process.join(30)
     assert child.process.exitcode == 0
+
+
+def test_a_local_ray_start_that_timed_out_is_ended_and_tried_again():
+    """Ray gives a local node a fixed 30 s to register; on a busy machine a start can miss it.
+    The processes the failed start made are ended, and the start is tried again; any other
+    error, or the last try's, is raised as it came."""
+    import subprocess
+    import sys
+
+    import pytest
+
+    from groundcover.serving.cluster.join import start_local
+
+    made: list[subprocess.Popen] = []
+
+    def flaky(fails: int, message: str):
+        def start() -> None:
+            made.append(subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"]))
+            if len(made) <= fails:
+                raise Exception(message)
+
+        return start
+
+    timeout = "The current node timed out during startup. This could happen because ..."
+    start_local(flaky(2, timeout), tries=3)
+    assert len(made) == 3
+    assert [p.wait(10) is not None for p in made[:2]] == [True, True]  # the failed starts' ended
+    assert made[2].poll() is None  # the start that worked keeps its processes
+    made[2].kill()
+
+    made.clear()
+    with pytest.raises(Exception, match="timed out during startup"):
+        start_local(flaky(5, timeout), tries=2)
+    assert len(made) == 2 and all(p.wait(10) is not None for p in made)  # none left behind
+
+    made.clear()
+    with pytest.raises(Exception, match="address in use"):
+        start_local(flaky(1, "address in use"), tries=3)
+    assert len(made) == 1  # not a startup timeout: not tried again
+    made[0].kill()

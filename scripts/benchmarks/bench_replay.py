@@ -15,6 +15,17 @@ each other; the replay keeps no such order.
     python scripts/benchmarks/bench_replay.py --model embedded --concurrency 16 \
         --run "eval comprehensiveness examples/comprehensiveness.jsonl" \
         --run "generate examples/questions.jsonl --max-tokens 64"
+
+``{work}`` in a command is the benchmark's scratch folder and ``{tiny_nli}`` a tiny random
+DeBERTa-v2 NLI checkpoint built there (ICAT's grounding runs on it: its calls are not the
+judge's, and only the judge's are replayed); ``--prepare`` runs a groundcover command once
+before any run, unmeasured (an index for ICAT)::
+
+    --prepare "index build scripts/benchmarks/replay-icat/corpus.jsonl {work}/icat-index
+               --dense-model none"
+    --run "eval icat scripts/benchmarks/replay-icat/responses.jsonl --queries
+           scripts/benchmarks/replay-icat/queries.jsonl --index {work}/icat-index
+           --retrieval bm25 --nli-model {tiny_nli}"
 """
 
 from __future__ import annotations
@@ -165,6 +176,18 @@ def run_batch(spec: ServerSpec, device: str, bodies: list[dict[str, Any]], work:
     }
 
 
+def placeholders(work: Path, commands: list[str]) -> dict[str, str]:
+    """What ``{work}`` and ``{tiny_nli}`` stand for; the NLI checkpoint is built only when a
+    command names it."""
+    places = {"work": str(work), "tiny_nli": ""}
+    if any("{tiny_nli}" in command for command in commands):
+        sys.path.insert(0, str(ROOT))
+        from tests.support.tiny import build_tiny_classifier
+
+        places["tiny_nli"] = str(build_tiny_classifier(work / "tiny-nli"))
+    return places
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="embedded")
@@ -173,11 +196,21 @@ def main() -> None:
         "--run", action="append", required=True,
         help="a groundcover command (after `groundcover`), repeat: each run is measured",
     )  # fmt: skip
+    parser.add_argument(
+        "--prepare", action="append", default=[],
+        help="a groundcover command run once before the runs, unmeasured (repeat)",
+    )  # fmt: skip
     args = parser.parse_args()
     spec = ServerSpec(model=args.model, env={"VLLM_SERVER_DEV_MODE": "1"})
     model_source(resolve(args.model))  # converted once, outside every timing
     with tempfile.TemporaryDirectory() as tmp, VLLMServer(spec, Path(tmp) / "serve.log") as server:
         work = Path(tmp)
+        places = placeholders(work, [*args.prepare, *args.run])
+        for command in args.prepare:
+            argv = [sys.executable, "-m", "groundcover", *shlex.split(command.format(**places))]
+            done = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True)
+            if done.returncode != 0:
+                raise SystemExit(f"{command}: exit {done.returncode}\n{done.stderr[-2000:]}")
         recorder = Recorder(server.base_url)
         recorder.start()
         rows = []
@@ -185,7 +218,7 @@ def main() -> None:
             recorder.bodies.clear()
             empty_prefix_cache(server.base_url)
             before = prefix_counters(server.base_url)
-            argv = [sys.executable, "-m", "groundcover", *shlex.split(command)]
+            argv = [sys.executable, "-m", "groundcover", *shlex.split(command.format(**places))]
             argv += ["--endpoint", recorder.url, "--model", server.served_name]
             argv += ["--concurrency", str(args.concurrency), "--no-cache", "--quiet"]
             argv += ["--run-dir", str(work / f"run-{number}")]

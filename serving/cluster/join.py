@@ -59,7 +59,35 @@ def connect(address: str | None = None, num_cpus: int | None = None) -> None:
         # local Ray's processes inherit this from ours; a cluster's nodes take theirs.
         os.environ.setdefault("RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S", "60")
         with timed("ray-local", f"{num_cpus or 'all'} CPUs"):
-            ray.init(num_cpus=num_cpus, **kwargs)
+            start_local(lambda: ray.init(num_cpus=num_cpus, **kwargs))
+
+
+# Ray gives a new local node 30 s (fixed in its code) to register with its control store; on a
+# machine whose cores are all busy that is sometimes not enough (seen in CI: "The current node
+# timed out during startup"), while a second start succeeds.
+LOCAL_START_TRIES = 3
+
+
+def start_local(start: Callable[[], object], tries: int = LOCAL_START_TRIES) -> None:
+    """``start()`` (a local ``ray.init``), tried again after Ray's startup timeout; the
+    processes each timed-out start left (the children of this process it made) are ended."""
+    import psutil
+
+    for attempt in range(1, tries + 1):
+        before = {p.pid for p in psutil.Process().children(recursive=True)}
+        try:
+            start()
+            return
+        except Exception as exc:
+            if "timed out during startup" not in str(exc):
+                raise
+            left = [p for p in psutil.Process().children(recursive=True) if p.pid not in before]
+            for process in left:
+                with contextlib.suppress(psutil.Error):
+                    process.kill()
+            psutil.wait_procs(left, timeout=10)
+            if attempt == tries:
+                raise
 
 
 def use_saved_token(address: str) -> None:
