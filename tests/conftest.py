@@ -35,6 +35,12 @@ def pytest_configure(config) -> None:
     # the Ray clusters tests start with `ray start` wait for a Serve proxy as a local Ray of
     # ours does (serving/ray_cluster.connect): a loaded machine starts one in more than 5 s
     os.environ.setdefault("RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S", "60")
+    # The README's `-n 2` on a 2-core machine: one OpenMP thread per process (torch, FAISS, and
+    # the processes tests start inherit it), as our vLLM servers already run. One thread per
+    # core in each of several busy processes oversubscribes the cores (measured: tests/test_ann,
+    # test_scale and test_retrieval with -n 2 took 284 s instead of 311 s).
+    for threads in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        os.environ.setdefault(threads, "1")
     if not os.environ.get(startlog.ENV):
         fd, path = tempfile.mkstemp(prefix="gc-starts-", suffix=".jsonl")
         os.close(fd)

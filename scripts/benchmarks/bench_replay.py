@@ -16,9 +16,10 @@ each other; the replay keeps no such order.
         --run "eval comprehensiveness examples/comprehensiveness.jsonl" \
         --run "generate examples/questions.jsonl --max-tokens 64"
 
-``{work}`` in a command is the benchmark's scratch folder and ``{tiny_nli}`` a tiny random
-DeBERTa-v2 NLI checkpoint built there (ICAT's grounding runs on it: its calls are not the
-judge's, and only the judge's are replayed); ``--prepare`` runs a groundcover command once
+``{work}`` in a command is the benchmark's scratch folder and ``{tiny_nli}`` a tiny
+DeBERTa-v2 NLI checkpoint built there that entails every pair (ICAT's grounding runs on it: so
+every claim is grounded and aligned; NLI calls are not the judge's, and only the judge's are
+replayed); ``--prepare`` runs a groundcover command once
 before any run, unmeasured (an index for ICAT)::
 
     --prepare "index build scripts/benchmarks/replay-icat/corpus.jsonl {work}/icat-index
@@ -181,11 +182,28 @@ def placeholders(work: Path, commands: list[str]) -> dict[str, str]:
     command names it."""
     places = {"work": str(work), "tiny_nli": ""}
     if any("{tiny_nli}" in command for command in commands):
-        sys.path.insert(0, str(ROOT))
-        from tests.support.tiny import build_tiny_classifier
-
-        places["tiny_nli"] = str(build_tiny_classifier(work / "tiny-nli"))
+        places["tiny_nli"] = str(entailing_nli(work / "tiny-nli"))
     return places
+
+
+def entailing_nli(target: Path) -> Path:
+    """A tiny random DeBERTa-v2 NLI checkpoint whose output bias puts every pair at
+    ENTAILMENT: every claim is grounded, so ICAT's later stages (the alignment of grounded
+    claims with aspects) are asked as they are with a real NLI model that grounds them."""
+    import torch
+    from transformers import AutoModelForSequenceClassification
+
+    sys.path.insert(0, str(ROOT))
+    from tests.support.tiny import build_tiny_classifier
+
+    build_tiny_classifier(target)
+    model = AutoModelForSequenceClassification.from_pretrained(target)
+    entailment = model.config.label2id["ENTAILMENT"]
+    with torch.no_grad():
+        model.classifier.bias.zero_()
+        model.classifier.bias[entailment] = 50.0
+    model.save_pretrained(target)
+    return target
 
 
 def main() -> None:
