@@ -44,6 +44,26 @@ def slurm():
         yield cluster
 
 
+def test_a_sigterm_to_the_test_run_takes_the_test_cluster_down_in_order():
+    """An outer timeout's SIGTERM becomes SystemExit inside ``slurm_cluster`` (its ``finally``
+    removes the namespaces, daemons and jobs); a second one during that cleanup is ignored."""
+    import signal
+
+    from tests.support.slurm import sigterm_as_exit
+
+    before = signal.getsignal(signal.SIGTERM)
+    cleaned = []
+    with pytest.raises(SystemExit, match="signal 15"), sigterm_as_exit():
+        try:
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(5)
+        finally:
+            os.kill(os.getpid(), signal.SIGTERM)  # ignored: the cleanup goes on
+            cleaned.append(True)
+    assert cleaned == [True]
+    assert signal.getsignal(signal.SIGTERM) == before
+
+
 def job_processes(slurm, job: str) -> dict[int, list[int]]:
     """The job's processes on each node: those with ``SLURM_JOB_ID=job`` in their environment
     (Slurm puts it in every step's; Ray's processes inherit it from ``ray start``), by the

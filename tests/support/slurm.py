@@ -244,9 +244,36 @@ def ip(*args: str) -> None:
 
 
 @contextlib.contextmanager
+def sigterm_as_exit() -> Iterator[None]:
+    """A SIGTERM to this process (an outer timeout ending the test run) raises SystemExit in
+    the main thread, so the ``finally`` blocks inside run: the namespaces, daemons and jobs a
+    module made are taken down as after a failed test. (SIGKILL cannot be caught.)"""
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def stop(signum: int, frame: Any) -> None:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second one: the cleanup runs to its end
+        raise SystemExit(f"stopped by signal {signum}")
+
+    previous = signal.signal(signal.SIGTERM, stop)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+@contextlib.contextmanager
 def slurm_cluster(cpus: int, memory_mb: int = 4096, nodes: int = 1) -> Iterator[Slurm]:
     """slurmctld and slurmd for this host (or for ``nodes`` namespaces of it) in a temporary
-    folder, stopped at the end."""
+    folder, stopped at the end (also when the test run is ended by SIGTERM)."""
+    with sigterm_as_exit():
+        yield from _slurm_cluster(cpus, memory_mb, nodes)
+
+
+def _slurm_cluster(cpus: int, memory_mb: int, nodes: int) -> Iterator[Slurm]:
     root = Path(tempfile.mkdtemp(prefix="gc-slurm-"))
     network = Network(nodes) if nodes > 1 else None
     host = socket.gethostname()
