@@ -259,8 +259,9 @@ def build_embeddings(out: Path, spec: IndexSpec, n_chunks: int, encoder=None) ->
     if spec.ray and todo:
         import ray
 
-        if not ray.is_initialized():
-            ray.init(num_cpus=os.cpu_count(), include_dashboard=False, log_to_driver=False)
+        from ..serving.cluster.join import connect
+
+        connect(num_cpus=os.cpu_count())  # a local Ray, once (its start retried on a busy host)
         task = ray.remote(embed_shard)
         args = (model_path, str(out))
         pending = {task.remote(*args, a, b, spec.batch_size, spec.device): b - a for a, b in todo}

@@ -180,10 +180,18 @@ def run_batch(spec: ServerSpec, device: str, bodies: list[dict[str, Any]], work:
 def placeholders(work: Path, commands: list[str]) -> dict[str, str]:
     """What ``{work}`` and ``{tiny_nli}`` stand for; the NLI checkpoint is built only when a
     command names it."""
-    places = {"work": str(work), "tiny_nli": ""}
+    places = {"{work}": str(work)}
     if any("{tiny_nli}" in command for command in commands):
-        places["tiny_nli"] = str(entailing_nli(work / "tiny-nli"))
+        places["{tiny_nli}"] = str(entailing_nli(work / "tiny-nli"))
     return places
+
+
+def filled(command: str, places: dict[str, str]) -> list[str]:
+    """``groundcover COMMAND`` as argv, its placeholders replaced (other braces, e.g. JSON in
+    an option, stay as they are)."""
+    for name, value in places.items():
+        command = command.replace(name, value)
+    return [sys.executable, "-m", "groundcover", *shlex.split(command)]
 
 
 def entailing_nli(target: Path) -> Path:
@@ -225,8 +233,7 @@ def main() -> None:
         work = Path(tmp)
         places = placeholders(work, [*args.prepare, *args.run])
         for command in args.prepare:
-            argv = [sys.executable, "-m", "groundcover", *shlex.split(command.format(**places))]
-            done = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True)
+            done = subprocess.run(filled(command, places), cwd=ROOT, capture_output=True, text=True)
             if done.returncode != 0:
                 raise SystemExit(f"{command}: exit {done.returncode}\n{done.stderr[-2000:]}")
         recorder = Recorder(server.base_url)
@@ -236,7 +243,7 @@ def main() -> None:
             recorder.bodies.clear()
             empty_prefix_cache(server.base_url)
             before = prefix_counters(server.base_url)
-            argv = [sys.executable, "-m", "groundcover", *shlex.split(command.format(**places))]
+            argv = filled(command, places)
             argv += ["--endpoint", recorder.url, "--model", server.served_name]
             argv += ["--concurrency", str(args.concurrency), "--no-cache", "--quiet"]
             argv += ["--run-dir", str(work / f"run-{number}")]
