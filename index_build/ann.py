@@ -175,7 +175,7 @@ def new_index(plan: FaissPlan) -> Any:
     else:
         index = faiss.IndexIVFPQ(quantiser, plan.dim, plan.nlist, plan.pq_m, plan.pq_bits, metric)
     if plan.opq:
-        rotation = faiss.OPQMatrix(plan.dim, plan.pq_m)
+        rotation: Any = faiss.OPQMatrix(plan.dim, plan.pq_m)
         # the rotation is learnt for the codebooks it serves: faiss's OPQ trains with 8-bit
         # codebooks unless handed a quantiser, a worse fit (and 16x the k-means) at 4 bits
         trainer = faiss.ProductQuantizer(plan.dim, plan.pq_m, plan.pq_bits)
