@@ -48,7 +48,10 @@ def index_build_command(
         int | None, typer.Option(help="ivf-pq: sub-vectors = bytes per code (default dim/8)")
     ] = None,
     pq_bits: Annotated[int, typer.Option(help="ivf-pq: bits per sub-vector code")] = 8,
-    opq: Annotated[bool, typer.Option("--opq", help="ivf-pq: learn an OPQ rotation")] = False,
+    opq: Annotated[
+        bool,
+        typer.Option("--opq", help="ivf-pq: learn an OPQ rotation, fitted to --pq-bits codebooks"),
+    ] = False,
     refine: Annotated[
         int | None,
         typer.Option(
