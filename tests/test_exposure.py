@@ -110,8 +110,12 @@ def unsafe_calls(path: Path) -> list[str]:
         keywords = {k.arg: k.value for k in node.keywords}
         if isinstance(func, ast.Name) and name in ("eval", "exec", "compile", "__import__"):
             found.append(f"{path}:{node.lineno}: {name}()")
-        if owner == "yaml" and name in ("load", "unsafe_load", "full_load"):
+        loader = keywords.get("Loader")
+        safe_loader = getattr(loader, "attr", getattr(loader, "id", "")).endswith("SafeLoader")
+        if owner == "yaml" and name in ("unsafe_load", "full_load", "unsafe_load_all"):
             found.append(f"{path}:{node.lineno}: yaml.{name} (use safe_load)")
+        if owner == "yaml" and name in ("load", "load_all") and not safe_loader:
+            found.append(f"{path}:{node.lineno}: yaml.{name} without a SafeLoader")
         if owner == "torch" and name == "load":
             safe = keywords.get("weights_only")
             if not (isinstance(safe, ast.Constant) and safe.value is True):
@@ -135,5 +139,6 @@ def test_the_scan_finds_what_it_looks_for(tmp_path):
         "import pickle\nimport yaml, torch, numpy as np, subprocess\n"
         "eval(x)\nyaml.load(s)\ntorch.load(f)\nnp.load(f, allow_pickle=True)\n"
         "subprocess.run(c, shell=True)\ntorch.load(f, weights_only=True)\n"
+        "yaml.load_all(s, Loader=yaml.Loader)\nyaml.load_all(s, Loader=yaml.CSafeLoader)\n"
     )
-    assert len(unsafe_calls(bad)) == 6
+    assert len(unsafe_calls(bad)) == 7

@@ -24,11 +24,19 @@ import yaml
 HERE = Path(__file__).resolve().parent
 
 
+def documents(text: str) -> Iterator[Any]:
+    """The YAML documents of ``text``, safely loaded: by libyaml where PyYAML was built with it
+    (KubeRay's two CRD files are 2.3 MB: 4 s of pure-Python parsing against 0.6 s)."""
+    if yaml.__with_libyaml__:
+        return yaml.load_all(text, Loader=yaml.CSafeLoader)
+    return yaml.safe_load_all(text)
+
+
 def schemas(crd_dir: Path) -> dict[tuple[str, str], dict[str, Any]]:
     """(apiVersion, kind) -> the version's openAPIV3Schema, from every CRD file in the folder."""
     found = {}
     for path in sorted(crd_dir.glob("*.yaml")):
-        for crd in yaml.safe_load_all(path.read_text()):
+        for crd in documents(path.read_text()):
             if not crd or crd.get("kind") != "CustomResourceDefinition":
                 continue
             group, kind = crd["spec"]["group"], crd["spec"]["names"]["kind"]
@@ -61,7 +69,7 @@ def strict(schema: Any) -> Any:
 def errors(manifest: Path, known: dict[tuple[str, str], dict[str, Any]]) -> Iterator[str]:
     import jsonschema
 
-    for number, document in enumerate(yaml.safe_load_all(manifest.read_text()), 1):
+    for number, document in enumerate(documents(manifest.read_text()), 1):
         if document is None:
             continue
         key = (document.get("apiVersion", ""), document.get("kind", ""))
