@@ -277,7 +277,19 @@ class Cluster:
             )
         self.wait_for(len(self.alloc.nodes))
 
+    def gcs_listening(self) -> bool:
+        """Whether the head's GCS port takes a connection: a socket, not a ``ray status`` (a
+        Python process importing Ray, about a CPU-second each) while the head starts."""
+        with (
+            contextlib.suppress(OSError),
+            socket.create_connection((self.head, self.ports["port"]), timeout=2),
+        ):
+            return True
+        return False
+
     def alive_nodes(self) -> int:
+        if not self.gcs_listening():
+            return 0
         done = subprocess.run(
             [self.ray, "status", f"--address={self.address}"],
             capture_output=True,
