@@ -435,6 +435,9 @@ def test_a_grid_line_per_array_task(tmp_path):
 def test_the_command_gets_the_cluster_and_one_driver_per_node_and_k(monkeypatch):
     launch = launcher()
     monkeypatch.delenv("GC_GRID", raising=False)
+    # every port free: the block is the job's own, whatever this machine's other tests hold
+    # (a Ray beside this test listens on ports of 10002-19999; the probing is tested above)
+    monkeypatch.setattr(launch, "port_taken", lambda port: False)
     alloc = launch.Allocation({"SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "n1"})
     alloc.nodes = ["n1", "n2", "n3"]
     cluster = launch.Cluster(alloc, "ray", None, launch.Stopping())
