@@ -621,9 +621,10 @@ class Stopping:
 
 def run(args: argparse.Namespace) -> int:
     # Ray's token authentication, on for every process the launcher starts: the token is
-    # ~/.ray/auth_token (made by the head if missing), so every node needs the same home (or
+    # ~/.ray/auth_token (made here if missing), so every node needs the same home (or
     # RAY_AUTH_TOKEN set in the job's environment)
     os.environ.setdefault("RAY_AUTH_MODE", "token")
+    ensure_ray_token(args.ray)
     if args.judge:  # in the environment of every node's Ray (srun passes it): its proxies ask
         os.environ.setdefault(KEY_ENV, secrets.token_urlsafe(32))
         os.environ[CALLBACK_ENV] = CALLBACK
@@ -653,6 +654,22 @@ def run(args: argparse.Namespace) -> int:
         say("Ray stopped on every node")
         if stopping.signal == signal.SIGUSR1 and code != 0 and args.requeue:
             requeue(alloc)
+
+
+def ensure_ray_token(ray: str) -> None:
+    """Ray's token, made where none is found (``RAY_AUTH_TOKEN``, ``RAY_AUTH_TOKEN_PATH`` or
+    ``~/.ray/auth_token``): ``ray start --head`` in token mode refuses to start without one and
+    never makes it. Ray's own command makes it (its path rules, its format); the token is never
+    printed into the job's log."""
+    done = subprocess.run(
+        [ray, "get-auth-token", "--generate"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        timeout=120,
+    )
+    if done.returncode != 0:
+        raise SystemExit(f"launch: no Ray token and none could be made: {done.stderr.strip()}")
 
 
 def requeue(alloc: Allocation) -> None:

@@ -41,9 +41,15 @@ def ray_head(
         if dashboard
         else ["--include-dashboard=false"]
     )
+    ray = str(Path(sys.executable).with_name("ray"))
+    # token mode, as the Slurm launcher runs Ray: `ray start --head` in it needs a token, which
+    # Ray's own command makes where none is (a fresh machine has none)
+    subprocess.run(
+        [ray, "get-auth-token", "--generate"], capture_output=True, check=True, timeout=120
+    )
     head = subprocess.Popen(
         [
-            str(Path(sys.executable).with_name("ray")),
+            ray,
             "start",
             "--head",
             "--block",
@@ -57,6 +63,7 @@ def ray_head(
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
         start_new_session=True,
+        env=dict(os.environ, RAY_AUTH_MODE="token"),
     )
     head.port = port  # type: ignore[attr-defined]
     head.dashboard = f"http://127.0.0.1:{dashboard_port}"  # type: ignore[attr-defined]
@@ -108,7 +115,7 @@ def ray_worker(
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
         start_new_session=True,
-        env=dict(os.environ, RAY_AUTH_MODE="token"),  # joins with the token the head saved
+        env=dict(os.environ, RAY_AUTH_MODE="token"),  # joins with the head's token
     )
     try:
         began = time.monotonic()
