@@ -19,7 +19,7 @@ import pytest
 
 from groundcover.serving.client import EndpointError, EvalClient
 from groundcover.serving.launch.registry import LoraAdapter
-from groundcover.serving.launch.server import ServerSpec
+from groundcover.serving.launch.server import ServerSpec, engine_device
 from tests.conftest import ADAPTER, TEST_SERVER_ENV, require_engine
 from tests.support.questions import questions_file
 from tests.support.ray_head import wait_for_records
@@ -74,6 +74,10 @@ def test_two_replicas_both_serve_and_answer_like_one_plain_server(replicas, vllm
 
     pids = replicas.replica_pids()
     assert len(pids) == 2
+    if engine_device() == "cpu":  # the model in the engine core's process: no worker beside it
+        for pid in pids:
+            tree = [c.name() for c in psutil.Process(pid).children(recursive=True)]
+            assert [t for t in tree if t.startswith("VLLM::")] == ["VLLM::EngineCore"], tree
 
     def cpu() -> list[float]:
         return [sum(psutil.Process(p).cpu_times()[:2]) for p in pids]

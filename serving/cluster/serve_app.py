@@ -50,6 +50,10 @@ APP = "groundcover"
 KEY_ENV = "GROUNDCOVER_SERVE_API_KEY"
 CALLBACK_ENV = "RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH"
 CALLBACK = "groundcover.serving.cluster.serve_app:proxy_middlewares"
+# Serve LLM's engine class, by path, in each replica's environment (imported only there): on a
+# CPU node the model runs in vLLM's engine process, not in one more spawned worker (``engine``)
+ENGINE_CLASS_ENV = "RAYLLM_VLLM_ENGINE_CLS"
+ONE_PROCESS_ENGINE = "groundcover.serving.cluster.engine:OneProcessEngine"
 
 
 def proxy_middlewares() -> list[Any]:
@@ -106,7 +110,7 @@ def llm_config(spec: ServerSpec, replicas: int, device: str) -> Any:
     if spec.revision:  # the hub commit the run's identity records
         engine["revision"] = spec.revision
     engine |= engine_flags(preset.extra_engine_args + spec.extra_args)  # later flags win
-    env = (CPU_ENV if device == "cpu" else {}) | spec.env
+    env = (CPU_ENV | {ENGINE_CLASS_ENV: ONE_PROCESS_ENGINE} if device == "cpu" else {}) | spec.env
     from .replica import NO_MIRROR_CALLBACK, CountedServer
 
     adapters: dict[str, Any] = {"server_cls": CountedServer}  # answers counted per replica
