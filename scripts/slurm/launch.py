@@ -624,7 +624,8 @@ def run(args: argparse.Namespace) -> int:
     # ~/.ray/auth_token (made here if missing), so every node needs the same home (or
     # RAY_AUTH_TOKEN set in the job's environment)
     os.environ.setdefault("RAY_AUTH_MODE", "token")
-    ensure_ray_token(args.ray)
+    if os.environ["RAY_AUTH_MODE"] == "token":  # a site that turned it off gets no token file
+        ensure_ray_token(args.ray)
     if args.judge:  # in the environment of every node's Ray (srun passes it): its proxies ask
         os.environ.setdefault(KEY_ENV, secrets.token_urlsafe(32))
         os.environ[CALLBACK_ENV] = CALLBACK
