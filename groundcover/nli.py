@@ -1,4 +1,4 @@
-"""Where a framework's NLI cross-encoder runs: here, on a Ray Serve app, or on Ray Data actors
+"""Where a framework's NLI cross-encoder runs: here, on a Ray Serve app, or on Ray actors of its own
 (the options and flags every framework with one shares)."""
 
 from __future__ import annotations

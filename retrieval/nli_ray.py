@@ -1,12 +1,14 @@
-"""NLI over a Ray Data actor pool: the same batches as ``NliScorer``, scored by N actors that each
-hold one copy of the model (one GPU each on GPU nodes).
+"""NLI on a pool of Ray actors: the same batches as ``NliScorer``, scored by N actors that each
+hold one copy of the model (one GPU each on GPU nodes) for the scorer's whole life.
 
 The caller deduplicates the pairs and plans the batches exactly as the local scorer does
 (``plan_batches``: length-sorted, same size), so every batch has the same padding and the actors
 compute what the local path computes; results are joined back by batch number into the caller's
-order. Each ``probabilities`` call is one Ray Data execution (actors start, load the model, score
-every batch, stop): call it with many pairs at once -- ``NliBatcher`` pools the pairs of all
-items in flight. Ray Data restarts an actor that dies and retries its batch.
+order. The actors start and load the model once, when the scorer is made (a model that will not
+load, or actors that cannot be placed, fail there); each ``probabilities`` call then hands its
+batches, a few per actor call, to whichever actor is free (``ray.util.ActorPool``). Ray restarts
+an actor whose process dies and runs its unfinished calls again (``max_restarts``,
+``max_task_retries``), so a lost actor costs time, never a pair.
 
 The Ray driver is a child process, not the run's: Ray ends a driver process without an exception
 when its node's raylet dies (at once) or the cluster's GCS stays gone (after 60 s). Here that
@@ -27,6 +29,7 @@ from ..serving.cluster.join import (
     ClusterGone,
     DriverChild,
     connect,
+    error_line,
 )
 from .nli import CANONICAL, NliDecisions, NliScorer, plan_batches
 
@@ -34,73 +37,101 @@ __all__ = ["RayNliScorer", "connect"]
 
 
 class _BatchScorer:
-    """A Ray Data actor: loads the model once, scores one planned batch per row."""
+    """A Ray actor: loads the model once, then scores planned batches for as long as it lives."""
 
     def __init__(self, model: str, device: str, max_length: int, dynamic_padding: bool):
         self.scorer = NliScorer(
             model, device=device, max_length=max_length, dynamic_padding=dynamic_padding
         )
 
-    def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, Any]:
-        probs = []
-        for premises, hypotheses in zip(batch["premises"], batch["hypotheses"], strict=True):
-            pairs = list(zip(list(premises), list(hypotheses), strict=True))
-            probs.append(self.scorer.score_batch(pairs).astype(np.float32).tobytes())
-        return {
-            "batch": batch["batch"],
-            "probs": np.array(probs, dtype=object),
-            "worker": np.full(len(probs), os.getpid()),
-        }
+    def ready(self) -> int:
+        return os.getpid()
+
+    def score(self, batches: list[dict[str, Any]]) -> tuple[list[tuple[int, bytes]], int]:
+        """(batch number, float32 probabilities) for each batch, and this actor's process id."""
+        scored = []
+        for batch in batches:
+            pairs = list(zip(batch["premises"], batch["hypotheses"], strict=True))
+            probs = self.scorer.score_batch(pairs).astype(np.float32).tobytes()
+            scored.append((batch["batch"], probs))
+        return scored, os.getpid()
 
 
-def _execute(batches: list[dict[str, Any]], settings: dict[str, Any]) -> tuple[list, set[int]]:
-    """One Ray Data execution over the planned batches: (probabilities per batch, actor pids)."""
-    import ray.data
+def _start_actors(settings: dict[str, Any]) -> tuple[list[Any], list[int]]:
+    """The scorer's actors, each with its model loaded (spread over the cluster's nodes), and
+    their process ids."""
+    import ray
 
-    actors = settings["actors"]
-    # Several planned batches per Ray task (each still scored alone, so padding is unchanged):
-    # per-task overhead is paid per call, about four calls per actor keep the pool balanced.
-    per_task = max(1, min(16, len(batches) // (4 * actors)))
-    dataset = ray.data.from_items(batches, override_num_blocks=min(len(batches), 4 * actors))
-    results = dataset.map_batches(
-        _BatchScorer,
-        batch_size=per_task,
-        compute=ray.data.ActorPoolStrategy(size=actors),
+    make = ray.remote(_BatchScorer).options(
         num_cpus=1,
         num_gpus=settings["gpus_per_actor"],
-        batch_format="numpy",
-        fn_constructor_kwargs=settings["model"],
-    ).take_all()
+        max_restarts=-1,  # a dead actor's process is started again ...
+        max_task_retries=-1,  # ... and its unfinished calls run there
+        scheduling_strategy="SPREAD",
+    )
+    actors: list[Any] = [make.remote(**settings["model"]) for _ in range(settings["actors"])]
+    waiting = [actor.ready.remote() for actor in actors]
+    loaded, _ = ray.wait(waiting, num_returns=len(waiting), timeout=settings["start_timeout"])
+    if len(loaded) < len(actors):
+        raise TimeoutError(
+            f"{len(actors) - len(loaded)} of {len(actors)} NLI actors (1 CPU and "
+            f"{settings['gpus_per_actor']} GPU each) not placed and loaded within "
+            f"{settings['start_timeout']:.0f} s: the cluster lacks the resources?"
+        )
+    return actors, [int(pid) for pid in ray.get(waiting)]  # a failed load raises here
+
+
+def _execute(actors: list[Any], batches: list[dict[str, Any]]) -> tuple[list, set[int]]:
+    """The planned batches scored by the free actors: (probabilities per batch, actor pids)."""
+    from ray.util import ActorPool
+
+    # Several planned batches per actor call (each still scored alone, so padding is unchanged):
+    # about four calls per actor keep the pool balanced at a few milliseconds per call.
+    per_call = max(1, min(16, len(batches) // (4 * len(actors))))
+    pool = ActorPool(actors)
+    for first in range(0, len(batches), per_call):
+        group = batches[first : first + per_call]
+        pool.submit(lambda actor, batches: actor.score.remote(batches), group)
     scored: list[bytes | None] = [None] * len(batches)
-    for row in results:
-        scored[int(row["batch"])] = bytes(row["probs"])
+    workers: set[int] = set()
+    while pool.has_next():
+        results, pid = pool.get_next_unordered()
+        workers.add(int(pid))
+        for number, probs in results:
+            scored[int(number)] = probs
     missing = sum(s is None for s in scored)
-    if missing:  # Ray retries failed tasks itself; a batch that never came back is an error
-        raise RuntimeError(f"Ray Data returned no result for {missing} NLI batches")
-    return scored, {int(row["worker"]) for row in results}
+    if missing:  # a call that was retried answers in full; a batch never answered is an error
+        raise RuntimeError(f"the NLI actors returned no result for {missing} batches")
+    return scored, workers
 
 
 def _driver(channel: Channel, address: str | None, num_cpus: int, settings: dict) -> None:
-    """The child process: joins Ray, then answers one request per pooled call until told to stop."""
+    """The child process: joins Ray, starts the actors, then answers one request per pooled call
+    until told to stop."""
     try:
         connect(address, num_cpus=num_cpus)
     except Exception as exc:
         channel.say({"error": f"cannot join Ray at {address or 'a local instance'}: {exc}"})
         return
-    channel.say({"ready": True})
+    try:
+        actors, pids = _start_actors(settings)
+    except Exception as exc:
+        channel.say({"error": f"NLI actors on Ray: {error_line(exc)}"})
+        return
+    channel.say({"ready": True, "actors": pids})
 
     def score(request: dict[str, Any]) -> tuple[dict[str, Any], bytes]:
-        scored, workers = _execute(request["batches"], settings)
+        scored, workers = _execute(actors, request["batches"])
         return {"sizes": [len(s) for s in scored], "workers": sorted(workers)}, b"".join(scored)
 
     channel.answer_requests(score)
 
 
 class RayNliScorer(NliDecisions):
-    """``probabilities(pairs)`` like ``NliScorer``, computed by ``actors`` Ray Data actors."""
+    """``probabilities(pairs)`` like ``NliScorer``, computed by ``actors`` Ray actors that load
+    the model once, when the scorer is made."""
 
-    # Each call starts its actors (seconds: scripts/benchmarks/bench_scale.py measures it), so an
-    # ``NliBatcher`` takes every pair waiting when a call ends, up to this many, into the next.
+    # An ``NliBatcher`` takes every pair waiting when a call ends, up to this many, into the next.
     pool_pairs, pool_wait = 1 << 16, 0.05
 
     def __init__(
@@ -124,10 +155,11 @@ class RayNliScorer(NliDecisions):
         # one GPU per actor when the model runs on CUDA (--nli-device cuda), unless told
         self.gpus_per_actor = gpus_per_actor or (1 if device.startswith("cuda") else 0)
         self.tokenizer = AutoTokenizer.from_pretrained(model)  # to plan; the model stays remote
-        self.executions, self.workers = 0, set[str]()
+        self.executions, self.workers = 0, set[int]()
         settings = {
             "actors": actors,
             "gpus_per_actor": self.gpus_per_actor,
+            "start_timeout": start_timeout,
             "model": {
                 "model": model,
                 "device": device,
@@ -138,9 +170,10 @@ class RayNliScorer(NliDecisions):
         self.child = DriverChild(
             _driver, (address, max(2, actors + 1), settings), "groundcover-ray-nli"
         )
-        answer, _ = self._receive(start_timeout)
+        answer, _ = self._receive(start_timeout + 30)  # the child's own limit comes first
         if "error" in answer:
             raise ClusterGone(answer["error"])
+        self.started: set[int] = set(answer["actors"])  # the actors' processes, models loaded
 
     def probabilities(self, pairs: Sequence[tuple[str, str]]) -> np.ndarray:
         out = np.zeros((len(pairs), len(CANONICAL)), dtype=np.float32)

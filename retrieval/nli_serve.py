@@ -1,13 +1,15 @@
 """NLI as a warm Ray Serve deployment: N replicas that each hold the cross-encoder, called from a
 run through a ``DeploymentHandle``.
 
-Ray Data (``retrieval.nli_ray``) starts its actors and loads the model on every call -- seconds
-per call, which a run pays item by item. A Serve app loads the model once per replica and stays:
-a call costs the scoring and a few milliseconds. Requests are lists of pairs; ``@serve.batch``
-merges concurrent requests on a replica into one batch of up to ``max_pairs`` pairs, which the
-replica scores as ``NliScorer.probabilities`` does (deduplicated, length-sorted, ``batch_size``
-pairs per forward pass). The client cuts a call into length-sorted chunks of ``batch_size``
-(``plan_batches``), so a replica that merges consecutive chunks runs the local scorer's batches.
+A Serve app loads the model once per replica and stays: a call costs the scoring and a few
+milliseconds, and one app serves every driver of a run (and, named, later runs). The plain Ray
+actors of ``retrieval.nli_ray`` (``--nli-bulk``) are one driver's own, without Serve.
+
+Requests are lists of pairs; ``@serve.batch`` merges concurrent requests on a replica into one
+batch of up to ``max_pairs`` pairs, which the replica scores as ``NliScorer.probabilities`` does
+(deduplicated, length-sorted, ``batch_size`` pairs per forward pass). The client cuts a call into
+length-sorted chunks of ``batch_size`` (``plan_batches``), so a replica that merges consecutive
+chunks runs the local scorer's batches.
 
 An app is named. ``groundcover serve --nli MODEL`` deploys one on a cluster and leaves it there;
 ``--nli-app NAME`` uses it from any run on that cluster, warm. A run given ``--nli-replicas N``

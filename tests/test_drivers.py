@@ -543,7 +543,7 @@ def test_the_drivers_share_one_nli_app_of_the_runs_replicas(tmp_path):
     assert drivers.options.nli_resources is None and on_serve.options.nli_replicas == 3
     same = COMPREHENSIVENESS.identity  # where the cross-encoder runs changes no number
     assert same(drivers.options) == same(on_serve.options)
-    # nothing to share: Ray Data actors per call, a running app, no Serve, the LLM as NLI judge
+    # nothing to share: a run's own bulk actors, a running app, no Serve, the LLM as NLI judge
     assert SharedNli.of(request(nli_replicas=2, nli_bulk=True)) is None
     assert SharedNli.of(request(nli_app="warm")) is None
     assert SharedNli.of(request()) is None

@@ -97,11 +97,11 @@ def test_placement_options_are_checked_in_one_line():
     assert ComprehensivenessOptions(**base, nli_replicas=2).nli_on_ray
     for bad, said in [
         ({"nli_app": "a", "nli_replicas": 2}, "a running app has its replicas"),
-        ({"nli_bulk": True}, "how many Ray Data actors"),
+        ({"nli_bulk": True}, "how many Ray actors"),
         ({"nli_resources": '{"nli": 1}'}, "for the replicas nli_replicas deploys"),
         ({"nli_replicas": 2, "nli_resources": "[1]"}, "want {"),
         ({"nli_replicas": 2, "nli_resources": '{"nli": 0}'}, "AMOUNT > 0"),
-        ({"nli_replicas": 1, "nli_bulk": True, "nli_resources": '{"x": 1}'}, "not Ray Data"),
+        ({"nli_replicas": 1, "nli_bulk": True, "nli_resources": '{"x": 1}'}, "not the bulk actors"),
     ]:
         with pytest.raises(ValueError, match=said.replace("{", r"\{")):
             ComprehensivenessOptions(**base, **bad)

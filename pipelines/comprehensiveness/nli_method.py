@@ -82,8 +82,8 @@ class LlmNli:
 class CrossEncoderNli:
     """A DeBERTa-style NLI cross-encoder (``retrieval.nli``). The pairs of every item in flight
     are pooled and scored together (``NliBatcher``), where ``config``'s placement says: here, on
-    a Ray Serve app, or on Ray Data actors (``pipelines.runtime.execution.nli_placement``: the same
-    labels)."""
+    a Ray Serve app, or on Ray actors of the run's own
+    (``pipelines.runtime.execution.nli_placement``: the same labels)."""
 
     name = "cross-encoder"
 

@@ -278,7 +278,7 @@ class Icat(Framework[IcatOptions, data.Response]):
         """The NLI cross-encoder (``retrieval.nli``), loaded once per run."""
         from ...retrieval.nli import NliModelError
 
-        try:  # here, on a Serve app or on Ray Data actors: the same numbers
+        try:  # here, on a Serve app or on Ray actors: the same numbers
             return options.open_nli(*options.cross_encoder(), ray_address)
         except (OSError, NliModelError) as exc:
             raise UserError(f"NLI model {options.nli_model!r}: {str(exc)[:200]}") from exc

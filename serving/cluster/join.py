@@ -2,7 +2,7 @@
 
 A process connected to Ray is ended by Ray's own core about 60 s after the cluster's control
 store (GCS) stops answering, with no exception to catch. So whatever waits on the cluster -- a
-Ray Data NLI execution, the retries of a request to a Serve app -- asks ``cluster_gone()`` and
+call to the NLI actors, the retries of a request to a Serve app -- asks ``cluster_gone()`` and
 raises ``ClusterGone`` first: an ``EndpointError``, so the run stops the way it does for a dead
 server (one ``error:`` line, whole records only, and the same command resumes later).
 

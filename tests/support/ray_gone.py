@@ -4,7 +4,7 @@ cluster-gone test, which kills the cluster under it, and the Ray job test, which
 
     python -m tests.support.ray_gone ITEMS RUN_DIR NLI_MODEL ADDRESS|local [PLACEMENT]
 
-PLACEMENT: ``bulk`` (one Ray Data actor, the default) or a JSON object of NLI placement options
+PLACEMENT: ``bulk`` (one plain Ray actor, the default) or a JSON object of NLI placement options
 (``pipelines.runtime.execution.nli_placement``), e.g. ``{"nli_replicas": 2, "nli_wait": 10}``.
 """
 

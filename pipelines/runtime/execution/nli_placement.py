@@ -1,4 +1,5 @@
-"""Where a framework's NLI cross-encoder runs: here, on a Ray Serve app, or on Ray Data actors.
+"""Where a framework's NLI cross-encoder runs: here, on a Ray Serve app, or on Ray actors of its
+own.
 
 One set of options for every framework that scores (premise, hypothesis) pairs with a
 cross-encoder (comprehensiveness ``--nli-backend cross-encoder``, ICAT grounding), and one place
@@ -7,8 +8,8 @@ that opens the scorer. Every placement gives the local scorer's labels and proba
 - nothing: ``retrieval.nli.NliScorer`` in the run's process;
 - ``--nli-replicas N``: a Serve app of N replicas this run deploys and deletes
   (``retrieval.nli_serve``); ``--nli-app NAME``: a running app (``groundcover serve --nli``);
-- ``--nli-replicas N --nli-bulk``: one Ray Data execution of N actors per pooled call
-  (``retrieval.nli_ray``), for a one-pass job over pairs known up front.
+- ``--nli-replicas N --nli-bulk``: N plain Ray actors of the run's own, without Serve, that load
+  the model once and take whole planned batches (``retrieval.nli_ray``).
 
 The cluster is the evaluator's ``--ray-address`` (none: a local Ray of the run's own).
 """
@@ -28,12 +29,12 @@ PLACEMENT_FIELDS = frozenset({"nli_replicas", "nli_app", "nli_bulk", "nli_resour
 
 class NliPlacement(Strict):
     """Where a framework's NLI cross-encoder runs, as options: here (the default), on a Ray
-    Serve app of ``nli_replicas`` (or the running ``nli_app``), or on Ray Data actors
+    Serve app of ``nli_replicas`` (or the running ``nli_app``), or on plain Ray actors
     (``nli_bulk``), with their resources and how long to wait for them."""
 
     nli_replicas: int = Field(0, ge=0, le=4096, description="NLI on a Serve app of N replicas")
     nli_app: str | None = Field(None, description="NLI on this running Serve app")
-    nli_bulk: bool = Field(False, description="NLI replicas as Ray Data actors per call")
+    nli_bulk: bool = Field(False, description="NLI replicas as plain Ray actors (no Serve)")
     nli_resources: str | None = Field(None, description="Ray resources per NLI replica (JSON)")
     nli_wait: float = Field(
         120.0, gt=0, le=86_400, description="seconds to wait for a live NLI replica, then stop"
@@ -42,7 +43,7 @@ class NliPlacement(Strict):
     @model_validator(mode="before")
     @classmethod
     def _actors_alias(cls, data: Any) -> Any:
-        """``nli_actors: N`` (before Serve) meant N Ray Data actors: replicas N, bulk."""
+        """``nli_actors: N`` (before Serve) meant N Ray actors: replicas N, bulk."""
         if isinstance(data, dict) and "nli_actors" in data:
             data = dict(data)
             actors = data.pop("nli_actors")
@@ -59,11 +60,11 @@ class NliPlacement(Strict):
                 "nli_bulk and nli_resources"
             )
         if self.nli_bulk and not self.nli_replicas:
-            raise ValueError("nli_bulk: how many Ray Data actors? set nli_replicas")
+            raise ValueError("nli_bulk: how many Ray actors? set nli_replicas")
         if self.nli_resources and not self.nli_replicas:
             raise ValueError("nli_resources: for the replicas nli_replicas deploys")
         if self.nli_resources and self.nli_bulk:
-            raise ValueError("nli_resources: pins Serve replicas, not Ray Data actors (nli_bulk)")
+            raise ValueError("nli_resources: pins Serve replicas, not the bulk actors (nli_bulk)")
         parse_resources(self.nli_resources)  # ValueError names the field
         return self
 
