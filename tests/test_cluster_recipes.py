@@ -472,6 +472,36 @@ def test_the_cleanup_ends_only_the_jobs_processes(tmp_path):
         inside.wait()
 
 
+def test_rays_token_is_made_only_where_ray_would_find_none(tmp_path, monkeypatch):
+    """The launcher asks Ray's command for a token only when none of Ray's places has one:
+    ``RAY_AUTH_TOKEN``, else the file ``RAY_AUTH_TOKEN_PATH`` names, else ~/.ray/auth_token."""
+    launch = launcher()
+    for name in ("RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(launch, "DEFAULT_TOKEN", tmp_path / "home" / "auth_token")
+    assert not launch.ray_token_found()
+    made = tmp_path / "made"  # a stand-in for `ray`: writes the default token, as Ray's does
+    made.write_text(
+        f'#!/bin/sh\necho "$@" > {tmp_path}/asked\nmkdir -p {tmp_path}/home\n'
+        f"echo secret > {tmp_path}/home/auth_token\n"
+    )
+    made.chmod(0o755)
+    launch.ensure_ray_token(str(made))
+    assert (tmp_path / "asked").read_text().split() == ["get-auth-token", "--generate"]
+    assert launch.ray_token_found()
+    (tmp_path / "asked").unlink()
+    launch.ensure_ray_token(str(made))  # found now: Ray is not asked again
+    assert not (tmp_path / "asked").exists()
+    monkeypatch.setenv("RAY_AUTH_TOKEN_PATH", str(tmp_path / "elsewhere"))
+    assert not launch.ray_token_found()  # the named file decides, not the default one
+    (tmp_path / "elsewhere").write_text("secret")
+    assert launch.ray_token_found()
+    monkeypatch.delenv("RAY_AUTH_TOKEN_PATH")
+    (tmp_path / "home" / "auth_token").unlink()
+    monkeypatch.setenv("RAY_AUTH_TOKEN", "secret")
+    assert launch.ray_token_found()
+
+
 # ---- KubeRay ----------------------------------------------------------------------------------
 
 # KubeRay v1.7.0's published CRDs: ../shared/kuberay-crds beside the checkout (CI has it), or

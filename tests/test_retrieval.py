@@ -324,7 +324,12 @@ def test_sharded_ray_build_equals_single_process(corpus_file, index_dir, tmp_pat
         ivf_nprobe=8,
     )
     sharded = tmp_path / "sharded"
-    manifest = build_index(corpus_file, sharded, spec)
+    import ray
+
+    try:
+        manifest = build_index(corpus_file, sharded, spec)  # starts a local Ray in this process
+    finally:  # whose idle daemons and encoder-holding workers would outlive the test
+        ray.shutdown()
     assert manifest["dense"]["shards"] == 3 and manifest["dense"]["ray"] is True
     assert (manifest["faiss"]["shards"], manifest["faiss"]["ray"]) == (3, True)  # IVF lists too
     assert (sharded / "chunks.jsonl").read_bytes() == (index_dir / "chunks.jsonl").read_bytes()

@@ -662,6 +662,8 @@ def ensure_ray_token(ray: str) -> None:
     ``~/.ray/auth_token``): ``ray start --head`` in token mode refuses to start without one and
     never makes it. Ray's own command makes it (its path rules, its format); the token is never
     printed into the job's log."""
+    if ray_token_found():
+        return
     done = subprocess.run(
         [ray, "get-auth-token", "--generate"],
         stdout=subprocess.DEVNULL,
@@ -671,6 +673,19 @@ def ensure_ray_token(ray: str) -> None:
     )
     if done.returncode != 0:
         raise SystemExit(f"launch: no Ray token and none could be made: {done.stderr.strip()}")
+
+
+DEFAULT_TOKEN = Path.home() / ".ray" / "auth_token"
+
+
+def ray_token_found() -> bool:
+    """Whether Ray will find a token (its rules: the variable, else the file the path variable
+    names, else ``~/.ray/auth_token``), seen without starting a Python that imports Ray (about
+    two CPU-seconds each)."""
+    if os.environ.get("RAY_AUTH_TOKEN"):
+        return True
+    named = os.environ.get("RAY_AUTH_TOKEN_PATH")
+    return Path(named).expanduser().is_file() if named else DEFAULT_TOKEN.is_file()
 
 
 def requeue(alloc: Allocation) -> None:

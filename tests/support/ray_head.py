@@ -44,9 +44,10 @@ def ray_head(
     ray = str(Path(sys.executable).with_name("ray"))
     # token mode, as the Slurm launcher runs Ray: `ray start --head` in it needs a token, which
     # Ray's own command makes where none is (a fresh machine has none)
-    subprocess.run(
-        [ray, "get-auth-token", "--generate"], capture_output=True, check=True, timeout=120
-    )
+    if not (os.environ.get("RAY_AUTH_TOKEN") or (Path.home() / ".ray" / "auth_token").is_file()):
+        subprocess.run(
+            [ray, "get-auth-token", "--generate"], capture_output=True, check=True, timeout=120
+        )
     head = subprocess.Popen(
         [
             ray,
