@@ -91,7 +91,7 @@ def _execute(actors: list[Any], batches: list[dict[str, Any]]) -> tuple[list, se
     pool = ActorPool(actors)
     for first in range(0, len(batches), per_call):
         group = batches[first : first + per_call]
-        pool.submit(lambda actor, batches: actor.score.remote(batches), group)
+        pool.submit(lambda actor, part: actor.score.remote(part), group)
     scored: list[bytes | None] = [None] * len(batches)
     workers: set[int] = set()
     while pool.has_next():

@@ -325,7 +325,9 @@ def script(path: str):
 
 
 def launcher():
-    return script("scripts/slurm/launch.py")
+    from tests.support.ray_head import slurm_launcher
+
+    return slurm_launcher()
 
 
 def test_the_allocation_read_from_slurms_environment():

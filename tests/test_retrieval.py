@@ -314,6 +314,8 @@ def test_failed_build_leaves_nothing(tmp_path):
 
 
 def test_sharded_ray_build_equals_single_process(corpus_file, index_dir, tmp_path):
+    import ray
+
     spec = IndexSpec(
         chunk_size=64,
         chunk_overlap=16,
@@ -324,8 +326,6 @@ def test_sharded_ray_build_equals_single_process(corpus_file, index_dir, tmp_pat
         ivf_nprobe=8,
     )
     sharded = tmp_path / "sharded"
-    import ray
-
     try:
         manifest = build_index(corpus_file, sharded, spec)  # starts a local Ray in this process
     finally:  # whose idle daemons and encoder-holding workers would outlive the test

@@ -216,7 +216,9 @@ def test_the_cluster_gone_mid_run_ends_with_one_error_and_resumes(tiny_nli, tmp_
 
     root = Path(__file__).resolve().parents[1]
     items, run_dir = tmp_path / "items.jsonl", tmp_path / "run"
-    ids = [f"t{k:03d}" for k in range(200)]
+    # enough items that the kill after the first records lands mid-run: the actors, loaded once,
+    # score an item's pairs in milliseconds
+    ids = [f"t{k:04d}" for k in range(2000)]
     items.write_text("".join(json.dumps(ITEM.model_dump() | {"id": i}) + "\n" for i in ids))
     env = dict(os.environ, PYTHONPATH=str(root))
     command = [sys.executable, "-m", "tests.support.ray_gone", str(items), str(run_dir), tiny_nli]
@@ -245,7 +247,7 @@ def test_the_cluster_gone_mid_run_ends_with_one_error_and_resumes(tiny_nli, tmp_
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     records = [json.loads(line) for line in results.read_text().splitlines()]
     assert sorted(r["id"] for r in records) == ids  # every item, none twice
-    # the same item 200 times: one status and score, whether its NLI ran on Ray or here
+    # the same item 2000 times: one status and score, whether its NLI ran on Ray or here
     assert len({(r["status"], r["score"]) for r in records}) == 1
 
 

@@ -20,6 +20,18 @@ from groundcover.serving.launch import startlog
 from groundcover.serving.launch.server import free_port
 
 
+def slurm_launcher():
+    """``scripts/slurm/launch.py`` as a module (a standalone script of the standard library)."""
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[2] / "scripts" / "slurm" / "launch.py"
+    spec = importlib.util.spec_from_file_location("slurm_launch", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 @contextlib.contextmanager
 def ray_head(
     num_cpus: int, dashboard: bool = False, resources: dict[str, float] | None = None
@@ -42,12 +54,9 @@ def ray_head(
         else ["--include-dashboard=false"]
     )
     ray = str(Path(sys.executable).with_name("ray"))
-    # token mode, as the Slurm launcher runs Ray: `ray start --head` in it needs a token, which
-    # Ray's own command makes where none is (a fresh machine has none)
-    if not (os.environ.get("RAY_AUTH_TOKEN") or (Path.home() / ".ray" / "auth_token").is_file()):
-        subprocess.run(
-            [ray, "get-auth-token", "--generate"], capture_output=True, check=True, timeout=120
-        )
+    # token mode, as the Slurm launcher runs Ray: `ray start --head` in it needs a token, made
+    # by the launcher's rule where Ray would find none (a fresh machine has none)
+    slurm_launcher().ensure_ray_token(ray)
     head = subprocess.Popen(
         [
             ray,
