@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 from typing import Literal
 
 import pytest
@@ -234,3 +235,24 @@ def test_adapter_reaches_the_server_through_every_command(vllm_server, tmp_path)
     )
     assert missing.exit_code == 2
     assert "adapter 'nope' is not served at" in missing.output
+
+
+def test_the_cpu_servers_engine_core_is_forked_not_spawned(vllm_server):
+    """A spawned engine core imports torch and vLLM again; ours is forked (``engine_main``). A
+    process made by exec gets a fresh, randomised address space; a forked one keeps its parent's
+    layout, so its heap starts where the server's does."""
+    import psutil
+
+    if vllm_server.device != "cpu":
+        pytest.skip("the fork is for vLLM's CPU platform")
+    if Path("/proc/sys/kernel/randomize_va_space").read_text().strip() == "0":
+        pytest.skip("address-space randomisation is off here: exec and fork look alike")
+    server = psutil.Process(vllm_server.process.pid)
+    assert "groundcover.serving.launch.engine_main" in server.cmdline()
+    (engine,) = [p for p in server.children() if "EngineCore" in " ".join(p.cmdline())]
+    assert heap_start(engine.pid) == heap_start(server.pid)
+
+
+def heap_start(pid: int) -> str:
+    maps = Path(f"/proc/{pid}/maps").read_text().splitlines()
+    return next(line.split("-")[0] for line in maps if line.endswith("[heap]"))

@@ -186,9 +186,8 @@ class VLLMServer:
 
     def command(self) -> list[str]:
         where = ["--host", self.spec.host, "--port", str(self.port)]
-        return [sys.executable, "-m", "vllm.entrypoints.openai.api_server", *where] + engine_args(
-            self.spec, self.device
-        )
+        entry = vllm_entry("vllm.entrypoints.openai.api_server", self.device)
+        return [*entry, *where, *engine_args(self.spec, self.device)]
 
     def environment(self) -> dict[str, str]:
         env = engine_environment(self.spec, self.device)
@@ -358,9 +357,17 @@ def engine_environment(spec: ServerSpec, device: str) -> dict[str, str]:
 def run_batch_command(spec: ServerSpec, device: str, source: Path, output: Path) -> list[str]:
     """``vllm run-batch`` over one batch file: the model loaded in that process, no server
     (the ``vllm`` console script is missing from the CPU wheel: the module, as for serving)."""
-    module = "vllm.entrypoints.openai.run_batch"
     files = ["-i", str(source), "-o", str(output)]
-    return [sys.executable, "-m", module, *files, *engine_args(spec, device)]
+    entry = vllm_entry("vllm.entrypoints.openai.run_batch", device)
+    return [*entry, *files, *engine_args(spec, device)]
+
+
+def vllm_entry(module: str, device: str) -> list[str]:
+    """``python -m MODULE``; on CPU through ``engine_main``, which forks the engine core rather
+    than spawning it (the server up in about 13 s instead of 20 on 2 cores)."""
+    if device == "cpu":
+        return [sys.executable, "-m", "groundcover.serving.launch.engine_main", module]
+    return [sys.executable, "-m", module]
 
 
 @contextlib.contextmanager
