@@ -295,6 +295,7 @@ class VLLMServer:
                 break
             except subprocess.TimeoutExpired:
                 continue
+        wait_port_free(connect_host(self.spec.host), self.port, 10.0)
 
     def kill(self) -> None:
         """Hard kill without grace (tests use it to simulate a crashed server)."""
@@ -303,12 +304,22 @@ class VLLMServer:
                 os.killpg(self.process.pid, signal.SIGKILL)
             self.process.wait(10)
             self.process = None
+            wait_port_free(connect_host(self.spec.host), self.port, 10.0)
 
     def __enter__(self) -> VLLMServer:
         return self.start() if self.process is None else self
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+def wait_port_free(host: str, port: int, timeout: float) -> None:
+    """Until nothing listens on the port, or ``timeout``: the engine core (forked on CPU) holds
+    the server's listening socket, and a killed multi-threaded process lets go of its files only
+    when its last thread has exited, a moment after the server itself is reaped."""
+    deadline = time.monotonic() + timeout
+    while port_in_use(host, port) and time.monotonic() < deadline:
+        time.sleep(0.05)
 
 
 def engine_args(spec: ServerSpec, device: str) -> list[str]:
