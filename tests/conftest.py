@@ -63,6 +63,18 @@ def pytest_addoption(parser) -> None:
         help="run the tests in an order shuffled with SEED (files stay whole for the workers): "
         "the suite must not depend on its order",
     )
+    parser.addoption(
+        "--store-durations",
+        action="store_true",
+        help=f"write each scheduling group's seconds in this run to {DURATIONS.name}, which "
+        "orders the groups longest first",
+    )
+
+
+# Each scheduling group's seconds in a whole run (`--store-durations`): under -n N the workers take
+# the longest groups first, so no long file starts late while the other worker runs dry.
+DURATIONS = Path(__file__).with_name("durations.json")
+UNTIMED_ENGINE_GROUP = 60.0  # a group not in DURATIONS: its guess (engine files are the long ones)
 
 
 # Tests that start a Ray cluster or Serve app: one scheduling group, never beside each other
@@ -105,7 +117,7 @@ def pytest_itemcollected(item) -> None:
 
 def pytest_collection_modifyitems(config, items) -> None:
     """The order (the workers take the groups in it under ``-n N``): the Ray group first (the
-    longest), then the files with engine tests, then the rest; a file's tests stay together."""
+    longest), then the other groups longest first; a file's tests stay together."""
 
     def group(item) -> str:
         return scheduling_group(item.nodeid)
@@ -121,12 +133,43 @@ def pytest_collection_modifyitems(config, items) -> None:
         if item.get_closest_marker("engine"):
             heavy.add(group(item))
 
-    def rank(pair: tuple[int, Any]) -> tuple[int, int, int]:
+    # the Ray group first (the longest), then the longest groups by their last stored run (a
+    # group not stored: a guess by whether it runs the engine); shuffled, the order stays random
+    timed = {} if seed is not None else stored_durations()
+
+    def seconds(name: str) -> float:
+        return timed.get(name, UNTIMED_ENGINE_GROUP if name in heavy else 0.0)
+
+    def rank(pair: tuple[int, Any]) -> tuple[int, float, int, int]:
         n, item = pair
         name = group(item)
-        return (0 if name == "ray" else 1 if name in heavy else 2, first_seen[name], n)
+        return (0 if name == "ray" else 1, -seconds(name), first_seen[name], n)
 
     items[:] = [item for _, item in sorted(enumerate(items), key=rank)]
+
+
+def stored_durations() -> dict[str, float]:
+    try:
+        return {str(k): float(v) for k, v in json.loads(DURATIONS.read_text()).items()}
+    except (OSError, ValueError, AttributeError):
+        return {}
+
+
+_group_seconds: dict[str, float] = {}
+
+
+def pytest_runtest_logreport(report) -> None:
+    """Setup, call and teardown of every test, summed by group (in the controller under -n N,
+    which sees each worker's reports)."""
+    name = scheduling_group(report.nodeid)
+    _group_seconds[name] = _group_seconds.get(name, 0.0) + report.duration
+
+
+def pytest_sessionfinish(session) -> None:
+    config = session.config
+    if config.getoption("--store-durations") and not hasattr(config, "workerinput"):
+        ordered = sorted(_group_seconds.items(), key=lambda kv: -kv[1])
+        DURATIONS.write_text(json.dumps({k: round(v, 1) for k, v in ordered}, indent=1) + "\n")
 
 
 def skip_gpu_tests(items) -> None:
