@@ -78,7 +78,7 @@ class NliReplica:
             max_length=max_length,
             dynamic_padding=dynamic_padding,
         )
-        self.score.set_max_batch_size(max_pairs)  # type: ignore[attr-defined]
+        self.score.set_max_batch_size(max_pairs)
         context = ray.get_runtime_context()
         self.where = {
             "pid": os.getpid(),

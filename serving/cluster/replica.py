@@ -38,7 +38,7 @@ class CountedServer(LLMServer):
 try:  # Serve LLM's callback hooks (not exported by ray.serve.llm; present in the pinned 2.60)
     from ray.llm._internal.common.callbacks.base import CallbackBase
 except ImportError:  # pragma: no cover - another Ray: its default node initialisation runs
-    CallbackBase = None  # type: ignore[assignment,misc]
+    CallbackBase = None
 
 if CallbackBase is not None:
 
