@@ -32,6 +32,7 @@ install() {
       --index-strategy unsafe-best-match "${flags[@]}" "$@" && return
     echo "setup: uv could not install $*; pip does" >&2
   fi
+  [ -n "${pip_upgraded:-}" ] || { "$py" -m pip install -q --upgrade pip && pip_upgraded=1; }
   "$py" -m pip install -q "$@"
 }
 uninstall() {
