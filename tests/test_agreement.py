@@ -250,11 +250,9 @@ def test_report_and_the_html_page_show_a_panels_agreement(tmp_path):
 def test_the_sampling_figure_draws_as_agreement_does(tmp_path):
     """scripts/fig_ppi_sampling.py on the graded WikiContradict run above: every draw labels
     exactly N items with their shipped grades; the table and the SVG are written."""
-    import importlib.util
-    from pathlib import Path
-
     from groundcover.pipelines.comprehensiveness.common import ComprehensivenessOptions
     from groundcover.pipelines.comprehensiveness.framework import COMPREHENSIVENESS
+    from tests.support.scripts import load_script
     from tests.test_runtime import WC_ROW, run, wc_client
 
     data = tmp_path / "wc.jsonl"
@@ -263,11 +261,7 @@ def test_the_sampling_figure_draws_as_agreement_does(tmp_path):
         input=data, dataset="wikicontradict", method="e2e", protocol="spec", resamples=1000
     )
     run(COMPREHENSIVENESS, options, wc_client(), tmp_path / "run")
-    script = Path(__file__).resolve().parents[1] / "scripts" / "fig_ppi_sampling.py"
-    spec = importlib.util.spec_from_file_location("fig_ppi_sampling", script)
-    assert spec is not None and spec.loader is not None
-    figure = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(figure)
+    figure = load_script("scripts/fig_ppi_sampling.py")
     out = tmp_path / "fig" / "ppi"
     args = [str(tmp_path / "run"), "--sizes", "2", "--seeds", "4", "--out", str(out)]
     assert figure.main(args) == 0

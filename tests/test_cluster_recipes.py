@@ -26,6 +26,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.scripts import load_script
 from tests.support.slurm import install, slurm_cluster, unavailable
 from tests.test_drivers import QUESTIONS, fanoutqa_inputs, judge_letter, records_of, wait_for
 
@@ -313,21 +314,8 @@ def test_the_judge_beside_the_nli_app_on_two_nodes_equals_a_local_run(
 # ---- the launcher's rules, without Slurm -------------------------------------------------------
 
 
-def script(path: str):
-    """A script of scripts/ loaded as a module (scripts/ is no package)."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location(Path(path).stem, ROOT / path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def launcher():
-    from tests.support.ray_head import slurm_launcher
-
-    return slurm_launcher()
+    return load_script("scripts/slurm/launch.py", "slurm_launch")
 
 
 def test_the_allocation_read_from_slurms_environment():
@@ -512,7 +500,7 @@ KUBERAY = Path(os.environ.get("GC_KUBERAY_CRDS") or ROOT.parent / "shared" / "ku
 
 
 def checker():
-    return script("scripts/kuberay/check.py")
+    return load_script("scripts/kuberay/check.py")
 
 
 def test_the_schema_is_made_strict_as_kubectl_validates():

@@ -4,7 +4,6 @@ unrated passages, Den, and α-nDCG against an independent computation that keeps
 from __future__ import annotations
 
 import math
-from pathlib import Path
 
 import pytest
 
@@ -309,9 +308,9 @@ def test_eval_crux_rates_a_generated_answer_by_hand(tmp_path):
 
 def test_reproduce_crux_script_runs_every_system_and_k_without_a_model(tmp_path):
     """scripts/reproduce_crux.py is `groundcover reproduce crux`: a study of ordinary runs."""
-    import importlib.util
     import json
 
+    from tests.support.scripts import load_script
     from tests.test_runtime import report_json
 
     paths = write_crux(tmp_path)
@@ -319,10 +318,7 @@ def test_reproduce_crux_script_runs_every_system_and_k_without_a_model(tmp_path)
     data_dir.mkdir()
     for name in ("topics", "passages", "ratings"):
         (data_dir / f"{name}.jsonl").write_text(paths[name].read_text())
-    path = Path(__file__).resolve().parents[1] / "scripts" / "reproduce_crux.py"
-    spec = importlib.util.spec_from_file_location("reproduce_crux", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = load_script("scripts/reproduce_crux.py")
     out = tmp_path / "table1"
     assert (
         module.main(

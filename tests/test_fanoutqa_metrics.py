@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from functools import lru_cache
 from pathlib import Path
@@ -17,6 +16,7 @@ from groundcover.pipelines.fanoutqa.metrics import (
     string_metrics,
 )
 from tests.conftest import SHARED
+from tests.support.scripts import load_script
 
 DEV = SHARED / "data" / "fanoutqa" / "fanout-final-dev.json"
 
@@ -35,11 +35,7 @@ def reference_scorer():
     root = Path(fanoutqa.__file__).parent / "eval"
     modules = {}
     for name in ("string", "utils"):
-        spec = importlib.util.spec_from_file_location(
-            f"fanoutqa_reference_{name}", root / f"{name}.py"
-        )
-        modules[name] = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(modules[name])
+        modules[name] = load_script(root / f"{name}.py", f"fanoutqa_reference_{name}")
     # normalize() is pure: caching it changes no result, only the time the reference takes.
     modules["string"].normalize = lru_cache(maxsize=None)(modules["string"].normalize)
     return modules["string"].answer_in_text, modules["utils"].str_answer

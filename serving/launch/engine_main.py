@@ -52,7 +52,7 @@ def main(argv: list[str]) -> None:
     if not argv or argv[0] not in MODULES:
         raise SystemExit(f"usage: engine_main {{{','.join(MODULES)}}} ARGS...")
     fork_one_process_engines()
-    sys.argv = [argv[0], *argv[1:]]
+    sys.argv = list(argv)  # what `python -m MODULE ARGS...` gives the module
     runpy.run_module(argv[0], run_name="__main__", alter_sys=True)
 
 

@@ -18,18 +18,12 @@ from pathlib import Path
 
 from groundcover.serving.launch import startlog
 from groundcover.serving.launch.server import free_port
+from tests.support.scripts import load_script
 
 
 def slurm_launcher():
     """``scripts/slurm/launch.py`` as a module (a standalone script of the standard library)."""
-    import importlib.util
-
-    path = Path(__file__).resolve().parents[2] / "scripts" / "slurm" / "launch.py"
-    spec = importlib.util.spec_from_file_location("slurm_launch", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("scripts/slurm/launch.py", "slurm_launch")
 
 
 @contextlib.contextmanager
