@@ -29,6 +29,7 @@ nothing a command's ``--help`` would notice.
 from __future__ import annotations
 
 import importlib
+import warnings
 from typing import TYPE_CHECKING, Any
 
 # name -> the module (under this package) it comes from
@@ -58,6 +59,46 @@ _PUBLIC = {
     "ParseError": "serving.parsing",
     "PromptTemplate": "serving.templates",
     "load_dir": "serving.templates",
+}
+# Names the face exported before it was regrouped by theme (0.1.0's first face): each still
+# imports from here, with a DeprecationWarning naming its home, until REMOVED_IN. name -> (the
+# module it comes from, where to import it now)
+REMOVED_IN = "0.3.0"
+_MOVED = {
+    **{
+        name: (theme, f"groundcover.{theme}")
+        for theme, names in {
+            "inputs": (
+                "AnswerFile Content GivenAnswers IndexDir InputDir ModelName NotContent RecordId "
+                "Strict describe_validation iter_jsonl read_jsonl read_text"
+            ),
+            "judges": "HumanLabel SwapPair bullet_list load_variants",
+            "models": "EvalClient EvaluatorConfig RoleSpec Tool model_name responder_config "
+            "role_evaluator",
+            "runs": "MANIFEST RESULTS atomic_write_json read_manifest results_by_id solve_item",
+            "stats": "Interval bca_interval paired_test precision_recall_f1",
+            "grids": "ModelGrid Published cell_text published_row",
+            "nli": "NLI_PLACEMENT NliPlacement PLACEMENT_FIELDS placement_of",
+        }.items()
+        for name in names.split()
+    },
+    # no longer public at all: internal modules, which may move without notice
+    "LabelScore": ("serving.client", "groundcover.serving.client (internal)"),
+    "Parsed": ("serving.client", "groundcover.serving.client (internal)"),
+    "bullets": ("serving.parsing", "groundcover.judges.bullet_list"),
+    "extract_json": ("serving.parsing", "groundcover.serving.parsing (internal)"),
+    "StageFailure": (
+        "pipelines.runtime.contract.results",
+        "groundcover.pipelines.runtime.contract.results (internal)",
+    ),
+    "Status": (
+        "pipelines.runtime.contract.results",
+        "groundcover.pipelines.runtime.contract.results (internal)",
+    ),
+    "PanelRule": (
+        "pipelines.runtime.contract.panels",
+        "groundcover.judges.Vote | groundcover.judges.Average",
+    ),
 }
 # the public modules by theme (their own ``__all__`` each)
 _THEMES = ("inputs", "judges", "models", "runs", "stats", "grids", "nli", "testing")
@@ -95,11 +136,26 @@ __version__ = "0.1.0"
 
 def __getattr__(name: str) -> Any:
     module = _PUBLIC.get(name)
+    if module is None and name in _MOVED:
+        return _moved(name)
     if module is None:
         raise AttributeError(f"module 'groundcover' has no attribute {name!r}")
     value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
     globals()[name] = value  # once loaded, an ordinary attribute
     return value
+
+
+def _moved(name: str) -> Any:
+    """A name of the earlier face: warned of on every import (never cached here, so each module
+    that still uses it is told), then handed over."""
+    module, home = _MOVED[name]
+    warnings.warn(
+        f"groundcover.{name} has moved: import it from {home}; the old name goes in "
+        f"groundcover {REMOVED_IN}",
+        DeprecationWarning,
+        stacklevel=3,
+    )
+    return getattr(importlib.import_module(f"{__name__}.{module}"), name)
 
 
 def __dir__() -> list[str]:
