@@ -8,7 +8,6 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
 from ..runtime.terminal import terminal
@@ -107,7 +106,7 @@ def cache_prune(
     except ValueError as exc:
         raise UserError(str(exc)) from None
     done = prune(_path(cache), when, missing)
-    Console().print(f"deleted {done['older']:,} older and {done['missing']:,} of missing models")
+    terminal().print(f"deleted {done['older']:,} older and {done['missing']:,} of missing models")
 
 
 @cache_app.command("clear")
@@ -122,4 +121,4 @@ def cache_clear(
 
     if not yes:
         raise UserError("cache clear deletes every cached answer: add --yes")
-    Console().print(f"deleted {clear(_path(cache)):,} entries")
+    terminal().print(f"deleted {clear(_path(cache)):,} entries")

@@ -7,7 +7,6 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
 
 from ..runtime.contract.errors import UserError
 from ..runtime.terminal import terminal
@@ -79,4 +78,4 @@ def finetune_claims_register(
         path = register(name, directory, replace=replace)
     except AdapterError as exc:
         raise UserError(str(exc)) from exc
-    Console().print(f"registered {name} at {path}")
+    terminal().print(f"registered {name} at {path}")

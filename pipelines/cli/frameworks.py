@@ -200,12 +200,13 @@ def build_from_file(spec: str) -> click.Command:
 
     from ..runtime.contract.errors import UserError
     from ..runtime.contract.plugins import default_command, from_file
+    from ..runtime.terminal import labelled
     from .options import EXIT_USER, console
 
     try:
         ref, found = from_file(spec)
     except UserError as exc:
-        console.print(f"[red]error:[/red] {exc}", highlight=False, soft_wrap=True)
+        console.print(labelled("error:", "red", str(exc)), highlight=False, soft_wrap=True)
         raise typer.Exit(EXIT_USER) from None
     if found.commands:  # its own declaration, pointed at the object loaded from the file
         return build(dataclasses.replace(found.commands[0], study=ref))

@@ -7,13 +7,13 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
 
 from ..runtime.contract.errors import UserError
+from ..runtime.terminal import terminal
 from .frameworks import lazy_group
 from .options import clean_errors
 
-console = Console(stderr=True)
+console = terminal(stderr=True)
 index_app = typer.Typer(
     cls=lazy_group("index"), help="Build and search BM25 / FAISS indexes.", no_args_is_help=True
 )

@@ -9,10 +9,9 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich.console import Console
 from rich.table import Column, Table
 
-from ..runtime.terminal import terminal
+from ..runtime.terminal import labelled, terminal
 from . import audits, finetune, pages, report, serve
 from .cache import cache_app
 from .data import data_app
@@ -86,7 +85,7 @@ def models() -> None:
         )
     terminal().print(table)
     for preset in ADAPTER_PRESETS.values():
-        Console().print(
+        terminal().print(
             f"adapter {preset.name}: base {preset.base}, rank {preset.rank} "
             f"(serve with --lora {preset.name}=PATH)"
         )
@@ -94,7 +93,7 @@ def models() -> None:
 
     for entry in listing():  # trained and registered with `finetune claims register`
         name = entry["name"]
-        Console().print(
+        terminal().print(
             f"registered adapter {name}: base {entry['base']}, rank {entry['rank']} "
             f"at {entry['path']} (serve with --lora {name})"
         )
@@ -118,8 +117,8 @@ def prompts(name: Annotated[str | None, typer.Argument(help="print this template
             typer.echo(f"{template.id}\t{template.path}")
         return
     if name not in templates:
-        Console(stderr=True).print(
-            f"[red]error:[/red] no template {name!r}; have {', '.join(templates)}"
+        terminal(stderr=True).print(
+            labelled("error:", "red", f"no template {name!r}; have {', '.join(templates)}")
         )
         raise typer.Exit(2)
     typer.echo(templates[name].text())

@@ -10,13 +10,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import typer
-from rich.console import Console
+
+from ..runtime.terminal import labelled, terminal
 
 if TYPE_CHECKING:
     from ..runtime.contract.protocol import RunRequest, Study
 
 PANEL = "Evaluator and run options (shared by every framework)"
-console = Console(stderr=True)
+console = terminal(stderr=True)
 
 
 # Exit codes, one per way a command ends (README "Faults"): 0 a clean run, 1 a server, endpoint or
@@ -52,18 +53,18 @@ def clean_errors(command: Callable) -> Callable:
         try:
             return command(*args, **kwargs)
         except user_errors as exc:  # bad input or configuration: nothing was written
-            console.print(f"[red]error:[/red] {exc}", highlight=False, soft_wrap=True)
+            console.print(labelled("error:", "red", str(exc)), highlight=False, soft_wrap=True)
             raise typer.Exit(EXIT_USER) from None
         except budget_reached as exc:  # the run is partial on purpose: a distinct exit code
             console.print(f"stopped: {exc}", highlight=False, soft_wrap=True)
             raise typer.Exit(EXIT_BUDGET) from None
         except runtime_errors as exc:
-            console.print(f"[red]error:[/red] {exc}", highlight=False, soft_wrap=True)
+            console.print(labelled("error:", "red", str(exc)), highlight=False, soft_wrap=True)
             if not getattr(exc, "nothing_written", False):
                 console.print("finished items are saved; rerun the same command to resume")
             raise typer.Exit(EXIT_RUNTIME) from None
         except items_failed as exc:  # the run finished, but not cleanly
-            console.print(f"[red]failed:[/red] {exc}", highlight=False, soft_wrap=True)
+            console.print(labelled("failed:", "red", str(exc)), highlight=False, soft_wrap=True)
             raise typer.Exit(EXIT_FAILED_ITEMS) from None
 
     return wrapper

@@ -7,13 +7,13 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
 
 from ..runtime.contract.errors import UserError
+from ..runtime.terminal import terminal
 from .options import clean_errors
 from .serve import api_key_from, authorised
 
-console = Console(stderr=True)
+console = terminal(stderr=True)
 
 
 @clean_errors

@@ -7,8 +7,8 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
 
+from ..runtime.terminal import terminal
 from .frameworks import lazy_group
 from .options import clean_errors
 
@@ -36,7 +36,7 @@ def export(
 
     kind = format or ("csv" if out.suffix.lower() == ".csv" else "label-studio")
     for path in export_tasks(run_dir, out, kind):
-        Console(stderr=True).print(f"export: {path}", highlight=False, soft_wrap=True)
+        terminal(stderr=True).print(f"export: {path}", highlight=False, soft_wrap=True)
 
 
 @labels_app.command("import")
@@ -53,7 +53,7 @@ def import_(
     from ..reports.people.exchange import import_labels
 
     found = import_labels(run_dir, file, annotator)
-    Console(stderr=True).print(f"labels: {found} added to {run_dir / 'labels'}", highlight=False)
+    terminal(stderr=True).print(f"labels: {found} added to {run_dir / 'labels'}", highlight=False)
 
 
 @labels_app.command("override")
@@ -79,12 +79,12 @@ def override(
 
     if withdraw:
         withdraw_override(run_dir, item, annotator)
-        Console(stderr=True).print(f"override of {item!r} withdrawn", highlight=False)
+        terminal(stderr=True).print(f"override of {item!r} withdrawn", highlight=False)
         return
     if score is None:
         raise UserError("give --score (0 to 1) or --withdraw")
     records = {r.id: r for r in results_by_id(run_dir / RESULTS)}
     found = add_override(run_dir, records, item, score, reason, annotator)
-    Console(stderr=True).print(
+    terminal(stderr=True).print(
         f"override: {item!r} {found.judge} -> {found.score} ({reason})", highlight=False
     )

@@ -8,13 +8,12 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
 
 from ..runtime.contract.errors import UserError
 from ..runtime.terminal import terminal
 from .options import clean_errors
 
-console = Console(stderr=True)
+console = terminal(stderr=True)
 
 
 @clean_errors
@@ -69,13 +68,13 @@ def report(
         from ..runtime.store.run_dir import run_directories
 
         written = write_html(run_directories(run_dir), page_path(html, run_dir), prices=priced)
-        Console(stderr=True).print(f"html: {written}", highlight=False, soft_wrap=True)
+        terminal(stderr=True).print(f"html: {written}", highlight=False, soft_wrap=True)
     if export is not None and kind is not None:
         from ..reports.exports.export import export_runs
 
         for path in export_runs(run_dir, export, kind):
             # a path is one line however long (a wrapped one cannot be pasted back)
-            Console(stderr=True).print(f"export: {path}", highlight=False, soft_wrap=True)
+            terminal(stderr=True).print(f"export: {path}", highlight=False, soft_wrap=True)
     if track is not None:
         from ..reports.exports.tracking import Tracking
         from ..reports.exports.tracking import track as log_runs
@@ -125,4 +124,4 @@ def compare(
 
         pages = [page for run in result["runs"] for page in run_dirs(Path(run["run"]))]
         page = write_html(pages, page_path(html, run_dir), result)
-        Console(stderr=True).print(f"html: {page}", highlight=False, soft_wrap=True)
+        terminal(stderr=True).print(f"html: {page}", highlight=False, soft_wrap=True)

@@ -9,15 +9,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
-from rich.console import Console
 
 from ..runtime.contract.errors import UserError
+from ..runtime.terminal import terminal
 from .options import clean_errors, parse_loras
 
 if TYPE_CHECKING:
     from ...serving.launch.server import ServerSpec
 
-console = Console(stderr=True)
+console = terminal(stderr=True)
 NLI_APP = "groundcover-nli"
 
 

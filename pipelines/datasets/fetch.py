@@ -25,16 +25,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rich.console import Console
-
 from ...serving.content import file_digest
 from ...serving.launch.embedded import cache_root
 from ..runtime.contract.errors import UserError
 from ..runtime.store.lines import stamp
+from ..runtime.terminal import terminal
 from .catalog import Dataset, lookup, parse_spec
 from .convert import offline
 
-console = Console(stderr=True)
+console = terminal(stderr=True)
 LOCK = "lock.json"
 
 

@@ -9,16 +9,26 @@ Each table it prints is fitted first:
 - a usage table (``usage_table``) leaves out the number columns that are zero in every
   row and lists them in one line under it, as the HTML page does;
 - a table that still cannot fit is stacked: one block per row, each value under its header.
+
+Data stays text. A run's text comes from anybody (items files, model outputs, run directories
+sent by someone else), so this console reads no markup in a string (``[link=...]`` is shown as
+written, never made a link or a style) and writes no control character a terminal would act on:
+C0 and C1 controls (ESC among them: colour, cursor moves, OSC 8 links, the window title) and the
+bidirectional overrides and isolates (text shown in another order than it is) are shown as
+``\\x1b`` / ``\\u202e`` escapes (``printable``). Style comes from ``Text`` and ``style=``, never
+from the text itself.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from typing import Any
 
-from rich.console import Console, Group, RenderableType
+from rich.console import Console, ConsoleOptions, Group, RenderableType
+from rich.segment import Segment
 from rich.table import Table
-from rich.text import Text
+from rich.text import Text, TextType
 
 # a number, an interval "[0.41, 0.58]", a count "0/2/0", a time "0:01:02", a dash for none:
 # no letters, some digit (or only the dash); such a cell is never wrapped
@@ -26,16 +36,59 @@ NUMERIC = re.compile(r"[\d\s.,:/%$+\-\[\]()±]*")
 DROP_ZERO = "groundcover_drop_zero"  # set on a Table: its all-zero number columns are left out
 
 
+# what a terminal acts on or shows out of order: C0 controls but tab and newline, DEL, C1
+# controls, the Arabic letter mark, the directional marks, embeddings, overrides and isolates
+UNPRINTABLE = re.compile(
+    "[\x00-\x08\x0b-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]"
+)
+
+
+def _escape(found: re.Match[str]) -> str:
+    code = ord(found[0])
+    return f"\\x{code:02x}" if code <= 0xFF else f"\\u{code:04x}"
+
+
+def printable(text: str) -> str:
+    """``text`` with every character a terminal would act on (or reorder) shown as an escape."""
+    return UNPRINTABLE.sub(_escape, text) if UNPRINTABLE.search(text) else text
+
+
 class FittedConsole(Console):
-    """A console whose tables never cut a name or a number (see the module's docstring)."""
+    """The console every command prints through: tables that never cut a name or a number,
+    strings that are text (no markup read, no control character written; the module's
+    docstring)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("markup", False)
+        super().__init__(*args, **kwargs)
 
     def print(self, *objects: Any, **kwargs: Any) -> None:
         fitted = [fit(o, self) if isinstance(o, Table) else o for o in objects]
         super().print(*fitted, **kwargs)
 
+    def render_str(self, text: str, **kwargs: Any) -> Text:
+        # a string made text here is measured as it is shown: the escapes are in its width
+        kwargs["markup"] = False
+        return super().render_str(printable(text), **kwargs)
 
-def terminal(stderr: bool = False) -> Console:
-    return FittedConsole(stderr=stderr)
+    def render(
+        self, renderable: RenderableType, options: ConsoleOptions | None = None
+    ) -> Iterable[Segment]:
+        # the last word: a ``Text`` built from data (not a string) is cleaned here, segment by
+        # segment; rich's own control segments (cursor moves of a live display) pass
+        for segment in super().render(renderable, options):
+            if segment.control is None and UNPRINTABLE.search(segment.text):
+                segment = Segment(printable(segment.text), segment.style)
+            yield segment
+
+
+def terminal(stderr: bool = False, **kwargs: Any) -> Console:
+    return FittedConsole(stderr=stderr, **kwargs)
+
+
+def labelled(label: str, style: str, message: TextType) -> Text:
+    """``label`` styled, then ``message`` as plain text (``error:`` in red, then the line)."""
+    return Text.assemble((label, style), " ", message)
 
 
 def usage_table(*columns: str, title: str | None = None) -> Table:

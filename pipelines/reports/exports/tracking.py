@@ -38,6 +38,7 @@ from rich.console import Console
 
 from ...runtime.store.provenance import manifest_provenance
 from ...runtime.store.run_dir import MANIFEST, STUDY_FILE, SUMMARY, read_manifest, read_study
+from ...runtime.terminal import terminal
 
 Tracker = Literal["mlflow", "wandb"]
 INSTALL = {
@@ -69,7 +70,7 @@ class Logged:
 def track(paths: list[Path], tracking: Tracking, warn: Console | None = None) -> list[str]:
     """Log every run (a study root: parent and children); the tracker runs' ids. A failure is
     one warning line on ``warn`` and an empty list, never an exception."""
-    warn = warn or Console(stderr=True)
+    warn = warn or terminal(stderr=True)
     try:
         with tempfile.TemporaryDirectory(prefix="gc-track-") as scratch:
             logger = MlflowLog(tracking) if tracking.tracker == "mlflow" else WandbLog(tracking)

@@ -13,6 +13,7 @@ written as ``\\u003c``, so a model that writes ``</script><script>...`` shows th
 
 from __future__ import annotations
 
+import html
 import io
 import json
 from collections.abc import Mapping, Sequence
@@ -68,15 +69,17 @@ def score_plot(scores: list[float]) -> str | None:
 
 
 def terminal_tables(framework, tables: dict[str, Any] | None) -> str | None:
-    """The framework's tables exactly as `report` prints them (paper layouts), as HTML; rich
-    escapes every cell's text."""
+    """The framework's tables exactly as `report` prints them (paper layouts), as HTML: the
+    plain text the terminal shows (no markup read, no control character kept: ``terminal``),
+    escaped into one ``<pre>``. Never rich's HTML export, which writes a link's target and a
+    style's name into attributes as they are."""
     if tables is None:
         return None
-    from rich.console import Console
+    from ...runtime.terminal import terminal
 
-    console = Console(record=True, width=120, file=io.StringIO(), color_system=None)
+    console = terminal(record=True, width=120, file=io.StringIO(), color_system=None)
     framework.render(tables, console)
-    return console.export_html(inline_styles=True, code_format='<pre class="rich">{code}</pre>')
+    return f'<pre class="rich">{html.escape(console.export_text(styles=False))}</pre>'
 
 
 def run_view(

@@ -11,7 +11,7 @@ from rich.console import Console
 from rich.table import Table
 
 from ..contract.results import FAILED_STATUSES, STATUSES, ItemResult
-from ..terminal import usage_table
+from ..terminal import labelled, usage_table
 from .manifest import RunSummary
 from .run_dir import invocation_seconds
 
@@ -137,7 +137,10 @@ def usage_cell(key: str, value: float) -> str:
 
 def print_summary(summary: RunSummary, out: Console) -> None:
     if summary.failed:  # first: a run with failed items is not a clean run
-        out.print(f"[red]FAILED[/red] {failed_line(summary.failed, summary.task)}", soft_wrap=True)
+        out.print(
+            labelled("FAILED", "red", f"{failed_line(summary.failed, summary.task)}"),
+            soft_wrap=True,
+        )
     title = f"{summary.task}: {summary.recorded}/{summary.items} recorded"
     if summary.partial:
         title += " (partial run)"
