@@ -88,6 +88,15 @@ def agreement(
             "(default: recorded)"
         ),
     ] = None,
+    framework_file: Annotated[
+        list[Path] | None,
+        typer.Option(
+            "--framework",
+            metavar="FILE",
+            help="a framework file you trust, imported to read runs made with it (a run's "
+            "recorded file is imported only at its absolute path with its recorded SHA-256)",
+        ),
+    ] = None,
 ) -> None:
     """How far to trust the judges: agreement within a judge panel (Cohen's kappa,
     Krippendorff's alpha, Kendall / Spearman, bootstrap intervals over items), between runs
@@ -95,6 +104,9 @@ def agreement(
     correlation and the effective number of independent judges), and the mean score corrected
     by them (prediction-powered inference). Reads run directories only, except the audits that
     ask the judge again (--swap-audit, --rerun, --paraphrase)."""
+    from ..runtime.contract.plugins import trust_files
+
+    trust_files(framework_file)
     if sample is not None:
         from ..reports.people.labels import draw_for_runs
 

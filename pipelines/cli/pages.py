@@ -24,6 +24,15 @@ def view(
     api_key_env: Annotated[
         str | None, typer.Option(help="variable holding the key (needed off loopback)")
     ] = None,
+    framework_file: Annotated[
+        list[Path] | None,
+        typer.Option(
+            "--framework",
+            metavar="FILE",
+            help="a framework file you trust, imported to read runs made with it (a run's "
+            "recorded file is imported only at its absolute path with its recorded SHA-256)",
+        ),
+    ] = None,
 ) -> None:
     """Serve the HTML report of the runs at http://127.0.0.1:PORT/ until Ctrl-C (rebuilt
     when a run changes on disk, so a running evaluation shows its progress; its items are
@@ -31,6 +40,9 @@ def view(
     people's labels and overrides, written only from the page itself). Another --host needs a
     key, as `serve` does: a browser gives it as the password of the login it is asked for (any
     user name), a client as a Bearer token."""
+    from ..runtime.contract.plugins import trust_files
+
+    trust_files(framework_file)
     from ...serving.launch.server import is_loopback
     from ..reports.pages.report_html import render
     from ..reports.pages.viewer import Viewer, serve

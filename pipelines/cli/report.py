@@ -50,10 +50,22 @@ def report(
     track_project: Annotated[
         str, typer.Option(help="the MLflow experiment or W&B project")
     ] = "groundcover",
+    framework_file: Annotated[
+        list[Path] | None,
+        typer.Option(
+            "--framework",
+            metavar="FILE",
+            help="a framework file you trust, imported to read runs made with it (a run's "
+            "recorded file is imported only at its absolute path with its recorded SHA-256)",
+        ),
+    ] = None,
 ) -> None:
     """Rebuild and print the summary and tables of runs from what is on disk (no model calls;
     partial runs too); optionally an HTML page (--html), every item's record (--export: CSV,
     Parquet or an inspect_ai log) and a tracker's runs (--track mlflow|wandb)."""
+    from ..runtime.contract.plugins import trust_files
+
+    trust_files(framework_file)
     from ..reports.exports.export import export_format
     from ..reports.report import report as rebuild
     from ..runtime.budget.costs import load_prices
@@ -105,11 +117,23 @@ def compare(
     top: Annotated[int, typer.Option(help="largest per-item differences printed per pair")] = 10,
     resamples: Annotated[int, typer.Option(help="bootstrap resamples")] = 10_000,
     seed: Annotated[int, typer.Option(help="bootstrap seed")] = 0,
+    framework_file: Annotated[
+        list[Path] | None,
+        typer.Option(
+            "--framework",
+            metavar="FILE",
+            help="a framework file you trust, imported to read runs made with it (a run's "
+            "recorded file is imported only at its absolute path with its recorded SHA-256)",
+        ),
+    ] = None,
 ) -> None:
     """Compare runs item by item: each run's mean with a 95% BCa interval; per pair the paired
     mean difference with a paired BCa interval, win/tie/loss, sign and Wilcoxon p-values, the
     largest per-item differences, and items only one run has. Runs of different frameworks or
     protocols are refused. No model is called."""
+    from ..runtime.contract.plugins import trust_files
+
+    trust_files(framework_file)
     from ..reports.compare import compare_runs, print_comparison, run_dirs
 
     if resamples < 100:

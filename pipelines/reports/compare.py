@@ -112,12 +112,12 @@ def _repeated(path: Path, runs: list[RunScores]) -> RunScores:
 
 
 def _one_run(path: Path) -> RunScores:
-    from ..runtime.contract.plugins import framework
+    from ..runtime.contract.plugins import run_framework
 
     if not (path / MANIFEST).is_file():
         raise UserError(f"{path}: not a run directory (no {MANIFEST})")
     manifest = read_manifest(path / MANIFEST)
-    fw = framework(manifest.framework, manifest.source)
+    fw = run_framework(manifest, path)
     options = fw.Options.model_validate(manifest.options)
     run = RunScores(
         path,

@@ -46,7 +46,7 @@ def report(
             _print(load_outcome(path, prices), as_json, out, label=str(path))
             continue
         meta = read_study(path)
-        study = find_study(meta.study, meta.source)
+        study = find_study(meta.study, meta.source, path)
         outcomes = {
             key: load_outcome(path / key, prices)
             for key in meta.runs
@@ -75,11 +75,11 @@ def report(
 def load_outcome(run_dir: Path, prices: dict[str, Any] | None = None):
     """A run's outcome rebuilt from disk: summary and tables from manifest and results (and
     with ``prices``, what the recorded items cost)."""
-    from ..runtime.contract.plugins import framework
+    from ..runtime.contract.plugins import run_framework
     from ..runtime.contract.protocol import RunOutcome
 
     manifest = read_manifest(run_dir / MANIFEST)
-    fw = framework(manifest.framework, manifest.source)
+    fw = run_framework(manifest, run_dir)
     options = fw.Options.model_validate(manifest.options)
     results = records_for_tables(fw, options, results_by_id(run_dir / RESULTS))
     summary = summarise(fw.name, manifest.task, manifest.items, results)

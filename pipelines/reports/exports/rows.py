@@ -71,10 +71,10 @@ class RunRows:
 
 def run_rows(run_dir: Path, records: Sequence[ItemResult] | None = None) -> RunRows:
     """``run_dir`` read for its rows (``records``: the run's, where a caller has read them)."""
-    from ...runtime.contract.plugins import framework
+    from ...runtime.contract.plugins import run_framework
 
     manifest = read_manifest(run_dir / MANIFEST)
-    fw = framework(manifest.framework, manifest.source)
+    fw = run_framework(manifest, run_dir)
     options = fw.Options.model_validate(manifest.options)
     items, notes = run_items(fw, options, manifest)
     given = _given_answers(fw, options) if items is not None else {}
@@ -88,6 +88,8 @@ def run_items(
 ) -> tuple[dict[str, Any] | None, list[str]]:
     """id -> item, from the run's inputs as they are now; None (with a note saying why) where
     they are gone or no longer hold what the run read."""
+    if getattr(fw, "records_only", False):  # its code is not loaded: nothing reads the inputs
+        return None, [fw.note]
     try:
         if manifest.inputs is not None:
             now, then = input_digests(input_records(options)), input_digests(manifest.inputs)

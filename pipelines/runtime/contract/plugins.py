@@ -14,8 +14,13 @@ A plugin that fails to import is one warning line naming it, and the others load
 A framework needs no install to run: ``groundcover eval path/to/file.py[:OBJECT]`` loads the
 file (``from_file``) and ``groundcover.evaluate(obj, ...)`` takes the object (``add_study``).
 Such a study records where it came from (``source``: the file, the object's name and the file's
-SHA-256), the digest enters its runs' identity, and ``report``, ``view`` and ``agreement`` load it
-again from the file their manifest names.
+SHA-256), and the digest enters its runs' identity.
+
+Opening a run never runs code from it (``run_framework``): ``report``, ``view``, ``compare``,
+``agreement`` and the exports import a run's framework file again only when it is at its
+recorded absolute path, outside the run directory, with its recorded SHA-256, or when the user
+names the file again (``--framework FILE``). Otherwise the run is read from its records and
+summary alone (``RecordsOnly``: no tables, no item text), and one line says so.
 """
 
 from __future__ import annotations
@@ -126,9 +131,16 @@ def studies() -> dict[str, Study[Any]]:
 _GIVEN: dict[str, Study[Any]] = {}
 
 
-def study(name: str, source: dict[str, Any] | None = None) -> Study[Any]:
-    """The study named ``name``: given in this process, installed, or (``source``: what a run's
-    manifest records of a study run from its file) loaded again from its file."""
+def study(
+    name: str,
+    source: dict[str, Any] | None = None,
+    opened: Path | None = None,
+    roles: dict[str, dict[str, Any]] | None = None,
+) -> Study[Any]:
+    """The study named ``name``: given in this process (a file named with ``--framework``),
+    installed, or (``source``: what the manifest of the run directory ``opened`` records of a
+    study run from its file) loaded again from its file where ``trusted_file`` allows it, else
+    the run read from its records alone (``RecordsOnly``, with the run's ``roles``)."""
     from .config import UserError
 
     if name in _GIVEN:
@@ -136,21 +148,121 @@ def study(name: str, source: dict[str, Any] | None = None) -> Study[Any]:
     try:
         return studies()[name]
     except KeyError:
-        if source and source.get("file"):
-            return from_file(f"{source['file']}:{source.get('object') or ''}".rstrip(":"))[1]
-        raise UserError(
-            f"unknown framework or study {name!r}: have {', '.join(studies())}"
-        ) from None
+        if not (source and source.get("file")):
+            raise UserError(
+                f"unknown framework or study {name!r}: have {', '.join(studies())}"
+            ) from None
+    refused = untrusted_why(source, opened)
+    if refused is None:
+        return from_file(f"{source['file']}:{source.get('object') or ''}".rstrip(":"))[1]
+    return RecordsOnly.of(name, source, refused, roles or {})
 
 
-def framework(name: str, source: dict[str, Any] | None = None) -> Framework[Any, Any]:
+def framework(
+    name: str,
+    source: dict[str, Any] | None = None,
+    opened: Path | None = None,
+    roles: dict[str, dict[str, Any]] | None = None,
+) -> Framework[Any, Any]:
     from .config import UserError
     from .protocol import Framework
 
-    found = study(name, source)
+    found = study(name, source, opened, roles)
     if not isinstance(found, Framework):
         raise UserError(f"{name!r} is a study of several runs, not a framework")
     return found
+
+
+def run_framework(manifest: Any, run_dir: Path) -> Framework[Any, Any]:
+    """The framework of the run in ``run_dir`` (``manifest``: its manifest), as every reader of a
+    run finds it: installed, named by the user, or its trusted file (never code the run holds)."""
+    return framework(manifest.framework, manifest.source, run_dir, manifest.roles)
+
+
+def untrusted_why(source: dict[str, Any], opened: Path | None) -> str | None:
+    """Why a run's recorded framework file is not imported (None: it may be): it must be an
+    absolute path, outside the run directory being opened and any other run directory, to a
+    file whose SHA-256 is the one the run recorded. A relative path would be read against
+    wherever the reader stands; a file inside a run directory came with a run."""
+    from ....serving.content import file_digest
+
+    recorded = Path(str(source["file"]))
+    if not recorded.is_absolute():
+        return "its recorded path is not absolute"
+    try:
+        real = recorded.resolve(strict=True)
+    except OSError:
+        return "no file at its recorded path"
+    if opened is not None and real.is_relative_to(opened.resolve()):
+        return "it lies inside the run directory"
+    if any((folder / "manifest.json").is_file() for folder in real.parents):
+        return "it lies inside a run directory"  # another run sent with this one, say
+    if not real.is_file() or file_digest(real) != source.get("sha256"):
+        return "its SHA-256 is not the one the run recorded"
+    return None
+
+
+_SAID: set[str] = set()  # each note once per process (a page reads a run several times)
+
+
+def _note(line: str) -> None:
+    from ..terminal import printable
+
+    if line not in _SAID:
+        _SAID.add(line)
+        sys.stderr.write(f"groundcover: {printable(line)}\n")
+
+
+class RecordsOnly:
+    """What is known of a framework whose code is not loaded (``study``): its name, and the
+    roles and stages its run recorded. Its runs are read from their records and summary alone:
+    statuses, scores, usage, panels and labels, no tables and no item text. Made as a
+    ``Framework`` subclass when first needed (the protocol module is not for ``--help``)."""
+
+    @staticmethod
+    def of(
+        name: str, source: dict[str, Any], why: str, roles: dict[str, dict[str, Any]]
+    ) -> Framework[Any, Any]:
+        from pydantic import ConfigDict
+
+        from .protocol import Framework, FrameworkOptions
+
+        said = (
+            f"framework {name!r} is the file {source['file']}, not loaded ({why}): read from "
+            "its records and summary alone (no tables, no item text); --framework FILE loads "
+            "a file you trust"
+        )
+        recorded_stages = {
+            stage: role for role, entry in roles.items() for stage in entry.get("stages") or ()
+        }
+        lead = next(iter(roles), "judge")
+        declared = {role: "as the run recorded" for role in roles} or {"judge": ""}
+
+        class AnyOptions(FrameworkOptions):
+            model_config = ConfigDict(extra="allow")  # the recorded options, whatever they are
+
+        class Unloaded(Framework[Any, Any]):
+            records_only = True
+            note = said
+            Options = AnyOptions
+            roles = declared
+            stage_roles = recorded_stages | {"*": lead}
+
+            def load(self, options: Any) -> list[Any]:
+                raise ValueError(self.note)
+
+        Unloaded.name = name
+        found = Unloaded()
+        found.source = source
+        _note(said)
+        return found
+
+
+def trust_files(files: list[Path] | None) -> None:
+    """``--framework FILE`` of the commands that open runs: each file loaded (the user names
+    it: it is trusted), known by its study's name from now on."""
+    for path in files or ():
+        from_file(str(path))
 
 
 def add_study(found: Study[Any]) -> Study[Any]:
