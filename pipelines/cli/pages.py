@@ -19,7 +19,10 @@ console = terminal(stderr=True)
 @clean_errors
 def view(
     run_dir: Annotated[list[Path], typer.Argument(help="run directories (or a study's root)")],
-    port: Annotated[int, typer.Option(help="0 picks a free port")] = 8765,
+    port: Annotated[
+        int | None,
+        typer.Option(help="default 8765, or a free port when that is taken; 0 picks a free port"),
+    ] = None,
     host: Annotated[str, typer.Option(help="bind address")] = "127.0.0.1",
     api_key_env: Annotated[
         str | None, typer.Option(help="variable holding the key (needed off loopback)")

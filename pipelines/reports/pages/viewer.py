@@ -23,6 +23,7 @@ from __future__ import annotations
 import functools
 import hmac
 import json
+import math
 import mmap
 import re
 import secrets
@@ -438,22 +439,32 @@ class Viewer:
         label = checked_label(body.get("label"), self.choices(k, stage))
         line = {"id": item, "stage": stage, "key": key, "label": label}
         line |= {"annotator": annotator, "judge": judge, "source": "view"}
-        if isinstance(body.get("note"), str) and body["note"].strip():
-            line["note"] = body["note"].strip()[:2000]
+        note = body.get("note")
+        if note is not None and not isinstance(note, str):
+            raise UserError("note: a text")
+        if note and note.strip():
+            line["note"] = note.strip()[:2000]
         append_labels(self.paths[k], [line])
         return {"id": item, "key": key, "label": label, "judge": judge}
 
     def override(self, k: int, body: dict[str, Any]) -> dict[str, Any]:
         state = self.state(k)
         item, annotator = _text(body, "id"), _text(body, "annotator")
-        if body.get("withdraw"):
+        withdraw = body.get("withdraw", False)
+        if not isinstance(withdraw, bool):
+            raise UserError("withdraw: true or false")
+        if withdraw:
             withdraw_override(self.paths[k], item, annotator)
             return {"id": item, "withdrawn": True}
-        score = body.get("score")
+        score, reason = body.get("score"), body.get("reason", "")
+        if score is not None and (
+            isinstance(score, bool) or not isinstance(score, int | float) or not 0 <= score <= 1
+        ):
+            raise UserError(f"score: a number from 0 to 1 or null, got {score!r}")
+        if not isinstance(reason, str):
+            raise UserError("reason: a text")
         records = {item: state.records[state.index[item]]} if item in state.index else {}
-        found = add_override(
-            self.paths[k], records, item, score, str(body.get("reason", "")), annotator
-        )
+        found = add_override(self.paths[k], records, item, score, reason, annotator)
         return {"id": item, "score": found.score, "judge": found.judge}
 
 
@@ -477,8 +488,8 @@ def checked_label(label: Any, how: dict[str, Any]) -> Any:
         if label not in how["choices"]:
             raise UserError(f"label: one of {how['choices']}, got {label!r}")
         return label
-    if not isinstance(label, int | float) or isinstance(label, bool):
-        raise UserError(f"label: a number, got {label!r}")
+    if not isinstance(label, int | float) or isinstance(label, bool) or not math.isfinite(label):
+        raise UserError(f"label: a finite number, got {label!r}")
     low, high = how.get("low"), how.get("high")
     if (low is not None and label < low) or (high is not None and label > high):
         raise UserError(f"label: a score from {low} to {high}, got {label!r}")
@@ -487,13 +498,85 @@ def checked_label(label: Any, how: dict[str, Any]) -> Any:
 
 # ---- the HTTP server -----------------------------------------------------------------------
 
+DEFAULT_PORT = 8765  # the usual port; taken, a free one is used (and printed)
+MAX_BODY = 1 << 20  # a label or an override is a few hundred bytes
+
+
+class Refused(Exception):
+    """A request answered with a 4xx and one line saying why (the server stays up)."""
+
+    def __init__(self, status: int, why: str):
+        super().__init__(why)
+        self.status = status
+
+
+def own_names(host: str, port: int) -> frozenset[str]:
+    """The ``Host`` values (lower case) a request to this server may carry: the loopback
+    names and the bound host, on the served port. Any other name is refused, whatever it
+    resolves to: a page on another name that resolves to 127.0.0.1 (DNS rebinding) reaches
+    the server but is not answered."""
+    names = {"127.0.0.1", "localhost", "[::1]"}
+    if host not in ("", "0.0.0.0", "::"):  # a wildcard bind has no name of its own
+        names.add(f"[{host}]" if ":" in host else host)
+    return frozenset(f"{name.lower()}:{port}" for name in names)
+
+
+def _not_a_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def parse_body(raw: bytes) -> dict[str, Any]:
+    """A write's body: one JSON object (NaN and Infinity refused: they are not JSON)."""
+    try:
+        body = json.loads(raw or b"{}", parse_constant=_not_a_constant)
+    except (ValueError, RecursionError) as exc:
+        raise Refused(400, f"the body: not JSON ({exc})") from None
+    if not isinstance(body, dict):
+        raise Refused(400, "the body: a JSON object")
+    return body
+
+
+def body_length(header: str | None) -> int:
+    """``Content-Length`` as the server takes it: given, a whole number, at most ``MAX_BODY``."""
+    if header is None:
+        raise Refused(411, "a write needs a Content-Length")
+    if not header.strip().isdigit():
+        raise Refused(400, f"Content-Length: a whole number of bytes, got {header!r}")
+    length = int(header)
+    if length > MAX_BODY:
+        raise Refused(413, f"the body: at most {MAX_BODY} bytes, got {length}")
+    return length
+
+
+def run_number(value: Any, runs: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise Refused(400, f"run: a run's number, got {value!r}")
+    if not 0 <= value < runs:
+        raise Refused(400, f"run: no run {value}")
+    return value
+
+
+def finite(value: Any) -> Any:
+    """``value`` with every non-finite number as null: JSON has no NaN (a record or label
+    from elsewhere may hold one)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: finite(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [finite(v) for v in value]
+    return value
+
 
 def make_server(
     viewer: Viewer, host: str, port: int, allowed: Callable[[str | None], bool] | None
 ) -> Any:
     """The viewer's HTTP server (not yet serving); ``allowed``: checks a request's
-    Authorization header (off loopback, the key of --api-key-env), None on loopback."""
+    Authorization header (off loopback, the key of --api-key-env), None on loopback. ``port``
+    0 picks a free one."""
     import http.server
+
+    names: frozenset[str] = frozenset()
 
     class Handler(http.server.BaseHTTPRequestHandler):
         def _authorised(self) -> bool:
@@ -511,80 +594,91 @@ def make_server(
             self.send_header("Content-Length", str(len(body)))
             self.send_header("Cache-Control", "no-store")
             self.send_header("X-Content-Type-Options", "nosniff")
+            self.send_header("X-Frame-Options", "DENY")
+            self.send_header("Referrer-Policy", "no-referrer")
             self.end_headers()
             self.wfile.write(body)
 
         def _json(self, status: int, value: Any) -> None:
-            self._send(status, json.dumps(value, default=str).encode(), "application/json")
+            text = json.dumps(finite(value), default=str, allow_nan=False)
+            self._send(status, text.encode(), "application/json")
 
-        def do_GET(self) -> None:  # noqa: N802 - the stdlib's name
-            if not self._authorised():
-                return
-            url = urlparse(self.path)
-            query = {k: v[-1] for k, v in parse_qs(url.query).items()}
+        def _answer(self, route: Callable[[], None]) -> None:
+            """One request: our own name, authorised, routed; a refusal is a 4xx with its
+            reason, anything unforeseen a 500: the connection is answered, the server stays."""
             try:
-                if url.path == "/":
-                    self._send(200, viewer.page().encode(), "text/html; charset=utf-8")
-                elif url.path == "/label":
-                    page = label_page(viewer, int(query.get("run", "0")), query.get("stage"))
-                    self._send(200, page.encode(), "text/html; charset=utf-8")
-                elif url.path == "/api/unit":
-                    key = query.get("key")
-                    found = viewer.unit(
-                        int(query.get("run", "0")),
-                        query.get("id", ""),
-                        query.get("stage"),
-                        int(key) if key is not None and key.isdigit() else None,
-                    )
-                    self._json(200, found)
-                elif url.path == "/api/ready":
-                    self._json(200, {"ready": viewer.ready()})
-                elif url.path == "/api/items":
-                    self._json(200, viewer.items(int(query.get("run", "0")), query))
-                elif url.path == "/api/item":
-                    self._json(200, viewer.item(int(query.get("run", "0")), query.get("id", "")))
-                elif url.path == "/api/queue":
-                    run, stage = int(query.get("run", "0")), query.get("stage", SCORE)
-                    self._json(200, viewer.queue(run, query.get("annotator", ""), stage))
-                else:
-                    self._json(404, {"error": "no such page"})
+                if str(self.headers.get("Host", "")).lower() not in names:
+                    raise Refused(421, "this server answers only to its own names")
+                if not self._authorised():
+                    return
+                route()
+            except Refused as exc:
+                self._json(exc.status, {"error": str(exc)})
+            except UserError as exc:
+                self._json(400, {"error": str(exc)})
             except (KeyError, ValueError) as exc:
                 self._json(404, {"error": f"not found: {exc}"})
+            except Exception as exc:  # noqa: BLE001 - never a dropped connection
+                self._json(500, {"error": f"{type(exc).__name__}: {exc}"})
+
+        def do_GET(self) -> None:  # noqa: N802 - the stdlib's name
+            self._answer(self._get)
 
         def do_POST(self) -> None:  # noqa: N802
-            if not self._authorised():
-                return
+            self._answer(self._post)
+
+        def _get(self) -> None:
+            url = urlparse(self.path)
+            query = {k: v[-1] for k, v in parse_qs(url.query).items()}
+            if url.path == "/":
+                self._send(200, viewer.page().encode(), "text/html; charset=utf-8")
+            elif url.path == "/label":
+                page = label_page(viewer, int(query.get("run", "0")), query.get("stage"))
+                self._send(200, page.encode(), "text/html; charset=utf-8")
+            elif url.path == "/api/unit":
+                key = query.get("key")
+                found = viewer.unit(
+                    int(query.get("run", "0")),
+                    query.get("id", ""),
+                    query.get("stage"),
+                    int(key) if key is not None and key.isdigit() else None,
+                )
+                self._json(200, found)
+            elif url.path == "/api/ready":
+                self._json(200, {"ready": viewer.ready()})
+            elif url.path == "/api/items":
+                self._json(200, viewer.items(int(query.get("run", "0")), query))
+            elif url.path == "/api/item":
+                self._json(200, viewer.item(int(query.get("run", "0")), query.get("id", "")))
+            elif url.path == "/api/queue":
+                run, stage = int(query.get("run", "0")), query.get("stage", SCORE)
+                self._json(200, viewer.queue(run, query.get("annotator", ""), stage))
+            else:
+                self._json(404, {"error": "no such page"})
+
+        def _post(self) -> None:
             refused = self._refused()
             if refused:
-                self._json(403, {"error": refused})
-                return
+                raise Refused(403, refused)
             url = urlparse(self.path)
-            try:
-                length = int(self.headers.get("Content-Length", "0"))
-                body = json.loads(self.rfile.read(min(length, 1 << 20)) or b"{}")
-                if not isinstance(body, dict):
-                    raise UserError("the body: a JSON object")
-                run = int(body.get("run", 0))
-                if not 0 <= run < len(viewer.paths):
-                    raise UserError(f"run: no run {run}")
-                if url.path == "/api/labels":
-                    self._json(200, viewer.add_label(run, body))
-                elif url.path == "/api/overrides":
-                    self._json(200, viewer.override(run, body))
-                else:
-                    self._json(404, {"error": "no such endpoint"})
-            except (UserError, ValueError, json.JSONDecodeError) as exc:
-                self._json(400, {"error": str(exc)})
+            length = body_length(self.headers.get("Content-Length"))
+            body = parse_body(self.rfile.read(length))
+            run = run_number(body.get("run", 0), len(viewer.paths))
+            if url.path == "/api/labels":
+                self._json(200, viewer.add_label(run, body))
+            elif url.path == "/api/overrides":
+                self._json(200, viewer.override(run, body))
+            else:
+                self._json(404, {"error": "no such endpoint"})
 
         def _refused(self) -> str | None:
-            """A write comes from our page: its token, and its own origin where a browser
-            says one (another site's form or script says its own)."""
+            """A write comes from our page: its token, and one of our own origins where a
+            browser says one (another site's form or script says its own)."""
             given = self.headers.get("X-Groundcover-Token", "")
             if not hmac.compare_digest(given.encode(), viewer.token.encode()):
                 return "a write needs the page's token"
             origin = self.headers.get("Origin")
-            expected = f"http://{self.headers.get('Host', '')}"
-            if origin is not None and origin != expected:
+            if origin is not None and origin.lower().removeprefix("http://") not in names:
                 return f"refused: a write from another origin ({origin})"
             if self.headers.get("Sec-Fetch-Site") not in (None, "same-origin", "none"):
                 return "refused: a cross-site write"
@@ -593,19 +687,41 @@ def make_server(
         def log_message(self, *args) -> None:
             pass
 
-    return http.server.ThreadingHTTPServer((host, port), Handler)
+    server = http.server.ThreadingHTTPServer((host, port), Handler)
+    names = own_names(host, server.server_address[1])
+    return server
+
+
+def bind(
+    viewer: Viewer,
+    host: str,
+    port: int | None,
+    allowed: Callable[[str | None], bool] | None,
+) -> Any:
+    """``make_server`` on ``port``; ``None``: the usual port, or a free one when it is taken."""
+    import errno
+
+    if port is not None:
+        return make_server(viewer, host, port, allowed)
+    try:
+        return make_server(viewer, host, DEFAULT_PORT, allowed)
+    except OSError as exc:
+        if exc.errno != errno.EADDRINUSE:
+            raise
+        return make_server(viewer, host, 0, allowed)
 
 
 def serve(
     viewer: Viewer,
     host: str,
-    port: int,
+    port: int | None,
     allowed: Callable[[str | None], bool] | None,
     announce: Callable[[str], None],
 ) -> None:
     """Serve until Ctrl-C."""
-    server = make_server(viewer, host, port, allowed)
-    announce(f"report at http://{host}:{server.server_address[1]}/  (Ctrl-C stops)")
+    server = bind(viewer, host, port, allowed)
+    shown = f"[{host}]" if ":" in host else host
+    announce(f"report at http://{shown}:{server.server_address[1]}/  (Ctrl-C stops)")
     try:
         server.serve_forever()
     except KeyboardInterrupt:

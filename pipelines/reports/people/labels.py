@@ -213,14 +213,35 @@ def append_labels_to(run_dir: Path, name: str, labels: Sequence[dict[str, Any]])
     path.parent.mkdir(exist_ok=True)
     now = time.time()
     text = "".join(
-        json.dumps({"time": now} | dict(label), ensure_ascii=False) + "\n" for label in labels
+        json.dumps({"time": now} | dict(label), ensure_ascii=False, allow_nan=False) + "\n"
+        for label in labels
     )
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    fd = open_unlinked(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
     try:
         os.write(fd, text.encode("utf-8"))
     finally:
         os.close(fd)
     return len(labels)
+
+
+def open_unlinked(path: Path, flags: int) -> int:
+    """``path`` opened without following a link: a run directory from elsewhere may hold
+    ``labels/`` or a label file as a symbolic link to any file of the reader's (a shell's rc
+    file, say), which an append would then write to."""
+    if path.parent.is_symlink():
+        raise UserError(f"{path.parent}: a symbolic link, not the run's labels folder")
+    try:
+        return os.open(path, flags | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0), 0o644)
+    except OSError as exc:
+        if path.is_symlink():
+            raise UserError(f"{path}: a symbolic link, not a label file of the run") from None
+        raise UserError(f"{path}: {exc.strerror}") from None
+
+
+def read_unlinked(path: Path) -> str:
+    """The text of a label file, opened without following a link (``open_unlinked``)."""
+    with os.fdopen(open_unlinked(path, os.O_RDONLY), encoding="utf-8") as handle:
+        return handle.read()
 
 
 def label_rows(run_dir: Path) -> list[dict[str, Any]]:
@@ -229,7 +250,7 @@ def label_rows(run_dir: Path) -> list[dict[str, Any]]:
     path = labels_dir(run_dir) / LABELS
     if not path.is_file():
         return []
-    lines = path.read_text(encoding="utf-8").split("\n")
+    lines = read_unlinked(path).split("\n")
     rows = []
     for lineno, line in enumerate(lines, start=1):
         if not line.strip():

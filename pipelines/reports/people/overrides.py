@@ -38,6 +38,8 @@ def read_overrides(run_dir: Path) -> dict[str, Override]:
     path = labels_dir(run_dir) / OVERRIDES
     if not path.is_file():
         return {}
+    if path.is_symlink():  # a run from elsewhere may link it to any file of the reader's
+        raise UserError(f"{path}: a symbolic link, not a label file of the run")
     from ...runtime.contract.readers import iter_jsonl
 
     found: dict[str, Override] = {}
