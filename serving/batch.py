@@ -35,6 +35,8 @@ from typing import Any, Protocol
 
 import aiohttp
 
+from .redact import remember
+
 CHAT_URL = "/v1/chat/completions"  # the one endpoint a batch line names (the Batch API's)
 TERMINAL = frozenset({"completed", "failed", "expired", "cancelled"})
 
@@ -84,6 +86,7 @@ class OpenAIBatches:
 
     def __init__(self, base_url: str, api_key: str, window: str = "24h", timeout: float = 300.0):
         self.base_url = base_url.rstrip("/")
+        remember(api_key)
         self.headers = {"Authorization": f"Bearer {api_key}"}
         self.window = window
         self.timeout = aiohttp.ClientTimeout(total=timeout)

@@ -14,6 +14,8 @@ from typing import Any
 
 import httpx
 
+from .redact import remember
+
 PROBE_SECONDS = 3.0
 
 
@@ -49,6 +51,7 @@ def served_models(
 ) -> list[ServedModel] | None:
     """The models ``base_url`` serves; None when it has no listing (404, not JSON)."""
     url = base_url.rstrip("/") + "/models"
+    remember(api_key)
     headers = {"Authorization": f"Bearer {api_key}"}
     try:
         response = httpx.get(url, headers=headers, timeout=httpx.Timeout(timeout))

@@ -17,6 +17,8 @@ from typing import Any
 import aiohttp
 import orjson
 
+from .redact import redact, remember
+
 # status -> what the client does with it (docs/serving.md's table is this one)
 FAULTS = {
     "connection refused, reset or dropped; timeout": "retried with backoff; then the run stops",
@@ -34,7 +36,11 @@ RETRY_STATUS = frozenset({408, 409, 425, 429})
 
 
 class TransportError(Exception):
-    """A request that did not produce a completion."""
+    """A request that did not produce a completion; its words never hold a key (``redact``:
+    a server's error body may echo the key it was sent)."""
+
+    def __init__(self, *args: object) -> None:
+        super().__init__(*(redact(a) if isinstance(a, str) else a for a in args))
 
     retryable = True
     overloaded = False  # the server says it is too busy: an adaptive limit backs off
@@ -58,6 +64,7 @@ class StatusError(TransportError):
     """The server answered with an HTTP error status."""
 
     def __init__(self, status: int, message: str, retry_after: float | None = None):
+        message = redact(message)
         super().__init__(f"{status} {message}")
         self.status, self.message, self.retry_after = status, message, retry_after
         self.retryable = status >= 500 or status in RETRY_STATUS
@@ -107,6 +114,7 @@ class HttpTransport:
     used from a later loop (a second ``asyncio.run``) gets a new one."""
 
     def __init__(self, base_url: str, api_key: str, timeout: float, connections: int):
+        remember(api_key)
         self.base_url = base_url.rstrip("/")
         self.headers = {"Authorization": f"Bearer {api_key}", "Content-Type": "application/json"}
         self.timeout = aiohttp.ClientTimeout(total=timeout)

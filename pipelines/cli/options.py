@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 
+from ...serving.redact import redact
 from ..runtime.terminal import labelled, terminal
 
 if TYPE_CHECKING:
@@ -44,6 +45,11 @@ def expected_errors() -> tuple[
     return user, BudgetReached, (ServerStartError, EndpointError), ItemsFailed
 
 
+def _say(label: str, exc: BaseException) -> None:
+    """The one line a failure is: its label in red, then its words, no key in them."""
+    console.print(labelled(label, "red", redact(str(exc))), highlight=False, soft_wrap=True)
+
+
 def clean_errors(command: Callable) -> Callable:
     """One line on stderr and a non-zero exit instead of a traceback for expected failures."""
 
@@ -53,18 +59,18 @@ def clean_errors(command: Callable) -> Callable:
         try:
             return command(*args, **kwargs)
         except user_errors as exc:  # bad input or configuration: nothing was written
-            console.print(labelled("error:", "red", str(exc)), highlight=False, soft_wrap=True)
+            _say("error:", exc)
             raise typer.Exit(EXIT_USER) from None
         except budget_reached as exc:  # the run is partial on purpose: a distinct exit code
-            console.print(f"stopped: {exc}", highlight=False, soft_wrap=True)
+            console.print(f"stopped: {redact(str(exc))}", highlight=False, soft_wrap=True)
             raise typer.Exit(EXIT_BUDGET) from None
         except runtime_errors as exc:
-            console.print(labelled("error:", "red", str(exc)), highlight=False, soft_wrap=True)
+            _say("error:", exc)
             if not getattr(exc, "nothing_written", False):
                 console.print("finished items are saved; rerun the same command to resume")
             raise typer.Exit(EXIT_RUNTIME) from None
         except items_failed as exc:  # the run finished, but not cleanly
-            console.print(labelled("failed:", "red", str(exc)), highlight=False, soft_wrap=True)
+            _say("failed:", exc)
             raise typer.Exit(EXIT_FAILED_ITEMS) from None
 
     return wrapper

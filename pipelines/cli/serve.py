@@ -225,4 +225,7 @@ def api_key_from(variable: str | None) -> str | None:
     key = os.environ.get(variable, "")
     if not key:
         raise UserError(f"--api-key-env {variable}: the variable is not set or empty")
+    from ...serving.redact import remember
+
+    remember(key)  # never printed or stored from here on
     return key

@@ -111,11 +111,13 @@ def _write_parquet(table: Any, tables: dict[str, Any], out: Path) -> None:
 
 def _write_csv(table: Any, out: Path) -> None:
     """The same rows as text (Python's csv: what pandas and a spreadsheet read), batch by
-    batch."""
+    batch; a text cell a spreadsheet would run as a formula is written as text (``cells``)."""
+    from .cells import spreadsheet_row
+
     tmp = out.with_name(out.name + ".tmp")
     with open(tmp, "w", newline="", encoding="utf-8") as handle:
         writer = csv.DictWriter(handle, fieldnames=table.column_names or ["run", "id"])
         writer.writeheader()
         for part in table.to_batches(max_chunksize=BATCH):
-            writer.writerows(part.to_pylist())
+            writer.writerows(spreadsheet_row(row) for row in part.to_pylist())
     tmp.replace(out)

@@ -47,10 +47,12 @@ def export_tasks(run_dir: Path, out: Path, kind: str) -> list[Path]:
     if kind != "csv":
         raise UserError(f"--format must be label-studio or csv, got {kind!r}")
     tmp = out.with_name(out.name + ".tmp")
+    from ..exports.cells import spreadsheet_row
+
     with open(tmp, "w", newline="", encoding="utf-8") as handle:
         writer = csv.DictWriter(handle, fieldnames=CSV_COLUMNS)
         writer.writeheader()
-        writer.writerows({k: t.get(k, "") for k in CSV_COLUMNS} for t in tasks)
+        writer.writerows(spreadsheet_row({k: t.get(k, "") for k in CSV_COLUMNS}) for t in tasks)
     tmp.replace(out)
     return [out]
 
@@ -163,13 +165,17 @@ def _ls_result(where: str, result: list[dict[str, Any]]) -> tuple[float, str | N
 
 
 def _csv(path: Path) -> list[Row]:
+    from ..exports.cells import from_spreadsheet
+
     out: list[Row] = []
     with open(path, newline="", encoding="utf-8-sig") as handle:
         reader = csv.DictReader(handle)
         if not reader.fieldnames or not {"id", "score"} <= set(reader.fieldnames):
             raise UserError(f"{path}: a labels CSV needs the columns id and score")
-        for lineno, row in enumerate(reader, start=2):
+        for lineno, cells in enumerate(reader, start=2):
             where = f"{path}:{lineno}"
+            # a cell our export wrote after a quote (it began like a formula), as it was
+            row = {k: from_spreadsheet(v) if isinstance(v, str) else v for k, v in cells.items()}
             if not (row.get("score") or "").strip():
                 continue  # not labelled yet
             value = _score(f"{where}: record {row['id']!r}", row["score"], "score")

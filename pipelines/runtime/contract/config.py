@@ -183,7 +183,11 @@ class EvaluatorConfig(Strict):
         return ModelRef(self.model, self.endpoint, self.adapter)
 
     def api_key(self) -> str:
-        return os.environ.get(self.api_key_env, "EMPTY")
+        from ....serving.redact import remember
+
+        key = os.environ.get(self.api_key_env, "EMPTY")
+        remember(key)  # never printed or stored from here on
+        return key
 
 
 class RunConfig(Strict):

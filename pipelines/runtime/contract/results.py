@@ -13,9 +13,10 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Literal, get_args
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from ....serving.client import Parsed
+from ....serving.redact import redact
 
 # cut_in_reasoning: a reasoning model used its whole token budget on reasoning and gave no answer,
 # even at the largest budget (``serving.reasoning``): counted apart, never scored as a 0
@@ -39,6 +40,11 @@ class StageFailure(BaseModel):
     stage: str
     error: str
     outputs: list[str] = Field(default_factory=list)
+
+    @field_validator("error")
+    @classmethod
+    def _no_secrets(cls, error: str) -> str:
+        return redact(error)  # a server's error body may echo the key it was sent
 
 
 class ItemResult(BaseModel):

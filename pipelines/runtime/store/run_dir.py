@@ -35,6 +35,7 @@ from typing import Any, TypeVar, overload
 
 from pydantic import BaseModel, ValidationError
 
+from ....serving.redact import redact
 from ..contract.errors import UserError
 from ..contract.results import FAILED_STATUSES, STATUSES, ItemResult
 from .lines import JsonlView
@@ -391,7 +392,7 @@ class RunStore:
             manifest = RunManifest(
                 framework=framework,
                 task=task,
-                command=list(sys.argv),
+                command=[redact(arg) for arg in sys.argv],  # a URL's password, say
                 config=config,
                 config_fingerprint=config_fp,
                 **provenance,
