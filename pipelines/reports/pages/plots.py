@@ -7,6 +7,7 @@ no framework imports matplotlib and the report embeds everything it shows.
 from __future__ import annotations
 
 import io
+import warnings
 from typing import Any
 
 
@@ -14,11 +15,20 @@ def _svg(figure) -> str:
     import matplotlib.pyplot as plt
 
     buffer = io.StringIO()
-    figure.tight_layout()
-    figure.savefig(buffer, format="svg")
+    with warnings.catch_warnings():  # a label's letters the font lacks: drawn as boxes
+        warnings.filterwarnings("ignore", message="Glyph .* missing from font")
+        figure.tight_layout()
+        figure.savefig(buffer, format="svg")
     plt.close(figure)
     svg = buffer.getvalue()
     return svg[svg.index("<svg") :]  # inline in HTML: no XML prolog
+
+
+def _label(text: Any) -> str:
+    """A label as the terminal shows it: control and bidi characters as escapes."""
+    from ...runtime.terminal import printable
+
+    return printable(str(text))
 
 
 def _axes(width: float = 5.0, height: float = 2.6):
@@ -43,7 +53,8 @@ def bars(spec: dict[str, Any]) -> str:
             [max(0.0, v - lo) if lo is not None else 0 for v, lo in below],
             [max(0.0, hi - v) if hi is not None else 0 for v, hi in above],
         ]
-    axes.bar(spec["labels"], values, yerr=errors, capsize=4, color="#4a7ab5")
+    labels = [_label(label) for label in spec["labels"]]
+    axes.bar(labels, values, yerr=errors, capsize=4, color="#4a7ab5")
     axes.set_ylabel(spec.get("ylabel", ""))
     axes.set_ylim(0, max(1.0, max(values, default=0) * 1.1))
     return _svg(figure)
@@ -54,7 +65,10 @@ def lines(spec: dict[str, Any]) -> str:
     figure, axes = _axes()
     for name, ys in spec["series"].items():
         axes.plot(
-            spec["x"], [y if y is not None else float("nan") for y in ys], marker="o", label=name
+            spec["x"],
+            [y if y is not None else float("nan") for y in ys],
+            marker="o",
+            label=_label(name),
         )
     axes.set_xlabel(spec.get("xlabel", ""))
     axes.set_ylabel(spec.get("ylabel", ""))
@@ -66,5 +80,13 @@ def lines(spec: dict[str, Any]) -> str:
 DRAW = {"bars": bars, "lines": lines}
 
 
+# A label is data (a source, a system's name): drawn as written. Unparsed, "$x$" would be
+# mathtext, and a stray "$\\" one that fails to parse would stop the whole page.
+AS_WRITTEN = {"text.parse_math": False, "text.usetex": False}
+
+
 def draw(spec: dict[str, Any]) -> str:
-    return DRAW[spec["kind"]](spec)
+    import matplotlib
+
+    with matplotlib.rc_context(AS_WRITTEN):
+        return DRAW[spec["kind"]](spec)

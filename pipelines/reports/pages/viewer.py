@@ -627,6 +627,16 @@ def make_server(
         def do_POST(self) -> None:  # noqa: N802
             self._answer(self._post)
 
+        def _not_allowed(self) -> None:
+            self.send_response(405)
+            self.send_header("Allow", "GET, POST")
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        do_HEAD = do_PUT = do_DELETE = do_PATCH = do_OPTIONS = do_TRACE = do_CONNECT = (  # noqa: N815
+            _not_allowed
+        )
+
         def _get(self) -> None:
             url = urlparse(self.path)
             query = {k: v[-1] for k, v in parse_qs(url.query).items()}
