@@ -562,3 +562,35 @@ def test_a_server_that_echoes_the_key_never_gets_it_stored_or_printed(sources, t
     record = json.loads((tmp_path / "run" / "results.jsonl").read_text().splitlines()[0])
     assert record["status"] == "error" and "[redacted]" in record["failure"]["error"]
     assert key not in stored and key not in done.stdout + done.stderr
+
+
+def test_label_files_from_elsewhere_nan_and_links_are_refused(sources, tmp_path):
+    from groundcover.pipelines.reports.people.labels import append_labels, label_rows
+    from groundcover.pipelines.runtime.contract.errors import UserError
+
+    run = make_run(sources, "plain", tmp_path)
+    labels = run / "labels"
+    labels.mkdir(exist_ok=True)
+    (labels / "labels.jsonl").write_text('{"id": "aplain", "stage": "score", "label": NaN}\n')
+    with pytest.raises(UserError, match=r"labels.jsonl:1: record 'aplain': field label"):
+        label_rows(run)
+    # a label file linked to a file of the reader's: never appended to, never read
+    precious = tmp_path / "bashrc"
+    precious.write_text("mine\n")
+    (labels / "labels.jsonl").unlink()
+    (labels / "labels.jsonl").symlink_to(precious)
+    line = {"id": "aplain", "stage": "score", "key": 0, "label": 1.0}
+    with pytest.raises(UserError, match="symbolic link"):
+        append_labels(run, [line])
+    with pytest.raises(UserError, match="symbolic link"):
+        label_rows(run)
+    assert precious.read_text() == "mine\n"
+    # the folder itself a link
+    (labels / "labels.jsonl").unlink()
+    labels.rmdir()
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    labels.symlink_to(elsewhere)
+    with pytest.raises(UserError, match="symbolic link"):
+        append_labels(run, [line])
+    assert not list(elsewhere.iterdir())

@@ -315,6 +315,8 @@ def read_human(path: Path) -> dict[tuple[str, str, int], Any]:
             raise UserError(f"{where}: record: field 'stage': expected text")
         if row["stage"] == "score" and not _number(row["label"]):
             raise UserError(f"{where}: record: field 'label': a score label is a number")
+        if isinstance(row["label"], float) and not math.isfinite(row["label"]):
+            raise UserError(f"{where}: record: field 'label': {row['label']} is not a label")
         ident = (str(row["id"]), row["stage"], key)
         if ident in labels:
             raise UserError(f"{where}: record: id {row['id']!r} stage {row['stage']!r} twice")

@@ -80,13 +80,10 @@ def lines(spec: dict[str, Any]) -> str:
 DRAW = {"bars": bars, "lines": lines}
 
 
-# A label is data (a source, a system's name): drawn as written. Unparsed, "$x$" would be
-# mathtext, and a stray "$\\" one that fails to parse would stop the whole page.
-AS_WRITTEN = {"text.parse_math": False, "text.usetex": False}
-
-
 def draw(spec: dict[str, Any]) -> str:
+    """``spec`` drawn; its labels are data (a source, a system's name), drawn as written:
+    parsed, "$x$" would be mathtext, and a stray "$\\" that fails to parse would stop the page."""
     import matplotlib
 
-    with matplotlib.rc_context(AS_WRITTEN):
+    with matplotlib.rc_context({"text.parse_math": False, "text.usetex": False}):
         return DRAW[spec["kind"]](spec)

@@ -264,6 +264,9 @@ def label_rows(run_dir: Path) -> list[dict[str, Any]]:
         for name in ("id", "stage", "label"):
             if not isinstance(row, dict) or name not in row:
                 raise UserError(f"{path}:{lineno}: record {row.get('id')!r}: field {name}: missing")
+        if isinstance(row["label"], float) and not math.isfinite(row["label"]):
+            # a file from elsewhere: NaN is no label, and would reach the queue's JSON
+            raise UserError(f"{path}:{lineno}: record {row['id']!r}: field label: not finite")
         rows.append(row)
     return rows
 
