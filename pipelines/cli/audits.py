@@ -12,7 +12,7 @@ import typer
 
 from ..runtime.contract.errors import UserError
 from ..runtime.terminal import terminal
-from .options import clean_errors
+from .options import FrameworkFiles, clean_errors
 
 
 @clean_errors
@@ -88,15 +88,7 @@ def agreement(
             "(default: recorded)"
         ),
     ] = None,
-    framework_file: Annotated[
-        list[Path] | None,
-        typer.Option(
-            "--framework",
-            metavar="FILE",
-            help="a framework file you trust, imported to read runs made with it (a run's "
-            "recorded file is imported only at its absolute path with its recorded SHA-256)",
-        ),
-    ] = None,
+    framework_file: FrameworkFiles = None,
 ) -> None:
     """How far to trust the judges: agreement within a judge panel (Cohen's kappa,
     Krippendorff's alpha, Kendall / Spearman, bootstrap intervals over items), between runs

@@ -7,7 +7,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -43,6 +43,18 @@ def expected_errors() -> tuple[
 
     user = (UserError, RunStoreError, UnknownModelError, EmbeddedModelMissing, FileChanged)
     return user, BudgetReached, (ServerStartError, EndpointError), ItemsFailed
+
+
+# ``--framework FILE`` of every command that opens runs (report, compare, agreement, view)
+FrameworkFiles = Annotated[
+    list[Path] | None,
+    typer.Option(
+        "--framework",
+        metavar="FILE",
+        help="a framework file you trust, imported to read runs made with it (a run's "
+        "recorded file is imported only at its absolute path with its recorded SHA-256)",
+    ),
+]
 
 
 def _say(label: str, exc: BaseException) -> None:

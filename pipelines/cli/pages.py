@@ -10,7 +10,7 @@ import typer
 
 from ..runtime.contract.errors import UserError
 from ..runtime.terminal import terminal
-from .options import clean_errors
+from .options import FrameworkFiles, clean_errors
 from .serve import api_key_from, authorised
 
 console = terminal(stderr=True)
@@ -27,15 +27,7 @@ def view(
     api_key_env: Annotated[
         str | None, typer.Option(help="variable holding the key (needed off loopback)")
     ] = None,
-    framework_file: Annotated[
-        list[Path] | None,
-        typer.Option(
-            "--framework",
-            metavar="FILE",
-            help="a framework file you trust, imported to read runs made with it (a run's "
-            "recorded file is imported only at its absolute path with its recorded SHA-256)",
-        ),
-    ] = None,
+    framework_file: FrameworkFiles = None,
 ) -> None:
     """Serve the HTML report of the runs at http://127.0.0.1:PORT/ until Ctrl-C (rebuilt
     when a run changes on disk, so a running evaluation shows its progress; its items are

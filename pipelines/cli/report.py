@@ -11,7 +11,7 @@ import typer
 
 from ..runtime.contract.errors import UserError
 from ..runtime.terminal import terminal
-from .options import clean_errors
+from .options import FrameworkFiles, clean_errors
 
 console = terminal(stderr=True)
 
@@ -50,15 +50,7 @@ def report(
     track_project: Annotated[
         str, typer.Option(help="the MLflow experiment or W&B project")
     ] = "groundcover",
-    framework_file: Annotated[
-        list[Path] | None,
-        typer.Option(
-            "--framework",
-            metavar="FILE",
-            help="a framework file you trust, imported to read runs made with it (a run's "
-            "recorded file is imported only at its absolute path with its recorded SHA-256)",
-        ),
-    ] = None,
+    framework_file: FrameworkFiles = None,
 ) -> None:
     """Rebuild and print the summary and tables of runs from what is on disk (no model calls;
     partial runs too); optionally an HTML page (--html), every item's record (--export: CSV,
@@ -117,15 +109,7 @@ def compare(
     top: Annotated[int, typer.Option(help="largest per-item differences printed per pair")] = 10,
     resamples: Annotated[int, typer.Option(help="bootstrap resamples")] = 10_000,
     seed: Annotated[int, typer.Option(help="bootstrap seed")] = 0,
-    framework_file: Annotated[
-        list[Path] | None,
-        typer.Option(
-            "--framework",
-            metavar="FILE",
-            help="a framework file you trust, imported to read runs made with it (a run's "
-            "recorded file is imported only at its absolute path with its recorded SHA-256)",
-        ),
-    ] = None,
+    framework_file: FrameworkFiles = None,
 ) -> None:
     """Compare runs item by item: each run's mean with a 95% BCa interval; per pair the paired
     mean difference with a paired BCa interval, win/tie/loss, sign and Wilcoxon p-values, the
