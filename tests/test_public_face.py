@@ -57,6 +57,11 @@ def test_last_weeks_one_file_framework_loads_with_warnings_and_scores_as_worked_
     from groundcover.pipelines.runtime.contract.plugins import from_file
     from groundcover.testing import ScriptedClient, field_of
 
+    import hashlib
+    import sys
+
+    digest = hashlib.sha256(FIXTURE.read_bytes()).hexdigest()
+    sys.modules.pop(f"groundcover_file_{digest[:16]}", None)  # loaded by another test: again
     with pytest.warns(DeprecationWarning) as caught:
         _, found = from_file(str(FIXTURE))
     moved = {str(w.message).split(" ")[0] for w in caught}

@@ -87,8 +87,10 @@ def terminal(stderr: bool = False, **kwargs: Any) -> Console:
 
 
 def labelled(label: str, style: str, message: TextType) -> Text:
-    """``label`` styled, then ``message`` as plain text (``error:`` in red, then the line)."""
-    return Text.assemble((label, style), " ", message)
+    """``label`` styled, then ``message`` as plain text (``error:`` in red, then the line),
+    every character of it shown (``Text`` alone would drop a bell or a backspace unseen)."""
+    shown = printable(message) if isinstance(message, str) else message
+    return Text.assemble((label, style), " ", shown)
 
 
 def usage_table(*columns: str, title: str | None = None) -> Table:
