@@ -54,11 +54,11 @@ def test_a_name_never_public_is_still_an_attribute_error():
 
 def test_last_weeks_one_file_framework_loads_with_warnings_and_scores_as_worked_out(tmp_path):
     """by hand: yes, partly, no -> 1, 0.5, 0 -> mean 0.5"""
-    from groundcover.pipelines.runtime.contract.plugins import from_file
-    from groundcover.testing import ScriptedClient, field_of
-
     import hashlib
     import sys
+
+    from groundcover.pipelines.runtime.contract.plugins import from_file
+    from groundcover.testing import ScriptedClient, field_of
 
     digest = hashlib.sha256(FIXTURE.read_bytes()).hexdigest()
     sys.modules.pop(f"groundcover_file_{digest[:16]}", None)  # loaded by another test: again
