@@ -106,6 +106,7 @@ class BatchServer:
         self.batches: dict[str, dict[str, Any]] = {}
         self.submitted: Counter[str] = Counter()
         self.online = 0
+        self.sticky: set[str] | None = None  # a set: a line that failed once always fails
 
     def app(self) -> web.Application:
         async def models(request: web.Request) -> web.Response:
@@ -158,6 +159,10 @@ class BatchServer:
         if outcome == "expire":
             return {"id": batch_id, "status": "expired", "output_file_id": None}
         failing = int(outcome.split(":")[1]) if outcome.startswith("fail:") else 0
+        if self.sticky is not None:  # the lines that failed before first, failing again
+            self.sticky |= {line["custom_id"] for line in lines[:failing]}
+            lines = sorted(lines, key=lambda line: line["custom_id"] not in self.sticky)
+            failing = sum(line["custom_id"] in self.sticky for line in lines)
         output = [
             {
                 "id": f"r{n}",
@@ -249,11 +254,14 @@ def test_a_batch_run_goes_in_rounds_and_equals_the_online_run(tmp_path, monkeypa
     assert rounds["rounds"] == 2 and rounds["submitted"] == 12 and rounds["answered"] == 12
     assert [b["batch"] for b in rounds["batches"]] == ["batch-0", "batch-1"]
     assert all(b["status"] == "completed" and b["waited_s"] > 0 for b in rounds["batches"])
-    # each batch and its custom ids were recorded before the run waited on it
+    # each file's upload (its id, tag and custom ids) was recorded before its batch was
+    # created, and each batch before the run waited on it
     ledger = sorted((tmp_path / "batch" / "batches").glob("*/ledger.jsonl"))
     events = [json.loads(x) for x in ledger[0].read_text().splitlines()]
-    assert [e["event"] for e in events] == ["submitted", "finished", "submitted", "finished"]
-    assert sorted(events[0]["custom_ids"] + events[2]["custom_ids"]) == sorted(server.submitted)
+    kinds = ["uploaded", "submitted", "finished"]
+    assert [e["event"] for e in events] == kinds + kinds
+    assert events[0]["tag"] == events[1]["tag"] and events[0]["file_id"] == events[1]["file_id"]
+    assert sorted(events[1]["custom_ids"] + events[4]["custom_ids"]) == sorted(server.submitted)
     # report and its page read the ledgers: rounds, batch ids, waits
     shown = CliRunner().invoke(app, ["report", str(tmp_path / "batch")])
     assert shown.exit_code == 0, shown.output
@@ -313,7 +321,8 @@ def test_failed_lines_asked_online_by_a_flag(tmp_path, monkeypatch):
 
 
 def test_a_line_that_keeps_failing_fails_its_item_and_the_run_exits_non_zero(tmp_path, monkeypatch):
-    server = BatchServer(polls=0, outcomes=["fail:1", "fail:1", "fail:1"])
+    server = BatchServer(polls=0, outcomes=["fail:1"])
+    server.sticky = set()  # the line fails in every batch it is sent in
     with serve_app(server.app()) as url:
         monkeypatch.setenv("GROUNDCOVER_HOME", str(tmp_path / "home-batch"))
         config = write_config(tmp_path, max_retries=3)
@@ -346,10 +355,18 @@ def test_a_run_killed_while_its_batch_is_pending_resumes_it_and_submits_nothing_
             time.sleep(0.1)
         os.killpg(run.pid, signal.SIGKILL)
         run.wait(30)
+        (ledger_folder,) = [f.name for f in ledger.iterdir()]
         assert len(server.batches) == 1
         server.hold = False
-        resumed = subprocess.run(command, env=env, cwd=tmp_path, capture_output=True, text=True)
+        # resumed with other transport settings: concurrency, timeout, retries, the key's
+        # variable and the URL's spelling decide no answer, so the same batches are polled
+        (tmp_path / "other").mkdir()
+        other = write_config(tmp_path / "other", timeout=123.0, max_retries=5)
+        again = [sys.executable, "-m", "groundcover", *eval_args(tmp_path, url + "/", "batch")]
+        again += ["--config", str(other), "--concurrency", "3", "--api-key-env", "OTHER_KEY"]
+        resumed = subprocess.run(again, env=env, cwd=tmp_path, capture_output=True, text=True)
         assert resumed.returncode == 0, resumed.stderr
+    assert [f.name for f in (tmp_path / "batch" / "batches").iterdir()] == [ledger_folder]
     assert records(tmp_path / "batch") == online
     # the pending batch was waited for again, not submitted again: each request once
     assert len(server.batches) == 2 and set(server.submitted.values()) == {1}

@@ -138,6 +138,9 @@ def batch_line(bought: dict[str, Any], summary: Any) -> str:
         f"{bought['lines']:,} lines ({bought['failed_lines']:,} failed and asked again), "
         f"waited {bought['waited_s'] / 60:.1f} min"
     )
+    causes = bought.get("causes") or {}
+    if causes:  # what came of the lines that had no answer, by cause (serving.batch.CAUSES)
+        line += "; unanswered lines: " + ", ".join(f"{k} {n:,}" for k, n in causes.items())
     if bought["pending"]:
         line += f"; {bought['pending']} pending (the same command waits for them)"
     cost = getattr(summary, "cost_recorded", None) or {}

@@ -23,7 +23,11 @@ import sys
 from typing import Any
 
 METHOD_ENV = "VLLM_WORKER_MULTIPROC_METHOD"
-MODULES = ("vllm.entrypoints.openai.api_server", "vllm.entrypoints.openai.run_batch")
+MODULES = (
+    "vllm.entrypoints.openai.api_server",
+    "vllm.entrypoints.launchers.run_batch",
+    "vllm.entrypoints.openai.run_batch",
+)
 
 
 def fork_one_process_engines() -> bool:

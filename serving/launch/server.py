@@ -369,8 +369,25 @@ def run_batch_command(spec: ServerSpec, device: str, source: Path, output: Path)
     """``vllm run-batch`` over one batch file: the model loaded in that process, no server
     (the ``vllm`` console script is missing from the CPU wheel: the module, as for serving)."""
     files = ["-i", str(source), "-o", str(output)]
-    entry = vllm_entry("vllm.entrypoints.openai.run_batch", device)
+    entry = vllm_entry(run_batch_module(), device)
     return [*entry, *files, *engine_args(spec, device)]
+
+
+RUN_BATCH = "vllm.entrypoints.launchers.run_batch"  # vLLM's entry point since 0.3x
+OLD_RUN_BATCH = "vllm.entrypoints.openai.run_batch"  # deprecated there: a warning per batch
+
+
+def run_batch_module() -> str:
+    """The ``run-batch`` module of the installed vLLM: the current one where it has it (looked
+    for as a file: importing vLLM here would cost the run seconds)."""
+    import importlib.util
+
+    found = importlib.util.find_spec("vllm")  # a top-level name: found, not imported
+    if found is not None and found.origin is not None:
+        module = Path(found.origin).parent / "entrypoints" / "launchers" / "run_batch.py"
+        if module.is_file():
+            return RUN_BATCH
+    return OLD_RUN_BATCH
 
 
 def vllm_entry(module: str, device: str) -> list[str]:

@@ -33,7 +33,7 @@ from ....serving.launch.server import (
 from ....serving.reasoning import Reasoning
 from ..contract.config import EvaluatorConfig, UserError
 from ..store.run_dir import fingerprint
-from .model_content import keyed_before, revisions
+from .model_content import keyed_before, location, revisions
 
 
 def model_record(cfg: EvaluatorConfig) -> dict:
@@ -334,6 +334,7 @@ def batcher_of(
         return None
     base = run_dir / "batches" / f"{_safe(cfg.model)}-{batch_folder_key(cfg)}"
     folder, adopt, siblings = batch_folders(base, *driver)
+    siblings += earlier_folders(base)
     executor: OpenAIBatches | LocalRunBatch
     if cfg.endpoint is not None:
         executor = OpenAIBatches(cfg.endpoint, cfg.api_key(), timeout=cfg.timeout)
@@ -347,6 +348,7 @@ def batcher_of(
         executor = LocalRunBatch(
             lambda source, output: run_batch_command(spec, device, source, output),
             engine_environment(spec, device),
+            device,
         )
     return Batcher(
         executor,
@@ -357,6 +359,7 @@ def batcher_of(
         adopt=adopt,
         siblings=siblings,
         poll=cfg.batch_poll,
+        retry_base=cfg.batch_poll,  # a failed line's next round: after a poll, then doubling
         max_attempts=max(1, min(cfg.max_retries, 3)),
     )
 
@@ -383,14 +386,51 @@ def batch_folders(base: Path, shard: int, drivers: int) -> tuple[Path, list[Path
     return own, adopt, siblings
 
 
+# What decides a client's answers, and so its batch folder: the model by what it is, how it
+# samples, what it serves. Not how it is reached or asked (concurrency, timeouts, retries, the
+# key's variable, the URL's spelling, the batch knobs): a resume that changes those polls the
+# batches already bought instead of buying their lines again.
+ANSWER_FIELDS = (
+    "model", "revision", "adapter", "adapter_prefix", "temperature", "seed", "max_tokens",
+    "reasoning", "reasoning_tokens", "vllm_extensions", "max_model_len", "sample",
+)  # fmt: skip
+
+
 def batch_folder_key(cfg: EvaluatorConfig) -> str:
-    """A short digest of what makes a client's requests (two roles on one model and settings
-    share a client, so its ledger; a self-consistency member has its own)."""
-    asked = cfg.model_dump(
-        mode="json",
-        exclude={"content", "batch_size", "batch_settle", "batch_poll", "batch_retry"},
-    )
+    """A short digest of what makes a client's answers (two roles on one model and settings
+    share a client, so its ledger; a self-consistency member has its own): ``ANSWER_FIELDS``,
+    the model and adapters by content, and (where nothing else knows the model) the
+    endpoint as one spelling (``location``)."""
+    asked: dict[str, Any] = {name: getattr(cfg, name) for name in ANSWER_FIELDS}
+    content = cfg.content or {}
+    asked["content"] = content
+    known = (content.get("base") or {}).get("revision")
+    if cfg.endpoint is not None and not known:
+        asked["endpoint"] = location(cfg.endpoint)
+    if cfg.endpoint is None:  # a model served here: its adapters by content (in ``content``)
+        asked["adapters"] = sorted(cfg.adapters)
     return fingerprint(asked)[:10]
+
+
+def earlier_folders(base: Path) -> list[Path]:
+    """The client's folders written under an earlier key (no ``folder.json``: before folders
+    were known by what decides their answers, when transport settings were in the key): read
+    like a sibling's, so their finished outputs answer and their pending batches are waited
+    for when asked; their lines are keyed by content, so another client's never answers
+    here."""
+    from ....serving.batch import FOLDER_FILE
+
+    model = base.name.rsplit("-", 1)[0]
+    if not base.parent.is_dir():
+        return []
+    return sorted(
+        folder
+        for folder in base.parent.glob(f"{model}-*")
+        if folder.is_dir()
+        and not (folder / FOLDER_FILE).is_file()
+        and (folder / "ledger.jsonl").is_file()
+        and not folder.name.startswith(base.name)
+    )
 
 
 def remember_models(cache: ResponseCache, cfg: EvaluatorConfig) -> None:

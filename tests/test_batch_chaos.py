@@ -1,0 +1,676 @@
+"""Bought once, whatever happens: the batch transport against a Batch API that misbehaves as
+hosted ones do -- a share of every call answered 503 or 429, create answers lost after the
+batch was made, output lines in another order, batches that expire, lines that fail -- and a
+run killed at every step (after the upload, after the create before its record, during a
+poll, during a download), then resumed with other drivers. Each seeded schedule ends with
+every request's answer right and every custom id paid for exactly once, by the stub's own
+count. Then the failures by cause, the folder key, the provider's other shapes and the local
+engine's lifetime."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from aiohttp import web
+
+from groundcover.pipelines.runtime.execution.models import batch_folder_key, batch_folders
+from groundcover.serving.batch import (
+    Batcher,
+    BatchError,
+    LineFailed,
+    LocalRunBatch,
+    OpenAIBatches,
+    process_start,
+    read_ledgers,
+    split_by_size,
+)
+from tests.support.loopback import serve_app
+
+
+def answer_of(prompt: str) -> str:
+    """The stub model: stage one echoes a word, stage two its length."""
+    if prompt.startswith("first "):
+        return prompt.split()[1].upper()
+    return str(len(prompt))
+
+
+def completion(body: dict[str, Any]) -> dict[str, Any]:
+    reply = {"role": "assistant", "content": answer_of(body["messages"][-1]["content"])}
+    return {
+        "id": "c",
+        "object": "chat.completion",
+        "choices": [{"index": 0, "message": reply, "finish_reason": "stop"}],
+        "usage": {"prompt_tokens": 5, "completion_tokens": 1, "total_tokens": 6},
+    }
+
+
+class ChaosBatches:
+    """An OpenAI-style Batch API with a seeded schedule of faults. ``paid`` counts each custom
+    id answered 200 in a completed batch (what a provider bills); ``kill`` is called at
+    ``kill_at`` (``upload``, ``create``: after the batch is made, before its answer; ``poll``,
+    ``download``), once."""
+
+    def __init__(self, seed: int, blip: float = 0.2, lost: float = 0.3, expire: float = 0.1):
+        self.rng = random.Random(seed)
+        self.blip, self.lost, self.expire = blip, lost, expire
+        self.files: dict[str, str] = {}
+        self.batches: dict[str, dict[str, Any]] = {}
+        self.paid: Counter[str] = Counter()
+        self.hold = False
+        self.kill_at: str | None = None
+        self.kill: Callable[[], None] | None = None
+        self.polls_before_done = 2
+        self.failing_lines: set[str] = set()  # custom ids answered 500 the first time
+        self.shape = "openai"  # or "wrapped": {"job": {...}}, statuses in capitals
+        self.upload_delay = 0.0
+        self.expired: set[str] = set()
+        self.lock = threading.Lock()
+
+    def _maybe_kill(self, point: str) -> None:
+        if self.kill_at == point and self.kill is not None:
+            kill, self.kill, self.kill_at = self.kill, None, None
+            kill()
+
+    def _blip(self) -> web.Response | None:
+        roll = self.rng.random()
+        if roll < self.blip / 2:
+            return web.json_response({"error": {"message": "overloaded"}}, status=503)
+        if roll < self.blip:
+            return web.json_response(
+                {"error": {"message": "slow down"}}, status=429, headers={"Retry-After": "0"}
+            )
+        return None
+
+    def _shaped(self, batch: dict[str, Any]) -> dict[str, Any]:
+        if self.shape == "wrapped":
+            return {"job": batch | {"status": str(batch["status"]).upper()}}
+        return batch
+
+    def _public(self, batch_id: str) -> dict[str, Any]:
+        batch = self.batches[batch_id]
+        shown = {k: v for k, v in batch.items() if k not in ("lines", "polls")}
+        return self._shaped(shown | {"id": batch_id, "object": "batch"})
+
+    def app(self) -> web.Application:
+        async def upload(request: web.Request) -> web.Response:
+            form = await request.post()
+            await asyncio.sleep(self.upload_delay)
+            if (blip := self._blip()) is not None:
+                return blip
+            file_id = f"file-{len(self.files)}"
+            self.files[file_id] = form["file"].file.read().decode()  # type: ignore[union-attr]
+            return web.json_response({"id": file_id, "object": "file", "purpose": "batch"})
+
+        async def create(request: web.Request) -> web.Response:
+            body = await request.json()
+            if (blip := self._blip()) is not None:
+                return blip
+            self._maybe_kill("upload")  # the upload is recorded: the run dies before creating
+            lines = [json.loads(x) for x in self.files[body["input_file_id"]].splitlines()]
+            with self.lock:
+                batch_id = f"batch-{len(self.batches)}"
+                self.batches[batch_id] = {
+                    "status": "validating",
+                    "input_file_id": body["input_file_id"],
+                    "metadata": body.get("metadata") or {},
+                    "lines": lines,
+                    "polls": self.polls_before_done,
+                    "created_at": len(self.batches),
+                }
+            self._maybe_kill("create")  # made; the run dies before it hears
+            if self.rng.random() < self.lost:  # made, but the answer never arrives
+                return web.json_response({"error": {"message": "gateway"}}, status=502)
+            return web.json_response(self._public(batch_id))
+
+        async def listing(request: web.Request) -> web.Response:
+            if (blip := self._blip()) is not None:
+                return blip
+            limit = int(request.query.get("limit", "20"))
+            after = request.query.get("after")
+            newest = sorted(self.batches, key=lambda b: -self.batches[b]["created_at"])
+            if after in newest:
+                newest = newest[newest.index(after) + 1 :]
+            page = newest[:limit]
+            data = [self._public(b).get("job", self._public(b)) for b in page]
+            more = len(newest) > limit
+            return web.json_response(
+                {
+                    "object": "list",
+                    "data": data,
+                    "has_more": more,
+                    "last_id": page[-1] if page else None,
+                }
+            )
+
+        async def retrieve(request: web.Request) -> web.Response:
+            if (blip := self._blip()) is not None:
+                return blip
+            self._maybe_kill("poll")
+            batch_id = request.match_info["id"]
+            batch = self.batches[batch_id]
+            if self.hold or batch["polls"] > 0:
+                batch["polls"] -= 1
+                batch["status"] = "in_progress"
+            elif batch["status"] not in ("completed", "expired"):
+                self._finish(batch_id, batch)
+            return web.json_response(self._public(batch_id))
+
+        async def content(request: web.Request) -> web.Response:
+            if (blip := self._blip()) is not None:
+                return blip
+            self._maybe_kill("download")
+            return web.Response(text=self.files[request.match_info["id"]])
+
+        app = web.Application()
+        app.router.add_post("/v1/files", upload)
+        app.router.add_post("/v1/batches", create)
+        app.router.add_get("/v1/batches", listing)
+        app.router.add_get("/v1/batches/{id}", retrieve)
+        app.router.add_get("/v1/files/{id}/content", content)
+        return app
+
+    def _finish(self, batch_id: str, batch: dict[str, Any]) -> None:
+        ids = {line["custom_id"] for line in batch["lines"]}
+        if not ids & self.expired and self.rng.random() < self.expire:  # a line expires once
+            self.expired |= ids
+            batch |= {"status": "expired", "output_file_id": None}
+            return
+        output, errors = [], []
+        for line in batch["lines"]:
+            cid = line["custom_id"]
+            if cid in self.failing_lines:
+                self.failing_lines.discard(cid)
+                errors.append(
+                    {
+                        "custom_id": cid,
+                        "response": {"status_code": 500},
+                        "error": {"message": "oops"},
+                    }
+                )
+                continue
+            self.paid[cid] += 1
+            response = {"status_code": 200, "body": completion(line["body"])}
+            output.append({"id": f"r-{cid}", "custom_id": cid, "response": response, "error": None})
+        self.rng.shuffle(output)  # providers do not keep the input's order
+        out_id, err_id = f"file-out-{batch_id}", f"file-err-{batch_id}"
+        self.files[out_id] = "".join(json.dumps(row) + "\n" for row in output)
+        self.files[err_id] = "".join(json.dumps(row) + "\n" for row in errors)
+        batch |= {
+            "status": "completed",
+            "output_file_id": out_id,
+            "error_file_id": err_id if errors else None,
+        }
+
+
+def request(prompt: str) -> dict[str, Any]:
+    return {"model": "judge", "messages": [{"role": "user", "content": prompt}], "max_tokens": 8}
+
+
+async def solve(batcher: Batcher, word: str) -> tuple[str, str]:
+    """Two stages: the second's request exists only once the first has answered."""
+    first = await batcher.ask(f"a-{word}", request(f"first {word}"))
+    upper = first["choices"][0]["message"]["content"]
+    second = await batcher.ask(f"b-{word}-{upper}", request(f"second {upper}"))
+    return upper, second["choices"][0]["message"]["content"]
+
+
+def expected(word: str) -> tuple[str, str]:
+    return word.upper(), str(len(f"second {word.upper()}"))
+
+
+def batcher_for(url: str, folder: Path, **kw: Any) -> Batcher:
+    executor = OpenAIBatches(url, "sk-test-0000000000", patience=60)
+    options: dict[str, Any] = {"settle": 0.05, "poll": 0.01, "retry_base": 0.01} | kw
+    return Batcher(executor, folder, **options)
+
+
+def invocation(
+    server: ChaosBatches, url: str, shards: list[tuple[Path, list[str], dict[str, Any]]]
+) -> dict[str, tuple[str, str]] | None:
+    """One run of the batchers ``shards`` (folder, words, Batcher options) in an event loop
+    of its own, which ``server.kill`` stops dead (a kill -9: no cleanup, no last record).
+    The answers by word, or None when killed."""
+    loop = asyncio.new_event_loop()
+
+    async def main() -> dict[str, tuple[str, str]]:
+        batchers = [batcher_for(url, folder, **kw) for folder, _, kw in shards]
+        found = await asyncio.gather(
+            *(solve(b, w) for b, (_, words, _) in zip(batchers, shards, strict=True) for w in words)
+        )
+        for batcher in batchers:  # a killed run never gets here: it closes nothing
+            await batcher.close()
+        words = [w for _, ws, _ in shards for w in ws]
+        return dict(zip(words, found, strict=True))
+
+    server.kill = lambda: loop.call_soon_threadsafe(loop.stop)
+    task = loop.create_task(main())
+    try:
+        return loop.run_until_complete(task)
+    except RuntimeError as exc:  # stopped: the kill
+        assert "stopped" in str(exc), exc
+        KILLED.append(loop)  # left as the kill left it: never run again, never collected
+        return None
+    finally:
+        server.kill = None
+
+
+KILLED: list[asyncio.AbstractEventLoop] = []
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _bury_the_killed() -> Any:
+    """The killed runs' loops, kept as the kill left them while the tests ran, are ended
+    quietly at the end (their servers are gone: what they still try fails at once)."""
+    yield
+    while KILLED:
+        loop = KILLED.pop()
+        tasks = asyncio.all_tasks(loop)
+        for task in tasks:
+            task.cancel()
+        with contextlib.suppress(Exception):
+            loop.run_until_complete(
+                asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), 10)
+            )
+        loop.close()
+
+
+WORDS = [f"w{k}" for k in range(8)]
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_a_seeded_schedule_of_faults_and_a_kill_pays_every_request_once(tmp_path, seed):
+    """20 schedules: 20% of calls 503 / 429, 30% of creates lost after the batch was made,
+    10% of batches expired, a failing line, shuffled output; a kill at one step chosen by the
+    seed, then a resume (the same folder) that finishes. Every answer right, every custom id
+    paid once."""
+    server = ChaosBatches(seed)
+    rng = random.Random(seed)
+    server.kill_at = ["upload", "create", "poll", "download"][seed % 4]
+    server.failing_lines = {f"a-{rng.choice(WORDS)}"}
+    folder = tmp_path / "batches" / "judge-x"
+    with serve_app(server.app()) as url:
+        first = invocation(server, url, [(folder, WORDS, {})])
+        assert first is None, "the kill did not come"
+        resumed = invocation(server, url, [(folder, WORDS, {})])
+    assert resumed == {w: expected(w) for w in WORDS}
+    assert set(server.paid.values()) == {1} and len(server.paid) == 2 * len(WORDS)
+    bought = read_ledgers(tmp_path)
+    assert bought is not None and bought["pending"] == 0
+
+
+def drivers_resume(root: Path, before: int, after: int) -> None:
+    """``before`` drivers killed while their batches are pending, resumed with ``after``."""
+    server = ChaosBatches(seed=before, blip=0.1, lost=0.2, expire=0.0)
+    base = root / f"{before}to{after}" / "batches" / "judge-x"
+    base.parent.mkdir(parents=True)
+
+    def shards(n: int) -> list[tuple[Path, list[str], dict[str, Any]]]:
+        out = []
+        for k in range(n):
+            own, adopt, siblings = batch_folders(base, k, n)
+            words = [w for i, w in enumerate(WORDS) if i % n == k]
+            out.append((own, words, {"adopt": adopt, "siblings": siblings}))
+        return out
+
+    def kill() -> None:
+        if server.kill is not None:
+            server.kill()
+
+    with serve_app(server.app()) as url:
+        server.hold = True
+        killer = threading.Timer(3.0, kill)
+        killer.start()
+        assert invocation(server, url, shards(before)) is None
+        killer.cancel()
+        pending = sum(len(b["lines"]) for b in server.batches.values())
+        assert pending >= len(WORDS)  # every first stage was bought, none answered
+        server.hold = False
+        resumed = invocation(server, url, shards(after))
+    assert resumed == {w: expected(w) for w in WORDS}
+    assert set(server.paid.values()) == {1} and len(server.paid) == 2 * len(WORDS)
+    submitted = Counter(
+        cid for b in server.batches.values() for cid in (x["custom_id"] for x in b["lines"])
+    )
+    assert set(submitted.values()) == {1}, submitted  # no line sent twice
+
+
+def test_drivers_three_to_two_and_one_to_two_each_line_waited_for_once(tmp_path):
+    """Each pending line answered by the driver whose shard now holds it, none bought again."""
+    drivers_resume(tmp_path, 3, 2)
+    drivers_resume(tmp_path, 1, 2)
+
+
+def run_async(coroutine: Any) -> Any:
+    return asyncio.new_event_loop().run_until_complete(coroutine)
+
+
+class Scripted:
+    """A Batch API whose every batch ends as ``finish`` says (a function of its lines)."""
+
+    def __init__(self, finish: Callable[[list[dict[str, Any]]], dict[str, Any]]):
+        self.finish = finish
+        self.server = ChaosBatches(0, blip=0, lost=0, expire=0)
+        self.server._finish = self._finish  # type: ignore[method-assign]
+        self.created: list[list[str]] = []
+
+    def _finish(self, batch_id: str, batch: dict[str, Any]) -> None:
+        self.created.append([x["custom_id"] for x in batch["lines"]])
+        batch |= self.finish(batch["lines"])
+        for kind in ("output", "error"):
+            rows = batch.pop(f"{kind}_rows", None)
+            if rows is not None:
+                file_id = f"file-{kind}-{batch_id}"
+                self.server.files[file_id] = "".join(json.dumps(r) + "\n" for r in rows)
+                batch[f"{kind}_file_id"] = file_id
+
+
+def answered(lines: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [
+        {
+            "custom_id": x["custom_id"],
+            "response": {"status_code": 200, "body": completion(x["body"])},
+        }
+        for x in lines
+    ]
+
+
+def test_failures_by_cause(tmp_path):
+    """By hand: a line answered 422 fails its item at once (never sent again); a batch failed
+    for a token limit is split in two and both halves answered; a batch failed for another
+    reason stops the run with the provider's words; a line answered 401 stops the run."""
+
+    def rejecting(lines: list[dict[str, Any]]) -> dict[str, Any]:
+        bad = [x for x in lines if "bad" in x["custom_id"]]
+        good = [x for x in lines if x not in bad]
+        errors = [
+            {
+                "custom_id": x["custom_id"],
+                "response": {"status_code": 422},
+                "error": {"message": "no"},
+            }
+            for x in bad
+        ]
+        return {"status": "completed", "output_rows": answered(good), "error_rows": errors}
+
+    stub = Scripted(rejecting)
+    with serve_app(stub.server.app()) as url:
+        batcher = batcher_for(url, tmp_path / "a")
+
+        async def two() -> list[Any]:
+            return await asyncio.gather(
+                batcher.ask("ok", request("first ok")),
+                batcher.ask("bad", request("first bad")),
+                return_exceptions=True,
+            )
+
+        ok, bad = run_async(two())
+    assert ok["choices"][0]["message"]["content"] == "OK"
+    assert isinstance(bad, LineFailed) and "422" in str(bad)
+    assert stub.created == [["ok", "bad"]]  # the rejected line was never sent again
+    assert batcher.stats.causes == {"rejected": 1}
+
+    def token_limit(lines: list[dict[str, Any]]) -> dict[str, Any]:
+        if len(lines) > 2:
+            return {
+                "status": "failed",
+                "errors": {
+                    "data": [
+                        {"code": "token_limit_exceeded", "message": "Enqueued token limit reached"}
+                    ]
+                },
+            }
+        return {"status": "completed", "output_rows": answered(lines)}
+
+    stub = Scripted(token_limit)
+    with serve_app(stub.server.app()) as url:
+        batcher = batcher_for(url, tmp_path / "b")
+
+        async def four() -> list[Any]:
+            return await asyncio.gather(
+                *(batcher.ask(f"c{k}", request(f"first c{k}")) for k in range(4))
+            )
+
+        found = run_async(four())
+    assert [f["choices"][0]["message"]["content"] for f in found] == ["C0", "C1", "C2", "C3"]
+    assert sorted(map(len, stub.created)) == [2, 2, 4]  # the four, then two halves
+    assert batcher.stats.causes["split"] == 4
+
+    def refused(lines: list[dict[str, Any]]) -> dict[str, Any]:
+        return {
+            "status": "failed",
+            "errors": {"data": [{"code": "invalid_json", "message": "line 1 is not JSON"}]},
+        }
+
+    stub = Scripted(refused)
+    with serve_app(stub.server.app()) as url:
+        batcher = batcher_for(url, tmp_path / "c")
+        with pytest.raises(BatchError, match="line 1 is not JSON"):
+            run_async(batcher.ask("d", request("first d")))
+
+    def unauthorised(lines: list[dict[str, Any]]) -> dict[str, Any]:
+        rows = [
+            {
+                "custom_id": x["custom_id"],
+                "response": {"status_code": 401},
+                "error": {"message": "bad key"},
+            }
+            for x in lines
+        ]
+        return {"status": "completed", "error_rows": rows}
+
+    stub = Scripted(unauthorised)
+    with serve_app(stub.server.app()) as url:
+        batcher = batcher_for(url, tmp_path / "d")
+        with pytest.raises(BatchError, match="bad key"):
+            run_async(batcher.ask("e", request("first e")))
+
+
+def test_a_line_that_cannot_be_a_batch_line_fails_alone(tmp_path):
+    stub = Scripted(lambda lines: {"status": "completed", "output_rows": answered(lines)})
+    with serve_app(stub.server.app()) as url:
+        batcher = batcher_for(url, tmp_path / "a")
+
+        async def two() -> list[Any]:
+            return await asyncio.gather(
+                batcher.ask("fine", request("first fine")),
+                batcher.ask("broken", {"model": "judge", "messages": "not a list"}),
+                return_exceptions=True,
+            )
+
+        fine, broken = run_async(two())
+    assert fine["choices"][0]["message"]["content"] == "FINE"
+    assert isinstance(broken, LineFailed) and "no messages" in str(broken)
+    assert stub.created == [["fine"]]
+
+
+def test_a_request_asked_twice_while_its_round_uploads_is_bought_once(tmp_path):
+    stub = Scripted(lambda lines: {"status": "completed", "output_rows": answered(lines)})
+    stub.server.upload_delay = 0.3  # a large file: the second ask comes while it uploads
+    with serve_app(stub.server.app()) as url:
+        batcher = batcher_for(url, tmp_path / "a", settle=0.01)
+
+        async def twice() -> list[Any]:
+            first = asyncio.ensure_future(batcher.ask("same", request("first same")))
+            await asyncio.sleep(0.05)  # its round is being uploaded now
+            second = await batcher.ask("same", request("first same"))
+            await asyncio.sleep(0.3)  # a second round, if there were one, is created by now
+            return [await first, second]
+
+        one, two = run_async(twice())
+    assert one == two and len(stub.server.batches) == 1
+
+
+def test_files_split_by_bytes_as_well_as_lines():
+    lines = {f"id{k}": request("x" * 100) for k in range(10)}
+    one = (
+        len(
+            json.dumps(
+                {
+                    "custom_id": "id0",
+                    "method": "POST",
+                    "url": "/v1/chat/completions",
+                    "body": lines["id0"],
+                }
+            ).encode()
+        )
+        + 1
+    )
+    assert [len(p) for p in split_by_size(lines, 4, 10**9)] == [4, 4, 2]
+    assert [len(p) for p in split_by_size(lines, 100, 3 * one)] == [3, 3, 3, 1]
+
+
+def test_another_shape_is_read_where_unambiguous_and_refused_in_one_line_where_not(tmp_path):
+    stub = Scripted(lambda lines: {"status": "completed", "output_rows": answered(lines)})
+    stub.server.shape = "wrapped"  # {"job": {...}}, statuses in capitals
+    with serve_app(stub.server.app()) as url:
+        found = run_async(batcher_for(url, tmp_path / "a").ask("w", request("first w")))
+    assert found["choices"][0]["message"]["content"] == "W"
+
+    async def uploaded(request: web.Request) -> web.Response:
+        return web.json_response({"id": "file-1"})
+
+    async def nonsense(request: web.Request) -> web.Response:
+        return web.json_response({"batch_ref": 7, "state": "ok"})
+
+    odd = web.Application()
+    odd.router.add_post("/v1/files", uploaded)
+    odd.router.add_post("/v1/batches", nonsense)
+    with serve_app(odd) as url, pytest.raises(BatchError, match="no field id"):
+        run_async(batcher_for(url, tmp_path / "b").ask("x", request("first x")))
+
+
+def test_the_folder_is_known_by_what_decides_its_answers():
+    from groundcover.pipelines.runtime.contract.config import EvaluatorConfig
+
+    base = EvaluatorConfig(
+        model="judge", endpoint="http://judge.example:8000/v1", transport="batch"
+    )
+    same = [
+        base.model_copy(update={"concurrency": 3, "timeout": 10.0, "max_retries": 1}),
+        base.model_copy(update={"api_key_env": "OTHER_KEY", "batch_size": 7, "batch_poll": 1.0}),
+        base.model_copy(update={"endpoint": "HTTP://Judge.Example:8000/v1/"}),
+    ]
+    other = [
+        base.model_copy(update={"temperature": 0.7}),
+        base.model_copy(update={"model": "another"}),
+        base.model_copy(update={"max_tokens": 9}),
+        base.model_copy(update={"endpoint": "http://elsewhere:8000/v1"}),
+    ]
+    key = batch_folder_key(base)
+    assert all(batch_folder_key(c) == key for c in same)
+    assert all(batch_folder_key(c) != key for c in other)
+    # an endpoint whose model is known by its revision: the URL's host no longer matters
+    known = {"base": {"revision": "sha256:abc"}}
+    a = base.model_copy(update={"content": known})
+    b = a.model_copy(update={"endpoint": "http://other-host:9000/v1"})
+    assert batch_folder_key(a) == batch_folder_key(b)
+
+
+def test_a_folder_written_under_the_earlier_key_is_read(tmp_path):
+    from groundcover.pipelines.runtime.execution.models import earlier_folders
+
+    batches = tmp_path / "batches"
+    old = batches / "judge-0123456789"
+    old.mkdir(parents=True)
+    (old / "ledger.jsonl").write_text("")
+    new = batches / "judge-abcdefabcd"
+    new.mkdir()
+    (new / "folder.json").write_text('{"nonce": "x"}')
+    (new / "ledger.jsonl").write_text("")
+    assert earlier_folders(new) == [old]
+
+
+# ---- the local engine -----------------------------------------------------------------------
+
+SLEEPER = "import sys, time; time.sleep(float(sys.argv[1]))"
+
+
+def test_a_local_engine_dies_with_the_run_that_started_it(tmp_path):
+    """The run killed -9 while ``vllm run-batch`` (here a process standing in for it) runs:
+    the engine goes with it (a parent-death signal), no process left under PID 1."""
+    marker = tmp_path / "engine.pid"
+    script = textwrap.dedent(
+        f"""
+        import asyncio, os, sys
+        from pathlib import Path
+        from groundcover.serving.batch import LocalRunBatch
+
+        async def main():
+            command = [sys.executable, "-c", {SLEEPER!r}, "120"]
+            engine = LocalRunBatch(lambda i, o: command, dict(os.environ))
+            path = Path({str(tmp_path)!r}) / "00001.jsonl"
+            path.write_text("")
+            batch = await engine.create("f", path, "t")
+            Path({str(marker)!r}).write_text(str(engine.running[batch].pid))
+            await asyncio.sleep(120)
+
+        asyncio.run(main())
+        """
+    )
+    run = subprocess.Popen(
+        [sys.executable, "-c", script],
+        env=os.environ | {"PYTHONPATH": str(Path(__file__).parents[1])},
+    )
+    deadline = time.monotonic() + 60
+    while not marker.is_file() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    engine = int(marker.read_text())
+    assert process_start(engine) is not None
+    os.kill(run.pid, signal.SIGKILL)
+    run.wait(30)
+    deadline = time.monotonic() + 10
+    while process_start(engine) is not None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert process_start(engine) is None, "the engine outlived its run"
+
+
+def test_a_surviving_engine_is_ended_by_the_resume_and_engines_run_one_at_a_time(tmp_path):
+    survivor = subprocess.Popen([sys.executable, "-c", SLEEPER, "120"], start_new_session=True)
+    folder = tmp_path / "batches" / "judge-x"
+    folder.mkdir(parents=True)
+    (folder / "00001.jsonl").write_text("")
+    event = {
+        "event": "submitted", "batch": "local-judge-x-00001", "round": 1, "file": "00001.jsonl",
+        "custom_ids": ["q"], "pid": survivor.pid, "pid_start": process_start(survivor.pid),
+    }  # fmt: skip
+    (folder / "ledger.jsonl").write_text(json.dumps(event) + "\n")
+    log = tmp_path / "spans.txt"
+    writer = (
+        "import sys, time, json; open(sys.argv[3], 'a').write(f'{time.time()} start\\n'); "
+        "time.sleep(0.3); rows = [json.loads(x) for x in open(sys.argv[1])]; "
+        "out = open(sys.argv[2], 'w'); "
+        "[out.write(json.dumps({'custom_id': r['custom_id'], 'response': {'status_code': 200, "
+        "'body': {'choices': [{'message': {'content': 'ok'}}]}}}) + '\\n') for r in rows]; "
+        "out.close(); open(sys.argv[3], 'a').write(f'{time.time()} end\\n')"
+    )
+    engine = LocalRunBatch(
+        lambda i, o: [sys.executable, "-c", writer, str(i), str(o), str(log)], dict(os.environ)
+    )
+    batcher = Batcher(engine, folder, settle=0.01, poll=0.02, max_lines=2)
+    survivor.wait(10)  # ended by reading the ledger
+    assert survivor.returncode == -signal.SIGKILL
+
+    async def four() -> list[Any]:
+        return await asyncio.gather(
+            *(batcher.ask(f"r{k}", request(f"first r{k}")) for k in range(4))
+        )
+
+    found = run_async(four())
+    assert all(f["choices"][0]["message"]["content"] == "ok" for f in found)
+    spans = [line.split() for line in log.read_text().splitlines()]
+    assert [kind for _, kind in spans] == ["start", "end", "start", "end"]  # never two at once
