@@ -70,6 +70,10 @@ class StageUsage:
     reasoning_tokens: int = 0  # of completion_tokens, spent reasoning (where the server says)
     seconds: float = 0.0  # wall time spent in requests
     backoff_seconds: float = 0.0  # waited between a failed attempt and its retry
+    # of prompt and completion tokens, those of a batch role's calls bought online after their
+    # batch line failed (``--batch-retry online``): priced online, not at the batch price
+    online_prompt_tokens: int = 0
+    online_completion_tokens: int = 0
 
     def as_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -81,7 +85,14 @@ class StageUsage:
 
 # what a request's attempts add to an item's usage (its wall time stays the stage's alone:
 # records of equal runs stay equal)
-ATTEMPT_FIELDS = ("requests", "retries", "failures", "backoff_seconds")
+ATTEMPT_FIELDS = (
+    "requests",
+    "retries",
+    "failures",
+    "backoff_seconds",
+    "online_prompt_tokens",
+    "online_completion_tokens",
+)
 
 
 @dataclass
@@ -624,7 +635,11 @@ class EvalClient:
         try:
             response = await self.batcher.ask(key, request)
         except AskOnline:  # its batch line failed: asked again here, as an online run would
-            return await self._request(model, messages, body, usage, stage=stage, template=None)
+            raw = await self._request(model, messages, body, usage, stage=stage, template=None)
+            tokens = raw.get("usage") or {}  # bought online: priced online
+            usage.online_prompt_tokens += int(tokens.get("prompt_tokens") or 0)
+            usage.online_completion_tokens += int(tokens.get("completion_tokens") or 0)
+            return raw
         except LineFailed as exc:
             usage.failures += 1
             raise RequestRejected(f"{self.base_url}: {exc}", stage) from exc

@@ -308,10 +308,17 @@ def test_failed_lines_asked_online_by_a_flag(tmp_path, monkeypatch):
         monkeypatch.setenv("GROUNDCOVER_HOME", str(tmp_path / "home-batch"))
         config = write_config(tmp_path)
         args = [*eval_args(tmp_path, url, "batch"), "--config", str(config)]
-        done = CliRunner().invoke(app, [*args, "--batch-retry", "online"])
+        prices = tmp_path / "prices.yaml"
+        prices.write_text("judge: {input: 2.0, output: 8.0, batch_input: 1.0, batch_output: 4.0}")
+        done = CliRunner().invoke(app, [*args, "--batch-retry", "online", "--prices", str(prices)])
         assert done.exit_code == 0, done.output
     assert records(tmp_path / "batch") == online
     assert server.online == asked_online + 2
+    # by hand: 12 calls of 20 prompt and 4 completion tokens; the 2 asked online at the online
+    # price (20 * 2 + 4 * 8 each), the 10 answered by batches at the batch price (20 + 4 * 4)
+    cost = summary(tmp_path / "batch")["cost_this_invocation"]
+    assert cost["total"] == pytest.approx((2 * (20 * 2 + 4 * 8) + 10 * (20 * 1 + 4 * 4)) / 1e6)
+    assert cost["online"] == pytest.approx(12 * (20 * 2 + 4 * 8) / 1e6)
     assert [len(b["lines"]) for b in server.batches.values()] == [6, 6]
     rounds = summary(tmp_path / "batch")["batches_this_invocation"]["judge"]
     assert rounds["online"] == 2 and rounds["requeued"] == 0 and rounds["failed"] == 0

@@ -118,7 +118,11 @@ def cost_table(
             prompt, completion = u.get("prompt_tokens", 0), u.get("completion_tokens", 0)
             batch = record.get("transport") == "batch"
             by_stage[stage] = price.tokens(prompt, completion, batch)
-            if batch:
+            if batch:  # a failed line asked again online is priced online
+                asked_p = u.get("online_prompt_tokens", 0)
+                asked_c = u.get("online_completion_tokens", 0)
+                by_stage[stage] = price.tokens(prompt - asked_p, completion - asked_c, True)
+                by_stage[stage] += price.tokens(asked_p, asked_c)
                 online += price.tokens(prompt, completion) - by_stage[stage]
     for price, stages in hourly.values():
         tokens = {

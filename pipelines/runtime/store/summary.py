@@ -77,13 +77,19 @@ def failed_line(failed: dict[str, Any], where: str) -> str:
     )
 
 
+# of the tokens, those a batch role bought online (``--batch-retry online``): priced online,
+# summed with the usage but not a column of their own
+PRICED_APART = ("online_prompt_tokens", "online_completion_tokens")
+
+
 def recorded_usage(results: Iterable[ItemResult]) -> dict[str, dict[str, float]]:
     """Model usage per stage summed over the recorded items (what the results cost)."""
     total: dict[str, dict[str, float]] = {}
+    keys = (*USAGE_KEYS, *PRICED_APART)
     for result in results:
         for stage, usage in result.usage.items():
-            into = total.setdefault(stage, dict.fromkeys(USAGE_KEYS, 0))
-            for key in USAGE_KEYS:
+            into = total.setdefault(stage, dict.fromkeys(keys, 0))
+            for key in keys:
                 into[key] += usage.get(key, 0)
     return total
 
