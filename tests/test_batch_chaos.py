@@ -33,6 +33,7 @@ from groundcover.serving.batch import (
     BatchError,
     LineFailed,
     LocalRunBatch,
+    OpenAIBatches,
     process_start,
     read_ledgers,
     split_by_size,
@@ -443,3 +444,17 @@ def test_a_surviving_engine_is_ended_by_the_resume_and_engines_run_one_at_a_time
     assert all(f["choices"][0]["message"]["content"] == "ok" for f in found)
     spans = [line.split() for line in log.read_text().splitlines()]
     assert [kind for _, kind in spans] == ["start", "end", "start", "end"]  # never two at once
+
+
+def test_a_fault_that_outlasts_the_patience_stops_the_run_in_one_line(tmp_path):
+    """Every call answered 503: the calls are retried until the patience is spent, then the
+    run stops with one line saying what kept failing (the same command resumes)."""
+    server = ChaosBatches(0, blip=1.0, lost=0.0, expire=0.0)
+    with serve_app(server.app()) as url:
+        executor = OpenAIBatches(url, "sk-test-0000000000", patience=1.0)
+        batcher = Batcher(executor, tmp_path / "a", settle=0.01, poll=0.01)
+        began = time.monotonic()
+        with pytest.raises(BatchError, match=r"POST /files: still failing after 1 s") as caught:
+            run_async(batcher.ask("x", request("first x")))
+    assert time.monotonic() - began < 10
+    assert "\n" not in str(caught.value) and "resumes" in str(caught.value)
