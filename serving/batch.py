@@ -619,7 +619,8 @@ class Batcher:
         for batch_id, event in submitted.items():
             if batch_id in finished:
                 continue
-            self.executor.found_pending(event)
+            if recover:  # a live sibling's engine is its own: never ended from here
+                self.executor.found_pending(event)
             ids = list(event["custom_ids"])
             self.batches[batch_id] = Pending(batch_id, ids, folder, event["file"], event["round"])
             self._bodies(folder / event["file"])
