@@ -289,6 +289,10 @@ def test_expired_batches_and_failed_lines_go_into_the_next_round(tmp_path, monke
     assert [len(b["lines"]) for b in server.batches.values()] == [6, 6, 6, 2]
     rounds = summary(tmp_path / "batch")["batches_this_invocation"]["judge"]
     assert rounds["requeued"] == 6 + 2 and rounds["failed"] == 0
+    # by cause: the expired batch's 6 lines, the 2 error lines of the next (a 5xx)
+    assert rounds["causes"] == {"expired": 6, "retried": 2}
+    shown = CliRunner().invoke(app, ["report", str(tmp_path / "batch")])
+    assert "unanswered lines: expired 6, retried 2" in " ".join(shown.output.split())
     assert [b["status"] for b in rounds["batches"]][:2] == ["expired", "completed"]
     assert [b["failed"] for b in rounds["batches"]] == [6, 2, 0, 0]
     # the provider's error lines are kept, per call
