@@ -422,7 +422,7 @@ class Viewer:
 
     def add_label(self, k: int, body: dict[str, Any]) -> dict[str, Any]:
         state = self.state(k)
-        item, annotator = _text(body, "id"), _text(body, "annotator")
+        item, annotator = _item_id(body), _text(body, "annotator")
         stage = body.get("stage", SCORE)
         key = body.get("key", 0)
         if item not in state.index:
@@ -449,7 +449,7 @@ class Viewer:
 
     def override(self, k: int, body: dict[str, Any]) -> dict[str, Any]:
         state = self.state(k)
-        item, annotator = _text(body, "id"), _text(body, "annotator")
+        item, annotator = _item_id(body), _text(body, "annotator")
         withdraw = body.get("withdraw", False)
         if not isinstance(withdraw, bool):
             raise UserError("withdraw: true or false")
@@ -473,6 +473,15 @@ def _number(value: str | None) -> float | None:
         return float(value) if value not in (None, "") else None
     except ValueError:
         return None
+
+
+def _item_id(body: dict[str, Any]) -> str:
+    """An item's id exactly as the run has it (an id may begin or end with blanks: never
+    stripped, or it names another item or none)."""
+    value = body.get("id")
+    if not isinstance(value, str) or not value or len(value) > 4096:
+        raise UserError("id: missing or not an item's id")
+    return value
 
 
 def _text(body: dict[str, Any], field: str) -> str:
