@@ -323,28 +323,28 @@ def test_the_allocation_read_from_slurms_environment():
     env = {"SLURM_JOB_ID": "4242", "SLURM_JOB_NODELIST": "gpu7", "SLURM_CPUS_ON_NODE": "32"}
     alloc = launch.Allocation(env | {"SLURM_GPUS_ON_NODE": "4", "SLURM_ARRAY_TASK_ID": "3"})
     assert (alloc.nodes, alloc.cpus, alloc.gpus, alloc.array_task) == (["gpu7"], 32, 4, "3")
+    assert alloc.node_gpus == {"gpu7": 4} and alloc.restarts == 0
+    assert launch.Allocation(env | {"SLURM_RESTART_COUNT": "2"}).restarts == 2
     # job 4242: block 4242 % 56 = 42 of the 56 blocks of 400 between 10000 and 32768 (below the
     # kernel's ephemeral range); the GCS first, the workers' range last
-    assert alloc.first_block_start() == 10000 + 42 * 400 == 26800
+    assert launch.first_block_start("4242") == 10000 + 42 * 400 == 26800
     ports = launch.block_ports(26800)
     assert ports["port"] == 26800 and ports["judge-port"] == 26819
     assert (ports["min-worker-port"], ports["max-worker-port"]) == (26820, 27199)
     assert len(set(ports.values())) == len(ports)  # no port twice
-    # what ports() gives is a whole block: the job's own, or (where this busy machine holds a
-    # port of it) a later one -- test_a_block_with_a_port_in_use_gives_way_to_the_next_one
-    given = alloc.ports()
-    assert (given["port"] - 10000) % 400 == 0 and given == launch.block_ports(given["port"])
     for job in range(0, 5000, 97):  # every block stays below the ephemeral range
-        block = launch.Allocation(env | {"SLURM_JOB_ID": str(job)}).ports()
+        block = launch.block_ports(launch.first_block_start(str(job)))
         assert min(block.values()) >= 10000 and max(block.values()) < 32768
     assert launch.Allocation(env | {"CUDA_VISIBLE_DEVICES": "0,1"}).gpus == 2
-    # 4 GPUs on each of 2 nodes, 1 for the NLI app: 7 judge replicas of 1 GPU, 3 of 2
-    two = launch.Allocation(env | {"SLURM_GPUS_ON_NODE": "4"})
-    two.nodes = ["a", "b"]
-    assert launch.replicas_for("auto", two, 1, 1) == 7
-    assert launch.replicas_for("auto", two, 1, 2) == 3
-    with pytest.raises(SystemExit, match="0 GPU"):
-        launch.replicas_for("auto", launch.Allocation(env), 0, 1)
+    # GPUs per node as Slurm says them: --gpus-per-node (typed or not), a per-node TRES
+    for given, gpus in [
+        ({"SLURM_GPUS_PER_NODE": "4"}, 4),
+        ({"SLURM_GPUS_PER_NODE": "h100:8"}, 8),
+        ({"SLURM_TRES_PER_NODE": "cpu:16,gres/gpu:a100:2"}, 2),
+        ({"SLURM_TRES_PER_NODE": "gres/gpu:4"}, 4),
+        ({"SLURM_GPUS_ON_NODE": "3"}, 3),
+    ]:
+        assert launch.Allocation(env | given).node_gpus == {"gpu7": gpus}, given
 
 
 def test_each_step_asks_for_the_jobs_cpus_and_gpus_per_node():
@@ -365,19 +365,33 @@ def test_each_step_asks_for_the_jobs_cpus_and_gpus_per_node():
     assert array.requeue_id == "8_1"  # scontrol requeue names an array task this way
 
 
-def test_the_head_address_is_never_loopback_on_several_nodes(monkeypatch):
-    """This machine's name resolves to 127.0.0.1 (as a 127.0.1.1 hosts entry would): fine for
-    one node, refused with the fix for two; GC_HEAD_ADDRESS overrides it. A node's own address
-    is the one it reaches the head from."""
+def test_the_head_address_is_found_on_the_head_and_never_loopback_on_several_nodes(monkeypatch):
+    """This machine's name resolves to 127.0.0.1 here: fine for one node; for two, the one
+    outward IPv4 address of the node's interfaces where there is exactly one, else refused with
+    the fix that works (GC_HEAD_INTERFACE, read on every node); GC_HEAD_ADDRESS overrides it.
+    IPv4 is preferred to IPv6, which is bracketed in HOST:PORT. A node's own address is the
+    one it reaches the head from."""
     launch = launcher()
-    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
-    one = launch.Allocation({"SLURM_JOB_ID": "3", "SLURM_JOB_NODELIST": "localhost"})
-    assert launch.head_address(one, {}) == "127.0.0.1"
-    two = launch.Allocation({"SLURM_JOB_ID": "3", "SLURM_JOB_NODELIST": "localhost"})
-    two.nodes = ["localhost", "other"]
-    with pytest.raises(SystemExit, match="set GC_HEAD_ADDRESS"):
-        launch.head_address(two, {})
-    assert launch.head_address(two, {"GC_HEAD_ADDRESS": "10.1.2.3"}) == "10.1.2.3"
+    monkeypatch.setattr(launch.socket, "gethostname", lambda: "localhost")
+    assert launch.head_address({}, several_nodes=False) == "127.0.0.1"
+    monkeypatch.setattr(launch, "interface_addresses", lambda: [])
+    with pytest.raises(SystemExit, match="export GC_HEAD_INTERFACE="):
+        launch.head_address({}, several_nodes=True)
+    monkeypatch.setattr(launch, "interface_addresses", lambda: ["10.1.0.11"])
+    assert launch.head_address({}, several_nodes=True) == "10.1.0.11"
+    monkeypatch.setattr(launch, "interface_addresses", lambda: ["10.1.0.11", "192.168.3.4"])
+    with pytest.raises(SystemExit, match=r"2 addresses \(10.1.0.11 192.168.3.4\)"):
+        launch.head_address({}, several_nodes=True)
+    assert launch.head_address({"GC_HEAD_ADDRESS": "10.1.2.3"}, True) == "10.1.2.3"
+    assert launch.head_address({"GC_HEAD_INTERFACE": "lo"}, True) == "127.0.0.1"
+    with pytest.raises(SystemExit, match="no address on nosuch0"):
+        launch.head_address({"GC_HEAD_INTERFACE": "nosuch0"}, True)
+    listed = ["fe80::1%eth0", "2001:db8::5", "127.0.1.1", "10.0.0.7", "10.0.0.7"]
+    # IPv4 first, then global IPv6 (a link-local one needs its interface: left out), loopback last
+    assert launch.ordered_addresses(listed) == ["10.0.0.7", "2001:db8::5", "127.0.1.1"]
+    assert launch.host_port("2001:db8::5", 26800) == "[2001:db8::5]:26800"
+    assert launch.host_port("10.0.0.7", 26800) == "10.0.0.7:26800"
+    assert launch.split_host_port("[2001:db8::5]:26800") == ("2001:db8::5", 26800)
     assert launch.route_source("127.0.0.1", 9) == "127.0.0.1"
 
 
@@ -392,22 +406,48 @@ def test_the_launchers_key_names_are_the_serve_apps():
     )
 
 
-def test_a_block_with_a_port_in_use_gives_way_to_the_next_one():
+def test_a_port_in_use_on_any_node_moves_the_job_once_half_the_ring_away(monkeypatch):
+    """The block is checked on every node (here: the list a node's srun task would print); a
+    clash moves the job to the block half the ring away, once; a second clash, or one in the
+    block GC_RAY_PORT_BASE fixes, is refused in one line."""
     import socket
 
     launch = launcher()
     alloc = launch.Allocation({"SLURM_JOB_ID": "4242", "SLURM_JOB_NODELIST": "gpu7"})
-    first = alloc.ports()
-    with socket.socket() as holder:  # something else holds a worker port of the job's block
-        holder.bind(("127.0.0.1", first["min-worker-port"] + 7))
+    alloc.nodes = ["n1", "n2"]
+    args = plan_args(launch)
+    plan = launch.plan_for(args, alloc.job, {"n1": 0, "n2": 0}, 0)
+    cluster = launch.Cluster(alloc, plan, "ray", launch.Stopping())
+    held: dict[int, str] = {26830: "n2"}
+    monkeypatch.setattr(
+        launch.Cluster,
+        "taken",
+        lambda self, first, last: [(n, p) for p, n in held.items() if first <= p <= last],
+    )
+    cluster.choose_ports(fixed=False)
+    assert (
+        cluster.ports
+        == launch.block_ports(10000 + (42 + 28) % 56 * 400)
+        == launch.block_ports(15600)
+    )
+    assert launch.other_block(15600) == 26800  # and back
+    held[15650] = "n1"
+    plan.ports = launch.block_ports(26800)
+    with pytest.raises(SystemExit, match="ports in use in both blocks tried .15650 on n1"):
+        cluster.choose_ports(fixed=False)
+    plan.ports = launch.block_ports(26800)
+    with pytest.raises(SystemExit, match="GC_RAY_PORT_BASE's block has ports in use: 26830 on n2"):
+        cluster.choose_ports(fixed=True)
+    # what a node's task reports: the ports of the range something holds there
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
         holder.listen()
-        moved = alloc.ports()
-    # a later block (the next one, unless something else on this busy machine holds a port of
-    # that one too), and the held port outside it
-    assert (moved["port"] - first["port"]) % 400 == 0 and moved["port"] != first["port"]
-    assert not moved["port"] <= first["min-worker-port"] + 7 <= moved["max-worker-port"]
-    assert alloc.ports() == first  # free again: the job's own block
-    assert alloc.ports(base=15000)["port"] == 15000  # GC_RAY_PORT_BASE: no probing
+        port = holder.getsockname()[1]
+        assert port in launch.taken_here(port - 1, port + 1)
+    assert port not in launch.taken_here(port, port)
+    # neighbouring jobs, and an array's tasks (each its own job id), never share a block
+    starts = {launch.first_block_start(str(job)) for job in range(9000, 9056)}
+    assert len(starts) == 56
 
 
 def test_a_grid_line_per_array_task(tmp_path):
@@ -422,23 +462,28 @@ def test_a_grid_line_per_array_task(tmp_path):
         launch.grid_line(grid, None)
 
 
+def plan_args(launch, *argv: str):
+    """The launcher's arguments as its parser makes them (GC_RAY_PORT_BASE unset)."""
+    args = launch.parser().parse_args([*argv, "--", "groundcover", "eval", "x"])
+    args.port_base = None
+    return args
+
+
 def test_the_command_gets_the_cluster_and_one_driver_per_node_and_k(monkeypatch):
     launch = launcher()
     monkeypatch.delenv("GC_GRID", raising=False)
-    # every port free: the block is the job's own, whatever this machine's other tests hold
-    # (a Ray beside this test listens on ports of 10002-19999; the probing is tested above)
-    monkeypatch.setattr(launch, "port_taken", lambda port: False)
     alloc = launch.Allocation({"SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "n1"})
     alloc.nodes = ["n1", "n2", "n3"]
-    cluster = launch.Cluster(alloc, "ray", None, launch.Stopping())
-    args = launch.argparse.Namespace(
-        command=["--", "groundcover", "eval", "x"], drivers_per_node=2, nli=None, judge=None
-    )
-    command = launch.command_for(args, alloc, cluster)
+    args = plan_args(launch, "--drivers-per-node", "2")
+    plan = launch.plan_for(args, alloc.job, {n: 0 for n in alloc.nodes}, 0)
+    cluster = launch.Cluster(alloc, plan, "ray", launch.Stopping())
+    command = launch.command_for(args, plan, cluster, launch.the_command(args, alloc))
     assert command == [
         *["groundcover", "eval", "x", "--ray-address", cluster.address, "--drivers", "6"]
     ]
     assert cluster.address.endswith(":12800")  # job 7: block 7 (10000 + 7 x 400)
+    assert launch.run_dir_of(["eval", "--run-dir", "a", "--run-dir=b/c"]) == Path("b/c")
+    assert launch.run_dir_of(["eval"]) is None
 
 
 def test_the_cleanup_ends_only_the_jobs_processes(tmp_path):

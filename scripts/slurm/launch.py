@@ -1,71 +1,107 @@
-"""One groundcover command on a Slurm allocation: a Ray cluster over its nodes, the command
-spread over them, and everything stopped however the job ends.
+"""One groundcover command on a Slurm allocation: a Ray cluster over its nodes, the judge sized
+by its model, the command spread over the nodes, and everything stopped however the job ends.
 
 ``groundcover.sbatch`` calls this on the allocation's first node (the batch step)::
 
-    launch.py [--drivers-per-node K] [--judge MODEL --replicas auto|N --gpus-per-replica G]
-              [--nli CHECKPOINT --nli-replicas auto|N] [--no-requeue]
+    launch.py [--drivers-per-node K] [--judge MODEL --replicas auto|N --gpus-per-replica G
+              --lora NAME=PATH --judge-start-timeout S] [--nli CHECKPOINT --nli-replicas auto|N]
+              [--max-requeues 3] [--no-requeue] [--dashboard]
               -- groundcover eval ... --run-dir runs/x
 
-1. The head's address is the first node's, as ``srun hostname --ip-address`` gives it there
-   (``GC_HEAD_ADDRESS`` overrides it: a node whose name resolves to 127.0.1.1, or several
-   networks). Each node runs one ``srun`` step with the CPUs (and GPUs) the job has there:
-   ``launch.py node``, which finds the node's own address (the one it reaches the head from),
-   reads its own resources and runs ``ray start --block`` with ``--node-ip-address``; when Ray
-   ends it ends whatever Ray left on its node. The ports come from the job id, so two jobs
-   that share a node do not meet; Ray's files live under ``/tmp/gc-ray-<job>-<node>``.
-2. With ``--judge``, Serve is started first with its HTTP proxy on the judge's port of every
-   node that holds a replica and of the head, behind a key made for the job (so the NLI app,
-   which needs no proxy, and the judge can share it in either order).
-3. With ``--nli``, the NLI app is deployed on the cluster (``groundcover serve --nli``) on
-   CUDA when the allocation has GPUs, and the command is given ``--nli-app``.
-4. With ``--judge MODEL``, the judge is served once for every driver: ``groundcover serve MODEL
-   --replicas R`` (Ray Serve LLM; ``auto``: the allocation's GPUs left after the NLI app,
-   divided by ``--gpus-per-replica``, which is also each replica's tensor parallelism), and the
-   command is given ``--endpoint http://HEAD:PORT/v1 --model MODEL --api-key-env ...``: every
-   driver asks the head's proxy, which routes to the replicas on every node.
-5. The command runs with ``--ray-address`` and ``--drivers N`` (N = nodes x
-   ``--drivers-per-node``) added.
-6. At the end -- the command done, ``scancel`` (SIGTERM), the time limit's warning (SIGUSR1 with
-   ``#SBATCH --signal=B:USR1@300``) or Ctrl-C -- the command is asked to stop (SIGTERM: what is
-   recorded stays, the run resumes), then each node's ``srun`` step is ended, and with it that
-   node's Ray (never ``ray stop``, which would stop another job's Ray on a shared node). After
-   the time limit's warning the job is requeued (``scontrol requeue``; ``--no-requeue`` or
-   ``GC_REQUEUE=0`` turns it off) and continues where it stopped; submitting the same script
-   again does the same by hand (same ``--run-dir``).
+and the same arguments plan a job before it is submitted, or fetch what it needs::
+
+    launch.py --dry-run [--json] --allocation gpu01:4,gpu02:4 --judge gpt-oss-120b ... -- CMD
+    launch.py --prefetch --judge gpt-oss-120b --nli CHECKPOINT -- CMD   # login node
+    launch.py --check-offline --judge gpt-oss-120b ... -- CMD           # compute node
+
+1. **The plan** (``Plan``), printed first in the job's log: each node's GPUs, the judge's
+   tensor parallelism (the preset's unless ``--gpus-per-replica``), the NLI replicas (one per
+   node, pinned by a resource only those nodes offer), the judge's replicas node by node (each
+   replica's GPUs on one node: ⌊(node's GPUs - its NLI GPU) / parallelism⌋), the drivers, the
+   port block, the waits and the requeue bound. A model that fits no node is refused here.
+2. **Before Ray**: with ``HF_HUB_OFFLINE=1`` the offline check names anything not fetched; the
+   judge's weights are identified by content or revision (the run's identity: never the
+   head's URL, which a requeue moves).
+3. **The port block** (from the job id) is checked on every node; a clash moves the job to the
+   block half the ring away, once.
+4. **Ray over the allocation**: one ``srun`` step per node (``launch.py node``) runs ``ray start
+   --block`` with the node's own address (``GC_HEAD_INTERFACE``'s, else the one it reaches the
+   head from), CPUs and GPUs, and Ray's files in ``/tmp/gc-ray-JOB-NODE``; at its end it ends
+   what Ray left, copies Ray's, Serve's and vLLM's logs (size-capped) into the run directory's
+   ``cluster-logs/NODE/`` and removes the folder.
+5. **Serve** with its HTTP proxy on the judge's port, then the NLI app (``groundcover serve
+   --nli``), then the judge (``groundcover serve MODEL --replicas R --tensor-parallel-size T
+   --timeout S``); the command gets ``--endpoint http://HEAD:PORT/v1 --model ... --model-revision
+   ...`` (and ``--adapter-prefix`` with ``--lora``), ``--nli-app``, ``--ray-address`` and
+   ``--drivers N``.
+6. **The end** -- the command done, ``scancel``, the time limit's warning (SIGUSR1, ``#SBATCH
+   --signal=B:USR1@300``, acted on during any wait as well) or Ctrl-C: the command is asked to
+   stop (the run stays resumable), the judge and each node's step are ended, all within
+   ``SHUTDOWN`` seconds (Slurm's KillWait is 30 by default). After the warning the job is
+   requeued, at most ``--max-requeues`` times (``SLURM_RESTART_COUNT``); past that it ends
+   FAILED with a line saying so.
 
 With ``GC_GRID`` set to a file of argument lines (a paper grid: one run per line), an array
 task runs line ``SLURM_ARRAY_TASK_ID`` of it after the command given here.
 
-Only the standard library and the commands ``ray``, ``serve``, ``groundcover``, ``srun`` and
-``scontrol`` are used: the launcher runs before anything is imported on the nodes.
+The standard library only, and the commands ``ray``, ``serve``, ``groundcover``, ``srun`` and
+``scontrol``; groundcover's model registry is read for a preset's parallelism (a light import),
+the judge's identity and the offline check run as child processes of the checkout's Python.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import fcntl
 import ipaddress
 import json
 import os
 import secrets
 import shlex
+import shutil
 import signal
 import socket
+import struct
 import subprocess
 import sys
 import time
 import urllib.request
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)
-GRACE = 20.0  # seconds the command has to stop once asked (Slurm's KillWait is 30 by default)
-STEP_GRACE = 5.0  # seconds a node's Ray has to stop before it is killed
+# The whole shutdown fits Slurm's default KillWait (30 s, after which it kills every step):
+# the command GRACE seconds, then the judge's server and every node's step together, each node
+# STEP_GRACE for its Ray and a few seconds for the logs (STEPS_WAIT in all).
+GRACE = 12.0
+STEP_GRACE = 5.0
+STEPS_WAIT = 12.0
+SHUTDOWN = GRACE + STEPS_WAIT  # 24 s
 # the judge's proxy asks for a key made for the job; the names are serving.cluster.serve_app's
-# (this script imports nothing of ours: a test holds the two equal)
+# (this script imports nothing of ours at its start: a test holds the two equal)
 KEY_ENV = "GROUNDCOVER_SERVE_API_KEY"
 CALLBACK_ENV = "RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH"
 CALLBACK = "groundcover.serving.cluster.serve_app:proxy_middlewares"
+# Settings docs/clusters.md says every node's Ray needs, set for every step the job starts: a
+# loaded node starts Serve's proxy in more than Ray's default 5 s
+CLUSTER_ENV = {"RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S": "60"}
+NLI_RESOURCE = "groundcover_nli"  # offered by the nodes planned to hold an NLI replica, one each
+JUDGE_START_TIMEOUT = 3600.0  # a large model's first load from a network filesystem
+MAX_REQUEUES = 3
+LOG_FILE_CAP = 4 * 2**20  # the last 4 MiB of each log file
+LOG_NODE_CAP = 64 * 2**20  # at most 64 MiB of logs per node
+
+
+class Interrupted(Exception):
+    """A stop signal came while the launcher waited for something to start."""
+
+    def __init__(self, signum: int, during: str):
+        super().__init__(during)
+        self.signum, self.during = signum, during
+
+
+# ---- what Slurm gave ---------------------------------------------------------------------------
 
 
 class Allocation:
@@ -84,34 +120,13 @@ class Allocation:
         self.step_gpus = env.get("SLURM_GPUS_PER_NODE")
         array = env.get("SLURM_ARRAY_JOB_ID")
         self.requeue_id = f"{array}_{self.array_task}" if array and self.array_task else self.job
+        self.restarts = int(env.get("SLURM_RESTART_COUNT") or 0)
+        per_node = gpus_per_node(env)
+        self.node_gpus = {name: self.gpus if per_node is None else per_node for name in self.nodes}
 
     @property
     def head(self) -> str:
         return self.nodes[0]
-
-    def first_block_start(self) -> int:
-        """Where the job's own block of ports starts (the one tried first): the job id picks
-        one of the blocks between PORT_FLOOR and PORT_CEILING."""
-        blocks = (PORT_CEILING - PORT_FLOOR) // PORT_BLOCK
-        return PORT_FLOOR + int(self.job) % blocks * PORT_BLOCK
-
-    def ports(self, base: int | None = None) -> dict[str, int]:
-        """Ray's ports for this job: a block of 400 below Linux's ephemeral range (where the
-        kernel hands out ports for outgoing connections), chosen by the job id; a block with a
-        port in use on this node gives way to the next one (``GC_RAY_PORT_BASE`` fixes the
-        block instead)."""
-        if base is not None:
-            return block_ports(base)
-        blocks = (PORT_CEILING - PORT_FLOOR) // PORT_BLOCK
-        first = (self.first_block_start() - PORT_FLOOR) // PORT_BLOCK
-        for k in range(blocks):
-            found = block_ports(PORT_FLOOR + (first + k) % blocks * PORT_BLOCK)
-            if not any(port_taken(p) for p in range(found["port"], found["max-worker-port"] + 1)):
-                return found
-        raise SystemExit(
-            f"no block of {PORT_BLOCK} free ports between {PORT_FLOOR} and {PORT_CEILING} on "
-            "this node: set GC_RAY_PORT_BASE"
-        )
 
 
 def fewest_cpus(env: dict[str, str]) -> int | None:
@@ -124,17 +139,336 @@ def fewest_cpus(env: dict[str, str]) -> int | None:
     return min(counts) if counts else None
 
 
+def gpus_on_node(env: dict[str, str]) -> int:
+    """GPUs Slurm gave this node: SLURM_GPUS_ON_NODE, else the visible devices."""
+    if env.get("SLURM_GPUS_ON_NODE"):
+        return int(env["SLURM_GPUS_ON_NODE"])
+    visible = env.get("CUDA_VISIBLE_DEVICES", "")
+    return len([d for d in visible.split(",") if d.strip()]) if visible else 0
+
+
+def gpus_per_node(env: dict[str, str]) -> int | None:
+    """The GPUs the job has on each node where it asked for them by node: ``--gpus-per-node``
+    (``4`` or ``h100:4``) or a per-node TRES (``gres/gpu:4``, ``gres/gpu:h100:4``); None
+    otherwise (then every node is taken to have what this one has)."""
+    for name in ("SLURM_GPUS_PER_NODE", "SLURM_TRES_PER_NODE"):
+        for part in env.get(name, "").split(","):
+            if name == "SLURM_TRES_PER_NODE" and "gpu" not in part:
+                continue
+            count = part.rsplit(":", 1)[-1]
+            if count.isdigit():
+                return int(count)
+    return None
+
+
+def parse_allocation(text: str) -> dict[str, int]:
+    """``--allocation gpu01:4,gpu02:4`` (a node without ``:N`` has no GPU); ``2x4`` is two
+    nodes of four GPUs each."""
+    nodes: dict[str, int] = {}
+    for part in (p.strip() for p in text.split(",")):
+        if not part:
+            continue
+        if "x" in part and part.replace("x", "", 1).isdigit():
+            count, gpus = part.split("x")
+            for _ in range(int(count)):
+                nodes[f"node{len(nodes) + 1}"] = int(gpus)
+            continue
+        name, _, gpus = part.partition(":")
+        if not name or (gpus and not gpus.isdigit()) or name in nodes:
+            raise SystemExit(f"launch: --allocation {text!r}: {part!r} is not NODE:GPUS")
+        nodes[name] = int(gpus or 0)
+    if not nodes:
+        raise SystemExit(f"launch: --allocation {text!r}: no node")
+    return nodes
+
+
+def expand_nodes(nodelist: str) -> list[str]:
+    """``node[01-03],gpu7`` as Slurm expands it (``scontrol show hostnames``)."""
+    try:
+        done = subprocess.run(
+            ["scontrol", "show", "hostnames", nodelist],
+            capture_output=True,
+            text=True,
+            check=True,
+            timeout=60,
+        )
+        names = done.stdout.split()
+    except (OSError, subprocess.SubprocessError):
+        names = [] if any(c in nodelist for c in "[],") else [nodelist]
+    if not names:
+        raise SystemExit(f"launch: cannot expand the node list {nodelist!r} (scontrol)")
+    return names
+
+
+# ---- the plan ----------------------------------------------------------------------------------
+
+
+def preset_parallelism(model: str) -> tuple[str, int | None]:
+    """The served name and tensor parallelism groundcover's registry gives ``model`` (None: not
+    a preset, or the registry cannot be imported here)."""
+    try:
+        from groundcover.serving.launch.registry import PRESETS, resolve
+    except ImportError:
+        return Path(model).name or model, None
+    try:
+        preset = resolve(model)
+    except Exception:  # an unknown name: `groundcover serve` says so in its own words
+        return Path(model).name or model, None
+    known = preset.name in PRESETS
+    return preset.name, preset.tensor_parallel_size if known else None
+
+
+@dataclass
+class NodePlan:
+    name: str
+    gpus: int
+    nli_replicas: int = 0
+    nli_gpus: int = 0
+    judge_replicas: int = 0
+    drivers: int = 0
+
+
+@dataclass
+class Plan:
+    """What the job will do, worked out before anything starts."""
+
+    job: str
+    nodes: list[NodePlan]
+    drivers_per_node: int
+    ports: dict[str, int]
+    judge: str | None = None
+    served_name: str | None = None
+    tensor_parallel: int | None = None
+    tensor_parallel_from: str | None = None  # preset | flag (--gpus-per-replica) | default
+    replicas: int = 0
+    judge_device: str | None = None
+    judge_start_timeout: float = JUDGE_START_TIMEOUT
+    loras: dict[str, str] = field(default_factory=dict)
+    nli: str | None = None
+    nli_device: str | None = None
+    max_requeues: int = MAX_REQUEUES
+    restarts: int = 0
+    requeue: bool = True
+    dashboard: bool = False
+
+    @property
+    def drivers(self) -> int:
+        return sum(n.drivers for n in self.nodes)
+
+    @property
+    def nli_replicas(self) -> int:
+        return sum(n.nli_replicas for n in self.nodes)
+
+    def nli_nodes(self) -> list[str]:
+        return [n.name for n in self.nodes if n.nli_replicas]
+
+    def as_json(self) -> dict[str, object]:
+        """The plan as one object (``--dry-run --json``)."""
+        return {
+            "job": self.job,
+            "nodes": [asdict(n) for n in self.nodes],
+            "gpus_per_node": {n.name: n.gpus for n in self.nodes},
+            "judge": self.judge,
+            "served_name": self.served_name,
+            "tensor_parallel": self.tensor_parallel,
+            "tensor_parallel_from": self.tensor_parallel_from,
+            "replicas": self.replicas,
+            "replicas_per_node": {n.name: n.judge_replicas for n in self.nodes},
+            "bundles_per_replica": self.bundles(),
+            "placement_strategy": "STRICT_PACK" if self.judge else None,
+            "judge_device": self.judge_device,
+            "judge_start_timeout": self.judge_start_timeout,
+            "loras": self.loras,
+            "nli": self.nli,
+            "nli_device": self.nli_device,
+            "nli_replicas": self.nli_replicas,
+            "nli_replicas_per_node": {n.name: n.nli_replicas for n in self.nodes},
+            "drivers": self.drivers,
+            "drivers_per_node": {n.name: n.drivers for n in self.nodes},
+            "ports": self.ports,
+            "port_block": [self.ports["port"], self.ports["max-worker-port"]],
+            "max_requeues": self.max_requeues if self.requeue else 0,
+            "restarts": self.restarts,
+            "dashboard": self.dashboard,
+        }
+
+    def bundles(self) -> list[dict[str, int]]:
+        """Each judge replica's placement bundles, as serving.cluster.serve_app makes them."""
+        if not self.judge:
+            return []
+        if self.judge_device == "cpu":
+            return [{"CPU": 1}]
+        return [{"GPU": 1, "CPU": 1}] * (self.tensor_parallel or 1)
+
+    def lines(self) -> list[str]:
+        """The plan as the job's log opens with it."""
+        gpus = ", ".join(f"{n.name} {n.gpus}" for n in self.nodes)
+        out = [f"plan for job {self.job}: {len(self.nodes)} node(s); GPUs: {gpus}"]
+        if self.judge:
+            where = ", ".join(f"{n.name} {n.judge_replicas}" for n in self.nodes)
+            out.append(
+                f"plan: judge {self.judge} ({self.served_name}) on {self.judge_device}: "
+                f"{self.replicas} replica(s) of tensor parallelism {self.tensor_parallel} "
+                f"({self.tensor_parallel_from}), each on one node (STRICT_PACK); per node: {where}"
+            )
+            out.append(f"plan: the judge's start waits up to {self.judge_start_timeout:.0f} s")
+            if self.loras:
+                out.append(f"plan: adapters {', '.join(self.loras)} on every judge replica")
+        if self.nli:
+            where = ", ".join(f"{n.name} {n.nli_replicas}" for n in self.nodes)
+            out.append(f"plan: NLI app {self.nli} on {self.nli_device}, per node: {where}")
+        drivers = ", ".join(f"{n.name} {n.drivers}" for n in self.nodes)
+        out.append(f"plan: {self.drivers} driver(s), per node: {drivers}")
+        first, last = self.ports["port"], self.ports["max-worker-port"]
+        out.append(
+            f"plan: ports {first}-{last} (GCS {first}, judge {self.ports['judge-port']}, "
+            f"dashboard {self.ports['dashboard-port'] if self.dashboard else 'off'})"
+        )
+        bound = (
+            f"requeued at the time limit's warning, at most {self.max_requeues} time(s) "
+            f"({self.restarts} so far)"
+            if self.requeue
+            else "not requeued (--no-requeue)"
+        )
+        out.append(f"plan: {bound}")
+        return out
+
+
+def plan_for(args: argparse.Namespace, job: str, node_gpus: dict[str, int], restarts: int) -> Plan:
+    """The plan for this allocation, or a one-line refusal (SystemExit) for one that cannot
+    run: a judge that fits no node, more replicas or NLI replicas than fit."""
+    nodes = [NodePlan(name, gpus) for name, gpus in node_gpus.items()]
+    on_gpu = any(n.gpus for n in nodes)
+    plan = Plan(
+        job=job,
+        nodes=nodes,
+        drivers_per_node=args.drivers_per_node,
+        ports=block_ports(first_block_start(job, args.port_base)),
+        max_requeues=args.max_requeues,
+        restarts=restarts,
+        requeue=args.requeue,
+        dashboard=args.dashboard,
+        judge_start_timeout=args.judge_start_timeout,
+        loras=dict(parse_lora(text) for text in args.lora),
+    )
+    for node in nodes:
+        node.drivers = args.drivers_per_node
+    if args.nli:
+        place_nli(plan, args.nli, args.nli_replicas, on_gpu)
+    if args.judge:
+        place_judge(plan, args, on_gpu)
+    elif plan.loras:
+        raise SystemExit("launch: --lora is for the judge's replicas: give --judge")
+    return plan
+
+
+def place_nli(plan: Plan, model: str, asked: str, on_gpu: bool) -> None:
+    """One NLI replica per node (on CUDA: one GPU of that node), on the first N nodes; on a
+    CPU-only allocation one replica."""
+    plan.nli, plan.nli_device = model, "cuda" if on_gpu else "cpu"
+    count = (len(plan.nodes) if on_gpu else 1) if asked == "auto" else int(asked)
+    if count < 1:
+        raise SystemExit("launch: --nli-replicas must be at least 1 (or leave --nli out)")
+    if count > len(plan.nodes):
+        raise SystemExit(
+            f"launch: --nli-replicas {count}: one NLI replica per node, and the job has "
+            f"{len(plan.nodes)} node(s)"
+        )
+    for node in plan.nodes[:count]:
+        node.nli_replicas = 1
+        node.nli_gpus = 1 if on_gpu else 0
+        if on_gpu and node.gpus < 1:
+            raise SystemExit(f"launch: node {node.name} has no GPU for its NLI replica")
+
+
+def place_judge(plan: Plan, args: argparse.Namespace, on_gpu: bool) -> None:
+    served, preset_tp = preset_parallelism(args.judge)
+    plan.judge, plan.served_name = args.judge, served
+    if args.gpus_per_replica:
+        plan.tensor_parallel, plan.tensor_parallel_from = args.gpus_per_replica, "flag"
+    elif preset_tp:
+        plan.tensor_parallel, plan.tensor_parallel_from = preset_tp, "preset"
+    else:
+        plan.tensor_parallel, plan.tensor_parallel_from = 1, "default"
+    tp = plan.tensor_parallel
+    asked = args.replicas or "auto"
+    if not on_gpu:  # vLLM's CPU engine: one replica where asked, on the first nodes
+        plan.judge_device, plan.tensor_parallel = "cpu", 1
+        if asked == "auto":
+            raise SystemExit(
+                "launch: --replicas auto counts GPUs and the allocation has none: give "
+                "--replicas N for CPU replicas, or ask for GPUs (--gpus-per-node)"
+            )
+        plan.replicas = int(asked)
+        for k in range(plan.replicas):
+            plan.nodes[k % len(plan.nodes)].judge_replicas += 1
+        return
+    plan.judge_device = "cuda"
+    free = {n.name: n.gpus - n.nli_gpus for n in plan.nodes}
+    fits = {name: max(gpus, 0) // tp for name, gpus in free.items()}
+    if not any(fits.values()):
+        most = max(plan.nodes, key=lambda n: n.gpus - n.nli_gpus)
+        beside = f" ({most.nli_gpus} of its {most.gpus} for the NLI app)" if most.nli_gpus else ""
+        raise SystemExit(
+            f"launch: {served} needs {tp} GPUs on one node (tensor parallelism {tp}, "
+            f"{plan.tensor_parallel_from}) and no node has that many free: the most is "
+            f"{free[most.name]} on {most.name}{beside}; ask for nodes with {tp}+ GPUs, fewer "
+            "NLI replicas, or a smaller --gpus-per-replica"
+        )
+    room = sum(fits.values())
+    count = room if asked == "auto" else int(asked)
+    if count < 1 or count > room:
+        per = ", ".join(f"{name} {n}" for name, n in fits.items())
+        raise SystemExit(
+            f"launch: --replicas {count}: {room} replica(s) of {tp} GPU(s) fit this allocation "
+            f"(per node: {per}); a replica that fits nowhere would wait forever"
+        )
+    left = count
+    for node in plan.nodes:  # in node order: Ray places them where they fit, as many per node
+        node.judge_replicas = min(fits[node.name], left)
+        left -= node.judge_replicas
+    plan.replicas = count
+
+
+def parse_lora(text: str) -> tuple[str, str]:
+    name, sep, path = text.partition("=")
+    if not sep or not name or not path:
+        raise SystemExit(f"launch: --lora {text!r}: want NAME=PATH")
+    return name, path
+
+
+# ---- ports -------------------------------------------------------------------------------------
+
 PORT_FLOOR, PORT_CEILING = 10000, 32768  # Linux's ephemeral range starts at 32768
 PORT_BLOCK = 400
+BLOCKS = (PORT_CEILING - PORT_FLOOR) // PORT_BLOCK  # 56
+
+
+def first_block_start(job: str, base: int | None = None) -> int:
+    """Where the job's block of ports starts: ``GC_RAY_PORT_BASE``, else the job id's block
+    among the 56 between PORT_FLOOR and PORT_CEILING. Jobs whose ids differ by less than 56
+    (neighbours, the tasks of one array: each has its own id) never share one."""
+    if base is not None:
+        return base
+    return PORT_FLOOR + int(job) % BLOCKS * PORT_BLOCK
+
+
+def other_block(start: int) -> int:
+    """The block a clash moves the job to: half the ring away, past the neighbouring jobs'."""
+    index = (start - PORT_FLOOR) // PORT_BLOCK
+    return PORT_FLOOR + (index + BLOCKS // 2) % BLOCKS * PORT_BLOCK
 
 
 def port_taken(port: int) -> bool:
     """Whether something on this node holds ``port`` (a bind on every address fails)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        try:
-            probe.bind(("", port))
-        except OSError:
-            return True
+    for family, anywhere in ((socket.AF_INET, "0.0.0.0"), (socket.AF_INET6, "::")):
+        with socket.socket(family, socket.SOCK_STREAM) as probe:
+            try:
+                probe.bind((anywhere, port))
+            except OSError as exc:
+                if family == socket.AF_INET6 and exc.errno == 97:  # no IPv6 on this node
+                    continue
+                return True
     return False
 
 
@@ -157,55 +491,94 @@ def block_ports(start: int) -> dict[str, int]:
     return found | {"min-worker-port": start + 20, "max-worker-port": start + PORT_BLOCK - 1}
 
 
-def expand_nodes(nodelist: str) -> list[str]:
-    """``node[01-03],gpu7`` as Slurm expands it (``scontrol show hostnames``)."""
-    try:
-        done = subprocess.run(
-            ["scontrol", "show", "hostnames", nodelist],
-            capture_output=True,
-            text=True,
-            check=True,
-            timeout=60,
-        )
-        names = done.stdout.split()
-    except (OSError, subprocess.SubprocessError):
-        names = [] if any(c in nodelist for c in "[],") else [nodelist]
-    if not names:
-        raise SystemExit(f"launch: cannot expand the node list {nodelist!r} (scontrol)")
-    return names
+def taken_here(first: int, last: int) -> list[int]:
+    return [port for port in range(first, last + 1) if port_taken(port)]
 
 
-def gpus_on_node(env: dict[str, str]) -> int:
-    """GPUs Slurm gave this node: SLURM_GPUS_ON_NODE, else the visible devices."""
-    if env.get("SLURM_GPUS_ON_NODE"):
-        return int(env["SLURM_GPUS_ON_NODE"])
-    visible = env.get("CUDA_VISIBLE_DEVICES", "")
-    return len([d for d in visible.split(",") if d.strip()]) if visible else 0
+def ports_main(argv: list[str]) -> int:
+    """``launch.py ports FIRST LAST``, one srun task per node: the ports of the range in use
+    there, a line ``NODE PORT`` each."""
+    first, last = int(argv[0]), int(argv[1])
+    node = socket.gethostname().split(".")[0]
+    for port in taken_here(first, last):
+        print(f"{node} {port}", flush=True)
+    return 0
 
 
-def head_address(alloc: Allocation, env: dict[str, str]) -> str:
-    """The address the other nodes reach the head at: ``GC_HEAD_ADDRESS``, else the first
-    address ``hostname --ip-address`` gives on the head node (as Ray's own Slurm guide takes
-    it) that is not loopback; a one-node job may stay on loopback."""
-    if env.get("GC_HEAD_ADDRESS"):
-        return env["GC_HEAD_ADDRESS"]
-    ask = [*srun_step([alloc.head], 1), "hostname", "--ip-address"]
-    try:
-        done = subprocess.run(ask, capture_output=True, text=True, timeout=120)
-        found = done.stdout.split()
-    except (OSError, subprocess.SubprocessError):
-        found = []
-    if not found:  # no srun (run by hand): this node's own resolution
+# ---- addresses ---------------------------------------------------------------------------------
+
+
+def host_port(host: str, port: int) -> str:
+    """``HOST:PORT``, an IPv6 address in brackets."""
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def split_host_port(address: str) -> tuple[str, int]:
+    host, _, port = address.rpartition(":")
+    return host.strip("[]"), int(port)
+
+
+def interface_address(name: str) -> str:
+    """The address of the interface ``name`` (``ib0``): its IPv4 address, else its global IPv6
+    one."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        request = struct.pack("256s", name.encode()[:15])
         with contextlib.suppress(OSError):
-            found = socket.gethostbyname_ex(socket.gethostname())[2]
-    outward = [a for a in found if not _loopback(a)]
-    if outward:
-        return outward[0]
-    if len(alloc.nodes) == 1 and found:
-        return found[0]
+            answer = fcntl.ioctl(probe.fileno(), 0x8915, request)  # SIOCGIFADDR
+            return socket.inet_ntoa(answer[20:24])
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/net/if_inet6").read_text().splitlines():
+            raw, _, _, scope, _, device = line.split()
+            if device == name and scope == "00":  # global scope
+                return str(ipaddress.IPv6Address(bytes.fromhex(raw)))
+    raise SystemExit(f"launch: GC_HEAD_INTERFACE={name}: no address on {name} on this node")
+
+
+def interface_addresses() -> list[str]:
+    """Every IPv4 address of this node's interfaces, loopback left out."""
+    found = []
+    for _, name in socket.if_nameindex():
+        with contextlib.suppress(SystemExit):
+            address = interface_address(name)
+            if not _loopback(address) and ":" not in address:
+                found.append(address)
+    return found
+
+
+def ordered_addresses(addresses: list[str]) -> list[str]:
+    """Outward addresses first, IPv4 before IPv6, each once; a link-local IPv6 address (it
+    needs its interface named) left out."""
+    unique = list(dict.fromkeys(a.split("%")[0] for a in addresses))
+    unique = [a for a in unique if not a.lower().startswith("fe80:")]
+    outward = [a for a in unique if not _loopback(a)]
+    return sorted(outward, key=lambda a: ":" in a) + [a for a in unique if _loopback(a)]
+
+
+def head_address(env: dict[str, str], several_nodes: bool) -> str:
+    """The head's address, found on the head (the batch step runs there): ``GC_HEAD_ADDRESS``,
+    else ``GC_HEAD_INTERFACE``'s address, else what the node's name resolves to (IPv4 first),
+    else -- a name that resolves only to loopback, as a ``127.0.1.1`` hosts entry makes it --
+    the node's one non-loopback IPv4 address. A one-node job may stay on loopback."""
+    if env.get("GC_HEAD_ADDRESS"):
+        return env["GC_HEAD_ADDRESS"].strip("[]")
+    if env.get("GC_HEAD_INTERFACE"):
+        return interface_address(env["GC_HEAD_INTERFACE"])
+    found: list[str] = []
+    with contextlib.suppress(OSError):
+        found = [str(info[4][0]) for info in socket.getaddrinfo(socket.gethostname(), None)]
+    ordered = ordered_addresses(found)
+    if ordered and not _loopback(ordered[0]):
+        return ordered[0]
+    if not several_nodes:
+        return ordered[0] if ordered else "127.0.0.1"
+    own = interface_addresses()
+    if len(own) == 1:
+        return own[0]
+    names = " ".join(found) or "nothing"
+    pick = f" and has {len(own)} addresses ({' '.join(own)})" if own else ""
     raise SystemExit(
-        f"launch: {alloc.head} resolves only to {' '.join(found) or 'nothing'} (a loopback "
-        "hosts entry?): set GC_HEAD_ADDRESS to the address the other nodes reach it at"
+        f"launch: {socket.gethostname()} resolves only to {names}{pick}: export "
+        "GC_HEAD_INTERFACE=<the interface the nodes share, e.g. ib0> before sbatch"
     )
 
 
@@ -220,9 +593,46 @@ def route_source(host: str, port: int) -> str:
     """This node's address on the way to ``host``: the one the kernel would send from (a UDP
     socket's connect sends nothing). On a node with a management and an InfiniBand interface
     it is the one on the head's network."""
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_DGRAM) as probe:
         probe.connect((host, port))
         return str(probe.getsockname()[0])
+
+
+# ---- waiting, with the time limit in mind ------------------------------------------------------
+
+
+def waited(command: list[str], what: str, timeout: float, stopping: Stopping) -> int:
+    """Run ``command`` and wait for it, giving way at once to a stop signal (the time limit's
+    warning during a long deploy): the child is ended and ``Interrupted`` raised."""
+    child = subprocess.Popen(command, start_new_session=True)
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return child.wait(1)
+        except subprocess.TimeoutExpired:
+            pass
+        if stopping.signal is not None or time.monotonic() > deadline:
+            end_group(child)
+            if stopping.signal is not None:
+                raise Interrupted(stopping.signal, what)
+            raise SystemExit(f"launch: {what} took more than {timeout:.0f} s")
+
+
+def end_group(child: subprocess.Popen, grace: float = STEP_GRACE) -> None:
+    if child.poll() is not None:
+        return
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(child.pid, signal.SIGTERM)
+    try:
+        child.wait(grace)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(child.pid, signal.SIGKILL)
+        child.wait(10)
+
+
+# ---- Ray over the allocation -------------------------------------------------------------------
 
 
 class Cluster:
@@ -232,20 +642,67 @@ class Cluster:
     def __init__(
         self,
         alloc: Allocation,
+        plan: Plan,
         ray: str,
-        port_base: int | None,
         stopping: Stopping,
         head: str | None = None,
+        logs: Path | None = None,
     ) -> None:
-        self.alloc = alloc
-        self.stopping = stopping
+        self.alloc, self.plan, self.stopping = alloc, plan, stopping
         self.ray = ray
-        self.ports = alloc.ports(port_base)
         self.temp = f"/tmp/gc-ray-{alloc.job}"  # + the node's name; socket paths must stay short
         self.head = head or alloc.head
-        self.address = f"{self.head}:{self.ports['port']}"
+        self.logs = logs
         self.steps: list[subprocess.Popen] = []
         self.servers: list[subprocess.Popen] = []  # the judge's ``groundcover serve``
+
+    @property
+    def ports(self) -> dict[str, int]:
+        return self.plan.ports
+
+    @property
+    def address(self) -> str:
+        return host_port(self.head, self.ports["port"])
+
+    def choose_ports(self, fixed: bool) -> None:
+        """The plan's block, checked on every node; a clash moves the job once, to the block
+        half the ring away (never with ``GC_RAY_PORT_BASE``, which fixes the block)."""
+        taken = self.taken(self.ports["port"], self.ports["max-worker-port"])
+        if not taken:
+            return
+        held = ", ".join(f"{port} on {node}" for node, port in taken[:5])
+        if fixed:
+            raise SystemExit(f"launch: GC_RAY_PORT_BASE's block has ports in use: {held}")
+        moved = block_ports(other_block(self.ports["port"]))
+        say(
+            f"ports in use: {held}; moving the job to ports {moved['port']}-"
+            f"{moved['max-worker-port']}"
+        )
+        again = self.taken(moved["port"], moved["max-worker-port"])
+        if again:
+            held = ", ".join(f"{port} on {node}" for node, port in again[:5])
+            raise SystemExit(
+                f"launch: ports in use in both blocks tried ({held}): set GC_RAY_PORT_BASE to a "
+                f"free block of {PORT_BLOCK} between {PORT_FLOOR} and {PORT_CEILING}"
+            )
+        self.plan.ports = moved
+
+    def taken(self, first: int, last: int) -> list[tuple[str, int]]:
+        """The ports of the range in use on any node of the job: one srun task per node."""
+        nodes = self.alloc.nodes
+        ask = [*srun_step(nodes, 1), sys.executable, str(Path(__file__).resolve()), "ports"]
+        try:
+            done = subprocess.run(
+                [*ask, str(first), str(last)], capture_output=True, text=True, timeout=120
+            )
+            lines = done.stdout.split("\n") if done.returncode == 0 else None
+        except (OSError, subprocess.SubprocessError):
+            lines = None
+        if lines is None:  # no srun (run by hand): this node only
+            host = socket.gethostname().split(".")[0]
+            return [(host, port) for port in taken_here(first, last)]
+        found = [line.split() for line in lines if len(line.split()) == 2]
+        return [(node, int(port)) for node, port in found if port.isdigit()]
 
     def node_flags(self) -> list[str]:
         own = ("port", "judge-port")  # the head's GCS port; the judge's proxy (not Ray's)
@@ -253,16 +710,22 @@ class Cluster:
         return [*fixed, "--disable-usage-stats", "--block"]
 
     def node_step(self, nodes: list[str], role: str) -> list[str]:
+        settings = {
+            "role": role,
+            "address": self.address,
+            "temp": self.temp,
+            "ray": self.ray,
+            "flags": self.node_flags(),
+            "nli_nodes": self.plan.nli_nodes(),
+            "dashboard": self.plan.dashboard,
+            "logs": str(self.logs) if self.logs else None,
+        }
         return [
             *srun_step(nodes, self.alloc.step_cpus, self.alloc.step_gpus),
             sys.executable,
             str(Path(__file__).resolve()),
             "node",
-            role,
-            self.address,
-            self.temp,
-            self.ray,
-            *self.node_flags(),
+            json.dumps(settings),
         ]
 
     def start(self) -> None:
@@ -305,7 +768,7 @@ class Cluster:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.stopping.signal is not None:
-                raise SystemExit(128 + self.stopping.signal)
+                raise Interrupted(self.stopping.signal, "the Ray nodes to join")
             if any(step.poll() is not None for step in self.steps):
                 raise SystemExit("launch: a Ray node stopped while the cluster was starting")
             with contextlib.suppress(subprocess.SubprocessError):
@@ -316,57 +779,62 @@ class Cluster:
         raise SystemExit(f"launch: {nodes} Ray node(s) not up after {timeout:.0f} s")
 
     def stop(self) -> None:
-        """Each node's Ray stopped by ending its step: ``srun`` passes the SIGTERM on to
-        ``launch.py node``, which stops its ``ray start --block`` and ends what Ray left on
-        its node (never ``ray stop``, which stops every Ray on a node, another job's too). A
-        step still there after ``STEP_GRACE`` * 3 seconds is killed, and Slurm ends its tasks
-        (all within Slurm's KillWait, 30 s by default, after which Slurm kills the launcher)."""
-        for server in self.servers:  # ``serve`` deletes its app when it stops
+        """The judge's server and each node's Ray stopped together, by ending the server and
+        the steps: ``srun`` passes the SIGTERM on to ``launch.py node``, which stops its ``ray
+        start --block``, ends what Ray left on its node (never ``ray stop``, which stops every
+        Ray on a node, another job's too), copies the logs and removes Ray's folder. Whatever is
+        still there after STEPS_WAIT seconds is killed."""
+        running = [p for p in [*self.servers, *self.steps] if p.poll() is None]
+        for child in running:
             with contextlib.suppress(ProcessLookupError):
-                os.killpg(server.pid, signal.SIGTERM)
-        for server in self.servers:
+                os.killpg(child.pid, signal.SIGTERM)
+        deadline = time.monotonic() + STEPS_WAIT
+        for child in running:
             try:
-                server.wait(STEP_GRACE)
+                child.wait(max(deadline - time.monotonic(), 0.1))
             except subprocess.TimeoutExpired:
                 with contextlib.suppress(ProcessLookupError):
-                    os.killpg(server.pid, signal.SIGKILL)
-        for step in self.steps:
-            if step.poll() is None:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(step.pid, signal.SIGTERM)
-        deadline = time.monotonic() + 3 * STEP_GRACE
-        for step in self.steps:
-            try:
-                step.wait(max(deadline - time.monotonic(), 0.1))
-            except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(step.pid, signal.SIGKILL)
-                step.wait(10)
+                    os.killpg(child.pid, signal.SIGKILL)
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    child.wait(3)
 
 
 def node_main(argv: list[str]) -> int:
-    """``launch.py node head|worker HEAD:PORT TEMP RAY FLAGS...``: one node's Ray, run by its
-    ``srun`` step. The node's address is the one it reaches the head from (the head's own:
-    the given one), its CPUs and GPUs what Slurm gave this node; Ray runs until the step is
-    signalled, then whatever it left on this node is ended (a driver actor outlives its
-    raylet for a while and, reparented, escapes Slurm's process tracking)."""
-    role, address, temp, ray, *flags = argv
-    host, port = address.rsplit(":", 1)
-    ip = host if role == "head" else route_source(host, int(port))
+    """``launch.py node SETTINGS``: one node's Ray, run by its ``srun`` step. The node's
+    address is the one it reaches the head from (the head's own: the given one; with
+    ``GC_HEAD_INTERFACE``, that interface's), its CPUs and GPUs what Slurm gave this node; Ray
+    runs until the step is signalled, then whatever it left on this node is ended (a driver
+    actor outlives its raylet for a while and, reparented, escapes Slurm's process tracking),
+    its logs copied into the run directory and its folder removed."""
+    settings = json.loads(argv[0])
+    role, address = settings["role"], settings["address"]
+    host, port = split_host_port(address)
     env = dict(os.environ)
+    if role == "head":
+        ip = host
+    elif env.get("GC_HEAD_INTERFACE"):
+        ip = interface_address(env["GC_HEAD_INTERFACE"])
+    else:
+        ip = route_source(host, port)
     cpus = int(env.get("SLURM_CPUS_ON_NODE") or len(os.sched_getaffinity(0)))
     gpus = gpus_on_node(env)
-    temp = f"{temp}-{socket.gethostname().split('.')[0][:16]}"
-    place = ["--head", f"--port={port}", "--include-dashboard=false"]
+    node = socket.gethostname().split(".")[0]
+    temp = f"{settings['temp']}-{node[:16]}"
+    dashboard = ["--include-dashboard=true", "--dashboard-host=0.0.0.0"]
+    place = ["--head", f"--port={port}", *(dashboard if settings["dashboard"] else [])]
+    if role == "head" and not settings["dashboard"]:
+        place.append("--include-dashboard=false")
+    own = {NLI_RESOURCE: 1} if node in settings["nli_nodes"] else {}
     command = [
-        ray,
+        settings["ray"],
         "start",
         *(place if role == "head" else [f"--address={address}"]),
         f"--node-ip-address={ip}",
         f"--num-cpus={cpus}",
         f"--num-gpus={gpus}",
         f"--temp-dir={temp}",
-        *flags,
+        *([f"--resources={json.dumps(own)}"] if own else []),
+        *settings["flags"],
     ]
     say(f"node {socket.gethostname()}: {role} at {ip}, {cpus} CPUs, {gpus} GPUs")
     child = subprocess.Popen(command, start_new_session=True)
@@ -390,7 +858,46 @@ def node_main(argv: list[str]) -> int:
     reaped = reap(temp)
     if reaped:
         say(f"ended {reaped} Ray process(es) left on {socket.gethostname()}")
+    if settings["logs"]:
+        with contextlib.suppress(OSError):
+            copied = copy_logs(Path(temp), Path(settings["logs"]) / node)
+            say(f"{node}: {copied} Ray/Serve/vLLM log file(s) in {settings['logs']}/{node}")
+    shutil.rmtree(temp, ignore_errors=True)
     return 0 if asked else code
+
+
+def copy_logs(temp: Path, into: Path) -> int:
+    """Ray's logs of every session in ``temp`` (raylet, GCS, workers -- a vLLM replica's
+    output is its worker's --, Serve's controller, proxy and replicas) into ``into``, newest
+    first, the last LOG_FILE_CAP bytes of each, LOG_NODE_CAP in all; what was cut or left out
+    is listed in ``index.txt``."""
+    files = [
+        path
+        for session in sorted(temp.glob("session_2*"))
+        for path in (session / "logs").rglob("*")
+        if path.is_file() and not path.is_symlink()
+    ]
+    files.sort(key=lambda p: p.stat().st_mtime, reverse=True)
+    shutil.rmtree(into, ignore_errors=True)
+    into.mkdir(parents=True, exist_ok=True)
+    budget, copied, index = LOG_NODE_CAP, 0, []
+    for path in files:
+        size = path.stat().st_size
+        keep = min(size, LOG_FILE_CAP, budget)
+        relative = path.relative_to(temp)
+        if keep <= 0 and size:
+            index.append(f"{relative}\t{size}\tleft out (the node's cap)")
+            continue
+        target = into / relative
+        target.parent.mkdir(parents=True, exist_ok=True)
+        with path.open("rb") as source, target.open("wb") as sink:
+            source.seek(size - keep)
+            sink.write(source.read(keep))
+        budget -= keep
+        copied += 1
+        index.append(f"{relative}\t{size}\t" + ("whole" if keep == size else f"last {keep}"))
+    (into / "index.txt").write_text("".join(line + "\n" for line in index))
+    return copied
 
 
 def _waits_for(child: subprocess.Popen, seconds: float) -> bool:
@@ -450,17 +957,6 @@ def say(text: str) -> None:
     print(f"launch: {text}", file=sys.stderr, flush=True)
 
 
-def replicas_for(value: str, alloc: Allocation, nli_gpus: int, per_replica: int) -> int:
-    if value != "auto":
-        return int(value)
-    free = alloc.gpus * len(alloc.nodes) - nli_gpus
-    if free < per_replica:
-        raise SystemExit(
-            f"launch: --replicas auto: {free} GPU(s) left for the judge, {per_replica} per replica"
-        )
-    return free // per_replica
-
-
 def grid_line(path: Path, task: str | None) -> list[str]:
     """The array task's line of a grid file (blank lines and # comments skipped)."""
     if task is None:
@@ -474,7 +970,8 @@ def grid_line(path: Path, task: str | None) -> list[str]:
     return shlex.split(lines[k])
 
 
-def command_for(args: argparse.Namespace, alloc: Allocation, cluster: Cluster) -> list[str]:
+def the_command(args: argparse.Namespace, alloc: Allocation) -> list[str]:
+    """The command after ``--``, with the array task's grid line."""
     command = list(args.command)
     if command and command[0] == "--":
         command = command[1:]
@@ -483,18 +980,33 @@ def command_for(args: argparse.Namespace, alloc: Allocation, cluster: Cluster) -
     grid = os.environ.get("GC_GRID")
     if grid:
         command += grid_line(Path(grid), alloc.array_task)
-    drivers = len(alloc.nodes) * args.drivers_per_node
-    command += ["--ray-address", cluster.address, "--drivers", str(drivers)]
-    if args.judge:  # Serve with the judge's proxy, before the NLI app can start it without
+    return command
+
+
+def run_dir_of(command: list[str]) -> Path | None:
+    """The command's ``--run-dir`` (the last one given wins, as for the CLI)."""
+    found = None
+    for k, word in enumerate(command):
+        if word == "--run-dir" and k + 1 < len(command):
+            found = command[k + 1]
+        elif word.startswith("--run-dir="):
+            found = word.split("=", 1)[1]
+    return Path(found) if found else None
+
+
+def command_for(
+    args: argparse.Namespace, plan: Plan, cluster: Cluster, command: list[str]
+) -> list[str]:
+    """The command with the cluster, the drivers and the services it uses added; the services
+    started (and waited for) on the way."""
+    command = [*command, "--ray-address", cluster.address, "--drivers", str(plan.drivers)]
+    if plan.judge:  # Serve with the judge's proxy, before the NLI app can start it without
         start_serve(args, cluster)
-    nli_gpus = 0
-    if args.nli:
-        nli_gpus = deploy_nli(args, alloc, cluster)
+    if plan.nli:
+        deploy_nli(args, plan, cluster)
         command += ["--nli-app", args.nli_app]
-    if args.judge:
-        per_replica = args.gpus_per_replica or 1
-        count = replicas_for(args.replicas or "auto", alloc, nli_gpus, per_replica)
-        command += serve_judge(args, count, cluster)
+    if plan.judge:
+        command += serve_judge(args, plan, cluster)
     return command
 
 
@@ -510,20 +1022,38 @@ def start_serve(args: argparse.Namespace, cluster: Cluster) -> None:
         f"--http-port={cluster.ports['judge-port']}",
         "--proxy-location=EveryNode",
     ]
-    if subprocess.run(serve, timeout=600).returncode != 0:
+    if waited(serve, "Ray Serve's start", 600, cluster.stopping) != 0:
         raise SystemExit("launch: Ray Serve could not be started (above)")
 
 
-def serve_judge(args: argparse.Namespace, replicas: int, cluster: Cluster) -> list[str]:
+def deploy_nli(args: argparse.Namespace, plan: Plan, cluster: Cluster) -> None:
+    """The NLI app on the cluster, one replica on each node the plan names (pinned there by the
+    resource only those nodes offer); waited for, giving way to a stop signal."""
+    assert plan.nli and plan.nli_device
+    resources = {NLI_RESOURCE: 1}
+    serve = [
+        *[args.groundcover, "serve", "--nli", plan.nli, "--nli-app", args.nli_app],
+        *["--nli-replicas", str(plan.nli_replicas), "--nli-device", plan.nli_device],
+        *["--nli-resources", json.dumps(resources), "--ray-address", cluster.address],
+        *["--timeout", str(int(args.nli_start_timeout))],
+    ]
+    timeout = args.nli_start_timeout + 120
+    if waited(serve, "the NLI app's deploy", timeout, cluster.stopping) != 0:
+        raise SystemExit(f"launch: the NLI app {args.nli_app} could not be deployed (above)")
+
+
+def serve_judge(args: argparse.Namespace, plan: Plan, cluster: Cluster) -> list[str]:
     """The judge's replicas behind one URL, served (and waited for) before the command; the
     arguments that point the command at it: the head's proxy, which every node reaches and
     which routes to the replicas on every node. Stopped with the cluster."""
+    assert plan.judge
     port = cluster.ports["judge-port"]
     serve = [
-        *[args.groundcover, "serve", args.judge, "--replicas", str(replicas)],
+        *[args.groundcover, "serve", plan.judge, "--replicas", str(plan.replicas)],
         *["--ray-address", cluster.address, "--host", "0.0.0.0", "--port", str(port)],
-        *["--api-key-env", KEY_ENV],
-        *(["--tensor-parallel-size", str(args.gpus_per_replica)] if args.gpus_per_replica else []),
+        *["--api-key-env", KEY_ENV, "--timeout", str(int(plan.judge_start_timeout))],
+        *["--tensor-parallel-size", str(plan.tensor_parallel)],
+        *[f"--lora={name}={path}" for name, path in plan.loras.items()],
         *[f"--engine-arg={flag}" for flag in args.judge_engine_arg],
     ]
     cluster.servers.append(subprocess.Popen(serve, start_new_session=True))
@@ -531,21 +1061,26 @@ def serve_judge(args: argparse.Namespace, replicas: int, cluster: Cluster) -> li
         f"http://127.0.0.1:{port}/v1/models",
         headers={"Authorization": f"Bearer {os.environ[KEY_ENV]}"},
     )
-    deadline = time.monotonic() + 3600  # a large model's first load
+    # `serve` gives up after its own timeout and says why; this wait is a little longer
+    deadline = time.monotonic() + plan.judge_start_timeout + 120
     while time.monotonic() < deadline:
         if cluster.stopping.signal is not None:
-            raise SystemExit(128 + cluster.stopping.signal)
+            raise Interrupted(cluster.stopping.signal, "the judge's start")
         if cluster.servers[-1].poll() is not None:
             raise SystemExit("launch: the judge's server stopped while starting (above)")
         with contextlib.suppress(OSError, ValueError, LookupError):
             with urllib.request.urlopen(asked, timeout=5) as answer:  # 404 until the app is up
                 served = json.loads(answer.read())["data"][0]["id"]  # a preset's name
-            url = f"http://{cluster.head}:{port}/v1"
-            say(f"the judge {args.judge}: {replicas} replica(s) of {served} at {url}")
+            url = f"http://{host_port(cluster.head, port)}/v1"
+            say(f"the judge {plan.judge}: {plan.replicas} replica(s) of {served} at {url}")
             named = ["--endpoint", url, "--model", served, "--api-key-env", KEY_ENV]
-            return named + judge_revision(args.judge)
+            if plan.loras:
+                named += ["--adapter-prefix", f"{served}:"]
+            return named + ["--model-revision", args.judge_revision]
         time.sleep(5)
-    raise SystemExit("launch: the judge's server did not answer within an hour")
+    raise SystemExit(
+        f"launch: the judge's server did not answer within {plan.judge_start_timeout:.0f} s"
+    )
 
 
 # what the judge's weights are, by content (a directory's digest, a hub id's commit), as the
@@ -554,49 +1089,33 @@ REVISION_OF = """
 import sys
 from groundcover.serving.content import model_content
 from groundcover.serving.launch.registry import model_source, resolve
-print(model_content(model_source(resolve(sys.argv[1])))["revision"] or "")
+from pathlib import Path
+found = model_content(model_source(resolve(sys.argv[1])))["revision"]
+Path(sys.argv[2]).write_text(found or "")
 """
 
 
-def judge_revision(model: str) -> list[str]:
-    """``--model-revision`` for the served judge: Ray Serve's model list names no weights, so
-    without it the run would know the judge by its URL, which changes with the job's ports (a
-    requeued or resubmitted job could then not continue its run)."""
-    done = subprocess.run(
-        [sys.executable, "-c", REVISION_OF, model], capture_output=True, text=True, timeout=3600
-    )
-    revision = done.stdout.strip()
-    if done.returncode != 0 or not revision:
-        say(f"no revision found for {model}: the run knows the judge by its URL")
-        return []
-    return ["--model-revision", revision]
-
-
-def deploy_nli(args: argparse.Namespace, alloc: Allocation, cluster: Cluster) -> int:
-    """The NLI app on the cluster; the GPUs it takes (one per replica on CUDA)."""
-    on_gpu = alloc.gpus > 0
-    replicas = (
-        int(args.nli_replicas)
-        if args.nli_replicas != "auto"
-        else (len(alloc.nodes) if on_gpu else 1)
-    )
-    serve = [
-        args.groundcover,
-        "serve",
-        "--nli",
-        args.nli,
-        "--nli-app",
-        args.nli_app,
-        "--nli-replicas",
-        str(replicas),
-        "--nli-device",
-        "cuda" if on_gpu else "cpu",
-        "--ray-address",
-        cluster.address,
-    ]
-    if subprocess.run(serve, timeout=1800).returncode != 0:
-        raise SystemExit(f"launch: the NLI app {args.nli_app} could not be deployed (above)")
-    return replicas if on_gpu else 0
+def judge_revision(model: str, given: str | None, stopping: Stopping) -> str:
+    """The judge's weights by content or revision, found before anything starts, where the
+    recipe knows their path: Ray Serve's model list names no weights, and the head's URL changes
+    with the job's ports and nodes (a requeued or resubmitted job could then not continue its
+    run). One that cannot be found stops the job, with what to do."""
+    if given:
+        return given
+    out = Path(f"/tmp/gc-revision-{os.getpid()}")
+    try:
+        probe = [sys.executable, "-c", REVISION_OF, model, str(out)]
+        code = waited(probe, "the judge's revision", 3600, stopping)
+        revision = out.read_text().strip() if out.is_file() else ""
+    finally:
+        out.unlink(missing_ok=True)
+    if code != 0 or not revision:
+        raise SystemExit(
+            f"launch: no revision found for the judge {model} (its weights not fetched?): "
+            "fetch them (launch.py --prefetch), or give --judge-revision"
+        )
+    say(f"the judge {model} is known by its weights: {revision}")
+    return revision
 
 
 class Stopping:
@@ -619,42 +1138,92 @@ class Stopping:
                     os.killpg(self.child.pid, signal.SIGKILL)
 
 
-def run(args: argparse.Namespace) -> int:
-    # Ray's token authentication, on for every process the launcher starts: the token is
-    # ~/.ray/auth_token (made here if missing), so every node needs the same home (or
-    # RAY_AUTH_TOKEN set in the job's environment)
+def prepare_environment(args: argparse.Namespace) -> None:
+    """What every process the launcher starts inherits (srun passes the environment on to each
+    node's step): Ray's token mode, the judge's proxy key and callback, the settings every
+    node's Ray needs, and gpt-oss's tiktoken files where they were fetched."""
     os.environ.setdefault("RAY_AUTH_MODE", "token")
     if os.environ["RAY_AUTH_MODE"] == "token":  # a site that turned it off gets no token file
         ensure_ray_token(args.ray)
-    if args.judge:  # in the environment of every node's Ray (srun passes it): its proxies ask
+    if args.judge:  # in the environment of every node's Ray: its proxies ask for it
         os.environ.setdefault(KEY_ENV, secrets.token_urlsafe(32))
         os.environ[CALLBACK_ENV] = CALLBACK
+    for name, value in CLUSTER_ENV.items():
+        os.environ.setdefault(name, value)
+    encodings = tiktoken_folder()
+    if encodings is not None and encodings.is_dir():
+        os.environ.setdefault("TIKTOKEN_ENCODINGS_BASE", str(encodings))
+
+
+def tiktoken_folder() -> Path | None:
+    """Where ``--prefetch`` puts gpt-oss's tiktoken files: ``$HF_HOME/tiktoken-encodings``."""
+    home = os.environ.get("HF_HOME")
+    return Path(home) / "tiktoken-encodings" if home else None
+
+
+def prefetch_command(args: argparse.Namespace, command: list[str], check: bool) -> list[str]:
+    """``scripts/slurm/prefetch.py`` for what this job needs: the judge, the NLI checkpoint,
+    the adapters and the datasets the command names."""
+    script = Path(__file__).resolve().with_name("prefetch.py")
+    asked = [sys.executable, str(script), "--check" if check else "--fetch"]
+    if args.judge:
+        asked += ["--judge", args.judge]
+        if args.judge_revision:
+            asked += ["--judge-revision", args.judge_revision]
+    if args.nli:
+        asked += ["--nli", args.nli]
+    for text in args.lora:
+        asked += ["--lora", text]
+    return [*asked, "--", *command]
+
+
+def run(args: argparse.Namespace) -> int:
     alloc = Allocation(dict(os.environ))
-    port_base = int(os.environ["GC_RAY_PORT_BASE"]) if os.environ.get("GC_RAY_PORT_BASE") else None
     stopping = Stopping()
     for signum in STOP_SIGNALS:
         signal.signal(signum, stopping)
+    command = the_command(args, alloc)
+    plan = plan_for(args, alloc.job, alloc.node_gpus, alloc.restarts)
+    for line in plan.lines():
+        say(line)
+    prepare_environment(args)
     each = f"{alloc.step_cpus} CPUs, {alloc.step_gpus or alloc.gpus} GPUs each"
     say(f"job {alloc.job}: {len(alloc.nodes)} node(s) {','.join(alloc.nodes)}, {each}")
-    cluster = Cluster(alloc, args.ray, port_base, stopping, head_address(alloc, dict(os.environ)))
-    code = 128 + signal.SIGTERM
+    run_dir = run_dir_of(command)
+    submitted = Path(os.environ.get("SLURM_SUBMIT_DIR") or ".")
+    logs = run_dir / "cluster-logs" if run_dir else submitted / f"cluster-logs-{alloc.job}"
+    cluster: Cluster | None = None
+    code = 1
     try:
+        if os.environ.get("HF_HUB_OFFLINE") == "1":  # before any GPU waits: what is missing
+            check = prefetch_command(args, command, check=True)
+            if waited(check, "the offline check", 600, stopping) != 0:
+                raise SystemExit("launch: this node lacks what the job needs (above)")
+        if plan.judge:
+            args.judge_revision = judge_revision(plan.judge, args.judge_revision, stopping)
+        head = head_address(dict(os.environ), len(alloc.nodes) > 1)
+        cluster = Cluster(alloc, plan, args.ray, stopping, head, logs)
+        cluster.choose_ports(fixed=args.port_base is not None)
+        logs.mkdir(parents=True, exist_ok=True)
+        (logs / "plan.json").write_text(json.dumps(plan.as_json(), indent=1) + "\n")
         cluster.start()
-        if stopping.signal is not None:
-            return 128 + stopping.signal
-        command = command_for(args, alloc, cluster)
+        command = command_for(args, plan, cluster, command)
         say("running: " + shlex.join(command))
         stopping.child = subprocess.Popen(command, start_new_session=True)
         if stopping.signal is not None:  # a signal between the start and now
             os.killpg(stopping.child.pid, signal.SIGTERM)
         code = wait(stopping.child, stopping)
         say(f"the command ended with exit code {code}")
-        return code
+    except Interrupted as stop:
+        say(f"{signal.Signals(stop.signum).name} while waiting for {stop.during}: stopped waiting")
+        code = 128 + stop.signum
     finally:
-        cluster.stop()
-        say("Ray stopped on every node")
-        if stopping.signal == signal.SIGUSR1 and code != 0 and args.requeue:
-            requeue(alloc)
+        if cluster is not None:
+            cluster.stop()
+            say("Ray stopped on every node")
+    if stopping.signal == signal.SIGUSR1 and code != 0 and args.requeue:
+        return requeue(alloc, args.max_requeues, code)
+    return code
 
 
 def ensure_ray_token(ray: str) -> None:
@@ -688,17 +1257,28 @@ def ray_token_found() -> bool:
     return Path(named).expanduser().is_file() if named else DEFAULT_TOKEN.is_file()
 
 
-def requeue(alloc: Allocation) -> None:
+def requeue(alloc: Allocation, most: int, code: int) -> int:
     """The time limit is near and the run is not done: the job goes back into the queue and
-    continues where it stopped (the same script, the same --run-dir). Last: Slurm ends this
-    job as soon as it is requeued. Needs ``#SBATCH --requeue`` where the site's default is
-    not to requeue."""
-    say(f"requeueing job {alloc.requeue_id}: it continues where it stopped")
+    continues where it stopped (the same script, the same --run-dir), at most ``most`` times
+    (``SLURM_RESTART_COUNT`` says how often it was). Last: Slurm ends this job as soon as it is
+    requeued. Needs ``#SBATCH --requeue`` where the site's default is not to requeue."""
+    if alloc.restarts >= most:
+        say(
+            f"job {alloc.requeue_id} was requeued {alloc.restarts} time(s), --max-requeues "
+            f"{most}: not requeued again, it ends FAILED (the run stays resumable: submit the "
+            "script again, or give more --time or --max-requeues)"
+        )
+        return code
+    say(
+        f"requeueing job {alloc.requeue_id} ({alloc.restarts + 1} of at most {most}): it "
+        "continues where it stopped"
+    )
     done = subprocess.run(
         ["scontrol", "requeue", alloc.requeue_id], capture_output=True, text=True, timeout=60
     )
     if done.returncode != 0:
         say(f"scontrol requeue failed: {done.stderr.strip()}; submit the script again")
+    return code
 
 
 def wait(child: subprocess.Popen, stopping: Stopping) -> int:
@@ -716,18 +1296,18 @@ def wait(child: subprocess.Popen, stopping: Stopping) -> int:
                     os.killpg(child.pid, signal.SIGKILL)
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def parser() -> argparse.ArgumentParser:
+    made = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     bindir = Path(sys.executable).parent
-    parser.add_argument("--drivers-per-node", type=int, default=1)
-    parser.add_argument("--judge", help="serve this model once for every driver (Ray Serve LLM)")
-    parser.add_argument("--replicas", help="with --judge: N replicas, or auto (the GPUs left)")
-    parser.add_argument(
+    made.add_argument("--drivers-per-node", type=int, default=1)
+    made.add_argument("--judge", help="serve this model once for every driver (Ray Serve LLM)")
+    made.add_argument("--replicas", help="with --judge: N replicas, or auto (as many as fit)")
+    made.add_argument(
         "--gpus-per-replica",
         type=int,
         help="with --judge: GPUs per replica, its tensor parallelism (default: the preset's)",
     )
-    parser.add_argument(
+    made.add_argument(
         "--judge-engine-arg",
         action="append",
         default=[],
@@ -735,24 +1315,103 @@ def main(argv: list[str] | None = None) -> int:
         help="with --judge: a vLLM engine flag for its replicas, one token each "
         "(--judge-engine-arg=--max-num-seqs --judge-engine-arg=64)",
     )
-    parser.add_argument("--nli", help="an NLI cross-encoder to deploy as a Ray Serve app")
-    parser.add_argument("--nli-app", default="groundcover-nli")
-    parser.add_argument("--nli-replicas", default="auto")
-    parser.add_argument("--ray", default=str(bindir / "ray"), help="the ray command")
-    parser.add_argument("--groundcover", default=str(bindir / "groundcover"))
-    parser.add_argument("--serve", default=str(bindir / "serve"), help="Ray Serve's command")
-    parser.add_argument(
+    made.add_argument(
+        "--lora",
+        action="append",
+        default=[],
+        metavar="NAME=PATH",
+        help="with --judge: a LoRA adapter on every replica (multiplexed); the command gets "
+        "--adapter-prefix",
+    )
+    made.add_argument(
+        "--judge-start-timeout",
+        type=float,
+        default=JUDGE_START_TIMEOUT,
+        help="seconds the judge's start may take (passed to `groundcover serve --timeout`)",
+    )
+    made.add_argument(
+        "--judge-revision", help="the judge's weights' revision, when it cannot be found here"
+    )
+    made.add_argument("--nli", help="an NLI cross-encoder to deploy as a Ray Serve app")
+    made.add_argument("--nli-app", default="groundcover-nli")
+    made.add_argument("--nli-replicas", default="auto", help="N (one per node), or auto")
+    made.add_argument("--nli-start-timeout", type=float, default=1800.0)
+    made.add_argument(
+        "--max-requeues",
+        type=int,
+        default=MAX_REQUEUES,
+        help="requeues at the time limit's warning before the job ends FAILED",
+    )
+    made.add_argument(
         "--no-requeue",
         dest="requeue",
         action="store_false",
         default=os.environ.get("GC_REQUEUE", "1") != "0",
         help="at the time limit's warning, stop without requeueing the job",
     )
-    parser.add_argument("command", nargs=argparse.REMAINDER)
-    return run(parser.parse_args(argv))
+    made.add_argument(
+        "--dashboard", action="store_true", help="Ray's dashboard on the head (serve status)"
+    )
+    made.add_argument("--ray", default=str(bindir / "ray"), help="the ray command")
+    made.add_argument("--groundcover", default=str(bindir / "groundcover"))
+    made.add_argument("--serve", default=str(bindir / "serve"), help="Ray Serve's command")
+    made.add_argument("--dry-run", action="store_true", help="print the plan; start nothing")
+    made.add_argument("--json", action="store_true", help="with --dry-run: the plan as JSON")
+    made.add_argument(
+        "--allocation",
+        help="NODE:GPUS,... (or NxGPUS) for --dry-run outside a job; default: Slurm's",
+    )
+    made.add_argument(
+        "--prefetch",
+        action="store_true",
+        help="fetch what the job needs into HF_HOME and GROUNDCOVER_HOME (on a login node)",
+    )
+    made.add_argument(
+        "--check-offline",
+        action="store_true",
+        help="say what the job needs that this node does not have (HF_HUB_OFFLINE=1)",
+    )
+    made.add_argument("command", nargs=argparse.REMAINDER)
+    return made
+
+
+def dry_run(args: argparse.Namespace) -> int:
+    """The plan for the allocation given (``--allocation``) or this job's, started nothing."""
+    alloc_env = dict(os.environ)
+    if args.allocation:
+        node_gpus = parse_allocation(args.allocation)
+        job = alloc_env.get("SLURM_JOB_ID") or "0"
+        restarts = int(alloc_env.get("SLURM_RESTART_COUNT") or 0)
+    elif alloc_env.get("SLURM_JOB_ID"):
+        alloc = Allocation(alloc_env)
+        node_gpus, job, restarts = alloc.node_gpus, alloc.job, alloc.restarts
+    else:
+        raise SystemExit("launch: --dry-run outside a job needs --allocation NODE:GPUS,...")
+    plan = plan_for(args, job, node_gpus, restarts)
+    if args.json:
+        print(json.dumps(plan.as_json(), indent=1))
+    else:
+        for line in plan.lines():
+            print(line)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    base = os.environ.get("GC_RAY_PORT_BASE")
+    args.port_base = int(base) if base else None
+    if args.dry_run:
+        return dry_run(args)
+    if args.prefetch or args.check_offline:
+        command = list(args.command)
+        command = command[1:] if command[:1] == ["--"] else command
+        return subprocess.run(prefetch_command(args, command, args.check_offline)).returncode
+    return run(args)
 
 
 if __name__ == "__main__":
     if sys.argv[1:2] == ["node"]:  # one node's Ray, run by its srun step
         sys.exit(node_main(sys.argv[2:]))
+    if sys.argv[1:2] == ["ports"]:  # the ports of a block in use on this node
+        sys.exit(ports_main(sys.argv[2:]))
     sys.exit(main())

@@ -132,7 +132,9 @@ def llm_config(spec: ServerSpec, replicas: int, device: str) -> Any:
     return LLMConfig(
         model_loading_config={"model_id": preset.name, "model_source": model_source(preset)},
         deployment_config={"num_replicas": replicas, "max_ongoing_requests": 256},
-        placement_group_config={"bundles": bundles},
+        # a replica's GPUs on one node: tensor parallelism across nodes would run its
+        # all-reduces over the network, and a PACK that cannot fit waits on more nodes
+        placement_group_config={"bundles": bundles, "strategy": "STRICT_PACK"},
         engine_kwargs=engine,
         runtime_env={"env_vars": env},
         log_engine_metrics=False,
@@ -204,7 +206,7 @@ def _host(
         deployed = True
         with timed("serve-llm", f"{spec.preset.name} x{replicas}"):
             serve.run(build_openai_app({"llm_configs": [config]}), name=APP, blocking=False)
-            _wait_ready(base_url, spec.preset.name, timeout, spec.api_key)
+            _wait_ready(base_url, spec.preset.name, timeout, spec.api_key, lambda: _failed(serve))
         if spec.api_key:
             _check_key_asked(base_url)
     except Exception as exc:
@@ -262,10 +264,34 @@ def _take_down(serve: Any, ray: Any, address: str | None) -> None:
     ray.shutdown()
 
 
-def _wait_ready(base_url: str, name: str, timeout: float, key: str | None = None) -> None:
+def _failed(serve: Any) -> str | None:
+    """Serve's message once the app's deploy has failed (a replica that cannot start: Serve
+    gives up after its retries), else None."""
+    with contextlib.suppress(Exception):
+        app = serve.status().applications.get(APP)
+        if app is None or "DEPLOY_FAILED" not in str(app.status):
+            return None
+        messages = [d.message for d in app.deployments.values() if d.message] + [app.message]
+        lines = [line.strip() for text in messages for line in str(text or "").splitlines()]
+        errors = [line for line in lines if line and not line.startswith(("File ", "^", "~"))]
+        return (errors[-1] if errors else "the deploy failed")[:500]
+    return None
+
+
+def _wait_ready(
+    base_url: str,
+    name: str,
+    timeout: float,
+    key: str | None = None,
+    failed: Any = lambda: None,
+) -> None:
+    """Until the app lists the model; a deploy Serve has given up on ends the wait at once."""
     deadline = time.monotonic() + timeout
     headers = {"Authorization": f"Bearer {key}"} if key else {}
     while time.monotonic() < deadline:
+        why = failed()
+        if why:
+            raise ServerStartError(f"Ray Serve could not deploy {name}: {why}")
         with contextlib.suppress(httpx.HTTPError, ValueError):
             models = httpx.get(f"{base_url}/models", headers=headers, timeout=5).json()
             if any(m.get("id") == name for m in models.get("data", [])):

@@ -4,6 +4,7 @@ that must not run its package's imports) loaded as a module."""
 from __future__ import annotations
 
 import importlib.util
+import sys
 from pathlib import Path
 from types import ModuleType
 
@@ -16,5 +17,7 @@ def load_script(path: str | Path, name: str | None = None) -> ModuleType:
     spec = importlib.util.spec_from_file_location(name or path.stem, path)
     assert spec is not None and spec.loader is not None, path
     module = importlib.util.module_from_spec(spec)
+    # registered before it runs, as an import would: dataclasses look their module up there
+    sys.modules[spec.name] = module
     spec.loader.exec_module(module)
     return module
