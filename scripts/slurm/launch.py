@@ -1162,9 +1162,9 @@ def tiktoken_folder() -> Path | None:
 
 
 def prefetch_command(args: argparse.Namespace, command: list[str], check: bool) -> list[str]:
-    """``scripts/slurm/prefetch.py`` for what this job needs: the judge, the NLI checkpoint,
+    """``scripts/prefetch.py`` for what this job needs: the judge, the NLI checkpoint,
     the adapters and the datasets the command names."""
-    script = Path(__file__).resolve().with_name("prefetch.py")
+    script = Path(__file__).resolve().parents[1] / "prefetch.py"
     asked = [sys.executable, str(script), "--check" if check else "--fetch"]
     if args.judge:
         asked += ["--judge", args.judge]

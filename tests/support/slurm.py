@@ -210,9 +210,9 @@ class Network:
                 return k
         return None
 
-    def listen(self, node: int) -> socket.socket:
-        """A TCP socket bound to a free port of node ``node``'s address, made from a thread
-        that enters the namespace (setns applies to the calling thread only)."""
+    def listen(self, node: int, port: int = 0) -> socket.socket:
+        """A TCP socket bound to ``port`` (0: a free one) of node ``node``'s address, made from
+        a thread that enters the namespace (setns applies to the calling thread only)."""
         import ctypes
         import threading
 
@@ -226,7 +226,7 @@ class Network:
                     made["error"] = OSError(ctypes.get_errno(), "setns")
                     return
                 sock = socket.socket()
-                sock.bind((self.addresses[node], 0))
+                sock.bind((self.addresses[node], port))
                 made["socket"] = sock
             finally:
                 os.close(fd)
