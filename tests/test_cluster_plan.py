@@ -158,3 +158,80 @@ def test_the_serve_llm_configuration_packs_each_replica_on_one_node():
     assert given.engine_kwargs["tensor_parallel_size"] == 8
     cpu = llm_config(ServerSpec(model="Llama-3.1-8B-Instruct"), 3, "cpu")
     assert cpu.placement_group_config == {"bundles": [{"CPU": 1}], "strategy": "STRICT_PACK"}
+
+
+def test_prefetch_on_the_login_node_and_the_offline_check_on_a_compute_node(tmp_path):
+    """``--prefetch`` with the job's arguments fetches the judge (without the checkpoint copies
+    vLLM never reads), gpt-oss's tiktoken files, the NLI checkpoint and the datasets the command
+    names, from a hub on loopback; a gated judge needs the user's token. ``--check-offline``
+    with ``HF_HUB_OFFLINE=1`` names each thing missing before, and nothing after."""
+    from tests.support.fake_hub import FakeHub
+
+    adapter = tmp_path / "adapter"
+    with FakeHub() as hub:
+        hub.repo("acme/gpt-oss-mini").commit(
+            {"config.json": b"{}", "model.safetensors": b"w" * 64, "original/model.bin": b"o"}
+        )
+        hub.repo("acme/nli-small").commit({"config.json": b"{}", "model.safetensors": b"n"})
+        hub.repo("acme/gated-judge").commit({"config.json": b"{}"})
+        hub.repo("acme/gated-judge").token = "hf_user"
+        for name in ("o200k_base.tiktoken", "cl100k_base.tiktoken"):
+            hub.static[f"/encodings/{name}"] = f"{name} ranks".encode()
+        env = {
+            "PATH": "/usr/bin:/bin",
+            "HOME": str(tmp_path),
+            "HF_HOME": str(tmp_path / "hf"),
+            "GROUNDCOVER_HOME": str(tmp_path / "gc"),
+            "HF_ENDPOINT": hub.url,
+            "GC_TIKTOKEN_URL": f"{hub.url}/encodings/",
+        }
+        job = [
+            *["--judge", "acme/gpt-oss-mini", "--nli", "acme/nli-small"],
+            *["--lora", f"claims={adapter}", "--", "groundcover", "eval", "fanoutqa"],
+            *["--data", "fanoutqa-dev"],
+        ]
+
+        def launch(*argv: str, **more: str) -> subprocess.CompletedProcess:
+            return subprocess.run(
+                [sys.executable, str(LAUNCH), *argv],
+                capture_output=True,
+                text=True,
+                env=env | more,
+                timeout=300,
+            )
+
+        before = launch("--check-offline", *job, HF_HUB_OFFLINE="1")
+        missing = sorted(
+            line.split(": ", 2)[2].split(":")[0]
+            for line in before.stderr.splitlines()
+            if line.startswith("prefetch: missing")
+        )
+        assert before.returncode == 1, before.stderr
+        assert missing == sorted(
+            [
+                "judge",
+                "gpt-oss tokenizer file o200k_base.tiktoken",
+                "gpt-oss tokenizer file cl100k_base.tiktoken",
+                "NLI checkpoint",
+                "adapter claims",
+                "dataset fanoutqa-dev",
+            ]
+        ), before.stderr
+        adapter.mkdir()
+        (adapter / "adapter_config.json").write_text("{}")
+        fetched = launch("--prefetch", *job)
+        assert fetched.returncode == 0, fetched.stderr
+        asked = [path for _, path, _ in hub.log]
+        assert any(p.endswith("/model.safetensors") for p in asked)
+        assert not any("original/" in p for p in asked)  # a copy the engine never reads
+        folder = tmp_path / "hf" / "tiktoken-encodings"
+        assert (folder / "o200k_base.tiktoken").read_bytes() == b"o200k_base.tiktoken ranks"
+        after = launch("--check-offline", *job, HF_HUB_OFFLINE="1")
+        assert after.returncode == 0, after.stderr
+        assert "missing" not in after.stderr and after.stderr.count("prefetch: present") == 6
+
+        gated = ["--judge", "acme/gated-judge", "--", "groundcover", "eval", "x"]
+        refused = launch("--prefetch", *gated)
+        assert refused.returncode == 1
+        assert "acme/gated-judge is gated: accept its licence" in refused.stderr
+        assert launch("--prefetch", *gated, HF_TOKEN="hf_user").returncode == 0

@@ -16,6 +16,12 @@ from urllib.parse import unquote, urlsplit
 
 API = re.compile(r"^/api/datasets/(?P<repo>[^/]+/[^/]+)/revision/(?P<rev>[^/?]+)$")
 RESOLVE = re.compile(r"^/datasets/(?P<repo>[^/]+/[^/]+)/resolve/(?P<rev>[^/]+)/(?P<path>.+)$")
+# a model repository: the same answers, without the /datasets prefix
+MODEL_API = re.compile(r"^/api/models/(?P<repo>[^/]+/[^/]+)/revision/(?P<rev>[^/?]+)$")
+TREE = re.compile(r"^/api/(?:models|datasets)/(?P<repo>[^/]+/[^/]+)/tree/(?P<rev>[^/?]+)$")
+MODEL_RESOLVE = re.compile(
+    r"^/(?P<repo>(?!datasets/|api/)[^/]+/[^/]+)/resolve/(?P<rev>[^/]+)/(?P<path>.+)$"
+)
 
 
 @dataclass
@@ -23,6 +29,7 @@ class Repo:
     commits: dict[str, dict[str, bytes]] = field(default_factory=dict)
     refs: dict[str, str] = field(default_factory=dict)
     license: str = "mit"
+    token: str | None = None  # a gated repository: files only for ``Authorization: Bearer``
 
     def commit(self, files: dict[str, bytes], ref: str = "main", sha: str | None = None) -> str:
         """A commit of ``files`` that ``ref`` then names; ``sha`` makes it the commit a catalogue
@@ -79,9 +86,11 @@ class FakeHub:
         raw = urlsplit(req.path).path  # matched quoted: a revision may hold quoted slashes
         path = unquote(raw)
         self.log.append((req.command, path, req.headers.get("Range")))
-        if m := API.match(raw):
+        if m := API.match(raw) or MODEL_API.match(raw):
             return self._info(req, unquote(m["repo"]), unquote(m["rev"]), body)
-        if m := RESOLVE.match(raw):
+        if m := TREE.match(raw):
+            return self._tree(req, unquote(m["repo"]), unquote(m["rev"]), body)
+        if m := RESOLVE.match(raw) or MODEL_RESOLVE.match(raw):
             return self._file(req, unquote(m["repo"]), unquote(m["rev"]), unquote(m["path"]), body)
         if path in self.static:
             return self._bytes(req, path, self.static[path], {"Accept-Ranges": "bytes"}, body)
@@ -102,12 +111,28 @@ class FakeHub:
         }
         self._send(req, 200, json.dumps(info).encode(), {"Content-Type": "application/json"}, body)
 
+    def _tree(self, req, repo_id: str, rev: str, body: bool) -> None:
+        """Every file of the commit, as the Hub lists a repository's tree (one page)."""
+        repo = self.repos.get(repo_id)
+        sha = repo.resolve(rev) if repo else None
+        if repo is None or sha is None:
+            return self._send(req, 404, b'{"error": "Revision not found"}', {}, body)
+        entries = [
+            {"type": "file", "path": p, "size": len(b), "oid": hashlib.sha1(b).hexdigest()}
+            for p, b in repo.commits[sha].items()
+        ]
+        headers = {"Content-Type": "application/json"}
+        self._send(req, 200, json.dumps(entries).encode(), headers, body)
+
     def _file(self, req, repo_id: str, rev: str, file: str, body: bool) -> None:
         repo = self.repos.get(repo_id)
         sha = repo.resolve(rev) if repo else None
         if repo is None or sha is None or file not in repo.commits[sha]:
             headers = {"X-Error-Code": "EntryNotFound"}
             return self._send(req, 404, b'{"error": "Entry not found"}', headers, body)
+        if repo.token and req.headers.get("Authorization") != f"Bearer {repo.token}":
+            headers = {"X-Error-Code": "GatedRepo", "X-Error-Message": "Access to it is restricted"}
+            return self._send(req, 401, b'{"error": "gated"}', headers, body)
         data = repo.commits[sha][file]
         headers = {
             "X-Repo-Commit": sha,
