@@ -87,9 +87,11 @@ def tiktoken_folder() -> Path:
     return Path(home) / "tiktoken-encodings"
 
 
-def fetch(kind: str, label: str, what: str | Path, revision: str | None) -> str:
+def fetch(kind: str, label: str, what: str | Path, revision: str | None) -> tuple[bool, str]:
+    """(fetched, what was done or why not)."""
     if kind == "directory":
-        return check(kind, label, what, revision) or f"{label}: {what} (a directory, on its path)"
+        why = check(kind, label, what, revision)
+        return why is None, why or f"{label}: {what} (a directory, on its path)"
     if kind == "hub":
         from huggingface_hub import snapshot_download
         from huggingface_hub.errors import GatedRepoError, RepositoryNotFoundError
@@ -97,13 +99,13 @@ def fetch(kind: str, label: str, what: str | Path, revision: str | None) -> str:
         try:
             path = snapshot_download(str(what), revision=revision, ignore_patterns=SKIPPED)
         except GatedRepoError:
-            return (
+            return False, (
                 f"{label}: {what} is gated: accept its licence at https://huggingface.co/{what} "
                 "and log in (`hf auth login`, or HF_TOKEN) before fetching"
             )
         except RepositoryNotFoundError:
-            return f"{label}: {what}: no such repository (or it is private: log in first)"
-        return f"{label}: {what} in {path}"
+            return False, f"{label}: {what}: no such repository (or it is private: log in first)"
+        return True, f"{label}: {what} in {path}"
     if kind == "tiktoken":
         folder = tiktoken_folder()
         folder.mkdir(parents=True, exist_ok=True)
@@ -111,14 +113,14 @@ def fetch(kind: str, label: str, what: str | Path, revision: str | None) -> str:
         with urllib.request.urlopen(base + str(what), timeout=120) as answer:
             body = answer.read()
         if base == TIKTOKEN_URL and hashlib.sha256(body).hexdigest() != TIKTOKEN_FILES[str(what)]:
-            return f"{label}: the download's sha256 is not the published one; not kept"
+            return False, f"{label}: the download's sha256 is not the published one; not kept"
         (folder / f"{what}.part").write_bytes(body)
         (folder / f"{what}.part").replace(folder / str(what))
-        return f"{label}: {folder / str(what)}"
+        return True, f"{label}: {folder / str(what)}"
     from groundcover.pipelines.datasets.fetch import get
 
     found = get(str(what), quiet=True)
-    return f"{label}: {found.path}"
+    return True, f"{label}: {found.path}"
 
 
 def check(kind: str, label: str, what: str | Path, revision: str | None) -> str | None:
@@ -178,11 +180,9 @@ def main(argv: list[str] | None = None) -> int:
             else:
                 print(f"prefetch: present: {label}: {what}", file=sys.stderr)
             continue
-        line = fetch(kind, label, what, revision)
-        failed = " is gated" in line or "no such" in line or "not kept" in line
-        failed = failed or " is not " in line or "holds no" in line
-        missing += failed
-        print(f"prefetch: {'failed' if failed else 'fetched'}: {line}", file=sys.stderr, flush=True)
+        done, line = fetch(kind, label, what, revision)
+        missing += not done
+        print(f"prefetch: {'fetched' if done else 'failed'}: {line}", file=sys.stderr, flush=True)
     if missing:
         word = "missing" if args.check else "not fetched"
         print(f"prefetch: {missing} thing(s) the job needs {word} (above)", file=sys.stderr)
