@@ -147,8 +147,15 @@ def test_two_nodes_cancelled_requeued_at_the_time_limit_and_an_array_side_by_sid
         # (sent after the first two records) lands mid-run even on a loaded machine
         pace["seconds"] = 4.0
         run = tmp_path / "slurm"
-        job = submit(run, url)
+        # held, so that a worker port of its block can be taken on the second node first: the
+        # check on every node moves the job to the block half the ring away
+        job = submit(run, url, "--hold")
+        start = launcher().first_block_start(job)
+        held = network.listen(1, start + 25)
+        held.listen()
+        assert slurm.run("scontrol", "release", job).returncode == 0
         wait_for(lambda: len(whole_records(run / "answers")) >= 2, 240, "the job's first records")
+        held.close()
         assert set(job_processes(slurm, job)) == {0, 1}  # the job runs on both nodes
         slurm.cancel(job)
         assert slurm.wait(job, 120) == "CANCELLED"
@@ -156,7 +163,10 @@ def test_two_nodes_cancelled_requeued_at_the_time_limit_and_an_array_side_by_sid
         log = log_of(job)
         # the head's address is the first node's veth (hostname --ip-address there), each node
         # joins from its own address, and both joined
-        assert f"Ray cluster at {head}:" in log and "2 node(s) joined" in log, log
+        moved = launcher().other_block(start)
+        assert f"ports in use: {start + 25} on n2; moving the job to ports {moved}-" in log, log
+        assert f"Ray cluster at {head}:{moved}: 2 node(s) joined" in log, log
+        assert log.startswith(f"launch: plan for job {job}: 2 node(s)"), log[:300]
         assert f"node n1: head at {head}, 2 CPUs" in log and f"node n2: worker at {worker}" in log
         assert "--drivers 2" in log
         partial = whole_records(run / "answers")
@@ -302,6 +312,9 @@ def test_the_judge_beside_the_nli_app_on_two_nodes_equals_a_local_run(
     assert "--nli-app groundcover-nli" in log and "--model tiny-llama" in log
     assert "--api-key-env GROUNDCOVER_SERVE_API_KEY" in log and "--drivers 2" in log
     assert records_of(run) == records_of(local), log[-3000:]
+    for node in ("n1", "n2"):  # each node's Ray, Serve and vLLM logs, copied at the job's end
+        assert "raylet.out" in (run / "cluster-logs" / node / "index.txt").read_text()
+    assert json.loads((run / "cluster-logs" / "plan.json").read_text())["replicas"] == 1
     for driver in ("d0", "d1"):  # each driver solved its shard
         assert len((run / f"results.{driver}.jsonl").read_text().splitlines()) == 2
     # one driver on each node: the second node's driver (and its NLI driver child, which joins
@@ -372,14 +385,14 @@ def test_a_warning_during_a_long_deploy_stops_the_wait_and_requeues_at_most_max_
 
 @needs_slurm
 @pytest.mark.engine
-def test_a_port_held_on_the_second_node_moves_the_job_and_a_failed_judge_leaves_its_logs(
+def test_a_judge_that_cannot_start_fails_the_job_and_leaves_its_logs_in_the_run_directory(
     slurm, tmp_path, tiny_model
 ):
-    """A port of the job's block held on the second node only: the check on every node finds
-    it and moves the job to the block half the ring away. The judge then fails to start (its
-    config names an architecture no library knows): the job ends FAILED, saying so, and every
-    node's Ray, Serve and vLLM logs are in the run directory's ``cluster-logs/NODE/`` -- the
-    replica's error among them --, while Ray's folders in /tmp are gone."""
+    """The judge's config names an architecture no library knows: Serve gives up on the
+    deploy, the launcher stops waiting at once (not after its hour) and the job ends FAILED
+    with Serve's message; the node's Ray, Serve and vLLM logs are in the run directory's
+    ``cluster-logs/NODE/`` -- the replica's error among them --, and Ray's folder in /tmp is
+    gone."""
     import shutil
 
     launch_py = launcher()
@@ -388,38 +401,29 @@ def test_a_port_held_on_the_second_node_moves_the_job_and_a_failed_judge_leaves_
     config = json.loads((broken / "config.json").read_text())
     (broken / "config.json").write_text(json.dumps(config | {"model_type": "gc-no-such-arch"}))
     run = tmp_path / "run"
-    options = ["--cpus-per-task=2", "--nodes=2", f"--output={tmp_path}/slurm-%j.out", "--hold"]
+    options = ["--cpus-per-task=2", "--nodes=1", f"--output={tmp_path}/slurm-%j.out"]
     launch = [
-        *["--judge", str(broken), "--replicas", "1", "--judge-start-timeout", "400"],
+        *["--judge", str(broken), "--replicas", "1"],
         *["--", sys.executable, "-c", "print('never runs')", "--run-dir", str(run)],
     ]
     job = slurm.submit(options, RECIPE, launch, recipe_env())
-    start = launch_py.first_block_start(job)
-    held = slurm.network.listen(1, start + 25)  # a worker port of the job's block, on n2
-    held.listen()
-    try:
-        assert slurm.run("scontrol", "release", job).returncode == 0
-        state = slurm.wait(job, 600)
-    finally:
-        held.close()
+    state = slurm.wait(job, 600)
     log = launcher_log(tmp_path, job)
     assert state == "FAILED", log[-4000:]
-    moved = launch_py.other_block(start)
-    assert log.splitlines()[0].startswith(f"launch: plan for job {job}: 2 node(s)"), log[:500]
-    assert f"ports in use: {start + 25} on n2; moving the job to ports {moved}-" in log, log
-    assert f"Ray cluster at {slurm.network.addresses[0]}:{moved}: 2 node(s) joined" in log
-    assert "Ray Serve could not deploy" in log or "stopped while starting" in log, log[-3000:]
+    assert "plan: the judge's start waits up to 3600 s" in log
+    assert "Ray Serve could not deploy broken-judge" in log, log[-3000:]
+    assert "launch: the judge's server stopped while starting" in log
     logs = run / "cluster-logs"
     assert json.loads((logs / "plan.json").read_text())["replicas"] == 1
-    for node in ("n1", "n2"):
-        index = (logs / node / "index.txt").read_text()
-        assert "raylet.out" in index, index
-    copied = [p for p in logs.rglob("*") if p.is_file() and p.name != "index.txt"]
+    node = slurm.field(job, "NodeList")
+    index = (logs / node / "index.txt").read_text()
+    assert "raylet.out" in index and "serve/" in index, index
+    copied = [p for p in (logs / node).rglob("*") if p.is_file() and p.name != "index.txt"]
     assert any("gc-no-such-arch" in p.read_text(errors="replace") for p in copied), [
         str(p.relative_to(logs)) for p in copied
     ]
-    assert sum(p.stat().st_size for p in copied) <= 2 * launch_py.LOG_NODE_CAP
-    assert not list(Path("/tmp").glob(f"gc-ray-{job}-*"))  # each node removed its folder
+    assert sum(p.stat().st_size for p in copied) <= launch_py.LOG_NODE_CAP
+    assert not list(Path("/tmp").glob(f"gc-ray-{job}-*"))  # the node removed its folder
     wait_for(lambda: not job_processes(slurm, job), 90, "no process of the job on a node")
 
 
