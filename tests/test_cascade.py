@@ -1,0 +1,149 @@
+"""Trust or escalate (``reports.audits.cascade``): the threshold by fixed-sequence testing worked
+out by hand, and judges of known calibration simulated over 1,000 seeded calibration draws, where
+the guarantee fails in at most delta of them and the coverage is what the calibration predicts."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from groundcover.pipelines.reports.audits.cascade import (
+    Guarantee,
+    TierUnits,
+    binomial_p_value,
+    calibrate,
+    calibrate_cascade,
+    clopper_pearson_upper,
+    route,
+)
+
+
+def test_the_threshold_worked_out_by_hand():
+    """30 judgements at confidence 0.95, all agreeing with people; 10 at 0.8 (7 agreeing); 10 at
+    0.6 (5). alpha = delta = 0.1. At 0.95: n = 30, 0 errors, p = 0.9^30 = 0.0424 <= 0.1,
+    rejected. At 0.8: n = 40, 3 errors, p = P[Bin(40, 0.1) <= 3] = 0.4231 > 0.1: the test stops.
+    The threshold is 0.95, keeping 30 of 50 (coverage 0.6)."""
+    confidences = [0.95] * 30 + [0.8] * 10 + [0.6] * 10
+    agrees = [True] * 30 + [True] * 7 + [False] * 3 + [True] * 5 + [False] * 5
+    found = calibrate(confidences, agrees, Guarantee(0.1, 0.1))
+    assert found.threshold == 0.95 and (found.kept, found.errors) == (30, 0)
+    assert found.coverage == pytest.approx(0.6)
+    assert found.p_value == pytest.approx(0.9**30)
+    by_hand = sum(math.comb(40, e) * 0.1**e * 0.9 ** (40 - e) for e in range(4))
+    assert found.tested[1]["p_value"] == pytest.approx(by_hand) == pytest.approx(0.4231, abs=1e-4)
+    assert len(found.tested) == 2  # the sequence stopped at the first failure
+    # Clopper-Pearson's upper bound with no error: 1 - delta^(1/n)
+    assert found.upper_bound == pytest.approx(1 - 0.1 ** (1 / 30))
+    assert found.attainable and found.labels_needed == 0
+    # looser alpha: 0.8 holds too (p = P[Bin(40, 0.2) <= 3] = 0.0285), 0.6 not (8 of 50)
+    loose = calibrate(confidences, agrees, Guarantee(0.2, 0.1))
+    assert loose.threshold == 0.8 and loose.kept == 40
+
+
+def test_too_few_labels_say_how_many_more_would_do():
+    """ln(0.1) / ln(0.9) = 21.85: 22 agreeing labels are the fewest. With 15 at the top, all
+    agreeing, 7 more would do (0.9^22 = 0.098 <= 0.1 < 0.9^21 = 0.109)."""
+    guarantee = Guarantee(0.1, 0.1)
+    assert guarantee.fewest_labels() == 22
+    found = calibrate([0.9] * 15 + [0.5] * 5, [True] * 15 + [False] * 5, guarantee)
+    assert found.threshold is None and not found.attainable and found.coverage == 0
+    assert found.labels_needed == 7
+    assert binomial_p_value(0, 22, 0.1) <= 0.1 < binomial_p_value(0, 21, 0.1)
+    with pytest.raises(ValueError, match="alpha 1.5"):
+        Guarantee(1.5, 0.1)
+
+
+def test_the_bound_and_the_test_agree():
+    """p <= delta exactly when the Clopper-Pearson upper bound is below alpha."""
+    for kept in (10, 40, 200):
+        for errors in range(0, kept // 3):
+            for alpha in (0.05, 0.1, 0.2):
+                p = binomial_p_value(errors, kept, alpha)
+                upper = clopper_pearson_upper(errors, kept, 0.1)
+                assert (p <= 0.1) == (upper <= alpha + 1e-12), (kept, errors, alpha)
+
+
+def known_judge(rng: np.random.Generator, n: int, low: float) -> tuple[np.ndarray, np.ndarray]:
+    """A perfectly calibrated judge: confidence c ~ U(low, 1), right with probability c."""
+    confidence = rng.uniform(low, 1.0, n)
+    return confidence, rng.random(n) < confidence
+
+
+def predicted_coverage(n: int, alpha: float, delta: float) -> float:
+    """What the known calibration predicts for n labels: the largest coverage 2 (1 - t) at
+    which the expected errors of the kept judgements ((1 - t) / 2 of them) pass the exact
+    test."""
+    best = 0.0
+    for coverage in np.linspace(0.001, 1.0, 2000):
+        kept = int(n * coverage)
+        errors = math.floor(coverage / 4 * kept)
+        if kept and binomial_p_value(errors, kept, alpha) <= delta:
+            best = float(coverage)
+    return best
+
+
+@pytest.mark.parametrize("alpha", [0.05, 0.1, 0.2])
+def test_the_guarantee_holds_in_all_but_delta_of_1000_calibration_draws(alpha):
+    """Confidence U(0.5, 1), right with probability equal to it: above a threshold t the true
+    disagreement is (1 - t) / 2 and the coverage 2 (1 - t), so the oracle's threshold is
+    1 - 2 alpha, covering 4 alpha. Over 1,000 calibration sets of 500 the chosen threshold's
+    true disagreement exceeds alpha in at most delta of them (plus a 3-sigma binomial margin).
+    With 5,000 labels the mean coverage is what the calibration predicts (within 0.05), and
+    never above the oracle's."""
+    delta, draws, n = 0.1, 1000, 500
+    failed = 0
+    for seed in range(draws):
+        rng = np.random.default_rng(seed)
+        confidence, right = known_judge(rng, n, 0.5)
+        found = calibrate(confidence.tolist(), right.tolist(), Guarantee(alpha, delta))
+        failed += found.threshold is not None and (1 - found.threshold) / 2 > alpha
+    margin = 3 * math.sqrt(draws * delta * (1 - delta))
+    assert failed <= draws * delta + margin, failed
+    coverage = []
+    for seed in range(60):
+        confidence, right = known_judge(np.random.default_rng(seed), 5000, 0.5)
+        found = calibrate(confidence.tolist(), right.tolist(), Guarantee(alpha, delta))
+        coverage.append(0.0 if found.threshold is None else 2 * (1 - found.threshold))
+    expected = predicted_coverage(5000, alpha, delta)
+    assert expected - 0.05 < float(np.mean(coverage)) <= min(expected + 0.02, 4 * alpha)
+
+
+def test_a_two_tier_cascade_keeps_the_guarantee_and_escalates_only_what_tier_one_cannot():
+    """A weak judge (confidence U(0.5, 1)) first, a strong one (U(0.7, 1)) second, both
+    perfectly calibrated, at delta / 2 each: over 300 draws the kept judgements' true
+    disagreement stays under alpha in all but delta of them, the strong tier sees only the
+    units below the weak tier's threshold, and the cascade covers more than the weak judge."""
+    alpha, delta, draws, n = 0.1, 0.1, 300, 600
+    failed, alone, together = 0, [], []
+    for seed in range(draws):
+        rng = np.random.default_rng(10_000 + seed)
+        weak_c, weak_r = known_judge(rng, n, 0.5)
+        strong_c, strong_r = known_judge(rng, n, 0.7)
+        tiers = [
+            TierUnits("weak", weak_c.tolist(), weak_r.tolist()),
+            TierUnits("strong", strong_c.tolist(), strong_r.tolist()),
+        ]
+        found = calibrate_cascade(tiers, Guarantee(alpha, delta))
+        weak, strong = found["tiers"]
+        assert weak["reached"] == n and found["delta_per_tier"] == delta / 2
+        if weak["threshold"] is not None:
+            # the strong tier is asked exactly for what the weak one did not keep
+            assert strong["reached"] == int((weak_c < weak["threshold"]).sum())
+        # the cascade's true disagreement, from the known calibrations (independent judges):
+        # the weak tier keeps c1 >= t1 (probability (1 - t1) / 0.5, disagreement (1 - t1) / 2),
+        # the strong one c1 < t1 and c2 >= t2 ((1 - t2) / 0.3 of those, (1 - t2) / 2)
+        t1, t2 = weak["threshold"], strong["threshold"]
+        p1 = (1 - t1) / 0.5 if t1 is not None else 0.0
+        p2 = (1 - p1) * (1 - t2) / 0.3 if t2 is not None else 0.0
+        if p1 + p2 > 0:
+            risk = (p1 * (1 - (t1 or 1)) / 2 + p2 * (1 - (t2 or 1)) / 2) / (p1 + p2)
+            failed += risk > alpha
+        alone.append(weak["coverage"])
+        together.append(found["coverage"])
+    assert failed <= draws * delta
+    assert np.mean(together) > np.mean(alone) + 0.1
+    assert route([0.9, 0.99], [0.95, 0.9]) == 1
+    assert route([0.97, None], [0.95, 0.9]) == 0
+    assert route([0.5, 0.6], [0.95, None]) is None  # abstained
