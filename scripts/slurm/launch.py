@@ -719,6 +719,7 @@ class Cluster:
             "nli_nodes": self.plan.nli_nodes(),
             "dashboard": self.plan.dashboard,
             "logs": str(self.logs) if self.logs else None,
+            "stop_file": str(self.stop_file) if self.stop_file else None,
         }
         return [
             *srun_step(nodes, self.alloc.step_cpus, self.alloc.step_gpus),
@@ -729,6 +730,8 @@ class Cluster:
         ]
 
     def start(self) -> None:
+        if self.stop_file is not None:  # left by a launcher of this run that was killed
+            self.stop_file.unlink(missing_ok=True)
         self.steps.append(
             subprocess.Popen(self.node_step([self.alloc.head], "head"), start_new_session=True)
         )
@@ -778,25 +781,51 @@ class Cluster:
             time.sleep(2)
         raise SystemExit(f"launch: {nodes} Ray node(s) not up after {timeout:.0f} s")
 
+    @property
+    def stop_file(self) -> Path | None:
+        """The file on the shared filesystem that asks every node's step to stop: a signal
+        through ``srun`` reaches the task, but srun may then leave before the task's cleanup is
+        done, the batch step ends, and Slurm kills the task midway (its logs never copied).
+        Named by the job and its restart, so a requeued run never reads the last one's."""
+        if self.logs is None:
+            return None
+        return self.logs / f".stop-{self.alloc.job}-{self.alloc.restarts}"
+
     def stop(self) -> None:
-        """The judge's server and each node's Ray stopped together, by ending the server and
-        the steps: ``srun`` passes the SIGTERM on to ``launch.py node``, which stops its ``ray
-        start --block``, ends what Ray left on its node (never ``ray stop``, which stops every
-        Ray on a node, another job's too), copies the logs and removes Ray's folder. Whatever is
-        still there after STEPS_WAIT seconds is killed."""
-        running = [p for p in [*self.servers, *self.steps] if p.poll() is None]
-        for child in running:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(child.pid, signal.SIGTERM)
+        """The judge's server and each node's Ray stopped together: the server ended, each node
+        asked through the stop file to stop its ``ray start --block``, end what Ray left on its
+        node (never ``ray stop``, which stops every Ray on a node, another job's too), copy the
+        logs and remove Ray's folder, and its step waited for; a step still there after
+        STEPS_WAIT seconds is signalled, then killed."""
+        for server in self.servers:
+            if server.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(server.pid, signal.SIGTERM)
+        asked = self.stop_file
+        if asked is not None:
+            with contextlib.suppress(OSError):
+                asked.parent.mkdir(parents=True, exist_ok=True)
+                asked.touch()
         deadline = time.monotonic() + STEPS_WAIT
-        for child in running:
+        running = [p for p in self.steps if p.poll() is None]
+        if asked is None or not asked.exists():  # no shared file: the signal through srun
+            for step in running:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(step.pid, signal.SIGTERM)
+        for child in [*running, *self.servers]:
             try:
                 child.wait(max(deadline - time.monotonic(), 0.1))
             except subprocess.TimeoutExpired:
                 with contextlib.suppress(ProcessLookupError):
+                    os.killpg(child.pid, signal.SIGTERM)
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    child.wait(3)
+                with contextlib.suppress(ProcessLookupError):
                     os.killpg(child.pid, signal.SIGKILL)
                 with contextlib.suppress(subprocess.TimeoutExpired):
                     child.wait(3)
+        if asked is not None:
+            asked.unlink(missing_ok=True)
 
 
 def node_main(argv: list[str]) -> int:
@@ -847,11 +876,14 @@ def node_main(argv: list[str]) -> int:
 
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, stop)
+    stop_file = Path(settings["stop_file"]) if settings.get("stop_file") else None
     while True:
         try:
             code = child.wait(1)
             break
         except subprocess.TimeoutExpired:
+            if not asked and stop_file is not None and stop_file.exists():
+                stop(signal.SIGTERM, None)  # the launcher asks through the shared filesystem
             if asked and not _waits_for(child, STEP_GRACE):
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(child.pid, signal.SIGKILL)

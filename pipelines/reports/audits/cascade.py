@@ -223,3 +223,253 @@ def route(confidences: Sequence[float | None], thresholds: Sequence[float | None
         if confidence is not None and threshold is not None and confidence >= threshold:
             return k
     return None
+
+
+# ---- calibrating a cascade from recorded runs ----------------------------------------------
+
+CALIBRATION_KIND = "groundcover-cascade-calibration"
+
+
+@dataclass
+class TierRun:
+    """One tier's recorded run: per label stage, each judged unit's verdict and confidence (the
+    share of the tier's panel that gave the combined verdict: K samples or K paraphrased
+    prompts of one model, "simulated annotators"), and the run's human labels."""
+
+    run: str
+    task: str
+    members: list[str]
+    models: list[str]
+    units: dict[str, dict[tuple[str, int], tuple[Any, float]]]
+    skipped: dict[str, str]
+    labels: dict[tuple[str, str, int], Any]
+
+
+def read_tier(run_dir: Any, human: dict[tuple[str, str, int], Any] | None) -> TierRun:
+    from ...runtime.contract.panels import Vote, panel_members
+    from ...runtime.contract.plugins import run_framework
+    from ...runtime.store.run_dir import MANIFEST, RESULTS, read_manifest, results_by_id
+    from ..people.labels import run_labels
+    from .agreement import panel_units
+
+    manifest = read_manifest(run_dir / MANIFEST)
+    fw = run_framework(manifest, run_dir)
+    options = fw.Options.model_validate(manifest.options)
+    records = list(results_by_id(run_dir / RESULTS))
+    units: dict[str, dict[tuple[str, int], tuple[Any, float]]] = {}
+    skipped: dict[str, str] = {}
+    members: list[str] = []
+    for stage, found in panel_units(records).items():
+        if not isinstance(fw.panel_rule(stage), Vote):
+            skipped[stage] = "a score, not a label: no vote share to trust"
+            continue
+        members = panel_members(fw.role_of(stage, "judge"), list(manifest.roles))
+        stage_units = {}
+        for unit in found:
+            answered = [v for v in unit.values if v is not None]
+            if unit.combined is None or not answered:
+                continue
+            share = sum(v == unit.combined for v in unit.values) / len(unit.values)
+            stage_units[(unit.item, unit.key)] = (unit.combined, share)
+        units[stage] = stage_units
+    # the dataset's own human grades, the labels people gave in the run, a --human file: the
+    # later wins
+    shipped = {
+        (r.id, label.stage, label.key): label.human
+        for r in records
+        for label in fw.human_labels(r, options)
+        if label.stage != "score"
+    }
+    labels = shipped | run_labels(run_dir) | dict(human or {})
+    models = [(manifest.roles.get(m) or {}).get("request_model", "?") for m in members]
+    return TierRun(str(run_dir), manifest.task, members, models, units, skipped, labels)
+
+
+def checked_apart(item: str, seed: int, share: float) -> bool:
+    """Whether an item's labels check the calibration rather than make it: by a seeded hash of
+    the item (its units stay together), never by its labels."""
+    import hashlib
+
+    digest = hashlib.sha256(f"{seed}:{item}".encode()).digest()
+    return int.from_bytes(digest[:4], "big") / 2**32 < share
+
+
+def proportion_interval(agreeing: int, total: int, level: float = 0.95) -> list[float] | None:
+    """The two-sided Clopper-Pearson interval of an agreement rate."""
+    from scipy.stats import beta
+
+    if not total:
+        return None
+    tail = (1 - level) / 2
+    low = 0.0 if agreeing == 0 else float(beta.ppf(tail, agreeing, total - agreeing + 1))
+    high = 1.0 if agreeing == total else float(beta.ppf(1 - tail, agreeing + 1, total - agreeing))
+    return [low, high]
+
+
+def calibrate_runs(
+    tiers: Sequence[TierRun], guarantee: Guarantee, check_share: float = 0.3, seed: int = 0
+) -> dict[str, Any]:
+    """Per label stage every tier judged: each tier's threshold calibrated on the calibration
+    labels (``calibrate_cascade``), then checked on the labels kept apart, and what routing every
+    judgement of the stage through the cascade asks of each tier against the last tier alone."""
+    labels: dict[tuple[str, str, int], Any] = {}
+    for tier in tiers:
+        labels |= tier.labels
+    out: dict[str, Any] = {
+        "kind": CALIBRATION_KIND,
+        "version": 1,
+        "alpha": guarantee.alpha,
+        "delta": guarantee.delta,
+        "check_share": check_share,
+        "seed": seed,
+        "tiers": [
+            {"run": t.run, "task": t.task, "members": t.members, "models": t.models} for t in tiers
+        ],
+        "stages": {},
+        "skipped": {s: why for t in tiers for s, why in t.skipped.items()},
+    }
+    stages = set(tiers[0].units).intersection(*(t.units for t in tiers[1:]))
+    for stage in sorted(stages):
+        every = sorted(set(tiers[0].units[stage]).intersection(*(t.units[stage] for t in tiers)))
+        labelled = [u for u in every if (u[0], stage, u[1]) in labels]
+        calibration = [u for u in labelled if not checked_apart(u[0], seed, check_share)]
+        check = [u for u in labelled if checked_apart(u[0], seed, check_share)]
+
+        def agrees(tier: TierRun, unit: tuple[str, int], stage: str = stage) -> bool:
+            return tier.units[stage][unit][0] == labels[(unit[0], stage, unit[1])]
+
+        made = calibrate_cascade(
+            [
+                TierUnits(
+                    f"{k + 1}: {t.run}",
+                    [t.units[stage][u][1] for u in calibration],
+                    [agrees(t, u) for u in calibration],
+                )
+                for k, t in enumerate(tiers)
+            ],
+            guarantee,
+        )
+        thresholds = [t["threshold"] for t in made["tiers"]]
+        out["stages"][stage] = {
+            "thresholds": thresholds,
+            "calibration": made,
+            "check": checked(tiers, stage, check, thresholds, agrees),
+            "routing": routed(tiers, stage, every, thresholds),
+            "calibration_units": [list(u) for u in calibration],
+            "check_units": [list(u) for u in check],
+        }
+    return out
+
+
+def checked(
+    tiers: Sequence[TierRun],
+    stage: str,
+    units: Sequence[tuple[str, int]],
+    thresholds: Sequence[float | None],
+    agrees: Any,
+) -> dict[str, Any]:
+    """The cascade on the labels kept apart: what it kept, how often that agreed with people
+    (with its interval), and what it abstained on."""
+    kept = agreeing = 0
+    for unit in units:
+        tier = route([t.units[stage][unit][1] for t in tiers], thresholds)
+        if tier is None:
+            continue
+        kept += 1
+        agreeing += agrees(tiers[tier], unit)
+    return {
+        "labelled": len(units),
+        "kept": kept,
+        "abstained": len(units) - kept,
+        "coverage": kept / len(units) if units else None,
+        "agreement": agreeing / kept if kept else None,
+        "agreement_ci": proportion_interval(agreeing, kept),
+    }
+
+
+def routed(
+    tiers: Sequence[TierRun],
+    stage: str,
+    units: Sequence[tuple[str, int]],
+    thresholds: Sequence[float | None],
+) -> dict[str, Any]:
+    """Every judgement of the stage sent through the cascade: how many each tier is asked for
+    and keeps, the abstentions, and the calls (each tier's panel size per judgement) against
+    asking the last, strongest tier alone."""
+    reached = [0] * len(tiers)
+    kept = [0] * len(tiers)
+    for unit in units:
+        confidences = [t.units[stage][unit][1] for t in tiers]
+        tier = route(confidences, thresholds)
+        last = len(tiers) - 1 if tier is None else tier
+        for k in range(last + 1):
+            reached[k] += 1
+        if tier is not None:
+            kept[tier] += 1
+    calls = sum(n * max(len(t.members), 1) for n, t in zip(reached, tiers, strict=True))
+    alone = len(units) * max(len(tiers[-1].members), 1)
+    return {
+        "judgements": len(units),
+        "asked": reached,
+        "kept": kept,
+        "abstained": len(units) - sum(kept),
+        "calls": calls,
+        "calls_strongest_alone": alone,
+        "strongest_calls_saved": 1 - reached[-1] / len(units) if units else None,
+    }
+
+
+def content_digest(calibration: dict[str, Any]) -> str:
+    """The calibration known by its content: the SHA-256 of its canonical JSON."""
+    import hashlib
+    import json
+
+    body = {k: v for k, v in calibration.items() if k != "sha256"}
+    canonical = json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def render(calibration: dict[str, Any], out: Any) -> None:
+    """The calibration as a person reads it: per stage, each tier's threshold, and the check."""
+    from rich.table import Table
+
+    alpha, delta = calibration["alpha"], calibration["delta"]
+    out.print(
+        f"cascade of {len(calibration['tiers'])} tier(s): agreement with people at least "
+        f"{1 - alpha:.0%} with probability at least {1 - delta:.0%} (alpha {alpha}, delta {delta})"
+    )
+    for stage, found in calibration["stages"].items():
+        table = Table("tier", "reached", "threshold", "kept", "coverage", "guarantee", title=stage)
+        for tier in found["calibration"]["tiers"]:
+            if tier["attainable"]:
+                holds = f"holds (bound {tier['upper_bound']:.3f})"
+            else:
+                holds = f"not attainable: {tier['labels_needed']} more label(s)"
+            threshold = "-" if tier["threshold"] is None else f"{tier['threshold']:.3f}"
+            table.add_row(
+                tier["tier"],
+                str(tier["reached"]),
+                threshold,
+                str(tier["kept"]),
+                f"{tier['coverage']:.1%}",
+                holds,
+            )
+        out.print(table)
+        check, routing = found["check"], found["routing"]
+        if check["kept"]:
+            low, high = check["agreement_ci"]
+            out.print(
+                f"  held-back labels: {check['kept']} of {check['labelled']} kept, agreement "
+                f"{check['agreement']:.1%} [{low:.1%}, {high:.1%}], {check['abstained']} abstained"
+            )
+        else:
+            out.print(f"  held-back labels: {check['labelled']}, none kept")
+        saved = routing["strongest_calls_saved"]
+        out.print(
+            f"  all {routing['judgements']} judgements: asked per tier {routing['asked']}, "
+            f"{routing['abstained']} abstained; {routing['calls']} calls against "
+            f"{routing['calls_strongest_alone']} for the strongest alone"
+            + ("" if saved is None else f" ({saved:.0%} of its judgements not asked)")
+        )
+    for stage, why in calibration["skipped"].items():
+        out.print(f"  {stage}: skipped ({why})")
