@@ -147,3 +147,79 @@ def test_a_two_tier_cascade_keeps_the_guarantee_and_escalates_only_what_tier_one
     assert route([0.9, 0.99], [0.95, 0.9]) == 1
     assert route([0.97, None], [0.95, 0.9]) == 0
     assert route([0.5, 0.6], [0.95, None]) is None  # abstained
+
+
+def test_a_cascade_calibrated_from_two_recorded_panel_runs_by_hand(tmp_path):
+    """Tier 1: a panel of three judges (FanOutQA, items f1 and f2): f1 B, B, A -> B, confidence
+    2/3; f2 C, D, E -> the declared tie D, 1/3. Tier 2: j1 asked three times: f1 B, f2 C,
+    confidence 1 each. People say f1 B, f2 C. alpha = delta = 0.5, so each tier is tested at
+    0.25 and needs 2 kept labels (0.5^2 <= 0.25). Tier 1: 2 kept, 1 wrong: p = P[Bin(2, 0.5) <= 1]
+    = 0.75, not attainable, 1 more label at its top would do (0.5^2). Tier 2 gets both: 2 kept, 0
+    wrong, p = 0.25: threshold 1.0. Every judgement then asks both tiers: 12 calls against 6."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from groundcover.pipelines.cli import app
+    from tests.test_panels import panel_run
+
+    panel_run(tmp_path / "weak", ["j1", "j2", "j3"])
+    url = "http://127.0.0.1:9/v1"  # the three samples of j1 told apart by a revision label
+    samples = {
+        role: {"model": "j1", "endpoint": url, "revision": f"sample-{k}"}
+        for k, role in enumerate(("judge", "judge#2", "judge#3"))
+    }
+    panel_run(tmp_path / "strong", [], yaml_roles=samples)
+    weak, strong = (tmp_path / n / "run" / "closed-book" for n in ("weak", "strong"))
+    human = tmp_path / "human.jsonl"
+    rows = [
+        {"id": "f1", "stage": "judge", "label": "B"},
+        {"id": "f2", "stage": "judge", "label": "C"},
+    ]
+    human.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    argv = ["cascade", "calibrate", str(weak), str(strong), "--human", str(human)]
+    argv += ["--alpha", "0.5", "--delta", "0.5", "--check-share", "0", "--json"]
+    result = CliRunner().invoke(app, argv)
+    assert result.exit_code == 0, result.output
+    made = json.loads(result.output)
+    stage = made["stages"]["judge"]
+    first, second = stage["calibration"]["tiers"]
+    assert (first["reached"], first["kept"], first["threshold"], first["attainable"]) == (
+        2,
+        0,
+        None,
+        False,
+    )
+    assert first["tested"][0]["p_value"] == pytest.approx(0.75) and first["labels_needed"] == 1
+    assert (second["reached"], second["kept"], second["threshold"]) == (2, 2, 1.0)
+    assert second["p_value"] == pytest.approx(0.25)
+    assert stage["thresholds"] == [None, 1.0]
+    assert stage["routing"] | {} == {
+        "judgements": 2,
+        "asked": [2, 2],
+        "kept": [0, 2],
+        "abstained": 0,
+        "calls": 12,
+        "calls_strongest_alone": 6,
+        "strongest_calls_saved": 0.0,
+    }
+    assert stage["check_units"] == [] and len(stage["calibration_units"]) == 2
+    # known by content: the file is named by the digest of what it holds
+    from pathlib import Path
+
+    written = json.loads(Path(made["file"]).read_text())
+    assert written["sha256"] == made["sha256"] and made["sha256"][:12] in made["file"]
+    from groundcover.pipelines.reports.audits.cascade import content_digest
+
+    assert content_digest(written) == written["sha256"]
+    # labels kept apart: with half the items checked, what calibrates and what checks differ
+    half = CliRunner().invoke(app, argv[:-3] + ["--check-share", "0.5", "--seed", "3", "--json"])
+    apart = json.loads(half.output)["stages"]["judge"]
+    calibrating = {tuple(u) for u in apart["calibration_units"]}
+    assert not calibrating & {tuple(u) for u in apart["check_units"]}
+    shown = CliRunner().invoke(app, argv[:-1])
+    assert shown.exit_code == 0 and "not attainable" in shown.output, shown.output
+    bad = CliRunner().invoke(app, [*argv[:-1], "--alpha", "1.5"])
+    assert bad.exit_code != 0 and "--alpha 1.5: want a number strictly between 0 and 1" in (
+        bad.output
+    )

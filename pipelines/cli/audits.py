@@ -181,3 +181,75 @@ def audit_reasks(
         render_reask(found, kind, terminal())  # type: ignore[arg-type]
     if sum(run.get("unparseable", 0) for run in found):  # counted apart; still missing
         raise typer.Exit(1)
+
+
+cascade_app = typer.Typer(
+    help="Trust or escalate: judges in tiers, cheapest first, each trusted above a confidence "
+    "threshold calibrated on human labels (agreement at least 1 - alpha with probability at "
+    "least 1 - delta).",
+    no_args_is_help=True,
+)
+
+
+@cascade_app.command("calibrate")
+@clean_errors
+def cascade_calibrate(
+    run_dir: Annotated[
+        list[Path],
+        typer.Argument(help="one recorded run per tier, cheapest first, over the same items"),
+    ],
+    alpha: Annotated[float, typer.Option(help="the disagreement with people allowed")] = 0.1,
+    delta: Annotated[float, typer.Option(help="the chance the guarantee may fail")] = 0.1,
+    human: Annotated[
+        Path | None,
+        typer.Option(
+            help="JSON Lines of human labels {id, stage, label[, key]} (beside the "
+            "run's own and its dataset's)"
+        ),
+    ] = None,
+    check_share: Annotated[
+        float, typer.Option(help="the share of labelled items kept apart to check the result")
+    ] = 0.3,
+    seed: Annotated[int, typer.Option(help="which items are kept apart")] = 0,
+    out: Annotated[
+        Path | None,
+        typer.Option(help="where the calibration goes (default: LAST_RUN/cascade/)"),
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="print one JSON object")] = False,
+    framework_file: FrameworkFiles = None,
+) -> None:
+    """Each tier's confidence threshold from its recorded run (confidence: the share of its
+    panel -- K samples or K paraphrased prompts of one model -- that gave the verdict) by
+    fixed-sequence testing with the exact binomial bound; checked on the labels kept apart;
+    what the cascade would ask of each tier. Written as a file known by its SHA-256."""
+    from ..reports.audits.agreement import read_human
+    from ..reports.audits.cascade import (
+        Guarantee,
+        calibrate_runs,
+        content_digest,
+        read_tier,
+        render,
+    )
+    from ..runtime.contract.plugins import trust_files
+
+    if not 0 <= check_share < 1:
+        raise UserError(f"--check-share {check_share}: want a share from 0 to below 1")
+    try:
+        guarantee = Guarantee(alpha, delta)
+    except ValueError as exc:
+        raise UserError(f"--{exc}") from None
+    trust_files(framework_file)
+    labels = read_human(human) if human is not None else None
+    tiers = [read_tier(d, labels) for d in run_dir]
+    made = calibrate_runs(tiers, guarantee, check_share, seed)
+    made["sha256"] = content_digest(made)
+    folder = out or run_dir[-1] / "cascade"
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"calibration-{made['sha256'][:12]}.json"
+    path.write_text(json.dumps(made, indent=1, ensure_ascii=False) + "\n")
+    if as_json:
+        print(json.dumps(made | {"file": str(path)}, ensure_ascii=False))
+        return
+    console = terminal()
+    render(made, console)
+    console.print(f"calibration {made['sha256'][:12]} written to {path}")

@@ -341,7 +341,7 @@ def calibrate_runs(
         made = calibrate_cascade(
             [
                 TierUnits(
-                    f"{k + 1}: {t.run}",
+                    f"{k + 1}: {', '.join(dict.fromkeys(t.models))} x{len(t.members)}",
                     [t.units[stage][u][1] for u in calibration],
                     [agrees(t, u) for u in calibration],
                 )
