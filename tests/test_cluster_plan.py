@@ -235,3 +235,33 @@ def test_prefetch_on_the_login_node_and_the_offline_check_on_a_compute_node(tmp_
         assert refused.returncode == 1
         assert "acme/gated-judge is gated: accept its licence" in refused.stderr
         assert launch("--prefetch", *gated, HF_TOKEN="hf_user").returncode == 0
+
+
+def test_the_recipes_judge_serves_lora_adapters_and_the_command_names_them(monkeypatch):
+    """``--lora NAME=PATH`` goes to every replica (``groundcover serve --lora``, Serve's
+    multiplexing) and the command gets ``--adapter-prefix MODEL:`` (ICAT's claim extractor
+    through the recipe); the judge's one start timeout is the server's too."""
+    launch = load_script("scripts/slurm/launch.py", "slurm_launch")
+    argv = ["--judge", "Llama-3.1-8B-Instruct", "--lora", "claims=/shared/adapters/icat"]
+    args = launch.parser().parse_args([*argv, "--judge-start-timeout", "2400", "--", "x"])
+    args.port_base = None
+    plan = launch.plan_for(args, "7", {"g1": 2}, 0)
+    alloc = launch.Allocation({"SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "g1"})
+    cluster = launch.Cluster(alloc, plan, "ray", launch.Stopping(), head="10.0.0.1")
+    serve = launch.judge_serve_command(args, plan, cluster)
+    assert "--lora=claims=/shared/adapters/icat" in serve
+    assert serve[serve.index("--timeout") + 1] == "2400"
+    assert serve[serve.index("--replicas") + 1] == "2"  # two GPUs, parallelism 1
+    assert serve[serve.index("--tensor-parallel-size") + 1] == "1"
+    url = "http://10.0.0.1:12819/v1"
+    given = launch.judge_arguments(url, "Llama-3.1-8B-Instruct", plan, "abc123")
+    assert given == [
+        *["--endpoint", url, "--model", "Llama-3.1-8B-Instruct"],
+        *["--api-key-env", "GROUNDCOVER_SERVE_API_KEY"],
+        *["--adapter-prefix", "Llama-3.1-8B-Instruct:", "--model-revision", "abc123"],
+    ]
+    assert any("adapters claims" in line for line in plan.lines())
+    no_judge = launch.parser().parse_args(["--lora", "claims=/x", "--", "x"])
+    no_judge.port_base = None
+    with pytest.raises(SystemExit, match="--lora is for the judge's replicas"):
+        launch.plan_for(no_judge, "7", {"g1": 2}, 0)

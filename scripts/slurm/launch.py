@@ -1080,14 +1080,7 @@ def serve_judge(args: argparse.Namespace, plan: Plan, cluster: Cluster) -> list[
     which routes to the replicas on every node. Stopped with the cluster."""
     assert plan.judge
     port = cluster.ports["judge-port"]
-    serve = [
-        *[args.groundcover, "serve", plan.judge, "--replicas", str(plan.replicas)],
-        *["--ray-address", cluster.address, "--host", "0.0.0.0", "--port", str(port)],
-        *["--api-key-env", KEY_ENV, "--timeout", str(int(plan.judge_start_timeout))],
-        *["--tensor-parallel-size", str(plan.tensor_parallel)],
-        *[f"--lora={name}={path}" for name, path in plan.loras.items()],
-        *[f"--engine-arg={flag}" for flag in args.judge_engine_arg],
-    ]
+    serve = judge_serve_command(args, plan, cluster)
     cluster.servers.append(subprocess.Popen(serve, start_new_session=True))
     asked = urllib.request.Request(
         f"http://127.0.0.1:{port}/v1/models",
@@ -1105,14 +1098,36 @@ def serve_judge(args: argparse.Namespace, plan: Plan, cluster: Cluster) -> list[
                 served = json.loads(answer.read())["data"][0]["id"]  # a preset's name
             url = f"http://{host_port(cluster.head, port)}/v1"
             say(f"the judge {plan.judge}: {plan.replicas} replica(s) of {served} at {url}")
-            named = ["--endpoint", url, "--model", served, "--api-key-env", KEY_ENV]
-            if plan.loras:
-                named += ["--adapter-prefix", f"{served}:"]
-            return named + ["--model-revision", args.judge_revision]
+            return judge_arguments(url, served, plan, args.judge_revision)
         time.sleep(5)
     raise SystemExit(
         f"launch: the judge's server did not answer within {plan.judge_start_timeout:.0f} s"
     )
+
+
+def judge_serve_command(args: argparse.Namespace, plan: Plan, cluster: Cluster) -> list[str]:
+    """``groundcover serve`` for the plan's judge: its replicas and parallelism, the one start
+    timeout, the job's key, the adapters (multiplexed on every replica) and engine flags."""
+    assert plan.judge
+    return [
+        *[args.groundcover, "serve", plan.judge, "--replicas", str(plan.replicas)],
+        *["--ray-address", cluster.address, "--host", "0.0.0.0"],
+        *["--port", str(cluster.ports["judge-port"]), "--api-key-env", KEY_ENV],
+        *["--timeout", str(int(plan.judge_start_timeout))],
+        *["--tensor-parallel-size", str(plan.tensor_parallel)],
+        *[f"--lora={name}={path}" for name, path in plan.loras.items()],
+        *[f"--engine-arg={flag}" for flag in args.judge_engine_arg],
+    ]
+
+
+def judge_arguments(url: str, served: str, plan: Plan, revision: str) -> list[str]:
+    """What the command gets to ask the judge: the head's proxy, the served name, the key, the
+    weights' revision (its identity), and with adapters the prefix that names them
+    (``MODEL:ADAPTER``, Serve's multiplexing)."""
+    named = ["--endpoint", url, "--model", served, "--api-key-env", KEY_ENV]
+    if plan.loras:
+        named += ["--adapter-prefix", f"{served}:"]
+    return named + ["--model-revision", revision]
 
 
 # what the judge's weights are, by content (a directory's digest, a hub id's commit), as the
