@@ -61,6 +61,13 @@ def serve(
         str | None, typer.Option(help='Ray resources per NLI replica, JSON: {"CPU": 4, "nli": 1}')
     ] = None,
     stop: Annotated[bool, typer.Option("--stop", help="delete the NLI app --nli-app")] = False,
+    ready_file: Annotated[
+        Path | None,
+        typer.Option(
+            help="written once the model answers (every replica healthy): what a launcher "
+            "waits for (a model list answers before the replicas do)"
+        ),
+    ] = None,
 ) -> None:
     """Start the vLLM OpenAI-compatible server for MODEL (plus adapters) and wait. It binds
     127.0.0.1 unless --host says otherwise; another address needs an API key, which clients
@@ -111,13 +118,14 @@ def serve(
     except ServerStartError as exc:
         raise UserError(str(exc)) from exc
     if replicas > 1 or ray_address:
-        serve_replicas(spec, replicas, ray_address, timeout)
+        serve_replicas(spec, replicas, ray_address, timeout, ready_file)
         return
     server = VLLMServer(spec, run_dir / "serve.log")
     sigterm_as_interrupt()
     console.print(f"starting {preset.name} ({server.device}); log: {server.log_path}")
     try:
         server.start(timeout)
+        said_ready(ready_file, server.base_url)
         names = ", ".join([preset.name, *adapters])
         console.print(f"serving {names} at {server.base_url}  (Ctrl-C stops)")
         while server.process is not None and server.process.poll() is None:
@@ -171,7 +179,22 @@ def serve_nli(
     )
 
 
-def serve_replicas(spec: ServerSpec, replicas: int, address: str | None, timeout: float) -> None:
+def said_ready(path: Path | None, base_url: str) -> None:
+    """``--ready-file``: the URL, written whole (a reader never sees half of it)."""
+    if path is None:
+        return
+    part = path.with_name(path.name + ".part")
+    part.write_text(base_url + "\n")
+    part.replace(path)
+
+
+def serve_replicas(
+    spec: ServerSpec,
+    replicas: int,
+    address: str | None,
+    timeout: float,
+    ready_file: Path | None = None,
+) -> None:
     from ...serving.cluster.serve_app import RayReplicas
     from ...serving.launch.server import ServerStartError
     from ..runtime.execution.execute import sigterm_as_interrupt
@@ -186,6 +209,7 @@ def serve_replicas(spec: ServerSpec, replicas: int, address: str | None, timeout
     console.print(f"starting {replicas} replicas of {spec.preset.name} on Ray Serve")
     try:
         app.start(timeout)
+        said_ready(ready_file, app.base_url)
         names = ", ".join([app.served_name, *(app.adapter_prefix + a.name for a in spec.loras)])
         console.print(f"serving {names} at {app.base_url}  (Ctrl-C stops)")
         if spec.loras:

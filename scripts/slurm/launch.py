@@ -1081,6 +1081,8 @@ def serve_judge(args: argparse.Namespace, plan: Plan, cluster: Cluster) -> list[
     assert plan.judge
     port = cluster.ports["judge-port"]
     serve = judge_serve_command(args, plan, cluster)
+    ready = ready_file_of(cluster)
+    ready.unlink(missing_ok=True)
     cluster.servers.append(subprocess.Popen(serve, start_new_session=True))
     asked = urllib.request.Request(
         f"http://127.0.0.1:{port}/v1/models",
@@ -1088,18 +1090,22 @@ def serve_judge(args: argparse.Namespace, plan: Plan, cluster: Cluster) -> list[
     )
     # `serve` gives up after its own timeout and says why; this wait is a little longer
     deadline = time.monotonic() + plan.judge_start_timeout + 120
-    while time.monotonic() < deadline:
-        if cluster.stopping.signal is not None:
-            raise Interrupted(cluster.stopping.signal, "the judge's start")
-        if cluster.servers[-1].poll() is not None:
-            raise SystemExit("launch: the judge's server stopped while starting (above)")
-        with contextlib.suppress(OSError, ValueError, LookupError):
-            with urllib.request.urlopen(asked, timeout=5) as answer:  # 404 until the app is up
-                served = json.loads(answer.read())["data"][0]["id"]  # a preset's name
-            url = f"http://{host_port(cluster.head, port)}/v1"
-            say(f"the judge {plan.judge}: {plan.replicas} replica(s) of {served} at {url}")
-            return judge_arguments(url, served, plan, args.judge_revision)
-        time.sleep(5)
+    try:
+        while time.monotonic() < deadline:
+            if cluster.stopping.signal is not None:
+                raise Interrupted(cluster.stopping.signal, "the judge's start")
+            if cluster.servers[-1].poll() is not None:
+                raise SystemExit("launch: the judge's server stopped while starting (above)")
+            if ready.is_file():
+                with contextlib.suppress(OSError, ValueError, LookupError):
+                    with urllib.request.urlopen(asked, timeout=5) as answer:
+                        served = json.loads(answer.read())["data"][0]["id"]  # a preset's name
+                    url = f"http://{host_port(cluster.head, port)}/v1"
+                    say(f"the judge {plan.judge}: {plan.replicas} replica(s) of {served} at {url}")
+                    return judge_arguments(url, served, plan, args.judge_revision)
+            time.sleep(5)
+    finally:
+        ready.unlink(missing_ok=True)
     raise SystemExit(
         f"launch: the judge's server did not answer within {plan.judge_start_timeout:.0f} s"
     )
@@ -1114,10 +1120,18 @@ def judge_serve_command(args: argparse.Namespace, plan: Plan, cluster: Cluster) 
         *["--ray-address", cluster.address, "--host", "0.0.0.0"],
         *["--port", str(cluster.ports["judge-port"]), "--api-key-env", KEY_ENV],
         *["--timeout", str(int(plan.judge_start_timeout))],
+        *["--ready-file", str(ready_file_of(cluster))],
         *["--tensor-parallel-size", str(plan.tensor_parallel)],
         *[f"--lora={name}={path}" for name, path in plan.loras.items()],
         *[f"--engine-arg={flag}" for flag in args.judge_engine_arg],
     ]
+
+
+def ready_file_of(cluster: Cluster) -> Path:
+    """Where ``groundcover serve`` says the judge is up: every replica healthy, not only its
+    model list (which Serve's ingress answers before any replica has loaded). On the head's
+    own /tmp: the server runs beside the launcher."""
+    return Path(f"/tmp/gc-judge-ready-{cluster.alloc.job}-{os.getpid()}")
 
 
 def judge_arguments(url: str, served: str, plan: Plan, revision: str) -> list[str]:

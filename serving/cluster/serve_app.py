@@ -206,7 +206,9 @@ def _host(
         deployed = True
         with timed("serve-llm", f"{spec.preset.name} x{replicas}"):
             serve.run(build_openai_app({"llm_configs": [config]}), name=APP, blocking=False)
-            _wait_ready(base_url, spec.preset.name, timeout, spec.api_key, lambda: _failed(serve))
+            _wait_ready(
+                base_url, spec.preset.name, timeout, spec.api_key, lambda: _app_state(serve)
+            )
         if spec.api_key:
             _check_key_asked(base_url)
     except Exception as exc:
@@ -264,18 +266,23 @@ def _take_down(serve: Any, ray: Any, address: str | None) -> None:
     ray.shutdown()
 
 
-def _failed(serve: Any) -> str | None:
-    """Serve's message once the app's deploy has failed (a replica that cannot start: Serve
-    gives up after its retries), else None."""
-    with contextlib.suppress(Exception):
+def _app_state(serve: Any) -> tuple[str, str | None]:
+    """The app's status as Serve reports it (``RUNNING`` once every replica is healthy; the
+    model list answers before that, from the ingress alone), and Serve's reason once the deploy
+    has failed (a replica that cannot start: Serve gives up after its retries)."""
+    try:
         app = serve.status().applications.get(APP)
-        if app is None or "DEPLOY_FAILED" not in str(app.status):
-            return None
-        messages = [d.message for d in app.deployments.values() if d.message] + [app.message]
-        lines = [line.strip() for text in messages for line in str(text or "").splitlines()]
-        errors = [line for line in lines if line and not line.startswith(("File ", "^", "~"))]
-        return (errors[-1] if errors else "the deploy failed")[:500]
-    return None
+    except Exception:  # the controller busy or starting: asked again
+        return "UNKNOWN", None
+    if app is None:
+        return "NOT_STARTED", None
+    status = str(app.status).rsplit(".", 1)[-1]
+    if status != "DEPLOY_FAILED":
+        return status, None
+    messages = [d.message for d in app.deployments.values() if d.message] + [app.message]
+    lines = [line.strip() for text in messages for line in str(text or "").splitlines()]
+    errors = [line for line in lines if line and not line.startswith(("File ", "^", "~"))]
+    return status, (errors[-1] if errors else "the deploy failed")[:500]
 
 
 def _wait_ready(
@@ -283,18 +290,20 @@ def _wait_ready(
     name: str,
     timeout: float,
     key: str | None = None,
-    failed: Any = lambda: None,
+    state: Any = lambda: ("RUNNING", None),
 ) -> None:
-    """Until the app lists the model; a deploy Serve has given up on ends the wait at once."""
+    """Until Serve reports the app RUNNING and it lists the model; a deploy Serve has given up
+    on ends the wait at once, with Serve's reason."""
     deadline = time.monotonic() + timeout
     headers = {"Authorization": f"Bearer {key}"} if key else {}
     while time.monotonic() < deadline:
-        why = failed()
+        status, why = state()
         if why:
             raise ServerStartError(f"Ray Serve could not deploy {name}: {why}")
         with contextlib.suppress(httpx.HTTPError, ValueError):
             models = httpx.get(f"{base_url}/models", headers=headers, timeout=5).json()
-            if any(m.get("id") == name for m in models.get("data", [])):
+            listed = any(m.get("id") == name for m in models.get("data", []))
+            if listed and status == "RUNNING":
                 return
         time.sleep(1.0)
     raise ServerStartError(f"Ray Serve app not ready after {timeout:.0f}s")
