@@ -205,7 +205,12 @@ def _host(
         config = llm_config(spec, replicas, device)
         deployed = True
         with timed("serve-llm", f"{spec.preset.name} x{replicas}"):
-            serve.run(build_openai_app({"llm_configs": [config]}), name=APP, blocking=False)
+            try:
+                serve.run(build_openai_app({"llm_configs": [config]}), name=APP, blocking=False)
+            except RuntimeError as exc:  # Serve says the deploy failed, not why: its status does
+                why = _app_state(serve)[1]
+                name = spec.preset.name
+                raise ServerStartError(f"Ray Serve could not deploy {name}: {why or exc}") from exc
             _wait_ready(
                 base_url, spec.preset.name, timeout, spec.api_key, lambda: _app_state(serve)
             )
