@@ -415,7 +415,9 @@ def test_a_judge_that_cannot_start_fails_the_job_and_leaves_its_logs_in_the_run_
     log = launcher_log(tmp_path, job)
     assert state == "FAILED", log[-4000:]
     assert "plan: the judge's start waits up to 3600 s" in log
-    assert "Ray Serve could not deploy broken-judge" in log, log[-3000:]
+    assert "Ray Serve could not deploy broken-judge: " in log, log[-3000:]
+    said = log.split("Ray Serve could not deploy broken-judge: ", 1)[1].splitlines()[0]
+    assert "Cannot find any model weights" in said, said  # the replica's own error, in one line
     assert "launch: the judge's server stopped while starting" in log
     logs = run / "cluster-logs"
     assert json.loads((logs / "plan.json").read_text())["replicas"] == 1

@@ -284,10 +284,13 @@ def _app_state(serve: Any) -> tuple[str, str | None]:
     status = str(app.status).rsplit(".", 1)[-1]
     if status != "DEPLOY_FAILED":
         return status, None
-    messages = [d.message for d in app.deployments.values() if d.message] + [app.message]
-    lines = [line.strip() for text in messages for line in str(text or "").splitlines()]
-    errors = [line for line in lines if line and not line.startswith(("File ", "^", "~"))]
-    return status, (errors[-1] if errors else "the deploy failed")[:500]
+    # a deployment's message ends with its replica's error; the app's only says which failed
+    for texts in ([d.message for d in app.deployments.values()], [app.message]):
+        lines = [line.strip() for text in texts for line in str(text or "").splitlines()]
+        errors = [line for line in lines if line and not line.startswith(("File ", "^", "~"))]
+        if errors:
+            return status, errors[-1][:500]
+    return status, "the deploy failed"
 
 
 def _wait_ready(
