@@ -417,7 +417,10 @@ def test_a_judge_that_cannot_start_fails_the_job_and_leaves_its_logs_in_the_run_
     assert "plan: the judge's start waits up to 3600 s" in log
     assert "Ray Serve could not deploy broken-judge: " in log, log[-3000:]
     said = log.split("Ray Serve could not deploy broken-judge: ", 1)[1].splitlines()[0]
-    assert "Cannot find any model weights" in said, said  # the replica's own error, in one line
+    assert "Error" in said, said  # the replica's exception, as its deployment's message ends
+    # vLLM's own reason, from the replica's log (Serve's may say only "see root cause above")
+    errors = [line for line in log.splitlines() if line.startswith("launch: an error in n")]
+    assert any("Cannot find any model weights" in line for line in errors), log[-3000:]
     assert "launch: the judge's server stopped while starting" in log
     logs = run / "cluster-logs"
     assert json.loads((logs / "plan.json").read_text())["replicas"] == 1
@@ -436,6 +439,45 @@ def test_a_judge_that_cannot_start_fails_the_job_and_leaves_its_logs_in_the_run_
 
 
 # ---- the launcher's rules, without Slurm -------------------------------------------------------
+
+
+def test_errors_in_logs_are_the_exceptions_of_serve_and_worker_logs_oldest_first_each_once(
+    tmp_path,
+):
+    """Only Serve's and workers' logs are read (a raylet's exception is Ray's own business), the
+    index's newest-first order read backwards, a repeated error said once, a terminal escape in
+    a log shown as text, and no more than asked for."""
+    launch = launcher()
+    session = "session_2026-12-02_01-00-00_1_1/logs"
+    files = {
+        f"{session}/serve/replica_judge_1.log": "Traceback (most recent call last):\n"
+        '  File "x.py", line 1\nRuntimeError: Engine core initialization failed. See above\n',
+        f"{session}/worker-aa-01000000-7.err": "loading\nRuntimeError: Cannot find any model "
+        "weights with `/m`\nValueError: bad\x1b]0;owned\x07 title\n",
+        f"{session}/raylet.out": "ConnectionError: the GCS went away\n",
+        f"{session}/serve/replica_judge_2.log": "RuntimeError: Cannot find any model weights"
+        " with `/m`\n",
+    }
+    node = tmp_path / "n2"
+    for relative, text in files.items():
+        (node / relative).parent.mkdir(parents=True, exist_ok=True)
+        (node / relative).write_text(text)
+    newest_first = [f"{session}/serve/replica_judge_2.log", f"{session}/raylet.out"]
+    newest_first += [f"{session}/serve/replica_judge_1.log", f"{session}/worker-aa-01000000-7.err"]
+    (node / "index.txt").write_text("".join(f"{r}\t10\twhole\n" for r in newest_first))
+    found = launch.errors_in_logs(tmp_path)
+    assert found == [
+        (
+            f"n2/{session}/worker-aa-01000000-7.err",
+            "RuntimeError: Cannot find any model weights with `/m`",
+        ),
+        (f"n2/{session}/worker-aa-01000000-7.err", "ValueError: bad?]0;owned? title"),
+        (
+            f"n2/{session}/serve/replica_judge_1.log",
+            "RuntimeError: Engine core initialization failed. See above",
+        ),
+    ]
+    assert launch.errors_in_logs(tmp_path, most=1) == found[:1]
 
 
 def launcher():

@@ -57,6 +57,7 @@ import fcntl
 import ipaddress
 import json
 import os
+import re
 import secrets
 import shlex
 import shutil
@@ -932,6 +933,32 @@ def copy_logs(temp: Path, into: Path) -> int:
     return copied
 
 
+EXCEPTION_LINE = re.compile(r"^\s*((?:[A-Za-z_][\w]*\.)*[A-Z]\w*(?:Error|Exception)): (.+)$")
+
+
+def errors_in_logs(logs: Path, most: int = 5) -> list[tuple[str, str]]:
+    """The exceptions that ended tracebacks in the copied logs of Serve and of Ray's workers (a
+    replica's stderr, vLLM's engine among it), oldest file first, each once: where a judge's
+    failed start says why. Log text is untrusted: only printable characters, one line each."""
+    found: list[tuple[str, str]] = []
+    for index in sorted(logs.glob("*/index.txt")):
+        node = index.parent
+        listed = [line.split("\t", 1)[0] for line in index.read_text().splitlines()]
+        for relative in reversed(listed):  # the index lists newest first
+            name = Path(relative)
+            if "serve" not in name.parts and not name.name.startswith("worker-"):
+                continue
+            with contextlib.suppress(OSError):
+                for text in (node / name).read_text(errors="replace").splitlines():
+                    match = EXCEPTION_LINE.match(text)
+                    line = match and "".join(c if c.isprintable() else "?" for c in text.strip())
+                    if line and line[:300] not in {seen for _, seen in found}:
+                        found.append((f"{node.name}/{relative}", line[:300]))
+                        if len(found) == most:
+                            return found
+    return found
+
+
 def _waits_for(child: subprocess.Popen, seconds: float) -> bool:
     try:
         child.wait(seconds)
@@ -1282,6 +1309,11 @@ def run(args: argparse.Namespace) -> int:
         if cluster is not None:
             cluster.stop()
             say("Ray stopped on every node")
+            if stopping.child is None and sys.exc_info()[0] is SystemExit:
+                # Serve's reason often points elsewhere ("see root cause above"): the cause
+                # is in a replica's own log, now in the run directory
+                for where, line in errors_in_logs(logs):
+                    say(f"an error in {where}: {line}")
     if stopping.signal == signal.SIGUSR1 and code != 0 and args.requeue:
         return requeue(alloc, args.max_requeues, code)
     return code

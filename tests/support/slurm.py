@@ -74,9 +74,11 @@ class Slurm:
         return self.network.enter(0) if self.network else []
 
     def submit(self, options: list[str], script: Path, args: list[str], env: dict[str, str]) -> str:
-        """``sbatch OPTIONS SCRIPT ARGS``; the job id."""
+        """``sbatch OPTIONS SCRIPT ARGS``; the job id. Submitted from the cluster's own folder:
+        what a job writes beside its submit directory never lands in the checkout."""
         done = subprocess.run(
             [*self.on_head(), "sbatch", "--parsable", *options, str(script), *args],
+            cwd=self.conf.parent,
             capture_output=True,
             text=True,
             env=env | {"SLURM_CONF": self.env["SLURM_CONF"]},
