@@ -298,6 +298,23 @@ def panel_units(records: Sequence[ItemResult]) -> dict[str, list[Unit]]:
     return dict(out)
 
 
+def judged_units(records: Sequence[ItemResult]) -> dict[str, list[Unit]]:
+    """Per stage, every unit a panel or a judge cascade decided (in record order): what people
+    label. A cascade's unit holds the members of the last tier it asked, and its verdict, None
+    where every tier abstained (runtime.contract.cascade)."""
+    out = {stage: list(units) for stage, units in panel_units(records).items()}
+    for record in records:
+        seen: dict[str, int] = defaultdict(int)
+        for entry in record.details.get("cascade") or []:
+            stage, last = entry["stage"], (entry.get("tiers") or [{}])[-1]
+            values = list(last.get("members") or [])
+            out.setdefault(stage, []).append(
+                Unit(record.id, stage, seen[stage], values, entry.get("value"))
+            )
+            seen[stage] += 1
+    return out
+
+
 def read_human(path: Path) -> dict[tuple[str, str, int], Any]:
     """``--human FILE``: (item id, stage, key) -> label; a bad line stops with one error."""
     labels: dict[tuple[str, str, int], Any] = {}

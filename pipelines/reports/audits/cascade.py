@@ -31,6 +31,9 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from ...runtime.contract.cascade import CALIBRATION_KIND, route
+from ...runtime.contract.cascade import content_digest as content_digest  # the file's own digest
+
 
 @dataclass(frozen=True)
 class Guarantee:
@@ -216,18 +219,7 @@ def calibrate_cascade(tiers: Sequence[TierUnits], guarantee: Guarantee) -> dict[
     }
 
 
-def route(confidences: Sequence[float | None], thresholds: Sequence[float | None]) -> int | None:
-    """The tier that keeps a judgement (its index), or None: abstained. A tier without a
-    threshold, or without a confidence for the judgement, escalates it."""
-    for k, (confidence, threshold) in enumerate(zip(confidences, thresholds, strict=True)):
-        if confidence is not None and threshold is not None and confidence >= threshold:
-            return k
-    return None
-
-
 # ---- calibrating a cascade from recorded runs ----------------------------------------------
-
-CALIBRATION_KIND = "groundcover-cascade-calibration"
 
 
 @dataclass
@@ -417,16 +409,6 @@ def routed(
         "calls_strongest_alone": alone,
         "strongest_calls_saved": 1 - reached[-1] / len(units) if units else None,
     }
-
-
-def content_digest(calibration: dict[str, Any]) -> str:
-    """The calibration known by its content: the SHA-256 of its canonical JSON."""
-    import hashlib
-    import json
-
-    body = {k: v for k, v in calibration.items() if k != "sha256"}
-    canonical = json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
-    return hashlib.sha256(canonical.encode()).hexdigest()
 
 
 def render(calibration: dict[str, Any], out: Any) -> None:

@@ -71,12 +71,13 @@ class RunState:
 
     @functools.cached_property
     def stages(self) -> dict[str, list[Unit]]:
-        """Per panel stage, the units the panel decided (only the records with a panel read)."""
-        from ..audits.agreement import panel_units
+        """Per judging stage, the units a panel or a judge cascade decided, an abstained one
+        included (only the records holding them read)."""
+        from ..audits.agreement import judged_units
 
         stages: dict[str, list[Unit]] = {}
         for k in self.with_panel:
-            for stage, units in panel_units([self.records[k]]).items():
+            for stage, units in judged_units([self.records[k]]).items():
                 stages.setdefault(stage, []).extend(units)
         return stages
 
@@ -133,7 +134,7 @@ _HEAD = re.compile(
     + rb',"status":"(\w+)","score":(null|[-+0-9.eE]+),"explanation":'
     + _STRING
 )
-_PANEL = re.compile(rb'"panel":\[')
+_PANEL = re.compile(rb'"(?:panel|cascade)":\[')  # a panel's or a judge cascade's verdicts
 
 
 def scan_heads(file: Path) -> Iterator[Head]:
@@ -776,7 +777,8 @@ def judged_values(run: Any, record: Any, stage: str, key: int) -> dict[str, str]
     where the framework declares no judgements, or the run's inputs changed)."""
     from ...runtime.contract.panels import asked_digest
 
-    entries = [e for e in record.details.get("panel") or [] if e.get("stage") == stage]
+    decided = record.details.get("panel") or record.details.get("cascade") or []
+    entries = [e for e in decided if e.get("stage") == stage]
     item = (run.items or {}).get(record.id)
     if key >= len(entries) or "asked" not in entries[key] or item is None:
         return None

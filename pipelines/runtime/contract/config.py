@@ -214,6 +214,13 @@ class RunConfig(Strict):
     keep_reasoning: bool = Field(
         False, description="keep each request's reasoning in the item's record (it is large)"
     )
+    # known by its content: the calibration's SHA-256 enters the run's identity (identity.py)
+    cascade: Annotated[Path | None, NotContent("known by the SHA-256 it holds")] = Field(
+        None,
+        description="a calibration from `groundcover cascade calibrate`: ask the judging "
+        "role's members tier by tier, cheapest first, keeping a label at the first tier "
+        "confident enough; abstain after the last (docs/judges.md)",
+    )
     allow_failures: str | None = Field(
         None,
         pattern=r"^\d+(\.\d+)?%?$",
@@ -327,6 +334,7 @@ SHARED_OPTIONS = (
     SharedOption("driver_resources", "run.driver_resources"),
     SharedOption("allow_failures", "run.allow_failures"),
     SharedOption("keep_reasoning", "run.keep_reasoning"),
+    SharedOption("cascade", "run.cascade"),
     SharedOption("supersede", "run.supersede"),
     SharedOption("track", "run.track"),
     SharedOption("track_uri", "run.track_uri"),

@@ -23,7 +23,8 @@ from ....serving.client import (
 )
 from ....serving.templates import PromptTemplate
 from . import panels
-from .panels import PanelRule, member_name, panel_members
+from .cascade import Cascade, JudgementAbstained
+from .panels import PanelRule, Vote, member_name, panel_members
 from .results import ItemResult, StageFailed, StageFailure, Status
 
 A = TypeVar("A")  # an answer of a stage (a panel member's, or the one)
@@ -57,6 +58,7 @@ class ItemContext:
     meter: dict[str, StageUsage] = field(default_factory=dict)
     # the reasoning of each request, kept only with --keep-reasoning (None: not kept)
     reasoning_log: list[dict[str, Any]] | None = None
+    cascade: Cascade | None = None  # --cascade: the judging role's members asked tier by tier
 
     @property
     def answered_elsewhere(self) -> bool:
@@ -78,19 +80,74 @@ class ItemContext:
         return self.clients[role]
 
     async def _each_member(
-        self, stage: str, ask: Callable[[str], Awaitable[A]]
+        self,
+        stage: str,
+        ask: Callable[[str], Awaitable[A]],
+        asked: dict[str, Any] | None = None,
     ) -> tuple[PanelRule | None, list[A]]:
         """``ask(stage)``, or for a judging stage whose role is a panel, ``ask`` of each
-        member's stage side by side, with the stage's rule (None: one answer, no panel)."""
-        rule, members = None, []
+        member's stage side by side, with the stage's rule (None: one answer, no panel). A label
+        stage of the cascaded role (``asked``: its values, given where the answers are
+        ``Parsed``) goes tier by tier instead: one answer, the kept tier's."""
+        rule, members, role = None, [], None
         if not isinstance(self.clients, EvalClient) and self.framework is not None:
             rule = self.framework.panel_rule(stage)
             if rule is not None:
-                members = panel_members(self.framework.role_of(stage), list(self.clients))
+                role = self.framework.role_of(stage)
+                members = panel_members(role, list(self.clients))
+        cascade = self.cascade
+        if cascade and asked is not None and isinstance(rule, Vote) and role == cascade.role:
+            tiered = await self._cascaded(stage, rule, members, ask, asked)  # type: ignore[arg-type]
+            return None, [tiered]  # type: ignore[list-item]
         if rule is None or len(members) < 2:
             return None, [await ask(stage)]
         stages = [member_name(stage, k) for k in range(1, len(members) + 1)]
         return rule, list(await asyncio.gather(*(ask(s) for s in stages)))
+
+    async def _cascaded(
+        self,
+        stage: str,
+        rule: Vote,
+        members: list[str],
+        ask: Callable[[str], Awaitable[Parsed]],
+        asked: dict[str, Any],
+    ) -> Parsed:
+        """The judgement asked tier by tier (``runtime.contract.cascade``): each tier's members
+        side by side, their labels combined by the stage's vote; kept at the first tier whose
+        share of members giving the label reaches its threshold. Recorded in the details under
+        ``cascade``: every tier asked, its members' labels, its label and confidence, and the
+        tier that kept it (None: abstained, ``JudgementAbstained``). A stage no tier answered
+        at all is unparseable, as for one judge."""
+        assert self.cascade is not None
+        tiers = self.cascade.tiers(members)
+        thresholds = self.cascade.thresholds.get(stage)
+        entry: dict[str, Any] = {"stage": stage, "asked": panels.asked_digest(asked), "tiers": []}
+        if thresholds is None:  # not calibrated: the strongest tier alone, no guarantee claimed
+            thresholds = (None,) * (len(tiers) - 1) + (0.0,)
+            entry["calibrated"] = False
+        said: list[tuple[float | None, float | None]] = []
+        failed: Parsed | None = None
+        numbered = iter(range(1, len(members) + 1))
+        for k, (tier, threshold) in enumerate(zip(tiers, thresholds, strict=True), 1):
+            numbers = [next(numbered) for _ in tier]
+            if threshold is None and "calibrated" in entry:
+                continue  # an uncalibrated stage skips to the last tier
+            answers = list(await asyncio.gather(*(ask(member_name(stage, n)) for n in numbers)))
+            values = [a.value if a.ok else None for a in answers]
+            value, tie = (None, False) if all(v is None for v in values) else rule.combine(values)
+            share = None if value is None else sum(v == value for v in values) / len(values)
+            step = {"tier": k, "members": values, "value": value, "confidence": share}
+            entry["tiers"].append(step | ({"tie": True} if tie else {}))
+            said.append((share, threshold))
+            failed = failed or next((a for a in answers if not a.ok), None)
+            if share is not None and threshold is not None and share >= threshold:
+                self.details.setdefault("cascade", []).append(entry | {"kept": k, "value": value})
+                first = next(a for a in answers if a.ok)
+                return Parsed("ok", value, outputs=first.outputs, probability=share)
+        self.details.setdefault("cascade", []).append(entry | {"kept": None, "value": None})
+        if all(share is None for share, _ in said) and failed is not None:
+            return Parsed("unparseable", error=failed.error, outputs=failed.outputs)
+        raise JudgementAbstained(stage, said)
 
     def _combined(
         self,
@@ -157,6 +214,7 @@ class ItemContext:
             lambda s: self._attempt_one(
                 template, s, parse, expected, values, regex, max_reasks, params
             ),
+            values,
         )
         return self._panel_parsed(stage, rule, answers, values)
 
@@ -223,7 +281,7 @@ class ItemContext:
         decides what an unreadable answer means. A panel votes (``probability``: the share of
         its members that gave the label)."""
         rule, answers = await self._each_member(
-            stage, lambda s: self._choice_one(template, choices, s, values, params)
+            stage, lambda s: self._choice_one(template, choices, s, values, params), values
         )
         return self._panel_parsed(stage, rule, answers, values)
 

@@ -20,11 +20,16 @@ from ....serving.redact import redact
 
 # cut_in_reasoning: a reasoning model used its whole token budget on reasoning and gave no answer,
 # even at the largest budget (``serving.reasoning``): counted apart, never scored as a 0
-Status = Literal["ok", "unparseable", "abstained", "undefined", "error", "cut_in_reasoning"]
+# unjudged: a judge cascade (--cascade) abstained on one of the item's judgements: no tier was
+# confident enough; never scored, offered for labelling instead (runtime.contract.cascade)
+Status = Literal[
+    "ok", "unparseable", "abstained", "undefined", "error", "cut_in_reasoning", "unjudged"
+]
 STATUSES: tuple[str, ...] = get_args(Status)
 # Statuses that carry no score by definition; "ok" and "abstained" may (an abstention can score 0).
-UNSCORED = ("unparseable", "undefined", "error", "cut_in_reasoning")
-FAILED = ("unparseable", "error", "cut_in_reasoning")  # each names the stage that failed
+UNSCORED = ("unparseable", "undefined", "error", "cut_in_reasoning", "unjudged")
+# each names the stage that failed (or, unjudged, that the cascade abstained on)
+FAILED = ("unparseable", "error", "cut_in_reasoning", "unjudged")
 
 
 # statuses a rerun asks again: the item failed (a rejected request, a defect, reasoning that used

@@ -54,6 +54,10 @@ def study_root(study: Study[Any], request: RunRequest, items: Sequence[Any]) -> 
         }
     if request.run.repeats > 1:  # K seeded runs under one root: not the single run's root
         identity["repeats"] = request.run.repeats
+    if request.run.cascade is not None:  # judged through a calibration: known by its content
+        from ..contract.cascade import read_cascade
+
+        identity["cascade"] = read_cascade(Path(request.run.cascade)).sha256
     return Path("runs") / f"{study.name}-{fingerprint(identity)}"
 
 

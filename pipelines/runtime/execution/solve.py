@@ -22,6 +22,7 @@ from ....serving.client import EndpointError, EvalClient, RequestRejected, Stage
 from ....serving.launch.server import ServerStartError
 from ....serving.reasoning import ReasoningCut
 from ..budget.costs import Budget, Ledger
+from ..contract.cascade import Cascade, JudgementAbstained, read_cascade
 from ..contract.config import EvaluatorConfig, UserError
 from ..contract.protocol import (
     Framework,
@@ -62,6 +63,12 @@ async def _solved(fw: Framework[Any, ItemT], item: ItemT, ctx: ItemContext) -> I
             StageFailure(stage=exc.stage, error=str(exc)),
             "error",
             f"the server rejected a request of stage {exc.stage}",
+        )
+    except JudgementAbstained as exc:  # never a score: counted apart, offered for labelling
+        return ctx.failed(
+            StageFailure(stage=exc.stage, error=exc.error),
+            "unjudged",
+            f"stage {exc.stage}: no tier of the judge cascade was confident enough",
         )
     except ReasoningCut as exc:  # counted as such, never a score; a resume asks again
         return ctx.failed(
@@ -251,6 +258,21 @@ def _usage_since(clients: dict[str, EvalClient], before: dict[int, dict[str, Sta
     return usage
 
 
+def run_cascade(request: RunRequest, roles: dict[str, EvaluatorConfig]) -> Cascade | None:
+    """The run's ``--cascade``, read and checked against the role it cascades: its members are
+    the calibration's tiers, model for model (None: no cascade)."""
+    if request.run.cascade is None:
+        return None
+    from ..contract.panels import panel_members
+    from .models import model_record
+
+    cascade = read_cascade(Path(request.run.cascade))
+    members = panel_members(cascade.role, list(roles))
+    models = [str(model_record(roles[m]).get("request_model", "?")) for m in members]
+    cascade.check_role(cascade.role, members, models)
+    return cascade
+
+
 @dataclass
 class Solved:
     """What one process's solving of a run's missing items tells the run's summary."""
@@ -291,6 +313,7 @@ async def solve_missing(
         run_request = RunRequest(lead, request.run, plan.options, request.roles)
         resources[resource_key] = await asyncio.to_thread(fw.setup, run_request, root)
     answers = fw.given_answers(plan.options)
+    cascade = run_cascade(request, roles)
     before = {id(c): copy.deepcopy(c.usage) for c in clients.values()}
     spread = await replica_counts(clients)
 
@@ -305,6 +328,7 @@ async def solve_missing(
             fw,
             answers,
             reasoning_log=[] if request.run.keep_reasoning else None,
+            cascade=cascade,
         )
         return await solve_item(fw, item, ctx)
 

@@ -45,7 +45,14 @@ from .identity import (
 from .models import Servers, model_record, open_evaluator
 from .plan import StudyPlan
 from .repeats import print_repeats, repeats_table
-from .solve import Evaluators, OpenClient, close_resources, console, solve_missing
+from .solve import (
+    Evaluators,
+    OpenClient,
+    close_resources,
+    console,
+    run_cascade,
+    solve_missing,
+)
 
 
 def run_study(
@@ -149,6 +156,11 @@ class Run:
         given = (fw, plan.options, self.roles, request.evaluator, self.items)
         identity, legacy = run_identity(*given, inputs), run_identity(*given, legacy=True)
         earlier = earlier_identity(*given, inputs)
+        cascade = run_cascade(request, self.roles)  # checked before anything is written
+        if cascade is not None:  # another calibration is another run, in every identity
+            for found in (identity, legacy, earlier):
+                if found is not None:
+                    found["cascade"] = cascade.identity()
         self.store = store = RunStore(root / plan.key if plan.key else root)
         store.open(
             framework=fw.name,
