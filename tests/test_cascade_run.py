@@ -58,18 +58,18 @@ def member_names(n):
     return ["judge"] + [f"judge#{k}" for k in range(2, n + 1)]
 
 
+def verdict_script(first, second):
+    """A judge's reasoning, then its letter: ``first`` for f1 (Marseille), else ``second``."""
+    return lambda p: f"Reasoning.\n{first}" if "Marseille" in p else f"Reasoning.\n{second}"
+
+
 def cascade_run(tmp_path, cascade, judges=(*CHEAP, STRONG)):
     tmp_path.mkdir(parents=True, exist_ok=True)
     data = tmp_path / "dev.json"
     data.write_text(json.dumps(FANOUT))
     clients = {"ans": ScriptedClient({"answer-closed-book": lambda p: by_text(ANSWERS, p)})}
     for name, (first, second) in VERDICTS.items():
-        script = lambda p, a=first, b=second: (
-            f"Reasoning.\n{a}"
-            if "Marseille" in p
-            # noqa: E731
-            else (f"Reasoning.\n{b}")
-        )
+        script = verdict_script(first, second)
         stages = member_names(4)  # the stage as each member asks it
         clients[name] = ScriptedClient({s: script for s in stages}, model=name)
     roles = parse_role_options([f"judge={j}@{URL}" for j in judges])
