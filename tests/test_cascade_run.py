@@ -120,11 +120,14 @@ def test_a_judgement_no_tier_keeps_is_unjudged_offered_for_labels_and_resumes(tm
     whole, clients = cascade_run(tmp_path / "whole", cal)
     by_id = {r.id: r for r in whole.results}
     f2 = by_id["f2"]
-    assert f2.status == "unjudged" and f2.score is None
-    assert f2.failure is not None and f2.failure.stage == "judge"
-    assert "tier 1: 0.333 < 0.600; tier 2: 1.000 (no threshold)" in f2.failure.error
+    # FanOutQA's judge is one metric among several: its verdict is recorded unjudged, the
+    # string metrics stand, and the judge's mean leaves it out (counted), never as a 0
+    assert f2.status == "ok" and f2.details["judge"]["status"] == "unjudged"
+    assert "tier 1: 0.333 < 0.600; tier 2: 1.000 (no threshold)" in f2.details["judge"]["error"]
     assert f2.details["cascade"][0]["kept"] is None
     assert by_id["f1"].status == "ok" and by_id["f3"].status == "abstained"  # no answer given
+    assert whole.tables["judge_unjudged"] == 1
+    assert whole.tables["gpt_judge"] == pytest.approx(1 / 2)  # f1 1, f3 unanswered 0; f2 out
     assert len(clients[STRONG].calls) == 1  # asked, and still escalated (no threshold)
 
     # offered for labelling: the abstained judgement is a unit of the viewer's judge stage
@@ -169,3 +172,149 @@ def test_the_calibration_is_known_by_content_and_checked_against_the_roles(tmp_p
         cascade_run(tmp_path / "b", cal, judges=("j1", "j2", STRONG))
     with pytest.raises(UserError, match="role judge#4 is j9, but the calibration's member"):
         cascade_run(tmp_path / "c", cal, judges=(*CHEAP, "j9"))
+
+
+def test_report_json_html_and_agreement_say_what_the_cascade_kept_saved_and_abstained(tmp_path):
+    """The first test's run: 2 judgements; tier 1 asked both (3 members each: 6 calls), kept f1;
+    tier 2 asked f2 once and kept it. The strongest alone: 2 calls, at its tokens per call.
+    A person labels f1's kept judgement B: agreement 1 of 1."""
+    from typer.testing import CliRunner
+
+    from groundcover.pipelines.cli import app
+    from groundcover.pipelines.reports.people.labels import append_labels
+
+    cal = calibration(tmp_path / "cal.json", [0.6, 1.0])
+    outcome, _ = cascade_run(tmp_path, cal)
+    label = {"id": "f1", "stage": "judge", "key": 0, "label": "B", "annotator": "p"}
+    append_labels(outcome.dir, [label | {"judge": "B", "source": "view"}])
+    shown = CliRunner().invoke(app, ["report", str(outcome.dir), "--json"])
+    assert shown.exit_code == 0, shown.output
+    found = json.loads(shown.output.splitlines()[-1])["cascade"]
+    assert found["sha256"] == read_cascade(cal).sha256 and found["tiers"] == [3, 1]
+    assert (found["guaranteed_agreement"], found["confidence"]) == (0.9, 0.9)
+    stage = found["stages"]["judge"]
+    usage = outcome.summary.usage_by_role_this_invocation["judge#4"]
+    strong_tokens = usage["prompt_tokens"] + usage["completion_tokens"]
+    assert stage | {} == stage and {k: stage[k] for k in ("asked", "kept", "calls")} == {
+        "asked": [2, 1],
+        "kept": [1, 1],
+        "calls": [6, 1],
+    }
+    assert (stage["judgements"], stage["abstained"], stage["coverage"]) == (2, 0, 1.0)
+    assert (stage["calls_total"], stage["calls_strongest_alone"]) == (7, 2)
+    assert stage["tokens"][1] == strong_tokens
+    assert stage["tokens_strongest_alone"] == 2 * strong_tokens
+    assert (stage["labelled"], stage["agreeing"], stage["agreement"]) == (1, 1, 1.0)
+    assert stage["agreement_ci"][1] == 1.0 and 0 < stage["agreement_ci"][0] < 1
+    text = CliRunner().invoke(app, ["report", str(outcome.dir)])
+    assert "kept judgements agree with people at least 90%" in text.output
+    assert "7 calls against 2 for the strongest tier alone" in " ".join(text.output.split())
+    agreement = CliRunner().invoke(app, ["agreement", str(outcome.dir)])
+    assert "judge cascade, calibration" in agreement.output, agreement.output
+    page = tmp_path / "page.html"
+    made = CliRunner().invoke(app, ["report", str(outcome.dir), "--html", str(page)])
+    assert made.exit_code == 0, made.output
+    assert "<h3>Judge cascade</h3>" in page.read_text()
+
+
+# ---- a framework whose score is the verdict: an abstained judgement leaves the item unjudged --
+
+LABELS = ("yes", "partly", "no")
+
+
+def verdict_framework():
+    from pydantic import BaseModel, Field
+
+    from groundcover import (
+        Framework,
+        FrameworkOptions,
+        InputFile,
+        ItemContext,
+        ItemResult,
+        PromptTemplate,
+    )
+    from groundcover.inputs import RecordId, read_jsonl
+    from groundcover.judges import Vote
+
+    class Item(BaseModel):
+        id: RecordId
+        question: str
+        answer: str
+
+    prompt = PromptTemplate(
+        name="addressed",
+        version=1,
+        system="You judge whether an answer addresses its question.",
+        user="Question: {{ question }}\n\nAnswer: {{ answer }}\n\nAnswer yes, partly or no.",
+    )
+
+    class AddressedOptions(FrameworkOptions):
+        input: InputFile = Field(description="items JSONL: id, question, answer")
+
+    class Addressed(Framework[AddressedOptions, Item]):
+        name = "addressed"
+        Options = AddressedOptions
+        prompts = {"addressed": prompt}
+        panel_rules = {"addressed": Vote(tie="no", labels=LABELS)}
+
+        def load(self, options):
+            return list(read_jsonl(options.input, Item))
+
+        async def solve(self, item, ctx: ItemContext) -> ItemResult:
+            values = {"question": item.question, "answer": item.answer}
+            label = await ctx.choose(prompt, list(LABELS), "addressed", values)
+            return ctx.result("ok", {"yes": 1.0, "partly": 0.5, "no": 0.0}[label], label)
+
+    return Addressed()
+
+
+def test_an_item_whose_score_is_the_abstained_verdict_is_recorded_unjudged(tmp_path):
+    """Tier 1: two cheap judges; a1 both say yes (2/2 >= 0.9: kept); a2 yes / no (1/2: the
+    declared tie no, escalated). Tier 2 has no threshold: a2 is abstained, recorded unjudged
+    with its stage, no score; the run's mean rests on a1 alone, and the summary counts a2."""
+    from groundcover.pipelines.runtime.contract.cascade import CALIBRATION_KIND
+
+    items = tmp_path / "items.jsonl"
+    rows = [
+        {"id": "a1", "question": "Capital of France?", "answer": "Paris."},
+        {"id": "a2", "question": "Tallest mountain?", "answer": "A tall one."},
+    ]
+    items.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    made = {
+        "kind": CALIBRATION_KIND,
+        "alpha": 0.2,
+        "delta": 0.1,
+        "tiers": [
+            {"members": ["judge", "judge#2"], "models": ["c1", "c2"]},
+            {"members": ["judge"], "models": ["big"]},
+        ],
+        "stages": {"addressed": {"thresholds": [0.9, None]}},
+    }
+    made["sha256"] = content_digest(made)
+    cal = tmp_path / "cal.json"
+    cal.write_text(json.dumps(made))
+    stages = ["addressed", "addressed#2", "addressed#3"]  # the stage as each member asks it
+    says = {"c1": "yes", "c2": None, "big": "partly"}
+    clients = {}
+    for name, said in says.items():
+        script = (lambda p: "no" if "tall one" in p else "yes") if said is None else said
+        clients[name] = ScriptedClient({s: script for s in stages}, model=name)
+    roles = parse_role_options([f"judge={m}@{URL}" for m in says])
+    fw = verdict_framework()
+    request = RunRequest(
+        EvaluatorConfig(model="c1", endpoint=URL),
+        RunConfig(run_dir=tmp_path / "run", cache=None, cascade=cal),
+        fw.Options(input=items),
+        {role: RoleSpec.model_validate(spec) for role, spec in roles.items()},
+    )
+    (outcome,) = execute(
+        fw, request, quiet=True, open_client=lambda ev, _: closing_client(clients[ev.model])
+    ).values()
+    by_id = {r.id: r for r in outcome.results}
+    assert (by_id["a1"].status, by_id["a1"].score) == ("ok", 1.0)
+    a2 = by_id["a2"]
+    assert (a2.status, a2.score) == ("unjudged", None)
+    assert a2.failure is not None and a2.failure.stage == "addressed"
+    assert "tier 1: 0.500 < 0.900; tier 2: 1.000 (no threshold)" in a2.failure.error
+    assert [len(clients[m].calls) for m in says] == [2, 2, 1]  # big: a2 only
+    assert outcome.summary.statuses["unjudged"] == 1 and outcome.summary.mean_score == 1.0

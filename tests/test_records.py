@@ -80,7 +80,7 @@ def test_report_rebuilds_the_previous_versions_runs(tmp_path):
     assert len(runs) == 2 and lines[-1]["repeats"]["repeats"] == 2
     table = json.loads((FIXTURE / "fanoutqa-repeats" / "repeat-1" / "table1.json").read_text())
     assert runs[0]["tables"] == table
-    assert runs[0]["summary"]["statuses"] == {"cut_in_reasoning": 0} | {
+    assert runs[0]["summary"]["statuses"] == {"cut_in_reasoning": 0, "unjudged": 0} | {
         "ok": 1,
         "unparseable": 0,
         "abstained": 1,

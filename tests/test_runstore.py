@@ -117,6 +117,7 @@ def test_every_status_is_counted_none_dropped(tmp_path):
         "undefined": 1,
         "error": 1,
         "cut_in_reasoning": 0,
+        "unjudged": 0,
     }
 
 

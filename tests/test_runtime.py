@@ -121,6 +121,7 @@ def test_lmr_by_hand_through_an_interrupted_and_resumed_run(tmp_path):
         "abstained": 0,
         "error": 0,
         "cut_in_reasoning": 0,
+        "unjudged": 0,
     }
 
 

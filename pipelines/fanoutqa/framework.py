@@ -52,7 +52,7 @@ from groundcover.inputs import (
     iter_jsonl,
     read_text,
 )
-from groundcover.judges import load_variants
+from groundcover.judges import JudgementAbstained, load_variants
 from groundcover.models import EvaluatorConfig, Tool
 
 from ...serving.launch.registry import UnknownModelError, resolve
@@ -524,11 +524,14 @@ async def ask_judge(
 
 
 async def judge_answer(ctx: ItemContext, question: Question, generation: str) -> dict:
-    """The A-F judge; an unreadable verdict is recorded (the string metrics still stand)."""
+    """The A-F judge; an unreadable verdict is recorded, and so is one a judge cascade
+    abstained on (the string metrics still stand either way)."""
     try:
         category = await ask_judge(ctx, judge_values(question, generation))
     except StageFailed as failure:
         return {"status": "unparseable", "failure": failure.failure().model_dump()}
+    except JudgementAbstained as abstained:  # no tier confident: never a 0, offered for labels
+        return {"status": "unjudged", "error": abstained.error}
     return {"category": category, "score": int(category in JUDGE_PASS)}
 
 
@@ -543,6 +546,9 @@ def table_row(results: list[ItemResult]) -> dict[str, Any]:
     agg = aggregate(per)
     bleurt = [r.details["bleurt"] for r in results if "bleurt" in r.details]
     judged = [r.details["judge"]["score"] for r in results if "score" in r.details.get("judge", {})]
+    # a verdict a judge cascade abstained on is no verdict, never a 0: out of the judge's mean,
+    # counted beside it (the paper's 0 for a missing verdict is for unanswered or unreadable)
+    unjudged = sum(r.details.get("judge", {}).get("status") == "unjudged" for r in results)
     return {
         "setting": setting,
         "n": n,
@@ -550,7 +556,8 @@ def table_row(results: list[ItemResult]) -> dict[str, Any]:
         "strict": agg["strict"],
         **{k: agg[k]["f1"] for k in ROUGE_TYPES},
         "bleurt": sum(bleurt) / n if bleurt else None,
-        "gpt_judge": sum(judged) / n if judged else None,
+        "gpt_judge": sum(judged) / (n - unjudged) if judged else None,
+        **({"judge_unjudged": unjudged} if unjudged else {}),  # a cascade run's only
         "judge_unparseable": sum(
             r.details.get("judge", {}).get("status") == "unparseable" for r in results
         ),

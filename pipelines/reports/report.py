@@ -95,9 +95,11 @@ def load_outcome(run_dir: Path, prices: dict[str, Any] | None = None):
 
 
 def _print(outcome, as_json: bool, out: Console, label: str) -> None:
+    from .audits.cascade import run_cascade
     from .people.overrides import override_line, override_summary
 
     judges = panel_agreement(outcome)
+    cascaded = run_cascade(outcome.dir, outcome.results)
     rests_on = manifest_provenance(read_manifest(outcome.dir / MANIFEST))
     overrides = override_summary(outcome.dir, outcome.results)
     from ...serving.batch import read_ledgers  # aiohttp: not for --help
@@ -111,6 +113,8 @@ def _print(outcome, as_json: bool, out: Console, label: str) -> None:
             payload["batches"] = bought
         if judges:
             payload["agreement"] = judges
+        if cascaded:
+            payload["cascade"] = cascaded
         if overrides:
             payload["overrides"] = overrides
         print(json.dumps(payload, default=str))
@@ -128,6 +132,10 @@ def _print(outcome, as_json: bool, out: Console, label: str) -> None:
         from .audits.agreement import render
 
         render({"runs": [judges]}, out)
+    if cascaded:
+        from .audits.cascade import render_run
+
+        render_run(cascaded, out)
 
 
 def batch_line(bought: dict[str, Any], summary: Any) -> str:

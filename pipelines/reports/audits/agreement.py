@@ -562,6 +562,11 @@ def run_agreement(run_dir: Path, human: dict | None, sample: int | None = None) 
     labels = scored | made | labels
     if labels:
         out["score"] = score_estimates(records, labels, read_queue(run_dir))
+    from .cascade import run_cascade
+
+    cascaded = run_cascade(run_dir, records)
+    if cascaded:
+        out["cascade"] = cascaded
     return out
 
 
@@ -627,8 +632,12 @@ def _num(value: float | None, ci: Any = None) -> str:
 def render(report: dict[str, Any], out: Any) -> None:
     for run in report["runs"]:
         out.print(f"[bold]{run['run']}[/bold] ({run['task']})")
-        if not run["stages"]:
+        if not run["stages"] and not run.get("cascade"):
             out.print("  no judge panel in this run (--role judge=A --role judge=B makes one)")
+        if run.get("cascade"):
+            from .cascade import render_run
+
+            render_run(run["cascade"], out)
         for stage, stats in run["stages"].items():
             _agreement_table(f"stage {stage}", stats, out)
             for name, versus in ((stats.get("human") or {}).get("judges") or {}).items():

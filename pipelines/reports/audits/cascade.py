@@ -455,3 +455,143 @@ def render(calibration: dict[str, Any], out: Any) -> None:
         )
     for stage, why in calibration["skipped"].items():
         out.print(f"  {stage}: skipped ({why})")
+
+
+# ---- what a run judged through a cascade did -------------------------------------------------
+
+
+def run_cascade(run_dir: Any, records: Sequence[Any]) -> dict[str, Any] | None:
+    """A run made with ``--cascade``, per stage and tier: how many judgements each tier was
+    asked and kept, the abstentions, the calls and tokens against the strongest tier asked
+    alone, the guarantee the calibration gives and the agreement with the people who labelled
+    kept judgements in the run (with its interval). None: the run has no cascade."""
+    from ...runtime.contract.panels import member_name
+    from ...runtime.store.run_dir import MANIFEST, read_manifest
+    from ...runtime.store.summary import recorded_usage
+    from ..people.labels import run_labels
+
+    made = read_manifest(run_dir / MANIFEST).config.get("cascade")
+    if not isinstance(made, dict):
+        return None
+    sizes: list[int] = list(made.get("tiers") or [])
+    usage = recorded_usage(list(records))
+    labels = run_labels(run_dir)
+    stages: dict[str, dict[str, Any]] = {}
+    for record in records:
+        seen: dict[str, int] = {}
+        for entry in record.details.get("cascade") or []:
+            stage = entry["stage"]
+            key = seen[stage] = seen.get(stage, -1) + 1
+            found = stages.setdefault(stage, _stage_counts(len(sizes)))
+            found["judgements"] += 1
+            found["uncalibrated"] += entry.get("calibrated") is False
+            for step in entry["tiers"]:
+                found["asked"][step["tier"] - 1] += 1
+            kept = entry.get("kept")
+            if kept is None:
+                found["abstained"] += 1
+                found["abstained_items"].append(record.id)
+            else:
+                found["kept"][kept - 1] += 1
+            label = labels.get((record.id, stage, key))
+            if label is not None and kept is not None:
+                found["labelled"] += 1
+                found["agreeing"] += label == entry["value"]
+            elif label is not None:
+                found["abstained_labelled"] += 1
+    for stage, found in stages.items():
+        numbers = iter(range(1, sum(sizes) + 1))
+        tiers = [[member_name(stage, next(numbers)) for _ in range(n)] for n in sizes]
+        found["calls"] = [sum(usage.get(s, {}).get("calls", 0) for s in t) for t in tiers]
+        found["tokens"] = [sum(_tokens(usage.get(s, {})) for s in t) for t in tiers]
+        found |= _against_strongest(found, sizes[-1] if sizes else 1)
+        found["agreement"] = found["agreeing"] / found["labelled"] if found["labelled"] else None
+        found["agreement_ci"] = proportion_interval(found["agreeing"], found["labelled"])
+        found["abstained_items"] = sorted(set(found["abstained_items"]))
+    return {
+        "sha256": made.get("sha256"),
+        "alpha": made.get("alpha"),
+        "delta": made.get("delta"),
+        "guaranteed_agreement": 1 - float(made.get("alpha") or 0),
+        "confidence": 1 - float(made.get("delta") or 0),
+        "tiers": sizes,
+        "stages": stages,
+    }
+
+
+def _stage_counts(tiers: int) -> dict[str, Any]:
+    return {
+        "judgements": 0,
+        "asked": [0] * tiers,
+        "kept": [0] * tiers,
+        "abstained": 0,
+        "abstained_items": [],
+        "uncalibrated": 0,
+        "labelled": 0,
+        "agreeing": 0,
+        "abstained_labelled": 0,
+    }
+
+
+def _tokens(usage: dict[str, Any]) -> int:
+    return int(usage.get("prompt_tokens", 0)) + int(usage.get("completion_tokens", 0))
+
+
+def _against_strongest(found: dict[str, Any], size: int) -> dict[str, Any]:
+    """What asking the strongest tier alone for every judgement would have taken: its calls,
+    and its tokens at the tokens per call it used (None where it was never asked)."""
+    calls_alone = found["judgements"] * size
+    last_calls, last_tokens = found["calls"][-1], found["tokens"][-1]
+    tokens_alone = round(last_tokens / last_calls * calls_alone) if last_calls else None
+    judged = found["judgements"]
+    return {
+        "calls_total": sum(found["calls"]),
+        "calls_strongest_alone": calls_alone,
+        "tokens_total": sum(found["tokens"]),
+        "tokens_strongest_alone": tokens_alone,
+        "coverage": (judged - found["abstained"]) / judged if judged else None,
+        "strongest_asked_share": found["asked"][-1] / judged if judged else None,
+    }
+
+
+def render_run(found: dict[str, Any], out: Any) -> None:
+    """A cascaded run's lines as ``report`` and ``agreement`` print them."""
+    from rich.table import Table
+
+    out.print(
+        f"judge cascade, calibration {str(found['sha256'])[:12]}: kept judgements "
+        f"agree with people at least {found['guaranteed_agreement']:.0%} of the time with "
+        f"probability at least {found['confidence']:.0%}",
+        highlight=False,
+        soft_wrap=True,
+    )
+    for stage, s in found["stages"].items():
+        table = Table("tier", "members", "asked", "kept", "calls", "tokens", title=stage)
+        for k, size in enumerate(found["tiers"]):
+            table.add_row(
+                str(k + 1),
+                str(size),
+                str(s["asked"][k]),
+                str(s["kept"][k]),
+                str(s["calls"][k]),
+                f"{s['tokens'][k]:,}",
+            )
+        out.print(table)
+        alone = s["tokens_strongest_alone"]
+        out.print(
+            f"  {stage}: {s['judgements']} judgements, {s['abstained']} abstained (unjudged, "
+            f"offered for labelling); coverage {s['coverage']:.1%}; {s['calls_total']} calls "
+            f"against {s['calls_strongest_alone']} for the strongest tier alone, "
+            f"{s['tokens_total']:,} tokens against "
+            + ("? (never asked)" if alone is None else f"{alone:,}")
+            + (f"; {s['uncalibrated']} uncalibrated (no guarantee)" if s["uncalibrated"] else ""),
+            highlight=False,
+            soft_wrap=True,
+        )
+        if s["labelled"]:
+            low, high = s["agreement_ci"]
+            out.print(
+                f"  {stage}: people labelled {s['labelled']} kept judgement(s): agreement "
+                f"{s['agreement']:.1%} [{low:.1%}, {high:.1%}]",
+                highlight=False,
+            )

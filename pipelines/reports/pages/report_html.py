@@ -27,6 +27,7 @@ from jinja2 import Environment, select_autoescape
 from ...runtime.store.manifest import RunManifest
 from ...runtime.store.provenance import manifest_provenance
 from ...runtime.store.run_dir import MANIFEST, read_manifest
+from ..audits.cascade import run_cascade
 from ..audits.reask import recorded_audits
 from ..report import load_outcome, panel_agreement
 
@@ -104,6 +105,7 @@ def run_view(
         "figures": figures,
         "tables_html": terminal_tables(outcome.framework, outcome.tables),
         "agreement": panel_agreement(outcome),
+        "cascade": run_cascade(path, outcome.results),
         "reliability": recorded_audits(path),
         "batches": _bought(path),
         "path": str(path),
@@ -147,6 +149,7 @@ def light_view(path: Path, rows: Sequence[Any]) -> dict[str, Any]:
         "figures": [],
         "tables_html": None,
         "agreement": None,
+        "cascade": None,
         "reliability": {},
         "path": str(path),
         "manifest": manifest.model_dump(mode="json"),

@@ -74,7 +74,10 @@ class Cascade:
                 )
 
     def identity(self) -> dict[str, Any]:
-        return {"sha256": self.sha256, "alpha": self.alpha, "delta": self.delta}
+        """What the run's identity keeps (and its report reads): the calibration by content,
+        its guarantee, and the tiers' sizes (never its path or name)."""
+        found = {"sha256": self.sha256, "alpha": self.alpha, "delta": self.delta}
+        return found | {"role": self.role, "tiers": list(self.sizes)}
 
 
 def read_cascade(path: Path) -> Cascade:
