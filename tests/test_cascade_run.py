@@ -262,6 +262,9 @@ def verdict_framework():
 
         async def solve(self, item, ctx: ItemContext) -> ItemResult:
             values = {"question": item.question, "answer": item.answer}
+            # free text of the cascaded role: no vote share to trust, the strongest tier's
+            said = await ctx.chat(prompt.messages(**values), stage="explain")
+            ctx.details["explained"] = said.text
             label = await ctx.choose(prompt, list(LABELS), "addressed", values)
             return ctx.result("ok", {"yes": 1.0, "partly": 0.5, "no": 0.0}[label], label)
 
@@ -293,7 +296,7 @@ def test_an_item_whose_score_is_the_abstained_verdict_is_recorded_unjudged(tmp_p
     made["sha256"] = content_digest(made)
     cal = tmp_path / "cal.json"
     cal.write_text(json.dumps(made))
-    stages = ["addressed", "addressed#2", "addressed#3"]  # the stage as each member asks it
+    stages = [f"{s}{k}" for s in ("addressed", "explain") for k in ("", "#2", "#3")]
     says = {"c1": "yes", "c2": None, "big": "partly"}
     clients = {}
     for name, said in says.items():
@@ -316,5 +319,7 @@ def test_an_item_whose_score_is_the_abstained_verdict_is_recorded_unjudged(tmp_p
     assert (a2.status, a2.score) == ("unjudged", None)
     assert a2.failure is not None and a2.failure.stage == "addressed"
     assert "tier 1: 0.500 < 0.900; tier 2: 1.000 (no threshold)" in a2.failure.error
-    assert [len(clients[m].calls) for m in says] == [2, 2, 1]  # big: a2 only
+    # big: a2's verdict, and both explanations (asked of the strongest tier, never tier 1)
+    assert [len(clients[m].calls) for m in says] == [2, 2, 3]
+    assert by_id["a1"].details["explained"] == "partly"  # big's script says partly
     assert outcome.summary.statuses["unjudged"] == 1 and outcome.summary.mean_score == 1.0

@@ -24,7 +24,7 @@ from ....serving.client import (
 from ....serving.templates import PromptTemplate
 from . import panels
 from .cascade import Cascade, JudgementAbstained
-from .panels import PanelRule, Vote, member_name, panel_members
+from .panels import PanelRule, Vote, member_name, panel_members, split_member
 from .results import ItemResult, StageFailed, StageFailure, Status
 
 A = TypeVar("A")  # an answer of a stage (a panel member's, or the one)
@@ -95,14 +95,38 @@ class ItemContext:
             if rule is not None:
                 role = self.framework.role_of(stage)
                 members = panel_members(role, list(self.clients))
-        cascade = self.cascade
-        if cascade and asked is not None and isinstance(rule, Vote) and role == cascade.role:
-            tiered = await self._cascaded(stage, rule, members, ask, asked)  # type: ignore[arg-type]
-            return None, [tiered]  # type: ignore[list-item]
-        if rule is None or len(members) < 2:
+        numbers = list(range(1, len(members) + 1))
+        if self._cascaded_role(stage):
+            if asked is not None and isinstance(rule, Vote):
+                tiered = await self._cascaded(stage, rule, members, ask, asked)  # type: ignore[arg-type]
+                return None, [tiered]  # type: ignore[list-item]
+            numbers = self._strongest_tier()  # a rating or free text: the strongest tier's
+            if rule is None or len(numbers) < 2:
+                return None, [await ask(member_name(stage, numbers[0]))]
+        if rule is None or len(numbers) < 2:
             return None, [await ask(stage)]
-        stages = [member_name(stage, k) for k in range(1, len(members) + 1)]
+        stages = [member_name(stage, k) for k in numbers]
         return rule, list(await asyncio.gather(*(ask(s) for s in stages)))
+
+    def _cascaded_role(self, stage: str) -> bool:
+        """Whether ``stage`` (not a member's own) is one of the role a cascade judges with."""
+        if self.cascade is None or self.framework is None or isinstance(self.clients, EvalClient):
+            return False
+        return split_member(stage)[1] == 1 and self.framework.role_of(stage) == self.cascade.role
+
+    def _strongest_tier(self) -> list[int]:
+        """The member numbers of the cascade's last, strongest tier. A stage of the cascaded
+        role that gives no label (a rating, an extraction, free text) has no vote share to trust:
+        the strongest tier answers it, as a run without the cascade would ask the strong judge."""
+        assert self.cascade is not None
+        total = self.cascade.members
+        return list(range(total - self.cascade.sizes[-1] + 1, total + 1))
+
+    def _strongest(self, stage: str) -> str:
+        """``stage`` as the strongest tier's first member asks it, for the cascaded role."""
+        return (
+            member_name(stage, self._strongest_tier()[0]) if self._cascaded_role(stage) else stage
+        )
 
     async def _cascaded(
         self,
@@ -185,6 +209,7 @@ class ItemContext:
     async def chat(
         self, messages: list[dict], *, stage: str, template: str | None = None, **params: Any
     ) -> ChatResult:
+        stage = self._strongest(stage)
         return await self._client(stage).chat(
             messages,
             stage=stage,
@@ -355,6 +380,7 @@ class ItemContext:
         template: str | None = None,
         **params: Any,
     ) -> ToolRun:
+        stage = self._strongest(stage)
         return await self._client(stage).run_tools(
             messages,
             tools,
