@@ -157,6 +157,16 @@ class ChatResult:
         values = [t["logprob"] for t in self.token_logprobs if t.get("logprob") is not None]
         return math.exp(sum(values) / len(values)) if values else None
 
+    def label_probability(self, label: str) -> float | None:
+        """The probability the model gave ``label`` where it ends the answer: the product of the
+        probabilities of the trailing tokens that spell it, after any reasoning (None without
+        logprobs, or where no trailing tokens spell the label)."""
+        spelled = answer_tokens(self.token_logprobs, str(label))
+        values = [t.get("logprob") for t in spelled]
+        if not spelled or any(v is None for v in values):
+            return None
+        return math.exp(sum(float(v) for v in values if v is not None))
+
 
 def answer_tokens(tokens: list[dict[str, Any]], answer: str) -> list[dict[str, Any]]:
     """The trailing tokens that spell ``answer`` (the whole list when it is the answer's own;

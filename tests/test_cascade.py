@@ -194,6 +194,7 @@ def test_a_cascade_calibrated_from_two_recorded_panel_runs_by_hand(tmp_path):
     assert (second["reached"], second["kept"], second["threshold"]) == (2, 2, 1.0)
     assert second["p_value"] == pytest.approx(0.25)
     assert stage["thresholds"] == [None, 1.0]
+    assert stage["confidence"] == ["share", "share"]  # both tiers panels: their vote shares
     assert stage["routing"] | {} == {
         "judgements": 2,
         "asked": [2, 2],

@@ -323,3 +323,79 @@ def test_an_item_whose_score_is_the_abstained_verdict_is_recorded_unjudged(tmp_p
     assert [len(clients[m].calls) for m in says] == [2, 2, 3]
     assert by_id["a1"].details["explained"] == "partly"  # big's script says partly
     assert outcome.summary.statuses["unjudged"] == 1 and outcome.summary.mean_score == 1.0
+
+
+# ---- a lone judge's own probability as its tier's confidence (--confidence logprobs) ----------
+
+
+def lone_judge_reply(letter: str, probability: float):
+    """The strong judge's reasoning (certain tokens), then its letter with ``probability``."""
+    import math
+
+    from tests.support.scripted import Reply
+
+    tokens = [
+        {"token": "Reasoning.\n", "logprob": 0.0},
+        {"token": letter, "logprob": math.log(probability)},
+    ]
+    return Reply(f"Reasoning.\n{letter}", tokens)
+
+
+def test_a_lone_judges_label_probability_is_recorded_calibrated_and_trusted(tmp_path):
+    """The strong judge says B for f1 with probability 0.95 and C for f2 with 0.7. Recorded
+    alone with --confidence logprobs, each label keeps its probability, which `cascade
+    calibrate` reads as that tier's confidence. In a cascade whose tier 2 trusts it above 0.8,
+    f2 (escalated by tier 1) is abstained at 0.7; above 0.6 it is kept."""
+    from groundcover.pipelines.reports.audits.cascade import read_tier
+
+    replies = {"Marseille": lone_judge_reply("B", 0.95), "1889": lone_judge_reply("C", 0.7)}
+
+    def strong(prompt):
+        return next(r for text, r in replies.items() if text in prompt)
+
+    def run(where, cascade=None, judges=(*CHEAP, STRONG), confidence=None):
+        where.mkdir(parents=True, exist_ok=True)
+        data = where / "dev.json"
+        data.write_text(json.dumps(FANOUT))
+        clients = {"ans": ScriptedClient({"answer-closed-book": lambda p: by_text(ANSWERS, p)})}
+        for name, (first, second) in VERDICTS.items():
+            script = strong if name == STRONG else verdict_script(first, second)
+            clients[name] = ScriptedClient({s: script for s in member_names(4)}, model=name)
+        roles = parse_role_options([f"judge={j}@{URL}" for j in judges])
+        request = RunRequest(
+            EvaluatorConfig(model="ans", endpoint=URL),
+            RunConfig(run_dir=where / "run", cache=None, cascade=cascade, confidence=confidence),
+            FanoutOptions(input=data, judge=True),
+            {role: RoleSpec.model_validate(spec) for role, spec in roles.items()},
+        )
+        opened = lambda ev, run_dir: closing_client(clients[ev.model])  # noqa: E731
+        return execute(FANOUTQA, request, quiet=True, open_client=opened)["closed-book"], clients
+
+    alone, clients = run(tmp_path / "alone", judges=(STRONG,), confidence="logprobs")
+    recorded = {r.id: r.details.get("confidence") for r in alone.results}
+    assert [e["confidence"] for e in recorded["f1"]] == [pytest.approx(0.95)]
+    assert [(e["stage"], e["value"]) for e in recorded["f2"]] == [("judge", "C")]
+    assert clients[STRONG].calls[0].body.get("logprobs") is True  # asked for them
+    tier = read_tier(alone.dir, None)
+    assert tier.kinds == {"judge": "logprobs"} and tier.members == ["judge"]
+    assert tier.units["judge"][("f2", 0)] == ("C", pytest.approx(0.7))
+
+    def cascade_file(name, threshold):
+        made = json.loads(calibration(tmp_path / name, [0.6, threshold]).read_text())
+        made["stages"]["judge"]["confidence"] = ["share", "logprobs"]
+        made["sha256"] = content_digest(made)
+        (tmp_path / name).write_text(json.dumps(made))
+        return tmp_path / name
+
+    strict, clients = run(tmp_path / "strict", cascade_file("strict.json", 0.8))
+    f2 = {r.id: r for r in strict.results}["f2"]
+    assert f2.details["judge"]["status"] == "unjudged"
+    assert [t["confidence"] for t in f2.details["cascade"][0]["tiers"]] == [
+        pytest.approx(1 / 3),
+        pytest.approx(0.7),
+    ]
+    assert len(clients[STRONG].calls) == 1 and clients[STRONG].calls[0].body.get("logprobs")
+    lenient, _ = run(tmp_path / "lenient", cascade_file("lenient.json", 0.6))
+    f2 = {r.id: r for r in lenient.results}["f2"]
+    assert f2.details["judge"] == {"category": "C", "score": 1}
+    assert f2.details["cascade"][0]["kept"] == 2

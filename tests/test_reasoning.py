@@ -103,6 +103,30 @@ def test_label_logprobs_skip_the_reasoning_tokens_some_servers_list():
     result = ChatResult("4", "stop", 0, 0, False, raw)
     assert result.token_logprobs == reply.logprobs
     assert answer_tokens(reasoning_tokens, "4") == []  # no suffix spells it: none, not garbage
+    # a label's own probability: its tokens' only, never the reasoning's (0.75, not 0.75 * e^-0.5)
+    assert result.label_probability("4") == pytest.approx(0.75)
+    assert result.label_probability("3") is None  # the answer does not end in it
+
+
+def test_a_label_after_written_reasoning_has_its_own_tokens_probability():
+    """'Because ... \nB': the letter's token alone (0.6), the two-token label 'yes no' both
+    (0.5 * 0.8); no logprobs at all: None."""
+    import math
+
+    tokens = [
+        {"token": "Because it says so.", "logprob": -2.0},
+        {"token": "\n", "logprob": -0.1},
+        {"token": "B", "logprob": math.log(0.6)},
+    ]
+    raw = {"choices": [{"message": {"content": "x"}, "logprobs": {"content": tokens}}]}
+    assert ChatResult("x", "stop", 0, 0, False, raw).label_probability("B") == pytest.approx(0.6)
+    two = [{"token": "yes", "logprob": math.log(0.5)}, {"token": " no", "logprob": math.log(0.8)}]
+    raw = {"choices": [{"message": {"content": "yes no"}, "logprobs": {"content": two}}]}
+    assert ChatResult("yes no", "stop", 0, 0, False, raw).label_probability("yes no") == (
+        pytest.approx(0.4)
+    )
+    bare = {"choices": [{"message": {"content": "B"}}]}
+    assert ChatResult("B", "stop", 0, 0, False, bare).label_probability("B") is None
 
 
 @pytest.mark.parametrize(

@@ -235,6 +235,7 @@ class TierRun:
     units: dict[str, dict[tuple[str, int], tuple[Any, float]]]
     skipped: dict[str, str]
     labels: dict[tuple[str, str, int], Any]
+    kinds: dict[str, str] = field(default_factory=dict)  # stage -> "share" or "logprobs"
 
 
 def read_tier(run_dir: Any, human: dict[tuple[str, str, int], Any] | None) -> TierRun:
@@ -264,6 +265,12 @@ def read_tier(run_dir: Any, human: dict[tuple[str, str, int], Any] | None) -> Ti
             share = sum(v == unit.combined for v in unit.values) / len(unit.values)
             stage_units[(unit.item, unit.key)] = (unit.combined, share)
         units[stage] = stage_units
+    kinds = dict.fromkeys(units, "share")
+    for stage, found_units in lone_confidences(records).items():
+        if stage not in units:  # a lone judge's labels, recorded with --confidence logprobs
+            units[stage], kinds[stage] = found_units, "logprobs"
+            members = [fw.role_of(stage, "judge")]
+            skipped.pop(stage, None)
     # the dataset's own human grades, the labels people gave in the run, a --human file: the
     # later wins
     shipped = {
@@ -274,7 +281,22 @@ def read_tier(run_dir: Any, human: dict[tuple[str, str, int], Any] | None) -> Ti
     }
     labels = shipped | run_labels(run_dir) | dict(human or {})
     models = [(manifest.roles.get(m) or {}).get("request_model", "?") for m in members]
-    return TierRun(str(run_dir), manifest.task, members, models, units, skipped, labels)
+    return TierRun(str(run_dir), manifest.task, members, models, units, skipped, labels, kinds)
+
+
+def lone_confidences(records: Sequence[Any]) -> dict[str, dict[tuple[str, int], tuple[Any, float]]]:
+    """Per stage, each label a lone judge gave with the probability it gave it (a run made with
+    ``--confidence logprobs``), keyed by item and its number within the item's stage. A label
+    without a probability (the endpoint gave no logprobs) is left out: nothing to calibrate."""
+    out: dict[str, dict[tuple[str, int], tuple[Any, float]]] = {}
+    for record in records:
+        seen: dict[str, int] = {}
+        for entry in record.details.get("confidence") or []:
+            stage = entry["stage"]
+            key = seen[stage] = seen.get(stage, -1) + 1
+            if entry.get("confidence") is not None:
+                out.setdefault(stage, {})[(record.id, key)] = (entry["value"], entry["confidence"])
+    return out
 
 
 def checked_apart(item: str, seed: int, share: float) -> bool:
@@ -344,6 +366,7 @@ def calibrate_runs(
         thresholds = [t["threshold"] for t in made["tiers"]]
         out["stages"][stage] = {
             "thresholds": thresholds,
+            "confidence": [t.kinds.get(stage, "share") for t in tiers],
             "calibration": made,
             "check": checked(tiers, stage, check, thresholds, agrees),
             "routing": routed(tiers, stage, every, thresholds),

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +42,13 @@ class Cascade:
     sizes: tuple[int, ...]
     models: tuple[tuple[str, ...], ...]
     thresholds: dict[str, tuple[float | None, ...]]
+    # per stage, each tier's confidence: "share" (of its panel giving the label) or "logprobs"
+    # (the probability a lone judge gave its label)
+    confidences: dict[str, tuple[str, ...]] = field(default_factory=dict)
+
+    def kinds(self, stage: str) -> tuple[str, ...]:
+        """Each tier's kind of confidence for ``stage`` (share where the file says none)."""
+        return self.confidences.get(stage) or ("share",) * len(self.sizes)
 
     @property
     def members(self) -> int:
@@ -115,6 +122,7 @@ def read_cascade(path: Path) -> Cascade:
     if len(roles) > 1:
         raise UserError(f"{where}: record: field 'tiers': members of several roles {sorted(roles)}")
     thresholds: dict[str, tuple[float | None, ...]] = {}
+    confidences: dict[str, tuple[str, ...]] = {}
     stages = found.get("stages")
     if not isinstance(stages, dict):
         raise UserError(f"{where}: record: field 'stages': expected an object")
@@ -127,6 +135,17 @@ def read_cascade(path: Path) -> Cascade:
         if any(t is not None and not isinstance(t, int | float) for t in given):
             raise UserError(f"{where}: record: field 'stages.{stage}.thresholds': numbers")
         thresholds[stage] = tuple(None if t is None else float(t) for t in given)
+        kinds = calibrated.get("confidence") or ["share"] * len(tiers)
+        if len(kinds) != len(tiers) or not set(kinds) <= {"share", "logprobs"}:
+            raise UserError(
+                f"{where}: record: field 'stages.{stage}.confidence': share or logprobs per tier"
+            )
+        if any(k == "logprobs" and sizes[n] != 1 for n, k in enumerate(kinds)):
+            raise UserError(
+                f"{where}: record: field 'stages.{stage}.confidence': logprobs is a lone "
+                "judge's confidence; a tier of several members has its share"
+            )
+        confidences[stage] = tuple(kinds)
     return Cascade(
         file=where,
         sha256=digest,
@@ -136,6 +155,7 @@ def read_cascade(path: Path) -> Cascade:
         sizes=tuple(sizes),
         models=tuple(models),
         thresholds=thresholds,
+        confidences=confidences,
     )
 
 

@@ -214,6 +214,12 @@ class RunConfig(Strict):
     keep_reasoning: bool = Field(
         False, description="keep each request's reasoning in the item's record (it is large)"
     )
+    confidence: Literal["logprobs"] | None = Field(
+        None,
+        description="record each label a lone judge gives with the probability it gave it "
+        "(its answer tokens' logprobs, after any reasoning): a cascade tier's confidence for "
+        "`cascade calibrate` (a panel's is the share of its members, recorded always)",
+    )
     # known by its content: the calibration's SHA-256 enters the run's identity (identity.py)
     cascade: Annotated[Path | None, NotContent("known by the SHA-256 it holds")] = Field(
         None,
@@ -335,6 +341,7 @@ SHARED_OPTIONS = (
     SharedOption("allow_failures", "run.allow_failures"),
     SharedOption("keep_reasoning", "run.keep_reasoning"),
     SharedOption("cascade", "run.cascade"),
+    SharedOption("confidence", "run.confidence"),
     SharedOption("supersede", "run.supersede"),
     SharedOption("track", "run.track"),
     SharedOption("track_uri", "run.track_uri"),

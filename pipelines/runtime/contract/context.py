@@ -59,6 +59,7 @@ class ItemContext:
     # the reasoning of each request, kept only with --keep-reasoning (None: not kept)
     reasoning_log: list[dict[str, Any]] | None = None
     cascade: Cascade | None = None  # --cascade: the judging role's members asked tier by tier
+    label_confidence: bool = False  # --confidence logprobs: a lone judge's label probability
 
     @property
     def answered_elsewhere(self) -> bool:
@@ -160,6 +161,9 @@ class ItemContext:
             values = [a.value if a.ok else None for a in answers]
             value, tie = (None, False) if all(v is None for v in values) else rule.combine(values)
             share = None if value is None else sum(v == value for v in values) / len(values)
+            if self.cascade.kinds(stage)[k - 1] == "logprobs":  # the lone judge's own probability
+                result = answers[0].result if answers[0].ok else None
+                share = result.label_probability(str(value)) if result is not None else None
             step = {"tier": k, "members": values, "value": value, "confidence": share}
             entry["tiers"].append(step | ({"tie": True} if tie else {}))
             said.append((share, threshold))
@@ -234,6 +238,7 @@ class ItemContext:
         """One stage: render, constrain to ``regex`` (vLLM), parse, re-ask with the parse error,
         account; an output that stays unparseable comes back as such (the caller decides). A
         panel's members each answer; their values combine by the stage's rule."""
+        params = self._with_logprobs(stage, params)
         rule, answers = await self._each_member(
             stage,
             lambda s: self._attempt_one(
@@ -241,7 +246,9 @@ class ItemContext:
             ),
             values,
         )
-        return self._panel_parsed(stage, rule, answers, values)
+        return self._lone_confidence(
+            stage, self._panel_parsed(stage, rule, answers, values), values
+        )
 
     async def _attempt_one(
         self,
@@ -305,10 +312,39 @@ class ItemContext:
         """One of ``choices`` (constrained on vLLM), or the unparseable record: the caller
         decides what an unreadable answer means. A panel votes (``probability``: the share of
         its members that gave the label)."""
+        params = self._with_logprobs(stage, params)
         rule, answers = await self._each_member(
             stage, lambda s: self._choice_one(template, choices, s, values, params), values
         )
-        return self._panel_parsed(stage, rule, answers, values)
+        return self._lone_confidence(
+            stage, self._panel_parsed(stage, rule, answers, values), values
+        )
+
+    def _label_stage(self, stage: str) -> bool:
+        return self.framework is not None and isinstance(self.framework.panel_rule(stage), Vote)
+
+    def _with_logprobs(self, stage: str, params: dict[str, Any]) -> dict[str, Any]:
+        """A label stage asked where its confidence is the label's own probability (the run's
+        ``--confidence logprobs``, or a cascade tier calibrated on it) asks for logprobs."""
+        if not self._label_stage(stage) or params.get("logprobs"):
+            return params
+        wanted = self.label_confidence and not self._cascaded_role(stage)
+        if self.cascade is not None and self._cascaded_role(stage):
+            wanted = "logprobs" in self.cascade.kinds(stage)
+        return params | {"logprobs": True} if wanted else params
+
+    def _lone_confidence(self, stage: str, parsed: Parsed, values: dict[str, Any]) -> Parsed:
+        """With ``--confidence logprobs``, a label one judge gave is recorded with the
+        probability it gave the label (``details["confidence"]``: what ``cascade calibrate``
+        reads of a tier of one judge); a panel's confidence is its share, kept with its vote."""
+        if not self.label_confidence or not parsed.ok or parsed.probability is not None:
+            return parsed
+        if not self._label_stage(stage) or self._cascaded_role(stage):
+            return parsed
+        found = parsed.result.label_probability(str(parsed.value)) if parsed.result else None
+        entry = {"stage": stage, "asked": panels.asked_digest(values), "value": parsed.value}
+        self.details.setdefault("confidence", []).append(entry | {"confidence": found})
+        return parsed
 
     async def _choice_one(
         self,

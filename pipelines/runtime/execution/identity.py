@@ -58,6 +58,8 @@ def study_root(study: Study[Any], request: RunRequest, items: Sequence[Any]) -> 
         from ..contract.cascade import read_cascade
 
         identity["cascade"] = read_cascade(Path(request.run.cascade)).sha256
+    if request.run.confidence is not None:
+        identity["confidence"] = request.run.confidence
     return Path("runs") / f"{study.name}-{fingerprint(identity)}"
 
 

@@ -329,6 +329,7 @@ async def solve_missing(
             answers,
             reasoning_log=[] if request.run.keep_reasoning else None,
             cascade=cascade,
+            label_confidence=request.run.confidence == "logprobs",
         )
         return await solve_item(fw, item, ctx)
 

@@ -157,10 +157,12 @@ class Run:
         identity, legacy = run_identity(*given, inputs), run_identity(*given, legacy=True)
         earlier = earlier_identity(*given, inputs)
         cascade = run_cascade(request, self.roles)  # checked before anything is written
-        if cascade is not None:  # another calibration is another run, in every identity
-            for found in (identity, legacy, earlier):
-                if found is not None:
-                    found["cascade"] = cascade.identity()
+        confidence = request.run.confidence  # labels recorded with it: another record
+        for found in (identity, legacy, earlier):
+            if found is not None and cascade is not None:  # another calibration: another run
+                found["cascade"] = cascade.identity()
+            if found is not None and confidence is not None:
+                found["confidence"] = confidence
         self.store = store = RunStore(root / plan.key if plan.key else root)
         store.open(
             framework=fw.name,
