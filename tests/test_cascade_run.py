@@ -211,10 +211,29 @@ def test_report_json_html_and_agreement_say_what_the_cascade_kept_saved_and_abst
     assert "7 calls against 2 for the strongest tier alone" in " ".join(text.output.split())
     agreement = CliRunner().invoke(app, ["agreement", str(outcome.dir)])
     assert "judge cascade, calibration" in agreement.output, agreement.output
+    # priced: each tier's dollars from its members' tokens, the strongest alone at its own rate
+    prices = tmp_path / "prices.yaml"
+    prices.write_text("j1: {input: 1.0, output: 1.0}\nj2: {input: 1.0, output: 1.0}\n")
+    prices.write_text(prices.read_text() + "j3: {input: 1.0, output: 1.0}\n")
+    prices.write_text(prices.read_text() + "strong: {input: 10.0, output: 10.0}\n")
+    priced = CliRunner().invoke(
+        app, ["report", str(outcome.dir), "--json", "--prices", str(prices)]
+    )
+    assert priced.exit_code == 0, priced.output
+    dollars = json.loads(priced.output.splitlines()[-1])["cascade"]["stages"]["judge"]
+    assert dollars["cost"] == [
+        pytest.approx(stage["tokens"][0] / 1e6),
+        pytest.approx(10 * strong_tokens / 1e6),
+    ]
+    assert dollars["cost_strongest_alone"] == pytest.approx(2 * 10 * strong_tokens / 1e6)
     page = tmp_path / "page.html"
     made = CliRunner().invoke(app, ["report", str(outcome.dir), "--html", str(page)])
     assert made.exit_code == 0, made.output
     assert "<h3>Judge cascade</h3>" in page.read_text()
+    argv = ["report", str(outcome.dir), "--html", str(page), "--prices", str(prices)]
+    assert CliRunner().invoke(app, argv).exit_code == 0
+    alone = f"${2 * 10 * strong_tokens / 1e6:.4f}"
+    assert f"against {alone}" in page.read_text()
 
 
 # ---- a framework whose score is the verdict: an abstained judgement leaves the item unjudged --

@@ -99,7 +99,8 @@ def _print(outcome, as_json: bool, out: Console, label: str) -> None:
     from .people.overrides import override_line, override_summary
 
     judges = panel_agreement(outcome)
-    cascaded = run_cascade(outcome.dir, outcome.results)
+    cost = getattr(outcome.summary, "cost_recorded", None)  # with --prices: dollars too
+    cascaded = run_cascade(outcome.dir, outcome.results, cost)
     rests_on = manifest_provenance(read_manifest(outcome.dir / MANIFEST))
     overrides = override_summary(outcome.dir, outcome.results)
     from ...serving.batch import read_ledgers  # aiohttp: not for --help

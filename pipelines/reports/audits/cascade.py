@@ -483,11 +483,14 @@ def render(calibration: dict[str, Any], out: Any) -> None:
 # ---- what a run judged through a cascade did -------------------------------------------------
 
 
-def run_cascade(run_dir: Any, records: Sequence[Any]) -> dict[str, Any] | None:
+def run_cascade(
+    run_dir: Any, records: Sequence[Any], cost: dict[str, Any] | None = None
+) -> dict[str, Any] | None:
     """A run made with ``--cascade``, per stage and tier: how many judgements each tier was
-    asked and kept, the abstentions, the calls and tokens against the strongest tier asked
-    alone, the guarantee the calibration gives and the agreement with the people who labelled
-    kept judgements in the run (with its interval). None: the run has no cascade."""
+    asked and kept, the abstentions, the calls and tokens (and with ``cost``, the run's priced
+    usage, dollars) against the strongest tier asked alone, the guarantee the calibration gives
+    and the agreement with the people who labelled kept judgements in the run (with its
+    interval). None: the run has no cascade."""
     from ...runtime.contract.panels import member_name
     from ...runtime.store.run_dir import MANIFEST, read_manifest
     from ...runtime.store.summary import recorded_usage
@@ -528,6 +531,15 @@ def run_cascade(run_dir: Any, records: Sequence[Any]) -> dict[str, Any] | None:
         found["calls"] = [sum(usage.get(s, {}).get("calls", 0) for s in t) for t in tiers]
         found["tokens"] = [sum(_tokens(usage.get(s, {})) for s in t) for t in tiers]
         found |= _against_strongest(found, sizes[-1] if sizes else 1)
+        if cost is not None:
+            priced = cost.get("by_stage") or {}
+            found["cost"] = [round(sum(priced.get(s, 0.0) for s in t), 6) for t in tiers]
+            last_calls = found["calls"][-1]
+            found["cost_strongest_alone"] = (
+                round(found["cost"][-1] / last_calls * found["calls_strongest_alone"], 6)
+                if last_calls
+                else None
+            )
         found["agreement"] = found["agreeing"] / found["labelled"] if found["labelled"] else None
         found["agreement_ci"] = proportion_interval(found["agreeing"], found["labelled"])
         found["abstained_items"] = sorted(set(found["abstained_items"]))
@@ -607,6 +619,7 @@ def render_run(found: dict[str, Any], out: Any) -> None:
             f"against {s['calls_strongest_alone']} for the strongest tier alone, "
             f"{s['tokens_total']:,} tokens against "
             + ("? (never asked)" if alone is None else f"{alone:,}")
+            + _cost_said(s)
             + (f"; {s['uncalibrated']} uncalibrated (no guarantee)" if s["uncalibrated"] else ""),
             highlight=False,
             soft_wrap=True,
@@ -618,3 +631,11 @@ def render_run(found: dict[str, Any], out: Any) -> None:
                 f"{s['agreement']:.1%} [{low:.1%}, {high:.1%}]",
                 highlight=False,
             )
+
+
+def _cost_said(stage: dict[str, Any]) -> str:
+    if "cost" not in stage:
+        return ""
+    alone = stage["cost_strongest_alone"]
+    said = "?" if alone is None else f"${alone:.4f}"
+    return f"; ${sum(stage['cost']):.4f} against {said}"

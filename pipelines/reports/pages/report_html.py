@@ -105,7 +105,7 @@ def run_view(
         "figures": figures,
         "tables_html": terminal_tables(outcome.framework, outcome.tables),
         "agreement": panel_agreement(outcome),
-        "cascade": run_cascade(path, outcome.results),
+        "cascade": run_cascade(path, outcome.results, summary.cost_recorded),
         "reliability": recorded_audits(path),
         "batches": _bought(path),
         "path": str(path),
