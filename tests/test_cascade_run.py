@@ -153,6 +153,24 @@ def test_a_judgement_no_tier_keeps_is_unjudged_offered_for_labels_and_resumes(tm
 
     assert comparable(resumed) == comparable(whole)
 
+    # what people labelled decides the abstained judgement once the same command runs again:
+    # only f2 is solved again (its tiers asked as before), and its verdict is the person's
+    decided, asked = cascade_run(tmp_path / "whole", cal)
+    assert [len(asked[j].calls) for j in (*CHEAP, STRONG)] == [1, 1, 1, 1]
+    f2 = {r.id: r for r in decided.results}["f2"]
+    assert f2.details["judge"] == {"category": "C", "score": 1}
+    assert (f2.details["cascade"][0]["kept"], f2.details["cascade"][0]["value"]) == ("people", "C")
+    assert decided.tables["gpt_judge"] == pytest.approx(2 / 3) and "judge_unjudged" not in (
+        decided.tables
+    )
+    from groundcover.pipelines.reports.audits.cascade import run_cascade
+
+    found = run_cascade(decided.dir, decided.results)["stages"]["judge"]
+    assert (found["people"], found["abstained"], found["labelled"]) == (1, 0, 0)
+    assert found["coverage"] == pytest.approx(1 / 2)  # a tier kept f1 only
+    again, asked = cascade_run(tmp_path / "whole", cal)  # nothing left to decide: no call
+    assert sum(len(c.calls) for c in asked.values()) == 0
+
 
 def test_the_calibration_is_known_by_content_and_checked_against_the_roles(tmp_path):
     cal = calibration(tmp_path / "cal.json", [0.6, 1.0])
@@ -342,6 +360,18 @@ def test_an_item_whose_score_is_the_abstained_verdict_is_recorded_unjudged(tmp_p
     assert [len(clients[m].calls) for m in says] == [2, 2, 3]
     assert by_id["a1"].details["explained"] == "partly"  # big's script says partly
     assert outcome.summary.statuses["unjudged"] == 1 and outcome.summary.mean_score == 1.0
+    # a person labels a2 "partly": the same command solves a2 again and scores the label
+    from groundcover.pipelines.reports.people.labels import append_labels
+
+    label = {"id": "a2", "stage": "addressed", "key": 0, "label": "partly", "annotator": "p"}
+    append_labels(outcome.dir, [label | {"judge": None, "source": "view"}])
+    (again,) = execute(
+        fw, request, quiet=True, open_client=lambda ev, _: closing_client(clients[ev.model])
+    ).values()
+    a2 = {r.id: r for r in again.results}["a2"]
+    assert (a2.status, a2.score) == ("ok", 0.5)
+    assert again.summary.statuses["unjudged"] == 0
+    assert again.summary.mean_score == pytest.approx(0.75)
 
 
 # ---- a lone judge's own probability as its tier's confidence (--confidence logprobs) ----------

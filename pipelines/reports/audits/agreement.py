@@ -308,9 +308,8 @@ def judged_units(records: Sequence[ItemResult]) -> dict[str, list[Unit]]:
         for entry in record.details.get("cascade") or []:
             stage, last = entry["stage"], (entry.get("tiers") or [{}])[-1]
             values = list(last.get("members") or [])
-            out.setdefault(stage, []).append(
-                Unit(record.id, stage, seen[stage], values, entry.get("value"))
-            )
+            judged = None if entry.get("kept") == "people" else entry.get("value")  # theirs
+            out.setdefault(stage, []).append(Unit(record.id, stage, seen[stage], values, judged))
             seen[stage] += 1
     return out
 

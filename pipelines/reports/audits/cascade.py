@@ -31,7 +31,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from ...runtime.contract.cascade import CALIBRATION_KIND, route
+from ...runtime.contract.cascade import CALIBRATION_KIND, PEOPLE, route
 from ...runtime.contract.cascade import content_digest as content_digest  # the file's own digest
 
 
@@ -514,6 +514,9 @@ def run_cascade(
             for step in entry["tiers"]:
                 found["asked"][step["tier"] - 1] += 1
             kept = entry.get("kept")
+            if kept == PEOPLE:  # every tier abstained; people's label decided it on a resume
+                found["people"] += 1
+                continue
             if kept is None:
                 found["abstained"] += 1
                 found["abstained_items"].append(record.id)
@@ -561,6 +564,7 @@ def _stage_counts(tiers: int) -> dict[str, Any]:
         "kept": [0] * tiers,
         "abstained": 0,
         "abstained_items": [],
+        "people": 0,  # abstained, then decided by people's labels
         "uncalibrated": 0,
         "labelled": 0,
         "agreeing": 0,
@@ -584,7 +588,8 @@ def _against_strongest(found: dict[str, Any], size: int) -> dict[str, Any]:
         "calls_strongest_alone": calls_alone,
         "tokens_total": sum(found["tokens"]),
         "tokens_strongest_alone": tokens_alone,
-        "coverage": (judged - found["abstained"]) / judged if judged else None,
+        # the judgements a tier kept (people's decisions are no tier's)
+        "coverage": (judged - found["abstained"] - found["people"]) / judged if judged else None,
         "strongest_asked_share": found["asked"][-1] / judged if judged else None,
     }
 
@@ -615,7 +620,9 @@ def render_run(found: dict[str, Any], out: Any) -> None:
         alone = s["tokens_strongest_alone"]
         out.print(
             f"  {stage}: {s['judgements']} judgements, {s['abstained']} abstained (unjudged, "
-            f"offered for labelling); coverage {s['coverage']:.1%}; {s['calls_total']} calls "
+            "offered for labelling)"
+            + (f", {s['people']} more decided by people's labels" if s["people"] else "")
+            + f"; coverage {s['coverage']:.1%}; {s['calls_total']} calls "
             f"against {s['calls_strongest_alone']} for the strongest tier alone, "
             f"{s['tokens_total']:,} tokens against "
             + ("? (never asked)" if alone is None else f"{alone:,}")

@@ -18,7 +18,7 @@ strongest tier alone and recorded as such (no guarantee is claimed for them).
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -192,3 +192,26 @@ class JudgementAbstained(Exception):
         )
         self.error = f"the cascade abstained: no tier was confident ({said})"
         super().__init__(f"{stage}: {self.error}")
+
+
+PEOPLE = "people"  # a cascade entry's ``kept`` where people decided what every tier abstained on
+
+
+def people_decided(
+    records: Iterable[Any], labels: Mapping[tuple[str, str, int], Any]
+) -> dict[str, dict[tuple[str, str], Any]]:
+    """Per item, the judgements the cascade abstained on that people have labelled since
+    (``labels``: (id, stage, key) -> label, the key numbering the stage's entries in the item),
+    each known by its stage and the digest of what it asked: solved again, the label decides
+    it. Matched by what was asked, not by its place, so the item's other judgements may come
+    back in any order."""
+    out: dict[str, dict[tuple[str, str], Any]] = {}
+    for record in records:
+        seen: dict[str, int] = {}
+        for entry in record.details.get("cascade") or []:
+            stage = entry["stage"]
+            key = seen[stage] = seen.get(stage, -1) + 1
+            label = labels.get((record.id, stage, key))
+            if entry.get("kept") is None and label is not None and "asked" in entry:
+                out.setdefault(record.id, {})[(stage, entry["asked"])] = label
+    return out

@@ -23,7 +23,7 @@ from ....serving.client import (
 )
 from ....serving.templates import PromptTemplate
 from . import panels
-from .cascade import Cascade, JudgementAbstained
+from .cascade import PEOPLE, Cascade, JudgementAbstained
 from .panels import PanelRule, Vote, member_name, panel_members, split_member
 from .results import ItemResult, StageFailed, StageFailure, Status
 
@@ -60,6 +60,9 @@ class ItemContext:
     reasoning_log: list[dict[str, Any]] | None = None
     cascade: Cascade | None = None  # --cascade: the judging role's members asked tier by tier
     label_confidence: bool = False  # --confidence logprobs: a lone judge's label probability
+    # what people decided of this item's judgements the cascade abstained on: (stage, asked
+    # digest) -> label (cascade.people_decided)
+    people: Mapping[tuple[str, str], Any] | None = None
 
     @property
     def answered_elsewhere(self) -> bool:
@@ -172,9 +175,16 @@ class ItemContext:
                 self.details.setdefault("cascade", []).append(entry | {"kept": k, "value": value})
                 first = next(a for a in answers if a.ok)
                 return Parsed("ok", value, outputs=first.outputs, probability=share)
-        self.details.setdefault("cascade", []).append(entry | {"kept": None, "value": None})
         if all(share is None for share, _ in said) and failed is not None:
+            self.details.setdefault("cascade", []).append(entry | {"kept": None, "value": None})
             return Parsed("unparseable", error=failed.error, outputs=failed.outputs)
+        decided = (self.people or {}).get((stage, entry["asked"]))
+        if decided is not None:  # every tier abstained, and people have labelled it since
+            self.details.setdefault("cascade", []).append(
+                entry | {"kept": PEOPLE, "value": decided}
+            )
+            return Parsed("ok", decided)
+        self.details.setdefault("cascade", []).append(entry | {"kept": None, "value": None})
         raise JudgementAbstained(stage, said)
 
     def _combined(

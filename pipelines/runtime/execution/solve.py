@@ -273,6 +273,16 @@ def run_cascade(request: RunRequest, roles: dict[str, EvaluatorConfig]) -> Casca
     return cascade
 
 
+def decided_by_people(store: RunStore) -> dict[str, dict[tuple[str, str], Any]]:
+    """Per item, the abstained judgements people have labelled since (``cascade``): the items a
+    resume solves again, and what decides each of those judgements there."""
+    from ..contract.cascade import people_decided
+    from ..store.labels import run_labels
+
+    labels = run_labels(store.dir)
+    return people_decided(store.results(), labels) if labels else {}
+
+
 @dataclass
 class Solved:
     """What one process's solving of a run's missing items tells the run's summary."""
@@ -314,6 +324,7 @@ async def solve_missing(
         resources[resource_key] = await asyncio.to_thread(fw.setup, run_request, root)
     answers = fw.given_answers(plan.options)
     cascade = run_cascade(request, roles)
+    decided = decided_by_people(store) if cascade is not None else {}
     before = {id(c): copy.deepcopy(c.usage) for c in clients.values()}
     spread = await replica_counts(clients)
 
@@ -330,6 +341,7 @@ async def solve_missing(
             reasoning_log=[] if request.run.keep_reasoning else None,
             cascade=cascade,
             label_confidence=request.run.confidence == "logprobs",
+            people=decided.get(str(item.id)),
         )
         return await solve_item(fw, item, ctx)
 

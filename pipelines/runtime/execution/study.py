@@ -50,6 +50,7 @@ from .solve import (
     OpenClient,
     close_resources,
     console,
+    decided_by_people,
     run_cascade,
     solve_missing,
 )
@@ -140,6 +141,8 @@ class Run:
         started = time.time()
         ids = item_ids(self.items)
         pending = store.pending(ids)
+        if self.planned.request.run.cascade is not None:  # what people decided since: again
+            pending |= set(decided_by_people(store)) & set(ids)
         todo = select(self.items, [k for k, i in enumerate(ids) if i in pending][: self.pilot])
         # nothing missing: no model is started, no resource loaded
         solving = await self.solve(store, ids, pending, todo) if todo else None
