@@ -448,3 +448,134 @@ def test_a_lone_judges_label_probability_is_recorded_calibrated_and_trusted(tmp_
     f2 = {r.id: r for r in lenient.results}["f2"]
     assert f2.details["judge"] == {"category": "C", "score": 1}
     assert f2.details["cascade"][0]["kept"] == 2
+
+
+# ---- bought as batch jobs: an escalation is the next round --------------------------------------
+
+ADDRESSED = """
+from pydantic import BaseModel, Field
+
+from groundcover import Framework, FrameworkOptions, InputFile, ItemContext, ItemResult
+from groundcover import PromptTemplate
+from groundcover.inputs import RecordId, read_jsonl
+from groundcover.judges import Vote
+
+PROMPT = PromptTemplate(
+    name="addressed", version=1, user="Question: {{ question }}\\nAnswer: {{ answer }}\\nyes/partly/no?"
+)
+SCORES = {"yes": 1.0, "partly": 0.5, "no": 0.0}
+
+
+class Item(BaseModel):
+    id: RecordId
+    question: str
+    answer: str
+
+
+class Options(FrameworkOptions):
+    input: InputFile = Field(description="items JSONL: id, question, answer")
+
+
+class Addressed(Framework[Options, Item]):
+    name = "addressed"
+    Options = Options
+    prompts = {"addressed": PROMPT}
+    panel_rules = {"addressed": Vote(tie="no", labels=tuple(SCORES))}
+
+    def load(self, options: Options) -> list[Item]:
+        return list(read_jsonl(options.input, Item))
+
+    async def solve(self, item: Item, ctx: ItemContext) -> ItemResult:
+        values = {"question": item.question, "answer": item.answer}
+        label = await ctx.choose(PROMPT, list(SCORES), "addressed", values)
+        return ctx.result("ok", SCORES[label], label)
+
+
+ADDRESSED = Addressed()
+"""
+
+
+def test_bought_as_batch_jobs_the_escalation_is_the_next_round_and_only_its_lines(
+    tmp_path, monkeypatch
+):
+    """Each judge is its own Batch API. Round 1: c1 and c2 each get both items' lines; a1 they
+    agree on (kept), a2 they split (1/2 < 0.9). Round 2, created only once round 1's output was
+    read: big gets a2's line alone. Nothing is asked online."""
+    import time
+
+    from aiohttp import web
+    from typer.testing import CliRunner
+
+    from groundcover.pipelines.cli import app
+    from tests.support.loopback import serve_app
+    from tests.test_batch import BatchServer
+
+    says = {
+        "c1": lambda p: "yes",
+        "c2": lambda p: "no" if "tall one" in p else "yes",
+        "big": lambda p: "partly",
+    }
+    seen: dict[str, list[tuple[str, float]]] = {name: [] for name in says}
+
+    def server_of(name):
+        server = BatchServer(polls=1, answer=says[name])
+
+        @web.middleware
+        async def listed(request, handler):
+            seen[name].append((f"{request.method} {request.path}", time.monotonic()))
+            if request.path == "/v1/models":  # the judge's own name
+                return web.json_response({"object": "list", "data": [{"id": name}]})
+            return await handler(request)
+
+        made = server.app()
+        made.middlewares.append(listed)
+        return server, made
+
+    framework, items = tmp_path / "addressed.py", tmp_path / "items.jsonl"
+    framework.write_text(ADDRESSED)
+    rows = [
+        {"id": "a1", "question": "Capital of France?", "answer": "Paris."},
+        {"id": "a2", "question": "Tallest mountain?", "answer": "A tall one."},
+    ]
+    items.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    made = {
+        "kind": CALIBRATION_KIND,
+        "alpha": 0.2,
+        "delta": 0.1,
+        "tiers": [
+            {"members": ["judge", "judge#2"], "models": ["c1", "c2"]},
+            {"members": ["judge"], "models": ["big"]},
+        ],
+        "stages": {"addressed": {"thresholds": [0.9, 1.0]}},
+    }
+    made["sha256"] = content_digest(made)
+    cal = tmp_path / "cal.json"
+    cal.write_text(json.dumps(made))
+    servers = {name: server_of(name) for name in says}
+    monkeypatch.setenv("GROUNDCOVER_HOME", str(tmp_path / "home"))
+    with (
+        serve_app(servers["c1"][1]) as c1,
+        serve_app(servers["c2"][1]) as c2,
+        serve_app(servers["big"][1]) as big,
+    ):
+        config = tmp_path / "cascade.yaml"
+        batch = {"transport": "batch", "batch_settle": 1.0, "batch_poll": 0.05}
+        roles = {"judge": [f"c1@{c1}", f"c2@{c2}", f"big@{big}"]}
+        config.write_text(json.dumps({"evaluator": batch, "roles": roles}))
+        argv = ["eval", str(framework), str(items), "--config", str(config), "--cascade", str(cal)]
+        argv += ["--run-dir", str(tmp_path / "run"), "--quiet"]
+        done = CliRunner().invoke(app, argv)
+        assert done.exit_code == 0, done.output
+    lines = {n: [len(b["lines"]) for b in s.batches.values()] for n, (s, _) in servers.items()}
+    assert lines == {"c1": [2], "c2": [2], "big": [1]}
+    (escalated,) = servers["big"][0].batches.values()
+    assert "tall one" in json.dumps(escalated["lines"][0]["body"])
+    assert all(s.online == 0 for s, _ in servers.values())
+    created = {n: [t for what, t in seen[n] if what == "POST /v1/batches"] for n in says}
+    read = {n: [t for what, t in seen[n] if what.endswith("/content")] for n in says}
+    assert created["big"][0] > max(read["c1"] + read["c2"])  # round 2 after round 1 was read
+    scores = {
+        json.loads(x)["id"]: json.loads(x)["score"]
+        for x in (tmp_path / "run" / "results.jsonl").read_text().splitlines()
+    }
+    assert scores == {"a1": 1.0, "a2": 0.5}
