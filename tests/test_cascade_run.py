@@ -461,7 +461,9 @@ from groundcover.inputs import RecordId, read_jsonl
 from groundcover.judges import Vote
 
 PROMPT = PromptTemplate(
-    name="addressed", version=1, user="Question: {{ question }}\\nAnswer: {{ answer }}\\nyes/partly/no?"
+    name="addressed",
+    version=1,
+    user="Question: {{ question }}\\nAnswer: {{ answer }}\\nyes/partly/no?",
 )
 SCORES = {"yes": 1.0, "partly": 0.5, "no": 0.0}
 
