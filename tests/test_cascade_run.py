@@ -444,6 +444,7 @@ def test_a_lone_judges_label_probability_is_recorded_calibrated_and_trusted(tmp_
         pytest.approx(0.7),
     ]
     assert len(clients[STRONG].calls) == 1 and clients[STRONG].calls[0].body.get("logprobs")
+    assert all("logprobs" not in c.body for j in CHEAP for c in clients[j].calls)  # shares
     lenient, _ = run(tmp_path / "lenient", cascade_file("lenient.json", 0.6))
     f2 = {r.id: r for r in lenient.results}["f2"]
     assert f2.details["judge"] == {"category": "C", "score": 1}

@@ -50,6 +50,15 @@ class Cascade:
         """Each tier's kind of confidence for ``stage`` (share where the file says none)."""
         return self.confidences.get(stage) or ("share",) * len(self.sizes)
 
+    def kind_of_member(self, stage: str, member: int) -> str:
+        """The kind of confidence of the tier member ``member`` (from 1) belongs to."""
+        end = 0
+        for kind, size in zip(self.kinds(stage), self.sizes, strict=True):
+            end += size
+            if member <= end:
+                return kind
+        return "share"
+
     @property
     def members(self) -> int:
         return sum(self.sizes)

@@ -248,7 +248,6 @@ class ItemContext:
         """One stage: render, constrain to ``regex`` (vLLM), parse, re-ask with the parse error,
         account; an output that stays unparseable comes back as such (the caller decides). A
         panel's members each answer; their values combine by the stage's rule."""
-        params = self._with_logprobs(stage, params)
         rule, answers = await self._each_member(
             stage,
             lambda s: self._attempt_one(
@@ -271,7 +270,7 @@ class ItemContext:
         max_reasks: int | None,
         params: dict[str, Any],
     ) -> Parsed:
-        client, params = self._client(stage), dict(params)  # a panel's members share params
+        client, params = self._client(stage), self._with_logprobs(stage, dict(params))
         if regex and client.vllm_extensions and client.constrains:
             extra = dict(params.pop("extra_body", None) or {})
             params["extra_body"] = extra | {"structured_outputs": {"regex": regex}}
@@ -322,7 +321,6 @@ class ItemContext:
         """One of ``choices`` (constrained on vLLM), or the unparseable record: the caller
         decides what an unreadable answer means. A panel votes (``probability``: the share of
         its members that gave the label)."""
-        params = self._with_logprobs(stage, params)
         rule, answers = await self._each_member(
             stage, lambda s: self._choice_one(template, choices, s, values, params), values
         )
@@ -334,13 +332,17 @@ class ItemContext:
         return self.framework is not None and isinstance(self.framework.panel_rule(stage), Vote)
 
     def _with_logprobs(self, stage: str, params: dict[str, Any]) -> dict[str, Any]:
-        """A label stage asked where its confidence is the label's own probability (the run's
-        ``--confidence logprobs``, or a cascade tier calibrated on it) asks for logprobs."""
-        if not self._label_stage(stage) or params.get("logprobs"):
+        """A member's (``stage``: its own, ``judge#4``) label stage asks for logprobs where its
+        confidence is the label's own probability: the run's ``--confidence logprobs`` for a lone
+        judge, or a cascade tier calibrated on it (the other tiers' members are asked as they
+        were: an endpoint that refuses logprobs is only asked for them where they are used)."""
+        base, k = split_member(stage)
+        if not self._label_stage(base) or params.get("logprobs"):
             return params
-        wanted = self.label_confidence and not self._cascaded_role(stage)
-        if self.cascade is not None and self._cascaded_role(stage):
-            wanted = "logprobs" in self.cascade.kinds(stage)
+        if self.cascade is not None and self._cascaded_role(base):
+            wanted = self.cascade.kind_of_member(base, k) == "logprobs"
+        else:
+            wanted = self.label_confidence
         return params | {"logprobs": True} if wanted else params
 
     def _lone_confidence(self, stage: str, parsed: Parsed, values: dict[str, Any]) -> Parsed:
@@ -364,6 +366,7 @@ class ItemContext:
         values: dict[str, Any],
         params: dict[str, Any],
     ) -> Parsed:
+        params = self._with_logprobs(stage, params)
         return await self._client(stage).choice(
             template.messages(**values),
             choices,
