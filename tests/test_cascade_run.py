@@ -427,7 +427,8 @@ def test_a_lone_judges_label_probability_is_recorded_calibrated_and_trusted(tmp_
     assert clients[STRONG].calls[0].body.get("logprobs") is True  # asked for them
     tier = read_tier(alone.dir, None)
     assert tier.kinds == {"judge": "logprobs"} and tier.members == ["judge"]
-    assert tier.units["judge"][("f2", 0)] == ("C", pytest.approx(0.7))
+    # known by what it asked (the entry's digest), not by its place among the item's judgements
+    assert tier.units["judge"][("f2", recorded["f2"][0]["asked"])] == ("C", pytest.approx(0.7))
 
     def cascade_file(name, threshold):
         made = json.loads(calibration(tmp_path / name, [0.6, threshold]).read_text())
@@ -582,3 +583,129 @@ def test_bought_as_batch_jobs_the_escalation_is_the_next_round_and_only_its_line
         for x in (tmp_path / "run" / "results.jsonl").read_text().splitlines()
     }
     assert scores == {"a1": 1.0, "a2": 0.5}
+
+
+TWO_ANSWERS = """
+from pydantic import BaseModel, Field
+
+from groundcover import Framework, FrameworkOptions, InputFile, ItemContext, ItemResult
+from groundcover import PromptTemplate
+from groundcover.inputs import RecordId, read_jsonl
+from groundcover.judges import Vote
+
+PROMPT = PromptTemplate(name="capital", version=1, user="{{ question }} {{ answer }}?")
+
+
+class Item(BaseModel):
+    id: RecordId
+    question: str
+    answers: list[str]
+
+
+class TwoOptions(FrameworkOptions):
+    input: InputFile = Field(description="items JSONL")
+    reverse: bool = Field(False, description="ask the answers last first")
+
+
+class TwoAnswers(Framework[TwoOptions, Item]):
+    name = "two-answers"
+    Options = TwoOptions
+    prompts = {"capital": PROMPT}
+    panel_rules = {"capital": Vote(tie="no", labels=("yes", "no"))}
+
+    def load(self, options):
+        return list(read_jsonl(options.input, Item))
+
+    async def solve(self, item, ctx: ItemContext) -> ItemResult:
+        answers = item.answers[::-1] if ctx.options.reverse else item.answers
+        said = []
+        for answer in answers:  # one after the other: the order is the run's
+            values = {"question": item.question, "answer": answer}
+            said.append(await ctx.choose(PROMPT, ["yes", "no"], "capital", values))
+        return ctx.result("ok", said.count("yes") / len(said), " ".join(said))
+
+
+TWO = TwoAnswers()
+"""
+
+
+def test_tiers_asking_an_items_judgements_in_another_order_line_up_judgement_by_judgement(
+    tmp_path,
+):
+    """One item, two judgements of one stage (Paris: yes, Lyon: no, say people, labelling them
+    as the first run asked them). Tier 1 (c1 and c2, both always yes) asks Paris first; tier 2
+    (big: yes for Paris, no for Lyon) asks Lyon first. Lined up by what each asked, big agrees
+    with people on both (2 kept, 0 wrong: p = 0.5^2 = 0.25, its threshold 1.0 holds at alpha =
+    delta = 0.5); lined up by place it would disagree on both."""
+    from groundcover.pipelines.reports.audits.cascade import Guarantee, calibrate_runs, read_tier
+    from groundcover.pipelines.reports.people.labels import append_labels
+    from groundcover.pipelines.runtime.contract.plugins import from_file
+
+    source = tmp_path / "two_answers.py"  # from a file: read_tier finds it again by its record
+    source.write_text(TWO_ANSWERS)
+    _, TwoAnswers = from_file(str(source))
+
+    items = tmp_path / "items.jsonl"
+    row = {"id": "x", "question": "Capital of France:", "answers": ["Paris.", "Lyon."]}
+    items.write_text(json.dumps(row) + "\n")
+    stages = [f"capital{k}" for k in ("", "#2")]
+    scripts = {
+        "c1": "yes",
+        "c2": "yes",
+        "big": lambda p: "yes" if "Paris" in p else "no",
+    }
+    clients = {m: ScriptedClient({s: v for s in stages}, model=m) for m, v in scripts.items()}
+
+    def run(where, judges, reverse):
+        fw = TwoAnswers
+        roles = parse_role_options([f"judge={m}@{URL}" for m in judges])
+        request = RunRequest(
+            EvaluatorConfig(model=judges[0], endpoint=URL),
+            RunConfig(run_dir=tmp_path / where, cache=None),
+            fw.Options(input=items, reverse=reverse),
+            {role: RoleSpec.model_validate(spec) for role, spec in roles.items()},
+        )
+        opened = lambda ev, _: closing_client(clients[ev.model])  # noqa: E731
+        (outcome,) = execute(fw, request, quiet=True, open_client=opened).values()
+        return outcome.dir
+
+    # big alone is no panel: recorded as a panel of two samples would be, here two equal
+    # members told apart by a revision label, so its confidence is its (whole) share
+    cheap = run("cheap", ["c1", "c2"], reverse=False)
+    strong = tmp_path / "strong"
+    fw = TwoAnswers
+    roles = {
+        "judge": {"model": "big", "endpoint": URL, "revision": "sample-1"},
+        "judge#2": {"model": "big", "endpoint": URL, "revision": "sample-2"},
+    }
+    request = RunRequest(
+        EvaluatorConfig(model="big", endpoint=URL),
+        RunConfig(run_dir=strong, cache=None),
+        fw.Options(input=items, reverse=True),
+        {role: RoleSpec.model_validate(spec) for role, spec in roles.items()},
+    )
+    execute(fw, request, quiet=True, open_client=lambda ev, _: closing_client(clients[ev.model]))
+    labels = [("yes", 0), ("no", 1)]  # as the cheap run asked them: Paris, then Lyon
+    append_labels(
+        cheap,
+        [
+            {"id": "x", "stage": "capital", "key": k, "label": v, "annotator": "p", "judge": "yes"}
+            for v, k in labels
+        ],
+    )
+    strong_panel = json.loads((strong / "results.jsonl").read_text().splitlines()[0])
+    assert [e["members"] for e in strong_panel["details"]["panel"]] == [
+        ["no", "no"],
+        ["yes", "yes"],
+    ]
+    made = calibrate_runs(
+        [read_tier(cheap, None), read_tier(strong, None)], Guarantee(0.5, 0.5), check_share=0
+    )
+    first, second = made["stages"]["capital"]["calibration"]["tiers"]
+    assert (first["kept"], first["attainable"]) == (0, False)  # always yes: wrong on Lyon
+    assert (second["reached"], second["kept"], second["errors"], second["threshold"]) == (
+        2,
+        2,
+        0,
+        1.0,
+    )

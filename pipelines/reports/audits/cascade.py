@@ -232,13 +232,18 @@ class TierRun:
     task: str
     members: list[str]
     models: list[str]
-    units: dict[str, dict[tuple[str, int], tuple[Any, float]]]
+    units: dict[str, dict[tuple[str, str], tuple[Any, float]]]  # (item, asked digest) -> ...
     skipped: dict[str, str]
-    labels: dict[tuple[str, str, int], Any]
+    labels: dict[tuple[str, str, str], Any]  # (item, stage, asked digest) -> the human label
     kinds: dict[str, str] = field(default_factory=dict)  # stage -> "share" or "logprobs"
 
 
 def read_tier(run_dir: Any, human: dict[tuple[str, str, int], Any] | None) -> TierRun:
+    """One tier's recorded run: per label stage, each judgement's verdict and confidence, and
+    the human labels of those judgements. A judgement is known by its item and the digest of
+    what it asked (the panel entry's ``asked``), never by its place among the item's
+    judgements: tiers that asked an item's judgements in another order still line up, and a
+    label given by its place in this run is moved onto the judgement that stood there."""
     from ...runtime.contract.panels import Vote, panel_members
     from ...runtime.contract.plugins import run_framework
     from ...runtime.store.run_dir import MANIFEST, RESULTS, read_manifest, results_by_id
@@ -249,7 +254,8 @@ def read_tier(run_dir: Any, human: dict[tuple[str, str, int], Any] | None) -> Ti
     fw = run_framework(manifest, run_dir)
     options = fw.Options.model_validate(manifest.options)
     records = list(results_by_id(run_dir / RESULTS))
-    units: dict[str, dict[tuple[str, int], tuple[Any, float]]] = {}
+    asked = {r.id: asked_of(r) for r in records}  # (stage, key) -> what the judgement asked
+    units: dict[str, dict[tuple[str, str], tuple[Any, float]]] = {}
     skipped: dict[str, str] = {}
     members: list[str] = []
     for stage, found in panel_units(records).items():
@@ -263,7 +269,7 @@ def read_tier(run_dir: Any, human: dict[tuple[str, str, int], Any] | None) -> Ti
             if unit.combined is None or not answered:
                 continue
             share = sum(v == unit.combined for v in unit.values) / len(unit.values)
-            stage_units[(unit.item, unit.key)] = (unit.combined, share)
+            stage_units[(unit.item, asked[unit.item][(stage, unit.key)])] = (unit.combined, share)
         units[stage] = stage_units
     kinds = dict.fromkeys(units, "share")
     for stage, found_units in lone_confidences(records).items():
@@ -279,23 +285,44 @@ def read_tier(run_dir: Any, human: dict[tuple[str, str, int], Any] | None) -> Ti
         for label in fw.human_labels(r, options)
         if label.stage != "score"
     }
-    labels = shipped | run_labels(run_dir) | dict(human or {})
+    by_place = shipped | run_labels(run_dir) | dict(human or {})
+    labels = {
+        (item, stage, asked[item][(stage, key)]): label
+        for (item, stage, key), label in by_place.items()
+        if (stage, key) in asked.get(item, {})
+    }
     models = [(manifest.roles.get(m) or {}).get("request_model", "?") for m in members]
     return TierRun(str(run_dir), manifest.task, members, models, units, skipped, labels, kinds)
 
 
-def lone_confidences(records: Sequence[Any]) -> dict[str, dict[tuple[str, int], tuple[Any, float]]]:
+def asked_of(record: Any) -> dict[tuple[str, int], str]:
+    """(stage, its number within the item) -> the digest of what the judgement asked, for the
+    record's panel and lone-judge entries (an entry of an older layout, without a digest, is
+    known by its number)."""
+    out: dict[tuple[str, int], str] = {}
+    for field_name in ("panel", "confidence"):
+        seen: dict[str, int] = {}
+        for entry in record.details.get(field_name) or []:
+            stage = entry["stage"]
+            key = seen[stage] = seen.get(stage, -1) + 1
+            out.setdefault((stage, key), str(entry.get("asked") or f"#{key}"))
+    return out
+
+
+def lone_confidences(records: Sequence[Any]) -> dict[str, dict[tuple[str, str], tuple[Any, float]]]:
     """Per stage, each label a lone judge gave with the probability it gave it (a run made with
-    ``--confidence logprobs``), keyed by item and its number within the item's stage. A label
-    without a probability (the endpoint gave no logprobs) is left out: nothing to calibrate."""
-    out: dict[str, dict[tuple[str, int], tuple[Any, float]]] = {}
+    ``--confidence logprobs``), keyed by item and what the judgement asked. A label without a
+    probability (the endpoint gave no logprobs) is left out: nothing to calibrate."""
+    out: dict[str, dict[tuple[str, str], tuple[Any, float]]] = {}
     for record in records:
+        asked = asked_of(record)
         seen: dict[str, int] = {}
         for entry in record.details.get("confidence") or []:
             stage = entry["stage"]
             key = seen[stage] = seen.get(stage, -1) + 1
             if entry.get("confidence") is not None:
-                out.setdefault(stage, {})[(record.id, key)] = (entry["value"], entry["confidence"])
+                unit = (record.id, asked[(stage, key)])
+                out.setdefault(stage, {})[unit] = (entry["value"], entry["confidence"])
     return out
 
 
@@ -326,7 +353,7 @@ def calibrate_runs(
     """Per label stage every tier judged: each tier's threshold calibrated on the calibration
     labels (``calibrate_cascade``), then checked on the labels kept apart, and what routing every
     judgement of the stage through the cascade asks of each tier against the last tier alone."""
-    labels: dict[tuple[str, str, int], Any] = {}
+    labels: dict[tuple[str, str, str], Any] = {}
     for tier in tiers:
         labels |= tier.labels
     out: dict[str, Any] = {
@@ -349,7 +376,7 @@ def calibrate_runs(
         calibration = [u for u in labelled if not checked_apart(u[0], seed, check_share)]
         check = [u for u in labelled if checked_apart(u[0], seed, check_share)]
 
-        def agrees(tier: TierRun, unit: tuple[str, int], stage: str = stage) -> bool:
+        def agrees(tier: TierRun, unit: tuple[str, str], stage: str = stage) -> bool:
             return tier.units[stage][unit][0] == labels[(unit[0], stage, unit[1])]
 
         made = calibrate_cascade(
@@ -379,7 +406,7 @@ def calibrate_runs(
 def checked(
     tiers: Sequence[TierRun],
     stage: str,
-    units: Sequence[tuple[str, int]],
+    units: Sequence[tuple[str, str]],
     thresholds: Sequence[float | None],
     agrees: Any,
 ) -> dict[str, Any]:
@@ -405,7 +432,7 @@ def checked(
 def routed(
     tiers: Sequence[TierRun],
     stage: str,
-    units: Sequence[tuple[str, int]],
+    units: Sequence[tuple[str, str]],
     thresholds: Sequence[float | None],
 ) -> dict[str, Any]:
     """Every judgement of the stage sent through the cascade: how many each tier is asked for
