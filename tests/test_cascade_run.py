@@ -63,7 +63,7 @@ def verdict_script(first, second):
     return lambda p: f"Reasoning.\n{first}" if "Marseille" in p else f"Reasoning.\n{second}"
 
 
-def cascade_run(tmp_path, cascade, judges=(*CHEAP, STRONG)):
+def cascade_run(tmp_path, cascade, judges=(*CHEAP, STRONG), **how):
     tmp_path.mkdir(parents=True, exist_ok=True)
     data = tmp_path / "dev.json"
     data.write_text(json.dumps(FANOUT))
@@ -84,8 +84,9 @@ def cascade_run(tmp_path, cascade, judges=(*CHEAP, STRONG)):
         request,
         quiet=True,
         open_client=lambda ev, run_dir: closing_client(clients[ev.model]),
+        **how,
     )
-    return outcomes["closed-book"], clients
+    return outcomes.get("closed-book"), clients  # a dry run has no outcome
 
 
 def test_the_strong_judge_is_asked_only_what_the_panel_cannot_decide(tmp_path):
@@ -172,10 +173,17 @@ def test_a_judgement_no_tier_keeps_is_unjudged_offered_for_labels_and_resumes(tm
     assert sum(len(c.calls) for c in asked.values()) == 0
 
 
-def test_the_calibration_is_known_by_content_and_checked_against_the_roles(tmp_path):
+def test_the_calibration_is_known_by_content_and_checked_against_the_roles(tmp_path, capsys):
     cal = calibration(tmp_path / "cal.json", [0.6, 1.0])
     first, _ = cascade_run(tmp_path / "a", cal)
     other = calibration(tmp_path / "other.json", [0.5, 1.0])
+    # the dry run knows the run as the run keeps itself: the same calibration is this run
+    capsys.readouterr()
+    cascade_run(tmp_path / "a", cal, dry_run=True)
+    assert "holds a different run" not in capsys.readouterr().out
+    cascade_run(tmp_path / "a", other, dry_run=True)
+    said = " ".join(capsys.readouterr().out.split())
+    assert "holds a different run" in said and "cascade.sha256" in said
     with pytest.raises(RunStoreError, match=r"changed: cascade\.sha256"):  # another calibration
         cascade_run(tmp_path / "a", other)
     assert read_cascade(cal).sha256 != read_cascade(other).sha256

@@ -13,8 +13,15 @@ from rich.console import Console
 from ....serving.cache import ResponseCache, family
 from ..contract.protocol import RunPlan, RunRequest
 from ..contract.roles import self_judging
-from ..execution.identity import earlier_identity, lead_evaluator, role_records, run_identity
+from ..execution.identity import (
+    earlier_identity,
+    judging_identity,
+    lead_evaluator,
+    role_records,
+    run_identity,
+)
 from ..execution.models import CacheReplay
+from ..execution.solve import run_cascade
 from ..store.lines import item_ids, select
 from ..store.provenance import identity_changes
 from ..store.run_dir import (
@@ -74,8 +81,12 @@ def cache_replay(fw, plan: RunPlan, found, request: RunRequest, root: Path, cach
             clients = {role: CacheReplay(ev, cache) for role, ev in found.items()}
             lead = lead_evaluator(found, request.evaluator)
             resources = fw.setup(RunRequest(lead, request.run, plan.options, request.roles), root)
+            judging = {
+                "cascade": run_cascade(request, found),
+                "label_confidence": request.run.confidence == "logprobs",
+            }
             solving = replay_cached(
-                fw, items, plan.options, clients, resources, plan.options.max_reasks
+                fw, items, plan.options, clients, resources, plan.options.max_reasks, 64, judging
             )
             return asyncio.run(solving)
         finally:
@@ -92,6 +103,9 @@ def another_run(run_dir: Path, fw, plan: RunPlan, found, request: RunRequest, it
     config = run_identity(fw, plan.options, found, request.evaluator, items)
     legacy = run_identity(fw, plan.options, found, request.evaluator, items, legacy=True)
     earlier = earlier_identity(fw, plan.options, found, request.evaluator, items)
+    for identity in (config, legacy, earlier):  # as the run keeps it (study.Run.open)
+        if identity is not None:
+            identity |= judging_identity(request.run)
     held = read_manifest(run_dir / MANIFEST)
     fp = fingerprint({"task": plan.task, "config": config})
     if not RunStore.changed(held, plan.task, config, fp, legacy, earlier):

@@ -210,10 +210,12 @@ async def replay_cached(
     resources: Any,
     max_reasks: int,
     width: int = 64,
+    judging: dict[str, Any] | None = None,
 ) -> dict[str, dict[str, dict[str, Any]]]:
     """Per item the response cache answers wholly (every request it makes is cached), the
     usage of solving it; an item with a request the cache has not seen is left out. Files a
-    framework writes while solving go to a directory deleted afterwards."""
+    framework writes while solving go to a directory deleted afterwards. ``judging``: the
+    context's ``cascade`` and ``label_confidence``, as the run sets them."""
     answered: dict[str, dict[str, dict[str, Any]]] = {}
     gate = asyncio.Semaphore(width)
     answers = fw.given_answers(options)
@@ -221,7 +223,15 @@ async def replay_cached(
 
         async def one(item: Any) -> None:
             ctx = ItemContext(
-                str(item.id), clients, options, resources, Path(scratch), max_reasks, fw, answers
+                str(item.id),
+                clients,
+                options,
+                resources,
+                Path(scratch),
+                max_reasks,
+                fw,
+                answers,
+                **(judging or {}),  # a cascade and the confidence asked: as the run asks
             )
             async with gate:
                 try:

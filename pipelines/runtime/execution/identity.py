@@ -206,6 +206,20 @@ def run_identity(
     return found
 
 
+def judging_identity(run: Any) -> dict[str, Any]:
+    """What of the run's configuration changes how its judgements are made and recorded, for
+    its identity (empty for a run with neither): the cascade's calibration by content
+    (``--cascade``) and the confidence recorded with each label (``--confidence``)."""
+    from ..contract.cascade import read_cascade
+
+    found: dict[str, Any] = {}
+    if run.cascade is not None:
+        found["cascade"] = read_cascade(Path(run.cascade)).identity()
+    if run.confidence is not None:
+        found["confidence"] = run.confidence
+    return found
+
+
 def earlier_identity(
     fw: Framework[Any, Any],
     options: BaseModel,

@@ -38,6 +38,7 @@ from .drivers import solve_on_drivers, spread_over_drivers
 from .identity import (
     earlier_identity,
     evaluator_key,
+    judging_identity,
     lead_evaluator,
     role_records,
     run_identity,
@@ -159,13 +160,11 @@ class Run:
         given = (fw, plan.options, self.roles, request.evaluator, self.items)
         identity, legacy = run_identity(*given, inputs), run_identity(*given, legacy=True)
         earlier = earlier_identity(*given, inputs)
-        cascade = run_cascade(request, self.roles)  # checked before anything is written
-        confidence = request.run.confidence  # labels recorded with it: another record
+        run_cascade(request, self.roles)  # its tiers checked against the roles, before writing
+        judging = judging_identity(request.run)  # another calibration is another run
         for found in (identity, legacy, earlier):
-            if found is not None and cascade is not None:  # another calibration: another run
-                found["cascade"] = cascade.identity()
-            if found is not None and confidence is not None:
-                found["confidence"] = confidence
+            if found is not None:
+                found |= judging
         self.store = store = RunStore(root / plan.key if plan.key else root)
         store.open(
             framework=fw.name,
