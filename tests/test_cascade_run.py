@@ -264,70 +264,67 @@ def test_report_json_html_and_agreement_say_what_the_cascade_kept_saved_and_abst
 
 # ---- a framework whose score is the verdict: an abstained judgement leaves the item unjudged --
 
-LABELS = ("yes", "partly", "no")
+ADDRESSED = """
+from pydantic import BaseModel, Field
+
+from groundcover import Framework, FrameworkOptions, InputFile, ItemContext, ItemResult
+from groundcover import PromptTemplate
+from groundcover.inputs import RecordId, read_jsonl
+from groundcover.judges import Vote
+
+PROMPT = PromptTemplate(
+    name="addressed",
+    version=1,
+    user="Question: {{ question }}\\nAnswer: {{ answer }}\\nyes/partly/no?",
+)
+SCORES = {"yes": 1.0, "partly": 0.5, "no": 0.0}
 
 
-def verdict_framework():
-    from pydantic import BaseModel, Field
+class Item(BaseModel):
+    id: RecordId
+    question: str
+    answer: str
 
-    from groundcover import (
-        Framework,
-        FrameworkOptions,
-        InputFile,
-        ItemContext,
-        ItemResult,
-        PromptTemplate,
-    )
-    from groundcover.inputs import RecordId, read_jsonl
-    from groundcover.judges import Vote
 
-    class Item(BaseModel):
-        id: RecordId
-        question: str
-        answer: str
+class Options(FrameworkOptions):
+    input: InputFile = Field(description="items JSONL: id, question, answer")
+    explain: bool = Field(False, description="ask for an explanation first (free text)")
 
-    prompt = PromptTemplate(
-        name="addressed",
-        version=1,
-        system="You judge whether an answer addresses its question.",
-        user="Question: {{ question }}\n\nAnswer: {{ answer }}\n\nAnswer yes, partly or no.",
-    )
 
-    class AddressedOptions(FrameworkOptions):
-        input: InputFile = Field(description="items JSONL: id, question, answer")
+class Addressed(Framework[Options, Item]):
+    name = "addressed"
+    Options = Options
+    prompts = {"addressed": PROMPT}
+    panel_rules = {"addressed": Vote(tie="no", labels=tuple(SCORES))}
 
-    class Addressed(Framework[AddressedOptions, Item]):
-        name = "addressed"
-        Options = AddressedOptions
-        prompts = {"addressed": prompt}
-        panel_rules = {"addressed": Vote(tie="no", labels=LABELS)}
+    def load(self, options: Options) -> list[Item]:
+        return list(read_jsonl(options.input, Item))
 
-        def load(self, options):
-            return list(read_jsonl(options.input, Item))
-
-        async def solve(self, item, ctx: ItemContext) -> ItemResult:
-            values = {"question": item.question, "answer": item.answer}
-            # free text of the cascaded role: no vote share to trust, the strongest tier's
-            said = await ctx.chat(prompt.messages(**values), stage="explain")
+    async def solve(self, item: Item, ctx: ItemContext) -> ItemResult:
+        values = {"question": item.question, "answer": item.answer}
+        if ctx.options.explain:  # free text of the cascaded role: the strongest tier's
+            said = await ctx.chat(PROMPT.messages(**values), stage="explain")
             ctx.details["explained"] = said.text
-            label = await ctx.choose(prompt, list(LABELS), "addressed", values)
-            return ctx.result("ok", {"yes": 1.0, "partly": 0.5, "no": 0.0}[label], label)
-
-    return Addressed()
+        label = await ctx.choose(PROMPT, list(SCORES), "addressed", values)
+        return ctx.result("ok", SCORES[label], label)
 
 
-def test_an_item_whose_score_is_the_abstained_verdict_is_recorded_unjudged(tmp_path):
-    """Tier 1: two cheap judges; a1 both say yes (2/2 >= 0.9: kept); a2 yes / no (1/2: the
-    declared tie no, escalated). Tier 2 has no threshold: a2 is abstained, recorded unjudged
-    with its stage, no score; the run's mean rests on a1 alone, and the summary counts a2."""
-    from groundcover.pipelines.runtime.contract.cascade import CALIBRATION_KIND
+ADDRESSED = Addressed()
+"""
 
-    items = tmp_path / "items.jsonl"
-    rows = [
-        {"id": "a1", "question": "Capital of France?", "answer": "Paris."},
-        {"id": "a2", "question": "Tallest mountain?", "answer": "A tall one."},
-    ]
-    items.write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+# an escalation from two cheap judges to a strong one: a1 both say yes; a2 they split
+ADDRESSED_ITEMS = [
+    {"id": "a1", "question": "Capital of France?", "answer": "Paris."},
+    {"id": "a2", "question": "Tallest mountain?", "answer": "A tall one."},
+]
+
+
+def addressed_inputs(tmp_path, thresholds):
+    """The framework's file, its items and a calibration of tiers c1 + c2, then big."""
+    framework, items = tmp_path / "addressed.py", tmp_path / "items.jsonl"
+    framework.write_text(ADDRESSED)
+    items.write_text("".join(json.dumps(r) + "\n" for r in ADDRESSED_ITEMS))
     made = {
         "kind": CALIBRATION_KIND,
         "alpha": 0.2,
@@ -336,11 +333,22 @@ def test_an_item_whose_score_is_the_abstained_verdict_is_recorded_unjudged(tmp_p
             {"members": ["judge", "judge#2"], "models": ["c1", "c2"]},
             {"members": ["judge"], "models": ["big"]},
         ],
-        "stages": {"addressed": {"thresholds": [0.9, None]}},
+        "stages": {"addressed": {"thresholds": thresholds}},
     }
     made["sha256"] = content_digest(made)
     cal = tmp_path / "cal.json"
     cal.write_text(json.dumps(made))
+    return framework, items, cal
+
+
+def test_an_item_whose_score_is_the_abstained_verdict_is_recorded_unjudged(tmp_path):
+    """Tier 1: two cheap judges; a1 both say yes (2/2 >= 0.9: kept); a2 yes / no (1/2: the
+    declared tie no, escalated). Tier 2 has no threshold: a2 is abstained, recorded unjudged
+    with its stage, no score; the run's mean rests on a1 alone, and the summary counts a2."""
+    from groundcover.pipelines.runtime.contract.plugins import from_file
+
+    framework, items, cal = addressed_inputs(tmp_path, [0.9, None])
+    _, fw = from_file(str(framework))
     stages = [f"{s}{k}" for s in ("addressed", "explain") for k in ("", "#2", "#3")]
     says = {"c1": "yes", "c2": None, "big": "partly"}
     clients = {}
@@ -348,11 +356,10 @@ def test_an_item_whose_score_is_the_abstained_verdict_is_recorded_unjudged(tmp_p
         script = (lambda p: "no" if "tall one" in p else "yes") if said is None else said
         clients[name] = ScriptedClient({s: script for s in stages}, model=name)
     roles = parse_role_options([f"judge={m}@{URL}" for m in says])
-    fw = verdict_framework()
     request = RunRequest(
         EvaluatorConfig(model="c1", endpoint=URL),
         RunConfig(run_dir=tmp_path / "run", cache=None, cascade=cal),
-        fw.Options(input=items),
+        fw.Options(input=items, explain=True),
         {role: RoleSpec.model_validate(spec) for role, spec in roles.items()},
     )
     (outcome,) = execute(
@@ -462,50 +469,6 @@ def test_a_lone_judges_label_probability_is_recorded_calibrated_and_trusted(tmp_
 
 # ---- bought as batch jobs: an escalation is the next round --------------------------------------
 
-ADDRESSED = """
-from pydantic import BaseModel, Field
-
-from groundcover import Framework, FrameworkOptions, InputFile, ItemContext, ItemResult
-from groundcover import PromptTemplate
-from groundcover.inputs import RecordId, read_jsonl
-from groundcover.judges import Vote
-
-PROMPT = PromptTemplate(
-    name="addressed",
-    version=1,
-    user="Question: {{ question }}\\nAnswer: {{ answer }}\\nyes/partly/no?",
-)
-SCORES = {"yes": 1.0, "partly": 0.5, "no": 0.0}
-
-
-class Item(BaseModel):
-    id: RecordId
-    question: str
-    answer: str
-
-
-class Options(FrameworkOptions):
-    input: InputFile = Field(description="items JSONL: id, question, answer")
-
-
-class Addressed(Framework[Options, Item]):
-    name = "addressed"
-    Options = Options
-    prompts = {"addressed": PROMPT}
-    panel_rules = {"addressed": Vote(tie="no", labels=tuple(SCORES))}
-
-    def load(self, options: Options) -> list[Item]:
-        return list(read_jsonl(options.input, Item))
-
-    async def solve(self, item: Item, ctx: ItemContext) -> ItemResult:
-        values = {"question": item.question, "answer": item.answer}
-        label = await ctx.choose(PROMPT, list(SCORES), "addressed", values)
-        return ctx.result("ok", SCORES[label], label)
-
-
-ADDRESSED = Addressed()
-"""
-
 
 def test_bought_as_batch_jobs_the_escalation_is_the_next_round_and_only_its_lines(
     tmp_path, monkeypatch
@@ -543,26 +506,7 @@ def test_bought_as_batch_jobs_the_escalation_is_the_next_round_and_only_its_line
         made.middlewares.append(listed)
         return server, made
 
-    framework, items = tmp_path / "addressed.py", tmp_path / "items.jsonl"
-    framework.write_text(ADDRESSED)
-    rows = [
-        {"id": "a1", "question": "Capital of France?", "answer": "Paris."},
-        {"id": "a2", "question": "Tallest mountain?", "answer": "A tall one."},
-    ]
-    items.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    made = {
-        "kind": CALIBRATION_KIND,
-        "alpha": 0.2,
-        "delta": 0.1,
-        "tiers": [
-            {"members": ["judge", "judge#2"], "models": ["c1", "c2"]},
-            {"members": ["judge"], "models": ["big"]},
-        ],
-        "stages": {"addressed": {"thresholds": [0.9, 1.0]}},
-    }
-    made["sha256"] = content_digest(made)
-    cal = tmp_path / "cal.json"
-    cal.write_text(json.dumps(made))
+    framework, items, cal = addressed_inputs(tmp_path, [0.9, 1.0])
     servers = {name: server_of(name) for name in says}
     monkeypatch.setenv("GROUNDCOVER_HOME", str(tmp_path / "home"))
     with (

@@ -34,8 +34,9 @@ from typing import Any
 
 import numpy as np
 
+from ...runtime.contract.cascade import PEOPLE
 from ...runtime.contract.config import UserError
-from ...runtime.contract.panels import Average, Level, PanelRule, Vote
+from ...runtime.contract.panels import Average, Level, PanelRule, Vote, numbered
 from ...runtime.contract.readers import iter_jsonl
 from ...runtime.contract.results import ItemResult
 from ...runtime.store.run_dir import run_directories
@@ -288,13 +289,11 @@ def panel_units(records: Sequence[ItemResult]) -> dict[str, list[Unit]]:
     """Per stage, the panel's units of the recorded items (in record order)."""
     out: dict[str, list[Unit]] = defaultdict(list)
     for record in records:
-        seen: dict[str, int] = defaultdict(int)
-        for entry in record.details.get("panel") or []:
+        for key, entry in numbered(record.details.get("panel") or []):
             stage = entry["stage"]
             out[stage].append(
-                Unit(record.id, stage, seen[stage], list(entry["members"]), entry.get("value"))
+                Unit(record.id, stage, key, list(entry["members"]), entry.get("value"))
             )
-            seen[stage] += 1
     return dict(out)
 
 
@@ -304,13 +303,11 @@ def judged_units(records: Sequence[ItemResult]) -> dict[str, list[Unit]]:
     where every tier abstained (runtime.contract.cascade)."""
     out = {stage: list(units) for stage, units in panel_units(records).items()}
     for record in records:
-        seen: dict[str, int] = defaultdict(int)
-        for entry in record.details.get("cascade") or []:
+        for key, entry in numbered(record.details.get("cascade") or []):
             stage, last = entry["stage"], (entry.get("tiers") or [{}])[-1]
             values = list(last.get("members") or [])
-            judged = None if entry.get("kept") == "people" else entry.get("value")  # theirs
-            out.setdefault(stage, []).append(Unit(record.id, stage, seen[stage], values, judged))
-            seen[stage] += 1
+            judged = None if entry.get("kept") == PEOPLE else entry.get("value")  # theirs
+            out.setdefault(stage, []).append(Unit(record.id, stage, key, values, judged))
     return out
 
 

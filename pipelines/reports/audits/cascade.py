@@ -33,6 +33,7 @@ from typing import Any
 
 from ...runtime.contract.cascade import CALIBRATION_KIND, PEOPLE, route
 from ...runtime.contract.cascade import content_digest as content_digest  # the file's own digest
+from ...runtime.contract.panels import numbered
 
 
 @dataclass(frozen=True)
@@ -301,11 +302,8 @@ def asked_of(record: Any) -> dict[tuple[str, int], str]:
     known by its number)."""
     out: dict[tuple[str, int], str] = {}
     for field_name in ("panel", "confidence"):
-        seen: dict[str, int] = {}
-        for entry in record.details.get(field_name) or []:
-            stage = entry["stage"]
-            key = seen[stage] = seen.get(stage, -1) + 1
-            out.setdefault((stage, key), str(entry.get("asked") or f"#{key}"))
+        for key, entry in numbered(record.details.get(field_name) or []):
+            out.setdefault((entry["stage"], key), str(entry.get("asked") or f"#{key}"))
     return out
 
 
@@ -316,10 +314,8 @@ def lone_confidences(records: Sequence[Any]) -> dict[str, dict[tuple[str, str], 
     out: dict[str, dict[tuple[str, str], tuple[Any, float]]] = {}
     for record in records:
         asked = asked_of(record)
-        seen: dict[str, int] = {}
-        for entry in record.details.get("confidence") or []:
+        for key, entry in numbered(record.details.get("confidence") or []):
             stage = entry["stage"]
-            key = seen[stage] = seen.get(stage, -1) + 1
             if entry.get("confidence") is not None:
                 unit = (record.id, asked[(stage, key)])
                 out.setdefault(stage, {})[unit] = (entry["value"], entry["confidence"])
@@ -531,10 +527,8 @@ def run_cascade(
     labels = run_labels(run_dir)
     stages: dict[str, dict[str, Any]] = {}
     for record in records:
-        seen: dict[str, int] = {}
-        for entry in record.details.get("cascade") or []:
+        for key, entry in numbered(record.details.get("cascade") or []):
             stage = entry["stage"]
-            key = seen[stage] = seen.get(stage, -1) + 1
             found = stages.setdefault(stage, _stage_counts(len(sizes)))
             found["judgements"] += 1
             found["uncalibrated"] += entry.get("calibrated") is False

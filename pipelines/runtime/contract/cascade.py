@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import UserError
-from .panels import split_member
+from .panels import numbered, split_member
 
 CALIBRATION_KIND = "groundcover-cascade-calibration"
 
@@ -50,26 +50,24 @@ class Cascade:
         """Each tier's kind of confidence for ``stage`` (share where the file says none)."""
         return self.confidences.get(stage) or ("share",) * len(self.sizes)
 
+    def tier_numbers(self) -> list[list[int]]:
+        """Each tier's member numbers (from 1: ``judge`` is 1, ``judge#4`` is 4)."""
+        out, start = [], 1
+        for size in self.sizes:
+            out.append(list(range(start, start + size)))
+            start += size
+        return out
+
     def kind_of_member(self, stage: str, member: int) -> str:
         """The kind of confidence of the tier member ``member`` (from 1) belongs to."""
-        end = 0
-        for kind, size in zip(self.kinds(stage), self.sizes, strict=True):
-            end += size
-            if member <= end:
+        for kind, numbers in zip(self.kinds(stage), self.tier_numbers(), strict=True):
+            if member in numbers:
                 return kind
         return "share"
 
     @property
     def members(self) -> int:
         return sum(self.sizes)
-
-    def tiers(self, members: Sequence[str]) -> list[list[str]]:
-        """``members`` (the role's, in member order) cut into the tiers."""
-        out, start = [], 0
-        for size in self.sizes:
-            out.append(list(members[start : start + size]))
-            start += size
-        return out
 
     def check_role(self, role: str, members: Sequence[str], models: Sequence[str]) -> None:
         """The role's members are the calibration's tiers, model for model, or one line says
@@ -216,10 +214,8 @@ def people_decided(
     back in any order."""
     out: dict[str, dict[tuple[str, str], Any]] = {}
     for record in records:
-        seen: dict[str, int] = {}
-        for entry in record.details.get("cascade") or []:
+        for key, entry in numbered(record.details.get("cascade") or []):
             stage = entry["stage"]
-            key = seen[stage] = seen.get(stage, -1) + 1
             label = labels.get((record.id, stage, key))
             if entry.get("kept") is None and label is not None and "asked" in entry:
                 out.setdefault(record.id, {})[(stage, entry["asked"])] = label

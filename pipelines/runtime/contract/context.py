@@ -93,16 +93,15 @@ class ItemContext:
         member's stage side by side, with the stage's rule (None: one answer, no panel). A label
         stage of the cascaded role (``asked``: its values, given where the answers are
         ``Parsed``) goes tier by tier instead: one answer, the kept tier's."""
-        rule, members, role = None, [], None
+        rule, members = None, []
         if not isinstance(self.clients, EvalClient) and self.framework is not None:
             rule = self.framework.panel_rule(stage)
             if rule is not None:
-                role = self.framework.role_of(stage)
-                members = panel_members(role, list(self.clients))
+                members = panel_members(self.framework.role_of(stage), list(self.clients))
         numbers = list(range(1, len(members) + 1))
         if self._cascaded_role(stage):
             if asked is not None and isinstance(rule, Vote):
-                tiered = await self._cascaded(stage, rule, members, ask, asked)  # type: ignore[arg-type]
+                tiered = await self._cascaded(stage, rule, ask, asked)  # type: ignore[arg-type]
                 return None, [tiered]  # type: ignore[list-item]
             numbers = self._strongest_tier()  # a rating or free text: the strongest tier's
             if rule is None or len(numbers) < 2:
@@ -123,8 +122,7 @@ class ItemContext:
         role that gives no label (a rating, an extraction, free text) has no vote share to trust:
         the strongest tier answers it, as a run without the cascade would ask the strong judge."""
         assert self.cascade is not None
-        total = self.cascade.members
-        return list(range(total - self.cascade.sizes[-1] + 1, total + 1))
+        return self.cascade.tier_numbers()[-1]
 
     def _strongest(self, stage: str) -> str:
         """``stage`` as the strongest tier's first member asks it, for the cascaded role."""
@@ -136,35 +134,36 @@ class ItemContext:
         self,
         stage: str,
         rule: Vote,
-        members: list[str],
         ask: Callable[[str], Awaitable[Parsed]],
         asked: dict[str, Any],
     ) -> Parsed:
         """The judgement asked tier by tier (``runtime.contract.cascade``): each tier's members
         side by side, their labels combined by the stage's vote; kept at the first tier whose
-        share of members giving the label reaches its threshold. Recorded in the details under
-        ``cascade``: every tier asked, its members' labels, its label and confidence, and the
-        tier that kept it (None: abstained, ``JudgementAbstained``). A stage no tier answered
-        at all is unparseable, as for one judge."""
+        confidence reaches its threshold. Recorded in the details under ``cascade``: every tier
+        asked, its members' labels, its label and confidence, and the tier that kept it (None:
+        abstained, ``JudgementAbstained``; ``people``: abstained, and labelled since). A stage no
+        tier answered at all is unparseable, as for one judge."""
         assert self.cascade is not None
-        tiers = self.cascade.tiers(members)
+        tiers = self.cascade.tier_numbers()
         thresholds = self.cascade.thresholds.get(stage)
         entry: dict[str, Any] = {"stage": stage, "asked": panels.asked_digest(asked), "tiers": []}
+        asking = list(zip(range(1, len(tiers) + 1), tiers, thresholds or (), strict=False))
         if thresholds is None:  # not calibrated: the strongest tier alone, no guarantee claimed
-            thresholds = (None,) * (len(tiers) - 1) + (0.0,)
+            asking = [(len(tiers), tiers[-1], 0.0)]
             entry["calibrated"] = False
+
+        def recorded(kept: Any, value: Any) -> None:
+            self.details.setdefault("cascade", []).append(entry | {"kept": kept, "value": value})
+
         said: list[tuple[float | None, float | None]] = []
         failed: Parsed | None = None
-        numbered = iter(range(1, len(members) + 1))
-        for k, (tier, threshold) in enumerate(zip(tiers, thresholds, strict=True), 1):
-            numbers = [next(numbered) for _ in tier]
-            if threshold is None and "calibrated" in entry:
-                continue  # an uncalibrated stage skips to the last tier
+        kinds = self.cascade.kinds(stage)
+        for k, numbers, threshold in asking:
             answers = list(await asyncio.gather(*(ask(member_name(stage, n)) for n in numbers)))
             values = [a.value if a.ok else None for a in answers]
             value, tie = (None, False) if all(v is None for v in values) else rule.combine(values)
             share = None if value is None else sum(v == value for v in values) / len(values)
-            if self.cascade.kinds(stage)[k - 1] == "logprobs":  # the lone judge's own probability
+            if kinds[k - 1] == "logprobs":  # the lone judge's own probability of its label
                 result = answers[0].result if answers[0].ok else None
                 share = result.label_probability(str(value)) if result is not None else None
             step = {"tier": k, "members": values, "value": value, "confidence": share}
@@ -172,19 +171,17 @@ class ItemContext:
             said.append((share, threshold))
             failed = failed or next((a for a in answers if not a.ok), None)
             if share is not None and threshold is not None and share >= threshold:
-                self.details.setdefault("cascade", []).append(entry | {"kept": k, "value": value})
+                recorded(k, value)
                 first = next(a for a in answers if a.ok)
                 return Parsed("ok", value, outputs=first.outputs, probability=share)
         if all(share is None for share, _ in said) and failed is not None:
-            self.details.setdefault("cascade", []).append(entry | {"kept": None, "value": None})
+            recorded(None, None)
             return Parsed("unparseable", error=failed.error, outputs=failed.outputs)
         decided = (self.people or {}).get((stage, entry["asked"]))
         if decided is not None:  # every tier abstained, and people have labelled it since
-            self.details.setdefault("cascade", []).append(
-                entry | {"kept": PEOPLE, "value": decided}
-            )
+            recorded(PEOPLE, decided)
             return Parsed("ok", decided)
-        self.details.setdefault("cascade", []).append(entry | {"kept": None, "value": None})
+        recorded(None, None)
         raise JudgementAbstained(stage, said)
 
     def _combined(

@@ -25,7 +25,7 @@ import hashlib
 import json
 import statistics
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -146,3 +146,12 @@ def record(stage: str, answers: Sequence[Any], value: Any, tie: bool) -> dict[st
     """One combined answer as kept in the item's details (``details["panel"]``)."""
     entry = {"stage": stage, "members": list(answers), "value": value}
     return entry | {"tie": True} if tie else entry
+
+
+def numbered(entries: Iterable[dict[str, Any]]) -> Iterator[tuple[int, dict[str, Any]]]:
+    """Each of an item's recorded entries (``panel``, ``cascade``, ``confidence``) with its
+    number within its stage: the ``key`` labels and audits name a unit of the item by."""
+    seen: dict[str, int] = {}
+    for entry in entries:
+        key = seen[entry["stage"]] = seen.get(entry["stage"], -1) + 1
+        yield key, entry
