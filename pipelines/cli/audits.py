@@ -230,6 +230,7 @@ def cascade_calibrate(
         read_tier,
         render,
     )
+    from ..runtime.contract.cascade import NLI_TIER
     from ..runtime.contract.plugins import trust_files
 
     if not 0 <= check_share < 1:
@@ -241,6 +242,12 @@ def cascade_calibrate(
     trust_files(framework_file)
     labels = read_human(human) if human is not None else None
     tiers = [read_tier(d, labels) for d in run_dir]
+    for directory, tier in list(zip(run_dir, tiers, strict=True))[1:]:
+        if tier.members == [NLI_TIER]:
+            raise UserError(
+                f"{directory}: its pairs were scored by an NLI model: an NLI model is the "
+                "cascade's tier 1, give its run first"
+            )
     made = calibrate_runs(tiers, guarantee, check_share, seed)
     made["sha256"] = content_digest(made)
     folder = out or run_dir[-1] / "cascade"

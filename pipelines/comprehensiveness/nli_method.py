@@ -53,14 +53,24 @@ class LlmNli:
 
     name = "llm"
 
-    async def judge(self, ctx: ItemContext, pairs: list[Pair]) -> list[Labelled]:
+    async def judge(
+        self, ctx: ItemContext, pairs: list[Pair], first: list[Labelled] | None = None
+    ) -> list[Labelled]:
+        """Each pair's label; ``first``: an NLI model's labels of the pairs, the first tier of
+        the run's cascade (the judge is asked only for the pairs it does not keep)."""
         template = PROMPTS["nli"]
 
-        async def one(pair: Pair) -> Labelled:
+        async def one(pair: Pair, prior: Labelled | None) -> Labelled:
             values = {"premise": pair[0], "hypothesis": pair[1]}
             # max_tokens: room for a label under any tokenizer
             parsed = await ctx.choice(
-                template, list(NLI_LABELS), "nli", values, max_tokens=24, logprobs=True
+                template,
+                list(NLI_LABELS),
+                "nli",
+                values,
+                first=prior,
+                max_tokens=24,
+                logprobs=True,
             )
             if parsed.ok:
                 probability = (
@@ -76,7 +86,21 @@ class LlmNli:
             ctx.details["nli_unreadable"] = ctx.details.get("nli_unreadable", 0) + 1
             return "neutral", 1.0
 
-        return list(await asyncio.gather(*(one(p) for p in pairs)))
+        priors: list[Labelled | None] = list(first) if first else [None] * len(pairs)
+        return await every_pair(one(p, prior) for p, prior in zip(pairs, priors, strict=True))
+
+
+async def every_pair(judging: Any) -> list[Labelled]:
+    """Every pair's label, each judgement finished before the first failure is raised: a
+    cascade records every pair it abstained on (people label them all at once), and nothing
+    is left running into a record already written."""
+    found = await asyncio.gather(*judging, return_exceptions=True)
+    labelled: list[Labelled] = []
+    for outcome in found:
+        if isinstance(outcome, BaseException):
+            raise outcome
+        labelled.append(outcome)
+    return labelled
 
 
 class CrossEncoderNli:
@@ -107,7 +131,13 @@ class CrossEncoderNli:
 
         probs = await self.batcher.rows(pairs)
         ctx.account(CROSS_ENCODER_STAGE, len(pairs))
-        return [(CANONICAL[row.argmax()], float(row.max())) for row in probs]
+        labelled = [(CANONICAL[row.argmax()], float(row.max())) for row in probs]
+        if ctx.nli_first("nli"):  # tier 1 of the run's cascade: the judge decides the rest
+            return await LlmNli().judge(ctx, pairs, first=labelled)
+        for (premise, hypothesis), (label, probability) in zip(pairs, labelled, strict=True):
+            values = {"premise": premise, "hypothesis": hypothesis}  # as the judge is asked
+            ctx.model_label("nli", values, label, probability)
+        return labelled
 
 
 def make_judge(config, ray_address: str | None = None) -> NliJudge:

@@ -31,7 +31,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from ...runtime.contract.cascade import CALIBRATION_KIND, PEOPLE, route
+from ...runtime.contract.cascade import CALIBRATION_KIND, NLI_TIER, PEOPLE, route
 from ...runtime.contract.cascade import content_digest as content_digest  # the file's own digest
 from ...runtime.contract.panels import numbered
 
@@ -273,11 +273,16 @@ def read_tier(run_dir: Any, human: dict[tuple[str, str, int], Any] | None) -> Ti
             stage_units[(unit.item, asked[unit.item][(stage, unit.key)])] = (unit.combined, share)
         units[stage] = stage_units
     kinds = dict.fromkeys(units, "share")
-    for stage, found_units in lone_confidences(records).items():
+    models_of: dict[str, list[str]] = {}
+    for stage, (kind, found_units) in lone_confidences(records).items():
         if stage not in units:  # a lone judge's labels, recorded with --confidence logprobs
-            units[stage], kinds[stage] = found_units, "logprobs"
-            members = [fw.role_of(stage, "judge")]
+            units[stage], kinds[stage] = found_units, kind
             skipped.pop(stage, None)
+            if kind == NLI_TIER:  # an NLI model's: the tier is the model, known by content
+                members = [NLI_TIER]
+                models_of[stage] = [nli_model_of(manifest, options)]
+            else:
+                members = [fw.role_of(stage, "judge")]
     # the dataset's own human grades, the labels people gave in the run, a --human file: the
     # later wins
     shipped = {
@@ -293,6 +298,8 @@ def read_tier(run_dir: Any, human: dict[tuple[str, str, int], Any] | None) -> Ti
         if (stage, key) in asked.get(item, {})
     }
     models = [(manifest.roles.get(m) or {}).get("request_model", "?") for m in members]
+    if members == [NLI_TIER]:
+        models = next(iter(models_of.values()))
     return TierRun(str(run_dir), manifest.task, members, models, units, skipped, labels, kinds)
 
 
@@ -307,19 +314,38 @@ def asked_of(record: Any) -> dict[tuple[str, int], str]:
     return out
 
 
-def lone_confidences(records: Sequence[Any]) -> dict[str, dict[tuple[str, str], tuple[Any, float]]]:
-    """Per stage, each label a lone judge gave with the probability it gave it (a run made with
-    ``--confidence logprobs``), keyed by item and what the judgement asked. A label without a
-    probability (the endpoint gave no logprobs) is left out: nothing to calibrate."""
-    out: dict[str, dict[tuple[str, str], tuple[Any, float]]] = {}
+def lone_confidences(
+    records: Sequence[Any],
+) -> dict[str, tuple[str, dict[tuple[str, str], tuple[Any, float]]]]:
+    """Per stage, the kind of confidence (``logprobs``: a lone judge's label probability;
+    ``nli``: an NLI model's, scoring pairs in the judge's place) and each label given with its
+    probability (a run made with ``--confidence logprobs``), keyed by item and what the
+    judgement asked. A label without a probability (the endpoint gave no logprobs) is left out:
+    nothing to calibrate."""
+    out: dict[str, tuple[str, dict[tuple[str, str], tuple[Any, float]]]] = {}
     for record in records:
         asked = asked_of(record)
         for key, entry in numbered(record.details.get("confidence") or []):
             stage = entry["stage"]
             if entry.get("confidence") is not None:
                 unit = (record.id, asked[(stage, key)])
-                out.setdefault(stage, {})[unit] = (entry["value"], entry["confidence"])
+                kind = str(entry.get("kind") or "logprobs")
+                found = out.setdefault(stage, (kind, {}))[1]
+                found[unit] = (entry["value"], entry["confidence"])
     return out
+
+
+def nli_model_of(manifest: Any, options: Any) -> str:
+    """The content digest of the NLI model a run scored pairs with, as its manifest recorded it
+    (where the checkpoint lives now plays no part), else as it is found now."""
+    from ...runtime.execution.solve import nli_model_digest
+
+    used = options.cross_encoder() if hasattr(options, "cross_encoder") else None
+    name = None if used is None else used[0]
+    for record in (manifest.inputs or {}).values():
+        if record.get("kind") == "model" and record.get("name") == name and record.get("sha256"):
+            return str(record["sha256"])
+    return str(nli_model_digest(options) or "?")
 
 
 def checked_apart(item: str, seed: int, share: float) -> bool:
@@ -549,11 +575,17 @@ def run_cascade(
                 found["agreeing"] += label == entry["value"]
             elif label is not None:
                 found["abstained_labelled"] += 1
+    model_first = made.get("nli_model") is not None  # tier 1 an NLI model: no member's stage
     for stage, found in stages.items():
         numbers = iter(range(1, sum(sizes) + 1))
-        tiers = [[member_name(stage, next(numbers)) for _ in range(n)] for n in sizes]
+        tiers = [
+            [] if k == 0 and model_first else [member_name(stage, next(numbers)) for _ in range(n)]
+            for k, n in enumerate(sizes)
+        ]
         found["calls"] = [sum(usage.get(s, {}).get("calls", 0) for s in t) for t in tiers]
         found["tokens"] = [sum(_tokens(usage.get(s, {})) for s in t) for t in tiers]
+        if model_first:  # one pair scored per judgement it was asked, no request, no token
+            found["calls"][0] = found["asked"][0]
         found |= _against_strongest(found, sizes[-1] if sizes else 1)
         if cost is not None:
             priced = cost.get("by_stage") or {}
@@ -574,6 +606,9 @@ def run_cascade(
         "guaranteed_agreement": 1 - float(made.get("alpha") or 0),
         "confidence": 1 - float(made.get("delta") or 0),
         "tiers": sizes,
+        # what each tier is, as the pages print it: its members, or the NLI model
+        "members": ["NLI model" if k == 0 and model_first else str(n) for k, n in enumerate(sizes)],
+        "nli_model": made.get("nli_model"),
         "stages": stages,
     }
 
@@ -628,10 +663,10 @@ def render_run(found: dict[str, Any], out: Any) -> None:
     )
     for stage, s in found["stages"].items():
         table = Table("tier", "members", "asked", "kept", "calls", "tokens", title=stage)
-        for k, size in enumerate(found["tiers"]):
+        for k, members in enumerate(found["members"]):
             table.add_row(
                 str(k + 1),
-                str(size),
+                members,
                 str(s["asked"][k]),
                 str(s["kept"][k]),
                 str(s["calls"][k]),

@@ -10,6 +10,11 @@ abstained: the item is recorded ``unjudged`` with the stage that abstained, neve
 judgement is offered for labelling (``view``). The thresholds are the calibration's: the kept
 judgements agree with people at least 1 - alpha of the time with probability at least 1 - delta.
 
+Tier 1 of an entailment stage may be an NLI model instead of judges (its members ``["nli"]``,
+its model the checkpoint's content digest, its confidence kind ``nli``: the probability the
+model gave its label): the framework scores every pair with it and the role's LLM tiers are
+asked only for the pairs below its threshold.
+
 The calibration is known by its content: its SHA-256 enters the run's identity, so a run made
 with another calibration is another run. Stages it did not calibrate are asked of the last,
 strongest tier alone and recorded as such (no guarantee is claimed for them).
@@ -27,6 +32,8 @@ from .errors import UserError
 from .panels import numbered, split_member
 
 CALIBRATION_KIND = "groundcover-cascade-calibration"
+NLI_TIER = "nli"  # the one member of a tier that is an NLI model (the cross-encoder's role)
+CONFIDENCE_KINDS = frozenset({"share", "logprobs", NLI_TIER})
 
 
 @dataclass(frozen=True)
@@ -42,18 +49,25 @@ class Cascade:
     sizes: tuple[int, ...]
     models: tuple[tuple[str, ...], ...]
     thresholds: dict[str, tuple[float | None, ...]]
-    # per stage, each tier's confidence: "share" (of its panel giving the label) or "logprobs"
-    # (the probability a lone judge gave its label)
+    # per stage, each tier's confidence: "share" (of its panel giving the label), "logprobs"
+    # (the probability a lone judge gave its label) or "nli" (the NLI model's probability)
     confidences: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    # tier 1 is an NLI model, no member of the role: its checkpoint's content digest
+    nli_model: str | None = None
 
     def kinds(self, stage: str) -> tuple[str, ...]:
         """Each tier's kind of confidence for ``stage`` (share where the file says none)."""
         return self.confidences.get(stage) or ("share",) * len(self.sizes)
 
     def tier_numbers(self) -> list[list[int]]:
-        """Each tier's member numbers (from 1: ``judge`` is 1, ``judge#4`` is 4)."""
-        out, start = [], 1
-        for size in self.sizes:
+        """Each tier's member numbers of the role (from 1: ``judge`` is 1, ``judge#4`` is 4); an
+        NLI model's tier has none (the framework gives its answer, ``ItemContext.choice``)."""
+        out: list[list[int]] = []
+        start = 1
+        for k, size in enumerate(self.sizes):
+            if k == 0 and self.nli_model is not None:
+                out.append([])
+                continue
             out.append(list(range(start, start + size)))
             start += size
         return out
@@ -67,19 +81,27 @@ class Cascade:
 
     @property
     def members(self) -> int:
-        return sum(self.sizes)
+        """How many members of the role the tiers have (an NLI model's tier is none)."""
+        return sum(len(numbers) for numbers in self.tier_numbers())
+
+    def judge_tiers(self) -> list[int]:
+        """The indexes of the tiers whose members are the role's."""
+        return [k for k, numbers in enumerate(self.tier_numbers()) if numbers]
 
     def check_role(self, role: str, members: Sequence[str], models: Sequence[str]) -> None:
         """The role's members are the calibration's tiers, model for model, or one line says
         which is not."""
+        judging = self.judge_tiers()
         if len(members) != self.members:
-            sizes = " + ".join(str(s) for s in self.sizes)
+            sizes = " + ".join(str(self.sizes[k]) for k in judging)
             raise UserError(
-                f"--cascade {self.file}: its {len(self.sizes)} tier(s) have {sizes} member(s); "
-                f"role {role} has {len(members)} ({', '.join(members)}): give one --role "
-                f"{role}=MODEL per member, tier 1's first"
+                f"--cascade {self.file}: its {len(judging)} tier(s) "
+                + ("of judges " if self.nli_model else "")
+                + f"have {sizes} member(s); role {role} has {len(members)} "
+                f"({', '.join(members)}): give one --role {role}=MODEL per member, the "
+                "cheapest tier's first"
             )
-        calibrated = [m for tier in self.models for m in tier]
+        calibrated = [m for k in judging for m in self.models[k]]
         for member, model, wanted in zip(members, models, calibrated, strict=True):
             if wanted != "?" and model != wanted:
                 raise UserError(
@@ -91,7 +113,22 @@ class Cascade:
         """What the run's identity keeps (and its report reads): the calibration by content,
         its guarantee, and the tiers' sizes (never its path or name)."""
         found = {"sha256": self.sha256, "alpha": self.alpha, "delta": self.delta}
-        return found | {"role": self.role, "tiers": list(self.sizes)}
+        found |= {"role": self.role, "tiers": list(self.sizes)}
+        return found | ({"nli_model": self.nli_model} if self.nli_model is not None else {})
+
+    def check_nli_model(self, digest: str | None) -> None:
+        """The run's NLI model is the calibration's tier 1 by content, or one line says so."""
+        if self.nli_model is None or digest == self.nli_model:
+            return
+        if digest is None:
+            raise UserError(
+                f"--cascade {self.file}: its tier 1 is an NLI model; this run scores no pair "
+                "with one (--nli-backend cross-encoder --nli-model CHECKPOINT)"
+            )
+        raise UserError(
+            f"--cascade {self.file}: its tier 1 is the NLI model {self.nli_model[:19]}…, this "
+            f"run's is {digest[:19]}… (its threshold holds for that model only)"
+        )
 
 
 def read_cascade(path: Path) -> Cascade:
@@ -118,14 +155,23 @@ def read_cascade(path: Path) -> Cascade:
     if not isinstance(tiers, list) or not tiers:
         raise UserError(f"{where}: record: field 'tiers': expected a list of tiers")
     sizes, models, roles = [], [], set()
+    nli_model: str | None = None
     for k, tier in enumerate(tiers):
         members = tier.get("members") if isinstance(tier, dict) else None
         named = tier.get("models") if isinstance(tier, dict) else None
         if not isinstance(members, list) or not isinstance(named, list):
             raise UserError(f"{where}: record: field 'tiers[{k}]': members and models lists")
         sizes.append(max(len(members), 1))
-        roles |= {split_member(str(m))[0] for m in members}
         models.append(tuple(str(m) for m in named) or ("?",))
+        if members == [NLI_TIER]:  # an NLI model, no judge: tier 1 of an entailment stage
+            if k != 0 or len(tiers) < 2 or len(named) != 1:
+                raise UserError(
+                    f"{where}: record: field 'tiers[{k}]': an NLI model is tier 1 of several, "
+                    "with its one model"
+                )
+            nli_model = str(named[0])
+            continue
+        roles |= {split_member(str(m))[0] for m in members}
     if len(roles) > 1:
         raise UserError(f"{where}: record: field 'tiers': members of several roles {sorted(roles)}")
     thresholds: dict[str, tuple[float | None, ...]] = {}
@@ -143,9 +189,15 @@ def read_cascade(path: Path) -> Cascade:
             raise UserError(f"{where}: record: field 'stages.{stage}.thresholds': numbers")
         thresholds[stage] = tuple(None if t is None else float(t) for t in given)
         kinds = calibrated.get("confidence") or ["share"] * len(tiers)
-        if len(kinds) != len(tiers) or not set(kinds) <= {"share", "logprobs"}:
+        if len(kinds) != len(tiers) or not set(kinds) <= CONFIDENCE_KINDS:
             raise UserError(
-                f"{where}: record: field 'stages.{stage}.confidence': share or logprobs per tier"
+                f"{where}: record: field 'stages.{stage}.confidence': share, logprobs or nli "
+                "per tier"
+            )
+        if [n for n, k in enumerate(kinds) if k == NLI_TIER] != ([0] if nli_model else []):
+            raise UserError(
+                f"{where}: record: field 'stages.{stage}.confidence': nli is the confidence of "
+                "an NLI model's tier 1, and only its"
             )
         if any(k == "logprobs" and sizes[n] != 1 for n, k in enumerate(kinds)):
             raise UserError(
@@ -163,6 +215,7 @@ def read_cascade(path: Path) -> Cascade:
         models=tuple(models),
         thresholds=thresholds,
         confidences=confidences,
+        nli_model=nli_model,
     )
 
 

@@ -23,7 +23,7 @@ from ....serving.client import (
 )
 from ....serving.templates import PromptTemplate
 from . import panels
-from .cascade import PEOPLE, Cascade, JudgementAbstained
+from .cascade import NLI_TIER, PEOPLE, Cascade, JudgementAbstained
 from .panels import PanelRule, Vote, member_name, panel_members, split_member
 from .results import ItemResult, StageFailed, StageFailure, Status
 
@@ -88,11 +88,13 @@ class ItemContext:
         stage: str,
         ask: Callable[[str], Awaitable[A]],
         asked: dict[str, Any] | None = None,
+        first: tuple[Any, float] | None = None,
     ) -> tuple[PanelRule | None, list[A]]:
         """``ask(stage)``, or for a judging stage whose role is a panel, ``ask`` of each
         member's stage side by side, with the stage's rule (None: one answer, no panel). A label
         stage of the cascaded role (``asked``: its values, given where the answers are
-        ``Parsed``) goes tier by tier instead: one answer, the kept tier's."""
+        ``Parsed``) goes tier by tier instead: one answer, the kept tier's (``first``: the label
+        and probability an NLI model gave, the answer of a cascade's NLI tier)."""
         rule, members = None, []
         if not isinstance(self.clients, EvalClient) and self.framework is not None:
             rule = self.framework.panel_rule(stage)
@@ -101,7 +103,7 @@ class ItemContext:
         numbers = list(range(1, len(members) + 1))
         if self._cascaded_role(stage):
             if asked is not None and isinstance(rule, Vote):
-                tiered = await self._cascaded(stage, rule, ask, asked)  # type: ignore[arg-type]
+                tiered = await self._cascaded(stage, rule, ask, asked, first)  # type: ignore[arg-type]
                 return None, [tiered]  # type: ignore[list-item]
             numbers = self._strongest_tier()  # a rating or free text: the strongest tier's
             if rule is None or len(numbers) < 2:
@@ -116,6 +118,29 @@ class ItemContext:
         if self.cascade is None or self.framework is None or isinstance(self.clients, EvalClient):
             return False
         return split_member(stage)[1] == 1 and self.framework.role_of(stage) == self.cascade.role
+
+    def nli_first(self, stage: str) -> bool:
+        """Whether the run's cascade takes ``stage``'s labels from an NLI model first: the
+        framework gives its label and probability to ``choice`` (``first``), which asks the
+        role's judges only when the model's tier does not keep it."""
+        return (
+            self.cascade is not None
+            and self.cascade.nli_model is not None
+            and self._cascaded_role(stage)
+            and self._label_stage(stage)
+        )
+
+    def model_label(
+        self, stage: str, values: dict[str, Any], label: Any, probability: float
+    ) -> None:
+        """A label of ``stage`` an NLI model gave in place of the judge, with its probability:
+        with ``--confidence logprobs`` it is recorded as a lone judge's would be (kind ``nli``),
+        what ``cascade calibrate`` reads as an NLI model's tier."""
+        if not self.label_confidence:
+            return
+        entry = {"stage": stage, "asked": panels.asked_digest(values), "value": label}
+        entry |= {"confidence": probability, "kind": NLI_TIER}
+        self.details.setdefault("confidence", []).append(entry)
 
     def _strongest_tier(self) -> list[int]:
         """The member numbers of the cascade's last, strongest tier. A stage of the cascaded
@@ -136,10 +161,12 @@ class ItemContext:
         rule: Vote,
         ask: Callable[[str], Awaitable[Parsed]],
         asked: dict[str, Any],
+        first: tuple[Any, float] | None = None,
     ) -> Parsed:
         """The judgement asked tier by tier (``runtime.contract.cascade``): each tier's members
-        side by side, their labels combined by the stage's vote; kept at the first tier whose
-        confidence reaches its threshold. Recorded in the details under ``cascade``: every tier
+        side by side, their labels combined by the stage's vote (an NLI model's tier: its label
+        ``first``, nothing asked); kept at the first tier whose confidence reaches its
+        threshold. Recorded in the details under ``cascade``: every tier
         asked, its members' labels, its label and confidence, and the tier that kept it (None:
         abstained, ``JudgementAbstained``; ``people``: abstained, and labelled since). A stage no
         tier answered at all is unparseable, as for one judge."""
@@ -159,21 +186,26 @@ class ItemContext:
         failed: Parsed | None = None
         kinds = self.cascade.kinds(stage)
         for k, numbers, threshold in asking:
-            answers = list(await asyncio.gather(*(ask(member_name(stage, n)) for n in numbers)))
-            values = [a.value if a.ok else None for a in answers]
+            if not numbers:  # an NLI model's tier: the label the framework scored it with
+                answers, values = [], [None if first is None else first[0]]
+            else:
+                answers = list(await asyncio.gather(*(ask(member_name(stage, n)) for n in numbers)))
+                values = [a.value if a.ok else None for a in answers]
             value, tie = (None, False) if all(v is None for v in values) else rule.combine(values)
             share = None if value is None else sum(v == value for v in values) / len(values)
             if kinds[k - 1] == "logprobs":  # the lone judge's own probability of its label
                 result = answers[0].result if answers[0].ok else None
                 share = result.label_probability(str(value)) if result is not None else None
+            elif kinds[k - 1] == NLI_TIER:  # the model's probability of its label
+                share = None if first is None else float(first[1])
             step = {"tier": k, "members": values, "value": value, "confidence": share}
             entry["tiers"].append(step | ({"tie": True} if tie else {}))
             said.append((share, threshold))
             failed = failed or next((a for a in answers if not a.ok), None)
             if share is not None and threshold is not None and share >= threshold:
                 recorded(k, value)
-                first = next(a for a in answers if a.ok)
-                return Parsed("ok", value, outputs=first.outputs, probability=share)
+                outputs: list[str] = next((a.outputs for a in answers if a.ok), [])
+                return Parsed("ok", value, outputs=outputs, probability=share)
         if all(share is None for share, _ in said) and failed is not None:
             recorded(None, None)
             return Parsed("unparseable", error=failed.error, outputs=failed.outputs)
@@ -313,13 +345,15 @@ class ItemContext:
         choices: list[str],
         stage: str,
         values: dict[str, Any],
+        first: tuple[Any, float] | None = None,
         **params: Any,
     ) -> Parsed:
         """One of ``choices`` (constrained on vLLM), or the unparseable record: the caller
         decides what an unreadable answer means. A panel votes (``probability``: the share of
-        its members that gave the label)."""
+        its members that gave the label). ``first``: the label and probability an NLI model gave
+        the judgement, a cascade's tier 1 where ``nli_first(stage)`` (ignored elsewhere)."""
         rule, answers = await self._each_member(
-            stage, lambda s: self._choice_one(template, choices, s, values, params), values
+            stage, lambda s: self._choice_one(template, choices, s, values, params), values, first
         )
         return self._lone_confidence(
             stage, self._panel_parsed(stage, rule, answers, values), values

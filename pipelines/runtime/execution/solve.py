@@ -270,7 +270,17 @@ def run_cascade(request: RunRequest, roles: dict[str, EvaluatorConfig]) -> Casca
     members = panel_members(cascade.role, list(roles))
     models = [str(model_record(roles[m]).get("request_model", "?")) for m in members]
     cascade.check_role(cascade.role, members, models)
+    if cascade.nli_model is not None:
+        cascade.check_nli_model(nli_model_digest(request.options))
     return cascade
+
+
+def nli_model_digest(options: Any) -> str | None:
+    """The content digest of the NLI cross-encoder ``options`` score pairs with (None: none)."""
+    from ....serving.content import model_content
+
+    used = options.cross_encoder() if hasattr(options, "cross_encoder") else None
+    return None if used is None else model_content(used[0]).get("revision")
 
 
 def decided_by_people(store: RunStore) -> dict[str, dict[tuple[str, str], Any]]:
