@@ -106,6 +106,43 @@ def test_frameworks_do_not_import_each_other():
     assert offenders == []
 
 
+async def test_a_failed_stage_is_recorded_once_the_calls_beside_it_have_ended():
+    """One stage stays unparseable while another, asked beside it (``gather``), is still being
+    answered: the item is recorded after that answer came back, with what it added to the
+    details; nothing is left running into a record already written."""
+    import asyncio
+
+    from groundcover.pipelines.runtime.contract.context import ItemContext
+    from groundcover.pipelines.runtime.execution.solve import solve_item
+    from groundcover.serving.templates import REASK
+    from tests.support.scripted import ScriptedClient
+
+    class SlowToAnswer(ScriptedClient):
+        async def _request(self, model, messages, body, usage, *, stage, template):
+            if stage == "slow":
+                await asyncio.sleep(0.3)
+            return await super()._request(
+                model, messages, body, usage, stage=stage, template=template
+            )
+
+    values = {"error": "e", "expected": "n"}
+
+    class Beside:
+        async def solve(self, item, ctx):
+            async def slow():
+                parsed = await ctx.ask(REASK, "slow", int, "a number", values)
+                ctx.details["slow"] = parsed.value
+
+            await asyncio.gather(ctx.ask(REASK, "fast", int, "a number", values), slow())
+
+    client = SlowToAnswer({"fast": "not a number", "slow": "7"})
+    ctx = ItemContext("i", client, None, max_reasks=0)
+    result = await solve_item(Beside(), None, ctx)
+    assert result.status == "unparseable" and result.failure.stage == "fast"
+    assert result.details == {"slow": 7}
+    assert result.usage["slow"]["calls"] == 1
+
+
 async def test_attempt_returns_what_ask_raises_and_account_counts():
     from groundcover.pipelines.runtime.contract.context import ItemContext
     from groundcover.pipelines.runtime.contract.results import StageFailed

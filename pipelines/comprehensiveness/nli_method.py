@@ -87,20 +87,7 @@ class LlmNli:
             return "neutral", 1.0
 
         priors: list[Labelled | None] = list(first) if first else [None] * len(pairs)
-        return await every_pair(one(p, prior) for p, prior in zip(pairs, priors, strict=True))
-
-
-async def every_pair(judging: Any) -> list[Labelled]:
-    """Every pair's label, each judgement finished before the first failure is raised: a
-    cascade records every pair it abstained on (people label them all at once), and nothing
-    is left running into a record already written."""
-    found = await asyncio.gather(*judging, return_exceptions=True)
-    labelled: list[Labelled] = []
-    for outcome in found:
-        if isinstance(outcome, BaseException):
-            raise outcome
-        labelled.append(outcome)
-    return labelled
+        return list(await asyncio.gather(*map(one, pairs, priors)))
 
 
 class CrossEncoderNli:

@@ -7,7 +7,8 @@ is a panel asks every member side by side and combines their answers by the stag
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+import contextlib
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
@@ -63,6 +64,9 @@ class ItemContext:
     # what people decided of this item's judgements the cascade abstained on: (stage, asked
     # digest) -> label (cascade.people_decided)
     people: Mapping[tuple[str, str], Any] | None = None
+    # stage calls in flight, and what a ``settle`` waits on (set when the last one ends)
+    _flying: int = field(default=0, init=False, repr=False)
+    _landed: asyncio.Event | None = field(default=None, init=False, repr=False)
 
     @property
     def answered_elsewhere(self) -> bool:
@@ -74,6 +78,27 @@ class ItemContext:
         if self.answers is None:
             raise RuntimeError("given_answer: this run has no answers file")
         return self.answers.get(self.item_id)
+
+    @contextlib.contextmanager
+    def _in_flight(self) -> Iterator[None]:
+        self._flying += 1
+        try:
+            yield
+        finally:
+            self._flying -= 1
+            if not self._flying and self._landed is not None:
+                self._landed.set()
+
+    async def settle(self) -> None:
+        """Wait until no stage call of this item is in flight. A stage that fails (unparseable,
+        abstained) raises through the framework's ``gather`` while its siblings still run: the
+        item is recorded once they have ended, with everything they add to the details (every
+        judgement a cascade abstained on, not only the first), and nothing of theirs is left
+        running into a record already written. Their calls were sent either way."""
+        while self._flying:
+            self._landed = self._landed or asyncio.Event()
+            self._landed.clear()
+            await self._landed.wait()
 
     def _client(self, stage: str) -> EvalClient:
         if isinstance(self.clients, EvalClient):
@@ -95,6 +120,16 @@ class ItemContext:
         stage of the cascaded role (``asked``: its values, given where the answers are
         ``Parsed``) goes tier by tier instead: one answer, the kept tier's (``first``: the label
         and probability an NLI model gave, the answer of a cascade's NLI tier)."""
+        with self._in_flight():
+            return await self._members_answer(stage, ask, asked, first)
+
+    async def _members_answer(
+        self,
+        stage: str,
+        ask: Callable[[str], Awaitable[A]],
+        asked: dict[str, Any] | None,
+        first: tuple[Any, float] | None,
+    ) -> tuple[PanelRule | None, list[A]]:
         rule, members = None, []
         if not isinstance(self.clients, EvalClient) and self.framework is not None:
             rule = self.framework.panel_rule(stage)
@@ -253,14 +288,15 @@ class ItemContext:
         self, messages: list[dict], *, stage: str, template: str | None = None, **params: Any
     ) -> ChatResult:
         stage = self._strongest(stage)
-        return await self._client(stage).chat(
-            messages,
-            stage=stage,
-            template=template,
-            meter=self.meter,
-            reasoning_log=self.reasoning_log,
-            **params,
-        )
+        with self._in_flight():
+            return await self._client(stage).chat(
+                messages,
+                stage=stage,
+                template=template,
+                meter=self.meter,
+                reasoning_log=self.reasoning_log,
+                **params,
+            )
 
     async def attempt(
         self,
@@ -461,15 +497,16 @@ class ItemContext:
         **params: Any,
     ) -> ToolRun:
         stage = self._strongest(stage)
-        return await self._client(stage).run_tools(
-            messages,
-            tools,
-            stage=stage,
-            template=template,
-            meter=self.meter,
-            reasoning_log=self.reasoning_log,
-            **params,
-        )
+        with self._in_flight():
+            return await self._client(stage).run_tools(
+                messages,
+                tools,
+                stage=stage,
+                template=template,
+                meter=self.meter,
+                reasoning_log=self.reasoning_log,
+                **params,
+            )
 
     def usage(self) -> dict[str, dict[str, Any]]:
         return {stage: u.as_dict() for stage, u in self.meter.items()}

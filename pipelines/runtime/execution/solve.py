@@ -43,7 +43,7 @@ console = terminal(stderr=True)
 async def solve_item(fw: Framework[Any, ItemT], item: ItemT, ctx: ItemContext) -> ItemResult:
     """The framework's answer, or the item's failure recorded as such. Only a gone endpoint or
     an interrupt stops the run (what finished is kept; a rerun resumes)."""
-    result = await _solved(fw, item, ctx)
+    result = await _recorded(fw, item, ctx)
     if ctx.reasoning_log:  # --keep-reasoning: what the judge reasoned, failed items included
         result = result.model_copy(update={"reasoning": ctx.reasoning_log})
     return result
@@ -52,6 +52,14 @@ async def solve_item(fw: Framework[Any, ItemT], item: ItemT, ctx: ItemContext) -
 async def _solved(fw: Framework[Any, ItemT], item: ItemT, ctx: ItemContext) -> ItemResult:
     try:
         return await fw.solve(item, ctx)
+    except (StageFailed, RequestRejected, JudgementAbstained, ReasoningCut):
+        await ctx.settle()  # the failed stage's siblings end first: the record holds them
+        raise
+
+
+async def _recorded(fw: Framework[Any, ItemT], item: ItemT, ctx: ItemContext) -> ItemResult:
+    try:
+        return await _solved(fw, item, ctx)
     except StageFailed as failure:
         return ctx.failed(
             failure.failure(),
