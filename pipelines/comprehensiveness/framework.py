@@ -56,6 +56,7 @@ from .graph import (
     export_graph,
     source_counts,
 )
+from .parsers import RELATIONS
 from .rules import Rules
 
 GRAPH_METHODS = {"nli": nli_method.evaluate, "qa": qa_method.evaluate}
@@ -69,9 +70,15 @@ class Comprehensiveness(Framework[ComprehensivenessOptions, Item]):
     roles = {"judge": "every stage: atoms / questions, relevance, NLI or comparison, E2E"}
     stage_roles = {nli_method.CROSS_ENCODER_STAGE: "nli", "*": "judge"}
     # a judge panel: NLI labels by strict majority (a tie asserts no relation: neutral), spec
-    # relevance scores by their mean; the other stages (extraction, comparison, coverage lists)
-    # are asked of the first member
-    panel_rules = {"nli": Vote(tie="neutral"), "relevance": Average("mean")}
+    # relevance scores by their mean; the other stages (extraction, coverage lists) are asked
+    # of the first member
+    panel_rules = {
+        "nli": Vote(tie="neutral"),
+        "relevance": Average("mean"),
+        # Q&A: a panel's relation between two answers is its members' vote (the paper's reading
+        # by the label's first-token probability is a lone judge's); a tie asserts none
+        "compare": Vote(tie="neutral", labels=RELATIONS),
+    }
     # responses made elsewhere (--answers): {id, response} as the items have them, or another
     # harness's log; an item without one is not scored, and counted
     answer_file = AnswerFile(answer_field="response", missing="not scored, counted")

@@ -109,7 +109,7 @@ async def rate(
     text: str,
     stage: str = "rate",
     template: PromptTemplate | None = None,
-) -> tuple[int, str]:
+) -> tuple[int, str | None]:
     """The judge at temperature 0 with a few output tokens; the first digit is the rating. An
     answer without one (or with 6-9 on the 0-5 scale) is re-asked; still none -> -1, counted 0
     as the authors count it, and counted in ``details["unreadable"]`` (never silently).
@@ -125,7 +125,8 @@ async def rate(
     if not parsed.ok:
         ctx.details["unreadable"] = ctx.details.get("unreadable", 0) + 1
         return -1, parsed.outputs[-1]
-    return parsed.value, parsed.outputs[-1]
+    # no output: people rated it (a rating every tier of a judge cascade abstained on)
+    return parsed.value, parsed.outputs[-1] if parsed.outputs else None
 
 
 class Crux(Framework[CruxOptions, TopicItem]):

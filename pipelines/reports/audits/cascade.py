@@ -245,7 +245,7 @@ def read_tier(run_dir: Any, human: dict[tuple[str, str, int], Any] | None) -> Ti
     what it asked (the panel entry's ``asked``), never by its place among the item's
     judgements: tiers that asked an item's judgements in another order still line up, and a
     label given by its place in this run is moved onto the judgement that stood there."""
-    from ...runtime.contract.panels import Vote, panel_members
+    from ...runtime.contract.panels import panel_members, verdict_of
     from ...runtime.contract.plugins import run_framework
     from ...runtime.store.run_dir import MANIFEST, RESULTS, read_manifest, results_by_id
     from ..people.labels import run_labels
@@ -260,8 +260,8 @@ def read_tier(run_dir: Any, human: dict[tuple[str, str, int], Any] | None) -> Ti
     skipped: dict[str, str] = {}
     members: list[str] = []
     for stage, found in panel_units(records).items():
-        if not isinstance(fw.panel_rule(stage), Vote):
-            skipped[stage] = "a score, not a label: no vote share to trust"
+        if verdict_of(fw.panel_rule(stage)) is None:
+            skipped[stage] = "a score on an interval scale, not a label or a rating: no verdict"
             continue
         members = panel_members(fw.role_of(stage, "judge"), list(manifest.roles))
         stage_units = {}

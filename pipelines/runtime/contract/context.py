@@ -25,7 +25,7 @@ from ....serving.client import (
 from ....serving.templates import PromptTemplate
 from . import panels
 from .cascade import NLI_TIER, PEOPLE, Cascade, JudgementAbstained
-from .panels import PanelRule, Vote, member_name, panel_members, split_member
+from .panels import PanelRule, member_name, panel_members, split_member, verdict_of
 from .results import ItemResult, StageFailed, StageFailure, Status
 
 A = TypeVar("A")  # an answer of a stage (a panel member's, or the one)
@@ -137,7 +137,7 @@ class ItemContext:
                 members = panel_members(self.framework.role_of(stage), list(self.clients))
         numbers = list(range(1, len(members) + 1))
         if self._cascaded_role(stage):
-            if asked is not None and isinstance(rule, Vote):
+            if asked is not None and verdict_of(rule) is not None:
                 tiered = await self._cascaded(stage, rule, ask, asked, first)  # type: ignore[arg-type]
                 return None, [tiered]  # type: ignore[list-item]
             numbers = self._strongest_tier()  # a rating or free text: the strongest tier's
@@ -179,8 +179,9 @@ class ItemContext:
 
     def _strongest_tier(self) -> list[int]:
         """The member numbers of the cascade's last, strongest tier. A stage of the cascaded
-        role that gives no label (a rating, an extraction, free text) has no vote share to trust:
-        the strongest tier answers it, as a run without the cascade would ask the strong judge."""
+        role that gives no verdict (a mean score, an extraction, free text) has no agreement to
+        trust: the strongest tier answers it, as a run without the cascade would ask the strong
+        judge."""
         assert self.cascade is not None
         return self.cascade.tier_numbers()[-1]
 
@@ -193,7 +194,7 @@ class ItemContext:
     async def _cascaded(
         self,
         stage: str,
-        rule: Vote,
+        rule: PanelRule,
         ask: Callable[[str], Awaitable[Parsed]],
         asked: dict[str, Any],
         first: tuple[Any, float] | None = None,
@@ -230,7 +231,8 @@ class ItemContext:
             share = None if value is None else sum(v == value for v in values) / len(values)
             if kinds[k - 1] == "logprobs":  # the lone judge's own probability of its label
                 result = answers[0].result if answers[0].ok else None
-                share = result.label_probability(str(value)) if result is not None else None
+                given = str(answers[0].value)  # as it said it (a rating 4, not its median 4.0)
+                share = result.label_probability(given) if result is not None else None
             elif kinds[k - 1] == NLI_TIER:  # the model's probability of its label
                 share = None if first is None else float(first[1])
             step = {"tier": k, "members": values, "value": value, "confidence": share}
@@ -396,7 +398,10 @@ class ItemContext:
         )
 
     def _label_stage(self, stage: str) -> bool:
-        return self.framework is not None and isinstance(self.framework.panel_rule(stage), Vote)
+        """Whether ``stage``'s answer is a verdict a cascade keeps (a label or a rating)."""
+        return (
+            self.framework is not None and verdict_of(self.framework.panel_rule(stage)) is not None
+        )
 
     def _with_logprobs(self, stage: str, params: dict[str, Any]) -> dict[str, Any]:
         """A member's (``stage``: its own, ``judge#4``) label stage asks for logprobs where its

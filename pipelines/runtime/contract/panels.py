@@ -81,6 +81,22 @@ class Average:
 
 PanelRule = Vote | Average
 
+Verdict = Literal["label", "rating"]
+
+
+def verdict_of(rule: PanelRule | None) -> Verdict | None:
+    """What a stage's answer is to a judge cascade, which keeps a verdict where a tier agrees on
+    it and escalates it elsewhere: a ``label`` (a ``Vote``: a category, or a relation between
+    two texts such as an entailment), a ``rating`` (the median of ratings on an ordinal scale:
+    the tier's verdict is the rating its members give, people agree when they give the same),
+    or None: a score on an interval scale (a mean) or a stage without a rule (extraction, free
+    text), with no verdict to agree on, asked of the strongest tier."""
+    if isinstance(rule, Vote):
+        return "label"
+    if isinstance(rule, Average) and rule.how == "median" and rule.level == "ordinal":
+        return "rating"
+    return None
+
 
 def member_name(name: str, k: int) -> str:
     """The k-th member's role or stage (k from 1; the first is the name itself)."""
