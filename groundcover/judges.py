@@ -1,14 +1,15 @@
 """Judging: how a panel's answers combine (``Vote``, ``Average``), human labels beside a run's
 decision (``HumanLabel``), the recorded judgements the reliability audits ask again
 (``Judgement``, ``SwapPair``), paraphrases of a judging prompt (``load_variants``) and reading a
-model's output (``ParseError``, ``bullet_list``), and the judgement a cascade abstained on
+model's output (``ParseError``, ``bullet_list``), what a stage's verdict is to a judge cascade
+(``verdict_of``: a label, a rating, or none) and the judgement a cascade abstained on
 (``JudgementAbstained``: a stage whose verdict is one metric among several may record it as
 such and keep the rest)."""
 
 from __future__ import annotations
 
 from .pipelines.runtime.contract.cascade import JudgementAbstained
-from .pipelines.runtime.contract.panels import Average, HumanLabel, Vote
+from .pipelines.runtime.contract.panels import Average, HumanLabel, Vote, verdict_of
 from .pipelines.runtime.contract.results import Judgement, SwapPair
 from .serving.parsing import ParseError, bullet_list
 from .serving.templates import load_variants
@@ -23,4 +24,5 @@ __all__ = [
     "Vote",
     "bullet_list",
     "load_variants",
+    "verdict_of",
 ]
