@@ -197,6 +197,8 @@ def test_the_judge_is_asked_exactly_for_the_pairs_below_the_models_threshold(tmp
     nli = found["stages"]["nli"]
     assert (nli["asked"], nli["kept"], nli["abstained"]) == ([20, 10], [10, 10], 0)
     assert nli["calls"] == [20, 10] and nli["tokens"][0] == 0
+    # the judge's calls against the judge alone; the model's pairs said apart (no request)
+    assert (nli["calls_total"], nli["model_scored"]) == (10, 20)
     assert (nli["calls_strongest_alone"], nli["strongest_asked_share"]) == (20, 0.5)
 
 

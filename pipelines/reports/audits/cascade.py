@@ -585,8 +585,8 @@ def run_cascade(
         found["calls"] = [sum(usage.get(s, {}).get("calls", 0) for s in t) for t in tiers]
         found["tokens"] = [sum(_tokens(usage.get(s, {})) for s in t) for t in tiers]
         if model_first:  # one pair scored per judgement it was asked, no request, no token
-            found["calls"][0] = found["asked"][0]
-        found |= _against_strongest(found, sizes[-1] if sizes else 1)
+            found["calls"][0] = found["model_scored"] = found["asked"][0]
+        found |= _against_strongest(found, sizes[-1] if sizes else 1, int(model_first))
         if cost is not None:
             priced = cost.get("by_stage") or {}
             found["cost"] = [round(sum(priced.get(s, 0.0) for s in t), 6) for t in tiers]
@@ -632,15 +632,16 @@ def _tokens(usage: dict[str, Any]) -> int:
     return int(usage.get("prompt_tokens", 0)) + int(usage.get("completion_tokens", 0))
 
 
-def _against_strongest(found: dict[str, Any], size: int) -> dict[str, Any]:
+def _against_strongest(found: dict[str, Any], size: int, model_tiers: int = 0) -> dict[str, Any]:
     """What asking the strongest tier alone for every judgement would have taken: its calls,
-    and its tokens at the tokens per call it used (None where it was never asked)."""
+    and its tokens at the tokens per call it used (None where it was never asked). The judges'
+    calls are the total: an NLI model's tier (``model_tiers``: 1) scores pairs, no request."""
     calls_alone = found["judgements"] * size
     last_calls, last_tokens = found["calls"][-1], found["tokens"][-1]
     tokens_alone = round(last_tokens / last_calls * calls_alone) if last_calls else None
     judged = found["judgements"]
     return {
-        "calls_total": sum(found["calls"]),
+        "calls_total": sum(found["calls"][model_tiers:]),
         "calls_strongest_alone": calls_alone,
         "tokens_total": sum(found["tokens"]),
         "tokens_strongest_alone": tokens_alone,
@@ -679,7 +680,13 @@ def render_run(found: dict[str, Any], out: Any) -> None:
             "offered for labelling)"
             + (f", {s['people']} more decided by people's labels" if s["people"] else "")
             + f"; coverage {s['coverage']:.1%}; {s['calls_total']} calls "
-            f"against {s['calls_strongest_alone']} for the strongest tier alone, "
+            f"against {s['calls_strongest_alone']} for the strongest tier alone"
+            + (
+                f" (and {s['model_scored']} pairs the NLI model scored)"
+                if "model_scored" in s
+                else ""
+            )
+            + ", "
             f"{s['tokens_total']:,} tokens against "
             + ("? (never asked)" if alone is None else f"{alone:,}")
             + _cost_said(s)
