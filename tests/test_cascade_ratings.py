@@ -184,3 +184,16 @@ def test_an_answer_comparison_escalates_only_where_the_cheap_panel_ties(tmp_path
     assert field_of(asked.prompt, "Answer pair") == HEIGHT_300
     kept = sorted((e["kept"], e["value"]) for e in record.details["cascade"])
     assert kept == [(1, "second implies first"), (2, "neutral")]
+
+
+def test_a_rating_panels_run_is_a_tier_to_calibrate(tmp_path):
+    """The cheap panel's run alone: each rating is a unit of `rate` with the panel's median and
+    the share of raters who gave it, what `cascade calibrate` reads as the tier's confidence."""
+    from groundcover.pipelines.reports.audits.cascade import read_tier
+
+    outcome, _ = rated(tmp_path, None, raters=CHEAP)
+    tier = read_tier(outcome.dir, None)
+    assert "rate" not in tier.skipped and tier.kinds["rate"] == "share"
+    found = sorted(tier.units["rate"].values())
+    assert found == [(3.0, pytest.approx(1 / 3)), (4.0, pytest.approx(2 / 3)), (5.0, 1.0)]
+    assert tier.members == MEMBERS[:3] and tier.models == CHEAP
