@@ -172,29 +172,32 @@ def test_a_panels_members_are_each_asked_against_their_own_answers(tmp_path):
 
 def test_paraphrases_of_the_fanoutqa_judge_count_flips_per_variant(tmp_path):
     run_dir = fanout_run(tmp_path)
-    [variant] = FANOUTQA.paraphrases("judge")
-    assert variant.variant == "plain" and "~plain@v1#" in variant.id
+    variants = FANOUTQA.paraphrases("judge")
+    assert [v.variant for v in variants] == ["plain", "teacher", "terse"]
+    assert all(f"~{v.variant}@v1#" in v.id for v in variants)
 
-    # the paraphrase keeps the values, the six cases and the last-line letter
+    # each paraphrase keeps the values, the six cases and the last-line letter
     def fields(text: str) -> set[str]:
         return set(re.findall(r"\{\{\s*(\w+)\s*\}\}", text))
 
-    assert fields(FANOUTQA.prompts["judge"].user) == fields(variant.user)
-    assert all(f"({letter})" in variant.user for letter in "ABCDEF")
+    for variant in variants:
+        assert fields(FANOUTQA.prompts["judge"].user) == fields(variant.user)
+        assert all(f"({letter})" in variant.user for letter in "ABCDEF")
 
     def reworded(prompt: str) -> str:
-        assert "Reference answer:" in prompt  # the paraphrase, not the run's prompt
-        return "Facts.\nC"  # f1 was B (a flip), f2 was C
+        assert "Expert answer:" not in prompt  # a paraphrase, never the run's prompt
+        return "Facts.\nC"  # f1 was B (a flip under each paraphrase), f2 was C
 
     client = ScriptedClient({"judge": reworded}, check_constraints=False)
     result = asyncio.run(reask_audit(run_rows(run_dir), "paraphrase", 5, 0, {"judge": client}))
-    assert list(result["by_variant"]) == [variant.id]
-    assert (result["answered"], result["flips"]) == (2, 1)
-    assert [c.body.get("max_tokens") for c in client.calls] == [768, 768]
+    assert list(result["by_variant"]) == [v.id for v in variants]
+    # two judgements, each asked with each of the three paraphrases: f1 flips three times
+    assert (result["answered"], result["flips"]) == (6, 3)
+    assert [c.body.get("max_tokens") for c in client.calls] == [768] * 6
 
 
 def test_crux_rating_paraphrase_counts_flips_and_the_mean_change(tmp_path):
-    """p4 is rated by the run for Q0..Q2 (4, 2, 0 by question); the paraphrase rates 4, 3, 2:
+    """p4 is rated by the run for Q0..Q2 (4, 2, 0 by question); each paraphrase rates 4, 3, 2:
     two flips of three, the mean absolute change (0 + 1 + 2) / 3 = 1."""
     paths = write_crux(tmp_path)
     ratings = {"Q0?": "4", "Q1?": "2", "Q2?": "0"}
@@ -208,12 +211,14 @@ def test_crux_rating_paraphrase_counts_flips_and_the_mean_change(tmp_path):
     new = {"Q0?": "4", "Q1?": "3", "Q2?": "2"}
 
     def paraphrased(prompt: str) -> str:
-        assert prompt.startswith("How much of the answer")
+        assert not prompt.startswith("Rate how well")  # a paraphrase, never the run's prompt
         return new[field_of(prompt, "Question")]
 
     again = ScriptedClient({"rate": paraphrased}, check_constraints=False)
     result = asyncio.run(reask_audit(rows, "paraphrase", 10, 0, {"rate": again}))
-    assert (result["answered"], result["flips"]) == (3, 2)
+    # each of the three paraphrases rates 4, 3, 2: two flips of three, a change of 1, each
+    assert len(result["by_variant"]) == 3
+    assert (result["answered"], result["flips"]) == (9, 6)
     assert result["change"] == pytest.approx(1.0)
     assert (outcome.dir / "labels" / PARAPHRASE).is_file()
 

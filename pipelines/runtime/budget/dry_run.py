@@ -84,6 +84,7 @@ def cache_replay(fw, plan: RunPlan, found, request: RunRequest, root: Path, cach
             judging = {
                 "cascade": run_cascade(request, found),
                 "label_confidence": request.run.confidence == "logprobs",
+                "annotators": request.run.simulated_annotators,
             }
             solving = replay_cached(
                 fw, items, plan.options, clients, resources, plan.options.max_reasks, 64, judging

@@ -220,6 +220,13 @@ class RunConfig(Strict):
         "(its answer tokens' logprobs, after any reasoning): a cascade tier's confidence for "
         "`cascade calibrate` (a panel's is the share of its members, recorded always)",
     )
+    simulated_annotators: bool = Field(
+        False,
+        description="a judge panel's members word their question apart (Trust or Escalate's "
+        "simulated annotators): member 1 asks a label or rating stage with its prompt, member k "
+        "with the framework's (k-1)-th declared paraphrase of it (prompt_variants); one model "
+        "at temperature 0 then makes a panel whose agreement is a confidence",
+    )
     # known by its content: the calibration's SHA-256 enters the run's identity (identity.py)
     cascade: Annotated[Path | None, NotContent("known by the SHA-256 it holds")] = Field(
         None,
@@ -342,6 +349,7 @@ SHARED_OPTIONS = (
     SharedOption("keep_reasoning", "run.keep_reasoning"),
     SharedOption("cascade", "run.cascade"),
     SharedOption("confidence", "run.confidence"),
+    SharedOption("simulated_annotators", "run.simulated_annotators"),
     SharedOption("supersede", "run.supersede"),
     SharedOption("track", "run.track"),
     SharedOption("track_uri", "run.track_uri"),

@@ -40,6 +40,8 @@ class StageRouting(Protocol):
 
     def panel_rule(self, stage: str) -> PanelRule | None: ...
 
+    def paraphrases(self, stage: str) -> tuple[PromptTemplate, ...]: ...
+
 
 @dataclass
 class ItemContext:
@@ -61,6 +63,8 @@ class ItemContext:
     reasoning_log: list[dict[str, Any]] | None = None
     cascade: Cascade | None = None  # --cascade: the judging role's members asked tier by tier
     label_confidence: bool = False  # --confidence logprobs: a lone judge's label probability
+    # --simulated-annotators: a panel's member k asks with the stage's (k-1)-th paraphrase
+    annotators: bool = False
     # what people decided of this item's judgements the cascade abstained on: (stage, asked
     # digest) -> label (cascade.people_decided)
     people: Mapping[tuple[str, str], Any] | None = None
@@ -176,6 +180,20 @@ class ItemContext:
         entry = {"stage": stage, "asked": panels.asked_digest(values), "value": label}
         entry |= {"confidence": probability, "kind": NLI_TIER}
         self.details.setdefault("confidence", []).append(entry)
+
+    def _worded(self, template: PromptTemplate, stage: str) -> PromptTemplate:
+        """The wording a member (``stage``: its own, ``judge#3``) asks with: with simulated
+        annotators, the k-th member of its panel (of its tier, under a cascade) the stage's
+        (k-1)-th paraphrase, the first its prompt; else the prompt."""
+        if not self.annotators or self.framework is None:
+            return template
+        base, k = split_member(stage)
+        position = k - 1
+        if self.cascade is not None and self._cascaded_role(base):
+            position = next(n.index(k) for n in self.cascade.tier_numbers() if k in n)
+        if position == 0:
+            return template
+        return self.framework.paraphrases(base)[position - 1]  # each is there: check_wordings
 
     def _strongest_tier(self) -> list[int]:
         """The member numbers of the cascade's last, strongest tier. A stage of the cascaded
@@ -338,6 +356,7 @@ class ItemContext:
         params: dict[str, Any],
     ) -> Parsed:
         client, params = self._client(stage), self._with_logprobs(stage, dict(params))
+        template = self._worded(template, stage)
         if regex and client.vllm_extensions and client.constrains:
             extra = dict(params.pop("extra_body", None) or {})
             params["extra_body"] = extra | {"structured_outputs": {"regex": regex}}
@@ -438,7 +457,7 @@ class ItemContext:
         values: dict[str, Any],
         params: dict[str, Any],
     ) -> Parsed:
-        params = self._with_logprobs(stage, params)
+        params, template = self._with_logprobs(stage, params), self._worded(template, stage)
         return await self._client(stage).choice(
             template.messages(**values),
             choices,
@@ -482,6 +501,7 @@ class ItemContext:
     async def _label_score(
         self, template: PromptTemplate, stage: str, values: dict[str, Any], **params: Any
     ) -> LabelScore:
+        template = self._worded(template, stage)
         return await self._client(stage).label_score(
             template.messages(**values),
             max_reasks=self.max_reasks,

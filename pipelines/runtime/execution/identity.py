@@ -80,16 +80,24 @@ def plan_roles(fw: Framework, plan: RunPlan, request: RunRequest) -> dict[str, E
     return out
 
 
-def members_apart(fw: Framework, roles: dict[str, EvaluatorConfig]) -> dict[str, EvaluatorConfig]:
+def members_apart(
+    fw: Framework, roles: dict[str, EvaluatorConfig], run: Any = None
+) -> dict[str, EvaluatorConfig]:
     """A panel's members told apart, or refused, once each is known by content (before
     anything is written). Members that are one model (equal revisions: the same weights, or
     one URL where nothing identifies them) asked with equal sampling would send the same
     request: at temperature 0 (the run's, or one a panel stage fixes) they cannot differ and
     are refused; a fixed seed makes them answer alike and is refused too; sampled at
     temperature > 0 they are a self-consistency panel, each further member's requests keyed
-    by its member index (``EvaluatorConfig.sample``) so the cache keeps every sample."""
+    by its member index (``EvaluatorConfig.sample``) so the cache keeps every sample. With
+    ``--simulated-annotators`` (``run``) they are told apart by their wording instead: every
+    panel stage needs one per member (``check_wordings``)."""
     out = dict(roles)
     bases = {split_member(name)[0] for name in roles if split_member(name)[1] > 1}
+    if run is not None and getattr(run, "simulated_annotators", False):
+        for base in sorted(bases):
+            check_wordings(fw, base, wordings_needed(run, len(panel_members(base, list(roles)))))
+        return out
     for base in sorted(bases):
         first_of: dict[str, str] = {}
         for member in panel_members(base, list(roles)):
@@ -103,6 +111,33 @@ def members_apart(fw: Framework, roles: dict[str, EvaluatorConfig]) -> dict[str,
                 raise UserError(refusal)
             out[member] = ev.model_copy(update={"sample": split_member(member)[1]})
     return out
+
+
+def wordings_needed(run: Any, members: int) -> int:
+    """How many wordings of a stage a panel asks with simulated annotators: one per member, or
+    under ``--cascade`` one per member of its largest tier (each tier words from its prompt)."""
+    if run.cascade is None:
+        return members
+    from ..contract.cascade import read_cascade
+
+    cascade = read_cascade(Path(run.cascade))
+    return max(cascade.sizes[k] for k in cascade.judge_tiers())
+
+
+def check_wordings(fw: Framework, role: str, needed: int) -> None:
+    """Each stage of ``role`` a panel combines has a wording for each of ``needed`` members
+    (its prompt and the paraphrases it declares), or one line says which has not."""
+    for stage in sorted(fw.panel_rules):
+        if fw.role_of(stage.rstrip("*"), "") != role:
+            continue
+        wordings = 1 + len(fw.paraphrases(stage.rstrip("*")))
+        if wordings < needed:
+            raise UserError(
+                f"--simulated-annotators: stage {stage} of {fw.name} has {wordings} wording(s) "
+                f"(its prompt and {wordings - 1} paraphrase(s)), and the {role} panel asks it "
+                f"with {needed} members, one wording each: give at most {wordings} member(s) "
+                "a tier, or declare more paraphrases (prompt_variants)"
+            )
 
 
 def asked_as(ev: EvaluatorConfig) -> dict[str, Any]:
@@ -209,7 +244,8 @@ def run_identity(
 def judging_identity(run: Any) -> dict[str, Any]:
     """What of the run's configuration changes how its judgements are made and recorded, for
     its identity (empty for a run with neither): the cascade's calibration by content
-    (``--cascade``) and the confidence recorded with each label (``--confidence``)."""
+    (``--cascade``), the confidence recorded with each label (``--confidence``) and panel
+    members asking their own paraphrase (``--simulated-annotators``)."""
     from ..contract.cascade import read_cascade
 
     found: dict[str, Any] = {}
@@ -217,6 +253,8 @@ def judging_identity(run: Any) -> dict[str, Any]:
         found["cascade"] = read_cascade(Path(run.cascade)).identity()
     if run.confidence is not None:
         found["confidence"] = run.confidence
+    if run.simulated_annotators:  # each panel member asks its own wording
+        found["simulated_annotators"] = True
     return found
 
 

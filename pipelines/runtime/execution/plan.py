@@ -68,7 +68,7 @@ def plan_study(
     if study.paper_judges_without_reasoning:
         roles = [judges_without_reasoning(r) for r in roles]
     roles, notes = ask_endpoints(roles, probe=probe, tolerate=dry_run)
-    roles = [members_apart(fw, r) for fw, r in zip(frameworks, roles, strict=True)]
+    roles = [members_apart(fw, r, request.run) for fw, r in zip(frameworks, roles, strict=True)]
     for note in notes:
         console.print(f"note: {note}", highlight=False, soft_wrap=True)
     check_drivers(request, roles)

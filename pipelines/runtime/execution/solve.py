@@ -359,6 +359,7 @@ async def solve_missing(
             reasoning_log=[] if request.run.keep_reasoning else None,
             cascade=cascade,
             label_confidence=request.run.confidence == "logprobs",
+            annotators=request.run.simulated_annotators,
             people=decided.get(str(item.id)),
         )
         return await solve_item(fw, item, ctx)
