@@ -8,6 +8,7 @@ identity."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -87,8 +88,17 @@ def test_one_model_is_a_panel_of_three_wordings(tmp_path):
 
 def test_a_cascades_strong_tier_asks_the_prompt_itself(tmp_path):
     """Tier 1 the three wordings of the small model, tier 2 the strong judge alone: f2 (1 of
-    3) is escalated, and the strong judge asks with the stage's own prompt."""
+    3) is escalated, and the strong judge asks with the stage's own prompt. The tier was
+    calibrated with its wordings: a run asking otherwise is refused."""
+    from groundcover.pipelines.runtime.contract.cascade import content_digest
+
     cal = calibration(tmp_path / "cal.json", [0.6, 1.0], models=(["small"] * 3, ["strong"]))
+    with pytest.raises(UserError, match="tier 1 was calibrated without --simulated-annotators"):
+        annotated(tmp_path, ["small"] * 3 + ["strong"], cascade=cal)
+    made = json.loads(cal.read_text())
+    made["tiers"][0]["simulated_annotators"] = True
+    made["sha256"] = content_digest(made)
+    cal.write_text(json.dumps(made))
     outcome, calls = annotated(tmp_path, ["small"] * 3 + ["strong"], cascade=cal)
     (strong,) = [c for c in calls if c.model == "strong"]
     assert strong.stage == "judge#4" and "Expert answer:" in strong.prompt
@@ -103,3 +113,23 @@ def test_a_panel_with_more_members_than_wordings_is_refused_before_anything_is_w
     with pytest.raises(UserError, match="stage judge of fanoutqa has 4 wording"):
         annotated(tmp_path, ["small"] * 5)
     assert not (tmp_path / "run").exists()
+
+
+def test_a_tier_of_simulated_annotators_is_calibrated_as_such(tmp_path):
+    """`cascade calibrate` of the three wordings' run and a strong judge's: tier 1 says its
+    members asked with their own wordings, so a cascade run must ask the same way."""
+    from typer.testing import CliRunner
+
+    from groundcover.pipelines.cli import app
+    from groundcover.pipelines.runtime.contract.cascade import read_cascade
+
+    cheap, _ = annotated(tmp_path / "cheap", ["small"] * 3)
+    strong, _ = annotated(tmp_path / "strong", ["strong"], annotators=False)
+    made = CliRunner().invoke(
+        app, ["cascade", "calibrate", str(cheap.dir), str(strong.dir), "--json"]
+    )
+    assert made.exit_code == 0, made.output
+    found = json.loads(made.output)
+    assert found["tiers"][0]["simulated_annotators"] is True
+    assert "simulated_annotators" not in found["tiers"][1]
+    assert read_cascade(Path(found["file"])).annotators == (True, False)

@@ -236,7 +236,8 @@ class TierRun:
     units: dict[str, dict[tuple[str, str], tuple[Any, float]]]  # (item, asked digest) -> ...
     skipped: dict[str, str]
     labels: dict[tuple[str, str, str], Any]  # (item, stage, asked digest) -> the human label
-    kinds: dict[str, str] = field(default_factory=dict)  # stage -> "share" or "logprobs"
+    kinds: dict[str, str] = field(default_factory=dict)  # stage -> "share", "logprobs", "nli"
+    annotators: bool = False  # its members asked with their own wordings (simulated)
 
 
 def read_tier(run_dir: Any, human: dict[tuple[str, str, int], Any] | None) -> TierRun:
@@ -300,7 +301,10 @@ def read_tier(run_dir: Any, human: dict[tuple[str, str, int], Any] | None) -> Ti
     models = [(manifest.roles.get(m) or {}).get("request_model", "?") for m in members]
     if members == [NLI_TIER]:
         models = next(iter(models_of.values()))
-    return TierRun(str(run_dir), manifest.task, members, models, units, skipped, labels, kinds)
+    simulated = manifest.config.get("simulated_annotators") is True
+    return TierRun(
+        str(run_dir), manifest.task, members, models, units, skipped, labels, kinds, simulated
+    )
 
 
 def asked_of(record: Any) -> dict[tuple[str, int], str]:
@@ -386,7 +390,9 @@ def calibrate_runs(
         "check_share": check_share,
         "seed": seed,
         "tiers": [
-            {"run": t.run, "task": t.task, "members": t.members, "models": t.models} for t in tiers
+            {"run": t.run, "task": t.task, "members": t.members, "models": t.models}
+            | ({"simulated_annotators": True} if t.annotators else {})
+            for t in tiers
         ],
         "stages": {},
         "skipped": {s: why for t in tiers for s, why in t.skipped.items()},

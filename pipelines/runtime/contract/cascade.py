@@ -54,6 +54,8 @@ class Cascade:
     confidences: dict[str, tuple[str, ...]] = field(default_factory=dict)
     # tier 1 is an NLI model, no member of the role: its checkpoint's content digest
     nli_model: str | None = None
+    # per tier: its members asked with their own wordings (--simulated-annotators)
+    annotators: tuple[bool, ...] = ()
 
     def kinds(self, stage: str) -> tuple[str, ...]:
         """Each tier's kind of confidence for ``stage`` (share where the file says none)."""
@@ -116,6 +118,18 @@ class Cascade:
         found |= {"role": self.role, "tiers": list(self.sizes)}
         return found | ({"nli_model": self.nli_model} if self.nli_model is not None else {})
 
+    def check_annotators(self, simulated: bool) -> None:
+        """A tier of several members was calibrated asking as the run asks: each member its own
+        wording (``--simulated-annotators``) or all the prompt, or one line says which."""
+        for k in self.judge_tiers():
+            calibrated = self.annotators[k] if k < len(self.annotators) else False
+            if self.sizes[k] > 1 and calibrated != simulated:
+                how = "with" if calibrated else "without"
+                raise UserError(
+                    f"--cascade {self.file}: its tier {k + 1} was calibrated {how} "
+                    "--simulated-annotators (its members' wordings); run it the same way"
+                )
+
     def check_nli_model(self, digest: str | None) -> None:
         """The run's NLI model is the calibration's tier 1 by content, or one line says so."""
         if self.nli_model is None or digest == self.nli_model:
@@ -154,7 +168,7 @@ def read_cascade(path: Path) -> Cascade:
     tiers = found.get("tiers")
     if not isinstance(tiers, list) or not tiers:
         raise UserError(f"{where}: record: field 'tiers': expected a list of tiers")
-    sizes, models, roles = [], [], set()
+    sizes, models, roles, annotators = [], [], set(), []
     nli_model: str | None = None
     for k, tier in enumerate(tiers):
         members = tier.get("members") if isinstance(tier, dict) else None
@@ -163,6 +177,7 @@ def read_cascade(path: Path) -> Cascade:
             raise UserError(f"{where}: record: field 'tiers[{k}]': members and models lists")
         sizes.append(max(len(members), 1))
         models.append(tuple(str(m) for m in named) or ("?",))
+        annotators.append(tier.get("simulated_annotators") is True)
         if members == [NLI_TIER]:  # an NLI model, no judge: tier 1 of an entailment stage
             if k != 0 or len(tiers) < 2 or len(named) != 1:
                 raise UserError(
@@ -216,6 +231,7 @@ def read_cascade(path: Path) -> Cascade:
         thresholds=thresholds,
         confidences=confidences,
         nli_model=nli_model,
+        annotators=tuple(annotators),
     )
 
 

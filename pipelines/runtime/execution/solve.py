@@ -278,6 +278,7 @@ def run_cascade(request: RunRequest, roles: dict[str, EvaluatorConfig]) -> Casca
     members = panel_members(cascade.role, list(roles))
     models = [str(model_record(roles[m]).get("request_model", "?")) for m in members]
     cascade.check_role(cascade.role, members, models)
+    cascade.check_annotators(request.run.simulated_annotators)
     if cascade.nli_model is not None:
         cascade.check_nli_model(nli_model_digest(request.options))
     return cascade
