@@ -144,7 +144,7 @@ class ItemContext:
             if asked is not None and verdict_of(rule) is not None:
                 tiered = await self._cascaded(stage, rule, ask, asked, first)  # type: ignore[arg-type]
                 return None, [tiered]  # type: ignore[list-item]
-            numbers = self._strongest_tier()  # a rating or free text: the strongest tier's
+            numbers = self._strongest_tier()  # a mean or free text: the strongest tier's
             if rule is None or len(numbers) < 2:
                 return None, [await ask(member_name(stage, numbers[0]))]
         if rule is None or len(numbers) < 2:
@@ -218,12 +218,12 @@ class ItemContext:
         first: tuple[Any, float] | None = None,
     ) -> Parsed:
         """The judgement asked tier by tier (``runtime.contract.cascade``): each tier's members
-        side by side, their labels combined by the stage's vote (an NLI model's tier: its label
-        ``first``, nothing asked); kept at the first tier whose confidence reaches its
-        threshold. Recorded in the details under ``cascade``: every tier
-        asked, its members' labels, its label and confidence, and the tier that kept it (None:
-        abstained, ``JudgementAbstained``; ``people``: abstained, and labelled since). A stage no
-        tier answered at all is unparseable, as for one judge."""
+        side by side, their labels or ratings combined by the stage's rule (an NLI model's tier:
+        its label ``first``, nothing asked); kept at the first tier whose confidence reaches its
+        threshold. Recorded in the details under ``cascade``: every tier asked, its members'
+        answers, its verdict and confidence, and the tier that kept it (None: abstained,
+        ``JudgementAbstained``; ``people``: abstained, and labelled since). A stage no tier
+        answered at all is unparseable, as for one judge."""
         assert self.cascade is not None
         tiers = self.cascade.tier_numbers()
         thresholds = self.cascade.thresholds.get(stage)
