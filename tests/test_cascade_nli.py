@@ -154,6 +154,12 @@ def test_the_nli_model_is_recorded_and_calibrated_as_tier_1_known_by_content(tmp
     assert found["stages"]["nli"]["calibration"]["units"] == 20
     cascade = read_cascade(tmp_path / "llm" / "run" / found["file"].split("/run/")[-1])
     assert cascade.nli_model == model_digest(model) and cascade.members == 1
+    # a run of the model that recorded no confidence: nothing to calibrate, no file written
+    bare, _ = run(tmp_path / "bare", nli_model=model)
+    written = sorted((llm.dir / "cascade").glob("calibration-*.json"))
+    nothing = CliRunner().invoke(app, ["cascade", "calibrate", str(bare.dir), str(llm.dir)])
+    assert nothing.exit_code != 0 and "with --confidence logprobs" in nothing.output
+    assert sorted((llm.dir / "cascade").glob("calibration-*.json")) == written
     # the model's run second: refused, the model is tier 1
     wrong = CliRunner().invoke(app, ["cascade", "calibrate", str(llm.dir), str(ce.dir)])
     assert wrong.exit_code != 0 and "NLI model" in wrong.output

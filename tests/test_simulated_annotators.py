@@ -19,7 +19,7 @@ from groundcover.pipelines.runtime.contract.roles import RoleSpec, parse_role_op
 from groundcover.pipelines.runtime.execution.execute import execute
 from groundcover.pipelines.runtime.store.run_dir import RunStoreError
 from tests.support.scripted import ScriptedClient, by_text
-from tests.test_cascade_run import ANSWERS, calibration, member_names
+from tests.test_cascade_run import ANSWERS, calibration, lone_judge_reply, member_names
 from tests.test_runtime import FANOUT, closing_client
 
 URL = "http://127.0.0.1:9/v1"
@@ -34,7 +34,7 @@ def small(prompt: str) -> str:
     return f"Facts.\n{letters[0] if 'Marseille' in prompt else letters[1]}"
 
 
-def annotated(where, judges, cascade=None, annotators=True):
+def annotated(where, judges, cascade=None, annotators=True, confidence=None):
     """FanOutQA's judge: each ``judges`` entry a member (the same model may repeat)."""
     where.mkdir(parents=True, exist_ok=True)
     data = where / "dev.json"
@@ -45,7 +45,7 @@ def annotated(where, judges, cascade=None, annotators=True):
         if ev.model == "ans":
             client = ScriptedClient({"answer-closed-book": lambda p: by_text(ANSWERS, p)})
         else:
-            script = small if ev.model == "small" else (lambda p: "Facts.\nC")
+            script = small if ev.model == "small" else (lambda p: lone_judge_reply("C", 0.9))
             stages = member_names(len(judges))
             client = ScriptedClient({s: script for s in stages}, model=ev.model)
         made.append(client)
@@ -55,7 +55,11 @@ def annotated(where, judges, cascade=None, annotators=True):
     request = RunRequest(
         EvaluatorConfig(model="ans", endpoint=URL),
         RunConfig(
-            run_dir=where / "run", cache=None, cascade=cascade, simulated_annotators=annotators
+            run_dir=where / "run",
+            cache=None,
+            cascade=cascade,
+            simulated_annotators=annotators,
+            confidence=confidence,
         ),
         FanoutOptions(input=data, judge=True),
         {role: RoleSpec.model_validate(spec) for role, spec in roles.items()},
@@ -124,7 +128,7 @@ def test_a_tier_of_simulated_annotators_is_calibrated_as_such(tmp_path):
     from groundcover.pipelines.runtime.contract.cascade import read_cascade
 
     cheap, _ = annotated(tmp_path / "cheap", ["small"] * 3)
-    strong, _ = annotated(tmp_path / "strong", ["strong"], annotators=False)
+    strong, _ = annotated(tmp_path / "strong", ["strong"], annotators=False, confidence="logprobs")
     made = CliRunner().invoke(
         app, ["cascade", "calibrate", str(cheap.dir), str(strong.dir), "--json"]
     )

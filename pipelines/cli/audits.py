@@ -249,6 +249,16 @@ def cascade_calibrate(
                 "cascade's tier 1, give its run first"
             )
     made = calibrate_runs(tiers, guarantee, check_share, seed)
+    if not made["stages"]:  # nothing to calibrate: no file, one line saying why
+        had = "; ".join(
+            f"{d}: {', '.join(sorted(t.units)) or 'none'}"
+            for d, t in zip(run_dir, tiers, strict=True)
+        )
+        raise UserError(
+            "cascade calibrate: no label or rating stage has a confidence in every tier's run "
+            f"({had}); a panel records its members' share, a lone judge or an NLI model its "
+            "probability with --confidence logprobs"
+        )
     made["sha256"] = content_digest(made)
     folder = out or run_dir[-1] / "cascade"
     folder.mkdir(parents=True, exist_ok=True)
