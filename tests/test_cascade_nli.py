@@ -226,6 +226,15 @@ def test_a_pair_no_tier_keeps_leaves_the_item_unjudged_until_people_label_it(tmp
     entries = record.details["cascade"]
     abstained = [k for k, e in enumerate(entries) if e["kept"] is None]
     assert len(abstained) == 10 and len(strong.stage_calls("nli")) == 10
+    # the labelling page shows the person each abstained pair, as the judge read it
+    from groundcover.pipelines.reports.pages.viewer import Viewer
+
+    viewer, pair_of = Viewer([outcome.dir]), digests()
+    for k in abstained:
+        premise, hypothesis = pair_of[entries[k]["asked"]]
+        shown = viewer.unit(0, "tower", "nli", k)["judged"]
+        assert shown == {"premise": premise, "hypothesis": hypothesis}
+    assert all("values" not in e for e in entries if e["kept"] is not None)  # by digest only
     labels = [
         {"id": "tower", "stage": "nli", "key": k, "label": "neutral", "annotator": "p"}
         | {"judge": None, "source": "view"}

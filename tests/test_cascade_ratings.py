@@ -118,6 +118,9 @@ def test_a_rating_no_tier_keeps_is_rated_by_a_person_in_view(tmp_path):
     (key,) = [k for k, e in enumerate(record.details["cascade"]) if e["kept"] is None]
     viewer = Viewer([outcome.dir])
     assert ("t1", key, None) in viewer.units(0, "rate")
+    # what the rater read: the question and p4's text
+    shown = viewer.unit(0, "t1", "rate", key)["judged"]
+    assert shown == {"question": "Q2?", "text": "four words text here"}
     assert viewer.choices(0, "rate")["kind"] == "number"
     body = {"id": "t1", "stage": "rate", "key": key, "label": 4, "annotator": "p"}
     assert viewer.add_label(0, body)["label"] == 4.0

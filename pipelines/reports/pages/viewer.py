@@ -773,23 +773,22 @@ def label_page(viewer: Viewer, run: int, stage: str | None = None) -> str:
 
 def judged_values(run: Any, record: Any, stage: str, key: int) -> dict[str, str] | None:
     """What the judge read for the ``key``-th time a panel decided ``stage`` for ``record``:
-    the values of the framework's recorded judgement whose digest the panel entry keeps (None
-    where the framework declares no judgements, or the run's inputs changed)."""
-    from ...runtime.contract.panels import asked_digest
+    the values of the framework's recorded judgement whose digest the panel entry keeps, or
+    those a judge cascade kept with a judgement it abstained on (None where neither is there,
+    or the run's inputs changed)."""
+    from ...runtime.contract.panels import asked_digest, shown
 
     decided = record.details.get("panel") or record.details.get("cascade") or []
     entries = [e for e in decided if e.get("stage") == stage]
+    if key >= len(entries) or "asked" not in entries[key]:
+        return None
+    kept = entries[key].get("values")
+    if isinstance(kept, dict):  # an abstained judgement: its own, as text
+        return {str(name): str(value) for name, value in kept.items()}
     item = (run.items or {}).get(record.id)
-    if key >= len(entries) or "asked" not in entries[key] or item is None:
+    if item is None:
         return None
     for judgement in run.framework.judgements(item, record, run.options):
         if judgement.stage == stage and asked_digest(judgement.values) == entries[key]["asked"]:
-            return {name: _shown(value) for name, value in judgement.values.items()}
+            return {name: shown(value) for name, value in judgement.values.items()}
     return None
-
-
-def _shown(value: Any) -> str:
-    """A prompt value as a person reads it (a list of passages numbered, one per line)."""
-    if isinstance(value, list):
-        return "\n".join(f"[{n}] {v}" for n, v in enumerate(value, 1))
-    return str(value)

@@ -268,6 +268,9 @@ class ItemContext:
         if decided is not None:  # every tier abstained, and people have labelled it since
             recorded(PEOPLE, decided)
             return Parsed("ok", decided)
+        # what it asked, as text, for the person who labels it (an NLI pair, a passage and a
+        # question): only an abstained judgement keeps it, the others are known by the digest
+        entry["values"] = {name: panels.shown(value) for name, value in asked.items()}
         recorded(None, None)
         raise JudgementAbstained(stage, said)
 

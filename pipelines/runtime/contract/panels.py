@@ -158,6 +158,13 @@ def asked_digest(values: dict[str, Any]) -> str:
     return hashlib.sha256(canonical.encode()).hexdigest()[:16]
 
 
+def shown(value: Any) -> str:
+    """A prompt value as a person reads it: text as it is, a list numbered one per line."""
+    if isinstance(value, list):
+        return "\n".join(f"[{n}] {v}" for n, v in enumerate(value, 1))
+    return str(value)
+
+
 def record(stage: str, answers: Sequence[Any], value: Any, tie: bool) -> dict[str, Any]:
     """One combined answer as kept in the item's details (``details["panel"]``)."""
     entry = {"stage": stage, "members": list(answers), "value": value}
