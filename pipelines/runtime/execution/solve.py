@@ -329,10 +329,13 @@ async def solve_missing(
     total: int,
     done: Callable[[ItemResult], None] | None = None,
     began: Callable[[], None] | None = None,
+    decided: dict[str, dict[tuple[str, str], Any]] | None = None,
 ) -> Solved:
     """Open the run's roles, set the framework up once (``resources`` keeps it for the runs
     after), solve ``todo`` into ``store`` and report what that took. ``began()`` is called
-    once the first item can be taken (servers up, setup done): the run's clock starts there."""
+    once the first item can be taken (servers up, setup done): the run's clock starts there.
+    ``decided``: what people decided of the abstained judgements (``decided_by_people``), where
+    the caller has read it already."""
     from .identity import lead_evaluator
 
     lead = lead_evaluator(roles, request.evaluator)
@@ -343,7 +346,8 @@ async def solve_missing(
         resources[resource_key] = await asyncio.to_thread(fw.setup, run_request, root)
     answers = fw.given_answers(plan.options)
     cascade = run_cascade(request, roles)
-    decided = decided_by_people(store) if cascade is not None else {}
+    if decided is None:
+        decided = decided_by_people(store) if cascade is not None else {}
     before = {id(c): copy.deepcopy(c.usage) for c in clients.values()}
     spread = await replica_counts(clients)
 

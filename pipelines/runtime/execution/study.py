@@ -132,6 +132,8 @@ class Run:
     store: RunStore | None = None
     records: dict[str, dict[str, Any]] = field(default_factory=dict)
     self_judging: list[dict[str, str]] = field(default_factory=list)
+    # the abstained judgements people have decided since (a cascade run), read once
+    decided: dict[str, dict[tuple[str, str], Any]] | None = None
 
     @property
     def fw(self) -> Framework[Any, Any]:
@@ -143,7 +145,8 @@ class Run:
         ids = item_ids(self.items)
         pending = store.pending(ids)
         if self.planned.request.run.cascade is not None:  # what people decided since: again
-            pending |= set(decided_by_people(store)) & set(ids)
+            self.decided = decided_by_people(store)  # read once: the contexts take it
+            pending |= set(self.decided) & set(ids)
         todo = select(self.items, [k for k, i in enumerate(ids) if i in pending][: self.pilot])
         # nothing missing: no model is started, no resource loaded
         solving = await self.solve(store, ids, pending, todo) if todo else None
@@ -247,6 +250,7 @@ class Run:
                     show_progress=not self.quiet,
                     total=len(self.items),
                     began=solving.began,
+                    decided=self.decided,
                 )
                 solving.took(solved)
         finally:
