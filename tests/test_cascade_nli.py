@@ -12,11 +12,11 @@ import pytest
 
 from groundcover.pipelines.comprehensiveness.common import ComprehensivenessOptions
 from groundcover.pipelines.comprehensiveness.framework import COMPREHENSIVENESS
-from groundcover.pipelines.runtime.contract.cascade import CALIBRATION_KIND, content_digest
 from groundcover.pipelines.runtime.contract.config import EvaluatorConfig, RunConfig, UserError
 from groundcover.pipelines.runtime.contract.protocol import RunRequest
 from groundcover.pipelines.runtime.contract.roles import RoleSpec, parse_role_options
 from groundcover.pipelines.runtime.execution.execute import execute
+from tests.support.cascades import write_calibration, write_digested
 from tests.support.scripted import ScriptedClient, field_of, label
 from tests.test_exact_scores import C1, C2, ITEM, NLI_SCRIPTS, R1
 from tests.test_runtime import closing_client
@@ -81,21 +81,9 @@ def model_digest(checkpoint) -> str:
 
 def calibration(path, checkpoint, thresholds):
     """Tier 1 the NLI model (by content), tier 2 the strong judge alone (its share is 1)."""
-    made = {
-        "kind": CALIBRATION_KIND,
-        "version": 1,
-        "alpha": 0.1,
-        "delta": 0.1,
-        "tiers": [
-            {"run": "ce", "task": "x", "members": ["nli"], "models": [model_digest(checkpoint)]},
-            {"run": "llm", "task": "x", "members": ["judge"], "models": ["strong"]},
-        ],
-        "stages": {"nli": {"thresholds": thresholds, "confidence": ["nli", "share"]}},
-        "skipped": {},
-    }
-    made["sha256"] = content_digest(made)
-    path.write_text(json.dumps(made))
-    return path
+    tiers = [(["nli"], [model_digest(checkpoint)]), (["judge"], ["strong"])]
+    stages = {"nli": {"thresholds": thresholds, "confidence": ["nli", "share"]}}
+    return write_calibration(path, tiers, stages)
 
 
 def model_says(checkpoint, pairs):
@@ -269,8 +257,7 @@ def test_an_nli_tier_is_tier_1_with_its_one_model_and_the_nli_confidence(tmp_pat
     assert cascade.identity()["nli_model"] == model_digest(model)
 
     def refused(changed, field):
-        changed["sha256"] = content_digest(changed)
-        (tmp_path / "bad.json").write_text(json.dumps(changed))
+        write_digested(tmp_path / "bad.json", changed)
         with pytest.raises(UserError, match=rf"bad.json: record: field '{field}'"):
             read_cascade(tmp_path / "bad.json")
 

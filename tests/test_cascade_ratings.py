@@ -11,12 +11,12 @@ import json
 import pytest
 
 from groundcover.pipelines.crux.framework import CRUX
-from groundcover.pipelines.runtime.contract.cascade import CALIBRATION_KIND, content_digest
 from groundcover.pipelines.runtime.contract.config import EvaluatorConfig, RunConfig
 from groundcover.pipelines.runtime.contract.panels import Average, Vote, verdict_of
 from groundcover.pipelines.runtime.contract.protocol import RunRequest
 from groundcover.pipelines.runtime.contract.roles import RoleSpec, parse_role_options
 from groundcover.pipelines.runtime.execution.execute import execute
+from tests.support.cascades import write_calibration
 from tests.support.scripted import ScriptedClient, field_of
 from tests.test_crux import crux_options, write_crux
 from tests.test_runtime import closing_client
@@ -38,21 +38,8 @@ MEMBERS = ["rate", "rate#2", "rate#3", "rate#4"]
 
 
 def calibration(path, thresholds):
-    made = {
-        "kind": CALIBRATION_KIND,
-        "version": 1,
-        "alpha": 0.1,
-        "delta": 0.1,
-        "tiers": [
-            {"run": "cheap", "task": "", "members": MEMBERS[:3], "models": CHEAP},
-            {"run": "strong", "task": "", "members": ["rate"], "models": [STRONG]},
-        ],
-        "stages": {"rate": {"thresholds": thresholds}},
-        "skipped": {},
-    }
-    made["sha256"] = content_digest(made)
-    path.write_text(json.dumps(made))
-    return path
+    tiers = [(MEMBERS[:3], CHEAP), (["rate"], [STRONG])]
+    return write_calibration(path, tiers, {"rate": {"thresholds": thresholds}})
 
 
 def rated(where, cascade, raters=(*CHEAP, STRONG)):
@@ -164,16 +151,12 @@ def test_an_answer_comparison_escalates_only_where_the_cheap_panel_ties(tmp_path
     clients[STRONG] = ScriptedClient(
         {f"{stage}#4": reply for stage, reply in QA_SCRIPTS.items()}, model=STRONG
     )
-    cal = json.loads(calibration(tmp_path / "cal.json", [0.6, 1.0]).read_text())
-    cal["tiers"][0]["members"] = ["judge", "judge#2", "judge#3"]
-    cal["tiers"][1]["members"] = ["judge"]
-    cal["stages"] = {"compare": {"thresholds": [0.6, 1.0]}}
-    cal["sha256"] = content_digest(cal)
-    (tmp_path / "cal.json").write_text(json.dumps(cal))
+    tiers = [(["judge", "judge#2", "judge#3"], CHEAP), (["judge"], [STRONG])]
+    cal = write_calibration(tmp_path / "cal.json", tiers, {"compare": {"thresholds": [0.6, 1.0]}})
     roles = parse_role_options([f"judge={r}@{URL}" for r in (*CHEAP, STRONG)])
     request = RunRequest(
         EvaluatorConfig(model=STRONG, endpoint=URL),
-        RunConfig(run_dir=tmp_path / "run", cache=None, cascade=tmp_path / "cal.json"),
+        RunConfig(run_dir=tmp_path / "run", cache=None, cascade=cal),
         ComprehensivenessOptions(input=items, protocol="spec", method="qa"),
         {role: RoleSpec.model_validate(spec) for role, spec in roles.items()},
     )

@@ -11,16 +11,13 @@ import json
 import pytest
 
 from groundcover.pipelines.fanoutqa.framework import FANOUTQA, FanoutOptions
-from groundcover.pipelines.runtime.contract.cascade import (
-    CALIBRATION_KIND,
-    content_digest,
-    read_cascade,
-)
+from groundcover.pipelines.runtime.contract.cascade import read_cascade
 from groundcover.pipelines.runtime.contract.config import EvaluatorConfig, RunConfig, UserError
 from groundcover.pipelines.runtime.contract.protocol import RunRequest
 from groundcover.pipelines.runtime.contract.roles import RoleSpec, parse_role_options
 from groundcover.pipelines.runtime.execution.execute import execute
 from groundcover.pipelines.runtime.store.run_dir import RESULTS, RunStoreError
+from tests.support.cascades import write_calibration, write_digested
 from tests.support.scripted import ScriptedClient, by_text
 from tests.test_runtime import FANOUT, closing_client
 
@@ -33,25 +30,9 @@ CHEAP, STRONG = ["j1", "j2", "j3"], "strong"
 
 
 def calibration(path, thresholds, models=(CHEAP, [STRONG])):
-    """A calibration as ``cascade calibrate`` writes it (the fields a run reads), known by its
-    digest."""
-    made = {
-        "kind": CALIBRATION_KIND,
-        "version": 1,
-        "alpha": 0.1,
-        "delta": 0.1,
-        "tiers": [
-            {"run": "tier1", "task": "closed-book", "members": member_names(len(models[0]))}
-            | {"models": list(models[0])},
-            {"run": "tier2", "task": "closed-book", "members": ["judge"]}
-            | {"models": list(models[1])},
-        ],
-        "stages": {"judge": {"thresholds": thresholds}},
-        "skipped": {},
-    }
-    made["sha256"] = content_digest(made)
-    path.write_text(json.dumps(made))
-    return path
+    """Tier 1 a panel of ``models[0]``, tier 2 ``models[1]``, for FanOutQA's judge."""
+    tiers = [(member_names(len(models[0])), list(models[0])), (["judge"], list(models[1]))]
+    return write_calibration(path, tiers, {"judge": {"thresholds": thresholds}})
 
 
 def member_names(n):
@@ -325,19 +306,9 @@ def addressed_inputs(tmp_path, thresholds):
     framework, items = tmp_path / "addressed.py", tmp_path / "items.jsonl"
     framework.write_text(ADDRESSED)
     items.write_text("".join(json.dumps(r) + "\n" for r in ADDRESSED_ITEMS))
-    made = {
-        "kind": CALIBRATION_KIND,
-        "alpha": 0.2,
-        "delta": 0.1,
-        "tiers": [
-            {"members": ["judge", "judge#2"], "models": ["c1", "c2"]},
-            {"members": ["judge"], "models": ["big"]},
-        ],
-        "stages": {"addressed": {"thresholds": thresholds}},
-    }
-    made["sha256"] = content_digest(made)
-    cal = tmp_path / "cal.json"
-    cal.write_text(json.dumps(made))
+    tiers = [(["judge", "judge#2"], ["c1", "c2"]), (["judge"], ["big"])]
+    stages = {"addressed": {"thresholds": thresholds}}
+    cal = write_calibration(tmp_path / "cal.json", tiers, stages, alpha=0.2)
     return framework, items, cal
 
 
@@ -448,9 +419,7 @@ def test_a_lone_judges_label_probability_is_recorded_calibrated_and_trusted(tmp_
     def cascade_file(name, threshold):
         made = json.loads(calibration(tmp_path / name, [0.6, threshold]).read_text())
         made["stages"]["judge"]["confidence"] = ["share", "logprobs"]
-        made["sha256"] = content_digest(made)
-        (tmp_path / name).write_text(json.dumps(made))
-        return tmp_path / name
+        return write_digested(tmp_path / name, made)
 
     strict, clients = run(tmp_path / "strict", cascade_file("strict.json", 0.8))
     f2 = {r.id: r for r in strict.results}["f2"]

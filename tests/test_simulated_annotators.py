@@ -94,15 +94,14 @@ def test_a_cascades_strong_tier_asks_the_prompt_itself(tmp_path):
     """Tier 1 the three wordings of the small model, tier 2 the strong judge alone: f2 (1 of
     3) is escalated, and the strong judge asks with the stage's own prompt. The tier was
     calibrated with its wordings: a run asking otherwise is refused."""
-    from groundcover.pipelines.runtime.contract.cascade import content_digest
+    from tests.support.cascades import write_digested
 
     cal = calibration(tmp_path / "cal.json", [0.6, 1.0], models=(["small"] * 3, ["strong"]))
     with pytest.raises(UserError, match="tier 1 was calibrated without --simulated-annotators"):
         annotated(tmp_path, ["small"] * 3 + ["strong"], cascade=cal)
     made = json.loads(cal.read_text())
     made["tiers"][0]["simulated_annotators"] = True
-    made["sha256"] = content_digest(made)
-    cal.write_text(json.dumps(made))
+    write_digested(cal, made)
     outcome, calls = annotated(tmp_path, ["small"] * 3 + ["strong"], cascade=cal)
     (strong,) = [c for c in calls if c.model == "strong"]
     assert strong.stage == "judge#4" and "Expert answer:" in strong.prompt

@@ -21,7 +21,7 @@ from ..execution.identity import (
     run_identity,
 )
 from ..execution.models import CacheReplay
-from ..execution.solve import run_cascade
+from ..execution.solve import judging_context, run_cascade
 from ..store.lines import item_ids, select
 from ..store.provenance import identity_changes
 from ..store.run_dir import (
@@ -81,11 +81,7 @@ def cache_replay(fw, plan: RunPlan, found, request: RunRequest, root: Path, cach
             clients = {role: CacheReplay(ev, cache) for role, ev in found.items()}
             lead = lead_evaluator(found, request.evaluator)
             resources = fw.setup(RunRequest(lead, request.run, plan.options, request.roles), root)
-            judging = {
-                "cascade": run_cascade(request, found),
-                "label_confidence": request.run.confidence == "logprobs",
-                "annotators": request.run.simulated_annotators,
-            }
+            judging = judging_context(request, run_cascade(request, found))
             solving = replay_cached(
                 fw, items, plan.options, clients, resources, plan.options.max_reasks, 64, judging
             )

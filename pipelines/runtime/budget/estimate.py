@@ -214,8 +214,8 @@ async def replay_cached(
 ) -> dict[str, dict[str, dict[str, Any]]]:
     """Per item the response cache answers wholly (every request it makes is cached), the
     usage of solving it; an item with a request the cache has not seen is left out. Files a
-    framework writes while solving go to a directory deleted afterwards. ``judging``: the
-    context's ``cascade`` and ``label_confidence``, as the run sets them."""
+    framework writes while solving go to a directory deleted afterwards. ``judging``: how the
+    run's contexts judge (``solve.judging_context``), as the run sets it."""
     answered: dict[str, dict[str, dict[str, Any]]] = {}
     gate = asyncio.Semaphore(width)
     answers = fw.given_answers(options)
@@ -231,7 +231,7 @@ async def replay_cached(
                 max_reasks,
                 fw,
                 answers,
-                **(judging or {}),  # a cascade and the confidence asked: as the run asks
+                **(judging or {}),  # a cascade, the confidence, the wordings: as the run asks
             )
             async with gate:
                 try:

@@ -284,6 +284,17 @@ def run_cascade(request: RunRequest, roles: dict[str, EvaluatorConfig]) -> Casca
     return cascade
 
 
+def judging_context(request: RunRequest, cascade: Cascade | None) -> dict[str, Any]:
+    """How the run's items judge, as every ``ItemContext`` of it takes it (the run's and the dry
+    run's replay alike): the cascade, the confidence recorded with a lone judge's labels, and
+    panel members' own wordings."""
+    return {
+        "cascade": cascade,
+        "label_confidence": request.run.confidence == "logprobs",
+        "annotators": request.run.simulated_annotators,
+    }
+
+
 def nli_model_digest(options: Any) -> str | None:
     """The content digest of the NLI cross-encoder ``options`` score pairs with (None: none)."""
     from ....serving.content import model_content
@@ -346,6 +357,7 @@ async def solve_missing(
         resources[resource_key] = await asyncio.to_thread(fw.setup, run_request, root)
     answers = fw.given_answers(plan.options)
     cascade = run_cascade(request, roles)
+    judging = judging_context(request, cascade)
     if decided is None:
         decided = decided_by_people(store) if cascade is not None else {}
     before = {id(c): copy.deepcopy(c.usage) for c in clients.values()}
@@ -362,10 +374,8 @@ async def solve_missing(
             fw,
             answers,
             reasoning_log=[] if request.run.keep_reasoning else None,
-            cascade=cascade,
-            label_confidence=request.run.confidence == "logprobs",
-            annotators=request.run.simulated_annotators,
             people=decided.get(str(item.id)),
+            **judging,
         )
         return await solve_item(fw, item, ctx)
 
