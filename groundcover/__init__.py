@@ -42,6 +42,7 @@ _PUBLIC = {
     "flags": "pipelines.runtime.contract.commands",
     "UserError": "pipelines.runtime.contract.errors",
     "Average": "pipelines.runtime.contract.panels",
+    "Cover": "pipelines.runtime.contract.panels",
     "Vote": "pipelines.runtime.contract.panels",
     "Framework": "pipelines.runtime.contract.protocol",
     "FrameworkOptions": "pipelines.runtime.contract.protocol",
@@ -97,7 +98,7 @@ _MOVED = {
     ),
     "PanelRule": (
         "pipelines.runtime.contract.panels",
-        "groundcover.judges.Vote | groundcover.judges.Average",
+        "groundcover.judges.Vote | groundcover.judges.Average | groundcover.judges.Cover",
     ),
 }
 # the public modules by theme (their own ``__all__`` each)
@@ -113,6 +114,7 @@ if TYPE_CHECKING:  # the same names, for type checkers (tests/test_contract.py h
     from .pipelines.runtime.contract.context import ItemContext as ItemContext
     from .pipelines.runtime.contract.errors import UserError as UserError
     from .pipelines.runtime.contract.panels import Average as Average
+    from .pipelines.runtime.contract.panels import Cover as Cover
     from .pipelines.runtime.contract.panels import Vote as Vote
     from .pipelines.runtime.contract.protocol import Framework as Framework
     from .pipelines.runtime.contract.protocol import FrameworkOptions as FrameworkOptions

@@ -20,6 +20,7 @@ from rich.console import Console
 from rich.table import Table
 
 from groundcover import (
+    Cover,
     Framework,
     FrameworkOptions,
     InputFile,
@@ -219,6 +220,10 @@ class Icat(Framework[IcatOptions, data.Response]):
         "judge": "ICAT-A's aspects and ICAT-S/A's alignment",
     }
     stage_roles = {"claims": "extract", NLI_STAGE: "nli", "aspects": "judge", "align_*": "judge"}
+    # an alignment's verdict is the set of aspects covered: a panel (and a cascade's tier)
+    # covers an aspect where a strict majority of its members do; the aspects are generated
+    # text, with no verdict to agree on: the first member (a cascade's strongest tier) asks them
+    panel_rules = {"align_*": Cover(kind=scoring.Alignment)}
 
     def roles_used(self, options: IcatOptions) -> list[str]:
         return ["extract"] + ["judge"] * bool({"s", "a"} & set(options.variants))

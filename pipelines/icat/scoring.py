@@ -50,9 +50,19 @@ _OBJECT = re.compile(r"\{[^{}]*\}")
 
 @dataclass(frozen=True)
 class Alignment:
+    """What an alignment found (a ``Covering``: a panel or a cascade combines it aspect by aspect
+    with ``Cover``, and a person's set of covered aspects is one with no evidence)."""
+
     covered: list[int]  # aspect numbers (1..n) counted, in order of first mention
     evidence: dict[int, list[int]]  # aspect number -> its valid claim numbers
     ignored: list[str]  # lines that were read but did not count, and why
+
+    def covers(self) -> dict[int, list[int]]:
+        return {n: self.evidence.get(n, []) for n in self.covered}
+
+    @classmethod
+    def from_covers(cls, found: dict[int, list[int]]) -> Alignment:
+        return cls(list(found), {n: list(claims) for n, claims in found.items()}, [])
 
 
 def parse_alignment(text: str, n_aspects: int, n_claims: int) -> Alignment:

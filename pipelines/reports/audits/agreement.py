@@ -36,7 +36,7 @@ import numpy as np
 
 from ...runtime.contract.cascade import PEOPLE
 from ...runtime.contract.config import UserError
-from ...runtime.contract.panels import Average, Level, PanelRule, Vote, numbered
+from ...runtime.contract.panels import Average, Cover, Level, PanelRule, Vote, numbered
 from ...runtime.contract.readers import iter_jsonl
 from ...runtime.contract.results import ItemResult
 from ...runtime.store.run_dir import run_directories
@@ -180,9 +180,7 @@ def classical_mean(values: Sequence[float]) -> tuple[float, float, float]:
 
 
 def level_of(rule: PanelRule | None, values: Sequence[Any]) -> Level:
-    if isinstance(rule, Vote):
-        return rule.level
-    if isinstance(rule, Average):
+    if isinstance(rule, Vote | Average | Cover):
         return rule.level
     given = [v for v in values if v is not None]  # a rater's missing value says nothing
     numeric = all(isinstance(v, int | float) and not isinstance(v, bool) for v in given)

@@ -294,7 +294,7 @@ def read_tier(run_dir: Any, human: dict[tuple[str, str, int], Any] | None) -> Ti
     }
     by_place = shipped | run_labels(run_dir) | dict(human or {})
     labels = {
-        (item, stage, asked[item][(stage, key)]): label
+        (item, stage, asked[item][(stage, key)]): as_verdict(fw.panel_rule(stage), label)
         for (item, stage, key), label in by_place.items()
         if (stage, key) in asked.get(item, {})
     }
@@ -305,6 +305,20 @@ def read_tier(run_dir: Any, human: dict[tuple[str, str, int], Any] | None) -> Ti
     return TierRun(
         str(run_dir), manifest.task, members, models, units, skipped, labels, kinds, simulated
     )
+
+
+def as_verdict(rule: Any, label: Any) -> Any:
+    """A person's label in the terms the run records its verdicts in: a set however it was
+    written ("3,1", [1, 3]) as its label ("1, 3"); a set that cannot be read stays as given
+    (it agrees with no verdict)."""
+    from ...runtime.contract.panels import Cover, cover_items, cover_label
+
+    if not isinstance(rule, Cover):
+        return label
+    try:
+        return cover_label(cover_items(label))
+    except ValueError:
+        return label
 
 
 def asked_of(record: Any) -> dict[tuple[str, int], str]:

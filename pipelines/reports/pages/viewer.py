@@ -36,7 +36,7 @@ from typing import Any, NamedTuple
 from urllib.parse import parse_qs, urlparse
 
 from ...runtime.contract.errors import UserError
-from ...runtime.contract.panels import Vote
+from ...runtime.contract.panels import NOTHING_COVERED, Cover, Vote, cover_items, cover_label
 from ...runtime.store.run_dir import RESULTS
 from ..audits.agreement import Unit
 from ..people.labels import LABELS_DIR, annotator_units, append_labels
@@ -343,14 +343,17 @@ class Viewer:
         return found
 
     def choices(self, k: int, stage: str) -> dict[str, Any]:
-        """What a person labels ``stage`` with: ``labels`` (one of the stage's labels) or
-        ``number`` (buttons for the usual values, any number accepted)."""
+        """What a person labels ``stage`` with: ``labels`` (one of the stage's labels),
+        ``number`` (buttons for the usual values, any number accepted) or ``set`` (the numbers
+        of the items it covers, as the unit lists them: "1, 3", or "none")."""
         if stage == SCORE:
             return {"kind": "number", "choices": list(SCALE), "low": 0.0, "high": 1.0}
         state = self.state(k)
         if stage not in state.stages:
             raise KeyError(f"stage {stage!r}")
         rule = state.texts.framework.panel_rule(stage)
+        if isinstance(rule, Cover):
+            return {"kind": "set", "choices": [NOTHING_COVERED]}
         declared = getattr(rule, "choices", None)
         if declared:
             return {"kind": "labels", "choices": list(declared)}
@@ -493,7 +496,13 @@ def _text(body: dict[str, Any], field: str) -> str:
 
 
 def checked_label(label: Any, how: dict[str, Any]) -> Any:
-    """A label as the stage takes it: one of its labels, or a number in its range."""
+    """A label as the stage takes it: one of its labels, a number in its range, or a set
+    (written as its label: "1, 3")."""
+    if how["kind"] == "set":
+        try:
+            return cover_label(cover_items(label))
+        except ValueError as exc:
+            raise UserError(f"label: {exc}") from None
     if how["kind"] == "labels":
         if label not in how["choices"]:
             raise UserError(f"label: one of {how['choices']}, got {label!r}")
@@ -767,7 +776,8 @@ def label_page(viewer: Viewer, run: int, stage: str | None = None) -> str:
         stage=stage,
         stages=stages,
         choices=how["choices"],
-        free=how["kind"] == "number" and stage != SCORE,
+        free=(how["kind"] == "number" and stage != SCORE) or how["kind"] == "set",
+        free_kind=how["kind"],
     )
 
 

@@ -25,7 +25,15 @@ from ....serving.client import (
 from ....serving.templates import PromptTemplate
 from . import panels
 from .cascade import NLI_TIER, PEOPLE, Cascade, JudgementAbstained
-from .panels import PanelRule, member_name, panel_members, split_member, verdict_of
+from .panels import (
+    Cover,
+    PanelRule,
+    member_name,
+    panel_members,
+    split_member,
+    verdict,
+    verdict_of,
+)
 from .results import ItemResult, StageFailed, StageFailure, Status
 
 A = TypeVar("A")  # an answer of a stage (a panel member's, or the one)
@@ -245,7 +253,10 @@ class ItemContext:
             else:
                 answers = list(await asyncio.gather(*(ask(member_name(stage, n)) for n in numbers)))
                 values = [a.value if a.ok else None for a in answers]
-            value, tie = (None, False) if all(v is None for v in values) else rule.combine(values)
+            answered = any(v is not None for v in values)
+            combined, tie = rule.combine(values) if answered else (None, False)
+            # what is recorded and compared: a set as its label, any other verdict as it is
+            value, values = verdict(rule, combined), [verdict(rule, v) for v in values]
             share = None if value is None else sum(v == value for v in values) / len(values)
             if kinds[k - 1] == "logprobs":  # the lone judge's own probability of its label
                 result = answers[0].result if answers[0].ok else None
@@ -260,14 +271,14 @@ class ItemContext:
             if share is not None and threshold is not None and share >= threshold:
                 recorded(k, value)
                 outputs: list[str] = next((a.outputs for a in answers if a.ok), [])
-                return Parsed("ok", value, outputs=outputs, probability=share)
+                return Parsed("ok", combined, outputs=outputs, probability=share)
         if all(share is None for share, _ in said) and failed is not None:
             recorded(None, None)
             return Parsed("unparseable", error=failed.error, outputs=failed.outputs)
         decided = (self.people or {}).get((stage, entry["asked"]))
         if decided is not None:  # every tier abstained, and people have labelled it since
             recorded(PEOPLE, decided)
-            return Parsed("ok", decided)
+            return Parsed("ok", rule.answer(decided) if isinstance(rule, Cover) else decided)
         # what it asked, as text, for the person who labels it (an NLI pair, a passage and a
         # question): only an abstained judgement keeps it, the others are known by the digest
         entry["values"] = {name: panels.shown(value) for name, value in asked.items()}
@@ -290,9 +301,10 @@ class ItemContext:
             for a in answers
         ]
         value, tie = (None, False) if all(v is None for v in values) else rule.combine(values)
-        entry = panels.record(stage, values, value, tie) | {"asked": panels.asked_digest(asked)}
+        said, shown = verdict(rule, value), [verdict(rule, v) for v in values]
+        entry = panels.record(stage, shown, said, tie) | {"asked": panels.asked_digest(asked)}
         self.details.setdefault("panel", []).append(entry)
-        return value, None if value is None else sum(v == value for v in values) / len(values)
+        return value, None if value is None else sum(v == said for v in shown) / len(shown)
 
     def _panel_parsed(
         self, stage: str, rule: PanelRule | None, answers: list[Parsed], asked: dict[str, Any]
@@ -420,10 +432,17 @@ class ItemContext:
         )
 
     def _label_stage(self, stage: str) -> bool:
-        """Whether ``stage``'s answer is a verdict a cascade keeps (a label or a rating)."""
+        """Whether ``stage``'s answer is a verdict a cascade keeps (a label, rating or set)."""
         return (
             self.framework is not None and verdict_of(self.framework.panel_rule(stage)) is not None
         )
+
+    def _probable_stage(self, stage: str) -> bool:
+        """Whether ``stage``'s verdict is one answer a lone judge gives a probability of (its
+        tokens' logprobs): a label or a rating; a set (an alignment) is several at once, its
+        confidence a panel's share only."""
+        rule = self.framework.panel_rule(stage) if self.framework is not None else None
+        return verdict_of(rule) in ("label", "rating")
 
     def _with_logprobs(self, stage: str, params: dict[str, Any]) -> dict[str, Any]:
         """A member's (``stage``: its own, ``judge#4``) label stage asks for logprobs where its
@@ -431,7 +450,7 @@ class ItemContext:
         judge, or a cascade tier calibrated on it (the other tiers' members are asked as they
         were: an endpoint that refuses logprobs is only asked for them where they are used)."""
         base, k = split_member(stage)
-        if not self._label_stage(base) or params.get("logprobs"):
+        if not self._probable_stage(base) or params.get("logprobs"):
             return params
         if self.cascade is not None and self._cascaded_role(base):
             wanted = self.cascade.kind_of_member(base, k) == "logprobs"
@@ -445,7 +464,7 @@ class ItemContext:
         reads of a tier of one judge); a panel's confidence is its share, kept with its vote."""
         if not self.label_confidence or not parsed.ok or parsed.probability is not None:
             return parsed
-        if not self._label_stage(stage) or self._cascaded_role(stage):
+        if not self._probable_stage(stage) or self._cascaded_role(stage):
             return parsed
         found = parsed.result.label_probability(str(parsed.value)) if parsed.result else None
         entry = {"stage": stage, "asked": panels.asked_digest(values), "value": parsed.value}

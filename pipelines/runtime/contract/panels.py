@@ -12,6 +12,9 @@ A framework declares how each judging stage's answers combine (``Framework.panel
   strict majority is a tie, recorded as such and resolved by the stage's declared ``tie`` label,
   never by the order of the members.
 - ``Average``: scores. Their mean or median.
+- ``Cover``: sets. Each member names the items a text covers (ICAT's aspects a response's claims
+  cover), each with what it rests on; an item is in the panel's set when more than half of the
+  members name it.
 
 A member whose answer stays unreadable gives no vote and no score; a stage none of the members
 answers is unreadable, as for one judge. Stages without a rule (extraction, free text) are
@@ -27,7 +30,7 @@ import statistics
 from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal, Protocol
 
 MEMBER = "#"  # judge#2: the second member of the judge panel (the first is the role itself)
 
@@ -79,9 +82,84 @@ class Average:
         return (statistics.fmean(given) if self.how == "mean" else statistics.median(given)), False
 
 
-PanelRule = Vote | Average
+NOTHING_COVERED = "none"  # the label of an empty set (a person types it, a report shows it)
 
-Verdict = Literal["label", "rating"]
+
+class Covering(Protocol):
+    """An answer that is a set of items, each with what it rests on (an alignment: the aspects a
+    response covers, each with the claims that cover it), as ``Cover`` combines it."""
+
+    def covers(self) -> dict[int, list[int]]:
+        """item -> what it rests on, in the order the answer named them."""
+        ...
+
+    @classmethod
+    def from_covers(cls, found: dict[int, list[int]]) -> Covering:
+        """The answer that names these items (from a panel's combination, or a person's set)."""
+        ...
+
+
+@dataclass(frozen=True)
+class Cover:
+    """Sets of numbered items (``kind``: the class of the stage's answers, a ``Covering``). An
+    item is in the panel's set when a strict majority of all members name it (what it rests on:
+    what those members cite, in member order, each once); an item exactly half of them name is
+    a tie, left out: a panel claims no coverage it does not agree on. The verdict a cascade keeps
+    and a person gives is the set, written ``cover_label`` ("1, 3"; "none")."""
+
+    kind: type[Covering]
+    level: ClassVar[Level] = "nominal"
+
+    def combine(self, answers: Sequence[Any]) -> tuple[Any, bool]:
+        given = [a.covers() for a in answers if a is not None]
+        if not given:
+            return None, False
+        votes = Counter(item for found in given for item in found)
+        chosen: dict[int, list[int]] = {}
+        for found in given:  # the first member naming an item places it
+            for item, support in found.items():
+                if votes[item] * 2 > len(answers):
+                    merged = chosen.setdefault(item, [])
+                    merged += [s for s in support if s not in merged]
+        return self.kind.from_covers(chosen), any(n * 2 == len(answers) for n in votes.values())
+
+    def label(self, value: Any) -> str | None:
+        """The set ``value`` names, as a label (None: no answer)."""
+        return None if value is None else cover_label(value.covers())
+
+    def answer(self, label: str) -> Any:
+        """The answer a person's set ``label`` stands for (nothing rests on anything)."""
+        return self.kind.from_covers({item: [] for item in cover_items(label)})
+
+
+def cover_label(items: Iterable[int]) -> str:
+    """A set of item numbers as one label: ascending, comma-separated; the empty set "none"."""
+    found = sorted(set(items))
+    return ", ".join(str(n) for n in found) if found else NOTHING_COVERED
+
+
+def cover_items(label: Any) -> list[int]:
+    """The item numbers of a set's label ("1, 3", "3,1", "none", or a list of numbers), or a
+    ``ValueError`` saying what a set's label is."""
+    if isinstance(label, list):
+        parts: list[Any] = label
+    elif isinstance(label, str):
+        text = label.strip()
+        parts = [] if text.lower() in {NOTHING_COVERED, ""} else text.split(",")
+    else:
+        raise ValueError(f"a set such as '1, 3' or {NOTHING_COVERED!r}, got {label!r}")
+    items: list[int] = []
+    for part in parts:
+        text = str(part).strip()
+        if isinstance(part, bool) or not text.isdigit() or int(text) < 1:
+            raise ValueError(f"a set such as '1, 3' or {NOTHING_COVERED!r}, got {label!r}")
+        items.append(int(text))
+    return sorted(set(items))
+
+
+PanelRule = Vote | Average | Cover
+
+Verdict = Literal["label", "rating", "set"]
 
 
 def verdict_of(rule: PanelRule | None) -> Verdict | None:
@@ -89,13 +167,22 @@ def verdict_of(rule: PanelRule | None) -> Verdict | None:
     it and escalates it elsewhere: a ``label`` (a ``Vote``: a category, or a relation between
     two texts such as an entailment), a ``rating`` (the median of ratings on an ordinal scale:
     the tier's verdict is the rating its members give, people agree when they give the same),
-    or None: a score on an interval scale (a mean) or a stage without a rule (extraction, free
-    text), with no verdict to agree on, asked of the strongest tier."""
+    a ``set`` (a ``Cover``: the items a tier's majority names, people agree when they give the
+    same set), or None: a score on an interval scale (a mean) or a stage without a rule
+    (extraction, free text), with no verdict to agree on, asked of the strongest tier."""
     if isinstance(rule, Vote):
         return "label"
+    if isinstance(rule, Cover):
+        return "set"
     if isinstance(rule, Average) and rule.how == "median" and rule.level == "ordinal":
         return "rating"
     return None
+
+
+def verdict(rule: PanelRule | None, value: Any) -> Any:
+    """``value`` as a stage's verdict is recorded, compared and labelled: a set as its label
+    ("1, 3"), any other answer as it is."""
+    return rule.label(value) if isinstance(rule, Cover) else value
 
 
 def member_name(name: str, k: int) -> str:

@@ -1,0 +1,228 @@
+"""ICAT's alignments as verdicts: the set of aspects a response's grounded claims cover. A panel
+covers an aspect where a strict majority of its members do (``Cover``); a cascade keeps an
+alignment where a tier agrees on the whole set and escalates it elsewhere; one no tier keeps
+leaves the response unjudged until a person gives the covered aspects in ``view``.
+
+The inputs are test_icat's (ICAT-S): response A:q1 has one grounded claim (C1) and q1's three
+subtopics (2, 5, 7) as aspects 1-3; A:q2 has one grounded claim (C4) and q2's one aspect. The
+cheap three align A:q1 as {3}, {3}, {1, 3} (the panel's set {3}: 2 of 3 gave it) and A:q2 as
+{1} unanimously. The strong judge aligns A:q1 as {1, 3}."""
+
+from __future__ import annotations
+
+import pytest
+
+from groundcover.pipelines.icat.framework import IcatOptions
+from groundcover.pipelines.icat.scoring import Alignment
+from groundcover.pipelines.runtime.contract.config import EvaluatorConfig, RunConfig
+from groundcover.pipelines.runtime.contract.panels import (
+    Cover,
+    cover_items,
+    cover_label,
+    verdict_of,
+)
+from groundcover.pipelines.runtime.contract.protocol import RunRequest
+from groundcover.pipelines.runtime.contract.roles import RoleSpec, parse_role_options
+from groundcover.pipelines.runtime.execution.execute import execute
+from tests.support.cascades import write_calibration
+from tests.support.scripted import ScriptedClient, field_of
+from tests.test_icat import C1, P_ENTAIL, SCRIPTS, StandInIcat, write_inputs
+from tests.test_runtime import closing_client
+
+URL = "http://127.0.0.1:9/v1"
+LINE = '{{"topic_id": {}, "evidence": [1]}}\n'
+ALIGNS = {  # member -> query -> the aspects it finds covered (each by grounded claim 1)
+    "c1": {"eiffel tower": [3], "big ben": [1]},
+    "c2": {"eiffel tower": [3], "big ben": [1]},
+    "c3": {"eiffel tower": [1, 3], "big ben": [1]},
+    "strong": {"eiffel tower": [1, 3], "big ben": [1]},
+}
+CHEAP, STRONG = ["c1", "c2", "c3"], "strong"
+MEMBERS = ["align_s", "align_s#2", "align_s#3", "align_s#4"]
+
+
+def calibration(path, thresholds):
+    tiers = [(["judge", "judge#2", "judge#3"], CHEAP), (["judge"], [STRONG])]
+    return write_calibration(path, tiers, {"align_s": {"thresholds": thresholds}})
+
+
+def aligned(where, cascade=None, judges=(*CHEAP, STRONG)):
+    """ICAT-S over test_icat's inputs, the claims from a scripted extractor, each judge aligning
+    from its table (the stage is the member's own: align_s#2 for judge#2)."""
+    paths = write_inputs(where)
+    options = IcatOptions(
+        input=paths["responses"],
+        queries=paths["queries"],
+        qrels=paths["qrels"],
+        snippets=paths["snippets"],
+        nli_model="stand-in",
+        variants=["s"],
+    )
+    clients = {"extractor": ScriptedClient(SCRIPTS, adapter="claims-lora")}
+    for name in judges:
+
+        def script(prompt, found=ALIGNS[name]):
+            return "".join(LINE.format(n) for n in found[field_of(prompt, "Query")])
+
+        clients[name] = ScriptedClient({stage: script for stage in MEMBERS}, model=name)
+    roles = {"extract": RoleSpec(adapter="claims-lora")}
+    parsed = parse_role_options([f"judge={j}@{URL}" for j in judges])
+    roles |= {role: RoleSpec.model_validate(spec) for role, spec in parsed.items()}
+    request = RunRequest(
+        EvaluatorConfig(model=judges[-1], endpoint=URL),
+        RunConfig(run_dir=where / "run", cache=None, cascade=cascade),
+        options,
+        roles,
+    )
+
+    def opened(ev, run_dir):
+        return closing_client(clients["extractor" if ev.adapter else ev.model])
+
+    framework = StandInIcat(P_ENTAIL)
+    (outcome,) = execute(framework, request, quiet=True, open_client=opened).values()
+    return outcome, clients
+
+
+def test_a_panel_covers_an_aspect_a_strict_majority_of_its_members_cover():
+    """Three members: aspect 1 named by two (kept, its evidence theirs in member order), 2 by
+    one, 3 by one. Four with one unanswered: aspects named by two of four are ties, left out."""
+    rule = Cover(kind=Alignment)
+    three = [
+        Alignment.from_covers({2: [1], 1: [1]}),
+        Alignment.from_covers({1: [2]}),
+        Alignment.from_covers({3: [1]}),
+    ]
+    combined, tie = rule.combine(three)
+    assert (combined.covered, combined.evidence, tie) == ([1], {1: [1, 2]}, False)
+    assert rule.label(combined) == "1" and [rule.label(a) for a in three] == ["1, 2", "1", "3"]
+    four = [Alignment.from_covers({1: [1]}), Alignment.from_covers({1: [2], 2: [1]})]
+    four += [Alignment.from_covers({2: [1]}), None]
+    combined, tie = rule.combine(four)
+    assert (combined.covered, tie, rule.label(combined)) == ([], True, "none")
+    assert rule.combine([None, None]) == (None, False)
+    assert rule.answer("3, 1").covers() == {1: [], 3: []}
+    assert verdict_of(rule) == "set"
+    assert cover_label([3, 1, 3]) == "1, 3" and cover_label([]) == "none"
+    assert cover_items(" 3,1 ") == [1, 3] and cover_items("None") == [] and cover_items([2]) == [2]
+    for bad in ("0", "1, x", "1 3", True, 2, [True]):
+        with pytest.raises(ValueError, match="a set such as"):
+            cover_items(bad)
+
+
+def test_an_icat_panel_aligns_by_majority_and_is_a_calibratable_tier(tmp_path):
+    """No cascade: the three cheap judges are one panel. A:q1's set is {3} (subtopic 7): S_cov
+    1/3, S_fact 1/3, ICAT_1 1/3; the entry keeps each member's set as its label. ``cascade
+    calibrate`` reads the run as a tier: A:q1's confidence 2/3, A:q2's 1; a person's set written
+    "3,1" is read as "1, 3"."""
+    from groundcover.pipelines.reports.audits.cascade import read_tier
+
+    outcome, clients = aligned(tmp_path, judges=tuple(CHEAP))
+    records = {r.id: r for r in outcome.results}
+    a1 = records["A:q1"]
+    assert a1.status == "ok", a1.failure
+    s = a1.details["variants"]["s"]
+    assert s["covered"] == ["7"] and s["evidence"] == {"7": [C1]}
+    assert s["s_cov"] == pytest.approx(1 / 3) and a1.score == pytest.approx(1 / 3)
+    (entry,) = a1.details["panel"]
+    assert entry["stage"] == "align_s"
+    assert (entry["members"], entry["value"]) == (["3", "3", "1, 3"], "3")
+    assert records["A:q2"].details["variants"]["s"]["s_cov"] == 1.0
+    assert [len(clients[c].calls) for c in CHEAP] == [2, 2, 2]  # A:q1 and A:q2 each
+
+    tier = read_tier(outcome.dir, {("A:q1", "align_s", 0): "3,1"})
+    shares = sorted(share for _, share in tier.units["align_s"].values())
+    assert shares == pytest.approx([2 / 3, 1.0])
+    assert list(tier.labels.values()) == ["1, 3"]
+
+
+def test_the_strong_judge_aligns_only_what_the_cheap_panel_splits_on(tmp_path):
+    """Tier 1 kept only where unanimous (threshold 1.0): A:q2's {1} is kept; A:q1's {3} (2 of
+    3) goes to the strong judge, whose {1, 3} is kept: subtopics 2 and 7, S_cov 2/3, ICAT_1
+    2·(1/3)(2/3)/(1/3 + 2/3) = 4/9, where the cheap panel's set would have given 1/3."""
+    cal = calibration(tmp_path / "cal.json", [1.0, 0.5])
+    outcome, clients = aligned(tmp_path, cal)
+    records = {r.id: r for r in outcome.results}
+    a1, a2 = records["A:q1"], records["A:q2"]
+    assert a1.status == "ok", a1.failure
+    (asked,) = clients[STRONG].calls
+    assert asked.stage == "align_s#4" and field_of(asked.prompt, "Query") == "eiffel tower"
+    assert [len(clients[c].calls) for c in CHEAP] == [2, 2, 2]
+    (entry,) = a1.details["cascade"]
+    assert [t["members"] for t in entry["tiers"]] == [["3", "3", "1, 3"], ["1, 3"]]
+    assert [t["confidence"] for t in entry["tiers"]] == pytest.approx([2 / 3, 1.0])
+    assert (entry["kept"], entry["value"]) == (2, "1, 3")
+    s = a1.details["variants"]["s"]
+    assert s["covered"] == ["2", "7"] and s["evidence"] == {"2": [C1], "7": [C1]}
+    assert s["s_cov"] == pytest.approx(2 / 3) and a1.score == pytest.approx(4 / 9)
+    (entry,) = a2.details["cascade"]
+    assert (entry["kept"], entry["value"], len(entry["tiers"])) == (1, "1", 1)
+    assert a2.score == 1.0
+
+
+def test_the_report_says_what_the_alignment_cascade_kept_saved_and_abstained(tmp_path):
+    """The run above: tier 1 asked both alignments (3 calls each), kept A:q2's; tier 2 asked
+    and kept A:q1's: 7 calls against 2 for the strong judge alone. A person in ``view`` gives
+    A:q1 the covered aspects "3, 1": the kept {1, 3} agrees."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from groundcover.pipelines.cli import app
+    from groundcover.pipelines.reports.pages.viewer import Viewer
+
+    cal = calibration(tmp_path / "cal.json", [1.0, 0.5])
+    outcome, _ = aligned(tmp_path, cal)
+    body = {"id": "A:q1", "stage": "align_s", "key": 0, "annotator": "p", "label": "3, 1"}
+    assert Viewer([outcome.dir]).add_label(0, body)["judge"] == "1, 3"
+    shown = CliRunner().invoke(app, ["report", str(outcome.dir), "--json"])
+    assert shown.exit_code == 0, shown.output
+    stage = json.loads(shown.output.splitlines()[-1])["cascade"]["stages"]["align_s"]
+    assert {k: stage[k] for k in ("asked", "kept", "calls")} == {
+        "asked": [2, 1],
+        "kept": [1, 1],
+        "calls": [6, 1],
+    }
+    assert (stage["judgements"], stage["abstained"], stage["coverage"]) == (2, 0, 1.0)
+    assert (stage["calls_total"], stage["calls_strongest_alone"]) == (7, 2)
+    assert (stage["labelled"], stage["agreeing"]) == (1, 1)
+
+
+def test_an_alignment_no_tier_keeps_is_given_by_a_person_in_view(tmp_path):
+    """Tier 2 without a threshold: A:q1 is unjudged, its aspects and claims shown numbered as
+    the prompt numbered them. A person's "3,1" is kept as "1, 3" (a set of no aspect 0 or
+    words is refused); the same command then scores A:q1 with it: S_cov 2/3, ICAT_1 4/9."""
+    from groundcover import UserError
+    from groundcover.pipelines.reports.pages.viewer import Viewer, label_page
+
+    cal = calibration(tmp_path / "cal.json", [1.0, None])
+    outcome, clients = aligned(tmp_path, cal)
+    records = {r.id: r for r in outcome.results}
+    a1 = records["A:q1"]
+    assert (a1.status, a1.score) == ("unjudged", None)
+    assert a1.failure is not None and a1.failure.stage == "align_s"
+    assert records["A:q2"].status == "ok"
+    viewer = Viewer([outcome.dir])
+    assert ("A:q1", 0, None) in viewer.units(0, "align_s")
+    shown = viewer.unit(0, "A:q1", "align_s", 0)["judged"]
+    assert shown["aspects"] == (
+        "[1] where the tower is\n[2] how tall the tower is\n[3] when it was built"
+    )
+    assert shown["claims"] == f"[1] {C1}"
+    assert viewer.choices(0, "align_s") == {"kind": "set", "choices": ["none"]}
+    assert 'placeholder="covered: 1, 3"' in label_page(viewer, 0, "align_s")
+    body = {"id": "A:q1", "stage": "align_s", "key": 0, "annotator": "p"}
+    for bad in ("0", "one and three"):
+        with pytest.raises(UserError, match="label: a set such as"):
+            viewer.add_label(0, body | {"label": bad})
+    assert viewer.add_label(0, body | {"label": "3,1"})["label"] == "1, 3"
+
+    again, clients = aligned(tmp_path, cal)
+    a1 = {r.id: r for r in again.results}["A:q1"]
+    assert a1.status == "ok", a1.failure
+    (entry,) = a1.details["cascade"]
+    assert (entry["kept"], entry["value"]) == ("people", "1, 3")
+    s = a1.details["variants"]["s"]
+    assert s["covered"] == ["2", "7"] and s["evidence"] == {"2": [], "7": []}
+    assert a1.score == pytest.approx(4 / 9)
+    # the tiers were asked again (without a response cache) and still abstained
+    assert [t["members"] for t in entry["tiers"]] == [["3", "3", "1, 3"], ["1, 3"]]
