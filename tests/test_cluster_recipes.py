@@ -410,7 +410,10 @@ def test_a_judge_that_cannot_start_fails_the_job_and_leaves_its_logs_in_the_run_
         *["--judge", str(broken), "--replicas", "1"],
         *["--", sys.executable, "-c", "print('never runs')", "--run-dir", str(run)],
     ]
-    job = slurm.submit(options, RECIPE, launch, recipe_env())
+    # Serve gives a replica that cannot start 3 tries before it fails the deploy; each loads
+    # vLLM anew (half a minute of two loaded cores): one try shows the same failure
+    env = recipe_env() | {"RAY_SERVE_MAX_PER_REPLICA_RETRY_COUNT": "1"}
+    job = slurm.submit(options, RECIPE, launch, env)
     state = slurm.wait(job, 600)
     log = launcher_log(tmp_path, job)
     assert state == "FAILED", log[-4000:]
