@@ -173,7 +173,10 @@ def test_the_report_says_what_the_alignment_cascade_kept_saved_and_abstained(tmp
     cal = calibration(tmp_path / "cal.json", [1.0, 0.5])
     outcome, _ = aligned(tmp_path, cal)
     body = {"id": "A:q1", "stage": "align_s", "key": 0, "annotator": "p", "label": "3, 1"}
-    assert Viewer([outcome.dir]).add_label(0, body)["judge"] == "1, 3"
+    viewer = Viewer([outcome.dir])
+    assert viewer.add_label(0, body)["judge"] == "1, 3"
+    # a kept alignment shows what it was asked (found again by the framework's judgements)
+    assert viewer.unit(0, "A:q1", "align_s", 0)["judged"]["claims"] == f"[1] {C1}"
     shown = CliRunner().invoke(app, ["report", str(outcome.dir), "--json"])
     assert shown.exit_code == 0, shown.output
     stage = json.loads(shown.output.splitlines()[-1])["cascade"]["stages"]["align_s"]
@@ -226,3 +229,34 @@ def test_an_alignment_no_tier_keeps_is_given_by_a_person_in_view(tmp_path):
     assert a1.score == pytest.approx(4 / 9)
     # the tiers were asked again (without a response cache) and still abstained
     assert [t["members"] for t in entry["tiers"]] == [["3", "3", "1, 3"], ["1, 3"]]
+
+
+def test_an_alignment_is_a_judgement_the_reliability_audits_ask_again(tmp_path):
+    """A lone judge (the strong one) aligned A:q1 as {1, 3} and A:q2 as {1}: two recorded
+    judgements, asked with the query, the aspects and the grounded claims. Asked again of a
+    judge that aligns A:q1 as {3}: one flip of two."""
+    import asyncio
+
+    from groundcover.pipelines.reports.audits.reask import reask_audit, recorded_judgements
+    from groundcover.pipelines.reports.exports.rows import run_rows
+
+    outcome, _ = aligned(tmp_path, judges=(STRONG,))
+    rows = run_rows(outcome.dir)
+    found = sorted(recorded_judgements(rows), key=lambda r: r.item)
+    assert [(r.item, r.judgement.stage, r.judgement.verdict) for r in found] == [
+        ("A:q1", "align_s", "1, 3"),
+        ("A:q2", "align_s", "1"),
+    ]
+    assert found[0].judgement.values == {
+        "query": "eiffel tower",
+        "aspects": ["where the tower is", "how tall the tower is", "when it was built"],
+        "claims": [C1],
+    }
+
+    def script(prompt):
+        return "".join(LINE.format(n) for n in ALIGNS["c1"][field_of(prompt, "Query")])
+
+    again = ScriptedClient({"align_s": script})
+    result = asyncio.run(reask_audit(rows, "rerun", 5, 0, {"judge": again}))
+    assert (result["judgements"], result["answered"], result["flips"]) == (2, 2, 1)
+    assert {(t["original"], t["again"]) for t in result["table"]} == {("1, 3", "3"), ("1", "1")}

@@ -26,12 +26,15 @@ from groundcover import (
     InputFile,
     ItemContext,
     ItemResult,
+    Judgement,
     ParseError,
+    PromptTemplate,
     UserError,
     load_dir,
     not_scored,
 )
 from groundcover.inputs import IndexDir, ModelName
+from groundcover.judges import cover_label
 from groundcover.nli import PLACEMENT_FIELDS, NliPlacement, placement_of
 
 from ..shared.claims import CLAIMS_PROMPT, extract_claims
@@ -154,6 +157,28 @@ def alignment_regex(n_aspects: int, n_claims: int) -> str:
     return rf"({line}){{0,{n_aspects}}}"
 
 
+ALIGNMENT_EXPECTED = 'lines {"topic_id": <aspect number>, "evidence": [<claim numbers>]}'
+
+
+async def align(
+    ctx: ItemContext,
+    stage: str,
+    values: dict[str, Any],
+    template: PromptTemplate | None = None,
+) -> Any:
+    """The alignment of ``values`` (query, aspects, grounded claims) as ``stage`` asks it: its
+    ``Parsed`` answer, or ``StageFailed`` when it stays unreadable."""
+    n_aspects, n_claims = len(values["aspects"]), len(values["claims"])
+    return await ctx.ask(
+        template or PROMPTS["align_aspects"],
+        stage,
+        lambda t: scoring.parse_alignment(t, n_aspects, n_claims),
+        ALIGNMENT_EXPECTED,
+        values,
+        regex=alignment_regex(n_aspects, n_claims),
+    )
+
+
 async def covered_llm(
     ctx: ItemContext,
     item: data.Response,
@@ -165,14 +190,8 @@ async def covered_llm(
     1..m, mapped back to their real ids); no grounded claim covers nothing, without a call."""
     if not claims:
         return [], {"aspects": [a.id for a in aspects], "covered": [], "note": "no grounded claim"}
-    parsed = await ctx.ask(
-        PROMPTS["align_aspects"],
-        stage,
-        lambda t: scoring.parse_alignment(t, len(aspects), len(claims)),
-        'lines {"topic_id": <aspect number>, "evidence": [<claim numbers>]}',
-        {"query": item.query, "aspects": [a.text for a in aspects], "claims": claims},
-        regex=alignment_regex(len(aspects), len(claims)),
-    )
+    values = {"query": item.query, "aspects": [a.text for a in aspects], "claims": claims}
+    parsed = await align(ctx, stage, values)
     found: scoring.Alignment = parsed.value
     covered = [aspects[n - 1].id for n in found.covered]
     evidence = {
@@ -340,6 +359,38 @@ class Icat(Framework[IcatOptions, data.Response]):
             for b in ctx.options.betas
         }
         return found | {"s_cov": s_cov, "icat": icat}
+
+    def judgements(
+        self, item: data.Response, record: ItemResult, options: IcatOptions
+    ) -> list[Judgement]:
+        """The alignments the run's judge made (ICAT-S/A), each asked of the query, the aspects
+        and the grounded claims it was asked with; its verdict the covered aspects' numbers as
+        a set's label. An alignment with no grounded claim was no call."""
+        grounded = [g["claim"] for g in record.details.get("grounding") or [] if g["grounded"]]
+        variants = record.details.get("variants") or {}
+        found = []
+        for variant in ("s", "a"):
+            done = variants.get(variant)
+            if not done or not grounded or "evidence" not in done:
+                continue
+            if variant == "s":
+                texts = {s.id: s.text for s in item.subtopics}
+                aspects = [texts.get(i) for i in done["aspects"]]
+            else:
+                aspects = list(record.details.get("generated_aspects") or [])
+            if None in aspects or len(aspects) != len(done["aspects"]):
+                continue  # the inputs changed since: not the judgement the run made
+            numbers = {aspect_id: n for n, aspect_id in enumerate(done["aspects"], 1)}
+            verdict = cover_label(numbers[i] for i in done["covered"])
+            values = {"query": item.query, "aspects": aspects, "claims": grounded}
+            found.append(Judgement(f"align_{variant}", variant, verdict, values))
+        return found
+
+    async def ask_judgement(
+        self, ctx: ItemContext, judgement: Judgement, template: PromptTemplate | None = None
+    ) -> str:
+        parsed = await align(ctx, judgement.stage, judgement.values, template)
+        return cover_label(parsed.value.covers())
 
     def tables_file(self, options: IcatOptions) -> str:
         return "icat.json"
