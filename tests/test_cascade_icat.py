@@ -38,7 +38,6 @@ ALIGNS = {  # member -> query -> the aspects it finds covered (each by grounded 
     "strong": {"eiffel tower": [1, 3], "big ben": [1]},
 }
 CHEAP, STRONG = ["c1", "c2", "c3"], "strong"
-MEMBERS = ["align_s", "align_s#2", "align_s#3", "align_s#4"]
 
 
 def calibration(path, thresholds):
@@ -46,9 +45,11 @@ def calibration(path, thresholds):
     return write_calibration(path, tiers, {"align_s": {"thresholds": thresholds}})
 
 
-def aligned(where, cascade=None, judges=(*CHEAP, STRONG)):
+def aligned(where, cascade=None, judges=(*CHEAP, STRONG), samples=0):
     """ICAT-S over test_icat's inputs, the claims from a scripted extractor, each judge aligning
-    from its table (the stage is the member's own: align_s#2 for judge#2)."""
+    from its table (the stage is the member's own: align_s#2 for judge#2); ``samples``: that
+    many more members, each the last judge told apart by a revision label."""
+    where.mkdir(parents=True, exist_ok=True)
     paths = write_inputs(where)
     options = IcatOptions(
         input=paths["responses"],
@@ -64,10 +65,14 @@ def aligned(where, cascade=None, judges=(*CHEAP, STRONG)):
         def script(prompt, found=ALIGNS[name]):
             return "".join(LINE.format(n) for n in found[field_of(prompt, "Query")])
 
-        clients[name] = ScriptedClient({stage: script for stage in MEMBERS}, model=name)
+        stages = [f"align_s#{k}" for k in range(2, len(judges) + samples + 1)]
+        clients[name] = ScriptedClient({s: script for s in ["align_s", *stages]}, model=name)
     roles = {"extract": RoleSpec(adapter="claims-lora")}
     parsed = parse_role_options([f"judge={j}@{URL}" for j in judges])
     roles |= {role: RoleSpec.model_validate(spec) for role, spec in parsed.items()}
+    for k in range(len(judges) + 1, len(judges) + samples + 1):
+        spec = {"model": judges[-1], "endpoint": URL, "revision": f"sample-{k}"}
+        roles[f"judge#{k}"] = RoleSpec.model_validate(spec)
     request = RunRequest(
         EvaluatorConfig(model=judges[-1], endpoint=URL),
         RunConfig(run_dir=where / "run", cache=None, cascade=cascade),
@@ -260,3 +265,45 @@ def test_an_alignment_is_a_judgement_the_reliability_audits_ask_again(tmp_path):
     result = asyncio.run(reask_audit(rows, "rerun", 5, 0, {"judge": again}))
     assert (result["judgements"], result["answered"], result["flips"]) == (2, 2, 1)
     assert {(t["original"], t["again"]) for t in result["table"]} == {("1, 3", "3"), ("1", "1")}
+
+
+def test_cascade_calibrate_reads_alignment_panels_and_a_persons_sets(tmp_path):
+    """Tier 1, the cheap panel: A:q1 {3} (2/3), A:q2 {1} (1). Tier 2, three samples of the
+    strong judge: A:q1 {1, 3}, A:q2 {1}, each unanimous. People say A:q1 "3,1" (read as
+    "1, 3") and A:q2 "1". alpha = delta = 0.5: each tier is tested at 0.25 and needs 2 kept
+    labels, so tier 1 is first tested where it keeps both (2/3): 1 wrong, p = P[Bin(2, 0.5) <= 1]
+    = 0.75, not attainable. Tier 2 keeps both, both right: p = 0.25, threshold 1.0 (had "3,1"
+    been compared as written, A:q1 would be wrong there too, and p 0.75). A run through that
+    calibration asks every alignment of both tiers and keeps tier 2's: A:q1 scores 4/9."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from groundcover.pipelines.cli import app
+
+    cheap, _ = aligned(tmp_path / "cheap", judges=tuple(CHEAP))
+    strong, _ = aligned(tmp_path / "strong", judges=(STRONG,), samples=2)
+    human = tmp_path / "human.jsonl"
+    rows = [
+        {"id": "A:q1", "stage": "align_s", "label": "3,1"},
+        {"id": "A:q2", "stage": "align_s", "label": "1"},
+    ]
+    human.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    argv = ["cascade", "calibrate", str(cheap.dir), str(strong.dir), "--human", str(human)]
+    argv += ["--alpha", "0.5", "--delta", "0.5", "--check-share", "0", "--json"]
+    result = CliRunner().invoke(app, argv)
+    assert result.exit_code == 0, result.output
+    made = json.loads(result.output)
+    stage = made["stages"]["align_s"]
+    first, second = stage["calibration"]["tiers"]
+    assert (first["reached"], first["kept"], first["attainable"]) == (2, 0, False)
+    assert first["tested"][0]["p_value"] == pytest.approx(0.75)
+    assert (second["reached"], second["kept"], second["threshold"]) == (2, 2, 1.0)
+    assert stage["thresholds"] == [None, 1.0]
+
+    outcome, clients = aligned(tmp_path / "run", made["file"], judges=(*CHEAP, STRONG), samples=2)
+    a1 = {r.id: r for r in outcome.results}["A:q1"]
+    assert a1.status == "ok", a1.failure
+    assert [len(clients[c].calls) for c in (*CHEAP, STRONG)] == [2, 2, 2, 6]
+    (entry,) = a1.details["cascade"]
+    assert (entry["kept"], entry["value"]) == (2, "1, 3") and a1.score == pytest.approx(4 / 9)
