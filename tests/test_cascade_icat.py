@@ -45,7 +45,7 @@ def calibration(path, thresholds):
     return write_calibration(path, tiers, {"align_s": {"thresholds": thresholds}})
 
 
-def aligned(where, cascade=None, judges=(*CHEAP, STRONG), samples=0):
+def aligned(where, cascade=None, judges=(*CHEAP, STRONG), samples=0, simulated=False):
     """ICAT-S over test_icat's inputs, the claims from a scripted extractor, each judge aligning
     from its table (the stage is the member's own: align_s#2 for judge#2); ``samples``: that
     many more members, each the last judge told apart by a revision label."""
@@ -75,7 +75,9 @@ def aligned(where, cascade=None, judges=(*CHEAP, STRONG), samples=0):
         roles[f"judge#{k}"] = RoleSpec.model_validate(spec)
     request = RunRequest(
         EvaluatorConfig(model=judges[-1], endpoint=URL),
-        RunConfig(run_dir=where / "run", cache=None, cascade=cascade),
+        RunConfig(
+            run_dir=where / "run", cache=None, cascade=cascade, simulated_annotators=simulated
+        ),
         options,
         roles,
     )
@@ -307,3 +309,22 @@ def test_cascade_calibrate_reads_alignment_panels_and_a_persons_sets(tmp_path):
     assert [len(clients[c].calls) for c in (*CHEAP, STRONG)] == [2, 2, 2, 6]
     (entry,) = a1.details["cascade"]
     assert (entry["kept"], entry["value"]) == (2, "1, 3") and a1.score == pytest.approx(4 / 9)
+
+
+def test_one_judge_is_a_panel_of_three_wordings_of_the_alignment(tmp_path):
+    """``--simulated-annotators``: the strong judge three times, member k asking the alignment
+    with the (k-1)-th paraphrase (ICAT's two: a checklist, a reader), each with the same
+    numbered aspects and claims and answered in the same JSON lines; the panel's set is theirs."""
+    outcome, clients = aligned(tmp_path, judges=(STRONG,) * 3, simulated=True)
+    a1 = {r.id: r for r in outcome.results}["A:q1"]
+    assert a1.status == "ok", a1.failure
+    asked = {c.stage: c.prompt for c in clients[STRONG].calls if "eiffel tower" in c.prompt}
+    openings = {stage: prompt.split("\n", 1)[0] for stage, prompt in asked.items()}
+    assert openings["align_s"].startswith("You are given a query")
+    assert openings["align_s#2"].startswith("Go through the aspects of the query")
+    assert openings["align_s#3"].startswith("A reader asked the query below")
+    for prompt in asked.values():
+        assert prompt.rstrip().endswith(f"Claims:\n1. {C1}")
+        assert "3. when it was built" in prompt
+    (entry,) = a1.details["panel"]
+    assert (entry["members"], entry["value"]) == (["1, 3"] * 3, "1, 3")

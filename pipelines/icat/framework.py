@@ -34,7 +34,7 @@ from groundcover import (
     not_scored,
 )
 from groundcover.inputs import IndexDir, ModelName
-from groundcover.judges import cover_label
+from groundcover.judges import cover_label, load_variants
 from groundcover.nli import PLACEMENT_FIELDS, NliPlacement, placement_of
 
 from ..shared.claims import CLAIMS_PROMPT, extract_claims
@@ -48,6 +48,7 @@ from .grounding import (
 
 # ICAT's prompts, with the claim extraction it shares with the claim extractors' fine-tuning
 PROMPTS = load_dir(Path(__file__).parent / "prompts") | {"extract_claims": CLAIMS_PROMPT}
+VARIANTS = load_variants(Path(__file__).parent / "prompts")  # paraphrases (agreement, panels)
 NLI_STAGE = "nli-cross-encoder"  # snippet-claim pairs the NLI model judged (no LLM call)
 Variant = Literal["m", "s", "a"]
 NAMES = {"m": "ICAT-M", "s": "ICAT-S", "a": "ICAT-A"}
@@ -243,6 +244,7 @@ class Icat(Framework[IcatOptions, data.Response]):
     # covers an aspect where a strict majority of its members do; the aspects are generated
     # text, with no verdict to agree on: the first member (a cascade's strongest tier) asks them
     panel_rules = {"align_*": Cover(kind=scoring.Alignment)}
+    prompt_variants = {"align_*": VARIANTS["align_aspects"]}
 
     def roles_used(self, options: IcatOptions) -> list[str]:
         return ["extract"] + ["judge"] * bool({"s", "a"} & set(options.variants))
