@@ -328,3 +328,37 @@ def test_one_judge_is_a_panel_of_three_wordings_of_the_alignment(tmp_path):
         assert "3. when it was built" in prompt
     (entry,) = a1.details["panel"]
     assert (entry["members"], entry["value"]) == (["1, 3"] * 3, "1, 3")
+
+
+def test_judgement_labels_imported_from_a_csv_decide_what_the_cascade_abstained_on(tmp_path):
+    """`labels import RUN labels.csv` with the columns id, stage, key, label: each row checked
+    as the labelling page checks it. A wrong row (an unknown stage, a set of words, a unit the
+    item does not have) stops the import in one line naming the file, line, record and field,
+    and nothing of the file is imported; the right file's "3,1" decides A:q1 as in `view`."""
+    from typer.testing import CliRunner
+
+    from groundcover.pipelines.cli import app
+    from groundcover.pipelines.reports.people.labels import run_labels
+
+    cal = calibration(tmp_path / "cal.json", [1.0, None])
+    outcome, _ = aligned(tmp_path, cal)
+    head = "id,stage,key,label,annotator\n"
+    labels = tmp_path / "labels.csv"
+    for row, said in [
+        ("A:q1,align_x,0,1,p", "labels.csv:3: record 'A:q1': field stage: 'align_x' is not"),
+        ('A:q1,align_s,0,"one, three",p', "labels.csv:3: record 'A:q1': field label: a set"),
+        ("A:q1,align_s,4,1,p", "labels.csv:3: record 'A:q1': field key: item 'A:q1' has no"),
+        ("A:q9,align_s,0,1,p", "labels.csv:3: record 'A:q9': field id: not an item of"),
+    ]:
+        labels.write_text(head + "A:q2,align_s,0,,p\n" + row + "\n")
+        bad = CliRunner().invoke(app, ["labels", "import", str(outcome.dir), str(labels)])
+        assert bad.exit_code != 0 and said in " ".join(bad.output.split()), bad.output
+        assert not run_labels(outcome.dir)  # nothing of the file was imported
+    labels.write_text(head + 'A:q1,align_s,0,"3,1",p\nA:q2,align_s,0,,p\n')
+    done = CliRunner().invoke(app, ["labels", "import", str(outcome.dir), str(labels)])
+    assert done.exit_code == 0, done.output
+    assert run_labels(outcome.dir) == {("A:q1", "align_s", 0): "1, 3"}
+    again, _ = aligned(tmp_path, cal)
+    a1 = {r.id: r for r in again.results}["A:q1"]
+    assert (a1.status, a1.details["cascade"][0]["kept"]) == ("ok", "people")
+    assert a1.score == pytest.approx(4 / 9)

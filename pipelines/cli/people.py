@@ -43,13 +43,20 @@ def export(
 @clean_errors
 def import_(
     run_dir: Annotated[Path, typer.Argument(help="a run directory")],
-    file: Annotated[Path, typer.Argument(help="Label Studio's JSON export, or a labels CSV")],
+    file: Annotated[
+        Path,
+        typer.Argument(
+            help="Label Studio's JSON export, or a labels CSV (items' scores; or judgements' "
+            "labels: the columns id, stage, key, label)"
+        ),
+    ],
     annotator: Annotated[
         str | None, typer.Option(help="who labelled (default: the file's completed_by)")
     ] = None,
 ) -> None:
-    """Append people's labels to the run (labels/labels.jsonl), each with the judge's score
-    beside it; `groundcover agreement RUN` then uses them."""
+    """Append people's labels to the run (labels/labels.jsonl), each with the judge's verdict
+    beside it; `groundcover agreement RUN` and `cascade calibrate` then use them, and a judge
+    cascade's abstained judgements they label are decided by them."""
     from ..reports.people.exchange import import_labels
 
     found = import_labels(run_dir, file, annotator)

@@ -425,6 +425,13 @@ class Viewer:
     # ---- writing -------------------------------------------------------------------------
 
     def add_label(self, k: int, body: dict[str, Any]) -> dict[str, Any]:
+        line = self.label_line(k, body, "view")
+        append_labels(self.paths[k], [line])
+        return {name: line[name] for name in ("id", "key", "label", "judge")}
+
+    def label_line(self, k: int, body: dict[str, Any], source: str) -> dict[str, Any]:
+        """A person's label of a unit of run k (``body``: its id, stage, key, label, annotator
+        and note), checked as the labelling page checks it, as ``labels.jsonl`` keeps it."""
         state = self.state(k)
         item, annotator = _item_id(body), _text(body, "annotator")
         stage = body.get("stage", SCORE)
@@ -442,14 +449,13 @@ class Viewer:
             judge = verdicts[(item, key)]
         label = checked_label(body.get("label"), self.choices(k, stage))
         line = {"id": item, "stage": stage, "key": key, "label": label}
-        line |= {"annotator": annotator, "judge": judge, "source": "view"}
+        line |= {"annotator": annotator, "judge": judge, "source": source}
         note = body.get("note")
         if note is not None and not isinstance(note, str):
             raise UserError("note: a text")
         if note and note.strip():
             line["note"] = note.strip()[:2000]
-        append_labels(self.paths[k], [line])
-        return {"id": item, "key": key, "label": label, "judge": judge}
+        return line
 
     def override(self, k: int, body: dict[str, Any]) -> dict[str, Any]:
         state = self.state(k)

@@ -9,7 +9,12 @@
   ``{"from_name", "to_name", "type", "value"}``; ``completed_by`` the annotator; cancelled
   annotations skipped).
 - **CSV**: the same columns a spreadsheet fills in (``id, input, answer, reference, score, note,
-  annotator``); rows without a score are not labels.
+  annotator``); rows without a score are not labels. A CSV with the columns ``stage`` and
+  ``label`` (and ``key``: the unit's number within the item and stage, 0 when absent) holds
+  labels of judgements instead: what a judge cascade calibrates on and what people decide of
+  the judgements it abstained on, each checked as the labelling page checks it (one of the
+  stage's labels, a number, or a set of numbers "1, 3"). Nothing is imported when one row is
+  wrong.
 
 Imported labels are appended to the run's ``labels/labels.jsonl`` (``labels``) with the judge's
 score at import time beside them; the run's records never change.
@@ -105,6 +110,11 @@ def import_labels(run_dir: Path, path: Path, annotator: str | None = None) -> in
         raise UserError(f"labels file not found: {path}")
     judged = {r.id: r.score for r in results_by_id(run_dir / RESULTS)}
     head = path.read_bytes()[:4096].decode("utf-8", errors="ignore").lstrip("\ufeff \t\r\n")
+    if not head.startswith("[") and {"stage", "label"} <= set(_csv_columns(path)):
+        stage_labels = _stage_csv(run_dir, path, annotator)
+        if not stage_labels:
+            raise UserError(f"{path}: no labels (no row with a label)")
+        return append_labels(run_dir, stage_labels)
     rows = _label_studio(path) if head.startswith("[") else _csv(path)
     labels = []
     for where, item, value, note, who, when in rows:
@@ -190,6 +200,53 @@ def _csv(path: Path) -> list[Row]:
                 )
             )
     return out
+
+
+def _csv_columns(path: Path) -> list[str]:
+    with open(path, newline="", encoding="utf-8-sig") as handle:
+        return next(csv.reader(handle), [])
+
+
+def _stage_csv(run_dir: Path, path: Path, annotator: str | None) -> list[dict[str, Any]]:
+    """The judgement labels of a CSV with ``stage`` and ``label`` columns, each checked against
+    the run as the labelling page checks it; one line names the row and field that is wrong."""
+    from ..exports.cells import from_spreadsheet
+    from ..pages.viewer import Viewer
+
+    viewer = Viewer([run_dir])
+    lines = []
+    with open(path, newline="", encoding="utf-8-sig") as handle:
+        for lineno, cells in enumerate(csv.DictReader(handle), start=2):
+            row = {k: from_spreadsheet(v) if isinstance(v, str) else v for k, v in cells.items()}
+            text = (row.get("label") or "").strip()
+            if not text:
+                continue  # not labelled yet
+            where = f"{path}:{lineno}: record {row.get('id')!r}"
+            if row.get("id") not in viewer.state(0).index:
+                raise UserError(f"{where}: field id: not an item of {run_dir}")
+            key = (row.get("key") or "0").strip()
+            if not key.isdigit():
+                raise UserError(f"{where}: field key: a unit's number (0, 1, ...), got {key!r}")
+            stage = (row.get("stage") or "").strip()
+            body = {"id": row.get("id"), "stage": stage, "key": int(key), "note": row.get("note")}
+            body["annotator"] = annotator or row.get("annotator") or "unknown"
+            try:
+                kind = viewer.choices(0, stage)["kind"] if stage else None
+            except KeyError:
+                kind = None
+            if kind is None:
+                raise UserError(f"{where}: field stage: {stage!r} is not a judging stage")
+            body["label"] = text
+            if kind == "number":
+                try:
+                    body["label"] = float(text)
+                except ValueError:
+                    raise UserError(f"{where}: field label: a number, got {text!r}") from None
+            try:
+                lines.append(viewer.label_line(0, body, path.name))
+            except UserError as exc:
+                raise UserError(f"{where}: field {exc}") from None
+    return lines
 
 
 def _score(where: str, value: Any, field: str) -> float:
