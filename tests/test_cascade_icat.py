@@ -10,6 +10,8 @@ cheap three align A:q1 as {3}, {3}, {1, 3} (the panel's set {3}: 2 of 3 gave it)
 
 from __future__ import annotations
 
+import csv
+
 import pytest
 
 from groundcover.pipelines.icat.framework import IcatOptions
@@ -331,7 +333,8 @@ def test_one_judge_is_a_panel_of_three_wordings_of_the_alignment(tmp_path):
 
 
 def test_judgement_labels_imported_from_a_csv_decide_what_the_cascade_abstained_on(tmp_path):
-    """`labels import RUN labels.csv` with the columns id, stage, key, label: each row checked
+    """`labels export RUN labels.csv --stage align_s` writes the stage's units blind;
+    `labels import RUN labels.csv` with the columns id, stage, key, label: each row checked
     as the labelling page checks it. A wrong row (an unknown stage, a set of words, a unit the
     item does not have) stops the import in one line naming the file, line, record and field,
     and nothing of the file is imported; the right file's "3,1" decides A:q1 as in `view`."""
@@ -354,7 +357,21 @@ def test_judgement_labels_imported_from_a_csv_decide_what_the_cascade_abstained_
         bad = CliRunner().invoke(app, ["labels", "import", str(outcome.dir), str(labels)])
         assert bad.exit_code != 0 and said in " ".join(bad.output.split()), bad.output
         assert not run_labels(outcome.dir)  # nothing of the file was imported
-    labels.write_text(head + 'A:q1,align_s,0,"3,1",p\nA:q2,align_s,0,,p\n')
+    # the stage's units exported blind (no verdict), A:q1's label filled in, imported back
+    argv = ["labels", "export", str(outcome.dir), str(labels), "--stage", "align_s"]
+    made = CliRunner().invoke(app, argv)
+    assert made.exit_code == 0, made.output
+    with open(labels, newline="") as handle:
+        rows = list(csv.DictReader(handle))
+    assert [(r["id"], r["key"], r["label"]) for r in rows] == [("A:q1", "0", ""), ("A:q2", "0", "")]
+    assert "aspects: [1] where the tower is\n[2] how tall" in rows[0]["asked"]
+    assert rows[0]["choose"].startswith("the numbers of the items covered")
+    assert not {"verdict", "judge", "value"} & set(rows[0])
+    rows[0] |= {"label": "3,1", "annotator": "p"}
+    with open(labels, "w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
     done = CliRunner().invoke(app, ["labels", "import", str(outcome.dir), str(labels)])
     assert done.exit_code == 0, done.output
     assert run_labels(outcome.dir) == {("A:q1", "align_s", 0): "1, 3"}
@@ -362,3 +379,9 @@ def test_judgement_labels_imported_from_a_csv_decide_what_the_cascade_abstained_
     a1 = {r.id: r for r in again.results}["A:q1"]
     assert (a1.status, a1.details["cascade"][0]["kept"]) == ("ok", "people")
     assert a1.score == pytest.approx(4 / 9)
+    for argv, said in [
+        (["--stage", "align_x"], "--stage align_x: not a judging stage of this run (align_s)"),
+        (["--stage", "align_s", "--format", "label-studio"], "judgements are exported as a CSV"),
+    ]:
+        bad = CliRunner().invoke(app, ["labels", "export", str(outcome.dir), str(labels), *argv])
+        assert bad.exit_code != 0 and said in bad.output, bad.output

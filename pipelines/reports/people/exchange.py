@@ -37,6 +37,55 @@ from .labels import QUEUE, append_labels, labels_dir
 
 SCORE, NOTE = "score", "note"
 CSV_COLUMNS = ("id", "input", "answer", "reference", "score", "note", "annotator")
+# a judging stage's units to label (``labels export --stage``): what `labels import` reads back
+STAGE_COLUMNS = (
+    "id",
+    "stage",
+    "key",
+    "input",
+    "answer",
+    "asked",
+    "choose",
+    "label",
+    "note",
+    "annotator",
+)
+
+
+def export_stage(run_dir: Path, out: Path, stage: str) -> list[Path]:
+    """Every unit of a judging stage as a CSV to fill in (``label``), blind: the question, the
+    answer, what the judge was asked (its prompt's values, as text) and what a label may be;
+    not the judge's verdict."""
+    from ..exports.cells import spreadsheet_row
+    from ..pages.viewer import Viewer
+
+    viewer = Viewer([run_dir])
+    try:
+        how = viewer.choices(0, stage)
+        units = viewer.units(0, stage)
+    except KeyError:
+        stages = ", ".join(sorted(viewer.state(0).stages)) or "none"
+        raise UserError(f"--stage {stage}: not a judging stage of this run ({stages})") from None
+    choose = {
+        "labels": "one of: " + ", ".join(str(c) for c in how["choices"]),
+        "number": "a number",
+        "set": "the numbers of the items covered, as 1, 3 (or none)",
+    }[how["kind"]]
+    rows = []
+    for item, key, _verdict in units:
+        shown = viewer.unit(0, item, stage, key)
+        asked = "\n".join(f"{name}: {value}" for name, value in (shown.get("judged") or {}).items())
+        rows.append(
+            {"id": item, "stage": stage, "key": key, "input": shown["input"]}
+            | {"answer": shown["answer"], "asked": asked, "choose": choose}
+        )
+    tmp = out.with_name(out.name + ".tmp")
+    with open(tmp, "w", newline="", encoding="utf-8") as handle:
+        writer = csv.DictWriter(handle, fieldnames=STAGE_COLUMNS)
+        writer.writeheader()
+        writer.writerows(spreadsheet_row({k: r.get(k, "") for k in STAGE_COLUMNS}) for r in rows)
+    tmp.replace(out)
+    return [out]
 
 
 def export_tasks(run_dir: Path, out: Path, kind: str) -> list[Path]:
