@@ -56,7 +56,6 @@ def export_stage(run_dir: Path, out: Path, stage: str) -> list[Path]:
     """Every unit of a judging stage as a CSV to fill in (``label``), blind: the question, the
     answer, what the judge was asked (its prompt's values, as text) and what a label may be;
     not the judge's verdict."""
-    from ..exports.cells import spreadsheet_row
     from ..pages.viewer import Viewer
 
     viewer = Viewer([run_dir])
@@ -79,13 +78,21 @@ def export_stage(run_dir: Path, out: Path, stage: str) -> list[Path]:
             {"id": item, "stage": stage, "key": key, "input": shown["input"]}
             | {"answer": shown["answer"], "asked": asked, "choose": choose}
         )
+    return [write_sheet(out, STAGE_COLUMNS, rows)]
+
+
+def write_sheet(out: Path, columns: tuple[str, ...], rows: list[dict[str, Any]]) -> Path:
+    """``rows`` as a CSV with ``columns`` (a missing cell empty; a cell a spreadsheet would
+    read as a formula quoted), written whole or not at all."""
+    from ..exports.cells import spreadsheet_row
+
     tmp = out.with_name(out.name + ".tmp")
     with open(tmp, "w", newline="", encoding="utf-8") as handle:
-        writer = csv.DictWriter(handle, fieldnames=STAGE_COLUMNS)
+        writer = csv.DictWriter(handle, fieldnames=columns)
         writer.writeheader()
-        writer.writerows(spreadsheet_row({k: r.get(k, "") for k in STAGE_COLUMNS}) for r in rows)
+        writer.writerows(spreadsheet_row({k: r.get(k, "") for k in columns}) for r in rows)
     tmp.replace(out)
-    return [out]
+    return out
 
 
 def export_tasks(run_dir: Path, out: Path, kind: str) -> list[Path]:
@@ -100,15 +107,7 @@ def export_tasks(run_dir: Path, out: Path, kind: str) -> list[Path]:
         return [out, config]
     if kind != "csv":
         raise UserError(f"--format must be label-studio or csv, got {kind!r}")
-    tmp = out.with_name(out.name + ".tmp")
-    from ..exports.cells import spreadsheet_row
-
-    with open(tmp, "w", newline="", encoding="utf-8") as handle:
-        writer = csv.DictWriter(handle, fieldnames=CSV_COLUMNS)
-        writer.writeheader()
-        writer.writerows(spreadsheet_row({k: t.get(k, "") for k in CSV_COLUMNS}) for t in tasks)
-    tmp.replace(out)
-    return [out]
+    return [write_sheet(out, CSV_COLUMNS, tasks)]
 
 
 def label_config() -> str:
