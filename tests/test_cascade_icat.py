@@ -14,7 +14,6 @@ import csv
 
 import pytest
 
-from groundcover.pipelines.icat.framework import IcatOptions
 from groundcover.pipelines.icat.scoring import Alignment
 from groundcover.pipelines.runtime.contract.config import EvaluatorConfig, RunConfig
 from groundcover.pipelines.runtime.contract.panels import (
@@ -28,7 +27,14 @@ from groundcover.pipelines.runtime.contract.roles import RoleSpec, parse_role_op
 from groundcover.pipelines.runtime.execution.execute import execute
 from tests.support.cascades import write_calibration
 from tests.support.scripted import ScriptedClient, field_of
-from tests.test_icat import C1, P_ENTAIL, SCRIPTS, StandInIcat, write_inputs
+from tests.test_icat import (
+    C1,
+    P_ENTAIL,
+    SCRIPTS,
+    StandInIcat,
+    inputs_options,
+    write_inputs,
+)
 from tests.test_runtime import closing_client
 
 URL = "http://127.0.0.1:9/v1"
@@ -52,15 +58,7 @@ def aligned(where, cascade=None, judges=(*CHEAP, STRONG), samples=0, simulated=F
     from its table (the stage is the member's own: align_s#2 for judge#2); ``samples``: that
     many more members, each the last judge told apart by a revision label."""
     where.mkdir(parents=True, exist_ok=True)
-    paths = write_inputs(where)
-    options = IcatOptions(
-        input=paths["responses"],
-        queries=paths["queries"],
-        qrels=paths["qrels"],
-        snippets=paths["snippets"],
-        nli_model="stand-in",
-        variants=["s"],
-    )
+    options = inputs_options(write_inputs(where), variants=["s"])
     clients = {"extractor": ScriptedClient(SCRIPTS, adapter="claims-lora")}
     for name in judges:
 

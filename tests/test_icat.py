@@ -207,17 +207,15 @@ SCRIPTS = {
 }
 
 
+def inputs_options(paths: dict[str, Path], **given) -> IcatOptions:
+    """ICAT's options over ``write_inputs``' files, scored by the NLI stand-in."""
+    files = {"input": paths["responses"]} | {k: paths[k] for k in ("queries", "qrels", "snippets")}
+    return IcatOptions(**files, nli_model="stand-in", **given)
+
+
 def test_icat_m_s_a_and_beta_sweep_by_hand(tmp_path):
     paths = write_inputs(tmp_path)
-    options = IcatOptions(
-        input=paths["responses"],
-        queries=paths["queries"],
-        qrels=paths["qrels"],
-        snippets=paths["snippets"],
-        nli_model="stand-in",
-        variants=["m", "s", "a"],
-        betas=[1.0, 2.0],
-    )
+    options = inputs_options(paths, variants=["m", "s", "a"], betas=[1.0, 2.0])
     client = ScriptedClient(SCRIPTS)
     extractor = ScriptedClient(SCRIPTS, adapter="claims-lora")
     framework = StandInIcat(P_ENTAIL)
