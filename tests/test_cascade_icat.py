@@ -377,9 +377,51 @@ def test_judgement_labels_imported_from_a_csv_decide_what_the_cascade_abstained_
     a1 = {r.id: r for r in again.results}["A:q1"]
     assert (a1.status, a1.details["cascade"][0]["kept"]) == ("ok", "people")
     assert a1.score == pytest.approx(4 / 9)
-    for argv, said in [
-        (["--stage", "align_x"], "--stage align_x: not a judging stage of this run (align_s)"),
-        (["--stage", "align_s", "--format", "label-studio"], "judgements are exported as a CSV"),
-    ]:
-        bad = CliRunner().invoke(app, ["labels", "export", str(outcome.dir), str(labels), *argv])
-        assert bad.exit_code != 0 and said in bad.output, bad.output
+    argv = ["--stage", "align_x"]
+    bad = CliRunner().invoke(app, ["labels", "export", str(outcome.dir), str(labels), *argv])
+    said = "--stage align_x: not a judging stage of this run (align_s)"
+    assert bad.exit_code != 0 and said in bad.output, bad.output
+
+
+def test_a_set_is_typed_in_label_studio_and_read_in_the_runs_terms(tmp_path):
+    """`labels export RUN tasks.json --stage align_s`: Label Studio tasks whose control
+    ``label`` is a text area (the covered aspects, as the prompt numbers them); a person's
+    "3,1" for A:q1 in Label Studio's export is imported as the run's "1, 3" and decides the
+    abstained alignment (4/9, as in view); "one, three" is refused in one line naming the
+    task, record and field, and nothing is imported."""
+    import json
+    import xml.etree.ElementTree as ElementTree
+
+    from typer.testing import CliRunner
+
+    from groundcover.pipelines.cli import app
+    from groundcover.pipelines.reports.people.labels import run_labels
+    from tests.test_label_studio_judgements import label_studio_export, region
+
+    cal = calibration(tmp_path / "cal.json", [1.0, None])
+    outcome, _ = aligned(tmp_path, cal)
+    out = tmp_path / "tasks.json"
+    argv = ["labels", "export", str(outcome.dir), str(out), "--stage", "align_s"]
+    made = CliRunner().invoke(app, argv)
+    assert made.exit_code == 0, made.output
+    tasks = json.loads(out.read_text())
+    assert [(t["data"]["id"], t["data"]["key"]) for t in tasks] == [("A:q1", 0), ("A:q2", 0)]
+    assert "aspects: [1] where the tower is\n[2] how tall" in tasks[0]["data"]["asked"]
+    config = ElementTree.fromstring((tmp_path / "tasks.label-config.xml").read_text())
+    (area,) = [t for t in config.iter("TextArea") if t.get("name") == "label"]
+    assert area.get("toName") == "asked" and not list(config.iter("Choices"))
+    export = tmp_path / "export.json"
+    for typed, ok in [("one, three", False), ("3,1", True)]:
+        result = [region("textarea", {"text": [typed]})]
+        export.write_text(json.dumps(label_studio_export(tasks, {0: result})))
+        done = CliRunner().invoke(app, ["labels", "import", str(outcome.dir), str(export)])
+        if not ok:
+            said = "task #0: record 'A:q1': field label: a set such as '1, 3'"
+            assert done.exit_code != 0 and said in " ".join(done.output.split()), done.output
+            assert not run_labels(outcome.dir)
+    assert done.exit_code == 0, done.output
+    assert run_labels(outcome.dir) == {("A:q1", "align_s", 0): "1, 3"}
+    again, _ = aligned(tmp_path, cal)
+    a1 = {r.id: r for r in again.results}["A:q1"]
+    assert (a1.status, a1.details["cascade"][0]["kept"]) == ("ok", "people")
+    assert a1.score == pytest.approx(4 / 9)

@@ -30,20 +30,20 @@ def export(
     ] = None,
     stage: Annotated[
         str | None,
-        typer.Option(help="a judging stage: its judgements to label, as a CSV (id, stage, key)"),
+        typer.Option(
+            help="a judging stage: its judgements to label (a CSV with id, stage, key, label; "
+            "or Label Studio tasks with a control named label)"
+        ),
     ] = None,
 ) -> None:
     """The run's labelling queue (from agreement --sample; every scored item without one) as
     Label Studio tasks with their labelling configuration, or a CSV to fill in; with --stage,
-    every judgement of that stage as a CSV (what a judge cascade calibrates on, and decides its
-    abstentions by). Blind: the judge's verdicts are not in it."""
+    every judgement of that stage the same two ways (what a judge cascade calibrates on, and
+    decides its abstentions by). Blind: the judge's verdicts are not in it."""
     from ..reports.people.exchange import export_stage, export_tasks
-    from ..runtime.contract.errors import UserError
 
     kind = format or ("csv" if out.suffix.lower() == ".csv" else "label-studio")
-    if stage is not None and kind != "csv":
-        raise UserError(f"--stage {stage}: judgements are exported as a CSV (OUT.csv)")
-    made = export_stage(run_dir, out, stage) if stage else export_tasks(run_dir, out, kind)
+    made = export_stage(run_dir, out, stage, kind) if stage else export_tasks(run_dir, out, kind)
     for path in made:
         terminal(stderr=True).print(f"export: {path}", highlight=False, soft_wrap=True)
 
@@ -56,7 +56,7 @@ def import_(
         Path,
         typer.Argument(
             help="Label Studio's JSON export, or a labels CSV (items' scores; or judgements' "
-            "labels: the columns id, stage, key, label)"
+            "labels: the columns id, stage, key, label, or tasks of labels export --stage)"
         ),
     ],
     annotator: Annotated[

@@ -15,6 +15,11 @@
   the judgements it abstained on, each checked as the labelling page checks it (one of the
   stage's labels, a number, or a set of numbers "1, 3"). Nothing is imported when one row is
   wrong.
+- **Judgements in Label Studio**: ``labels export RUN tasks.json --stage S`` writes a task per
+  judgement of stage S (its ``data``: id, stage, key, what the judge was asked) with a
+  configuration whose control ``label`` fits the stage: ``Choices`` of its labels, a ``Number``
+  for a rating, a ``TextArea`` for the covered items of a set ("1, 3"). Their export comes back
+  as judgement labels, checked and imported all or nothing as the CSV's are.
 
 Imported labels are appended to the run's ``labels/labels.jsonl`` (``labels``) with the judge's
 score at import time beside them; the run's records never change.
@@ -35,7 +40,7 @@ from ...runtime.store.run_dir import RESULTS, atomic_write_text, results_by_id
 from ..exports.rows import run_rows
 from .labels import QUEUE, append_labels, labels_dir
 
-SCORE, NOTE = "score", "note"
+SCORE, NOTE, LABEL = "score", "note", "label"
 CSV_COLUMNS = ("id", "input", "answer", "reference", "score", "note", "annotator")
 # a judging stage's units to label (``labels export --stage``): what `labels import` reads back
 STAGE_COLUMNS = (
@@ -52,10 +57,11 @@ STAGE_COLUMNS = (
 )
 
 
-def export_stage(run_dir: Path, out: Path, stage: str) -> list[Path]:
-    """Every unit of a judging stage as a CSV to fill in (``label``), blind: the question, the
-    answer, what the judge was asked (its prompt's values, as text) and what a label may be;
-    not the judge's verdict."""
+def export_stage(run_dir: Path, out: Path, stage: str, kind: str = "csv") -> list[Path]:
+    """Every unit of a judging stage to label, blind: the question, the answer, what the judge
+    was asked (its prompt's values, as text) and what a label may be; not the judge's verdict.
+    As a CSV to fill in (``label``), or as Label Studio tasks with a labelling configuration
+    for the stage's kind of verdict beside them."""
     from ..pages.viewer import Viewer
 
     viewer = Viewer([run_dir])
@@ -78,7 +84,53 @@ def export_stage(run_dir: Path, out: Path, stage: str) -> list[Path]:
             {"id": item, "stage": stage, "key": key, "input": shown["input"]}
             | {"answer": shown["answer"], "asked": asked, "choose": choose}
         )
+    if kind == "label-studio":
+        config = out.with_name(f"{out.stem}.label-config.xml")
+        tasks = [{"data": row | {"run": str(run_dir)}} for row in rows]
+        atomic_write_text(out, json.dumps(tasks, ensure_ascii=False, indent=1))
+        atomic_write_text(config, stage_label_config(how))
+        return [out, config]
+    if kind != "csv":
+        raise UserError(f"--format must be label-studio or csv, got {kind!r}")
     return [write_sheet(out, STAGE_COLUMNS, rows)]
+
+
+def stage_label_config(how: dict[str, Any]) -> str:
+    """Label Studio's labelling interface for one judgement of a stage: what the judge was
+    asked, shown as text, and a control named ``label`` for the stage's kind of verdict (one
+    of its labels, a number, or the covered items typed as "1, 3")."""
+    if how["kind"] == "labels":
+        options = "".join(f"    <Choice value={quoteattr(str(c))}/>\n" for c in how["choices"])
+        control = (
+            f'  <Choices name={quoteattr(LABEL)} toName="asked" choice="single-radio" '
+            f'required="true">\n{options}  </Choices>\n'
+        )
+    elif how["kind"] == "number":
+        bounds = "".join(
+            f" {name}={quoteattr(str(how[field]))}"
+            for name, field in (("min", "low"), ("max", "high"))
+            if how.get(field) is not None
+        )
+        whole = all(float(c).is_integer() for c in how["choices"])
+        step = "" if whole and how.get("high") is None else ' step="any"'
+        control = (
+            f'  <Number name={quoteattr(LABEL)} toName="asked"{bounds}{step} required="true"/>\n'
+        )
+    else:
+        control = (
+            f'  <TextArea name={quoteattr(LABEL)} toName="asked" maxSubmissions="1" '
+            'required="true" placeholder="the covered items: 1, 3 (or none)"/>\n'
+        )
+    return (
+        "<View>\n"
+        '  <Header value="Question"/>\n  <Text name="input" value="$input"/>\n'
+        '  <Header value="Answer"/>\n  <Text name="answer" value="$answer"/>\n'
+        '  <Header value="What the judge was asked"/>\n  <Text name="asked" value="$asked"/>\n'
+        '  <Header value="Your label"/>\n  <Text name="choose" value="$choose"/>\n'
+        f"{control}"
+        f'  <TextArea name={quoteattr(NOTE)} toName="asked" maxSubmissions="1"/>\n'
+        "</View>\n"
+    )
 
 
 def write_sheet(out: Path, columns: tuple[str, ...], rows: list[dict[str, Any]]) -> Path:
@@ -159,10 +211,13 @@ def import_labels(run_dir: Path, path: Path, annotator: str | None = None) -> in
     judged = {r.id: r.score for r in results_by_id(run_dir / RESULTS)}
     head = path.read_bytes()[:4096].decode("utf-8", errors="ignore").lstrip("\ufeff \t\r\n")
     if not head.startswith("[") and {"stage", "label"} <= set(_csv_columns(path)):
-        stage_labels = _stage_csv(run_dir, path, annotator)
-        if not stage_labels:
-            raise UserError(f"{path}: no labels (no row with a label)")
-        return append_labels(run_dir, stage_labels)
+        return _append_judgements(run_dir, path, _stage_csv(run_dir, path, annotator))
+    if head.startswith("["):
+        tasks = _label_studio_tasks(path)
+        if any("stage" in task["data"] for task in tasks):
+            return _append_judgements(
+                run_dir, path, _stage_label_studio(run_dir, path, tasks, annotator)
+            )
     rows = _label_studio(path) if head.startswith("[") else _csv(path)
     labels = []
     for where, item, value, note, who, when in rows:
@@ -183,31 +238,45 @@ def import_labels(run_dir: Path, path: Path, annotator: str | None = None) -> in
 Row = tuple[str, str, float, str | None, str | None, float | None]
 
 
-def _label_studio(path: Path) -> list[Row]:
+def _label_studio_tasks(path: Path) -> list[dict[str, Any]]:
+    """Label Studio's JSON export: its tasks, each with its ``data`` (our task's fields)."""
     try:
         tasks = json.loads(path.read_text(encoding="utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise UserError(f"{path}: not a Label Studio JSON export: {exc}") from None
     if not isinstance(tasks, list):
         raise UserError(f"{path}: not a Label Studio JSON export (a list of tasks)")
-    out = []
     for n, task in enumerate(tasks):
-        where = f"{path}: task #{n}"
         data = task.get("data") if isinstance(task, dict) else None
         if not isinstance(data, dict) or "id" not in data:
-            raise UserError(f"{where}: field data.id: missing")
-        item = str(data["id"])
-        for annotation in task.get("annotations") or []:
-            if annotation.get("was_cancelled"):
-                continue
+            raise UserError(f"{path}: task #{n}: field data.id: missing")
+    return tasks
+
+
+def _annotations(task: dict[str, Any]) -> list[dict[str, Any]]:
+    """A task's annotations that label it (a skipped one is kept by Label Studio, cancelled)."""
+    found = task.get("annotations") or []
+    return [a for a in found if isinstance(a, dict) and not a.get("was_cancelled")]
+
+
+def _completed_by(annotation: dict[str, Any]) -> str | None:
+    who = annotation.get("completed_by")
+    if isinstance(who, dict):
+        who = who.get("email") or who.get("id")
+    return _text(who)
+
+
+def _label_studio(path: Path) -> list[Row]:
+    out = []
+    for n, task in enumerate(_label_studio_tasks(path)):
+        where = f"{path}: task #{n}"
+        item = str(task["data"]["id"])
+        for annotation in _annotations(task):
             found = _ls_result(f"{where} ({item!r})", annotation.get("result") or [])
             if found is None:
                 continue
             value, note = found
-            who = annotation.get("completed_by")
-            if isinstance(who, dict):
-                who = who.get("email") or who.get("id")
-            out.append((where, item, value, note, _text(who), _seconds(annotation)))
+            out.append((where, item, value, note, _completed_by(annotation), _seconds(annotation)))
     return out
 
 
@@ -269,32 +338,101 @@ def _stage_csv(run_dir: Path, path: Path, annotator: str | None) -> list[dict[st
             text = (row.get("label") or "").strip()
             if not text:
                 continue  # not labelled yet
+            row["annotator"] = annotator or row.get("annotator")
             where = f"{path}:{lineno}: record {row.get('id')!r}"
-            if row.get("id") not in viewer.state(0).index:
-                raise UserError(f"{where}: field id: not an item of {run_dir}")
-            key = (row.get("key") or "0").strip()
-            if not key.isdigit():
-                raise UserError(f"{where}: field key: a unit's number (0, 1, ...), got {key!r}")
-            stage = (row.get("stage") or "").strip()
-            body = {"id": row.get("id"), "stage": stage, "key": int(key), "note": row.get("note")}
-            body["annotator"] = annotator or row.get("annotator") or "unknown"
-            try:
-                kind = viewer.choices(0, stage)["kind"] if stage else None
-            except KeyError:
-                kind = None
-            if kind is None:
-                raise UserError(f"{where}: field stage: {stage!r} is not a judging stage")
-            body["label"] = text
-            if kind == "number":
-                try:
-                    body["label"] = float(text)
-                except ValueError:
-                    raise UserError(f"{where}: field label: a number, got {text!r}") from None
-            try:
-                lines.append(viewer.label_line(0, body, path.name))
-            except UserError as exc:
-                raise UserError(f"{where}: field {exc}") from None
+            lines.append(_judgement_line(viewer, where, row, text, path.name))
     return lines
+
+
+def _stage_label_studio(
+    run_dir: Path, path: Path, tasks: list[dict[str, Any]], annotator: str | None
+) -> list[dict[str, Any]]:
+    """The judgement labels of a Label Studio export of ``labels export --stage`` tasks: each
+    annotation's ``label`` (a choice, a number or the covered items typed) and ``note``, checked
+    as the labelling page checks them."""
+    from ..pages.viewer import Viewer
+
+    viewer = Viewer([run_dir])
+    lines = []
+    for n, task in enumerate(tasks):
+        data = task["data"]
+        where = f"{path}: task #{n}: record {data.get('id')!r}"
+        for annotation in _annotations(task):
+            label, note = _ls_label(where, annotation.get("result") or [])
+            if label is None:
+                continue  # the annotation labels nothing of ours
+            row = {name: data.get(name) for name in ("id", "stage", "key")}
+            row |= {"note": note, "annotator": annotator or _completed_by(annotation)}
+            lines.append(_judgement_line(viewer, where, row, label, path.name))
+    return lines
+
+
+def _ls_label(where: str, result: list[dict[str, Any]]) -> tuple[Any, str | None]:
+    """An annotation's ``label`` control's value (one choice, a number, or a text) and note."""
+    label, note = None, None
+    for region in result:
+        if not isinstance(region, dict):
+            continue
+        name, kind, found = region.get("from_name"), region.get("type"), region.get("value")
+        found = found if isinstance(found, dict) else {}
+        if name == NOTE and kind == "textarea":
+            note = " ".join(str(t) for t in found.get("text") or []) or None
+        if name != LABEL:
+            continue
+        if kind == "choices":
+            chosen = found.get("choices")
+            if not isinstance(chosen, list) or len(chosen) != 1:
+                raise UserError(f"{where}: field result.value.choices: one choice, got {chosen!r}")
+            label = chosen[0]
+        elif kind == "number":
+            label = found.get("number")
+        elif kind == "textarea":
+            texts = found.get("text")
+            if not isinstance(texts, list) or len(texts) != 1:
+                raise UserError(f"{where}: field result.value.text: one text, got {texts!r}")
+            label = str(texts[0]).strip()
+        else:
+            raise UserError(f"{where}: field result.type: {kind!r} is not a label's control")
+    return label, note
+
+
+def _judgement_line(
+    viewer: Any, where: str, row: dict[str, Any], label: Any, source: str
+) -> dict[str, Any]:
+    """One person's label of a judgement (``row``: its id, stage, key, annotator and note) as
+    ``labels.jsonl`` keeps it, checked against the run; ``where`` names the row in one line."""
+    if row.get("id") not in viewer.state(0).index:
+        raise UserError(f"{where}: field id: not an item of {viewer.paths[0]}")
+    key = str(row.get("key") if row.get("key") not in (None, "") else "0").strip()
+    if not key.isdigit():
+        raise UserError(f"{where}: field key: a unit's number (0, 1, ...), got {key!r}")
+    stage = str(row.get("stage") or "").strip()
+    try:
+        how = viewer.choices(0, stage) if stage else None
+    except KeyError:
+        how = None
+    if how is None:
+        raise UserError(f"{where}: field stage: {stage!r} is not a judging stage")
+    if how["kind"] == "number" and isinstance(label, str):
+        try:
+            label = float(label)
+        except ValueError:
+            raise UserError(f"{where}: field label: a number, got {label!r}") from None
+    if how["kind"] == "labels":  # as written in a cell or a choice: the stage's label it names
+        label = {str(c): c for c in how["choices"]}.get(str(label), label)
+    body = {"id": row["id"], "stage": stage, "key": int(key), "label": label}
+    body |= {"note": row.get("note"), "annotator": row.get("annotator") or "unknown"}
+    try:
+        return viewer.label_line(0, body, source)
+    except UserError as exc:
+        raise UserError(f"{where}: field {exc}") from None
+
+
+def _append_judgements(run_dir: Path, path: Path, lines: list[dict[str, Any]]) -> int:
+    """All of a file's judgement labels, or none of them (every one was checked first)."""
+    if not lines:
+        raise UserError(f"{path}: no labels (no judgement with a label)")
+    return append_labels(run_dir, lines)
 
 
 def _score(where: str, value: Any, field: str) -> float:
