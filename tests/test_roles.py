@@ -578,11 +578,16 @@ def test_servers_of_two_bases_start_side_by_side(monkeypatch, tmp_path):
     assert sorted(events) == ["stop org/A", "stop org/B"]
 
 
+@pytest.mark.parametrize("goes_on", [False, True], ids=["invocation-ends", "invocation-goes-on"])
 @pytest.mark.parametrize("kind", ["vllm", "ray-serve"])
-def test_a_start_interrupted_by_its_run_leaves_nothing_serving(kind, monkeypatch, tmp_path):
+def test_a_start_interrupted_by_its_run_leaves_nothing_serving(
+    kind, goes_on, monkeypatch, tmp_path
+):
     """A run cancelled while its server starts (in a thread it cannot stop): a vLLM server's
     process is stopped at once; a Serve app that comes up after the run has ended is stopped
-    by the start's own thread."""
+    by the start's own thread. ``goes_on``: the invocation's loop runs on after the run was
+    cancelled (a study's next run, say) and the start comes up meanwhile: with no run left to
+    use it, it is stopped, not kept serving."""
     import asyncio
     import threading
 
@@ -628,6 +633,9 @@ def test_a_start_interrupted_by_its_run_leaves_nothing_serving(kind, monkeypatch
         task.cancel()  # the run is interrupted while its server is starting
         with contextlib.suppress(asyncio.CancelledError):
             await task
+        if goes_on:
+            await asyncio.sleep(1.5)  # the start comes up meanwhile, at 1 s
+            assert "stopped" in events and not servers.running and not servers.starting
 
     threading.Timer(1.0, release.set).start()  # a start that would come up after the run
     asyncio.run(interrupted())  # ends when the start's thread has

@@ -196,9 +196,15 @@ class Servers:
         )
         log = "serve.log" if len(self.adapters) <= 1 else f"serve-{_safe(base)}.log"
         try:
-            self.running[key] = await start_server(spec, cfg, run_dir / log)
+            server = await start_server(spec, cfg, run_dir / log)
         finally:
             del self.starting[key]
+        if not self.users.get(key) and not self.linger:
+            # every run that waited for it was interrupted meanwhile (the start is shielded
+            # from their cancellation): nobody would stop it
+            server.stop()
+            return
+        self.running[key] = server
 
     def _stop_idle(self) -> None:
         for key in [k for k in self.running if not self.users.get(k)]:
