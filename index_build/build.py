@@ -58,6 +58,11 @@ def resolve_model(name: str | None) -> str | None:
 
 
 SHARD_ROWS = 100_000  # default shard size: a killed build loses at most one shard's work
+# On the CPU a small batch embeds faster: a larger one's activations leave the cache (MiniLM,
+# 512 chunks of ~69 tokens, median CPU-s on one thread: 12.4 at 8, 13.6 at 16, 17.7 at 64; on
+# two, 14.7 at 16 against 19.3 at 64; scripts/benchmarks/bench_encode_batch.py). 16, not 8:
+# more threads share a larger batch better.
+CPU_ENCODE_BATCH = 16
 
 
 class IndexSpec(BaseModel):
@@ -86,10 +91,17 @@ class IndexSpec(BaseModel):
     vectors: Literal["float32", "float16"] = "float32"  # how embeddings.npy stores them
     memory_budget: float | None = Field(None, gt=0)  # GB the FAISS index may take resident
     train_sample: int | None = Field(None, ge=1)  # IVF training rows (default: 64 per list)
-    batch_size: int = Field(64, ge=1)
+    # texts per forward pass of the encoder; None: by device (``encode_batch``)
+    batch_size: int | None = Field(None, ge=1)
     shards: int | None = Field(None, ge=1)  # default: one per 100,000 chunks
     ray: bool = False
     device: str = "cpu"
+
+    @property
+    def encode_batch(self) -> int:
+        """The batch the encoder is given: ``batch_size``, else 16 on the CPU and 64 on an
+        accelerator (a GPU fills its cores with more)."""
+        return self.batch_size or (CPU_ENCODE_BATCH if self.device == "cpu" else 64)
 
     @property
     def chunking(self) -> ChunkSpec:
@@ -264,7 +276,7 @@ def build_embeddings(out: Path, spec: IndexSpec, n_chunks: int, encoder=None) ->
         connect(num_cpus=os.cpu_count())  # a local Ray, once (its start retried on a busy host)
         task = ray.remote(embed_shard)
         args = (model_path, str(out))
-        pending = {task.remote(*args, a, b, spec.batch_size, spec.device): b - a for a, b in todo}
+        pending = {task.remote(*args, a, b, spec.encode_batch, spec.device): b - a for a, b in todo}
         while pending:
             ready, _ = ray.wait(list(pending))
             ray.get(ready)
@@ -272,7 +284,7 @@ def build_embeddings(out: Path, spec: IndexSpec, n_chunks: int, encoder=None) ->
     elif todo:  # one encoder for every shard
         model = encoder or load_encoder(model_path, spec.device)
         for a, b in todo:
-            embed_shard(model, str(out), a, b, spec.batch_size, spec.device, progress)
+            embed_shard(model, str(out), a, b, spec.encode_batch, spec.device, progress)
     dim = int(np.load(targets[0], mmap_mode="r").shape[1])
     dtype = np.float16 if spec.vectors == "float16" else np.float32
     tmp = out / "embeddings.tmp.npy"

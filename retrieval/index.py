@@ -181,8 +181,14 @@ class SearchIndex:
             from sentence_transformers import SentenceTransformer
 
             self._encoder = SentenceTransformer(self.manifest["dense"]["model_path"], device="cpu")
+        from ..index_build.build import CPU_ENCODE_BATCH
+
         vectors = self._encoder.encode(
-            queries, normalize_embeddings=True, convert_to_numpy=True, show_progress_bar=False
+            queries,
+            batch_size=CPU_ENCODE_BATCH,
+            normalize_embeddings=True,
+            convert_to_numpy=True,
+            show_progress_bar=False,
         )
         return np.asarray(vectors, dtype=np.float32)
 

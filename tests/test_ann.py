@@ -27,12 +27,13 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "scripts"))
 from offline_corpus import docstrings  # noqa: E402
 
-SPEC = {"chunk_size": 64, "chunk_overlap": 16}
+# short windows: as many chunks as a real corpus of this size gives, at half the words to embed
+SPEC = {"chunk_size": 32, "chunk_overlap": 8}
 
 
 @pytest.fixture(scope="session")
 def prose(tmp_path_factory) -> tuple[Path, list[str]]:
-    """1,300 docstring documents to index (~2,000 chunks), then 200 held-out ones whose first
+    """700 docstring documents to index (~2,000 chunks), then 200 held-out ones whose first
     sentence is a query (not text of the index)."""
     folder = tmp_path_factory.mktemp("prose")
     rows, held_out = [], []
@@ -40,7 +41,7 @@ def prose(tmp_path_factory) -> tuple[Path, list[str]]:
         text = " ".join(text.split())
         if len(text.split()) < 20:
             continue
-        if len(rows) < 1300:
+        if len(rows) < 700:
             rows.append({"id": doc_id, "title": title, "text": text})
         elif len(held_out) < 200:
             held_out.append(text.split(". ")[0][:300])
@@ -250,10 +251,10 @@ def test_sharded_ivf_build_resumes_the_missing_shards(flat_dir, exact, tmp_path,
 
 
 def test_a_killed_build_resumes_to_the_same_index(prose, flat_dir, tmp_path):
-    # the first 400 documents: enough chunks for six shards and 16 lists; their chunks are the
+    # the first 220 documents: enough chunks for six shards and 16 lists; their chunks are the
     # flat index's first rows, so its embeddings are the reference
     subset = tmp_path / "docs.jsonl"
-    subset.write_text("".join(prose[0].read_text().splitlines(keepends=True)[:400]))
+    subset.write_text("".join(prose[0].read_text().splitlines(keepends=True)[:220]))
     out = tmp_path / "idx"
     code = (
         "import sys; from groundcover.index_build.build import IndexSpec, build_index; "

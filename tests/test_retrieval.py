@@ -372,3 +372,14 @@ def test_faiss_auto_is_flat_below_50000_chunks_and_ivf_hnsw_above():
     large = rng.standard_normal((50_000, 8)).astype(np.float32)
     _, params = build_faiss(large, IndexSpec(faiss="auto"))
     assert (params["kind"], params["quantizer"], params["nprobe"]) == ("ivf-hnsw", "HNSW32", 256)
+
+
+def test_the_encoder_batch_is_small_on_the_cpu_unless_given():
+    """16 on the CPU (scripts/benchmarks/bench_encode_batch.py), 64 on an accelerator, the
+    spec's own where it gives one; None stays the spec's value, so a resumed build's plan is
+    the same whatever the default becomes."""
+    assert IndexSpec().encode_batch == 16 and IndexSpec().batch_size is None
+    assert IndexSpec(device="cuda").encode_batch == 64
+    assert IndexSpec(batch_size=5, device="cuda").encode_batch == 5
+    with pytest.raises(ValueError):
+        IndexSpec(batch_size=0)
