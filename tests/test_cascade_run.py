@@ -630,3 +630,45 @@ def test_tiers_asking_an_items_judgements_in_another_order_line_up_judgement_by_
         0,
         1.0,
     )
+
+
+def test_a_cascades_members_are_asked_again_against_what_each_tier_answered(tmp_path):
+    """`agreement --rerun` on a cascade run (thresholds 0.6, 1.0): f1 was kept by tier 1 (B, B,
+    A), so only its three members answered it; f2 went on to the strong judge (tier 1 C, D, E;
+    tier 2 C). Asked again: each member that answered, against its own answer -- 3 + 4 = 7
+    asks, the strong judge once (for f2 only, never for f1, which it never saw). judge#2 now
+    says C on f2 (a flip of its D) and the strong judge B (a flip of its C): 2 flips of 7."""
+    import asyncio
+
+    from groundcover.pipelines.reports.audits.reask import reask_audit, recorded_judgements
+    from groundcover.pipelines.reports.exports.rows import run_rows
+    from tests.support.scripted import ScriptedClient
+
+    cal = calibration(tmp_path / "cal.json", [0.6, 1.0])
+    outcome, _ = cascade_run(tmp_path, cal)
+    rows = run_rows(outcome.dir)
+    found = {r.item: r.members for r in recorded_judgements(rows)}
+    assert found == {
+        "f1": {"judge": "B", "judge#2": "B", "judge#3": "A"},
+        "f2": {"judge": "C", "judge#2": "D", "judge#3": "E", "judge#4": "C"},
+    }
+    again = {
+        "judge": ("B", "C"),
+        "judge#2": ("B", "C"),
+        "judge#3": ("A", "E"),
+        "judge#4": ("X", "B"),
+    }
+    clients = {
+        member: ScriptedClient({"judge": verdict_script(f, s)}, check_constraints=False)
+        for member, (f, s) in again.items()
+    }
+    result = asyncio.run(reask_audit(rows, "rerun", 10, 0, clients))
+    assert [len(clients[m].calls) for m in again] == [2, 2, 2, 1]
+    assert "1889" in str(clients["judge#4"].calls[0])  # f2's judgement, the one it was asked
+    assert (result["judgements"], result["answered"], result["flips"]) == (2, 7, 2)
+    assert {m: p["flips"] for m, p in result["by_member"].items()} == {
+        "judge": 0,
+        "judge#2": 1,
+        "judge#3": 0,
+        "judge#4": 1,
+    }

@@ -13,12 +13,15 @@ and ``--paraphrase K``).
 
 In a panel run every member is asked, each against its own recorded answer (found in the
 item's ``details["panel"]`` by the digest of the values the prompt was rendered with), and the
-flips are given per member. Each rate carries a 95% bootstrap interval with an item's
-judgements resampled together; a numeric verdict (a rating) also gets the mean absolute
-change. Answers are appended to ``RUN/labels/rerun-audit.jsonl`` / ``paraphrase-audit.jsonl``
-as they arrive, so a killed audit asked again with the same K and seed asks only what is
-missing; an answer that stays unparseable is recorded and counted apart (never a flip or an
-agreement) and asked again by the next audit.
+flips are given per member. In a cascade run (``--cascade``) every member of each tier the
+judgement went to is asked, against its answer in ``details["cascade"]``: a member the cascade
+never asked (its tier was not reached) has nothing to flip, and an NLI model's tier is no judge.
+Each rate carries a 95% bootstrap interval with an item's judgements resampled together; a
+numeric verdict (a rating) also gets the mean absolute change. Answers are appended to
+``RUN/labels/rerun-audit.jsonl`` / ``paraphrase-audit.jsonl`` as they arrive, so a killed audit
+asked again with the same K and seed asks only what is missing; an answer that stays
+unparseable is recorded and counted apart (never a flip or an agreement) and asked again by the
+next audit.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from ...runtime.contract.cascade import tier_numbers
 from ...runtime.contract.context import ItemContext
 from ...runtime.contract.panels import asked_digest, panel_members, split_member
 from ...runtime.contract.results import Judgement, StageFailed
@@ -61,27 +65,58 @@ def recorded_judgements(run: Any) -> list[Recorded]:
     if run.items is None:
         return []
     roles = list(run.manifest.roles or {})
+    tiers = cascade_tiers(run.manifest.config.get("cascade"))
     found = []
     for record in run.records:
         item = run.items.get(record.id)
         if item is None:
             continue
-        entries = {
-            (e["stage"], e["asked"]): e["members"]
+        entries = {  # (stage, digest of what it asked) -> member number -> its answer
+            (e["stage"], e["asked"]): dict(enumerate(e["members"], start=1))
             for e in record.details.get("panel") or []
+            if "asked" in e
+        }
+        cascaded = {
+            (e["stage"], e["asked"]): tier_answers(e, tiers)
+            for e in record.details.get("cascade") or []
             if "asked" in e
         }
         for judgement in fw.judgements(item, record, options):
             role = fw.role_of(judgement.stage, "judge")
             members = panel_members(role, roles) or [role]
-            if len(members) == 1:
-                answers = {role: judgement.verdict}
-            else:
-                given = entries.get((judgement.stage, asked_digest(judgement.values)))
-                if given is None:  # a record made before panels kept the digest
-                    continue
-                answers = {m: v for m, v in zip(members, given, strict=False) if v is not None}
-            found.append(Recorded(record.id, judgement, answers))
+            asked = (judgement.stage, asked_digest(judgement.values))
+            if asked in cascaded:  # each tier's members that were asked: never the kept verdict
+                given = cascaded[asked]
+            elif len(members) == 1:
+                given = {1: judgement.verdict}
+            elif asked in entries:
+                given = entries[asked]
+            else:  # a record made before panels kept the digest
+                continue
+            answers = {
+                members[n - 1]: v for n, v in given.items() if v is not None and n <= len(members)
+            }
+            if answers:
+                found.append(Recorded(record.id, judgement, answers))
+    return found
+
+
+def cascade_tiers(made: Any) -> list[list[int]]:
+    """The member numbers of each tier of the run's cascade (as its manifest records the
+    calibration: its tiers' sizes, and an NLI model as tier 1); [] for a run without one."""
+    if not isinstance(made, dict):
+        return []
+    return tier_numbers(list(made.get("tiers") or []), made.get("nli_model") is not None)
+
+
+def tier_answers(entry: dict[str, Any], tiers: list[list[int]]) -> dict[int, Any]:
+    """Member number -> its recorded answer, for each tier a cascade's judgement asked (an NLI
+    model's tier answers for no member: it is not a judge to ask again)."""
+    found: dict[int, Any] = {}
+    for step in entry.get("tiers") or []:
+        k = step.get("tier")
+        numbers = tiers[k - 1] if isinstance(k, int) and 0 < k <= len(tiers) else []
+        found |= dict(zip(numbers, step.get("members") or [], strict=False))
     return found
 
 

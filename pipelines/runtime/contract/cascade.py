@@ -36,6 +36,20 @@ NLI_TIER = "nli"  # the one member of a tier that is an NLI model (the cross-enc
 CONFIDENCE_KINDS = frozenset({"share", "logprobs", NLI_TIER})
 
 
+def tier_numbers(sizes: Sequence[int], nli_first: bool) -> list[list[int]]:
+    """Each tier's member numbers of the role, from 1, for tiers of ``sizes`` (``nli_first``:
+    tier 1 is an NLI model, which has no member)."""
+    out: list[list[int]] = []
+    start = 1
+    for k, size in enumerate(sizes):
+        if k == 0 and nli_first:
+            out.append([])
+            continue
+        out.append(list(range(start, start + size)))
+        start += size
+    return out
+
+
 @dataclass(frozen=True)
 class Cascade:
     """What a run reads of a calibration: the tiers' sizes and models, cheapest first, and per
@@ -64,15 +78,7 @@ class Cascade:
     def tier_numbers(self) -> list[list[int]]:
         """Each tier's member numbers of the role (from 1: ``judge`` is 1, ``judge#4`` is 4); an
         NLI model's tier has none (the framework gives its answer, ``ItemContext.choice``)."""
-        out: list[list[int]] = []
-        start = 1
-        for k, size in enumerate(self.sizes):
-            if k == 0 and self.nli_model is not None:
-                out.append([])
-                continue
-            out.append(list(range(start, start + size)))
-            start += size
-        return out
+        return tier_numbers(self.sizes, self.nli_model is not None)
 
     def kind_of_member(self, stage: str, member: int) -> str:
         """The kind of confidence of the tier member ``member`` (from 1) belongs to."""
