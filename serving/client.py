@@ -147,7 +147,7 @@ class ChatResult:
         those are cut off here; where the answer's tokens cannot be told apart, none are
         given (callers then use the sampled answer and say so)."""
         logprobs = self.raw["choices"][0].get("logprobs") or {}
-        tokens = logprobs.get("content") or []
+        tokens = without_end_tokens(logprobs.get("content") or [], self.text)
         return answer_tokens(tokens, self.text) if tokens and self.reasoning else tokens
 
     @property
@@ -166,6 +166,27 @@ class ChatResult:
         if not spelled or any(v is None for v in values):
             return None
         return math.exp(sum(float(v) for v in values if v is not None))
+
+
+# the most tokens a server lists after the answer's text (an end of turn, an end of message)
+END_TOKENS = 3
+
+
+def without_end_tokens(tokens: list[dict[str, Any]], text: str) -> list[dict[str, Any]]:
+    """The tokens up to the end of the answer's text: vLLM lists the token generation stopped on
+    (``<|im_end|>``, ``<|eot_id|>``, ``<|return|>``) with the answer's, though it spells none of
+    the text; a label's probability is its own tokens' (SPEC: the label's tokens), never the
+    end of turn's. Tokens that cannot be lined up with the text are kept as they are."""
+    target = text.rstrip()
+    if not target or not tokens:
+        return tokens
+    spelled = "".join(t.get("token", "") for t in tokens)
+    for cut in range(len(tokens), max(len(tokens) - END_TOKENS, 0) - 1, -1):
+        if spelled.rstrip().endswith(target):
+            return tokens[:cut]
+        if cut:
+            spelled = spelled[: len(spelled) - len(tokens[cut - 1].get("token", ""))]
+    return tokens
 
 
 def answer_tokens(tokens: list[dict[str, Any]], answer: str) -> list[dict[str, Any]]:

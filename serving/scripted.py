@@ -94,6 +94,16 @@ def rated(distribution: dict[str, float]) -> Callable[[str], Reply]:
     return reply
 
 
+END_OF_TURN = {"token": "<|im_end|>", "logprob": 0.0, "top_logprobs": []}
+
+
+def end_of_turn(reply: Reply) -> list[dict[str, Any]]:
+    """The token generation stopped on, listed after the answer's as vLLM lists it, where the
+    reply's logprobs spell its whole text (a script that gives some positions only is left so)."""
+    spelled = "".join(str(t.get("token", "")) for t in reply.logprobs or [])
+    return [dict(END_OF_TURN)] if reply.text and spelled == reply.text else []
+
+
 def tool_call(name: str, arguments: str, call_id: str = "call-1") -> Reply:
     return Reply(
         "",
@@ -203,7 +213,7 @@ class ScriptedClient(EvalClient):
             message["tool_calls"] = reply.tool_calls
         choice: dict[str, Any] = {"index": 0, "message": message, "finish_reason": "stop"}
         if reply.logprobs is not None:
-            choice["logprobs"] = {"content": reply.logprobs}
+            choice["logprobs"] = {"content": reply.logprobs + end_of_turn(reply)}
         tokens = {
             "prompt_tokens": len(prompt.split()),
             "completion_tokens": len(reply.text.split()),
@@ -232,7 +242,7 @@ class ScriptedClient(EvalClient):
         if reply.logprobs is not None and finish == "stop":
             before = [{"token": "hmm ", "logprob": -0.1, "top_logprobs": []}] * thought
             listed = before if self.logprobs_with_reasoning else []
-            choice["logprobs"] = {"content": listed + reply.logprobs}
+            choice["logprobs"] = {"content": listed + reply.logprobs + end_of_turn(reply)}
         tokens = {
             "prompt_tokens": len(prompt.split()),
             "completion_tokens": thought + answer,

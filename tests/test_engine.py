@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import math
 from pathlib import Path
 from typing import Literal
 
@@ -91,6 +92,25 @@ async def test_structured_output_parses_into_the_schema(vllm_server):
     assert isinstance(parsed.value, Verdict)
     assert choice.status == "ok"
     assert choice.value in {"entailment", "contradiction", "neutral"}
+
+
+async def test_a_chosen_labels_probability_is_its_own_tokens_not_the_end_of_turn(vllm_server):
+    """vLLM lists the token generation stopped on after the label's own: the label's probability
+    (what ``--confidence logprobs`` and a cascade tier record) is over the tokens that spell it,
+    never None for want of a suffix spelling it, nor the end of turn's."""
+    async with make_client(vllm_server) as client:
+        parsed = await client.choice(
+            prompts(1)[0], ["entailment", "contradiction", "neutral"], logprobs=True
+        )
+    assert parsed.ok and parsed.result is not None
+    listed = parsed.result.raw["choices"][0]["logprobs"]["content"]
+    own = parsed.result.token_logprobs
+    assert len(listed) > len(own)  # the server listed the end of turn as well
+    assert "".join(t["token"] for t in own).strip() == parsed.value
+    probability = parsed.result.label_probability(parsed.value)
+    assert probability == pytest.approx(math.exp(sum(t["logprob"] for t in own)))
+    assert 0.0 < probability <= 1.0
+    assert parsed.result.sequence_probability == pytest.approx(probability ** (1 / len(own)))
 
 
 async def test_unconstrained_garbage_is_reasked_then_recorded_unparseable(vllm_server):

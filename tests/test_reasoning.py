@@ -129,6 +129,29 @@ def test_a_label_after_written_reasoning_has_its_own_tokens_probability():
     assert ChatResult("B", "stop", 0, 0, False, bare).label_probability("B") is None
 
 
+@pytest.mark.parametrize("reasoned", [False, True], ids=["answer", "reasoning-listed-too"])
+def test_the_end_of_turn_a_server_lists_after_the_label_is_not_the_labels(reasoned):
+    """vLLM lists ``<|im_end|>`` (the token generation stopped on) after the answer's tokens:
+    the label's probability is its own tokens' (0.5 * 0.8), the sequence's their mean, as
+    without it; a list that cannot be lined up with the text is kept whole."""
+    import math
+
+    thought = [{"token": "hmm </think>", "logprob": -0.3}] if reasoned else []
+    tokens = [
+        {"token": "yes", "logprob": math.log(0.5)},
+        {"token": " no", "logprob": math.log(0.8)},
+        {"token": "<|im_end|>", "logprob": 0.0},
+    ]
+    message = {"content": "yes no", "reasoning": "hmm" if reasoned else None}
+    raw = {"choices": [{"message": message, "logprobs": {"content": thought + tokens}}]}
+    result = ChatResult("yes no", "stop", 0, 0, False, raw)
+    assert result.token_logprobs == tokens[:2]
+    assert result.label_probability("yes no") == pytest.approx(0.4)
+    assert result.sequence_probability == pytest.approx(math.sqrt(0.4))
+    other = {"choices": [{"message": {"content": "B"}, "logprobs": {"content": tokens}}]}
+    assert ChatResult("B", "stop", 0, 0, False, other).token_logprobs == tokens
+
+
 @pytest.mark.parametrize(
     "listed", [False, True], ids=["logprobs-answer-only", "logprobs-with-reasoning"]
 )
