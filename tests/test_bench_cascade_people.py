@@ -57,6 +57,7 @@ async def test_each_grade_is_asked_once_with_its_tokens_probability_as_confidenc
     tier = await bench.grade_all(client, "cheap", graded)
     assert tier.grades == ["correct", "partial"]
     assert tier.confidences == pytest.approx([0.9, 0.55])
+    assert tier.agrees == [True, True]
     assert tier.usage["calls"] == 2 and len(client.stage_calls("grade")) == 2
     assert all(c.body["logprobs"] for c in client.stage_calls("grade"))
     assert "Expected answer: Yes" in client.stage_calls("grade")[0].prompt
@@ -64,7 +65,8 @@ async def test_each_grade_is_asked_once_with_its_tokens_probability_as_confidenc
 
 
 def tier(name: str, grades: list[str], confidences: list[float]):
-    return bench.TierGrades(name, grades, confidences, {})
+    """A tier's grades of answers people all graded 'correct'."""
+    return bench.TierGrades(name, grades, confidences, [g == "correct" for g in grades], {})
 
 
 def test_a_draw_keeps_at_the_cheap_tier_what_it_is_sure_of_and_escalates_the_rest():
@@ -101,3 +103,19 @@ def test_a_judge_too_weak_for_the_guarantee_keeps_nothing_and_says_how_many_labe
     assert draw["first_attainable"] is False and draw["first_labels_needed"] > 0
     row = bench.summary([draw], 0.1)
     assert (row["kept_any"], row["below"], row["agreement"]) == (0, 0, None)
+
+
+async def test_a_judge_that_reasons_first_is_given_room_and_read_for_its_grade_alone():
+    """A judge that reasons 40 tokens before its grade: the 8-token request cut in its
+    reasoning is asked again with a reasoning budget, and the grade and its probability are the
+    answer's (0.9), never the reasoning's tokens."""
+    graded = [bench.Graded("q1", ("Yes",), "Yes, it is.", "correct")]
+    client = ScriptedClient(
+        {"grade": lambda p: label({"correct": 0.9, "incorrect": 0.1})},
+        reasons=40,
+        logprobs_with_reasoning=True,
+    )
+    tier = await bench.grade_all(client, "reasoner", graded)
+    assert tier.grades == ["correct"] and tier.confidences == pytest.approx([0.9])
+    asked = [c.body["max_tokens"] for c in client.stage_calls("grade")]
+    assert asked[0] == 8 and asked[-1] > 40

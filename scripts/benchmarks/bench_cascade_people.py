@@ -14,8 +14,9 @@ below 1 - alpha, the strongest tier's calls saved, and the strongest tier alone.
         --tier gpt-oss-20b@http://gpu-a:8000/v1 --tier gpt-oss-120b@http://gpu-b:8000/v1
 
 A tier with no ``@URL`` is served here (the embedded default: SmolLM2-135M on the CPU, which
-proves the path and is far too weak to judge). A grade the judge gives unparseably, or without
-logprobs, never agrees and is never kept.
+proves the path and is far too weak to judge). A grade without a confidence (unparseable, or
+given without logprobs) is the least confident, 0, in calibrating and in checking alike; an
+unparseable one never agrees.
 """
 
 from __future__ import annotations
@@ -95,15 +96,18 @@ def read_graded(path: Path) -> list[Graded]:
 @dataclass
 class TierGrades:
     """One tier's grade and confidence for every answer (None: no parseable grade, or no
-    logprobs to give it a confidence)."""
+    logprobs to give it a confidence), and whether each grade is the people's."""
 
     tier: str
     grades: list[str | None]
     confidences: list[float | None]
+    agrees: list[bool]
     usage: dict[str, int]
 
-    def agrees(self, graded: list[Graded]) -> list[bool]:
-        return [g == h.human for g, h in zip(self.grades, graded, strict=True)]
+    @property
+    def ranked(self) -> list[float]:
+        """The confidences the thresholds are compared with: none is the least, 0."""
+        return [c or 0.0 for c in self.confidences]
 
 
 async def grade_all(client: EvalClient, tier: str, graded: list[Graded]) -> TierGrades:
@@ -133,7 +137,9 @@ async def grade_all(client: EvalClient, tier: str, graded: list[Graded]) -> Tier
         "prompt_tokens": used.prompt_tokens,
         "completion_tokens": used.completion_tokens,
     }
-    return TierGrades(tier, [g for g, _ in answered], [c for _, c in answered], usage)
+    grades = [g for g, _ in answered]
+    agrees = [g == item.human for g, item in zip(grades, graded, strict=True)]
+    return TierGrades(tier, grades, [c for _, c in answered], agrees, usage)
 
 
 def split(graded: list[Graded], seed: int, check_share: float) -> tuple[list[int], list[int]]:
@@ -145,9 +151,9 @@ def split(graded: list[Graded], seed: int, check_share: float) -> tuple[list[int
     return calibrating, [i for i, g in enumerate(graded) if g.question in checked]
 
 
-def units(tier: TierGrades, agrees: list[bool], at: list[int]) -> TierUnits:
-    confidences = [tier.confidences[i] for i in at]
-    return TierUnits(tier.tier, [c or 0.0 for c in confidences], [agrees[i] for i in at])
+def units(tier: TierGrades, at: list[int]) -> TierUnits:
+    ranked = tier.ranked
+    return TierUnits(tier.tier, [ranked[i] for i in at], [tier.agrees[i] for i in at])
 
 
 def one_draw(
@@ -155,40 +161,31 @@ def one_draw(
 ) -> dict[str, Any]:
     """Calibrate on one part, run the cascade and the strongest tier alone on the other."""
     calibrating, checking = split(graded, seed, share)
-    agrees = [tier.agrees(graded) for tier in tiers]
-    made = calibrate_cascade(
-        [units(t, a, calibrating) for t, a in zip(tiers, agrees, strict=True)], guarantee
-    )
+    made = calibrate_cascade([units(t, calibrating) for t in tiers], guarantee)
     thresholds = [t["threshold"] for t in made["tiers"]]
+    ranked = [t.ranked for t in tiers]
     kept = right = strongest_asked = 0
     for i in checking:
-        k = route([t.confidences[i] for t in tiers], thresholds)
+        k = route([r[i] for r in ranked], thresholds)
         if k is None or k == len(tiers) - 1:
             strongest_asked += 1
         if k is not None:
             kept += 1
-            right += agrees[k][i]
-    alone = calibrate(*_pair(units(tiers[-1], agrees[-1], calibrating)), guarantee)
-    alone_kept = [
-        i
-        for i in checking
-        if alone.threshold is not None and (tiers[-1].confidences[i] or 0.0) >= alone.threshold
-    ]
+            right += tiers[k].agrees[i]
+    strongest = units(tiers[-1], calibrating)
+    alone = calibrate(strongest.confidences, strongest.agrees, guarantee).threshold
+    alone_kept = [i for i in checking if alone is not None and ranked[-1][i] >= alone]
     return {
         "coverage": kept / len(checking),
         "agreement": right / kept if kept else None,
         "saved": 1 - strongest_asked / len(checking),
         "alone_coverage": len(alone_kept) / len(checking),
         "alone_agreement": (
-            sum(agrees[-1][i] for i in alone_kept) / len(alone_kept) if alone_kept else None
+            sum(tiers[-1].agrees[i] for i in alone_kept) / len(alone_kept) if alone_kept else None
         ),
         "first_attainable": made["tiers"][0]["attainable"],
         "first_labels_needed": made["tiers"][0]["labels_needed"],
     }
-
-
-def _pair(tier: TierUnits) -> tuple[list[float], list[bool]]:
-    return tier.confidences, tier.agrees
 
 
 def summary(draws: list[dict[str, Any]], alpha: float) -> dict[str, Any]:
@@ -232,7 +229,7 @@ def render(tiers: list[TierGrades], graded: list[Graded], rows: list[dict[str, A
         f"{setting_baseline(graded):.1%}"
     )
     for tier in tiers:
-        agreeing = sum(tier.agrees(graded))
+        agreeing = sum(tier.agrees)
         low, high = proportion_interval(agreeing, len(graded)) or [0.0, 0.0]
         missing = sum(c is None for c in tier.confidences)
         lines.append(
