@@ -33,6 +33,7 @@ def expected_errors() -> tuple[
     """(bad input or configuration, a budget reached, a server or endpoint failing, failed
     items), imported when a command runs, not when the CLI starts."""
     from ...serving.client import EndpointError
+    from ...serving.files import UnsafePath
     from ...serving.launch.embedded import EmbeddedModelMissing
     from ...serving.launch.registry import UnknownModelError
     from ...serving.launch.server import ServerStartError
@@ -41,7 +42,14 @@ def expected_errors() -> tuple[
     from ..runtime.store.lines import FileChanged
     from ..runtime.store.run_dir import RunStoreError
 
-    user = (UserError, RunStoreError, UnknownModelError, EmbeddedModelMissing, FileChanged)
+    user = (
+        UserError,
+        RunStoreError,
+        UnknownModelError,
+        EmbeddedModelMissing,
+        FileChanged,
+        UnsafePath,
+    )
     return user, BudgetReached, (ServerStartError, EndpointError), ItemsFailed
 
 
