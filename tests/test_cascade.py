@@ -224,3 +224,28 @@ def test_a_cascade_calibrated_from_two_recorded_panel_runs_by_hand(tmp_path):
     assert bad.exit_code != 0 and "--alpha 1.5: want a number strictly between 0 and 1" in (
         bad.output
     )
+
+
+def test_the_trust_reports_import_one_another_in_one_direction():
+    """No import circle among ``reports/audits``'s modules, counting the imports made inside
+    functions: what agreement and cascade share is read in ``units`` below both."""
+    import ast
+    from pathlib import Path
+
+    folder = Path(__file__).resolve().parents[1] / "pipelines" / "reports" / "audits"
+    modules = {p.stem: p for p in folder.glob("*.py") if p.stem != "__init__"}
+    imports: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        found = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.level == 1 and node.module in modules:
+                found.add(node.module)
+        imports[name] = found
+    assert "agreement" not in imports["cascade"] and "units" in imports["cascade"]
+
+    def reaches(start: str, goal: str, seen: set[str]) -> bool:
+        ahead = imports[start] - seen
+        return any(nxt == goal or reaches(nxt, goal, seen | {nxt}) for nxt in ahead)
+
+    circles = [name for name in modules if reaches(name, name, set())]
+    assert not circles, imports

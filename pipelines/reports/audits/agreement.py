@@ -28,35 +28,25 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from ...runtime.contract.cascade import PEOPLE
 from ...runtime.contract.config import UserError
-from ...runtime.contract.panels import Average, Cover, Level, PanelRule, Vote, numbered
+from ...runtime.contract.panels import Average, Cover, Level, PanelRule, Vote
 from ...runtime.contract.readers import iter_jsonl
 from ...runtime.contract.results import ItemResult
 from ...runtime.store.run_dir import run_directories
 from ..people.labels import read_queue, run_labels
+from .cascade import render_run, run_cascade
+from .units import Unit as Unit
+from .units import judged_units as judged_units
+from .units import panel_units
 
 Z95 = 1.959963984540054  # the standard normal's 97.5% quantile
 RESAMPLES = 1000
 SHOWN = 10  # disagreements listed per stage
-
-
-@dataclass
-class Unit:
-    """One judged answer: the item, the stage, its number within the item's stage, and each
-    rater's value (None: that rater gave none)."""
-
-    item: str
-    stage: str
-    key: int
-    values: list[Any]
-    combined: Any = None
 
 
 # ---- statistics ----------------------------------------------------------------------------
@@ -281,32 +271,6 @@ def disagreements(
 
 
 # ---- reading runs --------------------------------------------------------------------------
-
-
-def panel_units(records: Sequence[ItemResult]) -> dict[str, list[Unit]]:
-    """Per stage, the panel's units of the recorded items (in record order)."""
-    out: dict[str, list[Unit]] = defaultdict(list)
-    for record in records:
-        for key, entry in numbered(record.details.get("panel") or []):
-            stage = entry["stage"]
-            out[stage].append(
-                Unit(record.id, stage, key, list(entry["members"]), entry.get("value"))
-            )
-    return dict(out)
-
-
-def judged_units(records: Sequence[ItemResult]) -> dict[str, list[Unit]]:
-    """Per stage, every unit a panel or a judge cascade decided (in record order): what people
-    label. A cascade's unit holds the members of the last tier it asked, and its verdict, None
-    where every tier abstained (runtime.contract.cascade)."""
-    out = {stage: list(units) for stage, units in panel_units(records).items()}
-    for record in records:
-        for key, entry in numbered(record.details.get("cascade") or []):
-            stage, last = entry["stage"], (entry.get("tiers") or [{}])[-1]
-            values = list(last.get("members") or [])
-            judged = None if entry.get("kept") == PEOPLE else entry.get("value")  # theirs
-            out.setdefault(stage, []).append(Unit(record.id, stage, key, values, judged))
-    return out
 
 
 def read_human(path: Path) -> dict[tuple[str, str, int], Any]:
@@ -556,8 +520,6 @@ def run_agreement(run_dir: Path, human: dict | None, sample: int | None = None) 
     labels = scored | made | labels
     if labels:
         out["score"] = score_estimates(records, labels, read_queue(run_dir))
-    from .cascade import run_cascade
-
     cascaded = run_cascade(run_dir, records)
     if cascaded:
         out["cascade"] = cascaded
@@ -629,8 +591,6 @@ def render(report: dict[str, Any], out: Any) -> None:
         if not run["stages"] and not run.get("cascade"):
             out.print("  no judge panel in this run (--role judge=A --role judge=B makes one)")
         if run.get("cascade"):
-            from .cascade import render_run
-
             render_run(run["cascade"], out)
         for stage, stats in run["stages"].items():
             _agreement_table(f"stage {stage}", stats, out)

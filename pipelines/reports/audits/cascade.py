@@ -34,6 +34,7 @@ from typing import Any
 from ...runtime.contract.cascade import CALIBRATION_KIND, NLI_TIER, PEOPLE, route
 from ...runtime.contract.cascade import content_digest as content_digest  # the file's own digest
 from ...runtime.contract.panels import numbered
+from .units import panel_units
 
 
 @dataclass(frozen=True)
@@ -250,7 +251,6 @@ def read_tier(run_dir: Any, human: dict[tuple[str, str, int], Any] | None) -> Ti
     from ...runtime.contract.plugins import run_framework
     from ...runtime.store.run_dir import MANIFEST, RESULTS, read_manifest, results_by_id
     from ..people.labels import run_labels
-    from .agreement import panel_units
 
     manifest = read_manifest(run_dir / MANIFEST)
     fw = run_framework(manifest, run_dir)
