@@ -31,7 +31,14 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from ...runtime.contract.cascade import CALIBRATION_KIND, NLI_TIER, PEOPLE, route
+from ...runtime.contract.cascade import (
+    CALIBRATION_KIND,
+    NLI_TIER,
+    PEOPLE,
+    checked_confidence,
+    confidence_problem,
+    route,
+)
 from ...runtime.contract.cascade import content_digest as content_digest  # the file's own digest
 from ...runtime.contract.panels import numbered
 from .units import panel_units
@@ -101,6 +108,11 @@ def calibrate(
 
     if len(confidences) != len(agrees):
         raise ValueError("one agreement per confidence")
+    given = np.asarray(confidences, dtype=float)
+    wrong = np.flatnonzero(~np.isfinite(given) | (given < 0) | (given > 1))
+    if wrong.size:  # a NaN would sort anywhere and make a NaN threshold
+        k = int(wrong[0])
+        raise ValueError(f"confidence #{k}: {confidence_problem(confidences[k])}")
     labelled = len(confidences)
     if not labelled:
         return _unattainable(0, [], guarantee, (0, 0))
@@ -275,7 +287,7 @@ def read_tier(run_dir: Any, human: dict[tuple[str, str, int], Any] | None) -> Ti
         units[stage] = stage_units
     kinds = dict.fromkeys(units, "share")
     models_of: dict[str, list[str]] = {}
-    for stage, (kind, found_units) in lone_confidences(records).items():
+    for stage, (kind, found_units) in lone_confidences(records, run_dir).items():
         if stage not in units:  # a lone judge's labels, recorded with --confidence logprobs
             units[stage], kinds[stage] = found_units, kind
             skipped.pop(stage, None)
@@ -333,23 +345,26 @@ def asked_of(record: Any) -> dict[tuple[str, int], str]:
 
 
 def lone_confidences(
-    records: Sequence[Any],
+    records: Sequence[Any], run: Any = "run"
 ) -> dict[str, tuple[str, dict[tuple[str, str], tuple[Any, float]]]]:
     """Per stage, the kind of confidence (``logprobs``: a lone judge's label probability;
     ``nli``: an NLI model's, scoring pairs in the judge's place) and each label given with its
     probability (a run made with ``--confidence logprobs``), keyed by item and what the
     judgement asked. A label without a probability (the endpoint gave no logprobs) is left out:
-    nothing to calibrate."""
+    nothing to calibrate. A recorded confidence that is no probability (NaN, infinite, outside
+    0 to 1: a run from elsewhere, or an older one) is refused in one line naming ``run``, the
+    item and the stage (``ConfidenceRefused``)."""
     out: dict[str, tuple[str, dict[tuple[str, str], tuple[Any, float]]]] = {}
     for record in records:
         asked = asked_of(record)
         for key, entry in numbered(record.details.get("confidence") or []):
             stage = entry["stage"]
             if entry.get("confidence") is not None:
+                confidence = checked_confidence(entry["confidence"], run, record.id, stage)
                 unit = (record.id, asked[(stage, key)])
                 kind = str(entry.get("kind") or "logprobs")
                 found = out.setdefault(stage, (kind, {}))[1]
-                found[unit] = (entry["value"], entry["confidence"])
+                found[unit] = (entry["value"], confidence)
     return out
 
 

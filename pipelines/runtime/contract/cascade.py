@@ -251,6 +251,35 @@ def content_digest(calibration: dict[str, Any]) -> str:
     return hashlib.sha256(canonical.encode()).hexdigest()
 
 
+class ConfidenceRefused(UserError):
+    """A confidence that is no probability (NaN, infinite, below 0 or above 1: a positive
+    logprob, say), refused in one line naming the run, the item and the stage."""
+
+
+def confidence_problem(value: Any) -> str | None:
+    """Why ``value`` is no confidence (None: it is one, a finite number from 0 to 1)."""
+    import math
+
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return f"{value!r} is not a number"
+    if not math.isfinite(value):
+        return f"{value!r} is not a finite number"
+    if not 0.0 <= value <= 1.0:
+        return f"{value!r} is not a probability from 0 to 1"
+    return None
+
+
+def checked_confidence(value: Any, run: Any, item: str, stage: str) -> float:
+    """``value`` as a confidence, or ``ConfidenceRefused``: ``RUN: record 'ITEM': stage S:
+    field confidence: 1.65 is not a probability from 0 to 1``."""
+    problem = confidence_problem(value)
+    if problem is not None:
+        raise ConfidenceRefused(
+            f"{run}: record {item!r}: stage {stage}: field confidence: {problem}"
+        )
+    return float(value)
+
+
 def route(confidences: Sequence[float | None], thresholds: Sequence[float | None]) -> int | None:
     """The tier that keeps a judgement (its index), or None: abstained. A tier without a
     threshold, or without a confidence for the judgement, escalates it."""

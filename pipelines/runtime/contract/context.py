@@ -24,7 +24,14 @@ from ....serving.client import (
 )
 from ....serving.templates import PromptTemplate
 from . import panels
-from .cascade import NLI_TIER, PEOPLE, Cascade, JudgementAbstained
+from .cascade import (
+    NLI_TIER,
+    PEOPLE,
+    Cascade,
+    ConfidenceRefused,
+    JudgementAbstained,
+    checked_confidence,
+)
 from .panels import (
     Cover,
     PanelRule,
@@ -186,8 +193,16 @@ class ItemContext:
         if not self.label_confidence:
             return
         entry = {"stage": stage, "asked": panels.asked_digest(values), "value": label}
-        entry |= {"confidence": probability, "kind": NLI_TIER}
+        try:
+            entry |= {"confidence": self._confidence(probability, stage), "kind": NLI_TIER}
+        except ConfidenceRefused as exc:  # kept without one, saying why: nothing to calibrate
+            entry |= {"confidence": None, "kind": NLI_TIER, "refused": str(exc)}
         self.details.setdefault("confidence", []).append(entry)
+
+    def _confidence(self, value: Any, stage: str) -> float:
+        """A confidence about to be recorded, checked: a finite probability, or refused in one
+        line naming the run, the item and the stage (``ConfidenceRefused``)."""
+        return checked_confidence(value, self.run_dir, self.item_id, stage)
 
     def _worded(self, template: PromptTemplate, stage: str) -> PromptTemplate:
         """The wording a member (``stage``: its own, ``judge#3``) asks with: with simulated
@@ -258,16 +273,23 @@ class ItemContext:
             # what is recorded and compared: a set as its label, any other verdict as it is
             value, values = verdict(rule, combined), [verdict(rule, v) for v in values]
             share = None if value is None else sum(v == value for v in values) / len(values)
+            refused: Parsed | None = None
             if kinds[k - 1] == "logprobs":  # the lone judge's own probability of its label
                 result = answers[0].result if answers[0].ok else None
                 given = str(answers[0].value)  # as it said it (a rating 4, not its median 4.0)
                 share = result.label_probability(given) if result is not None else None
             elif kinds[k - 1] == NLI_TIER:  # the model's probability of its label
-                share = None if first is None else float(first[1])
+                share = None if first is None else first[1]
+            if share is not None:
+                try:
+                    share = self._confidence(share, stage)
+                except ConfidenceRefused as exc:  # no probability: the tier keeps nothing
+                    share, refused = None, Parsed("unparseable", error=str(exc))
             step = {"tier": k, "members": values, "value": value, "confidence": share}
+            step |= {"refused": refused.error} if refused is not None else {}
             entry["tiers"].append(step | ({"tie": True} if tie else {}))
             said.append((share, threshold))
-            failed = failed or next((a for a in answers if not a.ok), None)
+            failed = failed or refused or next((a for a in answers if not a.ok), None)
             if share is not None and threshold is not None and share >= threshold:
                 recorded(k, value)
                 outputs: list[str] = next((a.outputs for a in answers if a.ok), [])
@@ -468,6 +490,11 @@ class ItemContext:
             return parsed
         found = parsed.result.label_probability(str(parsed.value)) if parsed.result else None
         entry = {"stage": stage, "asked": panels.asked_digest(values), "value": parsed.value}
+        if found is not None:
+            try:
+                found = self._confidence(found, stage)
+            except ConfidenceRefused as exc:  # the judgement is refused, as an odd answer is
+                return Parsed("unparseable", error=str(exc), outputs=parsed.outputs)
         self.details.setdefault("confidence", []).append(entry | {"confidence": found})
         return parsed
 
