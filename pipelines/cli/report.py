@@ -71,7 +71,8 @@ def report(
         from ..reports.pages.report_html import write_html
         from ..runtime.store.run_dir import run_directories
 
-        written = write_html(run_directories(run_dir), page_path(html, run_dir), prices=priced)
+        out, within = page_path(html, run_dir)
+        written = write_html(run_directories(run_dir), out, prices=priced, within=within)
         terminal(stderr=True).print(f"html: {written}", highlight=False, soft_wrap=True)
     if export is not None and kind is not None:
         from ..reports.exports.export import export_runs
@@ -86,13 +87,14 @@ def report(
         log_runs(run_dir, Tracking(track, track_uri, track_project))  # type: ignore[arg-type]
 
 
-def page_path(html: Path, runs: list[Path]) -> Path:
-    """Where ``--html`` writes the page: the path given, or (``--html`` alone) beside the first
-    run or study directory, named after it."""
+def page_path(html: Path, runs: list[Path]) -> tuple[Path, Path | None]:
+    """Where ``--html`` writes the page, and the folder a link at it is refused in: the path
+    given (the user's: no such folder), or (``--html`` alone) beside the first run or study
+    directory, named after it (a name the user never typed: a link there is refused)."""
     if str(html) not in ("", "."):
-        return html
+        return html, None
     first = runs[0].resolve()
-    return first.parent / f"{first.name}.html"
+    return first.parent / f"{first.name}.html", first.parent
 
 
 @clean_errors
@@ -131,5 +133,6 @@ def compare(
         from ..reports.pages.report_html import write_html
 
         pages = [page for run in result["runs"] for page in run_dirs(Path(run["run"]))]
-        page = write_html(pages, page_path(html, run_dir), result)
+        out, within = page_path(html, run_dir)
+        page = write_html(pages, out, result, within=within)
         terminal(stderr=True).print(f"html: {page}", highlight=False, soft_wrap=True)

@@ -252,7 +252,9 @@ async def graph_method(ctx: ItemContext, item: Item, contexts: list[str]) -> tup
     }
     if ctx.options.export_graphs:  # file writing off the event loop
         stem = ctx.run_dir / "graphs" / _safe(item.id)
-        ctx.details["graph_files"] = await asyncio.to_thread(export_graph, graph, result, stem)
+        ctx.details["graph_files"] = await asyncio.to_thread(
+            export_graph, graph, result, stem, ctx.run_dir
+        )
     return len(result.covered), len(result.uncovered)
 
 

@@ -18,6 +18,8 @@ from typing import Any
 
 import networkx as nx
 
+from groundcover.serving.files import atomic_file, make_dirs, write_atomic
+
 RESPONSE = "response"
 
 
@@ -174,8 +176,11 @@ def coverage(graph: nx.DiGraph) -> Coverage:
     )
 
 
-def export_graph(graph: nx.DiGraph, result: Coverage, stem: Path) -> dict[str, str]:
-    """Write node-link JSON and GraphML (with coverage attributes) next to each other."""
+def export_graph(
+    graph: nx.DiGraph, result: Coverage, stem: Path, within: Path | None = None
+) -> dict[str, str]:
+    """Write node-link JSON and GraphML (with coverage attributes) next to each other
+    (``within``: the run directory, where a linked folder or file is refused)."""
     annotated = graph.copy()
     covered, uncovered, basis = set(result.covered), set(result.uncovered), set(result.basis)
     for node in annotated.nodes:
@@ -185,16 +190,16 @@ def export_graph(graph: nx.DiGraph, result: Coverage, stem: Path) -> dict[str, s
             "covered" if rep in covered else "uncovered" if rep in uncovered else "response"
         )
         annotated.nodes[node]["basis"] = rep in basis
-    stem.parent.mkdir(parents=True, exist_ok=True)
+    make_dirs(stem.parent, within=within)
     paths = {
         "node_link": str(stem.with_suffix(".json")),
         "graphml": str(stem.with_suffix(".graphml")),
     }
     data: dict[str, Any] = nx.node_link_data(annotated, edges="edges")
-    _atomic_write(Path(paths["node_link"]), json.dumps(data, ensure_ascii=False, indent=1))
-    tmp = Path(paths["graphml"] + ".tmp")
-    nx.write_graphml(xml_safe(annotated), tmp)
-    tmp.replace(paths["graphml"])
+    text = json.dumps(data, ensure_ascii=False, indent=1)
+    write_atomic(Path(paths["node_link"]), text, within=within)
+    with atomic_file(Path(paths["graphml"]), "wb", within=within) as handle:
+        nx.write_graphml(xml_safe(annotated), handle)
     return paths
 
 
@@ -214,9 +219,3 @@ def xml_safe(graph: nx.DiGraph) -> nx.DiGraph:
             if isinstance(value, str):
                 attributes[key] = _NOT_XML.sub("\ufffd", value)
     return safe
-
-
-def _atomic_write(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
-    tmp.replace(path)

@@ -37,6 +37,7 @@ from groundcover import (
 from groundcover.inputs import Strict, iter_jsonl
 from groundcover.judges import bullet_list
 from groundcover.runs import atomic_write_json
+from groundcover.serving.files import write_atomic
 
 from . import metrics
 from .framework import PROMPTS, rate
@@ -234,9 +235,10 @@ def write_exchange(root: Path, records: Sequence[ItemResult]) -> dict[str, Any]:
             qrels[eta] += [f"{record.id} 0 {pid} {g}" for pid, g in grades.items()]
     files = {"topics.jsonl": topics, "passages.jsonl": passages, "ratings.jsonl": ratings}
     for name, rows in files.items():
-        _write(root / name, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
+        text = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows)
+        write_atomic(root / name, text, within=root)
     for eta, lines in qrels.items():
-        _write(root / f"qrels-eta{eta}.txt", "".join(line + "\n" for line in lines))
+        write_atomic(root / f"qrels-eta{eta}.txt", "".join(ln + "\n" for ln in lines), within=root)
     not_ok = sum(r.status != "ok" for r in records)
     card = {
         "dir": str(root),
@@ -245,14 +247,8 @@ def write_exchange(root: Path, records: Sequence[ItemResult]) -> dict[str, Any]:
         "ratings": len(ratings),
         "records_not_ok": not_ok,
     }
-    atomic_write_json(root / "data_card.json", card)
+    atomic_write_json(root / "data_card.json", card, within=root)
     return card
-
-
-def _write(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text, encoding="utf-8")
-    tmp.replace(path)
 
 
 BUILD = Build()

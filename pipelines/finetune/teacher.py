@@ -37,6 +37,7 @@ from groundcover import (
 from groundcover.inputs import iter_jsonl
 from groundcover.judges import bullet_list
 from groundcover.runs import atomic_write_json
+from groundcover.serving.files import write_atomic
 
 from ..shared.claims import parse_claims
 from .examples import TEMPLATE as CLAIMS_TEMPLATE
@@ -258,9 +259,7 @@ def write_dataset(
     for part, rows in split.items():
         counts[part] = len(rows)
         path = root / f"{part}.jsonl"
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text("".join(r + "\n" for r in rows), encoding="utf-8")
-        tmp.replace(path)
+        write_atomic(path, "".join(r + "\n" for r in rows), within=root)
         files[part] = {"path": str(path), "sha256": hashlib.sha256(path.read_bytes()).hexdigest()}
     card = {
         "dir": str(root),
@@ -270,7 +269,7 @@ def write_dataset(
         "prompts": {n: t.id for n, t in (PROMPTS | {"claims": CLAIMS_TEMPLATE}).items()},
         "options": options.model_dump(mode="json"),
     }
-    atomic_write_json(root / "data_card.json", card)
+    atomic_write_json(root / "data_card.json", card, within=root)
     return card
 
 

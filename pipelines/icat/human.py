@@ -144,5 +144,5 @@ def validate(run_dir: Path, human: Path, resamples: int) -> dict[str, Any]:
     table = human_table(
         results, load_human(human), options["betas"], options["variants"], resamples
     )
-    atomic_write_json(run_dir / OUTPUT, table)
+    atomic_write_json(run_dir / OUTPUT, table, within=run_dir)
     return table

@@ -7,7 +7,8 @@
 - ``.eval`` / ``.json``: an inspect_ai eval log per run, written by inspect_ai itself
   (``inspect_log``), so ``inspect view`` opens it.
 
-Every file appears whole or not at all (written beside, then renamed).
+Every file appears whole or not at all (``serving.files``: written beside, then renamed); the
+file typed is the user's, the tables file beside it is not theirs to follow as a link.
 """
 
 from __future__ import annotations
@@ -17,9 +18,9 @@ import json
 from pathlib import Path
 from typing import Any
 
+from ....serving.files import atomic_file, write_atomic
 from ...runtime.contract.errors import UserError
 from ...runtime.store.provenance import manifest_provenance
-from ...runtime.store.run_dir import atomic_write_text
 from .rows import RunRows, all_runs
 
 BATCH = 2000  # rows per Arrow batch
@@ -55,7 +56,8 @@ def export_runs(paths: list[Path], out: Path, kind: str) -> list[Path]:
     else:
         _write_csv(table, out)
     beside = out.with_name(out.name + ".tables.json")
-    atomic_write_text(beside, json.dumps(tables, indent=1, ensure_ascii=False, default=str))
+    text = json.dumps(tables, indent=1, ensure_ascii=False, default=str)
+    write_atomic(beside, text, within=out.parent)  # a name the user did not type
     return [out, beside]
 
 
@@ -104,9 +106,8 @@ def _write_parquet(table: Any, tables: dict[str, Any], out: Path) -> None:
 
     meta = {b"groundcover": json.dumps(tables, ensure_ascii=False, default=str).encode()}
     table = table.replace_schema_metadata({**(table.schema.metadata or {}), **meta})
-    tmp = out.with_name(out.name + ".tmp")
-    pq.write_table(table, tmp)
-    tmp.replace(out)
+    with atomic_file(out, "wb") as handle:
+        pq.write_table(table, handle)
 
 
 def _write_csv(table: Any, out: Path) -> None:
@@ -114,10 +115,8 @@ def _write_csv(table: Any, out: Path) -> None:
     batch; a text cell a spreadsheet would run as a formula is written as text (``cells``)."""
     from .cells import spreadsheet_row
 
-    tmp = out.with_name(out.name + ".tmp")
-    with open(tmp, "w", newline="", encoding="utf-8") as handle:
+    with atomic_file(out) as handle:
         writer = csv.DictWriter(handle, fieldnames=table.column_names or ["run", "id"])
         writer.writeheader()
         for part in table.to_batches(max_chunksize=BATCH):
             writer.writerows(spreadsheet_row(row) for row in part.to_pylist())
-    tmp.replace(out)

@@ -20,10 +20,13 @@ and its tables; its results hold the mean of each metric over the items that hav
 from __future__ import annotations
 
 import re
+import shutil
+import tempfile
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from ....serving.files import atomic_file
 from ...runtime.contract.errors import UserError
 from ...runtime.contract.results import UNSCORED
 from ...runtime.store.provenance import manifest_provenance
@@ -48,9 +51,11 @@ def write_inspect_logs(paths: list[Path], out: Path) -> list[Path]:
     runs = run_directories(paths)
     written = []
     for run_dir in runs:
-        named = out.with_name(f"{out.stem}-{_slug(run_dir)}{out.suffix}")
-        target = out if len(runs) == 1 else named
-        written.append(write_inspect_log(run_rows(run_dir), target))
+        if len(runs) == 1:  # the file the user typed
+            written.append(write_inspect_log(run_rows(run_dir), out))
+        else:  # names made here: a link at one of them is not the user's to follow
+            named = out.with_name(f"{out.stem}-{_slug(run_dir)}{out.suffix}")
+            written.append(write_inspect_log(run_rows(run_dir), named, within=out.parent))
     return written
 
 
@@ -58,13 +63,18 @@ def _slug(run_dir: Path) -> str:
     return re.sub(r"[^A-Za-z0-9._-]+", "-", run_dir.name).strip("-") or "run"
 
 
-def write_inspect_log(run: RunRows, out: Path) -> Path:
+def write_inspect_log(run: RunRows, out: Path, within: Path | None = None) -> Path:
+    """inspect_ai writes the log to a path of its own choosing only, so it writes into a
+    private folder of ours (``mkdtemp``: made afresh, 0700), and the bytes become ``out``
+    the one way every file is written (``serving.files``)."""
     log = inspect_api()
     eval_log = build_log(run)
     kind = "json" if out.suffix.lower() == ".json" else "eval"
-    tmp = out.with_name(f".{out.name}.tmp{out.suffix}")
-    log.write_eval_log(eval_log, tmp, format=kind)
-    tmp.replace(out)
+    with tempfile.TemporaryDirectory(prefix="groundcover-inspect-") as private:
+        made = Path(private) / f"log{out.suffix}"
+        log.write_eval_log(eval_log, str(made), format=kind)
+        with made.open("rb") as source, atomic_file(out, "wb", within=within) as handle:
+            shutil.copyfileobj(source, handle)
     return out
 
 

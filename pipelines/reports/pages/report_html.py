@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 from jinja2 import Environment, select_autoescape
 
+from ....serving.files import write_atomic
 from ...runtime.store.manifest import RunManifest
 from ...runtime.store.provenance import manifest_provenance
 from ...runtime.store.run_dir import MANIFEST, read_manifest
@@ -271,9 +272,9 @@ def write_html(
     out: Path,
     compared: dict[str, Any] | None = None,
     prices: dict[str, Any] | None = None,
+    within: Path | None = None,
 ) -> Path:
-    html = render(paths, compared, prices)
-    tmp = out.with_name(out.name + ".tmp")
-    tmp.write_text(html, encoding="utf-8")
-    tmp.replace(out)  # never a half-written page
+    """The page as ``out``, whole or not at all; ``within``: the folder ``out`` was chosen in
+    for the user (``--html`` alone: beside the run), where a link at ``out`` is refused."""
+    write_atomic(out, render(paths, compared, prices), within=within)
     return out

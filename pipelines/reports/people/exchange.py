@@ -35,8 +35,9 @@ from pathlib import Path
 from typing import Any
 from xml.sax.saxutils import quoteattr
 
+from ....serving.files import atomic_file, write_atomic
 from ...runtime.contract.errors import UserError
-from ...runtime.store.run_dir import RESULTS, atomic_write_text, results_by_id
+from ...runtime.store.run_dir import RESULTS, results_by_id
 from ..exports.rows import run_rows
 from .labels import QUEUE, append_labels, labels_dir
 
@@ -85,11 +86,8 @@ def export_stage(run_dir: Path, out: Path, stage: str, kind: str = "csv") -> lis
             | {"answer": shown["answer"], "asked": asked, "choose": choose}
         )
     if kind == "label-studio":
-        config = out.with_name(f"{out.stem}.label-config.xml")
         tasks = [{"data": row | {"run": str(run_dir)}} for row in rows]
-        atomic_write_text(out, json.dumps(tasks, ensure_ascii=False, indent=1))
-        atomic_write_text(config, stage_label_config(how))
-        return [out, config]
+        return write_label_studio(out, tasks, stage_label_config(how))
     if kind != "csv":
         raise UserError(f"--format must be label-studio or csv, got {kind!r}")
     return [write_sheet(out, STAGE_COLUMNS, rows)]
@@ -138,25 +136,27 @@ def write_sheet(out: Path, columns: tuple[str, ...], rows: list[dict[str, Any]])
     read as a formula quoted), written whole or not at all."""
     from ..exports.cells import spreadsheet_row
 
-    tmp = out.with_name(out.name + ".tmp")
-    with open(tmp, "w", newline="", encoding="utf-8") as handle:
+    with atomic_file(out) as handle:
         writer = csv.DictWriter(handle, fieldnames=columns)
         writer.writeheader()
         writer.writerows(spreadsheet_row({k: r.get(k, "") for k in columns}) for r in rows)
-    tmp.replace(out)
     return out
+
+
+def write_label_studio(out: Path, tasks: list[dict[str, Any]], config: str) -> list[Path]:
+    """Label Studio's tasks as ``out`` (the file the user typed) and its labelling
+    configuration beside it (a name made here: a link at it is refused, not followed)."""
+    beside = out.with_name(f"{out.stem}.label-config.xml")
+    write_atomic(out, json.dumps(tasks, ensure_ascii=False, indent=1))
+    write_atomic(beside, config, within=out.parent)
+    return [out, beside]
 
 
 def export_tasks(run_dir: Path, out: Path, kind: str) -> list[Path]:
     """The run's labelling queue (every scored item where it has none) for a tool."""
     tasks = _tasks(run_dir)
     if kind == "label-studio":
-        config = out.with_name(f"{out.stem}.label-config.xml")
-        atomic_write_text(
-            out, json.dumps([{"data": t} for t in tasks], ensure_ascii=False, indent=1)
-        )
-        atomic_write_text(config, label_config())
-        return [out, config]
+        return write_label_studio(out, [{"data": t} for t in tasks], label_config())
     if kind != "csv":
         raise UserError(f"--format must be label-studio or csv, got {kind!r}")
     return [write_sheet(out, CSV_COLUMNS, tasks)]

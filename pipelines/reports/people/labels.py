@@ -35,6 +35,7 @@ from typing import Any, Literal
 
 import numpy as np
 
+from ....serving.files import make_dirs, write_atomic
 from ...runtime.contract.errors import UserError
 from ...runtime.contract.results import ItemResult
 from ...runtime.store.labels import LABELS as LABELS
@@ -170,15 +171,13 @@ def write_queue(run_dir: Path, queue: Queue) -> Path:
             f"{path} exists: a run has one labelling queue (remove it to draw another; "
             "the labels already made stay in labels.jsonl)"
         )
-    path.parent.mkdir(exist_ok=True)
+    make_dirs(path.parent, within=run_dir)  # a sent run's labels/ linked elsewhere: refused
     lines = [queue.header()] + [
         {"id": d.id, "stage": "score", "key": 0, "judge": d.judge}
         | {"stratum": d.stratum, "weight": d.weight}
         for d in queue.items
     ]
-    from ...runtime.store.run_dir import atomic_write_text
-
-    atomic_write_text(path, "".join(json.dumps(line) + "\n" for line in lines))
+    write_atomic(path, "".join(json.dumps(line) + "\n" for line in lines), within=run_dir)
     return path
 
 
@@ -211,7 +210,6 @@ def append_labels_to(run_dir: Path, name: str, labels: Sequence[dict[str, Any]])
     if not labels:
         return 0
     path = labels_dir(run_dir) / name
-    path.parent.mkdir(exist_ok=True)
     now = time.time()
     text = "".join(
         json.dumps({"time": now} | dict(label), ensure_ascii=False, allow_nan=False) + "\n"

@@ -85,7 +85,7 @@ def run_study(
             source=getattr(study, "source", None),
             **repeats,
         )
-        atomic_write_json(planned.root / STUDY_FILE, record.to_json())
+        atomic_write_json(planned.root / STUDY_FILE, record.to_json(), within=planned.root)
     if planned.repeats and combined is not None:
         print_repeats(combined, terminal())
     elif combined is not None:
@@ -317,7 +317,7 @@ class Run:
         store.write_summary(summary)
         name = fw.tables_file(plan.options)
         if tables is not None and name:
-            atomic_write_json(store.dir / name, tables)
+            atomic_write_json(store.dir / name, tables, within=store.dir)
         print_summary(summary, terminal())
         if tables is not None:
             fw.render(tables, terminal())

@@ -11,6 +11,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+from ....serving import files
+from ....serving.files import UnsafePath, make_dirs
 from ..contract.errors import UserError
 
 LABELS_DIR = "labels"
@@ -22,16 +24,18 @@ def labels_dir(run_dir: Path) -> Path:
 
 
 def open_unlinked(path: Path, flags: int) -> int:
-    """``path`` opened without following a link: a run directory from elsewhere may hold
-    ``labels/`` or a label file as a symbolic link to any file of the reader's (a shell's rc
-    file, say), which an append would then write to."""
-    if path.parent.is_symlink():
-        raise UserError(f"{path.parent}: a symbolic link, not the run's labels folder")
+    """``labels/NAME`` of a run opened without following a link (``serving.files``): a run
+    directory from elsewhere may hold ``labels/`` or a label file as a symbolic link to any file
+    of the reader's (a shell's rc file, say), which an append would then write to. An append
+    makes ``labels/`` first, as a real folder."""
+    run_dir = path.parent.parent
     try:
-        return os.open(path, flags | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0), 0o644)
+        if flags & os.O_CREAT:
+            make_dirs(path.parent, within=run_dir)
+        return files.open_unlinked(path, flags, within=run_dir)
+    except UnsafePath as exc:
+        raise UserError(str(exc)) from None
     except OSError as exc:
-        if path.is_symlink():
-            raise UserError(f"{path}: a symbolic link, not a label file of the run") from None
         raise UserError(f"{path}: {exc.strerror}") from None
 
 

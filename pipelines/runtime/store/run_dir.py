@@ -35,6 +35,7 @@ from typing import Any, TypeVar, overload
 
 from pydantic import BaseModel, ValidationError
 
+from ....serving.files import UnsafePath, make_dirs, open_unlinked, write_atomic
 from ....serving.redact import redact
 from ..contract.errors import UserError
 from ..contract.results import FAILED_STATUSES, STATUSES, ItemResult
@@ -66,20 +67,21 @@ class RunStoreError(RuntimeError):
     pass
 
 
-def atomic_write_json(path: Path, value: Any) -> None:
+def atomic_write_json(path: Path, value: Any, *, within: Path | None = None) -> None:
     """``value`` as JSON, whole or not at all (``atomic_write_text``)."""
-    atomic_write_text(path, json.dumps(value, indent=2, ensure_ascii=False, default=str) + "\n")
+    text = json.dumps(value, indent=2, ensure_ascii=False, default=str) + "\n"
+    atomic_write_text(path, text, within=within)
 
 
-def atomic_write_text(path: Path, text: str) -> None:
-    """Write a temporary file and rename it over ``path``: readers see the old or the new file,
-    never half of one; when the disk is full the old file stays and the temporary one goes."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+def atomic_write_text(path: Path, text: str, *, within: Path | None = None) -> None:
+    """``text`` as ``path`` through ``serving.files`` (a temporary file renamed over it; inside
+    ``within``, a folder the user did not name, a link on the way refused): readers see the old
+    or the new file, never half of one; when the disk is full the old file stays."""
     try:
-        tmp.write_text(text, encoding="utf-8")
-        os.replace(tmp, path)
+        write_atomic(path, text, within=within)
+    except UnsafePath:
+        raise
     except OSError as exc:
-        tmp.unlink(missing_ok=True)
         raise RunStoreError(f"{path}: cannot write ({exc.strerror or exc}); {KEPT}") from exc
 
 
@@ -161,7 +163,9 @@ def run_directories(paths: Sequence[Path]) -> list[Path]:
         if (path / MANIFEST).is_file():
             out.append(path)
         elif (path / STUDY_FILE).is_file():
-            out += [path / k for k in read_study(path).runs if (path / k / MANIFEST).is_file()]
+            from .contained import study_runs  # its runs inside it, links resolved
+
+            out += study_runs(path, read_study(path).runs).values()
         else:
             raise UserError(f"{path}: not a run directory (no manifest.json) or a study root")
     return out
@@ -347,7 +351,7 @@ class RunStore:
         A directory whose identity changed (an input, a model, an option) is refused in one
         line naming what changed, unless ``supersede``: its files are then moved to
         ``superseded/<time>/`` and the run starts again in place."""
-        self.dir.mkdir(parents=True, exist_ok=True)
+        make_dirs(self.dir)  # the run directory is the user's (typed, or runs/ by default)
         if self.lock is None:  # before anything is written: a second writer changes nothing
             lock = RunLock(self.dir)
             lock.acquire()
@@ -403,7 +407,7 @@ class RunStore:
                 host=platform.node(),
                 created_at=time.time(),
             )
-        atomic_write_json(self.manifest_path, manifest.to_json())
+        atomic_write_json(self.manifest_path, manifest.to_json(), within=self.dir)
         self.attach()
         return manifest
 
@@ -443,7 +447,7 @@ class RunStore:
         target = self.dir / SUPERSEDED / time.strftime("%Y%m%d-%H%M%S")
         while target.exists():
             target = target.with_name(target.name + "-1")
-        target.mkdir(parents=True)
+        make_dirs(target, within=self.dir)  # a linked superseded/ would carry the files off
         for path in sorted(self.dir.iterdir()):
             if path.is_file() and path.name != LOCK and not path.name.startswith("."):
                 os.replace(path, target / path.name)
@@ -477,9 +481,11 @@ class RunStore:
 
     def _repair_tail(self, block: int = 1 << 16) -> None:
         """Cut a torn last line left by a process killed mid-append, reading only the tail."""
-        if not self.own_path.exists():
+        try:  # never through a link: a sent run's results.jsonl -> a file of the reader's
+            fd = open_unlinked(self.own_path, os.O_RDWR, within=self.dir)
+        except FileNotFoundError:
             return
-        with open(self.own_path, "r+b") as handle:
+        with open(fd, "r+b") as handle:
             end = handle.seek(0, os.SEEK_END)
             if end == 0:
                 return
@@ -518,7 +524,8 @@ class RunStore:
             raise RunStoreError(f"{self.lock.lost}; {result.id!r} was not recorded")
         data = (result.model_dump_json() + "\n").encode()
         if self._fd is None:
-            self._fd = os.open(self.own_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+            flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT
+            self._fd = open_unlinked(self.own_path, flags, within=self.dir)
         end = os.fstat(self._fd).st_size
         try:
             if os.write(self._fd, data) != len(data):  # a full disk can take part of the line
@@ -538,7 +545,7 @@ class RunStore:
             self.lock = None
 
     def write_summary(self, summary: RunSummary) -> None:
-        atomic_write_json(self.summary_path, summary.to_json())
+        atomic_write_json(self.summary_path, summary.to_json(), within=self.dir)
 
     def close(self) -> None:
         if self._fd is not None:
@@ -618,7 +625,9 @@ class RunLock:
                 self.lost = f"{self.path.parent}: another process took over this run ({who})"
                 return
             with contextlib.suppress(OSError, RunStoreError):  # a full disk: the next one tries
-                atomic_write_json(self.path, self._content(started=holder["started"]))
+                atomic_write_json(
+                    self.path, self._content(started=holder["started"]), within=self.path.parent
+                )
 
     def _take_over(self) -> None:
         """Rename the stale lock away; of several takers only one rename succeeds, and each
@@ -691,8 +700,11 @@ def record_invocation(run_dir: Path, started: float, seconds: float, solved: int
     Best effort: on a full disk the line is lost (never a record), and the error that stopped
     the run is the one reported."""
     line = json.dumps({"started": started, "seconds": round(seconds, 3), "solved": solved})
-    with contextlib.suppress(OSError), open(run_dir / INVOCATIONS, "a", encoding="utf-8") as out:
-        out.write(line + "\n")
+    flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT
+    with contextlib.suppress(OSError):
+        fd = open_unlinked(run_dir / INVOCATIONS, flags, within=run_dir)
+        with open(fd, "a", encoding="utf-8") as out:
+            out.write(line + "\n")
 
 
 def invocations(run_dir: Path) -> tuple[float, int]:
