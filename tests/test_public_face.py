@@ -57,11 +57,11 @@ def test_last_weeks_one_file_framework_loads_with_warnings_and_scores_as_worked_
     import hashlib
     import sys
 
-    from groundcover.pipelines.runtime.contract.plugins import from_file
+    from groundcover.pipelines.runtime.contract.plugins import from_file, module_name
     from groundcover.testing import ScriptedClient, field_of
 
     digest = hashlib.sha256(FIXTURE.read_bytes()).hexdigest()
-    sys.modules.pop(f"groundcover_file_{digest[:16]}", None)  # loaded by another test: again
+    sys.modules.pop(module_name(digest), None)  # loaded by another test: again
     with pytest.warns(DeprecationWarning) as caught:
         _, found = from_file(str(FIXTURE))
     moved = {str(w.message).split(" ")[0] for w in caught}

@@ -1,13 +1,15 @@
 """Opening a run never runs code from it: a run directory sent by someone else, whose manifest
 names a framework file planted beside it (relative, inside the run, or with another digest), is
 read by ``report``, ``compare``, ``agreement`` and the exports from its records and summary
-alone, with one line saying so; the planted code never runs. The file at its recorded absolute
-path with its recorded SHA-256, or named again with ``--framework``, is loaded."""
+alone, with one line saying so; the planted code never runs. Even the file at its recorded
+absolute path with its recorded SHA-256 is loaded only once the user trusts it (``groundcover
+trust FILE``) or names it again (``--framework``); ``tests/test_sent_runs.py`` holds the rest."""
 
 from __future__ import annotations
 
 import csv
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -52,9 +54,13 @@ def made(tmp_path_factory) -> Path:
     return root
 
 
-def groundcover_cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+def groundcover_cli(
+    *args: str, cwd: Path, home: Path | None = None
+) -> subprocess.CompletedProcess[str]:
+    """The command in a process of its own (``home``: its GROUNDCOVER_HOME, its trust list)."""
     command = [sys.executable, "-W", "ignore::DeprecationWarning", "-m", "groundcover", *args]
-    return subprocess.run(command, capture_output=True, text=True, cwd=cwd, timeout=120)
+    env = os.environ | ({"GROUNDCOVER_HOME": str(home)} if home else {})
+    return subprocess.run(command, capture_output=True, text=True, cwd=cwd, env=env, timeout=120)
 
 
 def sent(made: Path, tmp_path: Path, how: str) -> tuple[Path, Path]:
@@ -114,10 +120,17 @@ def test_a_planted_framework_file_never_runs_and_the_run_is_read_from_its_record
     assert not marker.exists()  # nothing of the run's ever ran
 
 
-def test_the_file_at_its_recorded_path_with_its_digest_loads_and_so_does_one_named_again(
+def test_the_file_at_its_recorded_path_loads_once_trusted_and_so_does_one_named_again(
     made, tmp_path
 ):
-    report = groundcover_cli("report", str(made / "run"), "--json", cwd=tmp_path)
+    home = tmp_path / "home"  # this test's own trust list
+    untrusted = groundcover_cli("report", str(made / "run"), "--json", cwd=tmp_path, home=home)
+    assert untrusted.returncode == 0, untrusted.stderr[-2000:]
+    assert json.loads(untrusted.stdout.splitlines()[0])["tables"] is None
+    assert "`groundcover trust FILE` or --framework FILE" in untrusted.stderr
+    trusted = groundcover_cli("trust", str(made / "last_week.py"), cwd=tmp_path, home=home)
+    assert trusted.returncode == 0, trusted.stderr[-2000:]
+    report = groundcover_cli("report", str(made / "run"), "--json", cwd=tmp_path, home=home)
     assert report.returncode == 0, report.stderr[-2000:]
     assert json.loads(report.stdout.splitlines()[0])["tables"]["mean"] == 0.5
     assert "not loaded" not in report.stderr

@@ -12,7 +12,7 @@ import typer
 
 from ..runtime.contract.errors import UserError
 from ..runtime.terminal import terminal
-from .options import FrameworkFiles, clean_errors
+from .options import FrameworkFiles, TrustFiles, clean_errors
 
 
 @clean_errors
@@ -89,6 +89,7 @@ def agreement(
         ),
     ] = None,
     framework_file: FrameworkFiles = None,
+    trust: TrustFiles = False,
 ) -> None:
     """How far to trust the judges: agreement within a judge panel (Cohen's kappa,
     Krippendorff's alpha, Kendall / Spearman, bootstrap intervals over items), between runs
@@ -98,7 +99,7 @@ def agreement(
     ask the judge again (--swap-audit, --rerun, --paraphrase)."""
     from ..runtime.contract.plugins import trust_files
 
-    trust_files(framework_file)
+    trust_files(framework_file, trust)
     if sample is not None:
         from ..reports.people.labels import draw_for_runs
 
@@ -217,6 +218,7 @@ def cascade_calibrate(
     ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="print one JSON object")] = False,
     framework_file: FrameworkFiles = None,
+    trust: TrustFiles = False,
 ) -> None:
     """Each tier's confidence threshold from its recorded run (confidence: the share of its
     panel -- K samples or K paraphrased prompts of one model -- that gave the verdict) by
@@ -239,7 +241,7 @@ def cascade_calibrate(
         guarantee = Guarantee(alpha, delta)
     except ValueError as exc:
         raise UserError(f"--{exc}") from None
-    trust_files(framework_file)
+    trust_files(framework_file, trust)
     labels = read_human(human) if human is not None else None
     tiers = [read_tier(d, labels) for d in run_dir]
     for directory, tier in list(zip(run_dir, tiers, strict=True))[1:]:

@@ -204,7 +204,7 @@ def build_from_file(spec: str) -> click.Command:
     from .options import EXIT_USER, console
 
     try:
-        ref, found = from_file(spec)
+        ref, found = from_file(spec, remember=True)  # the user runs it: they trust it
     except UserError as exc:
         console.print(labelled("error:", "red", str(exc)), highlight=False, soft_wrap=True)
         raise typer.Exit(EXIT_USER) from None

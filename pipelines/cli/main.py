@@ -12,7 +12,7 @@ import typer
 from rich.table import Column, Table
 
 from ..runtime.terminal import labelled, terminal
-from . import audits, finetune, pages, report, serve
+from . import audits, finetune, pages, report, serve, trust
 from .cache import cache_app
 from .data import data_app
 from .frameworks import lazy_group
@@ -59,6 +59,7 @@ app.command()(report.report)
 app.command()(report.compare)
 app.command()(audits.agreement)
 app.command()(pages.view)
+app.command()(trust.trust)
 claims_app.command("train")(finetune.finetune_claims_train)
 claims_app.command("register")(finetune.finetune_claims_register)
 

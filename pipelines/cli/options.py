@@ -53,14 +53,21 @@ def expected_errors() -> tuple[
     return user, BudgetReached, (ServerStartError, EndpointError), ItemsFailed
 
 
-# ``--framework FILE`` of every command that opens runs (report, compare, agreement, view)
+# ``--framework FILE`` of every command that opens runs (report, compare, agreement, view,
+# labels export), and ``--trust`` to keep those files trusted
 FrameworkFiles = Annotated[
     list[Path] | None,
     typer.Option(
         "--framework",
         metavar="FILE",
-        help="a framework file you trust, imported to read runs made with it (a run's "
-        "recorded file is imported only at its absolute path with its recorded SHA-256)",
+        help="a framework file you trust, imported to read runs made with it (a run's own "
+        "record of its file is never trusted: `groundcover trust FILE` or this)",
+    ),
+]
+TrustFiles = Annotated[
+    bool,
+    typer.Option(
+        "--trust", help="also add the --framework files to your trust list (groundcover trust)"
     ),
 ]
 

@@ -10,7 +10,7 @@ import typer
 
 from ..runtime.contract.errors import UserError
 from ..runtime.terminal import terminal
-from .options import FrameworkFiles, clean_errors
+from .options import FrameworkFiles, TrustFiles, clean_errors
 from .serve import api_key_from, authorised
 
 console = terminal(stderr=True)
@@ -28,6 +28,7 @@ def view(
         str | None, typer.Option(help="variable holding the key (needed off loopback)")
     ] = None,
     framework_file: FrameworkFiles = None,
+    trust: TrustFiles = False,
 ) -> None:
     """Serve the HTML report of the runs at http://127.0.0.1:PORT/ until Ctrl-C (rebuilt
     when a run changes on disk, so a running evaluation shows its progress; its items are
@@ -37,7 +38,7 @@ def view(
     user name), a client as a Bearer token."""
     from ..runtime.contract.plugins import trust_files
 
-    trust_files(framework_file)
+    trust_files(framework_file, trust)
     from ...serving.launch.server import is_loopback
     from ..reports.pages.report_html import render
     from ..reports.pages.viewer import Viewer, serve

@@ -10,7 +10,7 @@ import typer
 
 from ..runtime.terminal import terminal
 from .frameworks import lazy_group
-from .options import clean_errors
+from .options import FrameworkFiles, TrustFiles, clean_errors
 
 labels_app = typer.Typer(
     cls=lazy_group("labels"),
@@ -35,13 +35,17 @@ def export(
             "or Label Studio tasks with a control named label)"
         ),
     ] = None,
+    framework_file: FrameworkFiles = None,
+    trust: TrustFiles = False,
 ) -> None:
     """The run's labelling queue (from agreement --sample; every scored item without one) as
     Label Studio tasks with their labelling configuration, or a CSV to fill in; with --stage,
     every judgement of that stage the same two ways (what a judge cascade calibrates on, and
     decides its abstentions by). Blind: the judge's verdicts are not in it."""
     from ..reports.people.exchange import export_stage, export_tasks
+    from ..runtime.contract.plugins import trust_files
 
+    trust_files(framework_file, trust)
     kind = format or ("csv" if out.suffix.lower() == ".csv" else "label-studio")
     made = export_stage(run_dir, out, stage, kind) if stage else export_tasks(run_dir, out, kind)
     for path in made:

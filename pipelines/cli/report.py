@@ -11,7 +11,7 @@ import typer
 
 from ..runtime.contract.errors import UserError
 from ..runtime.terminal import terminal
-from .options import FrameworkFiles, clean_errors
+from .options import FrameworkFiles, TrustFiles, clean_errors
 
 console = terminal(stderr=True)
 
@@ -51,13 +51,14 @@ def report(
         str, typer.Option(help="the MLflow experiment or W&B project")
     ] = "groundcover",
     framework_file: FrameworkFiles = None,
+    trust: TrustFiles = False,
 ) -> None:
     """Rebuild and print the summary and tables of runs from what is on disk (no model calls;
     partial runs too); optionally an HTML page (--html), every item's record (--export: CSV,
     Parquet or an inspect_ai log) and a tracker's runs (--track mlflow|wandb)."""
     from ..runtime.contract.plugins import trust_files
 
-    trust_files(framework_file)
+    trust_files(framework_file, trust)
     from ..reports.exports.export import export_format
     from ..reports.report import report as rebuild
     from ..runtime.budget.costs import load_prices
@@ -112,6 +113,7 @@ def compare(
     resamples: Annotated[int, typer.Option(help="bootstrap resamples")] = 10_000,
     seed: Annotated[int, typer.Option(help="bootstrap seed")] = 0,
     framework_file: FrameworkFiles = None,
+    trust: TrustFiles = False,
 ) -> None:
     """Compare runs item by item: each run's mean with a 95% BCa interval; per pair the paired
     mean difference with a paired BCa interval, win/tie/loss, sign and Wilcoxon p-values, the
@@ -119,7 +121,7 @@ def compare(
     protocols are refused. No model is called."""
     from ..runtime.contract.plugins import trust_files
 
-    trust_files(framework_file)
+    trust_files(framework_file, trust)
     from ..reports.compare import compare_runs, print_comparison, run_dirs
 
     if resamples < 100:

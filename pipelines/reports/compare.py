@@ -24,6 +24,7 @@ from rich.table import Table
 from ..runtime.contract.config import UserError
 from ..runtime.contract.results import UNSCORED
 from ..runtime.stats import bca_interval, paired_test
+from ..runtime.store.contained import study_runs
 from ..runtime.store.provenance import manifest_provenance, provenance_differences
 from ..runtime.store.run_dir import (
     MANIFEST,
@@ -67,7 +68,7 @@ def run_dirs(path: Path) -> list[Path]:
     meta = _study(path)
     if meta is None:
         return [path]
-    return [path / key for key in meta["runs"] if (path / key / MANIFEST).is_file()]
+    return list(study_runs(path, meta["runs"]).values())
 
 
 def load_scores(path: Path) -> RunScores:
@@ -79,7 +80,10 @@ def load_scores(path: Path) -> RunScores:
     if meta.get("repeats"):
         return _repeated(path, [_one_run(d) for d in run_dirs(path)])
     if len(meta["runs"]) == 1:
-        return _one_run(path / meta["runs"][0])
+        inside = run_dirs(path)  # its one run, inside it
+        if not inside:
+            raise UserError(f"{path}: a study whose run is not recorded inside it")
+        return _one_run(inside[0])
     runs = ", ".join(str(path / key) for key in meta["runs"])
     raise UserError(f"{path}: a study of several runs; compare one of them: {runs}")
 

@@ -13,6 +13,7 @@ from typing import Any
 
 from rich.console import Console
 
+from ..runtime.store.contained import study_runs
 from ..runtime.store.provenance import manifest_provenance, short
 from ..runtime.store.run_dir import (
     MANIFEST,
@@ -46,11 +47,9 @@ def report(
             _print(load_outcome(path, prices), as_json, out, label=str(path))
             continue
         meta = read_study(path)
-        study = find_study(meta.study, meta.source, path)
+        study = find_study(meta.study, meta.source)
         outcomes = {
-            key: load_outcome(path / key, prices)
-            for key in meta.runs
-            if (path / key / MANIFEST).is_file()
+            key: load_outcome(run, prices) for key, run in study_runs(path, meta.runs).items()
         }
         for key, outcome in outcomes.items():
             _print(outcome, as_json, out, label=str(path / key))

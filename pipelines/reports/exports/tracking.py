@@ -36,6 +36,7 @@ from typing import Any, Literal
 
 from rich.console import Console
 
+from ...runtime.store.contained import study_runs
 from ...runtime.store.provenance import manifest_provenance
 from ...runtime.store.run_dir import MANIFEST, STUDY_FILE, SUMMARY, read_manifest, read_study
 from ...runtime.terminal import terminal
@@ -112,9 +113,8 @@ class TrackerLog:
         parent = study_log(path, meta)
         parent_id = self.write(parent, parent=None)
         children = [
-            self.write(run_log(path / key, scratch), parent=parent)
-            for key in meta.runs
-            if (path / key / MANIFEST).is_file()
+            self.write(run_log(run, scratch), parent=parent)
+            for run in study_runs(path, meta.runs).values()
         ]
         return [parent_id, *children]
 

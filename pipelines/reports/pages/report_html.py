@@ -198,20 +198,33 @@ def headline(outcome: Any, manifest: RunManifest, scores: list[float]) -> dict[s
 
 def _graph(run_dir: Path, details: dict[str, Any]) -> dict[str, Any] | None:
     """Nodes (id, source, status, component) and entailment edges of an item's fact graph, from
-    the node-link file the run exported (None when there is none)."""
-    name = (details.get("graph_files") or {}).get("node_link")
-    path = Path(name) if name else None
-    if path is None or not path.is_file():
+    the node-link file the run exported (None when there is none). The record names the file,
+    and a run can come from anyone: it is read only from inside the run directory, its links
+    resolved (``contained.inside_run``); a name that leads elsewhere is left out with a note."""
+    from ...runtime.store.contained import inside_run
+
+    files = details.get("graph_files") if isinstance(details, dict) else None
+    name = files.get("node_link") if isinstance(files, dict) else None
+    if not name:
         return None
+    path = inside_run(run_dir, name)
+    if path is None or not path.is_file():
+        note = f"fact graph left out: {name} is not a file inside the run directory"
+        return {"nodes": [], "edges": [], "note": note}
     try:
-        data = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError):
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):  # unreadable, not UTF-8, not JSON
+        return None
+    if not isinstance(data, dict):
         return None
     nodes = [
         {k: n.get(k) for k in ("id", "source", "status", "component", "text")}
-        for n in data.get("nodes", [])
+        for n in data.get("nodes") or []
+        if isinstance(n, dict)
     ]
-    edges = [[e.get("source"), e.get("target")] for e in data.get("edges", [])]
+    edges = [
+        [e.get("source"), e.get("target")] for e in data.get("edges") or [] if isinstance(e, dict)
+    ]
     return {"nodes": nodes, "edges": edges}
 
 

@@ -14,19 +14,27 @@ A plugin that fails to import is one warning line naming it, and the others load
 A framework needs no install to run: ``groundcover eval path/to/file.py[:OBJECT]`` loads the
 file (``from_file``) and ``groundcover.evaluate(obj, ...)`` takes the object (``add_study``).
 Such a study records where it came from (``source``: the file, the object's name and the file's
-SHA-256), and the digest enters its runs' identity.
+SHA-256), and the digest enters its runs' identity. A file is read once: those bytes are hashed,
+compiled and run as a module of their own (``load_source``): no ``.pyc`` is read or written for
+it, and its folder is not put on the import path.
 
-Opening a run never runs code from it (``run_framework``): ``report``, ``view``, ``compare``,
-``agreement`` and the exports import a run's framework file again only when it is at its
-recorded absolute path, outside the run directory, with its recorded SHA-256, or when the user
-names the file again (``--framework FILE``). Otherwise the run is read from its records and
-summary alone (``RecordsOnly``: no tables, no item text), and one line says so.
+Opening a run never runs code it holds or names (``run_framework``): ``report``, ``view``,
+``compare``, ``agreement``, the exports and ``labels`` load a framework file again only when the
+user named it on this command (``--framework FILE``) or trusted it on this machine (``trust``:
+``groundcover eval FILE.py`` and ``groundcover trust FILE``). The run's recorded SHA-256 only
+picks the trust list's entries to try: the file is read from the entry's own path, never the
+run's, and loaded only when those bytes have the entry's SHA-256. Otherwise the run is read from
+its records and summary alone (``RecordsOnly``: no tables, no item text), and one line says so
+and how to trust the file.
 """
 
 from __future__ import annotations
 
-import importlib.util
+import errno
+import hashlib
 import inspect
+import os
+import stat
 import sys
 from dataclasses import dataclass
 from functools import cache
@@ -134,13 +142,12 @@ _GIVEN: dict[str, Study[Any]] = {}
 def study(
     name: str,
     source: dict[str, Any] | None = None,
-    opened: Path | None = None,
     roles: dict[str, dict[str, Any]] | None = None,
 ) -> Study[Any]:
     """The study named ``name``: given in this process (a file named with ``--framework``),
-    installed, or (``source``: what the manifest of the run directory ``opened`` records of a
-    study run from its file) loaded again from its file where ``trusted_file`` allows it, else
-    the run read from its records alone (``RecordsOnly``, with the run's ``roles``)."""
+    installed (the package's own, whatever the run says of a file), or (``source``: what a run's
+    manifest records of a study run from its file) a file the user trusts (``trusted_study``),
+    else the run read from its records alone (``RecordsOnly``, with the run's ``roles``)."""
     from .config import UserError
 
     if name in _GIVEN:
@@ -152,22 +159,21 @@ def study(
             raise UserError(
                 f"unknown framework or study {name!r}: have {', '.join(studies())}"
             ) from None
-    refused = untrusted_why(source, opened)
-    if refused is None:
-        return from_file(f"{source['file']}:{source.get('object') or ''}".rstrip(":"))[1]
-    return RecordsOnly.of(name, source, refused, roles or {})
+    found = trusted_study(name, source)
+    if isinstance(found, str):
+        return RecordsOnly.of(name, source, found, roles or {})
+    return found
 
 
 def framework(
     name: str,
     source: dict[str, Any] | None = None,
-    opened: Path | None = None,
     roles: dict[str, dict[str, Any]] | None = None,
 ) -> Framework[Any, Any]:
     from .config import UserError
     from .protocol import Framework
 
-    found = study(name, source, opened, roles)
+    found = study(name, source, roles)
     if not isinstance(found, Framework):
         raise UserError(f"{name!r} is a study of several runs, not a framework")
     return found
@@ -175,31 +181,52 @@ def framework(
 
 def run_framework(manifest: Any, run_dir: Path) -> Framework[Any, Any]:
     """The framework of the run in ``run_dir`` (``manifest``: its manifest), as every reader of a
-    run finds it: installed, named by the user, or its trusted file (never code the run holds)."""
-    return framework(manifest.framework, manifest.source, run_dir, manifest.roles)
+    run finds it: installed, named by the user, or a file the user trusts (never code the run
+    holds or names: its directory plays no part in finding it)."""
+    return framework(manifest.framework, manifest.source, manifest.roles)
 
 
-def untrusted_why(source: dict[str, Any], opened: Path | None) -> str | None:
-    """Why a run's recorded framework file is not imported (None: it may be): it must be an
-    absolute path, outside the run directory being opened and any other run directory, to a
-    file whose SHA-256 is the one the run recorded. A relative path would be read against
-    wherever the reader stands; a file inside a run directory came with a run."""
-    from ....serving.content import file_digest
+def trusted_study(name: str, source: dict[str, Any]) -> Study[Any] | str:
+    """The study ``name`` from a file the user trusts whose SHA-256 is the one ``source`` (a
+    run's record) names, or why there is none. The record picks entries of the trust list and
+    nothing more: each is read at the path the entry records (the run's path is never read) and
+    loaded only when those bytes hash to the entry's SHA-256."""
+    from .protocol import Study
+    from .trust import is_sha256, trusted_as
 
-    recorded = Path(str(source["file"]))
-    if not recorded.is_absolute():
-        return "its recorded path is not absolute"
-    try:
-        real = recorded.resolve(strict=True)
-    except OSError:
-        return "no file at its recorded path"
-    if opened is not None and real.is_relative_to(opened.resolve()):
-        return "it lies inside the run directory"
-    if any((folder / "manifest.json").is_file() for folder in real.parents):
-        return "it lies inside a run directory"  # another run sent with this one, say
-    if not real.is_file() or file_digest(real) != source.get("sha256"):
-        return "its SHA-256 is not the one the run recorded"
-    return None
+    wanted = source.get("sha256")
+    if not is_sha256(wanted):
+        return "the run records no SHA-256 of it"
+    entries = trusted_as(wanted)
+    if not entries:
+        return "no file of its SHA-256 is in your trust list"
+    changed = []
+    for entry in entries:
+        try:
+            code = read_source(Path(entry.path))
+        except OSError:
+            changed.append(entry.path)
+            continue
+        if sha256_of(code) != entry.sha256:
+            changed.append(entry.path)
+            continue
+        module = load_source(Path(entry.path), code)
+        found = _study_in(module, source.get("object") or None)
+        if not isinstance(found, Study) or found.name != name:
+            return f"the trusted file {entry.path} holds no framework {name!r}"
+        found.source = {"file": entry.path, "object": source.get("object"), "sha256": wanted}
+        return found
+    return f"the trusted file ({', '.join(changed)}) no longer has that SHA-256"
+
+
+def _study_in(module: ModuleType, name: str | None) -> Any:
+    """The study ``name`` of a module, or its only one (None when that is not one)."""
+    from .protocol import Study
+
+    if name:
+        return getattr(module, name, None)
+    defined = [value for value in vars(module).values() if isinstance(value, Study)]
+    return defined[0] if len(defined) == 1 else None
 
 
 _SAID: set[str] = set()  # each note once per process (a page reads a run several times)
@@ -229,8 +256,8 @@ class RecordsOnly:
 
         said = (
             f"framework {name!r} is the file {source['file']}, not loaded ({why}): read from "
-            "its records and summary alone (no tables, no item text); --framework FILE loads "
-            "a file you trust"
+            "its records and summary alone (no tables, no item text); `groundcover trust FILE` "
+            "or --framework FILE loads a file you trust"
         )
         recorded_stages = {
             stage: role for role, entry in roles.items() for stage in entry.get("stages") or ()
@@ -258,11 +285,12 @@ class RecordsOnly:
         return found
 
 
-def trust_files(files: list[Path] | None) -> None:
+def trust_files(files: list[Path] | None, remember: bool = False) -> None:
     """``--framework FILE`` of the commands that open runs: each file loaded (the user names
-    it: it is trusted), known by its study's name from now on."""
+    it: it is trusted for this command), known by its study's name from now on; ``remember``
+    (``--trust``): also added to the trust list."""
     for path in files or ():
-        from_file(str(path))
+        from_file(str(path), remember=remember)
 
 
 def add_study(found: Study[Any]) -> Study[Any]:
@@ -303,31 +331,24 @@ def is_file_spec(text: str) -> bool:
     return path.endswith(".py")
 
 
-def from_file(spec: str) -> tuple[str, Study[Any]]:
-    """``PATH.py[:OBJECT]`` loaded as a module of its own: its ``"module:OBJECT"`` reference and
-    the study (``OBJECT``, or the file's only ``Study`` object), known by name from now on."""
-    from ....serving.content import file_digest
+def from_file(spec: str, remember: bool = False) -> tuple[str, Study[Any]]:
+    """``PATH.py[:OBJECT]`` loaded as a module of its own (``load_source``): its
+    ``"module:OBJECT"`` reference and the study (``OBJECT``, or the file's only ``Study``
+    object), known by name from now on. ``remember``: the user runs or names this file, so its
+    SHA-256 (of the very bytes loaded) is added to the trust list."""
     from .config import UserError
     from .protocol import Study
 
     path_text, _, name = spec.partition(".py:") if ".py:" in spec else (spec[:-3], "", "")
     path = Path(path_text if path_text.endswith(".py") else path_text + ".py").resolve()
-    if not path.is_file():
-        raise UserError(f"{path}: no such framework file")
-    digest = file_digest(path)
-    module_name = f"groundcover_file_{digest[:16]}"
-    module = sys.modules.get(module_name)
-    if module is None:
-        loader = importlib.util.spec_from_file_location(module_name, path)
-        if loader is None or loader.loader is None:
-            raise UserError(f"{path}: not a Python file")
-        module = importlib.util.module_from_spec(loader)
-        sys.modules[module_name] = module
-        try:
-            loader.loader.exec_module(module)
-        except Exception as exc:  # the user's file: one line naming it
-            del sys.modules[module_name]
-            raise UserError(f"{path}: did not load: {type(exc).__name__}: {exc}") from None
+    try:
+        code = read_source(path)
+    except FileNotFoundError:
+        raise UserError(f"{path}: no such framework file") from None
+    except OSError as exc:
+        raise UserError(f"{path}: not read: {exc.strerror or exc}") from None
+    digest = sha256_of(code)
+    module = load_source(path, code)
     if name:
         found = getattr(module, name, None)
         if not isinstance(found, Study):
@@ -342,7 +363,58 @@ def from_file(spec: str) -> tuple[str, Study[Any]]:
         name, found = defined[0], getattr(module, defined[0])
     found.source = {"file": str(path), "object": name, "sha256": digest}
     add_study(found)
-    return f"{module_name}:{name}", found
+    if remember:
+        from .trust import add_trusted
+
+        add_trusted(path, digest)
+    return f"{module.__name__}:{name}", found
+
+
+def read_source(path: Path) -> bytes:
+    """A framework file's bytes, read once (a regular file; a FIFO or device is refused, not
+    waited on): what is hashed is what is compiled."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    with os.fdopen(fd, "rb") as handle:
+        if not stat.S_ISREG(os.fstat(handle.fileno()).st_mode):
+            raise IsADirectoryError(errno.EINVAL, "not a regular file", str(path))
+        return handle.read()
+
+
+def sha256_of(code: bytes) -> str:
+    return hashlib.sha256(code).hexdigest()
+
+
+def module_name(digest: str) -> str:
+    """The module a file's bytes run as, named by their whole SHA-256: the same bytes are one
+    module per process, other bytes never take their place."""
+    return f"groundcover_file_{digest}"
+
+
+def load_source(path: Path, code: bytes) -> ModuleType:
+    """``code`` (the bytes read from ``path``) compiled and run as a fresh module, registered
+    under its digest's name (pydantic and dataclasses look their module up there). Nothing else
+    is read: no ``.pyc`` beside the file, no second read of it, no folder added to the import
+    path; a file importing a module beside it must have that module installed."""
+    from .config import UserError
+
+    name = module_name(sha256_of(code))
+    loaded = sys.modules.get(name)
+    if loaded is not None:
+        return loaded
+    module = ModuleType(name)
+    module.__file__ = str(path)
+    sys.modules[name] = module
+    loaded_whole = False
+    try:
+        compiled = compile(code, str(path), "exec", dont_inherit=True)
+        exec(compiled, module.__dict__)  # noqa: S102 - a file the user named or trusts
+        loaded_whole = True
+    except Exception as exc:  # the user's file: one line naming it
+        raise UserError(f"{path}: did not load: {type(exc).__name__}: {exc}") from None
+    finally:
+        if not loaded_whole:  # half a module is never found again
+            sys.modules.pop(name, None)
+    return module
 
 
 @cache
