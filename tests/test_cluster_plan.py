@@ -1,9 +1,22 @@
-"""The Slurm launcher's plan (``scripts/slurm/launch.py --dry-run``), worked out by hand for the
-allocations a judge of each size meets, and the Ray Serve LLM configuration the plan turns into
-(captured here: no GPU can run it). The job itself, on two Slurm nodes: tests/test_cluster_recipes.
+"""The cluster job's plan (``groundcover cluster plan``), worked out by hand for the allocations a
+judge of each size meets, and the Ray Serve LLM configuration the plan turns into (captured
+here: no GPU can run it). The job itself, on two Slurm nodes: tests/test_cluster_recipes.
 
-Replicas = Σ over nodes ⌊(GPUs of the node − its NLI GPU) / the judge's tensor parallelism⌋,
-the preset's parallelism unless ``--gpus-per-replica``; NLI replicas one per node."""
+Each model is sized from its own config.json (the published configs' numbers, written into a
+Hugging Face cache or a model folder here): weights = parameters × bytes per parameter (bf16 2;
+gpt-oss's MXFP4 experts 4.25 bits), plus one sequence's KV cache at the context length
+(2 × KV heads × head dim × 2 bytes per token and layer; gpt-oss's sliding layers keep 128
+tokens). vLLM uses 0.9 of an 80 GiB GPU: 72 GiB, or 0.8 (64 GiB) where an NLI replica takes
+0.1 of it. The parallelism is the smallest that divides the heads and holds a replica.
+
+- gpt-oss-120b: 116.8e9 parameters; 114.7e9 in MXFP4 experts (60.9e9 bytes) + 2.13e9 in bf16
+  → weights 60.7 GiB; KV 18 full layers × 2 × 8 × 64 × 2 B × 131,072 = 4.5 GiB: 65.2 GiB ≤ 72
+  → TP 1 (> 64: TP 2 beside an NLI share).
+- Llama-3.3-70B: 70.55e9 × 2 = 131.4 GiB; KV 80 × 2 × 8 × 128 × 2 B × 131,072 (its config's
+  context) = 40 GiB: 171.4 GiB; TP 2 → 85.7 > 72, TP 4 → 42.9 (≤ 64 too).
+- Llama-3.1-8B at the preset's 32,768: 15.0 + 4.0 = 19 GiB → TP 1.
+- Qwen2.5-72B at 32,768: 72.7e9 × 2 = 135.4 GiB + KV 10 GiB = 145.4; TP 2 → 72.7 > 72 → TP 4.
+"""
 
 from __future__ import annotations
 
@@ -14,133 +27,238 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.scripts import load_script
+from groundcover.serving.cluster import plan as cluster_plan
+from groundcover.serving.cluster.plan import JudgeAsk, PlanAsk, PlanError, plan_for
+from groundcover.serving.cluster.sizing import GIB
 
 ROOT = Path(__file__).resolve().parents[1]
-LAUNCH = ROOT / "scripts" / "slurm" / "launch.py"
 NLI = "MoritzLaurer/DeBERTa-v3-large-mnli-fever-anli-ling-wanli"
+FANOUTQA = ["groundcover", "eval", "fanoutqa", "--data", "fanoutqa-dev", "--setting"]
+FANOUTQA += ["closed-book", "--judge"]
+
+GPT_OSS_120B = {
+    "architectures": ["GptOssForCausalLM"],
+    "hidden_size": 2880,
+    "num_hidden_layers": 36,
+    "num_attention_heads": 64,
+    "num_key_value_heads": 8,
+    "head_dim": 64,
+    "vocab_size": 201088,
+    "intermediate_size": 2880,
+    "num_local_experts": 128,
+    "sliding_window": 128,
+    "layer_types": ["sliding_attention", "full_attention"] * 18,
+    "max_position_embeddings": 131072,
+    "quantization_config": {"quant_method": "mxfp4"},
+    "torch_dtype": "bfloat16",
+}
+LLAMA_70B = {
+    "hidden_size": 8192,
+    "num_hidden_layers": 80,
+    "num_attention_heads": 64,
+    "num_key_value_heads": 8,
+    "intermediate_size": 28672,
+    "vocab_size": 128256,
+    "max_position_embeddings": 131072,
+    "torch_dtype": "bfloat16",
+}
+LLAMA_8B = LLAMA_70B | {
+    "hidden_size": 4096,
+    "num_hidden_layers": 32,
+    "num_attention_heads": 32,
+    "intermediate_size": 14336,
+}
+QWEN_72B = LLAMA_70B | {"intermediate_size": 29568, "vocab_size": 152064}
+QWEN_72B |= {"max_position_embeddings": 32768, "sliding_window": 131072}
+CONFIGS = {
+    "openai/gpt-oss-120b": GPT_OSS_120B,
+    "meta-llama/Llama-3.1-8B-Instruct": LLAMA_8B,
+    "Qwen/Qwen2.5-72B-Instruct": QWEN_72B,
+    "meta-llama/Llama-3.3-70B-Instruct": LLAMA_70B,
+}
 
 
-def dry_run(*argv: str) -> subprocess.CompletedProcess:
-    """The launcher as a user runs it on a login node: outside any job."""
-    env = {"PATH": "/usr/bin:/bin", "HOME": str(ROOT)}
-    return subprocess.run(
-        [sys.executable, str(LAUNCH), "--dry-run", *argv, "--", "groundcover", "eval", "x"],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=60,
+def cache_configs(home: Path, configs: dict[str, dict]) -> None:
+    """Each repository's config.json in a Hugging Face cache, as a download leaves it."""
+    for repo, config in configs.items():
+        folder = home / "hub" / f"models--{repo.replace('/', '--')}"
+        (folder / "refs").mkdir(parents=True, exist_ok=True)
+        (folder / "refs" / "main").write_text("0" * 40)
+        snapshot = folder / "snapshots" / ("0" * 40)
+        snapshot.mkdir(parents=True, exist_ok=True)
+        (snapshot / "config.json").write_text(json.dumps(config))
+
+
+@pytest.fixture
+def models(tmp_path, monkeypatch) -> Path:
+    """The presets' configs in this test's Hugging Face cache, offline; a local 70B folder."""
+    home = tmp_path / "hf"
+    cache_configs(home, CONFIGS)
+    monkeypatch.setenv("HF_HOME", str(home))
+    monkeypatch.delenv("HF_HUB_CACHE", raising=False)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    folder = tmp_path / "models" / "Llama-3.3-70B-Instruct"
+    folder.mkdir(parents=True)
+    (folder / "config.json").write_text(json.dumps(LLAMA_70B))
+    return folder
+
+
+def planned(nodes: dict[str, int], judge: str | None = None, **given) -> cluster_plan.Plan:
+    judge_options = {k: given.pop(k) for k in ("gpus_per_replica", "replicas") if k in given}
+    ask = PlanAsk(
+        judge=JudgeAsk(judge, **judge_options) if judge else None,
+        gpu_memory_gib=given.pop("gpu_memory_gib", 80.0),
+        **given,
     )
+    return plan_for(ask, "0", nodes, 0)
 
 
-def planned(*argv: str) -> dict:
-    done = dry_run("--json", *argv)
-    assert done.returncode == 0, done.stderr
-    return json.loads(done.stdout)
+def per_node(plan: cluster_plan.Plan, what: str) -> dict[str, int]:
+    return {n.name: getattr(n, what) for n in plan.nodes}
 
 
-def test_gpt_oss_120b_on_two_nodes_of_four_gpus_beside_the_nli_app():
-    """Tensor parallelism 2 (the preset's); an NLI GPU on each node leaves 3: one replica of 2
-    GPUs per node (3 // 2), two in all -- not the 7 a pooled count of single GPUs gave."""
-    plan = planned("--allocation", "gpu01:4,gpu02:4", "--judge", "gpt-oss-120b", "--nli", NLI)
-    assert plan["tensor_parallel"] == 2 and plan["tensor_parallel_from"] == "preset"
-    assert plan["replicas"] == 2
-    assert plan["replicas_per_node"] == {"gpu01": 1, "gpu02": 1}
-    assert plan["nli_replicas_per_node"] == {"gpu01": 1, "gpu02": 1}
-    assert plan["drivers_per_node"] == {"gpu01": 1, "gpu02": 1}
-    assert plan["bundles_per_replica"] == [{"GPU": 1, "CPU": 1}] * 2
-    assert plan["placement_strategy"] == "STRICT_PACK" and plan["judge_device"] == "cuda"
-    assert plan["port_block"] == [10000, 10399]  # job 0 outside Slurm: the first block
-    # without the NLI app: two replicas on each node
-    alone = planned("--allocation", "2x4", "--judge", "gpt-oss-120b")
-    assert alone["replicas"] == 4 and alone["replicas_per_node"] == {"node1": 2, "node2": 2}
-    assert alone["nli_replicas_per_node"] == {"node1": 0, "node2": 0}
+def test_gpt_oss_120b_on_two_nodes_of_four_80gb_gpus_with_and_without_the_nli_app(models):
+    """65.2 GiB fits one GPU: alone, 4 replicas of TP 1 a node (8 in all, not the preset's 2 ×
+    TP 2); beside an NLI app on a GPU of its own, 3 a node (6, every GPU used -- the old plan,
+    2 × TP 2, left 2 idle); with the NLI app on 0.1 of a judge's GPU (64 GiB left) TP 2, 2 a
+    node, each judge's bundle 0.9 of a GPU."""
+    alone = planned({"gpu01": 4, "gpu02": 4}, "gpt-oss-120b")
+    assert (alone.tensor_parallel, alone.tensor_parallel_from, alone.replicas) == (1, "memory", 8)
+    assert per_node(alone, "judge_replicas") == {"gpu01": 4, "gpu02": 4}
+    assert alone.size is not None and round(alone.size.needed / GIB, 1) == 65.2
+    assert round(alone.size.weight_bytes / GIB, 1) == 60.7 and alone.size.quantisation == "MXFP4"
+    assert alone.max_model_len == 131072  # the preset's
+    beside = planned({"gpu01": 4, "gpu02": 4}, "gpt-oss-120b", nli=NLI)
+    assert (beside.tensor_parallel, beside.replicas) == (1, 6)
+    assert per_node(beside, "judge_replicas") == {"gpu01": 3, "gpu02": 3}
+    assert per_node(beside, "nli_replicas") == {"gpu01": 1, "gpu02": 1}
+    assert per_node(beside, "idle_gpus") == {"gpu01": 0, "gpu02": 0}
+    assert beside.bundles() == [{"GPU": 1.0, "CPU": 1}]
+    shared = planned({"gpu01": 4, "gpu02": 4}, "gpt-oss-120b", nli=NLI, nli_gpu_fraction=0.1)
+    assert (shared.tensor_parallel, shared.replicas, shared.utilisation) == (2, 4, 0.8)
+    assert per_node(shared, "judge_replicas") == {"gpu01": 2, "gpu02": 2}
+    assert shared.bundles() == [{"GPU": 0.9, "CPU": 1}] * 2
+    assert shared.nli_resources("groundcover_nli") == {"groundcover_nli": 1, "GPU": 0.1}
+    assert per_node(shared, "idle_gpus") == {"gpu01": 0, "gpu02": 0}
 
 
-def test_a_70b_judge_on_two_nodes_of_eight_gpus():
-    """Tensor parallelism 4: 8 // 4 = 2 replicas per node alone; beside an NLI GPU 7 // 4 = 1."""
-    plan = planned("--allocation", "a:8,b:8", "--judge", "Llama-3.3-70B-Instruct")
-    assert (plan["tensor_parallel"], plan["replicas"]) == (4, 4)
-    assert plan["replicas_per_node"] == {"a": 2, "b": 2}
-    beside = planned("--allocation", "a:8,b:8", "--judge", "Llama-3.3-70B-Instruct", "--nli", NLI)
-    assert beside["replicas"] == 2 and beside["replicas_per_node"] == {"a": 1, "b": 1}
-    assert beside["nli_replicas_per_node"] == {"a": 1, "b": 1}
-    # two drivers per node, and a parallelism given by hand
-    two = planned(
-        *["--allocation", "a:8,b:8", "--judge", "Llama-3.3-70B-Instruct"],
-        *["--gpus-per-replica", "8", "--drivers-per-node", "2"],
+def test_a_local_70b_folder_on_two_nodes_of_eight_beside_the_nli_app(models):
+    """A folder is sized from its own config (171.4 GiB at its 131,072 tokens: TP 4), never
+    planned as 16 × TP 1. Beside an NLI GPU, 7 // 4 = 1 replica a node and 3 GPUs idle -- the
+    plan says so, and that a 0.1 share would fit 2; with it, 2 a node and none idle."""
+    whole = planned({"a": 8, "b": 8}, str(models), nli=NLI)
+    assert (whole.served_name, whole.tensor_parallel, whole.replicas) == (
+        "Llama-3.3-70B-Instruct",
+        4,
+        2,
     )
-    assert (two["tensor_parallel"], two["tensor_parallel_from"], two["replicas"]) == (8, "flag", 2)
-    assert two["drivers"] == 4 and two["drivers_per_node"] == {"a": 2, "b": 2}
-
-
-def test_an_8b_judge_on_one_gpu():
-    plan = planned("--allocation", "gpu7:1", "--judge", "Llama-3.1-8B-Instruct")
-    assert (plan["tensor_parallel"], plan["replicas"], plan["replicas_per_node"]) == (
-        1,
-        1,
-        {"gpu7": 1},
+    assert whole.max_model_len == 131072 and round(whole.size.needed / GIB, 1) == 171.4
+    assert per_node(whole, "idle_gpus") == {"a": 3, "b": 3}
+    why = whole.nodes[0].idle_why
+    assert why.startswith("a replica needs 4 GPU(s) (tensor parallelism 4) and 3 are left")
+    assert "--nli-gpu-fraction 0.1 puts the NLI app beside a judge and fits 2" in why
+    assert "plan: 3 GPU(s) idle on a: a replica needs 4" in "\n".join(whole.lines())
+    shared = planned({"a": 8, "b": 8}, str(models), nli=NLI, nli_gpu_fraction=0.1)
+    assert (shared.tensor_parallel, shared.replicas) == (4, 4)
+    assert per_node(shared, "judge_replicas") == {"a": 2, "b": 2}
+    assert per_node(shared, "idle_gpus") == {"a": 0, "b": 0}
+    # a parallelism given by hand wins, and two drivers per node
+    given = planned({"a": 8, "b": 8}, str(models), gpus_per_replica=8, drivers_per_node=2)
+    assert (given.tensor_parallel, given.tensor_parallel_from, given.replicas) == (
+        8,
+        "--gpus-per-replica",
+        2,
     )
-    assert plan["bundles_per_replica"] == [{"GPU": 1, "CPU": 1}]
-    text = dry_run("--allocation", "gpu7:1", "--judge", "Llama-3.1-8B-Instruct")
-    assert text.returncode == 0
-    lines = text.stdout.splitlines()
-    assert lines[0] == "plan for job 0: 1 node(s); GPUs: gpu7 1"
-    assert any("1 replica(s) of tensor parallelism 1 (preset)" in line for line in lines)
-    assert any("at most 3 time(s)" in line for line in lines)
+    assert given.drivers == 4
 
 
-def test_a_model_that_fits_no_node_is_refused_in_one_line():
-    """A 4-GPU replica on 3-GPU nodes would wait forever (or span nodes): refused."""
-    done = dry_run("--allocation", "a:3,b:3", "--judge", "Llama-3.3-70B-Instruct")
-    assert done.returncode == 1 and done.stdout == ""
-    assert done.stderr.splitlines() == [
-        "launch: Llama-3.3-70B-Instruct needs 4 GPUs on one node (tensor parallelism 4, preset) "
-        "and no node has that many free: the most is 3 on a; ask for nodes with 4+ GPUs, fewer "
-        "NLI replicas, or a smaller --gpus-per-replica"
-    ]
-    # 4-GPU nodes with the NLI app beside: the NLI GPU is said
-    beside = dry_run("--allocation", "2x4", "--judge", "Llama-3.3-70B-Instruct", "--nli", NLI)
-    assert beside.returncode == 1 and "(1 of its 4 for the NLI app)" in beside.stderr
-    # more replicas than fit, more NLI replicas than nodes, no allocation outside a job
-    many = dry_run("--allocation", "2x4", "--judge", "gpt-oss-120b", "--replicas", "5")
-    assert "launch: --replicas 5: 4 replica(s) of 2 GPU(s) fit" in many.stderr
-    nli = dry_run("--allocation", "2x4", "--nli", NLI, "--nli-replicas", "3")
-    assert "one NLI replica per node, and the job has 2 node(s)" in nli.stderr
-    outside = dry_run("--judge", "gpt-oss-120b")
-    assert "outside a job needs --allocation" in outside.stderr and outside.returncode == 1
-    bad = dry_run("--allocation", "a:four")
-    assert bad.stderr.strip() == "launch: --allocation 'a:four': 'a:four' is not NODE:GPUS"
+def test_an_8b_judge_on_one_gpu_and_a_72b_on_eight(models):
+    small = planned({"gpu7": 1}, "Llama-3.1-8B-Instruct")
+    assert (small.tensor_parallel, small.replicas, small.max_model_len) == (1, 1, 32768)
+    assert round(small.size.needed / GIB) == 19
+    large = planned({"n1": 8}, "Qwen2.5-72B-Instruct")
+    assert (large.tensor_parallel, large.replicas) == (4, 2)  # TP 2: 72.7 GiB a GPU > 72
+    assert round(large.size.needed / GIB, 1) == 145.4
 
 
-def test_cpu_replicas_and_the_job_env_of_a_real_allocation(monkeypatch):
-    """On CPU nodes (the two-node test's) replicas are given, one bundle of one CPU each; in a
-    job, the plan reads Slurm's variables (GPUs per node, restarts, the job's block)."""
-    launch = load_script("scripts/slurm/launch.py", "slurm_launch")
-    args = launch.parser().parse_args(["--judge", "/models/tiny", "--replicas", "1", "--", "x"])
-    args.port_base = None
-    plan = launch.plan_for(args, "57", {"n1": 0, "n2": 0}, 0)
-    assert (plan.judge_device, plan.replicas, plan.bundles()) == ("cpu", 1, [{"CPU": 1}])
-    assert plan.tensor_parallel_from == "default" and plan.served_name == "tiny"
-    assert plan.ports["port"] == 10000 + 57 % 56 * 400
-    auto = launch.parser().parse_args(["--judge", "/models/tiny", "--", "x"])
-    auto.port_base = None
-    with pytest.raises(SystemExit, match="--replicas auto counts GPUs"):
-        launch.plan_for(auto, "57", {"n1": 0}, 0)
-    monkeypatch.setattr(launch, "expand_nodes", lambda text: ["g1", "g2"])
-    env = {"SLURM_JOB_ID": "99", "SLURM_JOB_NODELIST": "g[1-2]", "SLURM_GPUS_PER_NODE": "h100:4"}
-    alloc = launch.Allocation(env | {"SLURM_RESTART_COUNT": "1"})
-    judge = launch.parser().parse_args(["--judge", "gpt-oss-120b", "--", "x"])
-    judge.port_base = None
-    plan = launch.plan_for(judge, alloc.job, alloc.node_gpus, alloc.restarts)
-    assert plan.replicas == 4 and plan.restarts == 1
-    assert plan.lines()[-1].endswith("at most 3 time(s) (1 so far)")
+def test_uneven_nodes_each_get_what_fits_on_them(models):
+    """n1 with 8 GPUs and n2 with 4 (``--gpus=12``): TP 4 is 2 replicas on n1 and 1 on n2 --
+    not 2 × 2 on nodes taken to be alike."""
+    plan = planned({"n1": 8, "n2": 4}, str(models))
+    assert per_node(plan, "judge_replicas") == {"n1": 2, "n2": 1} and plan.replicas == 3
+
+
+def test_a_model_that_fits_no_node_is_refused_in_one_line(models):
+    """A 70B on 3-GPU nodes: TP 3 does not divide its 64 heads and TP 2 holds 85.7 GiB a GPU;
+    by hand, TP 4 cannot be placed on 3 GPUs. Refused, never a replica that waits forever."""
+    with pytest.raises(PlanError) as refused:
+        planned({"a": 3, "b": 3, "c": 3}, str(models))
+    assert str(refused.value).startswith(
+        "Llama-3.3-70B-Instruct fits no node: one replica needs 171.4 GiB: weights 131.4 "
+        "(bfloat16) + KV cache 40.0 at 131072 tokens, and a node has at most 3 GPU(s) of 80 GiB"
+    )
+    with pytest.raises(PlanError, match="needs 4 GPUs on one node .* the most is 3 on a;"):
+        planned({"a": 3, "b": 3, "c": 3}, str(models), gpus_per_replica=4)
+    with pytest.raises(PlanError, match="--replicas 5: 4 replica.s. of 4 GPU.s. fit"):
+        planned({"a": 8, "b": 8}, str(models), replicas="5")
+    with pytest.raises(PlanError, match="one NLI replica per node, and the job has 2 node"):
+        planned({"a": 4, "b": 4}, nli=NLI, nli_replicas="3")
+    with pytest.raises(PlanError, match="is not NODE:GPUS"):
+        cluster_plan.parse_allocation("a:four")
+    assert cluster_plan.parse_allocation("2x4") == {"node1": 4, "node2": 4}
+
+
+def test_a_model_without_a_config_is_not_sized_by_guess(tmp_path, monkeypatch):
+    """No config.json anywhere: a preset keeps its own parallelism and the plan says why; any
+    other model is refused (never tensor parallelism 1 by default)."""
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "empty"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    preset = planned({"a": 8}, "Llama-3.3-70B-Instruct")
+    assert preset.tensor_parallel == 4 and preset.tensor_parallel_from.startswith("preset: no")
+    with pytest.raises(PlanError, match="no config.json found to size it from"):
+        planned({"a": 8}, "acme/unknown-model")
+
+
+def test_cpu_replicas_and_the_job_read_from_slurm(tmp_path, monkeypatch):
+    """On CPU nodes (the two-node test's) replicas are given, one bundle of one CPU each. In a
+    job, each node's GPUs are Slurm's per-node GRES (``scontrol show job -d``, a heterogeneous
+    job's components too), not the head's count everywhere."""
+    folder = tmp_path / "tiny"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(LLAMA_8B))
+    cpu = plan_for(PlanAsk(judge=JudgeAsk(str(folder), replicas="1")), "57", {"n1": 0, "n2": 0})
+    assert (cpu.judge_device, cpu.replicas, cpu.bundles()) == ("cpu", 1, [{"CPU": 1}])
+    assert cpu.served_name == "tiny" and cpu.ports["port"] == 10000 + 57 % 56 * 400
+    with pytest.raises(PlanError, match="--replicas auto counts GPUs"):
+        plan_for(PlanAsk(judge=JudgeAsk(str(folder))), "57", {"n1": 0})
+    detail = (
+        "JobId=99 JobName=groundcover\n   NumNodes=2 NumCPUs=24\n"
+        "     Nodes=n1 CPU_IDs=0-15 Mem=0 GRES=gpu:h100:8(IDX:0-7)\n"
+        "     Nodes=n2 CPU_IDs=0-7 Mem=0 GRES=gpu:h100:4(IDX:0-3)\n"
+    )
+    monkeypatch.setattr(cluster_plan, "expand_nodes", lambda text: text.split(","))
+    env = {"SLURM_JOB_ID": "99", "SLURM_JOB_NODELIST": "n1,n2", "SLURM_GPUS_ON_NODE": "8"}
+    alloc = cluster_plan.Allocation.from_slurm(env | {"SLURM_RESTART_COUNT": "1"}, detail)
+    assert alloc.node_gpus == {"n1": 8, "n2": 4} and alloc.restarts == 1
+    assert alloc.gpus_from == "scontrol"
+    het = {"SLURM_JOB_ID": "5", "SLURM_HET_SIZE": "2", "SLURM_JOB_NODELIST_HET_GROUP_0": "a"}
+    het |= {"SLURM_JOB_NODELIST_HET_GROUP_1": "b,c"}
+    het_detail = (
+        "JobId=5 HetJobId=5 HetJobOffset=0\n     Nodes=a CPU_IDs=0-3 Mem=0 GRES=\n"
+        "JobId=6 HetJobId=5 HetJobOffset=1\n     Nodes=b CPU_IDs=0-63 Mem=0 GRES=gpu:4(IDX:0-3)\n"
+        "     Nodes=c CPU_IDs=0-63 Mem=0 GRES=gpu:a100:2(IDX:0-1),gpu:h100:2(IDX:2-3)\n"
+    )
+    found = cluster_plan.Allocation.from_slurm(het, het_detail)
+    assert found.nodes == ["a", "b", "c"] and found.node_gpus == {"a": 0, "b": 4, "c": 4}
+    # without the detail, the job's per-node request, else this node's count
+    alone = cluster_plan.Allocation.from_slurm(env | {"SLURM_GPUS_PER_NODE": "h100:4"}, "")
+    assert alone.node_gpus == {"n1": 4, "n2": 4} and alone.gpus_from == "SLURM_GPUS_PER_NODE"
 
 
 def test_the_serve_llm_configuration_packs_each_replica_on_one_node():
     """What ``groundcover serve MODEL --replicas R`` hands Ray Serve LLM on GPU nodes: R
-    replicas, a bundle of one GPU (and a CPU) per unit of tensor parallelism, STRICT_PACK so a
-    replica never spans nodes, the parallelism in the engine's arguments."""
+    replicas, a bundle of one GPU (or the share an NLI replica leaves) and a CPU per unit of
+    tensor parallelism, STRICT_PACK so a replica never spans nodes."""
     from groundcover.serving.cluster.serve_app import llm_config
     from groundcover.serving.launch.server import ServerSpec
 
@@ -152,22 +270,107 @@ def test_the_serve_llm_configuration_packs_each_replica_on_one_node():
     assert config.deployment_config["num_replicas"] == 2
     assert config.engine_kwargs["tensor_parallel_size"] == 2
     given = llm_config(
-        ServerSpec(model="Llama-3.3-70B-Instruct", tensor_parallel_size=8), 1, "cuda"
+        ServerSpec(model="Llama-3.3-70B-Instruct", tensor_parallel_size=4, gpu_share=0.9), 1, "cuda"
     )
-    assert given.placement_group_config["bundles"] == [{"GPU": 1, "CPU": 1}] * 8
-    assert given.engine_kwargs["tensor_parallel_size"] == 8
+    assert given.placement_group_config["bundles"] == [{"GPU": 0.9, "CPU": 1}] * 4
+    assert given.runtime_env["env_vars"]["VLLM_RAY_PER_WORKER_GPUS"] == "0.9"
     cpu = llm_config(ServerSpec(model="Llama-3.1-8B-Instruct"), 3, "cpu")
     assert cpu.placement_group_config == {"bundles": [{"CPU": 1}], "strategy": "STRICT_PACK"}
 
 
+# ---- the command line: the inner command checked by the same CLI ---------------------------------
+
+
+def cluster(*argv: str, home: Path, **env: str) -> subprocess.CompletedProcess:
+    """``groundcover cluster ...`` as a user runs it on a login node: outside any job, its
+    homes under ``home``."""
+    given = {"PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin", "HF_HUB_OFFLINE": "1"}
+    given |= {"HOME": str(home), "HF_HOME": str(home / "hf")} | env
+    given["GROUNDCOVER_HOME"] = str(home / "gc-home")
+    return subprocess.run(
+        [sys.executable, "-m", "groundcover", "cluster", *argv],
+        capture_output=True,
+        text=True,
+        env=given,
+        timeout=120,
+    )
+
+
+def test_the_plan_checks_the_command_with_the_flags_the_job_adds(tmp_path):
+    """The NLI app only where the command takes --nli-app (and its options allow it); an
+    unknown option, or a command that is not ours, refused in one line before anything starts;
+    ``--json`` lists what the command reads under ``inputs``, its default dataset included."""
+    cache_configs(tmp_path / "hf", CONFIGS)
+    base = ["--allocation", "2x4", "--gpu-memory", "80", "--judge", "gpt-oss-120b"]
+    fanout = cluster("plan", *base, "--nli", NLI, "--", *FANOUTQA, home=tmp_path)
+    assert fanout.returncode == 2 and fanout.stdout == ""
+    assert fanout.stderr.splitlines() == [
+        "error: cluster plan: `eval fanoutqa` takes no --nli-app, which the job adds: it hands "
+        "the command the NLI app of --nli: drop --nli, or run a command that scores NLI on Ray "
+        "(eval icat; eval comprehensiveness --method nli --nli-backend cross-encoder "
+        "--nli-model M)"
+    ]
+    items = tmp_path / "items.jsonl"
+    items.write_text((ROOT / "examples" / "comprehensiveness.jsonl").read_text())
+    comp = ["groundcover", "eval", "comprehensiveness", str(items)]
+    no_backend = cluster("plan", *base, "--nli", NLI, "--", *comp, home=tmp_path)
+    assert no_backend.returncode == 2 and len(no_backend.stderr.splitlines()) == 1
+    assert "Ray runs the cross-encoder (--nli-backend)" in no_backend.stderr
+    typo = cluster("plan", *base, "--", *FANOUTQA, "--dat", "x", home=tmp_path)
+    assert typo.returncode == 2 and typo.stderr.splitlines() == [
+        "error: cluster plan: `eval fanoutqa`: No such option: --dat (Possible options: "
+        "--adapter, --data)"
+    ]
+    other = cluster("plan", *base, "--", "python", "-c", "print(1)", home=tmp_path)
+    assert other.returncode == 2 and "must be a groundcover command" in other.stderr
+    done = cluster(
+        "plan", *base, "--json", "--", "groundcover", "meta-eval", "wikicontradict", home=tmp_path
+    )
+    assert done.returncode == 0, done.stderr
+    plan = json.loads(done.stdout)
+    assert (plan["replicas"], plan["tensor_parallel"]) == (8, 1)
+    assert plan["replicas_per_node"] == {"node1": 4, "node2": 4}
+    assert plan["nli_replicas_per_node"] == {"node1": 0, "node2": 0}
+    inputs = plan["inputs"]
+    assert [d["name"] for d in inputs["datasets"]] == ["wikicontradict-humaneval"]
+    assert {"kind": "hub", "for": "judge", "name": "openai/gpt-oss-120b"} in inputs["models"]
+    assert sorted(t["name"] for t in inputs["tokenizers"]) == [
+        "cl100k_base.tiktoken",
+        "o200k_base.tiktoken",
+    ]
+
+
+def test_the_deprecated_launcher_warns_and_hands_over_to_cluster_plan(tmp_path):
+    """``scripts/slurm/launch.py --dry-run`` is ``groundcover cluster plan``: a warning, then the
+    same plan."""
+    cache_configs(tmp_path / "hf", CONFIGS)
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "HF_HOME": str(tmp_path / "hf")}
+    env |= {"HF_HUB_OFFLINE": "1", "GROUNDCOVER_HOME": str(tmp_path / "gc")}
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "scripts/slurm/launch.py"), "--dry-run", "--json"]
+        + ["--allocation", "gpu7:1", "--judge", "Llama-3.1-8B-Instruct", "--", *FANOUTQA],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "launch.py is deprecated: run `groundcover cluster plan ...`" in done.stderr
+    assert json.loads(done.stdout)["replicas_per_node"] == {"gpu7": 1}
+
+
 def test_prefetch_on_the_login_node_and_the_offline_check_on_a_compute_node(tmp_path):
-    """``--prefetch`` with the job's arguments fetches the judge (without the checkpoint copies
-    vLLM never reads), gpt-oss's tiktoken files, the NLI checkpoint and the datasets the command
-    names, from a hub on loopback; a gated judge needs the user's token. ``--check-offline``
-    with ``HF_HUB_OFFLINE=1`` names each thing missing before, and nothing after."""
+    """``cluster prefetch`` with the job's arguments fetches what the command's own request
+    reads -- the judge (without the checkpoint copies vLLM never reads), gpt-oss's tiktoken
+    files, the NLI checkpoint the command names, ``--dataset`` -- from a hub on loopback; a
+    gated judge needs the user's token. ``cluster check-offline`` with ``HF_HUB_OFFLINE=1``
+    names each thing missing before, and nothing after; a command's default dataset is on
+    its list though the command names none."""
     from tests.support.fake_hub import FakeHub
 
     adapter = tmp_path / "adapter"
+    items = tmp_path / "items.jsonl"
+    items.write_text((ROOT / "examples" / "comprehensiveness.jsonl").read_text())
     with FakeHub() as hub:
         hub.repo("acme/gpt-oss-mini").commit(
             {"config.json": b"{}", "model.safetensors": b"w" * 64, "original/model.bin": b"o"}
@@ -177,34 +380,18 @@ def test_prefetch_on_the_login_node_and_the_offline_check_on_a_compute_node(tmp_
         hub.repo("acme/gated-judge").token = "hf_user"
         for name in ("o200k_base.tiktoken", "cl100k_base.tiktoken"):
             hub.static[f"/encodings/{name}"] = f"{name} ranks".encode()
-        env = {
-            "PATH": "/usr/bin:/bin",
-            "HOME": str(tmp_path),
-            "HF_HOME": str(tmp_path / "hf"),
-            "GROUNDCOVER_HOME": str(tmp_path / "gc"),
-            "HF_ENDPOINT": hub.url,
-            "GC_TIKTOKEN_URL": f"{hub.url}/encodings/",
-        }
+        env = {"HF_ENDPOINT": hub.url, "GC_TIKTOKEN_URL": f"{hub.url}/encodings/"}
+        nli = ["--method", "nli", "--nli-backend", "cross-encoder", "--nli-model"]
         job = [
             *["--judge", "acme/gpt-oss-mini", "--nli", "acme/nli-small"],
-            *["--lora", f"claims={adapter}", "--", "groundcover", "eval", "fanoutqa"],
-            *["--data", "fanoutqa-dev"],
+            *["--lora", f"claims={adapter}", "--dataset", "fanoutqa-dev", "--"],
+            *["groundcover", "eval", "comprehensiveness", str(items), *nli, "acme/nli-small"],
         ]
-
-        def launch(*argv: str, **more: str) -> subprocess.CompletedProcess:
-            return subprocess.run(
-                [sys.executable, str(LAUNCH), *argv],
-                capture_output=True,
-                text=True,
-                env=env | more,
-                timeout=300,
-            )
-
-        before = launch("--check-offline", *job, HF_HUB_OFFLINE="1")
+        before = cluster("check-offline", *job, home=tmp_path, **env)
         missing = sorted(
             line.split(": ", 2)[2].split(":")[0]
             for line in before.stderr.splitlines()
-            if line.startswith("prefetch: missing")
+            if line.startswith("cluster: missing")
         )
         assert before.returncode == 1, before.stderr
         assert missing == sorted(
@@ -217,51 +404,29 @@ def test_prefetch_on_the_login_node_and_the_offline_check_on_a_compute_node(tmp_
                 "dataset fanoutqa-dev",
             ]
         ), before.stderr
+        assert f"cluster: present: option input: {items}" in before.stderr
         adapter.mkdir()
         (adapter / "adapter_config.json").write_text("{}")
-        fetched = launch("--prefetch", *job)
+        fetched = cluster("prefetch", *job, home=tmp_path, HF_HUB_OFFLINE="0", **env)
         assert fetched.returncode == 0, fetched.stderr
         asked = [path for _, path, _ in hub.log]
         assert any(p.endswith("/model.safetensors") for p in asked)
         assert not any("original/" in p for p in asked)  # a copy the engine never reads
         folder = tmp_path / "hf" / "tiktoken-encodings"
         assert (folder / "o200k_base.tiktoken").read_bytes() == b"o200k_base.tiktoken ranks"
-        after = launch("--check-offline", *job, HF_HUB_OFFLINE="1")
+        after = cluster("check-offline", *job, home=tmp_path, **env)
         assert after.returncode == 0, after.stderr
-        assert "missing" not in after.stderr and after.stderr.count("prefetch: present") == 6
+        assert "missing" not in after.stderr and "present: dataset fanoutqa-dev" in after.stderr
 
-        gated = ["--judge", "acme/gated-judge", "--", "groundcover", "eval", "x"]
-        refused = launch("--prefetch", *gated)
+        # a default dataset: meta-eval wikicontradict reads wikicontradict-humaneval unasked
+        wiki = ["--", "groundcover", "meta-eval", "wikicontradict"]
+        default = cluster("check-offline", *wiki, home=tmp_path / "fresh")
+        assert default.returncode == 1
+        assert "missing: dataset wikicontradict-humaneval" in default.stderr
+
+        gated = ["--judge", "acme/gated-judge", "--", *FANOUTQA]
+        refused = cluster("prefetch", *gated, home=tmp_path, HF_HUB_OFFLINE="0", **env)
         assert refused.returncode == 1
         assert "acme/gated-judge is gated: accept its licence" in refused.stderr
-        assert launch("--prefetch", *gated, HF_TOKEN="hf_user").returncode == 0
-
-
-def test_the_recipes_judge_serves_lora_adapters_and_the_command_names_them(monkeypatch):
-    """``--lora NAME=PATH`` goes to every replica (``groundcover serve --lora``, Serve's
-    multiplexing) and the command gets ``--adapter-prefix MODEL:`` (ICAT's claim extractor
-    through the recipe); the judge's one start timeout is the server's too."""
-    launch = load_script("scripts/slurm/launch.py", "slurm_launch")
-    argv = ["--judge", "Llama-3.1-8B-Instruct", "--lora", "claims=/shared/adapters/icat"]
-    args = launch.parser().parse_args([*argv, "--judge-start-timeout", "2400", "--", "x"])
-    args.port_base = None
-    plan = launch.plan_for(args, "7", {"g1": 2}, 0)
-    alloc = launch.Allocation({"SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "g1"})
-    cluster = launch.Cluster(alloc, plan, "ray", launch.Stopping(), head="10.0.0.1")
-    serve = launch.judge_serve_command(args, plan, cluster)
-    assert "--lora=claims=/shared/adapters/icat" in serve
-    assert serve[serve.index("--timeout") + 1] == "2400"
-    assert serve[serve.index("--replicas") + 1] == "2"  # two GPUs, parallelism 1
-    assert serve[serve.index("--tensor-parallel-size") + 1] == "1"
-    url = "http://10.0.0.1:12819/v1"
-    given = launch.judge_arguments(url, "Llama-3.1-8B-Instruct", plan, "abc123")
-    assert given == [
-        *["--endpoint", url, "--model", "Llama-3.1-8B-Instruct"],
-        *["--api-key-env", "GROUNDCOVER_SERVE_API_KEY"],
-        *["--adapter-prefix", "Llama-3.1-8B-Instruct:", "--model-revision", "abc123"],
-    ]
-    assert any("adapters claims" in line for line in plan.lines())
-    no_judge = launch.parser().parse_args(["--lora", "claims=/x", "--", "x"])
-    no_judge.port_base = None
-    with pytest.raises(SystemExit, match="--lora is for the judge's replicas"):
-        launch.plan_for(no_judge, "7", {"g1": 2}, 0)
+        token = {"HF_TOKEN": "hf_user", "HF_HUB_OFFLINE": "0"}
+        assert cluster("prefetch", *gated, home=tmp_path, **env, **token).returncode == 0

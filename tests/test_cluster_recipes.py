@@ -27,12 +27,17 @@ from pathlib import Path
 
 import pytest
 
+from groundcover.pipelines.cli.cluster import RAY_FLAGS
+from groundcover.serving.cluster import job as cluster_job
+from groundcover.serving.cluster import plan as cluster_plan
+from groundcover.serving.cluster.plan import Allocation
 from tests.support.scripts import load_script
 from tests.support.slurm import install, slurm_cluster, unavailable
 from tests.test_drivers import QUESTIONS, fanoutqa_inputs, judge_letter, records_of, wait_for
 
 ROOT = Path(__file__).resolve().parents[1]
 RECIPE = ROOT / "scripts" / "slurm" / "groundcover.sbatch"
+COMPREHENSIVENESS = [sys.executable, "-m", "groundcover", "eval", "comprehensiveness"]
 WHY = unavailable() if os.environ.get("GC_SLURM", "1") != "0" else "GC_SLURM=0"
 needs_slurm = pytest.mark.skipif(WHY is not None, reason=f"no Slurm here: {WHY}")
 
@@ -150,7 +155,7 @@ def test_two_nodes_cancelled_requeued_at_the_time_limit_and_an_array_side_by_sid
         # held, so that a worker port of its block can be taken on the second node first: the
         # check on every node moves the job to the block half the ring away
         job = submit(run, url, "--hold")
-        start = launcher().first_block_start(job)
+        start = cluster_plan.first_block_start(job)
         held = network.listen(1, start + 25)
         held.listen()
         assert slurm.run("scontrol", "release", job).returncode == 0
@@ -163,10 +168,10 @@ def test_two_nodes_cancelled_requeued_at_the_time_limit_and_an_array_side_by_sid
         log = log_of(job)
         # the head's address is the first node's veth (hostname --ip-address there), each node
         # joins from its own address, and both joined
-        moved = launcher().other_block(start)
+        moved = cluster_plan.other_block(start)
         assert f"ports in use: {start + 25} on n2; moving the job to ports {moved}-" in log, log
         assert f"Ray cluster at {head}:{moved}: 2 node(s) joined" in log, log
-        assert log.startswith(f"launch: plan for job {job}: 2 node(s)"), log[:300]
+        assert log.startswith(f"cluster: plan for job {job}: 2 node(s)"), log[:300]
         assert f"node n1: head at {head}, 2 CPUs" in log and f"node n2: worker at {worker}" in log
         assert "--drivers 2" in log
         partial = whole_records(run / "answers")
@@ -348,9 +353,13 @@ def test_a_warning_during_a_long_deploy_stops_the_wait_and_requeues_at_most_max_
     slow.write_text(f'#!/bin/sh\necho "${{SLURM_RESTART_COUNT:-0}}" >> {started}\nexec sleep 600\n')
     slow.chmod(0o755)
     options = ["--cpus-per-task=2", "--nodes=1", f"--output={tmp_path}/slurm-%j.out"]
+    items = tmp_path / "items.jsonl"
+    items.write_text((ROOT / "examples" / "comprehensiveness.jsonl").read_text())
+    nli_run = [*["--method", "nli", "--nli-backend", "cross-encoder", "--nli-model", str(nli)]]
     launch = [
         *["--nli", str(nli), "--nli-replicas", "1", "--groundcover", str(slow)],
-        *["--max-requeues", "1", "--", sys.executable, "-c", "print('never runs')"],
+        *["--max-requeues", "1", "--", *COMPREHENSIVENESS, str(items), *nli_run],
+        *["--run-dir", str(tmp_path / "never")],
     ]
     job = slurm.submit(options, RECIPE, launch, recipe_env())
 
@@ -375,12 +384,13 @@ def test_a_warning_during_a_long_deploy_stops_the_wait_and_requeues_at_most_max_
     slurm.cancel(job, "--batch", "--signal=USR1")
     assert slurm.wait(job, 120) == "FAILED"
     log = launcher_log(tmp_path, job)
-    assert log.count("launch: plan for job") == 2  # each run's log opens with the plan
+    assert log.count("cluster: plan for job") == 2  # each run's log opens with the plan
     assert "at most 1 time(s) (1 so far)" in log
     assert (
         f"job {job} was requeued 1 time(s), --max-requeues 1: not requeued again, it ends FAILED"
     ) in log
-    assert "never runs" not in log and slurm.field(job, "Restarts") == "1"
+    assert "cluster: running:" not in log and slurm.field(job, "Restarts") == "1"
+    assert not (tmp_path / "never" / "results.jsonl").exists()  # the command never ran
     wait_for(lambda: not job_processes(slurm, job), 90, "no process of the job on a node")
 
 
@@ -397,18 +407,19 @@ def test_a_judge_that_cannot_start_fails_the_job_and_leaves_its_logs_in_the_run_
     gone."""
     import shutil
 
-    launch_py = launcher()
     broken = tmp_path / "broken-judge"
     shutil.copytree(tiny_model, broken)
     for weights in broken.glob("*.safetensors"):
         weights.unlink()
     run = tmp_path / "run"
+    items = tmp_path / "items.jsonl"
+    items.write_text((ROOT / "examples" / "comprehensiveness.jsonl").read_text())
     # two nodes: a replica's placement group takes both CPUs of one and Serve LLM's ingress one
     # more (on one node of 2 CPUs the replica would never be placed)
     options = ["--cpus-per-task=2", "--nodes=2", f"--output={tmp_path}/slurm-%j.out"]
     launch = [
         *["--judge", str(broken), "--replicas", "1"],
-        *["--", sys.executable, "-c", "print('never runs')", "--run-dir", str(run)],
+        *["--", *COMPREHENSIVENESS, str(items), "--run-dir", str(run)],
     ]
     # Serve gives a replica that cannot start 3 tries before it fails the deploy; each loads
     # vLLM anew (half a minute of two loaded cores): one try shows the same failure
@@ -422,9 +433,9 @@ def test_a_judge_that_cannot_start_fails_the_job_and_leaves_its_logs_in_the_run_
     said = log.split("Ray Serve could not deploy broken-judge: ", 1)[1].splitlines()[0]
     assert "Error" in said, said  # the replica's exception, as its deployment's message ends
     # vLLM's own reason, from the replica's log (Serve's may say only "see root cause above")
-    errors = [line for line in log.splitlines() if line.startswith("launch: an error in n")]
+    errors = [line for line in log.splitlines() if line.startswith("cluster: an error in n")]
     assert any("Cannot find any model weights" in line for line in errors), log[-3000:]
-    assert "launch: the judge's server stopped while starting" in log
+    assert "cluster: error: the judge's server stopped while starting" in log
     logs = run / "cluster-logs"
     assert json.loads((logs / "plan.json").read_text())["replicas"] == 1
     for node in ("n1", "n2"):
@@ -436,12 +447,12 @@ def test_a_judge_that_cannot_start_fails_the_job_and_leaves_its_logs_in_the_run_
     assert any(error in p.read_text(errors="replace") for p in copied), [
         str(p.relative_to(logs)) for p in copied
     ]
-    assert sum(p.stat().st_size for p in copied) <= 2 * launch_py.LOG_NODE_CAP
+    assert sum(p.stat().st_size for p in copied) <= 2 * cluster_job.LOG_NODE_CAP
     assert not list(Path("/tmp").glob(f"gc-ray-{job}-*"))  # each node removed its folder
     wait_for(lambda: not job_processes(slurm, job), 90, "no process of the job on a node")
 
 
-# ---- the launcher's rules, without Slurm -------------------------------------------------------
+# ---- the job's rules, without Slurm -----------------------------------------------------------
 
 
 def test_errors_in_logs_are_the_exceptions_of_serve_and_worker_logs_oldest_first_each_once(
@@ -450,7 +461,6 @@ def test_errors_in_logs_are_the_exceptions_of_serve_and_worker_logs_oldest_first
     """Only Serve's and workers' logs are read (a raylet's exception is Ray's own business), the
     index's newest-first order read backwards, a repeated error said once, a terminal escape in
     a log shown as text, and no more than asked for."""
-    launch = launcher()
     session = "session_2026-12-02_01-00-00_1_1/logs"
     files = {
         f"{session}/serve/replica_judge_1.log": "Traceback (most recent call last):\n"
@@ -468,7 +478,7 @@ def test_errors_in_logs_are_the_exceptions_of_serve_and_worker_logs_oldest_first
     newest_first = [f"{session}/serve/replica_judge_2.log", f"{session}/raylet.out"]
     newest_first += [f"{session}/serve/replica_judge_1.log", f"{session}/worker-aa-01000000-7.err"]
     (node / "index.txt").write_text("".join(f"{r}\t10\twhole\n" for r in newest_first))
-    found = launch.errors_in_logs(tmp_path)
+    found = cluster_job.errors_in_logs(tmp_path)
     assert found == [
         (
             f"n2/{session}/worker-aa-01000000-7.err",
@@ -480,31 +490,31 @@ def test_errors_in_logs_are_the_exceptions_of_serve_and_worker_logs_oldest_first
             "RuntimeError: Engine core initialization failed. See above",
         ),
     ]
-    assert launch.errors_in_logs(tmp_path, most=1) == found[:1]
+    assert cluster_job.errors_in_logs(tmp_path, most=1) == found[:1]
 
 
-def launcher():
-    return load_script("scripts/slurm/launch.py", "slurm_launch")
+def slurm_allocation(env: dict[str, str]) -> Allocation:
+    """The allocation a job's environment says, without ``scontrol`` (no detail)."""
+    return Allocation.from_slurm(env, "")
 
 
 def test_the_allocation_read_from_slurms_environment():
-    launch = launcher()
     env = {"SLURM_JOB_ID": "4242", "SLURM_JOB_NODELIST": "gpu7", "SLURM_CPUS_ON_NODE": "32"}
-    alloc = launch.Allocation(env | {"SLURM_GPUS_ON_NODE": "4", "SLURM_ARRAY_TASK_ID": "3"})
-    assert (alloc.nodes, alloc.cpus, alloc.gpus, alloc.array_task) == (["gpu7"], 32, 4, "3")
-    assert alloc.node_gpus == {"gpu7": 4} and alloc.restarts == 0
-    assert launch.Allocation(env | {"SLURM_RESTART_COUNT": "2"}).restarts == 2
+    alloc = slurm_allocation(env | {"SLURM_GPUS_ON_NODE": "4", "SLURM_ARRAY_TASK_ID": "3"})
+    assert (alloc.nodes, alloc.array_task, alloc.node_gpus) == (["gpu7"], "3", {"gpu7": 4})
+    assert alloc.restarts == 0 and alloc.step_cpus == 32
+    assert slurm_allocation(env | {"SLURM_RESTART_COUNT": "2"}).restarts == 2
     # job 4242: block 4242 % 56 = 42 of the 56 blocks of 400 between 10000 and 32768 (below the
     # kernel's ephemeral range); the GCS first, the workers' range last
-    assert launch.first_block_start("4242") == 10000 + 42 * 400 == 26800
-    ports = launch.block_ports(26800)
+    assert cluster_plan.first_block_start("4242") == 10000 + 42 * 400 == 26800
+    ports = cluster_plan.block_ports(26800)
     assert ports["port"] == 26800 and ports["judge-port"] == 26819
     assert (ports["min-worker-port"], ports["max-worker-port"]) == (26820, 27199)
     assert len(set(ports.values())) == len(ports)  # no port twice
-    for job in range(0, 5000, 97):  # every block stays below the ephemeral range
-        block = launch.block_ports(launch.first_block_start(str(job)))
+    for number in range(0, 5000, 97):  # every block stays below the ephemeral range
+        block = cluster_plan.block_ports(cluster_plan.first_block_start(str(number)))
         assert min(block.values()) >= 10000 and max(block.values()) < 32768
-    assert launch.Allocation(env | {"CUDA_VISIBLE_DEVICES": "0,1"}).gpus == 2
+    assert slurm_allocation(env | {"CUDA_VISIBLE_DEVICES": "0,1"}).node_gpus == {"gpu7": 2}
     # GPUs per node as Slurm says them: --gpus-per-node (typed or not), a per-node TRES
     for given, gpus in [
         ({"SLURM_GPUS_PER_NODE": "4"}, 4),
@@ -513,25 +523,32 @@ def test_the_allocation_read_from_slurms_environment():
         ({"SLURM_TRES_PER_NODE": "gres/gpu:4"}, 4),
         ({"SLURM_GPUS_ON_NODE": "3"}, 3),
     ]:
-        assert launch.Allocation(env | given).node_gpus == {"gpu7": gpus}, given
+        assert slurm_allocation(env | given).node_gpus == {"gpu7": gpus}, given
 
 
-def test_each_step_asks_for_the_jobs_cpus_and_gpus_per_node():
+def test_each_step_asks_for_the_jobs_cpus_and_gpus_per_node_and_nodes_go_by_slurms_names(
+    monkeypatch,
+):
     """Since Slurm 22.05 a step does not inherit --cpus-per-task: each node's step asks for
-    the job's (or, without it, the fewest CPUs the job has on a node), and GPUs by node."""
-    launch = launcher()
+    the job's (or, without it, the fewest CPUs the job has on a node), and GPUs by node. A node
+    is Slurm's name for it (SLURMD_NODENAME), whatever gethostname() says."""
     env = {"SLURM_JOB_ID": "9", "SLURM_JOB_NODELIST": "gpu7", "SLURM_CPUS_ON_NODE": "32"}
-    assert launch.Allocation(env | {"SLURM_CPUS_PER_TASK": "16"}).step_cpus == 16
-    assert launch.Allocation(env | {"SLURM_JOB_CPUS_PER_NODE": "16(x2),8"}).step_cpus == 8
-    assert launch.fewest_cpus({"SLURM_JOB_CPUS_PER_NODE": "24"}) == 24
-    alloc = launch.Allocation(env | {"SLURM_GPUS_PER_NODE": "4", "SLURM_CPUS_PER_TASK": "16"})
-    step = launch.srun_step(["a", "b"], alloc.step_cpus, alloc.step_gpus)
+    assert slurm_allocation(env | {"SLURM_CPUS_PER_TASK": "16"}).step_cpus == 16
+    assert slurm_allocation(env | {"SLURM_JOB_CPUS_PER_NODE": "16(x2),8"}).step_cpus == 8
+    assert cluster_plan.fewest_cpus({"SLURM_JOB_CPUS_PER_NODE": "24"}) == 24
+    alloc = slurm_allocation(env | {"SLURM_GPUS_PER_NODE": "4", "SLURM_CPUS_PER_TASK": "16"})
+    step = cluster_job.srun_step(["a", "b"], alloc.step_cpus, alloc.step_gpus)
     assert "--cpus-per-task=16" in step and "--gpus-per-node=4" in step
     assert "--ntasks=2" in step and "--nodelist=a,b" in step and "--overlap" in step
-    array = launch.Allocation(
+    array = slurm_allocation(
         env | {"SLURM_ARRAY_JOB_ID": "8", "SLURM_ARRAY_TASK_ID": "1", "SLURM_JOB_ID": "9"}
     )
     assert array.requeue_id == "8_1"  # scontrol requeue names an array task this way
+    monkeypatch.setattr(cluster_job.socket, "gethostname", lambda: "gpu07.cluster.example.org")
+    monkeypatch.setenv("SLURMD_NODENAME", "gpu7")
+    assert cluster_job.node_name() == "gpu7"
+    monkeypatch.delenv("SLURMD_NODENAME")
+    assert cluster_job.node_name() == "gpu07"
 
 
 def test_the_head_address_is_found_on_the_head_and_never_loopback_on_several_nodes(monkeypatch):
@@ -540,39 +557,42 @@ def test_the_head_address_is_found_on_the_head_and_never_loopback_on_several_nod
     the fix that works (GC_HEAD_INTERFACE, read on every node); GC_HEAD_ADDRESS overrides it.
     IPv4 is preferred to IPv6, which is bracketed in HOST:PORT. A node's own address is the
     one it reaches the head from."""
-    launch = launcher()
-    monkeypatch.setattr(launch.socket, "gethostname", lambda: "localhost")
-    assert launch.head_address({}, several_nodes=False) == "127.0.0.1"
-    monkeypatch.setattr(launch, "interface_addresses", lambda: [])
-    with pytest.raises(SystemExit, match="export GC_HEAD_INTERFACE="):
-        launch.head_address({}, several_nodes=True)
-    monkeypatch.setattr(launch, "interface_addresses", lambda: ["10.1.0.11"])
-    assert launch.head_address({}, several_nodes=True) == "10.1.0.11"
-    monkeypatch.setattr(launch, "interface_addresses", lambda: ["10.1.0.11", "192.168.3.4"])
-    with pytest.raises(SystemExit, match=r"2 addresses \(10.1.0.11 192.168.3.4\)"):
-        launch.head_address({}, several_nodes=True)
-    assert launch.head_address({"GC_HEAD_ADDRESS": "10.1.2.3"}, True) == "10.1.2.3"
-    assert launch.head_address({"GC_HEAD_INTERFACE": "lo"}, True) == "127.0.0.1"
-    with pytest.raises(SystemExit, match="no address on nosuch0"):
-        launch.head_address({"GC_HEAD_INTERFACE": "nosuch0"}, True)
+    monkeypatch.setattr(cluster_job.socket, "gethostname", lambda: "localhost")
+    assert cluster_job.head_address({}, several_nodes=False) == "127.0.0.1"
+    monkeypatch.setattr(cluster_job, "interface_addresses", lambda: [])
+    with pytest.raises(cluster_job.ClusterError, match="export GC_HEAD_INTERFACE="):
+        cluster_job.head_address({}, several_nodes=True)
+    monkeypatch.setattr(cluster_job, "interface_addresses", lambda: ["10.1.0.11"])
+    assert cluster_job.head_address({}, several_nodes=True) == "10.1.0.11"
+    monkeypatch.setattr(cluster_job, "interface_addresses", lambda: ["10.1.0.11", "192.168.3.4"])
+    with pytest.raises(cluster_job.ClusterError, match=r"2 addresses \(10.1.0.11 192.168.3.4\)"):
+        cluster_job.head_address({}, several_nodes=True)
+    assert cluster_job.head_address({"GC_HEAD_ADDRESS": "10.1.2.3"}, True) == "10.1.2.3"
+    assert cluster_job.head_address({"GC_HEAD_INTERFACE": "lo"}, True) == "127.0.0.1"
+    with pytest.raises(cluster_job.ClusterError, match="no address on nosuch0"):
+        cluster_job.head_address({"GC_HEAD_INTERFACE": "nosuch0"}, True)
     listed = ["fe80::1%eth0", "2001:db8::5", "127.0.1.1", "10.0.0.7", "10.0.0.7"]
     # IPv4 first, then global IPv6 (a link-local one needs its interface: left out), loopback last
-    assert launch.ordered_addresses(listed) == ["10.0.0.7", "2001:db8::5", "127.0.1.1"]
-    assert launch.host_port("2001:db8::5", 26800) == "[2001:db8::5]:26800"
-    assert launch.host_port("10.0.0.7", 26800) == "10.0.0.7:26800"
-    assert launch.split_host_port("[2001:db8::5]:26800") == ("2001:db8::5", 26800)
-    assert launch.route_source("127.0.0.1", 9) == "127.0.0.1"
+    assert cluster_job.ordered_addresses(listed) == ["10.0.0.7", "2001:db8::5", "127.0.1.1"]
+    assert cluster_job.host_port("2001:db8::5", 26800) == "[2001:db8::5]:26800"
+    assert cluster_job.host_port("10.0.0.7", 26800) == "10.0.0.7:26800"
+    assert cluster_job.split_host_port("[2001:db8::5]:26800") == ("2001:db8::5", 26800)
+    assert cluster_job.route_source("127.0.0.1", 9) == "127.0.0.1"
 
 
-def test_the_launchers_key_names_are_the_serve_apps():
+def test_the_jobs_key_names_are_the_serve_apps():
     from groundcover.serving.cluster import serve_app
 
-    launch = launcher()
-    assert (launch.KEY_ENV, launch.CALLBACK_ENV, launch.CALLBACK) == (
+    assert (cluster_job.KEY_ENV, cluster_job.CALLBACK_ENV, cluster_job.CALLBACK) == (
         serve_app.KEY_ENV,
         serve_app.CALLBACK_ENV,
         serve_app.CALLBACK,
     )
+
+
+def two_node_plan(number: str, **given) -> tuple[Allocation, cluster_plan.Plan]:
+    alloc = Allocation(number, ["n1", "n2"], {"n1": 0, "n2": 0}, requeue_id=number)
+    return alloc, cluster_plan.plan_for(cluster_plan.PlanAsk(**given), number, alloc.node_gpus)
 
 
 def test_a_port_in_use_on_any_node_moves_the_job_once_half_the_ring_away(monkeypatch):
@@ -581,84 +601,117 @@ def test_a_port_in_use_on_any_node_moves_the_job_once_half_the_ring_away(monkeyp
     block GC_RAY_PORT_BASE fixes, is refused in one line."""
     import socket
 
-    launch = launcher()
-    alloc = launch.Allocation({"SLURM_JOB_ID": "4242", "SLURM_JOB_NODELIST": "gpu7"})
-    alloc.nodes = ["n1", "n2"]
-    args = plan_args(launch)
-    plan = launch.plan_for(args, alloc.job, {"n1": 0, "n2": 0}, 0)
-    cluster = launch.Cluster(alloc, plan, "ray", launch.Stopping())
+    alloc, plan = two_node_plan("4242")
+    cluster = cluster_job.Cluster(alloc, plan, "ray", cluster_job.Stopping())
     held: dict[int, str] = {26830: "n2"}
     monkeypatch.setattr(
-        launch.Cluster,
+        cluster_job.Cluster,
         "taken",
         lambda self, first, last: [(n, p) for p, n in held.items() if first <= p <= last],
     )
     cluster.choose_ports(fixed=False)
-    assert (
-        cluster.ports
-        == launch.block_ports(10000 + (42 + 28) % 56 * 400)
-        == launch.block_ports(15600)
-    )
-    assert launch.other_block(15600) == 26800  # and back
+    assert cluster.ports == cluster_plan.block_ports(10000 + (42 + 28) % 56 * 400)
+    assert cluster.ports == cluster_plan.block_ports(15600)
+    assert cluster_plan.other_block(15600) == 26800  # and back
     held[15650] = "n1"
-    plan.ports = launch.block_ports(26800)
-    with pytest.raises(SystemExit, match="ports in use in both blocks tried .15650 on n1"):
+    plan.ports = cluster_plan.block_ports(26800)
+    with pytest.raises(
+        cluster_job.ClusterError, match="ports in use in both blocks tried .15650 on n1"
+    ):
         cluster.choose_ports(fixed=False)
-    plan.ports = launch.block_ports(26800)
-    with pytest.raises(SystemExit, match="GC_RAY_PORT_BASE's block has ports in use: 26830 on n2"):
+    plan.ports = cluster_plan.block_ports(26800)
+    with pytest.raises(
+        cluster_job.ClusterError, match="GC_RAY_PORT_BASE's block has ports in use: 26830"
+    ):
         cluster.choose_ports(fixed=True)
     # what a node's task reports: the ports of the range something holds there
     with socket.socket() as holder:
         holder.bind(("127.0.0.1", 0))
         holder.listen()
         port = holder.getsockname()[1]
-        assert port in launch.taken_here(port - 1, port + 1)
-    assert port not in launch.taken_here(port, port)
+        assert port in cluster_job.taken_here(port - 1, port + 1)
+    assert port not in cluster_job.taken_here(port, port)
     # neighbouring jobs, and an array's tasks (each its own job id), never share a block
-    starts = {launch.first_block_start(str(job)) for job in range(9000, 9056)}
+    starts = {cluster_plan.first_block_start(str(number)) for number in range(9000, 9056)}
     assert len(starts) == 56
 
 
 def test_a_grid_line_per_array_task(tmp_path):
-    launch = launcher()
+    from groundcover.pipelines.cli.cluster import Refused, grid_line
+
     grid = tmp_path / "grid.txt"
     grid.write_text("# model grid\n--model a --run-dir 'runs/a b'\n\n--model c\n")
-    assert launch.grid_line(grid, "0") == ["--model", "a", "--run-dir", "runs/a b"]
-    assert launch.grid_line(grid, "1") == ["--model", "c"]
-    with pytest.raises(SystemExit, match="2 runs; array task 2 has none"):
-        launch.grid_line(grid, "2")
-    with pytest.raises(SystemExit, match="no array job"):
-        launch.grid_line(grid, None)
+    assert grid_line(grid, "0") == ["--model", "a", "--run-dir", "runs/a b"]
+    assert grid_line(grid, "1") == ["--model", "c"]
+    with pytest.raises(Refused, match="2 runs; array task 2 has none"):
+        grid_line(grid, "2")
+    with pytest.raises(Refused, match="no array job"):
+        grid_line(grid, None)
 
 
-def plan_args(launch, *argv: str):
-    """The launcher's arguments as its parser makes them (GC_RAY_PORT_BASE unset)."""
-    args = launch.parser().parse_args([*argv, "--", "groundcover", "eval", "x"])
-    args.port_base = None
-    return args
-
-
-def test_the_command_gets_the_cluster_and_one_driver_per_node_and_k(monkeypatch):
-    launch = launcher()
-    monkeypatch.delenv("GC_GRID", raising=False)
-    alloc = launch.Allocation({"SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "n1"})
-    alloc.nodes = ["n1", "n2", "n3"]
-    args = plan_args(launch, "--drivers-per-node", "2")
-    plan = launch.plan_for(args, alloc.job, {n: 0 for n in alloc.nodes}, 0)
-    cluster = launch.Cluster(alloc, plan, "ray", launch.Stopping())
-    command = launch.command_for(args, plan, cluster, launch.the_command(args, alloc))
-    assert command == [
-        *["groundcover", "eval", "x", "--ray-address", cluster.address, "--drivers", "6"]
-    ]
+def test_the_command_gets_the_cluster_and_its_drivers_only_where_it_takes_them():
+    """Three nodes, two drivers each: --ray-address and --drivers 6 for a command that takes
+    them; a command that takes neither gets neither (it runs on the head); the judge's URL,
+    name, key, revision and adapters' prefix; the NLI app by name."""
+    alloc, plan = two_node_plan("7", drivers_per_node=2)
+    alloc.nodes, plan.nodes = (
+        ["n1", "n2", "n3"],
+        [*plan.nodes, cluster_plan.NodePlan("n3", 0, drivers=2)],
+    )
+    cluster = cluster_job.Cluster(alloc, plan, "ray", cluster_job.Stopping())
     assert cluster.address.endswith(":12800")  # job 7: block 7 (10000 + 7 x 400)
-    assert launch.run_dir_of(["eval", "--run-dir", "a", "--run-dir=b/c"]) == Path("b/c")
-    assert launch.run_dir_of(["eval"]) is None
+    ours = cluster_job.Job(
+        plan, alloc, ["groundcover", "eval", "x"], frozenset(RAY_FLAGS), "r", "g", "s"
+    )
+    assert cluster_job.added_flags(ours, cluster.address, None) == [
+        *["--ray-address", cluster.address, "--drivers", "6"]
+    ]
+    ours.accepts = frozenset()
+    assert cluster_job.added_flags(ours, cluster.address, None) == []
+    assert cluster_job.run_dir_of(["eval", "--run-dir", "a", "--run-dir=b/c"]) == Path("b/c")
+    assert cluster_job.run_dir_of(["eval"]) is None
+
+
+def test_the_jobs_judge_serves_lora_adapters_and_the_command_names_them(tmp_path):
+    """``--lora NAME=PATH`` goes to every replica (``groundcover serve --lora``, Serve's
+    multiplexing) and the command gets ``--adapter-prefix MODEL:`` (ICAT's claim extractor
+    through the job); the judge's one start timeout and its context length are the server's;
+    an NLI share lowers the judge's memory and gives each bundle its share."""
+    from tests.test_cluster_plan import LLAMA_8B
+
+    folder = tmp_path / "Llama-8B"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(LLAMA_8B))
+    ask = cluster_plan.JudgeAsk(
+        str(folder), loras={"claims": "/shared/adapters/icat"}, start_timeout=2400
+    )
+    nli = "acme/nli"
+    given = cluster_plan.PlanAsk(judge=ask, nli=nli, nli_gpu_fraction=0.1, gpu_memory_gib=80)
+    plan = cluster_plan.plan_for(given, "7", {"g1": 2})
+    alloc = Allocation("7", ["g1"], {"g1": 2})
+    cluster = cluster_job.Cluster(alloc, plan, "ray", cluster_job.Stopping(), head="10.0.0.1")
+    ours = cluster_job.Job(plan, alloc, ["groundcover", "eval", "x"], frozenset(), "r", "gc", "s")
+    serve = cluster_job.judge_serve_command(ours, cluster)
+    assert "--lora=claims=/shared/adapters/icat" in serve
+    assert serve[serve.index("--timeout") + 1] == "2400"
+    assert serve[serve.index("--replicas") + 1] == "2"  # two GPUs, parallelism 1
+    assert serve[serve.index("--tensor-parallel-size") + 1] == "1"
+    assert "--max-model-len=131072" in serve  # the folder's config
+    assert "--gpu-share=0.9" in serve
+    assert serve[-2:] == ["--engine-arg=--gpu-memory-utilization", "--engine-arg=0.8"]
+    url = "http://10.0.0.1:12819/v1"
+    ours.judge_revision = "abc123"
+    assert cluster_job.added_flags(ours, cluster.address, url) == [
+        *["--nli-app", "groundcover-nli", "--endpoint", url, "--model", "Llama-8B"],
+        *["--api-key-env", "GROUNDCOVER_SERVE_API_KEY"],
+        *["--adapter-prefix", "Llama-8B:", "--model-revision", "abc123"],
+    ]
+    assert any("adapters claims" in line for line in plan.lines())
 
 
 def test_the_cleanup_ends_only_the_jobs_processes(tmp_path):
     """``reap``: a process with a file open in the job's Ray folder (a driver actor whose
     raylet is gone) is ended; one outside it is not."""
-    launch = launcher()
     folder = tmp_path / "gc-ray-99"
     folder.mkdir()
     hold = "import sys, time; f = open(sys.argv[1], 'w'); time.sleep(60)"
@@ -667,7 +720,7 @@ def test_the_cleanup_ends_only_the_jobs_processes(tmp_path):
     try:
         wait_for(lambda: (folder / "worker.out").exists(), 30, "the file open")
         wait_for(lambda: (tmp_path / "other.out").exists(), 30, "the other file open")
-        assert launch.reap(str(folder)) == 1
+        assert cluster_job.reap(str(folder)) == 1
         assert inside.wait(30) == -9 and outside.poll() is None
     finally:
         outside.kill()
@@ -676,34 +729,33 @@ def test_the_cleanup_ends_only_the_jobs_processes(tmp_path):
         inside.wait()
 
 
-def test_rays_token_is_made_only_where_ray_would_find_none(tmp_path, monkeypatch):
-    """The launcher asks Ray's command for a token only when none of Ray's places has one:
-    ``RAY_AUTH_TOKEN``, else the file ``RAY_AUTH_TOKEN_PATH`` names, else ~/.ray/auth_token."""
-    launch = launcher()
+def test_rays_token_is_made_only_where_ray_would_find_none_and_read_by_its_owner_only(
+    tmp_path, monkeypatch
+):
+    """The job makes a token only when none of Ray's places has one: ``RAY_AUTH_TOKEN``, else
+    the file ``RAY_AUTH_TOKEN_PATH`` names, else ~/.ray/auth_token; it is written 0600 in a
+    0700 folder (whoever reads it may run code on the cluster)."""
+    import stat
+
     for name in ("RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH"):
         monkeypatch.delenv(name, raising=False)
-    monkeypatch.setattr(launch, "DEFAULT_TOKEN", tmp_path / "home" / "auth_token")
-    assert not launch.ray_token_found()
-    made = tmp_path / "made"  # a stand-in for `ray`: writes the default token, as Ray's does
-    made.write_text(
-        f'#!/bin/sh\necho "$@" > {tmp_path}/asked\nmkdir -p {tmp_path}/home\n'
-        f"echo secret > {tmp_path}/home/auth_token\n"
-    )
-    made.chmod(0o755)
-    launch.ensure_ray_token(str(made))
-    assert (tmp_path / "asked").read_text().split() == ["get-auth-token", "--generate"]
-    assert launch.ray_token_found()
-    (tmp_path / "asked").unlink()
-    launch.ensure_ray_token(str(made))  # found now: Ray is not asked again
-    assert not (tmp_path / "asked").exists()
+    default = tmp_path / "home" / ".ray" / "auth_token"
+    monkeypatch.setattr(cluster_job, "DEFAULT_TOKEN", default)
+    assert not cluster_job.ray_token_found()
+    assert cluster_job.ensure_ray_token() == default
+    assert stat.S_IMODE(default.stat().st_mode) == 0o600
+    assert stat.S_IMODE(default.parent.stat().st_mode) == 0o700
+    assert len(default.read_text()) == 64 and cluster_job.ray_token_found()
+    before = default.read_text()
+    assert cluster_job.ensure_ray_token() is None and default.read_text() == before  # found: kept
     monkeypatch.setenv("RAY_AUTH_TOKEN_PATH", str(tmp_path / "elsewhere"))
-    assert not launch.ray_token_found()  # the named file decides, not the default one
-    (tmp_path / "elsewhere").write_text("secret")
-    assert launch.ray_token_found()
+    assert not cluster_job.ray_token_found()  # the named file decides, not the default one
+    assert cluster_job.ensure_ray_token() == tmp_path / "elsewhere"
+    assert stat.S_IMODE((tmp_path / "elsewhere").stat().st_mode) == 0o600
     monkeypatch.delenv("RAY_AUTH_TOKEN_PATH")
-    (tmp_path / "home" / "auth_token").unlink()
+    default.unlink()
     monkeypatch.setenv("RAY_AUTH_TOKEN", "secret")
-    assert launch.ray_token_found()
+    assert cluster_job.ray_token_found() and cluster_job.ensure_ray_token() is None
 
 
 # ---- KubeRay ----------------------------------------------------------------------------------

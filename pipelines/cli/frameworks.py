@@ -15,6 +15,7 @@ import shlex
 import sys
 import types
 from collections.abc import Sequence
+from contextvars import ContextVar
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal, Union, get_args, get_origin
 
@@ -29,6 +30,9 @@ if TYPE_CHECKING:
     from ..runtime.contract.protocol import Study
 
 SCALARS = (bool, int, float, str, Path)
+# set by `groundcover cluster` while it checks a command: the command builds its request (its
+# flags parsed, its options validated) and hands it over instead of running
+INSPECTED: ContextVar[list[tuple[Any, Any]] | None] = ContextVar("INSPECTED", default=None)
 
 
 def option_field(model: Any, dotted: str) -> Any:
@@ -165,6 +169,9 @@ def build(spec: Command) -> click.Command:
             raise UserError(missing_line(spec, study, exc.fields)) from None
         if common.pilot is not None and (common.pilot < 1 or common.dry_run):
             raise UserError("--pilot K needs K >= 1 and no --dry-run (a pilot runs items)")
+        if (inspected := INSPECTED.get()) is not None:  # `cluster plan`: the request, no run
+            inspected.append((study, request))
+            return
         outcomes = execute(
             study,
             request,
@@ -189,6 +196,7 @@ def build(spec: Command) -> click.Command:
     app.command(spec.name, help=text)(clean_errors(command))
     built = typer.main.get_command(app)
     built.name = spec.name
+    built.declaration = spec  # type: ignore[attr-defined]  # a framework's: `cluster` builds its request
     return built
 
 

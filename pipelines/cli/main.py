@@ -14,6 +14,7 @@ from rich.table import Column, Table
 from ..runtime.terminal import labelled, terminal
 from . import audits, finetune, pages, report, serve, trust
 from .cache import cache_app
+from .cluster import cluster_app
 from .data import data_app
 from .frameworks import lazy_group
 from .index import index_app
@@ -54,6 +55,7 @@ app.add_typer(crux_app, name="crux")
 app.add_typer(index_app, name="index")
 app.add_typer(labels_app, name="labels")
 app.add_typer(audits.cascade_app, name="cascade")
+app.add_typer(cluster_app, name="cluster")
 app.command()(serve.serve)
 app.command()(report.report)
 app.command()(report.compare)

@@ -61,6 +61,13 @@ def serve(
         str | None, typer.Option(help='Ray resources per NLI replica, JSON: {"CPU": 4, "nli": 1}')
     ] = None,
     stop: Annotated[bool, typer.Option("--stop", help="delete the NLI app --nli-app")] = False,
+    gpu_share: Annotated[
+        float,
+        typer.Option(
+            help="with --replicas: of each GPU a replica uses (less than 1 leaves the rest to an "
+            "NLI replica on the same GPU; lower --gpu-memory-utilization to match)"
+        ),
+    ] = 1.0,
     ready_file: Annotated[
         Path | None,
         typer.Option(
@@ -112,6 +119,7 @@ def serve(
         extra_args=list(engine_arg or []),
         api_key=api_key_from(api_key_env),
         tensor_parallel_size=tensor_parallel_size,
+        gpu_share=gpu_share,
     )
     try:
         spec.check_exposure()

@@ -3,14 +3,15 @@ name (``NAME`` or ``NAME@REVISION``) is fetched and stands for its main file."""
 
 from __future__ import annotations
 
+from contextvars import ContextVar
 from pathlib import Path
 from typing import Any, TypeVar
 
 from pydantic import BaseModel
 
 from ..runtime.contract.errors import UserError
-from .catalog import is_name, split_spec
-from .fetch import get, provenance
+from .catalog import is_name, parse_spec, split_spec
+from .fetch import cached, get, provenance
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -28,9 +29,19 @@ def resolve_names(options: M) -> M:
     return options.model_copy(update=update) if update else options
 
 
+# set by `groundcover cluster` while it lists what a command reads: a name is recorded, and
+# stands for its cached file where it is cached (else for itself), never fetched
+LISTED: ContextVar[list[str] | None] = ContextVar("LISTED", default=None)
+
+
 def dataset_file(spec: str) -> Path:
     """NAME[@REVISION] -> its main file; NAME[@REVISION]/FILE -> that file of it."""
     dataset, wanted = split_spec(spec)
+    listed = LISTED.get()
+    if listed is not None:
+        listed.append(dataset)
+        found_here = cached(parse_spec(dataset)[0])
+        return found_here.path if found_here is not None and wanted is None else Path(spec)
     found = get(dataset)
     if wanted is None:
         return found.path

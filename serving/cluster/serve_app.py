@@ -101,16 +101,18 @@ def llm_config(spec: ServerSpec, replicas: int, device: str) -> Any:
             "kv_cache_memory_bytes": _bytes(spec.kv_cache_bytes),
             "structured_outputs_config": {"backend": "xgrammar", "disable_any_whitespace": True},
         }
-        bundles = [{"CPU": 1}]
+        bundles: list[dict[str, float]] = [{"CPU": 1}]
     else:
         engine["tensor_parallel_size"] = spec.gpus_per_replica
-        bundles = [{"GPU": 1, "CPU": 1}] * spec.gpus_per_replica
+        bundles = [{"GPU": spec.gpu_share, "CPU": 1}] * spec.gpus_per_replica
     if preset.reasoning_parser:  # the answer in content, the reasoning apart (as vllm serve)
         engine["reasoning_parser"] = preset.reasoning_parser
     if spec.revision:  # the hub commit the run's identity records
         engine["revision"] = spec.revision
     engine |= engine_flags(preset.extra_engine_args + spec.extra_args)  # later flags win
     env = (CPU_ENV | {ENGINE_CLASS_ENV: ONE_PROCESS_ENGINE} if device == "cpu" else {}) | spec.env
+    if device != "cpu" and spec.gpu_share < 1:  # each engine worker asks Ray for its share
+        env = env | {"VLLM_RAY_PER_WORKER_GPUS": f"{spec.gpu_share:g}"}
     from .replica import NO_MIRROR_CALLBACK, CountedServer
 
     adapters: dict[str, Any] = {"server_cls": CountedServer}  # answers counted per replica

@@ -141,6 +141,7 @@ class ServerSpec:
     device: str = "auto"
     api_key: str | None = None  # required off loopback; handed to vLLM in its environment
     tensor_parallel_size: int | None = None  # GPUs per replica; None: the preset's
+    gpu_share: float = 1.0  # of each of a Ray replica's GPUs (less: an NLI replica shares it)
 
     @property
     def gpus_per_replica(self) -> int:

@@ -16,14 +16,9 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+from groundcover.serving.cluster.job import ensure_ray_token
 from groundcover.serving.launch import startlog
 from groundcover.serving.launch.server import free_port
-from tests.support.scripts import load_script
-
-
-def slurm_launcher():
-    """``scripts/slurm/launch.py`` as a module (a standalone script of the standard library)."""
-    return load_script("scripts/slurm/launch.py", "slurm_launch")
 
 
 @contextlib.contextmanager
@@ -48,9 +43,9 @@ def ray_head(
         else ["--include-dashboard=false"]
     )
     ray = str(Path(sys.executable).with_name("ray"))
-    # token mode, as the Slurm launcher runs Ray: `ray start --head` in it needs a token, made
-    # by the launcher's rule where Ray would find none (a fresh machine has none)
-    slurm_launcher().ensure_ray_token(ray)
+    # token mode, as the cluster job runs Ray: `ray start --head` in it needs a token, made
+    # by the job's rule where Ray would find none (a fresh machine has none)
+    ensure_ray_token()
     head = subprocess.Popen(
         [
             ray,

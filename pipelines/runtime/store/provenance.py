@@ -110,6 +110,12 @@ def _content_fields(options: BaseModel, prefix: str = "") -> Iterator[tuple[str,
                 break
 
 
+def content_fields(options: BaseModel) -> list[tuple[str, Content, Any]]:
+    """Every content field of ``options`` that is set, nested options included: (dotted name,
+    its marker, its value) -- what a run reads beyond its items (``groundcover cluster``)."""
+    return list(_content_fields(options))
+
+
 def without_input_paths(dump: dict[str, Any], options: BaseModel) -> dict[str, Any]:
     """``dump`` (the options as JSON) without the paths of the files and directories whose
     digests the identity holds: where an input lives is not what a score rests on. Models

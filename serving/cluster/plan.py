@@ -1,0 +1,681 @@
+"""What a cluster job will do, worked out before anything starts (``groundcover cluster plan``).
+
+The allocation (each node's GPUs, as Slurm gave them: ``scontrol show job -d``, a heterogeneous
+job's components included; or ``--allocation`` in a dry run), the judge's tensor parallelism
+(the smallest that holds one replica in the GPUs' memory: ``sizing``; ``--gpus-per-replica``
+overrides it), its replicas node by node (each replica's GPUs on one node), the NLI app (one
+replica per node, on a GPU of its own or sharing a judge's with ``--nli-gpu-fraction``), the
+drivers, the block of ports and the requeue bound; and, node by node, the GPUs that stay idle
+and why. What cannot run -- a model that fits no node, more replicas than fit -- is refused
+here in one line (``PlanError``).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+import subprocess
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..launch.registry import PRESETS, UnknownModelError, model_source, resolve
+from .sizing import GIB, UTILISATION, ModelSize, SizingError, read_config, size_of
+
+JUDGE_START_TIMEOUT = 3600.0  # a large model's first load from a network filesystem
+NLI_START_TIMEOUT = 1800.0
+MAX_REQUEUES = 3
+NLI_APP = "groundcover-nli"
+DEFAULT_GPU_GIB = 80.0  # a dry run's GPUs when --gpu-memory is not given (an H100 / A100 80GB)
+SHARE_HINT = 0.1  # the --nli-gpu-fraction a plan suggests where a share would fill idle GPUs
+
+PORT_FLOOR, PORT_CEILING = 10000, 32768  # Linux's ephemeral range starts at 32768
+PORT_BLOCK = 400
+BLOCKS = (PORT_CEILING - PORT_FLOOR) // PORT_BLOCK  # 56
+
+
+class PlanError(ValueError):
+    """A job that cannot run as asked: one line saying why and what to change."""
+
+
+# ---- what was asked ----------------------------------------------------------------------------
+
+
+@dataclass
+class JudgeAsk:
+    model: str
+    replicas: str = "auto"
+    gpus_per_replica: int | None = None
+    max_model_len: int | None = None
+    loras: dict[str, str] = field(default_factory=dict)
+    start_timeout: float = JUDGE_START_TIMEOUT
+    engine_args: list[str] = field(default_factory=list)
+    revision: str | None = None
+
+
+@dataclass
+class PlanAsk:
+    """The job's options (``groundcover cluster plan | prefetch | check-offline | run``)."""
+
+    judge: JudgeAsk | None = None
+    drivers_per_node: int = 1
+    nli: str | None = None
+    nli_app: str = NLI_APP
+    nli_replicas: str = "auto"
+    nli_start_timeout: float = NLI_START_TIMEOUT
+    nli_gpu_fraction: float | None = None
+    max_requeues: int = MAX_REQUEUES
+    requeue: bool = True
+    dashboard: bool = False
+    port_base: int | None = None
+    gpu_memory_gib: float | None = None
+
+
+# ---- the allocation ----------------------------------------------------------------------------
+
+
+@dataclass
+class Allocation:
+    """What Slurm gave this job: its nodes by Slurm's names, each node's GPUs, CPUs per step."""
+
+    job: str
+    nodes: list[str]
+    node_gpus: dict[str, int]
+    step_cpus: int = 1
+    step_gpus: str | None = None
+    array_task: str | None = None
+    requeue_id: str = ""
+    restarts: int = 0
+    gpus_from: str = "Slurm"
+
+    @property
+    def head(self) -> str:
+        return self.nodes[0]
+
+    @classmethod
+    def from_slurm(cls, env: dict[str, str], detail: str | None = None) -> Allocation:
+        """From the job's environment, each node's GPUs from ``scontrol show job -d`` (``detail``:
+        its output, read here when None): per node as Slurm gave them, so ``--gpus=12`` over an
+        8-GPU and a 4-GPU node is 8 and 4, not the head's count twice."""
+        job = env.get("SLURM_JOB_ID") or str(os.getpid())
+        nodes = job_nodes(env)
+        if detail is None:
+            detail = scontrol_detail(job)
+        per_node = gres_per_node(detail) if detail else {}
+        by_env = gpus_per_node(env)
+        here = gpus_on_node(env)
+        gpus: dict[str, int] = {}
+        for name in nodes:
+            if name in per_node:
+                gpus[name] = per_node[name]
+            else:
+                gpus[name] = by_env if by_env is not None else here
+        source = "scontrol" if per_node else ("SLURM_GPUS_PER_NODE" if by_env else "this node")
+        array = env.get("SLURM_ARRAY_JOB_ID")
+        task = env.get("SLURM_ARRAY_TASK_ID")
+        cpus = int(env.get("SLURM_CPUS_ON_NODE") or os.cpu_count() or 1)
+        return cls(
+            job=job,
+            nodes=nodes,
+            node_gpus=gpus,
+            step_cpus=int(env.get("SLURM_CPUS_PER_TASK") or fewest_cpus(env) or cpus),
+            step_gpus=env.get("SLURM_GPUS_PER_NODE"),
+            array_task=task,
+            requeue_id=f"{array}_{task}" if array and task else job,
+            restarts=int(env.get("SLURM_RESTART_COUNT") or 0),
+            gpus_from=source,
+        )
+
+
+def job_nodes(env: dict[str, str]) -> list[str]:
+    """The job's nodes, head first: a heterogeneous job's components in order
+    (``SLURM_JOB_NODELIST_HET_GROUP_K``), else ``SLURM_JOB_NODELIST``."""
+    size = int(env.get("SLURM_HET_SIZE") or 0)
+    if size > 1:
+        found: list[str] = []
+        for k in range(size):
+            for name in expand_nodes(env.get(f"SLURM_JOB_NODELIST_HET_GROUP_{k}", "")):
+                if name not in found:
+                    found.append(name)
+        if found:
+            return found
+    return expand_nodes(env.get("SLURM_JOB_NODELIST") or socket.gethostname())
+
+
+def scontrol_detail(job: str) -> str | None:
+    try:
+        done = subprocess.run(
+            ["scontrol", "show", "job", "-d", job],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return done.stdout if done.returncode == 0 else None
+
+
+GRES_LINE = re.compile(r"^\s*Nodes=(\S+)\s.*?\bGRES=(\S*)", re.M)
+
+
+def gres_per_node(detail: str) -> dict[str, int]:
+    """Each node's GPUs from ``scontrol show job -d``: its per-node lines ``Nodes=n1 CPU_IDs=...
+    GRES=gpu:h100:8(IDX:0-7)`` (every component of a heterogeneous job has its own)."""
+    found: dict[str, int] = {}
+    for nodes, gres in GRES_LINE.findall(detail):
+        count = sum(gpu_count(part) for part in re.split(r",(?=[a-z])", gres) if part)
+        for name in expand_nodes(nodes):
+            found[name] = found.get(name, 0) + count
+    return found
+
+
+def gpu_count(gres: str) -> int:
+    """``gpu:h100:8(IDX:0-7)`` / ``gpu:4`` / ``gpu:a100:2(S:0)`` -> 8 / 4 / 2; not a GPU -> 0."""
+    bare = gres.split("(", 1)[0]
+    if not bare.startswith("gpu"):
+        return 0
+    last = bare.rsplit(":", 1)[-1]
+    return int(last) if last.isdigit() else 0
+
+
+def fewest_cpus(env: dict[str, str]) -> int | None:
+    """The fewest CPUs the job has on any node: SLURM_JOB_CPUS_PER_NODE reads ``16(x2),8``."""
+    counts = [
+        int(part.split("(")[0])
+        for part in env.get("SLURM_JOB_CPUS_PER_NODE", "").split(",")
+        if part.split("(")[0].isdigit()
+    ]
+    return min(counts) if counts else None
+
+
+def gpus_on_node(env: dict[str, str]) -> int:
+    """GPUs Slurm gave this node: SLURM_GPUS_ON_NODE, else the visible devices."""
+    if env.get("SLURM_GPUS_ON_NODE"):
+        return int(env["SLURM_GPUS_ON_NODE"])
+    visible = env.get("CUDA_VISIBLE_DEVICES", "")
+    return len([d for d in visible.split(",") if d.strip()]) if visible else 0
+
+
+def gpus_per_node(env: dict[str, str]) -> int | None:
+    """The GPUs the job has on each node where it asked for them by node: ``--gpus-per-node``
+    (``4`` or ``h100:4``) or a per-node TRES (``gres/gpu:4``, ``gres/gpu:h100:4``)."""
+    for name in ("SLURM_GPUS_PER_NODE", "SLURM_TRES_PER_NODE"):
+        for part in env.get(name, "").split(","):
+            if name == "SLURM_TRES_PER_NODE" and "gpu" not in part:
+                continue
+            count = part.rsplit(":", 1)[-1]
+            if count.isdigit():
+                return int(count)
+    return None
+
+
+def parse_allocation(text: str) -> dict[str, int]:
+    """``--allocation gpu01:4,gpu02:4`` (a node without ``:N`` has no GPU); ``2x4`` is two
+    nodes of four GPUs each."""
+    nodes: dict[str, int] = {}
+    for part in (p.strip() for p in text.split(",")):
+        if not part:
+            continue
+        if "x" in part and part.replace("x", "", 1).isdigit():
+            count, gpus = part.split("x")
+            for _ in range(int(count)):
+                nodes[f"node{len(nodes) + 1}"] = int(gpus)
+            continue
+        name, _, gpus = part.partition(":")
+        if not name or (gpus and not gpus.isdigit()) or name in nodes:
+            raise PlanError(f"--allocation {text!r}: {part!r} is not NODE:GPUS")
+        nodes[name] = int(gpus or 0)
+    if not nodes:
+        raise PlanError(f"--allocation {text!r}: no node")
+    return nodes
+
+
+def expand_nodes(nodelist: str) -> list[str]:
+    """``node[01-03],gpu7`` as Slurm expands it (``scontrol show hostnames``)."""
+    if not nodelist:
+        return []
+    try:
+        done = subprocess.run(
+            ["scontrol", "show", "hostnames", nodelist],
+            capture_output=True,
+            text=True,
+            check=True,
+            timeout=60,
+        )
+        names = done.stdout.split()
+    except (OSError, subprocess.SubprocessError):
+        names = [] if any(c in nodelist for c in "[],") else [nodelist]
+    if not names:
+        raise PlanError(f"cannot expand the node list {nodelist!r} (scontrol)")
+    return names
+
+
+# ---- ports -------------------------------------------------------------------------------------
+
+
+def first_block_start(job: str, base: int | None = None) -> int:
+    """Where the job's block of ports starts: ``GC_RAY_PORT_BASE``, else the job id's block
+    among the 56 between PORT_FLOOR and PORT_CEILING. Jobs whose ids differ by less than 56
+    (neighbours, the tasks of one array: each has its own id) never share one."""
+    if base is not None:
+        return base
+    digits = re.sub(r"\D", "", job) or "0"
+    return PORT_FLOOR + int(digits) % BLOCKS * PORT_BLOCK
+
+
+def other_block(start: int) -> int:
+    """The block a clash moves the job to: half the ring away, past the neighbouring jobs'."""
+    index = (start - PORT_FLOOR) // PORT_BLOCK
+    return PORT_FLOOR + (index + BLOCKS // 2) % BLOCKS * PORT_BLOCK
+
+
+def block_ports(start: int) -> dict[str, int]:
+    """The ports of the block that starts at ``start``: Ray's own, the judge's proxy, and the
+    workers' range (the rest of the block)."""
+    names = (
+        "port",
+        "dashboard-port",  # the minimal dashboard runs even without --include-dashboard
+        "ray-client-server-port",
+        "node-manager-port",
+        "object-manager-port",
+        "dashboard-agent-grpc-port",
+        "dashboard-agent-listen-port",
+        "runtime-env-agent-port",
+        "metrics-export-port",
+    )
+    found = {name: start + k for k, name in enumerate(names)}
+    found["judge-port"] = start + 19  # the judge's Serve proxy
+    return found | {"min-worker-port": start + 20, "max-worker-port": start + PORT_BLOCK - 1}
+
+
+# ---- the plan ----------------------------------------------------------------------------------
+
+
+@dataclass
+class NodePlan:
+    name: str
+    gpus: int
+    nli_replicas: int = 0
+    nli_gpus: float = 0.0
+    judge_replicas: int = 0
+    drivers: int = 0
+    idle_gpus: int = 0
+    idle_why: str = ""
+
+
+@dataclass
+class Plan:
+    """What the job will do, worked out before anything starts."""
+
+    job: str
+    nodes: list[NodePlan]
+    ports: dict[str, int]
+    judge: str | None = None
+    served_name: str | None = None
+    tensor_parallel: int | None = None
+    tensor_parallel_from: str | None = None
+    max_model_len: int | None = None
+    size: ModelSize | None = None
+    size_from: str | None = None
+    gpu_memory_gib: float | None = None
+    gpu_memory_from: str | None = None
+    utilisation: float = UTILISATION
+    replicas: int = 0
+    judge_device: str | None = None
+    judge_start_timeout: float = JUDGE_START_TIMEOUT
+    loras: dict[str, str] = field(default_factory=dict)
+    engine_args: list[str] = field(default_factory=list)
+    nli: str | None = None
+    nli_app: str = NLI_APP
+    nli_device: str | None = None
+    nli_gpu_fraction: float | None = None
+    nli_start_timeout: float = NLI_START_TIMEOUT
+    max_requeues: int = MAX_REQUEUES
+    restarts: int = 0
+    requeue: bool = True
+    dashboard: bool = False
+    inputs: dict[str, Any] = field(default_factory=dict)
+    command: list[str] = field(default_factory=list)
+
+    @property
+    def drivers(self) -> int:
+        return sum(n.drivers for n in self.nodes)
+
+    @property
+    def nli_replicas(self) -> int:
+        return sum(n.nli_replicas for n in self.nodes)
+
+    def nli_nodes(self) -> list[str]:
+        return [n.name for n in self.nodes if n.nli_replicas]
+
+    @property
+    def sharing(self) -> bool:
+        """The NLI app shares a judge's GPU (``--nli-gpu-fraction``)."""
+        return bool(self.nli_gpu_fraction and self.nli_device == "cuda" and self.judge)
+
+    def judge_gpu_share(self) -> float:
+        """Of each GPU a judge's replica uses: all, or what the NLI app's share leaves."""
+        return round(1 - (self.nli_gpu_fraction or 0), 4) if self.sharing else 1.0
+
+    def nli_resources(self, resource: str) -> dict[str, float]:
+        """What each NLI replica asks Ray for: the resource only its nodes offer, and a share of
+        a GPU where it shares one (a whole GPU otherwise: ``--nli-device cuda``)."""
+        own: dict[str, float] = {resource: 1}
+        if self.sharing:
+            own["GPU"] = self.nli_gpu_fraction or 0.0
+        return own
+
+    def bundles(self) -> list[dict[str, float]]:
+        """Each judge replica's placement bundles, as serving.cluster.serve_app makes them."""
+        if not self.judge:
+            return []
+        if self.judge_device == "cpu":
+            return [{"CPU": 1}]
+        return [{"GPU": self.judge_gpu_share(), "CPU": 1}] * (self.tensor_parallel or 1)
+
+    def as_json(self) -> dict[str, Any]:
+        """The plan as one object (``cluster plan --json``; ``cluster-logs/plan.json``)."""
+        return {
+            "job": self.job,
+            "nodes": [asdict(n) for n in self.nodes],
+            "gpus_per_node": {n.name: n.gpus for n in self.nodes},
+            "gpu_memory_gib": self.gpu_memory_gib,
+            "gpu_memory_from": self.gpu_memory_from,
+            "judge": self.judge,
+            "served_name": self.served_name,
+            "tensor_parallel": self.tensor_parallel,
+            "tensor_parallel_from": self.tensor_parallel_from,
+            "max_model_len": self.max_model_len,
+            "judge_memory_gib": round(self.size.needed / GIB, 1) if self.size else None,
+            "judge_size_from": self.size_from,
+            "gpu_memory_utilization": self.utilisation,
+            "replicas": self.replicas,
+            "replicas_per_node": {n.name: n.judge_replicas for n in self.nodes},
+            "bundles_per_replica": self.bundles(),
+            "placement_strategy": "STRICT_PACK" if self.judge else None,
+            "judge_device": self.judge_device,
+            "judge_start_timeout": self.judge_start_timeout,
+            "loras": self.loras,
+            "nli": self.nli,
+            "nli_app": self.nli_app if self.nli else None,
+            "nli_device": self.nli_device,
+            "nli_gpu_fraction": self.nli_gpu_fraction if self.sharing else None,
+            "nli_replicas": self.nli_replicas,
+            "nli_replicas_per_node": {n.name: n.nli_replicas for n in self.nodes},
+            "idle_gpus_per_node": {n.name: n.idle_gpus for n in self.nodes},
+            "idle_why": {n.name: n.idle_why for n in self.nodes if n.idle_gpus},
+            "drivers": self.drivers,
+            "drivers_per_node": {n.name: n.drivers for n in self.nodes},
+            "ports": self.ports,
+            "port_block": [self.ports["port"], self.ports["max-worker-port"]],
+            "max_requeues": self.max_requeues if self.requeue else 0,
+            "restarts": self.restarts,
+            "dashboard": self.dashboard,
+            "inputs": self.inputs,
+            "command": self.command,
+        }
+
+    def lines(self) -> list[str]:
+        """The plan as the job's log opens with it."""
+        gpus = ", ".join(f"{n.name} {n.gpus}" for n in self.nodes)
+        out = [f"plan for job {self.job}: {len(self.nodes)} node(s); GPUs: {gpus}"]
+        if self.judge:
+            where = ", ".join(f"{n.name} {n.judge_replicas}" for n in self.nodes)
+            out.append(
+                f"plan: judge {self.judge} ({self.served_name}) on {self.judge_device}: "
+                f"{self.replicas} replica(s) of tensor parallelism {self.tensor_parallel} "
+                f"({self.tensor_parallel_from}), each on one node (STRICT_PACK); per node: {where}"
+            )
+            if self.size is not None and self.gpu_memory_gib:
+                share = f", {self.judge_gpu_share():g} of each GPU" if self.sharing else ""
+                out.append(
+                    f"plan: the judge needs {self.size.text()} (config: {self.size_from}); GPUs "
+                    f"of {self.gpu_memory_gib:g} GiB ({self.gpu_memory_from}), vLLM using "
+                    f"{self.utilisation:g}{share}"
+                )
+            out.append(f"plan: the judge's start waits up to {self.judge_start_timeout:.0f} s")
+            if self.loras:
+                out.append(f"plan: adapters {', '.join(self.loras)} on every judge replica")
+        if self.nli:
+            where = ", ".join(f"{n.name} {n.nli_replicas}" for n in self.nodes)
+            how = (
+                f", {self.nli_gpu_fraction:g} of a GPU each beside a judge"
+                if self.sharing
+                else (", a GPU each" if self.nli_device == "cuda" else "")
+            )
+            out.append(f"plan: NLI app {self.nli} on {self.nli_device}{how}, per node: {where}")
+        for node in self.nodes:
+            if node.idle_gpus:
+                out.append(f"plan: {node.idle_gpus} GPU(s) idle on {node.name}: {node.idle_why}")
+        drivers = ", ".join(f"{n.name} {n.drivers}" for n in self.nodes)
+        out.append(f"plan: {self.drivers} driver(s), per node: {drivers}")
+        first, last = self.ports["port"], self.ports["max-worker-port"]
+        out.append(
+            f"plan: ports {first}-{last} (GCS {first}, judge {self.ports['judge-port']}, "
+            f"dashboard {self.ports['dashboard-port'] if self.dashboard else 'off'})"
+        )
+        bound = (
+            f"requeued at the time limit's warning, at most {self.max_requeues} time(s) "
+            f"({self.restarts} so far)"
+            if self.requeue
+            else "not requeued (--no-requeue)"
+        )
+        out.append(f"plan: {bound}")
+        return out
+
+
+def plan_for(
+    ask: PlanAsk,
+    job: str,
+    node_gpus: dict[str, int],
+    restarts: int = 0,
+    gpu_memory: tuple[float, str] | None = None,
+) -> Plan:
+    """The plan for this allocation (``gpu_memory``: each GPU's GiB and where that was read),
+    or ``PlanError`` for one that cannot run."""
+    nodes = [NodePlan(name, gpus, drivers=ask.drivers_per_node) for name, gpus in node_gpus.items()]
+    if ask.drivers_per_node < 1:
+        raise PlanError("--drivers-per-node must be at least 1")
+    on_gpu = any(n.gpus for n in nodes)
+    plan = Plan(
+        job=job,
+        nodes=nodes,
+        ports=block_ports(first_block_start(job, ask.port_base)),
+        max_requeues=ask.max_requeues,
+        restarts=restarts,
+        requeue=ask.requeue,
+        dashboard=ask.dashboard,
+        nli_app=ask.nli_app,
+        nli_start_timeout=ask.nli_start_timeout,
+    )
+    if on_gpu:
+        memory = gpu_memory or (
+            (ask.gpu_memory_gib, "--gpu-memory")
+            if ask.gpu_memory_gib
+            else (DEFAULT_GPU_GIB, "assumed: give --gpu-memory GB")
+        )
+        plan.gpu_memory_gib, plan.gpu_memory_from = memory
+    if ask.nli:
+        place_nli(plan, ask, on_gpu)
+    if ask.judge:
+        place_judge(plan, ask.judge, on_gpu)
+    elif ask.nli_gpu_fraction:
+        raise PlanError("--nli-gpu-fraction shares a judge's GPU: give --judge")
+    for node in plan.nodes:
+        explain_idle(plan, node)
+    return plan
+
+
+def place_nli(plan: Plan, ask: PlanAsk, on_gpu: bool) -> None:
+    """One NLI replica per node (on CUDA: a GPU of that node, or a share of a judge's), on the
+    first N nodes; on a CPU-only allocation one replica."""
+    assert ask.nli
+    plan.nli, plan.nli_device = ask.nli, "cuda" if on_gpu else "cpu"
+    fraction = ask.nli_gpu_fraction
+    if fraction is not None and not 0 < fraction < 1:
+        raise PlanError(f"--nli-gpu-fraction {fraction:g}: a share of one GPU, between 0 and 1")
+    plan.nli_gpu_fraction = fraction
+    count = (
+        (len(plan.nodes) if on_gpu else 1) if ask.nli_replicas == "auto" else int(ask.nli_replicas)
+    )
+    if count < 1:
+        raise PlanError("--nli-replicas must be at least 1 (or leave --nli out)")
+    if count > len(plan.nodes):
+        raise PlanError(
+            f"--nli-replicas {count}: one NLI replica per node, and the job has "
+            f"{len(plan.nodes)} node(s)"
+        )
+    for node in plan.nodes[:count]:
+        node.nli_replicas = 1
+        if on_gpu and node.gpus < 1:
+            raise PlanError(f"node {node.name} has no GPU for its NLI replica")
+        node.nli_gpus = (fraction or 1.0) if on_gpu else 0.0
+
+
+def served_name(model: str) -> str:
+    """The name the judge is served under: a preset's, else its folder's or hub id's."""
+    try:
+        preset = resolve(model)
+    except UnknownModelError as exc:
+        raise PlanError(str(exc)) from None
+    return preset.name if PRESETS.get(preset.name) is preset else (Path(model).name or model)
+
+
+def judge_size(ask: JudgeAsk) -> tuple[str, int | None, ModelSize | None, str | None]:
+    """(served name, a preset's parallelism, the model's size from its config, where the config
+    was read): a preset, a hub id or a local folder alike."""
+    try:
+        preset = resolve(ask.model)
+    except UnknownModelError as exc:
+        raise PlanError(str(exc)) from None
+    known = PRESETS.get(preset.name) is preset  # a folder named like one is itself
+    served = preset.name if known else (Path(ask.model).name or ask.model)
+    length = ask.max_model_len or (preset.max_model_len if known else None)
+    source = ask.model if not known else model_source(preset)
+    try:
+        found = read_config(ask.model, source)
+        size = size_of(found[0], served, length) if found else None
+    except SizingError as exc:
+        raise PlanError(str(exc)) from None
+    return served, preset.tensor_parallel_size if known else None, size, found and found[1]
+
+
+def place_judge(plan: Plan, ask: JudgeAsk, on_gpu: bool) -> None:
+    served, preset_tp, size, size_from = judge_size(ask)
+    plan.judge, plan.served_name = ask.model, served
+    plan.loras, plan.engine_args = dict(ask.loras), list(ask.engine_args)
+    plan.judge_start_timeout = ask.start_timeout
+    plan.size, plan.size_from = size, size_from
+    plan.max_model_len = size.max_model_len if size else ask.max_model_len
+    if not on_gpu:  # vLLM's CPU engine: one replica where asked, on the first nodes
+        plan.judge_device, plan.tensor_parallel, plan.tensor_parallel_from = "cpu", 1, "CPU"
+        if ask.replicas == "auto":
+            raise PlanError(
+                "--replicas auto counts GPUs and the allocation has none: give --replicas N for "
+                "CPU replicas, or ask for GPUs (--gpus-per-node)"
+            )
+        plan.replicas = int(ask.replicas)
+        for k in range(plan.replicas):
+            plan.nodes[k % len(plan.nodes)].judge_replicas += 1
+        return
+    plan.judge_device = "cuda"
+    if plan.sharing:  # vLLM may use less of each GPU: an NLI replica may share it
+        plan.utilisation = round(UTILISATION - (plan.nli_gpu_fraction or 0), 4)
+    gpu_bytes = (plan.gpu_memory_gib or DEFAULT_GPU_GIB) * GIB
+    most = max(n.gpus for n in plan.nodes)
+    if ask.gpus_per_replica:
+        plan.tensor_parallel, plan.tensor_parallel_from = ask.gpus_per_replica, "--gpus-per-replica"
+    elif size is not None:
+        fitting = size.smallest_parallelism(gpu_bytes, plan.utilisation, most)
+        if fitting is None:
+            raise PlanError(
+                f"{served} fits no node: one replica needs {size.text()}, and a node has at "
+                f"most {most} GPU(s) of {plan.gpu_memory_gib:g} GiB ({plan.gpu_memory_from}; "
+                f"vLLM uses {plan.utilisation:g} of each; the parallelism must divide its "
+                f"{size.heads} heads): ask for nodes with more or larger GPUs, or a shorter "
+                "--max-model-len"
+            )
+        plan.tensor_parallel, plan.tensor_parallel_from = fitting, "memory"
+    elif preset_tp is not None:
+        plan.tensor_parallel = preset_tp
+        plan.tensor_parallel_from = "preset: no config.json to size it from (prefetch it)"
+    else:
+        raise PlanError(
+            f"{ask.model}: no config.json found to size it from (a folder holds one; a hub id's "
+            "is fetched by `groundcover cluster prefetch`): fetch it, or give --gpus-per-replica"
+        )
+    tp = plan.tensor_parallel
+    free = {n.name: n.gpus - (0 if plan.sharing else int(n.nli_gpus)) for n in plan.nodes}
+    fits = {name: max(gpus, 0) // tp for name, gpus in free.items()}
+    if not any(fits.values()):
+        best = max(plan.nodes, key=lambda n: free[n.name])
+        beside = ""
+        if best.nli_gpus and not plan.sharing:
+            beside = f" ({int(best.nli_gpus)} of its {best.gpus} for the NLI app)"
+        raise PlanError(
+            f"{served} needs {tp} GPUs on one node (tensor parallelism {tp}, "
+            f"{plan.tensor_parallel_from}) and no node has that many free: the most is "
+            f"{free[best.name]} on {best.name}{beside}; ask for nodes with {tp}+ GPUs, fewer "
+            "NLI replicas, --nli-gpu-fraction, or another --gpus-per-replica"
+        )
+    room = sum(fits.values())
+    count = room if ask.replicas == "auto" else int(ask.replicas)
+    if count < 1 or count > room:
+        per = ", ".join(f"{name} {n}" for name, n in fits.items())
+        raise PlanError(
+            f"--replicas {count}: {room} replica(s) of {tp} GPU(s) fit this allocation "
+            f"(per node: {per}); a replica that fits nowhere would wait forever"
+        )
+    left = count
+    for node in plan.nodes:  # in node order: Ray places them where they fit, as many per node
+        node.judge_replicas = min(fits[node.name], left)
+        left -= node.judge_replicas
+    plan.replicas = count
+
+
+def explain_idle(plan: Plan, node: NodePlan) -> None:
+    """The GPUs of ``node`` nothing uses, and why (with what would use them)."""
+    if not node.gpus:
+        return
+    whole_nli = 0 if plan.sharing else int(node.nli_gpus)
+    used = whole_nli
+    if plan.judge_device == "cuda":
+        used += node.judge_replicas * (plan.tensor_parallel or 1)
+    node.idle_gpus = max(node.gpus - used, 0)
+    if not node.idle_gpus:
+        return
+    if not plan.judge or plan.judge_device != "cuda":
+        node.idle_why = "no judge is served (--judge)" if not plan.judge else "the judge is on CPU"
+        return
+    tp = plan.tensor_parallel or 1
+    left = node.gpus - whole_nli
+    if node.judge_replicas < left // tp:
+        node.idle_why = f"--replicas {plan.replicas} asks fewer than fit"
+        return
+    why = f"a replica needs {tp} GPU(s) (tensor parallelism {tp}) and {left % tp} are left"
+    if whole_nli and plan.size is not None and plan.gpu_memory_gib:
+        shared = UTILISATION - SHARE_HINT
+        if plan.size.fits(tp, plan.gpu_memory_gib * GIB, shared) and node.gpus // tp > left // tp:
+            why += (
+                f" beside the NLI app's GPU; --nli-gpu-fraction {SHARE_HINT:g} puts the NLI "
+                f"app beside a judge and fits {node.gpus // tp} replica(s) here"
+            )
+    node.idle_why = why
+
+
+def gpu_memory_here() -> tuple[float, str] | None:
+    """The smallest GPU's memory on this node (``nvidia-smi``), in GiB."""
+    try:
+        done = subprocess.run(
+            ["nvidia-smi", "--query-gpu=memory.total", "--format=csv,noheader,nounits"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    sizes = [float(v) for v in done.stdout.split() if v.replace(".", "", 1).isdigit()]
+    if done.returncode != 0 or not sizes:
+        return None
+    return min(sizes) / 1024, "nvidia-smi on the head"
