@@ -117,7 +117,7 @@ def every_reader(run: Path, out: Path) -> dict[str, Any]:
     found: dict[str, Any] = {
         "report": cli("report", run, "--json"),
         "export": cli("report", run, "--export", out / "rows.csv", "--html", out / "page.html"),
-        "compare": cli("compare", run, twin, "--json"),
+        "compare": cli("compare", run, twin, "--json", "--resamples", "200"),
         "agreement": cli("agreement", run, "--json"),
         "labels": cli("labels", "export", run, out / "labels.csv"),
     }
@@ -467,3 +467,25 @@ def test_the_trust_list_is_never_read_or_written_through_a_link_and_is_the_users
     assert plugins.trusted_study("last-week", {"sha256": sha256(mine)[:63]}) == (
         "the run records no SHA-256 of it"
     )
+
+
+def test_a_runs_own_fact_graphs_are_recorded_inside_it_and_drawn_wherever_it_moves(tmp_path):
+    from groundcover.pipelines.reports.pages.viewer import Viewer
+    from tests.support.scripted import ScriptedClient
+    from tests.test_exact_scores import ITEM, QA_SCRIPTS
+
+    items = tmp_path / "items.jsonl"
+    items.write_text(json.dumps(ITEM.model_dump() | {"id": "a"}) + "\n")
+    done = groundcover.evaluate(
+        "comprehensiveness",
+        options={"input": items, "protocol": "spec", "method": "qa"},
+        run={"run_dir": tmp_path / "run", "cache": None},
+        client=ScriptedClient(QA_SCRIPTS),
+    )
+    recorded = done.results[0].details["graph_files"]
+    assert recorded == {"node_link": "graphs/a.json", "graphml": "graphs/a.graphml"}
+    moved = tmp_path / "sent" / "run"  # as it arrives elsewhere
+    shutil.move(tmp_path / "run", moved)
+    graph = Viewer([moved]).item(0, "a")["graph"]
+    assert graph["nodes"] and "note" not in graph
+    assert {node["status"] for node in graph["nodes"]} >= {"response", "uncovered"}

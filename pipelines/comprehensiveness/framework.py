@@ -252,9 +252,12 @@ async def graph_method(ctx: ItemContext, item: Item, contexts: list[str]) -> tup
     }
     if ctx.options.export_graphs:  # file writing off the event loop
         stem = ctx.run_dir / "graphs" / _safe(item.id)
-        ctx.details["graph_files"] = await asyncio.to_thread(
-            export_graph, graph, result, stem, ctx.run_dir
-        )
+        written = await asyncio.to_thread(export_graph, graph, result, stem, ctx.run_dir)
+        # recorded relative to the run: a reader follows them only inside the run, wherever
+        # the run directory is moved or sent (``store.contained``)
+        ctx.details["graph_files"] = {
+            kind: Path(path).relative_to(ctx.run_dir).as_posix() for kind, path in written.items()
+        }
     return len(result.covered), len(result.uncovered)
 
 
