@@ -18,7 +18,6 @@ that exist), in this process or as Ray tasks, then merges the lists in row order
 from __future__ import annotations
 
 import math
-import os
 import sys
 import time
 from dataclasses import dataclass, replace
@@ -26,6 +25,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from ..serving import files
 
 AUTO_FLAT_BELOW = 50_000  # the ICAT paper's rule: Flat below 50,000 chunks, else IVF + HNSW32
 AUTO_IVF_NPROBE = 256
@@ -282,12 +283,12 @@ def shard_ranges(n: int, shards: int) -> list[tuple[int, int]]:
     return [(int(a), int(b)) for a, b in zip(bounds[:-1], bounds[1:], strict=True) if b > a]
 
 
-def write_atomic(index: Any, path: Path) -> None:
+def write_index(index: Any, path: Path) -> None:
     import faiss
 
-    tmp = path.with_name(path.name + ".tmp")
-    faiss.write_index(index, str(tmp))
-    os.replace(tmp, path)
+    with files.atomic_file(path, "wb", within=path.parent) as handle:  # streamed, never whole
+        writer = faiss.PyCallbackIOWriter(handle.write)  # type: ignore[attr-defined]
+        faiss.write_index(index, writer)
 
 
 def fill_shard(trained: str, vectors_path: str, start: int, stop: int, target: str) -> str:
@@ -297,7 +298,7 @@ def fill_shard(trained: str, vectors_path: str, start: int, stop: int, target: s
 
     index = faiss.read_index(trained)
     add_rows(index, np.load(vectors_path, mmap_mode="r"), start, stop, ivf=True)
-    write_atomic(index, Path(target))
+    write_index(index, Path(target))
     return target
 
 
@@ -333,7 +334,7 @@ def build_faiss_file(
                 flush=True,
             )
             index.train(as_float32(vectors[rows]))
-            write_atomic(index, trained)
+            write_index(index, trained)
             timing = {
                 "train_rows": len(rows),
                 "train_seconds": round(time.monotonic() - started, 3),
@@ -372,7 +373,7 @@ def build_faiss_file(
             ivf.merge_from(faiss.extract_index_ivf(shard), 0)
         index.ntotal = ivf.ntotal  # an OPQ wrapper counts what its inner index holds
     apply_search_params(index, plan.describe())
-    write_atomic(index, folder / "faiss.index")
+    write_index(index, folder / "faiss.index")
     params = plan.describe() | {"shards": shards if plan.ivf else 1, "ray": ray and plan.ivf}
     params |= timing | {"build_seconds": round(time.monotonic() - started, 3)}
     return params

@@ -30,6 +30,7 @@ from typing import Any, Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
+from ..serving.files import atomic_file, make_dirs, write_atomic
 from .ann import (
     BudgetError,
     Progress,
@@ -133,11 +134,12 @@ def write_chunks(corpus: Path, out: Path, spec: IndexSpec) -> tuple[int, int]:
             documents += 1
             yield doc
 
-    with open(out / "chunks.jsonl", "wb") as handle:
+    with atomic_file(out / "chunks.jsonl", "wb", within=out) as handle:
         for chunk in chunk_documents(counted(), spec.chunking):
             offsets.append(handle.tell())
             handle.write(json.dumps(chunk.as_dict(), ensure_ascii=False).encode() + b"\n")
-    np.save(out / "chunk_offsets.npy", np.asarray(offsets, dtype=np.int64))
+    with atomic_file(out / "chunk_offsets.npy", "wb", within=out) as handle:
+        np.save(handle, np.asarray(offsets, dtype=np.int64))
     return documents, len(offsets)
 
 
@@ -242,9 +244,8 @@ def embed_texts(model, texts: list[str], batch: int, tick=None) -> np.ndarray:
 def embed_shard(model, out: str, start: int, stop: int, batch: int, device: str, tick=None) -> str:
     """Embed one shard into parts/emb-START.npy (atomically): the unit a rerun skips."""
     target = Path(out) / "parts" / f"emb-{start:012d}.npy"
-    tmp = target.with_name(target.name + ".tmp.npy")
-    np.save(tmp, embed_range(model, out, start, stop, batch, device, tick))
-    os.replace(tmp, target)
+    with atomic_file(target, "wb", within=Path(out)) as handle:
+        np.save(handle, embed_range(model, out, start, stop, batch, device, tick))
     return str(target)
 
 
@@ -256,7 +257,7 @@ def build_embeddings(out: Path, spec: IndexSpec, n_chunks: int, encoder=None) ->
     model_path = resolve_model(spec.dense_model)
     assert model_path is not None  # only called for an index with a dense part
     ranges = shard_ranges(n_chunks, shard_count(spec, n_chunks))
-    (out / "parts").mkdir(exist_ok=True)
+    make_dirs(out / "parts", within=out)
     targets = [out / "parts" / f"emb-{a:012d}.npy" for a, _ in ranges]
     todo = [(a, b) for (a, b), t in zip(ranges, targets, strict=True) if not t.exists()]
     done_rows = n_chunks - sum(b - a for a, b in todo)
@@ -287,13 +288,15 @@ def build_embeddings(out: Path, spec: IndexSpec, n_chunks: int, encoder=None) ->
             embed_shard(model, str(out), a, b, spec.encode_batch, spec.device, progress)
     dim = int(np.load(targets[0], mmap_mode="r").shape[1])
     dtype = np.float16 if spec.vectors == "float16" else np.float32
-    tmp = out / "embeddings.tmp.npy"
-    merged = np.lib.format.open_memmap(tmp, mode="w+", dtype=dtype, shape=(n_chunks, dim))
-    for (a, b), target in zip(ranges, targets, strict=True):  # row i is chunk i
-        merged[a:b] = np.load(target, mmap_mode="r")
-    merged.flush()
-    del merged
-    os.replace(tmp, out / "embeddings.npy")
+    header = {
+        "descr": np.lib.format.dtype_to_descr(np.dtype(dtype)),
+        "fortran_order": False,
+        "shape": (n_chunks, dim),
+    }
+    with atomic_file(out / "embeddings.npy", "wb", within=out) as handle:  # row i is chunk i
+        np.lib.format.write_array_header_1_0(handle, header)
+        for target in targets:  # one shard in memory at a time, in order
+            handle.write(np.ascontiguousarray(np.load(target), dtype=dtype).tobytes())
     for target in targets:
         target.unlink()
     return {
@@ -346,8 +349,8 @@ def _staging(corpus: Path, out: Path, spec: IndexSpec) -> tuple[Path, str]:
         print(f"[index] resuming the build in {staging}", file=sys.stderr, flush=True)
     else:
         shutil.rmtree(staging, ignore_errors=True)
-        staging.mkdir(parents=True)
-        plan.write_text(json.dumps(wanted, indent=2))
+        make_dirs(staging)
+        write_atomic(plan, json.dumps(wanted, indent=2), within=staging)
     return staging, digest
 
 
@@ -358,7 +361,7 @@ def publish(staging: Path, out: Path, manifest: dict) -> None:
         for p in sorted(staging.rglob("*"))
         if p.is_file()
     }
-    (staging / "manifest.json").write_text(json.dumps(manifest, indent=2))
+    write_atomic(staging / "manifest.json", json.dumps(manifest, indent=2), within=staging)
     os.replace(staging, out)
 
 
@@ -393,13 +396,14 @@ def build_index(corpus: Path | str, out: Path | str, spec: IndexSpec | None = No
 
 def _build_steps(corpus: Path, staging: Path, spec: IndexSpec) -> dict:
     """Each step is skipped when its output is already complete in ``staging``."""
-    (staging / "parts").mkdir(exist_ok=True)
+    make_dirs(staging / "parts", within=staging)
     counts_file = staging / "parts" / "counts.json"
     if not counts_file.exists():  # chunks.jsonl + offsets, then the marker
         documents, n_chunks = write_chunks(corpus, staging, spec)
         if n_chunks == 0:
             raise BuildError(f"{corpus}: no text to index")
-        counts_file.write_text(json.dumps({"documents": documents, "chunks": n_chunks}))
+        counts = {"documents": documents, "chunks": n_chunks}
+        write_atomic(counts_file, json.dumps(counts), within=staging)
     counts = json.loads(counts_file.read_text())
     n_chunks = counts["chunks"]
     manifest: dict = {
@@ -424,14 +428,15 @@ def _build_steps(corpus: Path, staging: Path, spec: IndexSpec) -> dict:
             manifest["bm25"] = build_bm25(staging, spec, n_chunks, staging / "bm25.tmp")
             manifest["bm25"]["seconds"] = round(time.monotonic() - started, 3)
             os.replace(staging / "bm25.tmp", staging / "bm25")
-            (staging / "parts" / "bm25.json").write_text(json.dumps(manifest["bm25"]))
+            bm25_file = staging / "parts" / "bm25.json"
+            write_atomic(bm25_file, json.dumps(manifest["bm25"]), within=staging)
         manifest["bm25"] = json.loads((staging / "parts" / "bm25.json").read_text())
     if plan is not None:
         if not dense_file.exists():
             started = time.monotonic()
             dense = build_embeddings(staging, spec, n_chunks, encoder)
             dense["seconds"] = round(time.monotonic() - started, 3)  # this run's part, if resumed
-            dense_file.write_text(json.dumps(dense))
+            write_atomic(dense_file, json.dumps(dense), within=staging)
         manifest["dense"] = json.loads(dense_file.read_text())
         if not (staging / "faiss.index").exists():
             faiss_params = build_faiss_file(
@@ -441,7 +446,8 @@ def _build_steps(corpus: Path, staging: Path, spec: IndexSpec) -> dict:
                 ray=spec.ray,
                 train_sample=spec.train_sample,
             )
-            (staging / "parts" / "faiss.json").write_text(json.dumps(faiss_params))
+            faiss_file = staging / "parts" / "faiss.json"
+            write_atomic(faiss_file, json.dumps(faiss_params), within=staging)
         manifest["faiss"] = json.loads((staging / "parts" / "faiss.json").read_text())
     return manifest
 

@@ -12,7 +12,6 @@ with the measured recall and speed under ``tuning``.
 from __future__ import annotations
 
 import json
-import os
 import random
 import time
 from datetime import UTC, datetime
@@ -22,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from ..index_build.ann import apply_search_params
+from ..serving.files import write_atomic
 from .index import SearchIndex
 
 EF_GRID = (16, 32, 64, 128, 256, 512, 1024, 2048)
@@ -152,6 +152,4 @@ def _knobs(setting: dict[str, Any]) -> str:
 
 
 def write_manifest(path: Path, manifest: dict[str, Any]) -> None:
-    tmp = path / "manifest.json.tmp"
-    tmp.write_text(json.dumps(manifest, indent=2))
-    os.replace(tmp, path / "manifest.json")
+    write_atomic(path / "manifest.json", json.dumps(manifest, indent=2), within=path)

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .files import UnsafePath, make_dirs, write_atomic
 from .launch.embedded import cache_root
 
 BLOCK = 1 << 20
@@ -122,11 +123,10 @@ def _read_memo(memo_file: Path, real: Path) -> dict[str, list[Any]]:
 
 def _write_memo(memo_file: Path, real: Path, entries: dict[str, list[Any]]) -> None:
     """Best effort: a memo that cannot be written costs a re-hash next time, nothing else."""
-    with contextlib.suppress(OSError):
-        memo_file.parent.mkdir(parents=True, exist_ok=True)
-        tmp = memo_file.with_name(f".{memo_file.name}.{os.getpid()}.tmp")
-        tmp.write_text(json.dumps({"path": str(real), "entries": entries}))
-        os.replace(tmp, memo_file)
+    with contextlib.suppress(OSError, UnsafePath):
+        make_dirs(memo_file.parent)
+        text = json.dumps({"path": str(real), "entries": entries})
+        write_atomic(memo_file, text, within=memo_file.parent)
 
 
 # ---- models ------------------------------------------------------------------------------------

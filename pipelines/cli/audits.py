@@ -262,10 +262,12 @@ def cascade_calibrate(
             "probability with --confidence logprobs"
         )
     made["sha256"] = content_digest(made)
+    from ...serving.files import make_dirs, write_atomic
+
     folder = out or run_dir[-1] / "cascade"
-    folder.mkdir(parents=True, exist_ok=True)
-    path = folder / f"calibration-{made['sha256'][:12]}.json"
-    path.write_text(json.dumps(made, indent=1, ensure_ascii=False) + "\n")
+    make_dirs(folder, within=None if out else run_dir[-1])  # in the run: cascade/ not a link
+    path = folder / f"calibration-{made['sha256'][:12]}.json"  # a name made here
+    write_atomic(path, json.dumps(made, indent=1, ensure_ascii=False) + "\n", within=folder)
     if as_json:
         print(json.dumps(made | {"file": str(path)}, ensure_ascii=False))
         return

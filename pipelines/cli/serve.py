@@ -191,9 +191,9 @@ def said_ready(path: Path | None, base_url: str) -> None:
     """``--ready-file``: the URL, written whole (a reader never sees half of it)."""
     if path is None:
         return
-    part = path.with_name(path.name + ".part")
-    part.write_text(base_url + "\n")
-    part.replace(path)
+    from ...serving.files import write_atomic
+
+    write_atomic(path, base_url + "\n")
 
 
 def serve_replicas(

@@ -20,6 +20,7 @@ from rich.table import Table
 
 from groundcover import InputFile, RunOutcome, RunPlan, RunRequest, Study, UserError
 from groundcover.inputs import IndexDir, InputDir, ModelName
+from groundcover.serving.files import make_dirs, write_atomic
 
 from . import data
 from .framework import CRUX, CruxOptions, TopicItem
@@ -129,15 +130,14 @@ def build_passage_index(options: ReproduceCruxOptions, out: Path) -> None:
 
     topics = data.load_topics(options.topics)
     rows = data.load_passages(options.passages, topics)
-    out.parent.mkdir(parents=True, exist_ok=True)
+    make_dirs(out.parent)
     corpus = out.parent / "corpus.jsonl"
-    corpus.write_text(
-        "".join(
-            json.dumps({"id": pid, "contents": text}, ensure_ascii=False) + "\n"
-            for by_topic in rows.values()
-            for pid, text in by_topic.items()
-        )
+    text = "".join(
+        json.dumps({"id": pid, "contents": text}, ensure_ascii=False) + "\n"
+        for by_topic in rows.values()
+        for pid, text in by_topic.items()
     )
+    write_atomic(corpus, text, within=out.parent)
     build_index(corpus, out, IndexSpec(chunk_size=100_000, chunk_overlap=0))
 
 

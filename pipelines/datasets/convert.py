@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from ...serving.files import atomic_file, write_atomic
 from ..runtime.contract.errors import UserError
 
 WC_RESPONSES = 5  # prompts 0..4: no context, context 1, context 2, both, both with a hint
@@ -63,7 +64,7 @@ def wikicontradict_humaneval(sources: list[Path], out: Path) -> None:
                 row[f"label{i}"] = _text(path, where, record, f"ModelAnswer_prompt_{i}_humanEval")
             row["model"] = model
             lines.append(json.dumps(row, ensure_ascii=False) + "\n")
-    (out / "humaneval.jsonl").write_text("".join(lines), encoding="utf-8")
+    write_atomic(out / "humaneval.jsonl", "".join(lines), within=out)
 
 
 CB_FIELDS = (
@@ -181,7 +182,7 @@ def conflictbank_train(sources: list[Path], out: Path) -> None:
     """CB_qa_v2's train split as one JSONL file in the published row order (the seed-42 sample
     is drawn from it at read time, so the order must be the Hub's)."""
     count = 0
-    with (out / "train.jsonl").open("w", encoding="utf-8") as sink:
+    with atomic_file(out / "train.jsonl", within=out) as sink:
         for path in _train_files(sources):
             for where, row in _rows(path):
                 if not isinstance(row, dict):
@@ -272,12 +273,14 @@ def crux_mds(sources: list[Path], out: Path) -> None:
         ]
         if not lines:
             raise UserError(f"crux-mds-{subset}: no topic with sub-questions")
-        (out / f"topics-{subset}.jsonl").write_text("".join(lines), encoding="utf-8")
+        write_atomic(out / f"topics-{subset}.jsonl", "".join(lines), within=out)
         _crux_ratings(sorted(folders.get("judge", [])), questions, out / f"ratings-{subset}.jsonl")
         for folder, paths in folders.items():
             if folder not in ("topic", "subtopics"):
                 for path in paths:
-                    (out / f"{subset}-{folder}-{path.name}").write_bytes(path.read_bytes())
+                    write_atomic(
+                        out / f"{subset}-{folder}-{path.name}", path.read_bytes(), within=out
+                    )
 
 
 def _crux_ratings(paths: list[Path], questions: dict[str, list[str]], target: Path) -> None:
@@ -310,7 +313,7 @@ def _crux_ratings(paths: list[Path], questions: dict[str, list[str]], target: Pa
                 for q, r in enumerate(ratings)
             ]
     if lines:
-        target.write_text("".join(lines), encoding="utf-8")
+        write_atomic(target, "".join(lines), within=target.parent)
 
 
 def _rating(value: Any) -> bool:
@@ -341,10 +344,10 @@ def trec_web_diversity(datasets: list[Any], out: Path) -> None:
     if not topics:
         raise UserError("trec-web-topics: ir_datasets gave no topics")
     topics.sort(key=lambda t: t["topic_id"])
-    with (out / "topics.jsonl").open("w", encoding="utf-8") as sink:
+    with atomic_file(out / "topics.jsonl", within=out) as sink:
         for topic in topics:
             sink.write(json.dumps(topic, ensure_ascii=False) + "\n")
-    with (out / "qrels.jsonl").open("w", encoding="utf-8") as sink:
+    with atomic_file(out / "qrels.jsonl", within=out) as sink:
         for dataset in datasets:
             for r in dataset.qrels_iter():
                 row = {
@@ -386,7 +389,7 @@ def fanoutqa_wiki(sources: list[Path], out: Path) -> None:
     for path in sources:
         _evidence(_read_json(path), pages)
     missing = []
-    with (out / "articles.jsonl").open("w", encoding="utf-8") as sink:
+    with atomic_file(out / "articles.jsonl", within=out) as sink:
         for pageid, page in sorted(pages.items()):
             cached = wiki.WIKI_CACHE_DIR / f"{pageid}-dated.md"
             if cached.is_file():

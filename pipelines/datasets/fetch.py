@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from ...serving.content import file_digest
+from ...serving.files import make_dirs, write_atomic
 from ...serving.launch.embedded import cache_root
 from ..runtime.contract.errors import UserError
 from ..runtime.store.lines import stamp
@@ -72,11 +73,8 @@ def write_lock_entry(key: str, entry: dict[str, Any]) -> None:
     """Atomic: a reader sees the old lock or the new one."""
     lock = read_lock() | {key: entry}
     root = data_root()
-    root.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=root, prefix=".lock.")
-    with os.fdopen(fd, "w") as f:
-        json.dump(lock, f, indent=1, sort_keys=True)
-    os.replace(tmp, root / LOCK)
+    make_dirs(root)
+    write_atomic(root / LOCK, json.dumps(lock, indent=1, sort_keys=True), within=root)
 
 
 def lock_key(name: str, requested: str) -> str:

@@ -21,6 +21,7 @@ from pydantic import Field, model_validator
 
 from groundcover import UserError
 from groundcover.inputs import Strict, iter_jsonl
+from groundcover.serving.files import write_atomic
 
 TARGET_MODULES = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
@@ -218,5 +219,5 @@ def train(options: TrainOptions, progress: bool = True) -> dict[str, Any]:
     final = card["final_loss"]
     if final is not None and not math.isfinite(float(final)):
         raise UserError(f"training diverged (final loss {card['final_loss']}): lower the rate")
-    (options.out / "card.json").write_text(json.dumps(card, indent=1))
+    write_atomic(options.out / "card.json", json.dumps(card, indent=1), within=options.out)
     return card

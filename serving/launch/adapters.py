@@ -10,6 +10,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from ..files import write_atomic
+
 MAX_SERVED_RANK = 512  # the largest --max-lora-rank vLLM accepts
 _NAME_OK = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_.")
 
@@ -57,17 +59,13 @@ def register(name: str, source: Path | str, *, replace: bool = False) -> Path:
     for item in Path(source).iterdir():
         if item.is_file() and (item.name in keep or item.name.startswith("tokenizer")):
             shutil.copy2(item, staging / item.name)
-    (staging / "registered.json").write_text(
-        json.dumps(
-            {
-                "name": name,
-                "source": str(Path(source).resolve()),
-                "base": config.get("base_model_name_or_path"),
-                "rank": config.get("r"),
-            },
-            indent=1,
-        )
-    )
+    registered = {
+        "name": name,
+        "source": str(Path(source).resolve()),
+        "base": config.get("base_model_name_or_path"),
+        "rank": config.get("r"),
+    }
+    write_atomic(staging / "registered.json", json.dumps(registered, indent=1), within=staging)
     if target.exists():
         shutil.rmtree(target)
     staging.rename(target)  # the registry never holds a half-copied adapter
