@@ -489,3 +489,29 @@ def test_a_runs_own_fact_graphs_are_recorded_inside_it_and_drawn_wherever_it_mov
     graph = Viewer([moved]).item(0, "a")["graph"]
     assert graph["nodes"] and "note" not in graph
     assert {node["status"] for node in graph["nodes"]} >= {"response", "uncovered"}
+
+
+def test_input_files_a_run_names_without_their_sha256_are_not_read(made, tmp_path):
+    """A run recording no SHA-256 of its inputs (as one made before they were fingerprinted, or
+    one sent without them) names files nothing holds to their content: none is read into the
+    rows or the page, even with the framework loaded."""
+    from groundcover.pipelines.reports.pages.viewer import Viewer
+
+    run = received(made, tmp_path / "inbox")
+    private = tmp_path / "private.jsonl"
+    rows = [{"id": f"q{k}", "question": f"SECRET-{k}", "answer": "x"} for k in range(3)]
+    private.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    manifest = json.loads((run / "manifest.json").read_text())
+    del manifest["inputs"]
+    manifest["options"]["input"] = str(private)
+    (run / "manifest.json").write_text(json.dumps(manifest))
+    mine = made / "framework" / "last_week.py"
+    out = tmp_path / "rows.csv"
+    exported = cli(
+        "report", run, "--export", out, "--html", tmp_path / "p.html", "--framework", mine
+    )
+    assert exported.exit_code == 0, exported.output
+    assert "SECRET" not in out.read_text() + (tmp_path / "p.html").read_text()
+    viewer = Viewer([run])
+    assert "SECRET" not in json.dumps([viewer.unit(0, f"q{k}") for k in range(3)])
+    assert "records no SHA-256 of the files its options name" in viewer.state(0).texts.notes[0]

@@ -24,9 +24,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pydantic import BaseModel
+
 from ...runtime.contract.results import ItemResult, ItemText
 from ...runtime.store.manifest import RunManifest
-from ...runtime.store.provenance import input_digests, input_records, manifest_provenance
+from ...runtime.store.provenance import (
+    content_fields,
+    input_digests,
+    input_records,
+    manifest_provenance,
+)
 from ...runtime.store.run_dir import MANIFEST, RESULTS, read_manifest, results_by_id
 
 Row = dict[str, Any]
@@ -90,6 +97,13 @@ def run_items(
     they are gone or no longer hold what the run read."""
     if getattr(fw, "records_only", False):  # its code is not loaded: nothing reads the inputs
         return None, [fw.note]
+    if manifest.inputs is None and _names_files(options):
+        # the files are named by the run alone, which anyone could have written: with no
+        # digest to hold them to, any file of the reader's could be read into the rows
+        return None, [
+            "the run records no SHA-256 of the files its options name: the rows carry no item "
+            "text (rerun it here to record them)"
+        ]
     try:
         if manifest.inputs is not None:
             now, then = input_digests(input_records(options)), input_digests(manifest.inputs)
@@ -104,6 +118,13 @@ def run_items(
     if manifest.inputs is None:
         return items, ["the run's inputs are known by name only: item text read as the files are"]
     return items, []
+
+
+def _names_files(options: Any) -> bool:
+    """Whether ``options`` name a file or folder to read (a model is known by name or revision)."""
+    return isinstance(options, BaseModel) and any(
+        marker.kind != "model" for _, marker, _ in content_fields(options)
+    )
 
 
 def _given_answers(fw: Any, options: Any) -> dict[str, str]:
