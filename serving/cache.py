@@ -52,6 +52,7 @@ from typing import Any
 import orjson
 
 from .content import on_network_filesystem
+from .redact import clipped
 
 # 2: keys carry revisions; rows carry their model and revision. 3: an endpoint nothing
 # identifies is keyed by its URL too (rows keyed before that are legacy, bound on first use)
@@ -176,7 +177,7 @@ class ResponseCache:
                 if part.exists():
                     os.replace(part, Path(f"{target}{suffix}"))
         self._note(
-            f"the response cache {self.own} is damaged ({' '.join(str(exc).split())[:80]}): "
+            f"the response cache {self.own} is damaged ({clipped(str(exc), 80)}): "
             f"moved aside to {target.name}; answers will be asked again"
         )
 
@@ -430,7 +431,7 @@ class ResponseCache:
                 self._writing = False  # a full disk, say: the run goes on without caching
                 self._note(
                     f"the response cache {self.own} stopped taking answers "
-                    f"({' '.join(str(exc).split())[:80]}); the run goes on without it"
+                    f"({clipped(str(exc), 80)}); the run goes on without it"
                 )
                 return db
         return db

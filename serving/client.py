@@ -22,9 +22,11 @@ from pydantic import BaseModel, ValidationError
 
 from .batch import AskOnline, Batcher, BatchError, LineFailed
 from .cache import ResponseCache, cache_key
+from .credentials import take_credentials
 from .limits import AdaptiveLimit, FixedLimit
 from .parsing import ParseError, extract_json, match_choice
 from .reasoning import Reasoning, ReasoningCut, reasoning_text, split_inline
+from .redact import clipped
 from .templates import REASK
 from .transport import (
     ConnectionFault,
@@ -317,7 +319,7 @@ class Tool:
             args = json.loads(arguments, strict=False) if isinstance(arguments, str) else arguments
             return json.dumps(self.function(self.parameters.model_validate(args)))
         except (json.JSONDecodeError, ValidationError, ValueError, TypeError) as exc:
-            return json.dumps({"error": f"{type(exc).__name__}: {exc}"[:500]})
+            return json.dumps({"error": clipped(f"{type(exc).__name__}: {exc}", 500)})
 
 
 @dataclass
@@ -355,7 +357,7 @@ class EvalClient:
         sample: int | str | None = None,
         batcher: Batcher | None = None,
     ):
-        self.base_url = base_url
+        self.base_url = base_url = take_credentials(base_url)  # a URL's user-info: held apart
         # requests bought as batch jobs, in rounds (``serving.batch``); None: one by one
         self.batcher = batcher
         # request name (base model, adapter) -> what it is by content (a digest, a hub commit,
@@ -889,4 +891,4 @@ def wire_request(
 
 
 def _one_line(exc: BaseException) -> str:
-    return " ".join(str(exc).split())[:300]
+    return clipped(str(exc), 300)

@@ -14,7 +14,7 @@ from typing import Any
 
 import httpx
 
-from .redact import remember
+from .credentials import authorization, take_credentials
 
 PROBE_SECONDS = 3.0
 
@@ -50,9 +50,9 @@ def served_models(
     base_url: str, api_key: str = "EMPTY", timeout: float = PROBE_SECONDS
 ) -> list[ServedModel] | None:
     """The models ``base_url`` serves; None when it has no listing (404, not JSON)."""
+    base_url = take_credentials(base_url)
     url = base_url.rstrip("/") + "/models"
-    remember(api_key)
-    headers = {"Authorization": f"Bearer {api_key}"}
+    headers = {"Authorization": authorization(base_url, api_key)}
     try:
         response = httpx.get(url, headers=headers, timeout=httpx.Timeout(timeout))
     except httpx.TimeoutException:

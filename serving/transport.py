@@ -17,7 +17,8 @@ from typing import Any
 import aiohttp
 import orjson
 
-from .redact import redact, remember
+from .credentials import authorization, take_credentials
+from .redact import clipped, redact
 
 # status -> what the client does with it (docs/serving.md's table is this one)
 FAULTS = {
@@ -105,7 +106,7 @@ def error_message(payload: bytes) -> str:
             text = str(data["detail"])
         elif data.get("message"):
             text = str(data["message"])
-    return " ".join(text.split())[:300]
+    return clipped(text, 300)  # redacted before the cut: no head of a key left behind
 
 
 class HttpTransport:
@@ -114,9 +115,11 @@ class HttpTransport:
     used from a later loop (a second ``asyncio.run``) gets a new one."""
 
     def __init__(self, base_url: str, api_key: str, timeout: float, connections: int):
-        remember(api_key)
-        self.base_url = base_url.rstrip("/")
-        self.headers = {"Authorization": f"Bearer {api_key}", "Content-Type": "application/json"}
+        self.base_url = take_credentials(base_url).rstrip("/")  # user-info: held, never shown
+        self.headers = {
+            "Authorization": authorization(self.base_url, api_key),
+            "Content-Type": "application/json",
+        }
         self.timeout = aiohttp.ClientTimeout(total=timeout)
         self.connections = max(1, connections)
         self._session: aiohttp.ClientSession | None = None

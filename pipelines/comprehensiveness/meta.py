@@ -22,6 +22,7 @@ from rich.table import Table
 
 from groundcover import ItemResult, UserError, not_scored
 from groundcover.inputs import iter_jsonl
+from groundcover.serving.redact import clipped
 from groundcover.stats import Interval, bca_interval
 
 from .common import Item
@@ -165,7 +166,7 @@ def read_rows(path: Path) -> list[tuple[int, dict[str, Any]]]:
     try:
         table = pq.read_table(path)
     except Exception as exc:  # pyarrow raises several types for a file that is not Parquet
-        raise UserError(f"{path}: not a readable Parquet file: {str(exc)[:120]}") from exc
+        raise UserError(f"{path}: not a readable Parquet file: {clipped(str(exc), 120)}") from exc
     return list(enumerate(table.to_pylist(), 1))
 
 

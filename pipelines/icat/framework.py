@@ -36,6 +36,7 @@ from groundcover import (
 from groundcover.inputs import IndexDir, ModelName
 from groundcover.judges import cover_label, load_variants
 from groundcover.nli import PLACEMENT_FIELDS, NliPlacement, placement_of
+from groundcover.serving.redact import clipped
 
 from ..shared.claims import CLAIMS_PROMPT, extract_claims
 from . import data, scoring
@@ -307,7 +308,7 @@ class Icat(Framework[IcatOptions, data.Response]):
         try:  # here, on a Serve app or on Ray actors: the same numbers
             return options.open_nli(*options.cross_encoder(), ray_address)
         except (OSError, NliModelError) as exc:
-            raise UserError(f"NLI model {options.nli_model!r}: {str(exc)[:200]}") from exc
+            raise UserError(f"NLI model {options.nli_model!r}: {clipped(str(exc), 200)}") from exc
 
     async def solve(self, item: data.Response, ctx: ItemContext) -> ItemResult:
         options: IcatOptions = ctx.options

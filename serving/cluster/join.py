@@ -27,6 +27,7 @@ from typing import Any, TypeVar
 
 from ..client import EndpointError
 from ..launch.startlog import timed
+from ..redact import clipped
 
 T = TypeVar("T")
 
@@ -154,7 +155,7 @@ def while_cluster_lives(work: Callable[[], T], grace: float = 5.0, poll: float =
 
 def error_line(exc: BaseException) -> str:
     """An exception from inside Ray as one short line, to send across a driver's pipe."""
-    return f"{type(exc).__name__}: {' '.join(str(exc).split())[:500]}"
+    return clipped(f"{type(exc).__name__}: {exc}", 500)
 
 
 # ---- a Ray driver in a child process -----------------------------------------------------------

@@ -36,6 +36,7 @@ from typing import Any, Literal
 
 from rich.console import Console
 
+from ....serving.redact import clipped, redact
 from ...runtime.store.contained import study_runs
 from ...runtime.store.provenance import manifest_provenance
 from ...runtime.store.run_dir import MANIFEST, STUDY_FILE, SUMMARY, read_manifest, read_study
@@ -80,7 +81,7 @@ def track(paths: list[Path], tracking: Tracking, warn: Console | None = None) ->
                 ids += logger.log_path(path, Path(scratch))
             return ids
     except Exception as exc:  # noqa: BLE001 - a tracker's failure never fails the run
-        reason = f"{type(exc).__name__}: {' '.join(str(exc).split())}"[:300]
+        reason = clipped(f"{type(exc).__name__}: {exc}", 300)
         if isinstance(exc, ImportError):
             reason = f"{tracking.tracker} is not installed ({INSTALL[tracking.tracker]})"
         warn.print(f"warning: --track {tracking.tracker}: nothing logged: {reason}", markup=False)
@@ -309,7 +310,7 @@ def flat(value: Any, prefix: str = "") -> Iterator[tuple[str, str]]:
             yield from flat(inner, f"{prefix}.{key}" if prefix else str(key))
         return
     text = value if isinstance(value, str) else json.dumps(value, default=str)
-    yield prefix, text[:500]
+    yield prefix, redact(text)[:500]  # redacted before the cut
 
 
 def numbers(value: Any, prefix: str) -> Iterator[tuple[str, float]]:

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ....serving.redact import clipped
 from .errors import UserError
 from .panels import numbered, split_member
 
@@ -162,7 +163,7 @@ def read_cascade(path: Path) -> Cascade:
     try:
         found = json.loads(read_text(path))
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise UserError(f"{where}: not JSON: {' '.join(str(exc).split())[:200]}") from None
+        raise UserError(f"{where}: not JSON: {clipped(str(exc), 200)}") from None
     if not isinstance(found, dict) or found.get("kind") != CALIBRATION_KIND:
         raise UserError(f"{where}: record: field 'kind': not a cascade calibration")
     digest = content_digest(found)

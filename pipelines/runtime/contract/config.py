@@ -49,6 +49,20 @@ class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
+def endpoint_url(value: str | None) -> str | None:
+    """An endpoint as read (``--endpoint``, a role's ``@URL``, the YAML, the Python API): an
+    http(s) URL, its user-info taken off and held in memory for its requests
+    (``serving.credentials``), so that nothing recorded, shown, exported or keyed holds it."""
+    if value is None:
+        return None
+    from ....serving.credentials import take_credentials
+    from ....serving.redact import redact
+
+    if not value.startswith(("http://", "https://")):
+        raise ValueError(f"must be an http(s) URL, got {redact(value)!r}")
+    return take_credentials(value)
+
+
 class EvaluatorConfig(Strict):
     """One evaluator: the model (a preset, a directory, a hub id, ``MODEL:ADAPTER``), where it
     is served (an ``endpoint``, else vLLM started here, with ``adapters`` and ``replicas``), how
@@ -138,9 +152,7 @@ class EvaluatorConfig(Strict):
     @field_validator("endpoint")
     @classmethod
     def _url(cls, value: str | None) -> str | None:
-        if value is not None and not value.startswith(("http://", "https://")):
-            raise ValueError(f"must be an http(s) URL, got {value!r}")
-        return value
+        return endpoint_url(value)
 
     @field_validator("adapters")
     @classmethod

@@ -34,6 +34,7 @@ from pydantic import BaseModel, BeforeValidator, Field, create_model
 from rich.console import Console
 
 from ....serving.content import file_digest
+from ....serving.redact import clipped
 from ....serving.templates import REASK, PromptTemplate
 from ..store.manifest import RunSummary
 from ..store.provenance import without_input_paths
@@ -100,7 +101,7 @@ class RunRequest:
         try:
             return role_evaluator(self.evaluator, self.roles.get(name))
         except ValueError as exc:  # pydantic's ValidationError is one
-            raise UserError(f"role {name}: {' '.join(str(exc).split())[:300]}") from exc
+            raise UserError(f"role {name}: {clipped(str(exc), 300)}") from exc
 
 
 @dataclass

@@ -11,10 +11,12 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
+from ....serving.credentials import hold, split_userinfo
+from ....serving.redact import clipped, redact
 from ..store.provenance import NotContent
-from .config import EvaluatorConfig, Strict, UserError
+from .config import EvaluatorConfig, Strict, UserError, endpoint_url
 from .panels import member_name
 
 # Roles that write the output under evaluation; every other role judges or extracts.
@@ -42,6 +44,11 @@ class RoleSpec(Strict):
     def _from_text(cls, value: Any) -> Any:
         return parse_spec(value) if isinstance(value, str) else value
 
+    @field_validator("endpoint")
+    @classmethod
+    def _url(cls, value: str | None) -> str | None:
+        return endpoint_url(value)
+
 
 def parse_spec(text: str) -> dict[str, str | None]:
     """``MODEL``, ``MODEL@URL``, ``MODEL:ADAPTER@URL``, ``MODEL@URL:ADAPTER`` or ``:ADAPTER``.
@@ -56,11 +63,14 @@ def parse_spec(text: str) -> dict[str, str | None]:
     model, at, url = text.partition("@")
     adapter = None
     if at:
+        url, userinfo = split_userinfo(url)  # before ':ADAPTER' is looked for (a password's ':')
         head, colon, tail = url.rpartition(":")
         if colon and tail and "/" not in tail and not tail.isdigit() and "//" in head:
             url, adapter = head, tail
+        if userinfo is not None:
+            hold(url, userinfo)  # in memory for the requests; the spec keeps the URL without
         if not url.startswith(("http://", "https://")):
-            raise ValueError(f"{text!r}: after @ comes an http(s) URL")
+            raise ValueError(f"{redact(text)!r}: after @ comes an http(s) URL")
     if model.startswith(":"):  # ':ADAPTER': an adapter on the default model
         return {"adapter": model[1:] or None, "endpoint": url or None}
     return {"model": model or None, "endpoint": url or None, "adapter": adapter}
@@ -200,7 +210,7 @@ def responder_config(spec: str, base: EvaluatorConfig) -> tuple[str, EvaluatorCo
     try:
         evaluator = role_evaluator(base, RoleSpec.model_validate(spec))
     except ValueError as exc:
-        raise UserError(f"model {spec!r}: {' '.join(str(exc).split())[:300]}") from exc
+        raise UserError(f"model {redact(spec)!r}: {clipped(str(exc), 300)}") from exc
     return model_name(evaluator), evaluator
 
 

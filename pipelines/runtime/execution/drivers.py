@@ -42,6 +42,7 @@ from typing import Any
 
 from ....serving.client import EndpointError
 from ....serving.cluster.join import Channel, DriverChild, error_line
+from ....serving.credentials import held_environment
 from ..budget.costs import Budget, Ledger, usage_tokens
 from ..contract.config import EvaluatorConfig, UserError
 from ..contract.protocol import RunRequest
@@ -474,13 +475,15 @@ class DriverRun:
 
 def passed_env(roles: dict[str, EvaluatorConfig]) -> dict[str, str]:
     """The environment a driver on another node needs: groundcover's own settings, the
-    evaluators' API keys and the hub's offline switches (never the whole environment)."""
+    evaluators' API keys and endpoints' credentials, and the hub's offline switches (never the
+    whole environment)."""
     names = {ev.api_key_env for ev in roles.values()}
-    return {
+    passed = {
         k: v
         for k, v in os.environ.items()
         if k.startswith(("GROUNDCOVER_", "HF_")) or k in names or k == "PYTHONPATH"
     }
+    return passed | held_environment()  # endpoints' user-info, held in memory here
 
 
 async def solve_on_drivers(

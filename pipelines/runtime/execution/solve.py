@@ -21,6 +21,7 @@ from rich.table import Column
 from ....serving.client import EndpointError, EvalClient, RequestRejected, StageUsage
 from ....serving.launch.server import ServerStartError
 from ....serving.reasoning import ReasoningCut
+from ....serving.redact import clipped
 from ..budget.costs import Budget, Ledger
 from ..contract.cascade import Cascade, JudgementAbstained, read_cascade
 from ..contract.config import EvaluatorConfig, UserError
@@ -87,7 +88,7 @@ async def _recorded(fw: Framework[Any, ItemT], item: ItemT, ctx: ItemContext) ->
     except (EndpointError, UserError, RunStoreError, ServerStartError):
         raise
     except Exception as exc:  # a defect on this item: recorded, retried on resume, run goes on
-        error = f"{type(exc).__name__}: {' '.join(str(exc).split())[:500]}"
+        error = clipped(f"{type(exc).__name__}: {exc}", 500)  # redacted, then cut
         return ctx.failed(
             StageFailure(stage="solve", error=error), "error", "solving the item raised an error"
         )
