@@ -304,6 +304,7 @@ def test_a_file_trusted_named_or_run_by_the_user_loads_and_revoked_stops_at_once
     assert tables_of(named)["mean"] == 0.5 and RECORDS_ONLY not in named.stderr
     plugins._GIVEN.clear()  # the next command is another process
     assert "no trusted framework files" in cli("trust", "--list").stdout
+    assert cli("report", run, "--trust").exit_code == 2  # --trust of no --framework file
     kept = cli("labels", "export", run, tmp_path / "l.csv", "--framework", mine, "--trust")
     assert kept.exit_code == 0, kept.output
     plugins._GIVEN.clear()

@@ -211,10 +211,11 @@ def trusted_study(name: str, source: dict[str, Any]) -> Study[Any] | str:
             changed.append(entry.path)
             continue
         module = load_source(Path(entry.path), code)
-        found = _study_in(module, source.get("object") or None)
+        named = source.get("object")
+        found = _study_in(module, named if isinstance(named, str) and named else None)
         if not isinstance(found, Study) or found.name != name:
             return f"the trusted file {entry.path} holds no framework {name!r}"
-        found.source = {"file": entry.path, "object": source.get("object"), "sha256": wanted}
+        found.source = {"file": entry.path, "object": named, "sha256": wanted}
         return found
     return f"the trusted file ({', '.join(changed)}) no longer has that SHA-256"
 
@@ -289,6 +290,10 @@ def trust_files(files: list[Path] | None, remember: bool = False) -> None:
     """``--framework FILE`` of the commands that open runs: each file loaded (the user names
     it: it is trusted for this command), known by its study's name from now on; ``remember``
     (``--trust``): also added to the trust list."""
+    if remember and not files:
+        from .config import UserError
+
+        raise UserError("--trust keeps the --framework files trusted: name one (--framework FILE)")
     for path in files or ():
         from_file(str(path), remember=remember)
 
