@@ -167,9 +167,11 @@ def index_search_command(
         results = searcher.search(query, k=k, mode=mode, mmr=mmr, reranker=reranker)  # type: ignore[arg-type]
     except IndexError_ as exc:
         raise UserError(str(exc)) from exc
+    out = terminal()  # a corpus's ids and text are data: escapes shown, never acted on
     for q, hits in zip(query, results, strict=True):
         for rank, hit in enumerate(hits, 1):
             if as_json:
                 typer.echo(json.dumps({"query": q, "rank": rank, **hit.__dict__}))
             else:
-                typer.echo(f"{rank:3d} {hit.score:9.4f} {hit.chunk_id}  {hit.text[:100]!r}")
+                line = f"{rank:3d} {hit.score:9.4f} {hit.chunk_id}  {hit.text[:100]!r}"
+                out.print(line, highlight=False, soft_wrap=True)

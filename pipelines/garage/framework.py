@@ -366,7 +366,7 @@ def print_counts(path: Path, found: dict[str, Any]) -> None:
     def shares(name: str) -> str:
         return ", ".join(f"{k} {100 * v:.1f}%" for k, v in found[name].items())
 
-    Console(stderr=True, markup=False).print(
+    Console(stderr=True, markup=False, emoji=False).print(
         f"{path.name}: {found['questions']} questions, {found['passages']} passages, "
         f"{found['deflection_expected']} expect a deflection, "
         f"{found['unannotated_relevance_labels']} relevance labels not annotated; "

@@ -12,11 +12,11 @@ Each table it prints is fitted first:
 
 Data stays text. A run's text comes from anybody (items files, model outputs, run directories
 sent by someone else), so this console reads no markup in a string (``[link=...]`` is shown as
-written, never made a link or a style) and writes no control character a terminal would act on:
-C0 and C1 controls (ESC among them: colour, cursor moves, OSC 8 links, the window title) and the
-bidirectional overrides and isolates (text shown in another order than it is) are shown as
-``\\x1b`` / ``\\u202e`` escapes (``printable``). Style comes from ``Text`` and ``style=``, never
-from the text itself.
+written, never made a link or a style) and no emoji code (``:warning:`` stays text), and writes
+no control character a terminal would act on: C0 and C1 controls (ESC among them: colour, cursor
+moves, OSC 8 links, the window title) and the bidirectional overrides and isolates (text shown in
+another order than it is) are shown as ``\\x1b`` / ``\\u202e`` escapes (``printable``). Style
+comes from ``Text`` and ``style=``, never from the text itself.
 """
 
 from __future__ import annotations
@@ -37,10 +37,10 @@ DROP_ZERO = "groundcover_drop_zero"  # set on a Table: its all-zero number colum
 
 
 # what a terminal acts on or shows out of order: C0 controls but tab and newline, DEL, C1
-# controls, the Arabic letter mark, the directional marks, embeddings, overrides and isolates
-UNPRINTABLE = re.compile(
-    "[\x00-\x08\x0b-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]"
-)
+# controls, the Arabic letter mark, the directional marks, embeddings, overrides and isolates;
+# written with escapes, so a page's script reads the same class (``UNPRINTABLE_CLASS``)
+UNPRINTABLE_CLASS = r"[\x00-\x08\x0b-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]"
+UNPRINTABLE = re.compile(UNPRINTABLE_CLASS)
 
 
 def _escape(found: re.Match[str]) -> str:
@@ -60,6 +60,7 @@ class FittedConsole(Console):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         kwargs.setdefault("markup", False)
+        kwargs.setdefault("emoji", False)  # ':warning:' in data stays those nine characters
         super().__init__(*args, **kwargs)
 
     def print(self, *objects: Any, **kwargs: Any) -> None:
@@ -68,7 +69,7 @@ class FittedConsole(Console):
 
     def render_str(self, text: str, **kwargs: Any) -> Text:
         # a string made text here is measured as it is shown: the escapes are in its width
-        kwargs["markup"] = False
+        kwargs["markup"] = kwargs["emoji"] = False
         return super().render_str(printable(text), **kwargs)
 
     def render(

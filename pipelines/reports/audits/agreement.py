@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from rich.text import Text
 
 from ...runtime.contract.config import UserError
 from ...runtime.contract.panels import Average, Cover, Level, PanelRule, Vote
@@ -587,7 +588,7 @@ def _num(value: float | None, ci: Any = None) -> str:
 
 def render(report: dict[str, Any], out: Any) -> None:
     for run in report["runs"]:
-        out.print(f"[bold]{run['run']}[/bold] ({run['task']})")
+        out.print(Text.assemble((str(run["run"]), "bold"), f" ({run['task']})"))  # no markup
         if not run["stages"] and not run.get("cascade"):
             out.print("  no judge panel in this run (--role judge=A --role judge=B makes one)")
         if run.get("cascade"):

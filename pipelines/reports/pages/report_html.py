@@ -23,16 +23,37 @@ from typing import Any
 
 import numpy as np
 from jinja2 import Environment, select_autoescape
+from markupsafe import Markup
 
 from ....serving.files import write_atomic
 from ...runtime.store.manifest import RunManifest
 from ...runtime.store.provenance import manifest_provenance
 from ...runtime.store.run_dir import MANIFEST, read_manifest
+from ...runtime.terminal import UNPRINTABLE_CLASS, printable
 from ..audits.cascade import run_cascade
 from ..audits.reask import recorded_audits
 from ..report import load_outcome, panel_agreement
 
 TEMPLATE = Path(__file__).parent / "report_html.html.j2"
+
+
+def page_environment() -> Environment:
+    """Jinja for every page: each value escaped for HTML, and each character the terminal shows
+    as an escape (``printable``: controls, bidirectional overrides and isolates) shown as that
+    escape here too, so text is never seen in another order than it is. The pages' scripts do
+    the same to what they fetch (their ``visible``, with ``unprintable``: the same class)."""
+    environment = Environment(
+        autoescape=select_autoescape(default=True, default_for_string=True), finalize=_visible
+    )
+    environment.globals["unprintable"] = UNPRINTABLE_CLASS
+    environment.filters["safe_json"] = _safe_json
+    return environment
+
+
+def _visible(value: Any) -> Any:
+    if isinstance(value, Markup):  # made safe already (JSON, a plot): escapes keep it safe
+        return Markup(printable(str(value)))
+    return printable(value) if isinstance(value, str) else value
 
 
 def _safe_json(value: Any) -> str:
@@ -259,9 +280,7 @@ def render(
         runs = [light_view(p, light[k]) for k, p in enumerate(paths)]
     else:
         runs = [run_view(p, prices, served) for p in paths]
-    environment = Environment(autoescape=select_autoescape(default=True, default_for_string=True))
-    environment.filters["safe_json"] = _safe_json
-    template = environment.from_string(TEMPLATE.read_text(encoding="utf-8"))
+    template = page_environment().from_string(TEMPLATE.read_text(encoding="utf-8"))
     return template.render(
         runs=runs,
         comparison=None if compared or served else comparison(runs),  # paired view replaces it

@@ -37,6 +37,7 @@ from urllib.parse import parse_qs, urlparse
 
 from ...runtime.contract.errors import UserError
 from ...runtime.contract.panels import NOTHING_COVERED, Cover, Vote, cover_items, cover_label
+from ...runtime.store.labels import TEXT_LIMIT
 from ...runtime.store.run_dir import RESULTS
 from ..audits.agreement import Unit
 from ..people.labels import LABELS_DIR, annotator_units, append_labels
@@ -454,7 +455,7 @@ class Viewer:
         if note is not None and not isinstance(note, str):
             raise UserError("note: a text")
         if note and note.strip():
-            line["note"] = note.strip()[:2000]
+            line["note"] = note.strip()[:TEXT_LIMIT]
         return line
 
     def override(self, k: int, body: dict[str, Any]) -> dict[str, Any]:
@@ -525,6 +526,7 @@ def checked_label(label: Any, how: dict[str, Any]) -> Any:
 
 DEFAULT_PORT = 8765  # the usual port; taken, a free one is used (and printed)
 MAX_BODY = 1 << 20  # a label or an override is a few hundred bytes
+SOCKET_SECONDS = 30.0  # silence on a connection before the viewer closes it
 
 
 class Refused(Exception):
@@ -604,6 +606,10 @@ def make_server(
     names: frozenset[str] = frozenset()
 
     class Handler(http.server.BaseHTTPRequestHandler):
+        # a connection that sends nothing (half-open, or a slow client holding a thread) is
+        # closed after this many seconds of silence instead of being held forever
+        timeout = SOCKET_SECONDS
+
         def _authorised(self) -> bool:
             if allowed is None or allowed(self.headers.get("Authorization")):
                 return True
@@ -766,15 +772,14 @@ def serve(
 
 
 def label_page(viewer: Viewer, run: int, stage: str | None = None) -> str:
-    from jinja2 import Environment, select_autoescape
+    from .report_html import page_environment
 
     if not 0 <= run < len(viewer.paths):
         raise KeyError(run)
     stage = stage or SCORE
     how = viewer.choices(run, stage)
     stages = [SCORE, *sorted(viewer.state(run).stages)]
-    environment = Environment(autoescape=select_autoescape(default=True, default_for_string=True))
-    template = environment.from_string(LABEL_PAGE.read_text(encoding="utf-8"))
+    template = page_environment().from_string(LABEL_PAGE.read_text(encoding="utf-8"))
     return template.render(
         run=run,
         path=str(viewer.paths[run]),

@@ -17,8 +17,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ....serving.files import UnsafePath, check_within
 from ...runtime.contract.errors import UserError
 from ...runtime.contract.results import ItemResult
+from ...runtime.store.labels import TEXT_LIMIT
 from .labels import append_labels_to, labels_dir
 
 OVERRIDES = "overrides.jsonl"
@@ -38,8 +40,10 @@ def read_overrides(run_dir: Path) -> dict[str, Override]:
     path = labels_dir(run_dir) / OVERRIDES
     if not path.is_file():
         return {}
-    if path.is_symlink():  # a run from elsewhere may link it to any file of the reader's
-        raise UserError(f"{path}: a symbolic link, not a label file of the run")
+    try:  # a run from elsewhere may link the file, or labels/, to any file of the reader's
+        check_within(path, run_dir)
+    except UnsafePath as exc:
+        raise UserError(str(exc)) from None
     from ...runtime.contract.readers import iter_jsonl
 
     found: dict[str, Override] = {}
@@ -53,9 +57,8 @@ def read_overrides(run_dir: Path) -> dict[str, Override]:
         score = row.get("score")
         if score is not None and not _in_scale(score):
             raise UserError(f"{path}:{lineno}: record {item!r}: field score: {score!r}")
-        found[item] = Override(
-            item, score, str(row.get("reason", "")), str(row.get("annotator", "")), row.get("judge")
-        )
+        reason = str(row.get("reason", ""))[:TEXT_LIMIT]  # a sent run's reasons: capped too
+        found[item] = Override(item, score, reason, str(row.get("annotator", "")), row.get("judge"))
     return found
 
 
@@ -70,7 +73,8 @@ def add_override(
     """Record one override (a reason is required: an override nobody can explain is noise)."""
     if item not in records:
         raise UserError(f"{item!r}: not an item of {run_dir}")
-    if not reason.strip():
+    reason = reason.strip()[:TEXT_LIMIT]  # capped as a note is
+    if not reason:
         raise UserError("an override needs a reason (--reason)")
     if score is not None and not _in_scale(score):
         raise UserError(f"--score must be a number from 0 to 1, got {score!r}")

@@ -17,6 +17,7 @@ from ..contract.errors import UserError
 
 LABELS_DIR = "labels"
 LABELS = "labels.jsonl"
+TEXT_LIMIT = 2000  # characters of a person's note or an override's reason that are kept
 
 
 def labels_dir(run_dir: Path) -> Path:
