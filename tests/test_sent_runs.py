@@ -378,8 +378,8 @@ def node_link(text: str) -> str:
 
 
 def test_files_a_record_names_are_read_only_from_inside_its_run(made, tmp_path):
-    """A graph file named by absolute path outside the run, or through a link inside it that
-    leads out, is left out with a note (on the page and in the viewer); one inside is drawn."""
+    """A graph file named by absolute path outside the run, or by a relative one climbing out
+    of it, is left out with a note (on the page and in the viewer); one inside is drawn."""
     from groundcover.pipelines.reports.pages.report_html import render
     from groundcover.pipelines.reports.pages.viewer import Viewer
 
@@ -387,9 +387,9 @@ def test_files_a_record_names_are_read_only_from_inside_its_run(made, tmp_path):
     secret = tmp_path / "secret.json"
     secret.write_text(node_link("SECRET-NODE"))
     (run / "graphs").mkdir()
-    (run / "graphs" / "linked.json").symlink_to(secret)
     (run / "graphs" / "own.json").write_text(node_link("OWN-NODE"))
-    names = {"q0": str(secret), "q1": "graphs/linked.json", "q2": str(run / "graphs/own.json")}
+    names = {"q0": str(secret), "q1": "../../../secret.json", "q2": str(run / "graphs/own.json")}
+    assert (run / names["q1"]).resolve() == secret
     with_graph_files(run, names)
     page = render([run])
     assert "SECRET-NODE" not in page and "OWN-NODE" in page
@@ -516,3 +516,45 @@ def test_input_files_a_run_names_without_their_sha256_are_not_read(made, tmp_pat
     viewer = Viewer([run])
     assert "SECRET" not in json.dumps([viewer.unit(0, f"q{k}") for k in range(3)])
     assert "records no SHA-256 of the files its options name" in viewer.state(0).texts.notes[0]
+
+
+def test_a_run_holding_a_link_that_leads_out_of_it_is_not_read(made, tmp_path):
+    """A link inside the run to a file of the reader's -- a graph a record names, or the run's
+    own results -- stops every reader in one line; a link that stays inside is fine."""
+    from groundcover.pipelines.reports.pages.report_html import render
+
+    run = received(made, tmp_path / "inbox")
+    secret = tmp_path / "secret.json"
+    secret.write_text(node_link("SECRET-NODE"))
+    (run / "graphs").mkdir()
+    (run / "graphs" / "own.json").write_text(node_link("OWN-NODE"))
+    (run / "graphs" / "again.json").symlink_to(run / "graphs" / "own.json")
+    with_graph_files(run, {"q0": "graphs/again.json"})
+    assert "OWN-NODE" in render([run])  # a link inside the run, to inside it
+    (run / "graphs" / "linked.json").symlink_to(secret)
+    with_graph_files(run, {"q1": "graphs/linked.json"})
+    readers = every_reader_refused(run, tmp_path / "out")
+    assert all("symbolic links leading out of it (graphs/linked.json)" in r for r in readers)
+    assert not (tmp_path / "out" / "rows.csv").exists()
+    other = received(made, tmp_path / "second")
+    elsewhere = tmp_path / "other-results.jsonl"
+    shutil.move(other / "results.jsonl", elsewhere)
+    (other / "results.jsonl").symlink_to(elsewhere)
+    said = cli("report", other, "--json")
+    assert said.exit_code == 2 and "(results.jsonl)" in said.output
+
+
+def every_reader_refused(run: Path, out: Path) -> list[str]:
+    """What each command says of ``run``: each must stop with one line."""
+    out.mkdir(exist_ok=True)
+    said = []
+    for args in (
+        ["report", run, "--export", out / "rows.csv"],
+        ["compare", run, run, "--json"],
+        ["agreement", run],
+        ["labels", "export", run, out / "labels.csv"],
+    ):
+        result = cli(*args)
+        assert result.exit_code == 2, (args, result.output)
+        said.append(result.output)
+    return said

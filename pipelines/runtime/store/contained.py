@@ -2,14 +2,18 @@
 study's runs) is read only when, its links resolved, it lies inside the run directory (or study
 root) being read. A run can be sent by anyone, and its records could otherwise name any file of
 the reader's (``~/.ssh/id_ed25519`` embedded in a page they later share); what points elsewhere
-is left out, with a note saying so."""
+is left out, with a note saying so. The run's own files are held to the same rule: a run
+directory holding a link that leads out of it (``results.jsonl -> ~/other-run/results.jsonl``)
+is not read at all (``refuse_links_out``)."""
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Iterable
 from pathlib import Path
 
+from ..contract.errors import UserError
 from ..terminal import printable
 from .run_dir import MANIFEST
 
@@ -40,6 +44,47 @@ def study_runs(root: Path, keys: Iterable[object]) -> dict[str, Path]:
             continue
         found[key] = Path(root) / key
     return found
+
+
+def links_out(run_dir: Path) -> list[str]:
+    """The links inside ``run_dir`` (at any depth; a linked folder is not entered) that lead out
+    of it once resolved, or nowhere: their paths relative to it. One directory listing per
+    folder (the entries' types come with it): cheap enough for every read of a manifest."""
+    root = Path(run_dir).resolve()
+    found = []
+    folders = [root]
+    while folders:
+        try:
+            listing = os.scandir(folders.pop())
+        except OSError:  # a folder nobody may list: nothing in it is read either
+            continue
+        with listing as entries:
+            for entry in entries:
+                if entry.is_symlink():
+                    if not _leads_inside(Path(entry.path), root):
+                        found.append(Path(entry.path).relative_to(root).as_posix())
+                elif entry.is_dir(follow_symlinks=False):
+                    folders.append(Path(entry.path))
+    return sorted(found)
+
+
+def _leads_inside(link: Path, root: Path) -> bool:
+    try:
+        return link.resolve(strict=True).is_relative_to(root)
+    except (OSError, RuntimeError):  # dangling, or a loop of links
+        return False
+
+
+def refuse_links_out(run_dir: Path) -> None:
+    """A run directory is read only when no link inside it leads out of it: one line naming
+    the links, otherwise (checked at every read of its manifest: a run is never read without)."""
+    out = links_out(run_dir)
+    if out:
+        shown = ", ".join(out[:3]) + (f" and {len(out) - 3} more" if len(out) > 3 else "")
+        raise UserError(
+            f"{run_dir}: holds symbolic links leading out of it ({shown}): not read (a run is "
+            "read only from inside its directory)"
+        )
 
 
 def note(line: str) -> None:

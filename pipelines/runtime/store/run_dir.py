@@ -120,6 +120,9 @@ def read_manifest(path: Path) -> RunManifest:
     """A run's manifest, refused with one line when missing, unreadable or of another format."""
     if not path.is_file():
         raise RunStoreError(f"{path.parent}: not a run directory (no {MANIFEST})")
+    from .contained import refuse_links_out  # its files read only from inside it
+
+    refuse_links_out(path.parent)
     try:
         raw = json.loads(path.read_text())
     except (OSError, json.JSONDecodeError) as exc:
