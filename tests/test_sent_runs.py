@@ -12,6 +12,7 @@ process's state (files given, notes said, modules loaded) is fresh for each test
 
 from __future__ import annotations
 
+import csv
 import hashlib
 import importlib.util
 import json
@@ -114,6 +115,7 @@ def every_reader(run: Path, out: Path) -> dict[str, Any]:
     twin = run.parent / "twin"
     if not twin.exists():
         shutil.copytree(run, twin)
+    before = contents(run.parent)
     found: dict[str, Any] = {
         "report": cli("report", run, "--json"),
         "export": cli("report", run, "--export", out / "rows.csv", "--html", out / "page.html"),
@@ -131,6 +133,19 @@ def every_reader(run: Path, out: Path) -> dict[str, Any]:
         + json.dumps(viewer.queue(0, "me"))
         + json.dumps([viewer.unit(0, row.id) for row in viewer.state(0).rows])  # item text
     )
+    assert contents(run.parent) == before  # opening a run changes nothing that came with it
+    return found
+
+
+def contents(folder: Path) -> dict[str, str]:
+    """Every file and link under ``folder``: its content's SHA-256, or where the link points."""
+    found = {}
+    for path in sorted(folder.rglob("*")):
+        name = path.relative_to(folder).as_posix()
+        if path.is_symlink():
+            found[name] = f"-> {os.readlink(path)}"
+        elif path.is_file():
+            found[name] = sha256(path)
     return found
 
 
@@ -151,6 +166,11 @@ def assert_records_only(readers: dict[str, Any], marker: Path) -> None:
         assert notes and HOW_TO_TRUST in notes[0], f"{name}: {result.stderr}"
     assert tables_of(readers["report"]) is None
     assert "the judge says partly" in readers["view"]  # the records, shown
+    export = readers["export"].stderr
+    rows = Path(next(line for line in export.splitlines() if line.startswith("export: "))[8:])
+    with rows.open(newline="", encoding="utf-8") as handle:
+        scores = {row["id"]: float(row["score"]) for row in csv.DictReader(handle)}
+    assert scores == {"q0": 1.0, "q1": 0.5, "q2": 0.0}  # the scores, from the records
 
 
 def test_a_run_naming_its_file_through_proc_self_cwd_runs_nothing(made, tmp_path, monkeypatch):
@@ -344,10 +364,10 @@ def test_an_installed_framework_is_the_packages_whatever_file_its_run_names(tmp_
     done = groundcover.evaluate(
         "comprehensiveness",
         options=options,
-        run={"run_dir": tmp_path / "run", "cache": None},
+        run={"run_dir": tmp_path / "bundle" / "run", "cache": None},
         client=client,
     )
-    helper = tmp_path / "helper.py"
+    helper = tmp_path / "bundle" / "helper.py"
     marker = tmp_path / "ran"
     helper.write_text(planted(marker))
     manifest = json.loads((done.run_dir / "manifest.json").read_text())
