@@ -488,6 +488,13 @@ def test_the_trust_list_is_never_read_or_written_through_a_link_and_is_the_users
     assert plugins.trusted_study("last-week", {"sha256": sha256(mine)[:63]}) == (
         "the run records no SHA-256 of it"
     )
+    # its lock a link: refused, nothing written through it
+    lock = listed.with_name(f".{listed.name}.lock")
+    lock.unlink()
+    lock.symlink_to(elsewhere)
+    locked = cli("trust", "--revoke", mine)
+    assert locked.exit_code == 2 and "cannot be locked" in locked.output
+    assert elsewhere.read_text() == before
 
 
 def test_a_runs_own_fact_graphs_are_recorded_inside_it_and_drawn_wherever_it_moves(tmp_path):

@@ -34,7 +34,8 @@ from .errors import UserError
 
 TRUST_FILE = "trusted-frameworks.json"
 SHA256 = re.compile(r"[0-9a-f]{64}")
-_READ = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
+_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
+_READ = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | _CLOEXEC
 
 
 @dataclass(frozen=True)
@@ -150,7 +151,11 @@ def _locked() -> Iterator[None]:
     """One writer of the list at a time (read, changed, written whole under the lock)."""
     home = cache_root()
     make_dirs(home)
-    fd = os.open(home / f".{TRUST_FILE}.lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+    lock = home / f".{TRUST_FILE}.lock"
+    try:
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | _CLOEXEC, 0o600)
+    except OSError as exc:  # a link there, or another user's file
+        raise UserError(f"{lock}: the trust list cannot be locked ({exc.strerror})") from None
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
         yield
