@@ -381,7 +381,7 @@ def read_source(path: Path) -> bytes:
     fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
     with os.fdopen(fd, "rb") as handle:
         if not stat.S_ISREG(os.fstat(handle.fileno()).st_mode):
-            raise IsADirectoryError(errno.EINVAL, "not a regular file", str(path))
+            raise OSError(errno.EINVAL, "not a regular file", str(path))
         return handle.read()
 
 
