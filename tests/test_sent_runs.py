@@ -4,8 +4,9 @@ the run with the right SHA-256; a planted ``.pyc`` beside a harmless file the us
 trusted file swapped between its hash and its load; records naming files outside the run --
 are opened by every reader (``report``, its CSV export and page, ``compare``, ``agreement``,
 ``labels export``, the viewer's page, items and labelling page): the planted code never runs
-(it would leave a marker file), the run is read from its records alone, with the line saying
-how to trust a file. The legitimate ways still load and show the tables: a file the user
+(it would leave a marker file), nothing that came with the run changes, the run is read from
+its records alone, with the line saying how to trust a file. A graph, a study's run or an input
+file named outside the run is left out; a link leading out of the run stops every reader. The legitimate ways still load and show the tables: a file the user
 trusted (``groundcover trust``, ``groundcover eval FILE.py``), ``--framework FILE``, an installed
 framework whatever file its run names. The readers run in this process (``CliRunner``): the
 process's state (files given, notes said, modules loaded) is fresh for each test."""
