@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import subprocess
 import sys
 import time
@@ -808,27 +809,31 @@ def test_the_rayjob_manifest_is_valid_against_kuberays_schema(tmp_path, capsys):
     assert any("'groupName' is a required property" in line for line in lines)
 
 
-def test_the_rayjob_manifest_cleans_up_on_failure_has_a_deadline_and_keeps_drivers_off_the_head():
-    """What a failed run leaves behind and where its work lands, read from the manifest (its
-    schema is checked above): no ``set -e`` before the cleanup, a trap that stops the NLI app
-    and the judge on every exit, a bounded wait for the judge, a deadline, KubeRay's own token
-    authentication, a head that offers no CPU (drivers are placed on workers), and secrets a
-    pod starts without."""
+def rayjob() -> dict:
     import yaml
 
-    text = (ROOT / "scripts/kuberay/groundcover-rayjob.yaml").read_text()
-    job = yaml.safe_load(text)
+    return yaml.safe_load((ROOT / "scripts/kuberay/groundcover-rayjob.yaml").read_text())
+
+
+def entrypoint_job(job: dict) -> list[str]:
+    """The arguments the RayJob's entrypoint gives ``groundcover cluster run``."""
+    words = shlex.split(job["spec"]["entrypoint"].split("bash -c ", 1)[1])[0]
+    inner = shlex.split(words)
+    assert inner[:4] == ["exec", "groundcover", "cluster", "run"], inner
+    return inner[4:]
+
+
+def test_the_rayjob_runs_the_job_through_cluster_run_with_a_deadline_and_drivers_off_the_head():
+    """The entrypoint is ``groundcover cluster run`` (the command checked, the judge sized and
+    waited for by Serve's app status, what it deployed removed on every exit: the same job as
+    on Slurm), exec'd so it gets the job's signals; a deadline; KubeRay's own token
+    authentication; a head that offers no CPU (drivers are placed on workers); secrets a pod
+    starts without."""
+    job = rayjob()
+    given = entrypoint_job(job)
     entry = job["spec"]["entrypoint"]
-    assert "set -e" not in entry and "trap cleanup EXIT" in entry
-    assert "--nli-app nli --stop" in entry.split("trap")[0]  # the cleanup stops the NLI app
-    # the judge's wait ends, sized from the model: the same seconds for `serve` and the loop
-    assert "until curl" not in entry and "seq $((GC_JUDGE_START_TIMEOUT / 10))" in entry
-    assert '--timeout "$GC_JUDGE_START_TIMEOUT"' in entry
-    # Serve starts with its proxy before the NLI app (whose start has none) and the judge; the
-    # drivers ask the head's proxy with the key every pod's proxy checks
-    start, nli, judge = (entry.index(s) for s in ("serve start", "--nli Mor", "--replicas 3"))
-    assert start < nli < judge and "--proxy-location EveryNode" in entry
-    assert entry.count("--api-key-env GROUNDCOVER_SERVE_API_KEY") == 2
+    assert "set -e" not in entry and "until curl" not in entry and "/v1/models" not in entry
+    assert given[given.index("--judge-start-timeout") + 1] == "$GC_JUDGE_START_TIMEOUT"
     assert job["spec"]["activeDeadlineSeconds"] > 0
     cluster = job["spec"]["rayClusterSpec"]
     assert cluster["authOptions"] == {"mode": "token"}
@@ -844,36 +849,74 @@ def test_the_rayjob_manifest_cleans_up_on_failure_has_a_deadline_and_keeps_drive
         if "secretKeyRef" in env.get("valueFrom", {})
     ]
     assert refs and all(ref.get("optional") is True for ref in refs)
-    assert "RAY_AUTH_TOKEN" not in text  # KubeRay makes and mounts the token
+    text = (ROOT / "scripts/kuberay/groundcover-rayjob.yaml").read_text()
+    assert "RAY_AUTH_TOKEN" not in text  # KubeRay makes the token and hands it over as a variable
     names = {env["name"] for env in pods[0]["spec"]["containers"][0]["env"]}
     assert {"GROUNDCOVER_SERVE_API_KEY", "RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH"} <= names
 
 
-def test_the_rayjob_finds_the_head_by_its_service_and_sets_what_every_node_needs():
+def test_the_rayjobs_pods_hold_whole_judge_replicas_as_the_plan_sizes_them(tmp_path):
+    """Each worker pod has at least the judge's tensor parallelism in GPUs (a replica's GPUs
+    are on one pod): the entrypoint's own job, planned by ``cluster plan`` on the pods the
+    manifest asks for, fits with no refusal; one GPU a pod would not hold a TP 4 judge."""
+    from tests.test_cluster_plan import CONFIGS, cache_configs
+
+    job = rayjob()
+    group = job["spec"]["rayClusterSpec"]["workerGroupSpecs"][0]
+    gpus = int(group["template"]["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"])
+    allocation = f"{group['replicas']}x{gpus}"
+    given = [w for w in entrypoint_job(job) if w != "$GC_JUDGE_START_TIMEOUT"]
+    given.remove("--judge-start-timeout")
+    cache_configs(tmp_path / "hf", CONFIGS)
+    items = tmp_path / "items.jsonl"
+    items.write_text((ROOT / "examples" / "comprehensiveness.jsonl").read_text())
+    given = [str(items) if w == "/shared/data/items.jsonl" else w for w in given]
+    env = {"PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin", "HOME": str(tmp_path)}
+    env |= {"HF_HOME": str(tmp_path / "hf"), "HF_HUB_OFFLINE": "1"}
+    env["GROUNDCOVER_HOME"] = str(tmp_path / "g")
+
+    def plan(*argv: str) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [sys.executable, "-m", "groundcover", "cluster", "plan", "--json", *argv],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=120,
+        )
+
+    done = plan("--allocation", allocation, *given)
+    assert done.returncode == 0, done.stderr
+    found = json.loads(done.stdout)
+    assert gpus >= found["tensor_parallel"] and found["replicas"] >= 1
+    assert sum(found["idle_gpus_per_node"].values()) == 0  # 7 judge replicas and the NLI GPU
+    big = [w if w != "Llama-3.1-8B-Instruct" else "Llama-3.3-70B-Instruct" for w in given]
+    refused = plan("--allocation", f"{group['replicas']}x1", *big)
+    assert refused.returncode == 2 and "fits no node" in refused.stderr
+
+
+def test_the_rayjob_finds_the_head_by_its_service_and_sets_what_every_node_needs(monkeypatch):
     """The drivers ask the head's proxy by KubeRay's head service (``hostname -i`` may give an
     IPv6 address, or the pod's, which a restart changes); every pod gets the settings the docs
-    say every node needs, a gated model's token where one is given, the offline hub; no
-    automatic retry builds a second GPU cluster."""
-    import yaml
-
-    job = yaml.safe_load((ROOT / "scripts/kuberay/groundcover-rayjob.yaml").read_text())
-    entry = job["spec"]["entrypoint"]
-    assert "hostname -i" not in entry
-    assert (
-        'head="http://${RAY_CLUSTER_NAME}-head-svc.${POD_NAMESPACE}.svc.cluster.local:8000/v1"'
-        in (entry)
-    )
-    assert '--endpoint "$head"' in entry
+    say every node needs, a gated model's token where one is given, the offline hub and the
+    one tiktoken folder; no automatic retry builds a second GPU cluster."""
+    job = rayjob()
+    assert "hostname -i" not in job["spec"]["entrypoint"]
+    monkeypatch.setenv("RAY_CLUSTER_NAME", "gc-raycluster-x1")
+    monkeypatch.setenv("POD_NAMESPACE", "research")
+    assert cluster_job.head_service() == "gc-raycluster-x1-head-svc.research.svc.cluster.local"
     assert job["spec"]["backoffLimit"] == 0
     cluster = job["spec"]["rayClusterSpec"]
     head = cluster["headGroupSpec"]["template"]["spec"]["containers"][0]
     assert {"containerPort": 8000, "name": "serve"} in head["ports"]  # on the head's service
+    assert cluster_job.SERVE_PORT == 8000
     pods = [head] + [g["template"]["spec"]["containers"][0] for g in cluster["workerGroupSpecs"]]
     for container in pods:
         env = {e["name"]: e for e in container["env"]}
         assert env["RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S"]["value"] == "60"
         assert env["HF_HUB_OFFLINE"]["value"] == "1"
         assert int(env["GC_JUDGE_START_TIMEOUT"]["value"]) >= 1800
+        tiktoken = env["TIKTOKEN_ENCODINGS_BASE"]["value"]
+        assert tiktoken == env["HF_HOME"]["value"] + "/tiktoken-encodings"  # fetch.tiktoken_folder
         assert env["HF_TOKEN"]["valueFrom"]["secretKeyRef"] == {
             "name": "hf-token",
             "key": "token",
@@ -884,32 +927,113 @@ def test_the_rayjob_finds_the_head_by_its_service_and_sets_what_every_node_needs
         }
 
 
+def test_on_a_running_ray_cluster_the_job_plans_over_its_pods_and_needs_the_key(monkeypatch):
+    """A RayJob's ``cluster run`` reads the pods from Ray: a head that offers no CPU holds
+    nothing; without the key secret the judge is never started."""
+    listing = [
+        {"ip": "10.0.0.1", "alive": True, "resources": {"CPU": 0.0, "memory": 1.0}},
+        {"ip": "10.0.0.2", "alive": True, "resources": {"CPU": 16.0, "GPU": 4.0}},
+        {"ip": "10.0.0.3", "alive": True, "resources": {"CPU": 16.0, "GPU": 4.0}},
+        {"ip": "10.0.0.4", "alive": False, "resources": {"CPU": 16.0, "GPU": 4.0}},
+    ]
+    assert cluster_job.nodes_from_ray(listing) == {"10.0.0.2": 4, "10.0.0.3": 4}
+    ask = cluster_plan.PlanAsk(judge=cluster_plan.JudgeAsk("Llama-3.1-8B-Instruct"))
+    plan = cluster_plan.plan_for(ask, "raysubmit_1", {"10.0.0.2": 4, "10.0.0.3": 4})
+    alloc = Allocation("raysubmit_1", ["10.0.0.2", "10.0.0.3"], {"10.0.0.2": 4, "10.0.0.3": 4})
+    command = ["groundcover", "eval", "x"]
+    ours = cluster_job.Job(plan, alloc, command, frozenset(), "ray", "groundcover", "serve")
+    monkeypatch.delenv(cluster_job.KEY_ENV, raising=False)
+    assert cluster_job.run_on_ray(ours, None) == 1  # refused before anything started
+
+
+@pytest.mark.ray
+def test_cluster_run_inside_a_running_ray_cluster_runs_the_command_over_its_nodes(tmp_path):
+    """A RayJob's entrypoint: ``cluster run`` with ``RAY_ADDRESS`` set and no Slurm joins the
+    running cluster (a real Ray head here), plans over its nodes, checks the command and
+    dry-runs it, then runs it with ``--ray-address auto`` and a driver per node: FanOutQA's
+    judged answers through a loopback judge, records equal to a local run's; a command that
+    cannot run stops before anything is deployed."""
+    from groundcover.pipelines.fanoutqa.framework import PROMPTS
+    from tests.support.loopback import StageByPrompt, loopback_judge
+    from tests.support.ray_head import ray_head
+    from tests.support.scripted import ScriptedClient
+
+    dev, answers = fanoutqa_inputs(tmp_path)
+    judge = ScriptedClient(
+        {"judge": lambda p: f"Compared.\n{judge_letter(p)}"}, check_constraints=False
+    )
+    env = recipe_env()
+    for name in ("SLURM_JOB_ID", "GC_GRID"):
+        env.pop(name, None)
+
+    def fanout(url: str, run: Path) -> list[str]:
+        return [
+            *[sys.executable, "-m", "groundcover", "eval", "fanoutqa", "--data", str(dev)],
+            *["--answers", str(answers), "--judge", "--endpoint", url, "--model", "scripted"],
+            *["--quiet", "--no-cache", "--concurrency", "2", "--run-dir", str(run)],
+        ]
+
+    with (
+        loopback_judge(judge, "reasoning", StageByPrompt(PROMPTS, {"judge": "judge"})) as url,
+        ray_head(num_cpus=3) as head,
+    ):
+        local = subprocess.run(fanout(url, tmp_path / "local"), capture_output=True, env=env)
+        assert local.returncode == 0, local.stderr[-2000:]
+        env["RAY_ADDRESS"] = f"127.0.0.1:{head.port}"
+        job = [sys.executable, "-m", "groundcover", "cluster", "run", "--"]
+        done = subprocess.run(
+            [*job, *fanout(url, tmp_path / "ray")],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=600,
+        )
+        assert done.returncode == 0, done.stderr[-4000:]
+        assert re.search(r"cluster: plan: 1 driver\(s\), per node: [\d.]+ 1\n", done.stderr)
+        assert "--ray-address auto --drivers 1" in done.stderr
+        assert records_of(tmp_path / "ray" / "answers") == records_of(
+            tmp_path / "local" / "answers"
+        )
+        missing = subprocess.run(
+            [*job, *fanout(url, tmp_path / "never"), "--limit", "0"],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=300,
+        )
+        assert missing.returncode == 2 and "cluster: running:" not in missing.stderr
+
+
 def test_the_prefetch_job_fetches_what_the_rayjob_serves_and_needs_the_key_first():
-    """One CPU pod, before any GPU pod: the RayJob's judge and NLI checkpoint, fetched by
-    scripts/prefetch.py onto the same volume; the judge's key secret required there (a missing
-    one stops this pod, not a GPU cluster); submit.sh checks it, waits for the Job, then applies
-    the RayJob."""
+    """One CPU pod, before any GPU pod: ``groundcover cluster prefetch`` with the RayJob's own
+    job (judge, NLI app, command), onto the same volume; the judge's key secret required there
+    (a missing one stops this pod, not a GPU cluster); submit.sh checks it, waits for the Job
+    -- a failed one ends the wait at once with its log --, then deletes any earlier RayJob
+    (a finished one applied again would not run again) and applies it."""
     import yaml
 
     prefetch = yaml.safe_load((ROOT / "scripts/kuberay/groundcover-prefetch.yaml").read_text())
-    rayjob = yaml.safe_load((ROOT / "scripts/kuberay/groundcover-rayjob.yaml").read_text())
+    job = rayjob()
     pod = prefetch["spec"]["template"]["spec"]
     container = pod["containers"][0]
     command = container["command"]
-    assert command[:3] == ["python", "/opt/groundcover/scripts/prefetch.py", "--fetch"]
-    judge = command[command.index("--judge") + 1]
-    nli = command[command.index("--nli") + 1]
-    entry = rayjob["spec"]["entrypoint"]
-    assert f"groundcover serve {judge} --replicas" in entry and f"--nli {nli}" in entry
+    assert command[:3] == ["groundcover", "cluster", "prefetch"]
+    fetched, run = command[3:], entrypoint_job(job)
+    for flag in ("--judge", "--nli"):
+        assert fetched[fetched.index(flag) + 1] == run[run.index(flag) + 1]
+    inner = run[run.index("--") + 1 :]
+    inner = [w for k, w in enumerate(inner) if w not in ("--concurrency", "--run-dir")]
+    inner = [w for w in inner if w not in ("128", "/shared/runs/comprehensiveness")]
+    assert fetched[fetched.index("--") + 1 :] == inner  # the same command, the same reads
     assert "nvidia.com/gpu" not in json.dumps(container["resources"])
     env = {e["name"]: e for e in container["env"]}
     assert "optional" not in env["GROUNDCOVER_SERVE_API_KEY"]["valueFrom"]["secretKeyRef"]
     assert env["HF_TOKEN"]["valueFrom"]["secretKeyRef"]["optional"] is True
     head_env = {
         e["name"]: e.get("value")
-        for e in rayjob["spec"]["rayClusterSpec"]["headGroupSpec"]["template"]["spec"][
-            "containers"
-        ][0]["env"]
+        for e in job["spec"]["rayClusterSpec"]["headGroupSpec"]["template"]["spec"]["containers"][
+            0
+        ]["env"]
     }
     assert env["HF_HOME"]["value"] == head_env["HF_HOME"]  # fetched where the pods read
     claims = {v["persistentVolumeClaim"]["claimName"] for v in pod["volumes"]}
@@ -918,11 +1042,15 @@ def test_the_prefetch_job_fetches_what_the_rayjob_serves_and_needs_the_key_first
     steps = (
         "kubectl get secret groundcover-serve-key",
         'kubectl apply "${ns[@]}" -f "$here/groundcover-prefetch.yaml"',
-        "kubectl wait",
+        '*" Failed "*)',
+        "kubectl logs",
+        "kubectl delete rayjob groundcover-comprehensiveness",
         'kubectl apply "${ns[@]}" -f "$here/groundcover-rayjob.yaml"',
     )
     order = [submit.index(s) for s in steps]
     assert order == sorted(order)
+    assert "kubectl wait" not in submit  # for complete alone it waits out a failed Job
+    assert "build-essential" in (ROOT / "scripts/kuberay/Dockerfile").read_text()  # Triton
 
 
 def install_lines(text: str) -> set[str]:

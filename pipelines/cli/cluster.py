@@ -438,6 +438,7 @@ def say(text: str) -> None:
 @contextlib.contextmanager
 def one_line(what: str) -> Iterator[None]:
     """A refusal (ours, or a plan's, or a bad input's) as one ``error:`` line and exit 2."""
+    from ...serving.cluster.job import ClusterError
     from ...serving.cluster.plan import PlanError
     from ...serving.cluster.sizing import SizingError
     from .options import expected_errors
@@ -445,6 +446,11 @@ def one_line(what: str) -> Iterator[None]:
     refusals: tuple[type[Exception], ...] = (Refused, PlanError, SizingError)
     try:
         yield
+    except ClusterError as exc:  # a cluster this job cannot use
+        console.print(
+            labelled("error:", "red", f"cluster {what}: {exc}"), highlight=False, soft_wrap=True
+        )
+        raise typer.Exit(1) from None
     except refusals + expected_errors()[0] as exc:
         if str(exc):
             console.print(
@@ -614,13 +620,18 @@ def run(**given: Any) -> None:
     judge and the NLI app served, the command's dry run and then the command, and everything
     stopped however the job ends (docs/clusters.md, "What the job does")."""
     from ...serving.cluster.fetch import tiktoken_folder
-    from ...serving.cluster.job import Job
+    from ...serving.cluster.job import Job, ray_nodes, run_on_ray
     from ...serving.cluster.job import run as run_job
     from ...serving.cluster.plan import Allocation
 
+    # a KubeRay RayJob's entrypoint runs inside its Ray cluster (RAY_ADDRESS set), not in Slurm
+    on_ray = not os.environ.get("SLURM_JOB_ID") and bool(os.environ.get("RAY_ADDRESS"))
     with one_line("run"):
         prepared = prepare(given, grid=True)
-        found, alloc = make_plan(prepared, None, in_job=True)
+        if on_ray:
+            found, alloc = plan_on_ray(prepared, ray_nodes())
+        else:
+            found, alloc = make_plan(prepared, None, in_job=True)
     for line in found.lines():
         say(line)
     for line in input_lines(prepared):
@@ -639,5 +650,19 @@ def run(**given: Any) -> None:
         serve=given.get("serve") or str(bindir / "serve"),
         judge_revision=given.get("judge_revision"),
         port_base=prepared.ask.port_base,
+        pin_nli=not on_ray,
     )
-    raise typer.Exit(run_job(job, tiktoken_folder()))
+    raise typer.Exit((run_on_ray if on_ray else run_job)(job, tiktoken_folder()))
+
+
+def plan_on_ray(prepared: Prepared, nodes: dict[str, int]) -> tuple[Any, Any]:
+    """The plan over the nodes of the Ray cluster this runs in (a KubeRay RayJob's)."""
+    from ...serving.cluster.plan import Allocation, plan_for
+
+    if not nodes:
+        raise Refused("the Ray cluster has no node that offers a CPU: nothing can run")
+    job = os.environ.get("RAY_JOB_SUBMISSION_ID") or os.environ.get("RAY_JOB_ID") or "0"
+    found = plan_for(prepared.ask, job, nodes)
+    found.inputs = inputs_json(prepared.needs)
+    found.command = prepared.words
+    return found, Allocation(job, list(nodes), nodes, requeue_id=job)

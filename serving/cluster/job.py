@@ -38,6 +38,7 @@ import time
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from ..files import make_dirs, write_atomic
 from .plan import PORT_BLOCK, PORT_CEILING, PORT_FLOOR, Allocation, Plan, block_ports, other_block
@@ -89,6 +90,7 @@ class Job:
     serve: str
     judge_revision: str | None = None
     port_base: int | None = None
+    pin_nli: bool = True  # by the resource the planned nodes offer (Slurm); on KubeRay, by Ray
 
 
 def say(text: str) -> None:
@@ -712,9 +714,13 @@ def deploy_nli(job: Job, cluster: Cluster) -> None:
     serve = [
         *[job.groundcover, "serve", "--nli", plan.nli, "--nli-app", plan.nli_app],
         *["--nli-replicas", str(plan.nli_replicas), "--nli-device", plan.nli_device],
-        *["--nli-resources", json.dumps(plan.nli_resources(NLI_RESOURCE))],
         *["--ray-address", cluster.address, "--timeout", str(int(plan.nli_start_timeout))],
     ]
+    resources = plan.nli_resources(NLI_RESOURCE)
+    if not job.pin_nli:  # no node offers the resource: Ray places the replicas
+        resources.pop(NLI_RESOURCE)
+    if resources:
+        serve += ["--nli-resources", json.dumps(resources)]
     timeout = plan.nli_start_timeout + 120
     if waited(serve, "the NLI app's deploy", timeout, cluster.stopping) != 0:
         raise ClusterError(f"the NLI app {plan.nli_app} could not be deployed (above)")
@@ -992,6 +998,127 @@ def finish(cluster: Cluster, logs: Path, failed_start: bool) -> None:
     if failed_start:
         for where, line in errors_in_logs(logs):
             say(f"an error in {where}: {line}")
+
+
+# ---- on a Ray cluster that already runs (a KubeRay RayJob) ----------------------------------
+
+SERVE_PORT = 8000  # the Serve proxy's port on a KubeRay head (its service declares it)
+RAY_NODES = """
+import json, ray
+ray.init(address="auto", logging_level="ERROR", log_to_driver=False)
+print(json.dumps([{"ip": n["NodeManagerAddress"], "alive": n["Alive"],
+                   "resources": n["Resources"]} for n in ray.nodes()]))
+"""
+
+
+def nodes_from_ray(listing: list[dict[str, Any]]) -> dict[str, int]:
+    """Each live node of a running Ray cluster that can hold work, by address, with its GPUs:
+    a node that offers no CPU (KubeRay's head, ``num-cpus: "0"``) holds no driver or replica."""
+    found: dict[str, int] = {}
+    for node in listing:
+        resources = node.get("resources") or {}
+        if node.get("alive") and resources.get("CPU", 0) > 0:
+            found[str(node["ip"])] = int(resources.get("GPU", 0))
+    return found
+
+
+def ray_nodes(stopping: Stopping | None = None) -> dict[str, int]:
+    """The nodes of the Ray cluster this process runs in (``RAY_ADDRESS``): a child process
+    asks Ray, so this one never becomes a driver that lingers."""
+    try:
+        env = {"RAY_AUTH_MODE": "token"} | dict(os.environ)  # as the job's own processes
+        done = subprocess.run(
+            [sys.executable, "-c", RAY_NODES], capture_output=True, text=True, env=env, timeout=300
+        )
+    except (OSError, subprocess.SubprocessError) as exc:
+        raise ClusterError(f"the Ray cluster's nodes could not be read: {exc}") from None
+    if done.returncode != 0:
+        tail = done.stderr.strip().splitlines()[-1:] or ["no output"]
+        raise ClusterError(f"the Ray cluster's nodes could not be read: {tail[0]}")
+    return nodes_from_ray(json.loads(done.stdout.strip().splitlines()[-1]))
+
+
+def head_service() -> str:
+    """How the drivers reach the head's Serve proxy on KubeRay: its service's name (the pod's
+    address changes with a restart; ``hostname -i`` may give IPv6), else this node's address."""
+    cluster, namespace = os.environ.get("RAY_CLUSTER_NAME"), os.environ.get("POD_NAMESPACE")
+    if cluster and namespace:
+        return f"{cluster}-head-svc.{namespace}.svc.cluster.local"
+    given = os.environ.get("RAY_ADDRESS", "").split("://")[-1]
+    if given and given != "auto":  # the head's GCS address, which every node reaches
+        return split_host_port(given)[0] if ":" in given else given
+    return head_address(dict(os.environ), several_nodes=True)
+
+
+class RayCluster(Cluster):
+    """The cluster a RayJob runs in: KubeRay started it and ends it; the job serves on it and
+    removes only what it deployed."""
+
+    @property
+    def address(self) -> str:
+        return "auto"
+
+    def stop(self) -> None:
+        for server in self.servers:  # its app is deleted as the server stops
+            if server.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(server.pid, signal.SIGTERM)
+        for server in self.servers:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                server.wait(STEPS_WAIT)
+            end_group(server)
+
+
+def stop_nli_app(job: Job) -> None:
+    """The NLI app this job deployed, deleted (a warm app someone else runs is never named)."""
+    if job.plan.nli:
+        stop = [job.groundcover, "serve", "--nli-app", job.plan.nli_app, "--stop"]
+        with contextlib.suppress(OSError, subprocess.SubprocessError):
+            subprocess.run([*stop, "--ray-address", "auto"], timeout=120)
+
+
+def run_on_ray(job: Job, tiktoken: Path | None) -> int:
+    """The job inside a Ray cluster that runs already (a KubeRay RayJob's entrypoint): the
+    plan over its nodes, the judge identified, the command's dry run, Serve with its proxy,
+    the NLI app, the judge (ready when Serve reports its app RUNNING: every replica healthy),
+    the command, and on every exit the judge and the NLI app removed."""
+    plan = job.plan
+    stopping = Stopping()
+    for signum in STOP_SIGNALS:
+        signal.signal(signum, stopping)
+    if plan.judge and not os.environ.get(KEY_ENV):  # every pod's proxy reads it from the secret
+        say(f"error: no key for the judge: create the secret groundcover-serve-key ({KEY_ENV})")
+        return 1
+    prepare_environment(plan, tiktoken)
+    plan.ports = {**plan.ports, "judge-port": int(os.environ.get("GC_SERVE_PORT") or SERVE_PORT)}
+    try:
+        head = head_service()
+    except ClusterError as failed:
+        say(f"error: {failed}")
+        return 1
+    cluster = RayCluster(job.allocation, plan, job.ray, stopping, head)
+    code = 1
+    try:
+        if plan.judge:
+            job.judge_revision = judge_revision(plan.judge, job.judge_revision, stopping)
+        dry_run_command(job, cluster)
+        command = run_services(job, cluster)
+        say("running: " + shlex.join(command))
+        stopping.child = subprocess.Popen(command, start_new_session=True)
+        if stopping.signal is not None:
+            os.killpg(stopping.child.pid, signal.SIGTERM)
+        code = wait(stopping.child, stopping)
+        say(f"the command ended with exit code {code}")
+    except Interrupted as stop:
+        say(f"{signal.Signals(stop.signum).name} while waiting for {stop.during}: stopped waiting")
+        code = 128 + stop.signum
+    except ClusterError as failed:
+        say(f"error: {failed}")
+    finally:
+        cluster.stop()
+        stop_nli_app(job)
+        say("the judge and the NLI app removed")
+    return code
 
 
 def main(argv: list[str]) -> int:
