@@ -6,9 +6,10 @@ are opened by every reader (``report``, its CSV export and page, ``compare``, ``
 ``labels export``, the viewer's page, items and labelling page): the planted code never runs
 (it would leave a marker file), nothing that came with the run changes, the run is read from
 its records alone, with the line saying how to trust a file. A graph, a study's run or an input
-file named outside the run is left out; a link leading out of the run stops every reader. The legitimate ways still load and show the tables: a file the user
-trusted (``groundcover trust``, ``groundcover eval FILE.py``), ``--framework FILE``, an installed
-framework whatever file its run names. The readers run in this process (``CliRunner``): the
+file named outside the run is left out; a link leading out of the run stops every reader. The
+legitimate ways still load and show the tables: a file the user trusted (``groundcover trust``,
+``groundcover eval FILE.py``), ``--framework FILE``, an installed framework whatever file its
+run names. The readers run in this process (``CliRunner``): the
 process's state (files given, notes said, modules loaded) is fresh for each test."""
 
 from __future__ import annotations
