@@ -587,3 +587,35 @@ def every_reader_refused(run: Path, out: Path) -> list[str]:
         assert result.exit_code == 2, (args, result.output)
         said.append(result.output)
     return said
+
+
+def test_a_judge_a_run_records_is_never_sent_this_machines_key(tmp_path, monkeypatch):
+    """`agreement --rerun` asks the judge at the endpoint the run recorded, which whoever sent
+    the run wrote: the user's key ($OPENAI_API_KEY) is not sent there; named with --endpoint,
+    it is (the user's act)."""
+    from aiohttp import web
+
+    from tests.support.loopback import serve_app
+    from tests.test_judges_apart import JudgeServer, eval_panel
+
+    judge = JudgeServer("BBBBBB")
+    keys: list[str] = []
+
+    @web.middleware
+    async def seen(request: web.Request, handler: Any) -> web.StreamResponse:
+        keys.append(request.headers.get("Authorization", ""))
+        return await handler(request)
+
+    served = judge.app()
+    served.middlewares.append(seen)
+    with serve_app(served) as url:
+        assert eval_panel(tmp_path, [url], "run").exit_code == 0  # made with no key
+        monkeypatch.setenv("OPENAI_API_KEY", "sk-the-readers-own")
+        keys.clear()
+        recorded = cli("agreement", tmp_path / "run", "--rerun", "2", "--json")
+        assert recorded.exit_code == 0, recorded.output
+        assert keys and not any("sk-the-readers-own" in key for key in keys)
+        keys.clear()
+        named = cli("agreement", tmp_path / "run", "--paraphrase", "1", "--endpoint", url)
+        assert named.exit_code == 0, named.output
+        assert keys and all(key == "Bearer sk-the-readers-own" for key in keys)

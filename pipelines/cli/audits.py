@@ -85,7 +85,8 @@ def agreement(
         str | None,
         typer.Option(
             help="with --swap-audit, --rerun or --paraphrase: where that judge is served "
-            "(default: recorded)"
+            "(default: recorded, and then sent no API key: $OPENAI_API_KEY goes only to an "
+            "endpoint named here)"
         ),
     ] = None,
     framework_file: FrameworkFiles = None,

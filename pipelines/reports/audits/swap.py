@@ -184,6 +184,7 @@ def render_swap(found: list[dict[str, Any]], out: Any) -> None:
 # ---- the judge asked again -----------------------------------------------------------------
 
 SAMPLING = ("temperature", "seed", "max_tokens", "reasoning", "reasoning_tokens")
+NO_KEY = ""  # no variable has this name: no key is read, none is sent ("EMPTY")
 
 
 def judge_config(run: Any, stage: str, model: str | None, endpoint: str | None) -> Any:
@@ -203,7 +204,10 @@ def judge_config(run: Any, stage: str, model: str | None, endpoint: str | None) 
             fields["content"] = recorded.get("content")
             fields["revision"] = recorded.get("declared_revision")
             fields["sample"] = recorded.get("sample")  # a self-consistency member's
-    endpoint = endpoint or recorded.get("endpoint")
+    if endpoint is None:
+        # where the run's record says: anyone could have written that, so this machine's key
+        # (the --api-key-env variable) is sent only to an endpoint named on the command line
+        endpoint, fields["api_key_env"] = recorded.get("endpoint"), NO_KEY
     if model is None:
         raise UserError(
             f"{run.run_dir}: the manifest names no model for role {role!r}: give --model"
