@@ -669,6 +669,7 @@ def test_the_command_gets_the_cluster_and_its_drivers_only_where_it_takes_them()
     ]
     ours.accepts = frozenset()
     assert cluster_job.added_flags(ours, cluster.address, None) == []
+    cluster_job.dry_run_command(ours, cluster)  # no --dry-run to give: not run (it would fail)
     assert cluster_job.run_dir_of(["eval", "--run-dir", "a", "--run-dir=b/c"]) == Path("b/c")
     assert cluster_job.run_dir_of(["eval"]) is None
 

@@ -50,8 +50,6 @@ class Refused(Exception):
 
 # ---- the options every subcommand takes ---------------------------------------------------------
 
-Option = Any
-
 
 def _option(help: str, *decls: str, **more: Any) -> Any:
     return typer.Option(*decls, help=help, rich_help_panel=PANEL, **more)

@@ -922,6 +922,9 @@ def dry_run_command(job: Job, cluster: Cluster) -> None:
     """The command's own ``--dry-run``, with every flag it will get (the judge's URL as the
     job will serve it), before any node's Ray starts: a command that cannot run stops the job
     here, with its own line, and no judge is loaded for it."""
+    if "--dry-run" not in job.accepts:  # a command without one (serve, index build): checked only
+        say("the command has no --dry-run: its flags were checked, nothing more")
+        return
     url = None
     if job.plan.judge:
         url = f"http://{host_port(cluster.head, cluster.ports['judge-port'])}/v1"
