@@ -67,6 +67,7 @@ def report(
     if track is not None and track not in ("mlflow", "wandb"):
         raise UserError(f"--track must be mlflow or wandb, got {track!r}")
     priced = load_prices(prices)
+    check_outputs(run_dir, html, export, kind)
     rebuild(run_dir, as_json, terminal(), priced)
     if html is not None:
         from ..reports.pages.report_html import write_html
@@ -86,6 +87,23 @@ def report(
         from ..reports.exports.tracking import track as log_runs
 
         log_runs(run_dir, Tracking(track, track_uri, track_project))  # type: ignore[arg-type]
+
+
+def check_outputs(
+    runs: list[Path], html: Path | None, export: Path | None = None, kind: str | None = None
+) -> None:
+    """A name made here for an output (the page beside the run, the tables beside an export)
+    that is a link is refused in one line before anything is read or printed."""
+    from ...serving.files import check_within
+    from ..reports.exports.export import made_beside
+
+    if html is not None:
+        out, within = page_path(html, runs)
+        if within is not None:
+            check_within(out, within)
+    if export is not None and kind is not None:
+        for made in made_beside(export, kind):
+            check_within(made, export.parent)
 
 
 def page_path(html: Path, runs: list[Path]) -> tuple[Path, Path | None]:
@@ -126,6 +144,7 @@ def compare(
 
     if resamples < 100:
         raise UserError(f"--resamples {resamples}: use at least 100")
+    check_outputs(run_dir, html)
     result = compare_runs(run_dir, resamples, seed)
     if as_json:
         typer.echo(json.dumps(result))

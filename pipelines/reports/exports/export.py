@@ -18,7 +18,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from ....serving.files import atomic_file, write_atomic
+from ....serving.files import atomic_file, check_within, write_atomic
 from ...runtime.contract.errors import UserError
 from ...runtime.store.provenance import manifest_provenance
 from .rows import RunRows, all_runs
@@ -48,6 +48,9 @@ def export_runs(paths: list[Path], out: Path, kind: str) -> list[Path]:
         from .inspect_log import write_inspect_logs
 
         return write_inspect_logs(paths, out)
+    for made in made_beside(out, kind):  # a link there refused before anything is written
+        check_within(made, out.parent)
+    beside = out.with_name(out.name + ".tables.json")
     runs = all_runs(paths)
     table = arrow_table(runs)
     tables = tables_beside(runs)
@@ -55,10 +58,14 @@ def export_runs(paths: list[Path], out: Path, kind: str) -> list[Path]:
         _write_parquet(table, tables, out)
     else:
         _write_csv(table, out)
-    beside = out.with_name(out.name + ".tables.json")
     text = json.dumps(tables, indent=1, ensure_ascii=False, default=str)
     write_atomic(beside, text, within=out.parent)  # a name the user did not type
     return [out, beside]
+
+
+def made_beside(out: Path, kind: str) -> list[Path]:
+    """The files an export writes beside ``out`` under names the user did not type."""
+    return [] if kind == "inspect" else [out.with_name(out.name + ".tables.json")]
 
 
 def arrow_table(runs: list[RunRows], batch: int = BATCH) -> Any:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import html
 import io
 import json
+import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import SimpleNamespace
@@ -29,7 +30,7 @@ from ....serving.files import write_atomic
 from ...runtime.store.manifest import RunManifest
 from ...runtime.store.provenance import manifest_provenance
 from ...runtime.store.run_dir import MANIFEST, read_manifest
-from ...runtime.terminal import UNPRINTABLE_CLASS, printable
+from ...runtime.terminal import UNPRINTABLE, UNPRINTABLE_CLASS, printable
 from ..audits.cascade import run_cascade
 from ..audits.reask import recorded_audits
 from ..report import load_outcome, panel_agreement
@@ -51,9 +52,13 @@ def page_environment() -> Environment:
 
 
 def _visible(value: Any) -> Any:
-    if isinstance(value, Markup):  # made safe already (JSON, a plot): escapes keep it safe
-        return Markup(printable(str(value)))
+    if isinstance(value, Markup):  # made safe already (JSON, a plot): a JSON escape is valid
+        return Markup(UNPRINTABLE.sub(_json_escape, str(value)))  # inside its strings, and seen
     return printable(value) if isinstance(value, str) else value
+
+
+def _json_escape(found: re.Match[str]) -> str:
+    return f"\\u{ord(found[0]):04x}"
 
 
 def _safe_json(value: Any) -> str:

@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 from xml.sax.saxutils import quoteattr
 
-from ....serving.files import atomic_file, write_atomic
+from ....serving.files import atomic_file, check_within, write_atomic
 from ...runtime.contract.errors import UserError
 from ...runtime.store.run_dir import RESULTS, results_by_id
 from ..exports.rows import run_rows
@@ -147,6 +147,7 @@ def write_label_studio(out: Path, tasks: list[dict[str, Any]], config: str) -> l
     """Label Studio's tasks as ``out`` (the file the user typed) and its labelling
     configuration beside it (a name made here: a link at it is refused, not followed)."""
     beside = out.with_name(f"{out.stem}.label-config.xml")
+    check_within(beside, out.parent)  # a link there refused before anything is written
     write_atomic(out, json.dumps(tasks, ensure_ascii=False, indent=1))
     write_atomic(beside, config, within=out.parent)
     return [out, beside]

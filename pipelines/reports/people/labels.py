@@ -166,12 +166,12 @@ def write_queue(run_dir: Path, queue: Queue) -> Path:
     """The queue, whole or not at all; an existing queue is never replaced (the labels made
     against it carry its weights)."""
     path = labels_dir(run_dir) / QUEUE
-    if path.exists():
+    make_dirs(path.parent, within=run_dir)  # a sent run's labels/ linked elsewhere: refused
+    if os.path.lexists(path):
         raise UserError(
             f"{path} exists: a run has one labelling queue (remove it to draw another; "
             "the labels already made stay in labels.jsonl)"
         )
-    make_dirs(path.parent, within=run_dir)  # a sent run's labels/ linked elsewhere: refused
     lines = [queue.header()] + [
         {"id": d.id, "stage": "score", "key": 0, "judge": d.judge}
         | {"stratum": d.stratum, "weight": d.weight}
