@@ -8,7 +8,13 @@ from pathlib import Path
 
 import pytest
 
-from groundcover.serving.files import UnsafePath, atomic_file, make_dirs, write_atomic
+from groundcover.serving.files import (
+    UnsafePath,
+    atomic_file,
+    make_dirs,
+    open_unlinked,
+    write_atomic,
+)
 
 
 def test_written_whole_and_replaced(tmp_path: Path) -> None:
@@ -85,3 +91,40 @@ def test_permissions_follow_the_umask(tmp_path: Path) -> None:
         os.umask(old)
     assert (tmp_path / "secret").stat().st_mode & 0o777 == 0o600
     assert (tmp_path / "open").stat().st_mode & 0o777 == 0o644
+
+
+def test_an_append_never_opens_a_link(tmp_path: Path) -> None:
+    """Appends (a run's results, people's labels) open their file without following a link:
+    a sent run's ``results.jsonl -> ~/.bashrc`` is refused, never appended to or truncated."""
+    victim = tmp_path / "bashrc"
+    victim.write_text("mine")
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "results.jsonl").symlink_to(victim)
+    append = os.O_WRONLY | os.O_APPEND | os.O_CREAT
+    with pytest.raises(UnsafePath, match="symbolic link"):
+        open_unlinked(run / "results.jsonl", append, within=run)
+    with pytest.raises(UnsafePath, match="symbolic link"):
+        open_unlinked(run / "results.jsonl", os.O_RDWR, within=run)
+    (run / "labels").symlink_to(tmp_path)
+    with pytest.raises(UnsafePath, match="symbolic link"):
+        open_unlinked(run / "labels" / "bashrc", append, within=run)
+    fd = open_unlinked(run / "own.jsonl", append, within=run)
+    os.write(fd, b"{}\n")
+    os.close(fd)
+    assert victim.read_text() == "mine" and (run / "own.jsonl").read_text() == "{}\n"
+
+
+def test_a_folder_swapped_for_a_link_while_writing_is_not_written_through(tmp_path: Path) -> None:
+    """The folders are opened one by one without following a link and the file is made and
+    renamed relative to the last one: a link swapped in after the check redirects nothing."""
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    run = tmp_path / "run"
+    (run / "labels").mkdir(parents=True)
+    with atomic_file(run / "labels" / "queue.jsonl", within=run) as handle:
+        (run / "labels").rename(run / "moved")
+        (run / "labels").symlink_to(elsewhere)
+        handle.write("queue\n")
+    assert not list(elsewhere.iterdir())
+    assert (run / "moved" / "queue.jsonl").read_text() == "queue\n"
