@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from groundcover.pipelines.reports.audits.cascade import (
+    EVERY,
     Guarantee,
     TierUnits,
     binomial_p_value,
@@ -21,13 +22,14 @@ from groundcover.pipelines.reports.audits.cascade import (
 
 
 def test_the_threshold_worked_out_by_hand():
-    """30 judgements at confidence 0.95, all agreeing with people; 10 at 0.8 (7 agreeing); 10 at
-    0.6 (5). alpha = delta = 0.1. At 0.95: n = 30, 0 errors, p = 0.9^30 = 0.0424 <= 0.1,
-    rejected. At 0.8: n = 40, 3 errors, p = P[Bin(40, 0.1) <= 3] = 0.4231 > 0.1: the test stops.
-    The threshold is 0.95, keeping 30 of 50 (coverage 0.6)."""
+    """Every distinct confidence tested (``--grid every``). 30 judgements at confidence 0.95,
+    all agreeing with people; 10 at 0.8 (7 agreeing); 10 at 0.6 (5). alpha = delta = 0.1. At
+    0.95: n = 30, 0 errors, p = 0.9^30 = 0.0424 <= 0.1, rejected. At 0.8: n = 40, 3 errors,
+    p = P[Bin(40, 0.1) <= 3] = 0.4231 > 0.1: the test stops. The threshold is 0.95, keeping 30
+    of 50 (coverage 0.6)."""
     confidences = [0.95] * 30 + [0.8] * 10 + [0.6] * 10
     agrees = [True] * 30 + [True] * 7 + [False] * 3 + [True] * 5 + [False] * 5
-    found = calibrate(confidences, agrees, Guarantee(0.1, 0.1))
+    found = calibrate(confidences, agrees, Guarantee(0.1, 0.1), EVERY)
     assert found.threshold == 0.95 and (found.kept, found.errors) == (30, 0)
     assert found.coverage == pytest.approx(0.6)
     assert found.p_value == pytest.approx(0.9**30)
@@ -38,7 +40,7 @@ def test_the_threshold_worked_out_by_hand():
     assert found.upper_bound == pytest.approx(1 - 0.1 ** (1 / 30))
     assert found.attainable and found.labels_needed == 0
     # looser alpha: 0.8 holds too (p = P[Bin(40, 0.2) <= 3] = 0.0285), 0.6 not (8 of 50)
-    loose = calibrate(confidences, agrees, Guarantee(0.2, 0.1))
+    loose = calibrate(confidences, agrees, Guarantee(0.2, 0.1), EVERY)
     assert loose.threshold == 0.8 and loose.kept == 40
 
 
@@ -249,3 +251,43 @@ def test_the_trust_reports_import_one_another_in_one_direction():
 
     circles = [name for name in modules if reaches(name, name, set())]
     assert not circles, imports
+
+
+def test_the_steps_grid_worked_out_by_hand_where_one_disagreement_at_the_top_ends_every():
+    """alpha = delta = 0.1. The exact test first lets e disagreements pass at k_e kept
+    judgements: k_1 = 38 (P[Bin(38, 0.1) <= 1] = 0.0953 <= 0.1 < P[Bin(37, 0.1) <= 1] = 0.1036),
+    k_2 = 52; with 60 labelled the steps grid keeps 38, 52 and all 60. Labels: 22 at 0.99 (one
+    disagreeing), 18 at 0.9 (none), 15 at 0.8 (one), 5 at 0.6 (three). Every distinct
+    confidence: 0.99 first (22 kept, 1 error, p = 0.9^22 + 22 * 0.1 * 0.9^21 = 0.339): the
+    sequence ends there, no threshold. Steps: 38 lands on 0.9 (40 kept, 1 error, p = 0.0805),
+    52 on 0.8 (55 kept, 2 errors, p = 0.0774), 60 on 0.6 (5 errors, p = 0.43): 0.8 keeps 55."""
+    from scipy.stats import binom
+
+    from groundcover.pipelines.reports.audits.cascade import GRIDS, STEPS
+
+    guarantee = Guarantee(0.1, 0.1)
+    assert STEPS.counts(60, guarantee) == [38, 52, 60]
+    assert binom.cdf(1, 38, 0.1) <= 0.1 < binom.cdf(1, 37, 0.1)
+    assert binom.cdf(2, 52, 0.1) <= 0.1 < binom.cdf(2, 51, 0.1)
+    assert STEPS.counts(30, guarantee) == [30]  # too few for any step: all of them, once
+    confidences = [0.99] * 22 + [0.9] * 18 + [0.8] * 15 + [0.6] * 5
+    agrees = [False] + [True] * 21 + [True] * 18 + [False] + [True] * 14 + [False] * 3 + [True] * 2
+    every = calibrate(confidences, agrees, guarantee, EVERY)
+    assert every.threshold is None and len(every.tested) == 1
+    assert every.tested[0]["p_value"] == pytest.approx(0.9**22 + 22 * 0.1 * 0.9**21)
+    assert every.tested[0]["p_value"] == pytest.approx(0.339, abs=1e-3)
+    found = calibrate(confidences, agrees, guarantee)  # steps, the default
+    assert [(t["threshold"], t["kept"], t["errors"]) for t in found.tested] == [
+        (0.9, 40, 1),
+        (0.8, 55, 2),
+        (0.6, 60, 5),
+    ]
+    assert found.tested[0]["p_value"] == pytest.approx(0.9**40 + 40 * 0.1 * 0.9**39)
+    assert found.tested[1]["p_value"] == pytest.approx(binom.cdf(2, 55, 0.1))
+    assert found.threshold == 0.8 and found.kept == 55 and found.coverage == pytest.approx(55 / 60)
+    assert GRIDS == {"steps": STEPS, "every": EVERY}
+    made = calibrate_cascade([TierUnits("one", confidences, agrees)], guarantee)
+    assert made["grid"] == {"name": "steps", "start_errors": 1}
+    assert calibrate_cascade([TierUnits("one", confidences, agrees)], guarantee, EVERY)["grid"] == {
+        "name": "every"
+    }

@@ -213,6 +213,13 @@ def cascade_calibrate(
         float, typer.Option(help="the share of labelled items kept apart to check the result")
     ] = 0.3,
     seed: Annotated[int, typer.Option(help="which items are kept apart")] = 0,
+    grid: Annotated[
+        str,
+        typer.Option(
+            help="which thresholds are tested: steps (where the exact test first allows one "
+            "more disagreement) | every (each distinct confidence)"
+        ),
+    ] = "steps",
     out: Annotated[
         Path | None,
         typer.Option(help="where the calibration goes (default: LAST_RUN/cascade/)"),
@@ -227,6 +234,7 @@ def cascade_calibrate(
     what the cascade would ask of each tier. Written as a file known by its SHA-256."""
     from ..reports.audits.agreement import read_human
     from ..reports.audits.cascade import (
+        GRIDS,
         Guarantee,
         calibrate_runs,
         content_digest,
@@ -242,6 +250,8 @@ def cascade_calibrate(
         guarantee = Guarantee(alpha, delta)
     except ValueError as exc:
         raise UserError(f"--{exc}") from None
+    if grid not in GRIDS:
+        raise UserError(f"--grid {grid}: want one of {', '.join(GRIDS)}")
     trust_files(framework_file, trust)
     labels = read_human(human) if human is not None else None
     tiers = [read_tier(d, labels) for d in run_dir]
@@ -251,7 +261,7 @@ def cascade_calibrate(
                 f"{directory}: its pairs were scored by an NLI model: an NLI model is the "
                 "cascade's tier 1, give its run first"
             )
-    made = calibrate_runs(tiers, guarantee, check_share, seed)
+    made = calibrate_runs(tiers, guarantee, check_share, seed, GRIDS[grid])
     if not made["stages"]:  # nothing to calibrate: no file, one line saying why
         had = "; ".join(
             f"{d}: {', '.join(sorted(t.units)) or 'none'}"

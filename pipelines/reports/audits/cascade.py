@@ -3,15 +3,30 @@ which its judgements agree with people at least 1 - alpha of the time with proba
 1 - delta (Jung, Brahman and Choi, "Trust or Escalate: LLM Judges with Provable Guarantees for
 Human Agreement", ICLR 2025).
 
-The threshold is chosen by fixed-sequence testing over a descending grid (the calibration
-set's own confidences, highest first): at each threshold the judgements kept (confidence at or
-above it) are tested for H0 "their disagreement with people is at least alpha" by the exact
-binomial test, p = P[Binomial(n, alpha) <= errors]; the threshold is lowered while H0 is
-rejected at level delta, and the last one rejected is kept. The grid starts where at least
-ln(delta) / ln(1 - alpha) judgements are kept: above it no labels could reject, and skipping by
-the count alone, never by the labels, leaves the sequence fixed. (p <= delta is the same as the
-Clopper-Pearson upper (1 - delta) bound on the disagreement lying below alpha.) Testing in a
-fixed order spends no level on multiplicity: the guarantee holds at delta for the chosen one.
+The threshold is chosen by fixed-sequence testing over a descending sequence of thresholds:
+at each, the judgements kept (confidence at or above it) are tested for H0 "their disagreement
+with people is at least alpha" by the exact binomial test, p = P[Binomial(n, alpha) <= errors];
+the threshold is lowered while H0 is rejected at level delta, and the last one rejected is kept.
+(p <= delta is the same as the Clopper-Pearson upper (1 - delta) bound on the disagreement lying
+below alpha.) Which thresholds are tested is the ``Grid`` (``--grid``), a function of the labelled
+judgements' confidences and of alpha and delta alone, never of whether they agree with people:
+
+- ``steps`` (the default): the thresholds keeping exactly the counts k_1 < k_2 < ... at which
+  the exact test first lets one more disagreement pass (k_e, the fewest kept judgements with
+  P[Binomial(k_e, alpha) <= e] <= delta: 38, 52, 65, 78, ... at alpha = delta = 0.1), from one
+  disagreement on, and last the threshold keeping them all. Each step is the most a count with
+  e disagreements can be tested at, and one disagreement near the top cannot end the sequence.
+- ``every``: every distinct confidence, highest first, from where at least ln(delta) /
+  ln(1 - alpha) are kept (above it no labels could reject): the first way, kept to compare.
+
+Why it holds (fixed-sequence testing): the sequence t_1 > t_2 > ... is fixed before any
+agreement is read. Let t_j be the first of it whose H0 is true (disagreement at least alpha).
+A threshold with a true H0 can only be chosen if H0 at t_j is rejected (the walk stops at its
+first failure), which happens with probability at most delta (the exact test is valid at each
+fixed threshold, given how many it keeps). So the chosen threshold's disagreement is below alpha
+with probability at least 1 - delta, whatever the grid, as long as it never looks at the
+agreements: a coarser grid spends no level on multiplicity, it only tests fewer, better-filled
+thresholds.
 
 A cascade of judges, cheapest first, keeps a judgement at the first tier whose confidence clears
 that tier's threshold, escalates it otherwise, and abstains after the last. Each tier is
@@ -78,6 +93,42 @@ def clopper_pearson_upper(errors: int, kept: int, delta: float) -> float:
     return float(beta.ppf(1 - delta, errors + 1, kept - errors))
 
 
+@dataclass(frozen=True)
+class Grid:
+    """Which thresholds the fixed sequence tests (``--grid``): one rule set, named in the
+    calibration it makes. Built from the labelled judgements' confidences (highest first) and
+    the guarantee alone, never from their agreement with people."""
+
+    name: str
+    start_errors: int | None  # steps: the disagreements the first tested count allows
+
+    def counts(self, labelled: int, guarantee: Guarantee) -> list[int] | None:
+        """How many labelled judgements each tested threshold keeps, highest first (None: every
+        distinct confidence from the fewest labels that could pass)."""
+        if self.start_errors is None:
+            return None
+        from scipy.stats import binom
+
+        out, errors, kept = [], self.start_errors, guarantee.fewest_labels()
+        while kept <= labelled:
+            if binom.cdf(errors, kept, guarantee.alpha) <= guarantee.delta:
+                out.append(kept)
+                errors += 1
+            else:
+                kept += 1
+        return out if out and out[-1] == labelled else [*out, labelled]
+
+    def as_json(self) -> dict[str, Any]:
+        return {"name": self.name} | (
+            {"start_errors": self.start_errors} if self.start_errors is not None else {}
+        )
+
+
+EVERY = Grid("every", None)
+STEPS = Grid("steps", 1)
+GRIDS = {grid.name: grid for grid in (STEPS, EVERY)}
+
+
 @dataclass
 class Threshold:
     """One tier's calibration: the threshold (None: no threshold holds the guarantee), and what
@@ -99,10 +150,13 @@ class Threshold:
 
 
 def calibrate(
-    confidences: Sequence[float], agrees: Sequence[bool], guarantee: Guarantee
+    confidences: Sequence[float],
+    agrees: Sequence[bool],
+    guarantee: Guarantee,
+    grid: Grid = STEPS,
 ) -> Threshold:
-    """Fixed-sequence testing over the descending grid of the confidences seen (the p-values of
-    every level at once; the sequence is read until its first failure)."""
+    """Fixed-sequence testing over the ``grid``'s descending thresholds of the confidences seen
+    (the p-values of every level at once; the sequence is read until its first failure)."""
     import numpy as np
     from scipy.stats import binom
 
@@ -125,7 +179,12 @@ def calibrate(
     # no labels could reject where fewer than `fewest` are kept: skipped by the count alone
     # (never by the labels), so the sequence stays fixed before any label is read
     top = (int(kept[0]), int(wrong[last][0]))  # the highest level's judgements
-    usable = (kept >= guarantee.fewest_labels()) | (kept == labelled)
+    counts = grid.counts(labelled, guarantee)
+    if counts is None:
+        usable = (kept >= guarantee.fewest_labels()) | (kept == labelled)
+    else:  # the level keeping each count (ties kept together: it may keep a few more)
+        usable = np.zeros(len(kept), dtype=bool)
+        usable[np.unique(np.searchsorted(kept, counts))] = True
     levels, kept, errors = ranked[last][usable], kept[usable], wrong[last][usable]
     p_values = binom.cdf(errors, kept, guarantee.alpha)
     failing = np.flatnonzero(p_values > guarantee.delta)
@@ -192,7 +251,9 @@ class TierUnits:
     agrees: list[bool]
 
 
-def calibrate_cascade(tiers: Sequence[TierUnits], guarantee: Guarantee) -> dict[str, Any]:
+def calibrate_cascade(
+    tiers: Sequence[TierUnits], guarantee: Guarantee, grid: Grid = STEPS
+) -> dict[str, Any]:
     """Each tier calibrated on the labelled units that reach it (those no earlier tier kept), at
     delta / K; the cascade's coverage, abstentions and disagreement on the calibration set."""
     if not tiers:
@@ -206,7 +267,10 @@ def calibrate_cascade(tiers: Sequence[TierUnits], guarantee: Guarantee) -> dict[
         if len(tier.confidences) != count or len(tier.agrees) != count:
             raise ValueError(f"tier {tier.name}: one confidence and agreement per unit")
         found = calibrate(
-            [tier.confidences[u] for u in reaching], [tier.agrees[u] for u in reaching], each
+            [tier.confidences[u] for u in reaching],
+            [tier.agrees[u] for u in reaching],
+            each,
+            grid,
         )
         keeps = [
             u
@@ -224,6 +288,7 @@ def calibrate_cascade(tiers: Sequence[TierUnits], guarantee: Guarantee) -> dict[
         "alpha": guarantee.alpha,
         "delta": guarantee.delta,
         "delta_per_tier": each.delta,
+        "grid": grid.as_json(),
         "units": count,
         "tiers": out,
         "kept": kept_total,
@@ -403,7 +468,11 @@ def proportion_interval(agreeing: int, total: int, level: float = 0.95) -> list[
 
 
 def calibrate_runs(
-    tiers: Sequence[TierRun], guarantee: Guarantee, check_share: float = 0.3, seed: int = 0
+    tiers: Sequence[TierRun],
+    guarantee: Guarantee,
+    check_share: float = 0.3,
+    seed: int = 0,
+    grid: Grid = STEPS,
 ) -> dict[str, Any]:
     """Per label stage every tier judged: each tier's threshold calibrated on the calibration
     labels (``calibrate_cascade``), then checked on the labels kept apart, and what routing every
@@ -418,6 +487,7 @@ def calibrate_runs(
         "delta": guarantee.delta,
         "check_share": check_share,
         "seed": seed,
+        "grid": grid.as_json(),
         "tiers": [
             {"run": t.run, "task": t.task, "members": t.members, "models": t.models}
             | ({"simulated_annotators": True} if t.annotators else {})
@@ -446,6 +516,7 @@ def calibrate_runs(
                 for k, t in enumerate(tiers)
             ],
             guarantee,
+            grid,
         )
         thresholds = [t["threshold"] for t in made["tiers"]]
         out["stages"][stage] = {
