@@ -122,6 +122,24 @@ def test_the_nli_model_is_recorded_and_calibrated_as_tier_1_known_by_content(tmp
     tier = read_tier(ce.dir, None)
     assert tier.kinds["nli"] == "nli" and tier.members == ["nli"]
     assert tier.models == [model_digest(model)]
+    # the model's judgements are people's to label, as a judge's are: exported, imported
+    from groundcover.pipelines.reports.pages.viewer import Viewer
+    from groundcover.pipelines.reports.people.labels import run_labels
+
+    units = Viewer([ce.dir]).units(0, "nli")
+    assert [(item, key) for item, key, _ in units] == [("tower", k) for k in range(20)]
+    sheet = tmp_path / "pairs.csv"
+    exported = ["labels", "export", str(ce.dir), str(sheet), "--stage", "nli"]
+    assert CliRunner().invoke(app, exported).exit_code == 0
+    rows = sheet.read_text().splitlines()
+    assert len(rows) == 21 and rows[0].startswith("id,stage,key,")
+    first = entries[0]["value"]
+    labelled = tmp_path / "labelled.csv"
+    labelled.write_text(f"id,stage,key,label\ntower,nli,0,{first}\n")
+    back = CliRunner().invoke(app, ["labels", "import", str(ce.dir), str(labelled)])
+    assert back.exit_code == 0, back.output
+    assert run_labels(ce.dir) == {("tower", "nli", 0): first}
+    assert read_tier(ce.dir, None).labels == {("tower", "nli", entries[0]["asked"]): first}
 
     llm, _ = run(tmp_path / "llm", confidence="logprobs")
     human = tmp_path / "human.jsonl"

@@ -3,11 +3,12 @@
 - ``GET /``: the report page without its items (a million-item run opens as fast as a small
   one); the items come from ``/api/items``, filtered, searched and paged by the server.
 - ``GET /label?run=K[&stage=S]``: the labelling page of run K's score (its queue from
-  ``agreement --sample``, else every scored item) or of one judging stage of a panel (every
-  unit the panel decided), one at a time: the question, the answer under judgement and the
-  reference, the stage's labels (or the score scale) as buttons with keys 1-9, a note,
-  progress. Blind by default: the judge's verdict shows only after the label is given. An
-  override of an item's score (with a reason) is a layer over the records (``overrides``).
+  ``agreement --sample``, else every scored item) or of one judging stage (every unit a panel,
+  a judge cascade, a lone judge with ``--confidence logprobs`` or an NLI model decided), one
+  at a time: the question, the answer under judgement and the reference, the stage's labels
+  (or the score scale) as buttons with keys 1-9, a note, progress. Blind by default: the
+  judge's verdict shows only after the label is given. An override of an item's score (with a
+  reason) is a layer over the records (``overrides``).
 - ``POST /api/labels`` and ``/api/overrides``: written only with the page's per-session token
   (``X-Groundcover-Token``) from the page's own origin: another site's form or script is
   refused. Runs are named by their number on the command line and items by their ids in the
@@ -135,7 +136,8 @@ _HEAD = re.compile(
     + rb',"status":"(\w+)","score":(null|[-+0-9.eE]+),"explanation":'
     + _STRING
 )
-_PANEL = re.compile(rb'"(?:panel|cascade)":\[')  # a panel's or a judge cascade's verdicts
+# a panel's, a judge cascade's, or a lone judge's with their confidences (an NLI model's too)
+_PANEL = re.compile(rb'"(?:panel|cascade|confidence)":\[')
 
 
 def scan_heads(file: Path) -> Iterator[Head]:
@@ -799,8 +801,12 @@ def judged_values(run: Any, record: Any, stage: str, key: int) -> dict[str, str]
     or the run's inputs changed)."""
     from ...runtime.contract.panels import asked_digest, shown
 
-    decided = record.details.get("panel") or record.details.get("cascade") or []
-    entries = [e for e in decided if e.get("stage") == stage]
+    entries = [
+        entry
+        for field in ("panel", "cascade", "confidence")  # a stage is in one of them
+        for entry in record.details.get(field) or []
+        if entry.get("stage") == stage
+    ]
     if key >= len(entries) or "asked" not in entries[key]:
         return None
     kept = entries[key].get("values")
