@@ -11,8 +11,9 @@ from typing import Annotated, Any
 import typer
 from rich.table import Column, Table
 
-from ..runtime.terminal import labelled, terminal
+from ..runtime.terminal import labelled, printable, terminal
 from . import audits, finetune, pages, report, serve, trust
+from .batch import batch_app
 from .cache import cache_app
 from .cluster import cluster_app
 from .data import data_app
@@ -117,15 +118,15 @@ def prompts(name: Annotated[str | None, typer.Argument(help="print this template
     """List the versioned prompt templates, or print one."""
     templates = all_templates()
     if name is None:
-        for template in templates.values():
-            typer.echo(f"{template.id}\t{template.path}")
+        for template in templates.values():  # shown, never acted on: a framework's file is data
+            typer.echo(printable(f"{template.id}\t{template.path}"))
         return
     if name not in templates:
         terminal(stderr=True).print(
             labelled("error:", "red", f"no template {name!r}; have {', '.join(templates)}")
         )
         raise typer.Exit(2)
-    typer.echo(templates[name].text())
+    typer.echo(printable(templates[name].text()))
 
 
 @meta_eval_app.command("icat")
