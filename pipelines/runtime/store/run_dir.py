@@ -35,7 +35,7 @@ from typing import Any, TypeVar, overload
 
 from pydantic import BaseModel, ValidationError
 
-from ....serving.files import UnsafePath, make_dirs, open_unlinked, write_atomic
+from ....serving.files import make_dirs, open_unlinked, write_atomic
 from ....serving.redact import redact
 from ..contract.errors import UserError
 from ..contract.results import FAILED_STATUSES, STATUSES, ItemResult
@@ -78,9 +78,7 @@ def atomic_write_text(path: Path, text: str, *, within: Path | None = None) -> N
     ``within``, a folder the user did not name, a link on the way refused): readers see the old
     or the new file, never half of one; when the disk is full the old file stays."""
     try:
-        write_atomic(path, text, within=within)
-    except UnsafePath:
-        raise
+        write_atomic(path, text, within=within)  # a link refused: UnsafePath, one line as it is
     except OSError as exc:
         raise RunStoreError(f"{path}: cannot write ({exc.strerror or exc}); {KEPT}") from exc
 
