@@ -315,6 +315,10 @@ def test_the_plan_checks_the_command_with_the_flags_the_job_adds(tmp_path):
     comp = ["groundcover", "eval", "comprehensiveness", str(items)]
     no_backend = cluster("plan", *base, "--nli", NLI, "--", *comp, home=tmp_path)
     assert no_backend.returncode == 2 and len(no_backend.stderr.splitlines()) == 1
+    assert no_backend.stderr.startswith(
+        "error: cluster plan: `eval comprehensiveness` with the flags the job adds (--ray-address "
+        "--drivers --nli-app --endpoint"
+    )
     assert "Ray runs the cross-encoder (--nli-backend)" in no_backend.stderr
     typo = cluster("plan", *base, "--", *FANOUTQA, "--dat", "x", home=tmp_path)
     assert typo.returncode == 2 and typo.stderr.splitlines() == [

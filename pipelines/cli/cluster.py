@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import io
 import json
 import os
 import shlex
@@ -305,18 +306,22 @@ def check_command(words: list[str], plan_ask: Any, judge_served: str | None) -> 
     added = placeholder_flags(plan_ask, accepts, judge_served)
     inspected: list[tuple[Any, Any]] = []
     datasets: list[str] = []
+    said = io.StringIO()  # the command's own error line, said again as the job's
     token_in, token_listed = INSPECTED.set(inspected), LISTED.set(datasets)
     try:
         ctx = command.make_context(where, [*rest, *added])
         if not hasattr(command, "declaration"):  # not a framework's: parsed, not invoked
             return Checked(words, where, accepts)
-        with ctx:
+        with ctx, contextlib.redirect_stderr(said):
             command.invoke(ctx)
     except click.exceptions.UsageError as exc:
         raise Refused(f"`{where}`: {exc.format_message()}") from None
-    except typer.Exit as exc:  # the command said why on its own line
+    except typer.Exit as exc:
         if exc.exit_code:
-            raise Refused("") from None
+            lines = said.getvalue().strip().splitlines() or ["refused (no reason given)"]
+            shown = [flag for flag in added if flag.startswith("--")]
+            given = f" with the flags the job adds ({' '.join(shown)})" if shown else ""
+            raise Refused(f"`{where}`{given}: {lines[-1].removeprefix('error: ')}") from None
     finally:
         INSPECTED.reset(token_in)
         LISTED.reset(token_listed)
