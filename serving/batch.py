@@ -11,36 +11,42 @@ Two executors run a batch file: ``OpenAIBatches`` (an OpenAI-compatible ``/files
 ``/batches`` endpoint: a hosted provider at its batch price) and ``LocalRunBatch`` (``vllm
 run-batch`` for a model served here, at the engine's own pace, with no server).
 
-Bought once, whatever happens:
+Bought once, whatever the provider does:
 
-- **Write-ahead.** A round's file is uploaded and its file id, its custom ids and a tag (sent
-  as the batch's ``metadata``) recorded in the folder's ``ledger.jsonl`` *before* the batch is
-  created; the batch id is recorded as soon as it is known. A create whose answer is lost (a
-  timeout, a reset, a 5xx, a kill) is looked for by its tag among the provider's batches before
-  it is ever asked again, and a resume that holds an upload without a batch does the same: the
-  batch the provider made is adopted, the file reused.
-- **Blips are waited out.** Every call (upload, create, poll, list, download) is retried on
-  5xx, 429 (``Retry-After`` honoured), resets and timeouts with capped exponential backoff and
-  jitter, for as long as ``patience`` (bounded by the batch window); downloads stream to the
-  folder with a read timeout and no total one. A fault that outlasts the patience stops the run
-  in one line; the same command resumes.
-- **Failures by cause.** A line answered 400 / 413 / 422 (or refused before it is written)
-  fails its item at once; 401 / 403 / 404 stop the run; a 5xx or 429 line and the lines of an
-  ``expired`` or ``cancelled`` batch go into a later round after a backoff (``max_attempts``
-  in all); a batch ``failed`` for its size or a token limit is split in two and sent again;
-  any other failed batch stops the run with the provider's words. Each cause is counted
-  (``causes``), in the ledger, ``summary.json``, ``report`` and the page.
-- **Any drivers.** A pending batch of any folder of the client (an earlier invocation's
-  drivers, more or fewer) is waited for by whoever asks one of its lines, so exactly the
-  driver whose shard holds the item waits; an upload left without a batch is recovered by the
-  folder's owner, or by one adopter of a gone driver's folder. Batch ids are unique per folder.
+- **Write-ahead, found with patience.** A round's file is uploaded and its file id, its custom
+  ids and a tag (sent as the batch's ``metadata``) recorded in the folder's ``ledger.jsonl``
+  *before* the batch is created; the batch id is recorded as soon as it is known. A create whose
+  answer is lost (a timeout, a reset, a 5xx, a kill) is looked for by its tag over a settle
+  window (a provider's list is eventually consistent), paging by the last id seen and stopping
+  on a page seen before; a tagged batch the ledger does not know, found on any listing or
+  resume, is adopted and collected (a duplicate still running is cancelled), never left billed
+  and unused.
+- **A download is checked before it is believed**: its complete lines against the batch's
+  ``request_counts``, a cut last line, its decoding. A short, cut or undecodable file (or a
+  404 right after completion) is downloaded again, a few times; then its lines are read as far
+  as they go and the missing ones treated by cause (``cut``, ``vanished``, ``unreadable``):
+  bought again once, with a note in the ledger, never as if simply unanswered.
+- **Odd shapes fail the line, not the run.** An unreadable line, ``errors`` of any shape, a
+  file that is not UTF-8: recorded against their own requests with the provider's words (keys
+  redacted before anything is cut); a batch that cannot be read at all fails its own lines and
+  is released (asked again, it is polled again), and other batches go on.
+- **Failures by what they mean** (``PROVIDER_MESSAGES``, one table): a rate, enqueued-token or
+  capacity limit waits and creates the same file's batch again, with backoff, for at most the
+  batch window; only a batch-specific size or token rejection splits it; a line answered
+  400 / 413 / 422 fails its item; 401 / 403 / 404 stop the run.
+- **Every wait ends.** A batch still running past its ``expires_at`` (or its completion
+  window) plus ``grace`` is cancelled, its partial output used, its other lines bought again
+  once (then failed with a line naming the batch).
+- **Any drivers.** A pending batch of any folder of the client is waited for by whoever asks
+  one of its lines; an upload left without a batch is recovered by the folder's owner, or by
+  one adopter of a gone driver's folder. ``groundcover batch status RUN`` shows every batch;
+  ``batch forget RUN BATCH [--rebuy]`` is the way out of one that cannot end.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import ctypes
 import functools
 import json
 import os
@@ -49,15 +55,17 @@ import re
 import secrets
 import signal
 import subprocess
+import sys
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
 import aiohttp
 
+from .files import atomic_file, make_dirs, open_unlinked, write_atomic
 from .redact import redact, remember
 
 CHAT_URL = "/v1/chat/completions"  # the one endpoint a batch line names (the Batch API's)
@@ -66,17 +74,37 @@ RUNNING = frozenset({"validating", "in_progress", "finalizing", "cancelling", "q
 RETRY_STATUS = frozenset({408, 409, 425, 429})  # and every 5xx: the provider, not the request
 STOP_STATUS = frozenset({401, 403, 404})  # a key, a model or an endpoint is wrong
 REJECT_STATUS = frozenset({400, 413, 422})  # the line itself is wrong: asking again cannot help
+GONE_STATUS = frozenset({404, 410})  # a file the provider no longer has
 MAX_BYTES = 200_000_000  # OpenAI's limit per batch file
 TAG_FIELD = "groundcover"  # the metadata key a batch's tag goes in
-# a batch failed for what it holds, not for what it asks: split it and send the halves
-TOO_BIG = re.compile(
-    r"(?i)token.?limit|too (large|big|many)|exceed|max(imum)?.?(size|lines|requests|tokens)"
-)
 FOLDER_FILE = "folder.json"  # a folder's own nonce: the tags of its batches
+LEDGER = "ledger.jsonl"
+WORDS_KEPT = 300  # characters of a provider's words kept per failure
+DOWNLOADS = 3  # tries of a download that is short, cut, undecodable or not there yet
+ONCE = frozenset({"cut", "vanished", "stuck"})  # lines paid for but lost: bought again once
+
+
+def words(text: Any, limit: int = WORDS_KEPT) -> str:
+    """A provider's words on one line, secrets redacted *before* anything is cut (a key cut in
+    half would no longer be recognised)."""
+    return " ".join(redact(str(text)).split())[:limit]
 
 
 class BatchError(RuntimeError):
     """The batch endpoint (or ``vllm run-batch``) cannot take or run batches: the run stops."""
+
+
+class BatchUnreadable(BatchError):
+    """One batch's answer cannot be read (no id, a status none of the Batch API's): its own
+    lines fail, it is released, and every other batch goes on."""
+
+
+class TooBig(BatchError):
+    """The provider refused a file or a batch for its size: it is split and sent again."""
+
+
+class Gone(Exception):
+    """A file the provider no longer has (404 / 410)."""
 
 
 class AskOnline(RuntimeError):
@@ -88,21 +116,227 @@ class LineFailed(RuntimeError):
     fails."""
 
 
+# ---- what a provider's words mean -------------------------------------------------------------
+
+WAIT = "wait"  # a queue, rate or capacity limit of the account: the same batch, later
+SPLIT = "split"  # this batch is too big for the provider: two halves
+REJECT = "reject"  # this line is wrong: its item fails
+STOP = "stop"  # the account or the key cannot buy: the run stops
+
+
+@dataclass(frozen=True)
+class Said:
+    """One documented provider message: what it means, the words that identify it, the text
+    as documented (tested: each example is read as its meaning) and where it is documented."""
+
+    meaning: str
+    words: str  # a regular expression, searched case-insensitively
+    example: str
+    source: str
+    code: str = ""  # the error code the provider sends with it, where it sends one
+
+
+# Ordered: the first entry whose words match decides. The limits of the account come first, so
+# "Enqueued token limit reached" is never read as a batch too big for its tokens.
+PROVIDER_MESSAGES: tuple[Said, ...] = (
+    Said(
+        WAIT,
+        r"enqueued token limit reached",
+        "Enqueued token limit reached for gpt-4o-mini in organization org-abc. Limit: "
+        "2,000,000 enqueued tokens. Please try again once some in_progress batches have been "
+        "completed.",
+        "OpenAI, a failed batch's errors.data (quoted in github.com/openai/openai-python "
+        "issue 2084)",
+        "token_limit_exceeded",
+    ),
+    Said(
+        WAIT,
+        r"number of enqueued tokens has surpassed",
+        "The number of enqueued tokens has surpassed the configured limit of 30K for the "
+        "deployment 'gpt-4.1-batch'. Please either increase the limit or try again once the "
+        "current jobs have finished.",
+        "Azure OpenAI global batch, a failed batch's errors.data (learn.microsoft.com/en-us/"
+        "answers/questions/2285577)",
+        "token_limit_exceeded",
+    ),
+    Said(
+        WAIT,
+        r"batch rate limit exceeded",
+        "Batch rate limit exceeded",
+        "LiteLLM proxy, a 429 to POST /batches under batch_enqueued_token_limit, quoted as far "
+        "as its pull request gives it (github.com/BerriAI/litellm pull 37539)",
+    ),
+    Said(
+        WAIT,
+        r"batches in a non-terminal state",
+        "Returns 429 (batch_limit_exceeded) if the owner already has 10 or more batches in a "
+        "non-terminal state.",
+        "Mesh API, the documented 429 of POST /v1/batches (developers.meshapi.ai, Create Batch)",
+        "batch_limit_exceeded",
+    ),
+    Said(
+        WAIT,
+        r"exceeded token rate limit|rate limit (reached|exceeded)",
+        "Requests to the ChatCompletions_Create Operation under Azure OpenAI API version "
+        "2024-10-01-preview have exceeded token rate limit of your current AIServices S0 "
+        "pricing tier. Please retry after 37 seconds.",
+        "Azure OpenAI, a 429 (learn.microsoft.com/en-us/answers/questions/2140040)",
+        "rate_limit_exceeded",
+    ),
+    Said(
+        WAIT,
+        r"resource_exhausted|gemini-api/docs/rate-limits",
+        "You exceeded your current quota, please check your plan and billing details. For more "
+        "information on this error, head to: https://ai.google.dev/gemini-api/docs/rate-limits",
+        "Gemini Batch API, a 429 RESOURCE_EXHAUSTED that passes (quoted in "
+        "github.com/googleapis/js-genai issue 1264): the same first words as OpenAI's below",
+        "RESOURCE_EXHAUSTED",
+    ),
+    Said(
+        STOP,
+        r"exceeded your current quota|insufficient_quota",
+        "You exceeded your current quota, please check your plan and billing details.",
+        "OpenAI's insufficient_quota, a 429 that waiting does not end (the code as listed in "
+        "docs.zerogpu.ai/api-reference/batch/errors, which mirrors OpenAI's)",
+        "insufficient_quota",
+    ),
+    Said(
+        SPLIT,
+        r"max allowed tokens per submitted batch",
+        "The max allowed tokens per submitted batch is 120000. Your batch has 147910 tokens "
+        "after truncation. TOO_MANY_TOKENS_IN_BATCH",
+        "Voyage AI, a 400 for a batch's tokens (quoted in github.com/kenn-io/agentsview "
+        "issue 1356)",
+    ),
+    Said(
+        SPLIT,
+        r"^file is too large",
+        "File is too large.",
+        "OpenAI, a 400 to POST /files past 200 MB (quoted in github.com/bespokelabsai/curator "
+        "issue 111)",
+    ),
+    Said(
+        SPLIT,
+        r"exceeds the configured max_batch_file_size_mb",
+        "Batch input file is 12.0 MB, which exceeds the configured max_batch_file_size_mb of "
+        "10 MB. The file was not forwarded to the provider.",
+        "LiteLLM proxy, a 413 to POST /files (github.com/BerriAI/litellm pull 37527)",
+    ),
+    Said(
+        REJECT,
+        r"maximum context length is",
+        "This model's maximum context length is 128000 tokens. However, you requested 1000024 "
+        "tokens (24 in the messages, 1000000 in the completion). Please reduce the length of "
+        "the messages or completion.",
+        "OpenAI, a line's 400 in the error file (quoted in github.com/openai/openai-openapi "
+        "issue 302); vLLM words it the same (vllm/renderers/params.py)",
+        "context_length_exceeded",
+    ),
+    Said(
+        REJECT,
+        r"must not be sent in stream mode",
+        "Request must not be sent in stream mode",
+        "vLLM run-batch, a line's 400 (vllm/entrypoints/launchers/run_batch.py, 0.32)",
+    ),
+    Said(
+        REJECT,
+        r"model does not support endpoint",
+        "Model does not support endpoint: /v1/chat/completions",
+        "vLLM run-batch, a line's 400 (vllm/entrypoints/launchers/run_batch.py, 0.32)",
+    ),
+    Said(
+        REJECT,
+        r"url \S+ was used\. supported endpoints",
+        "URL /v1/completion was used. Supported endpoints: /v1/chat/completions, "
+        "/v1/embeddings, /v1/audio/transcriptions, /v1/audio/translations, /score,  /rerank.",
+        "vLLM run-batch, a line's 400 (vllm/entrypoints/launchers/run_batch.py, 0.32)",
+    ),
+)
+_PATTERNS = [(said, re.compile(said.words, re.IGNORECASE)) for said in PROVIDER_MESSAGES]
+# undocumented wordings of a batch too big for the provider: a batch or file named, a size
+# exceeded, and nothing said about a queue (an account's limit waits; see WAIT above)
+_SIZE_WORDS = re.compile(
+    r"(?i)\b(batch|file)\b.*\b(too (large|big|many)|exceed(s|ed)? (the )?(max|limit|size))"
+)
+_QUEUE_WORDS = re.compile(r"(?i)enqueued|in.progress|try again|retry after|rate.limit")
+
+
+def meaning_of(message: str, code: str = "") -> str | None:
+    """What a provider's words mean (``WAIT``, ``SPLIT``, ``REJECT``, ``STOP``; None: not known):
+    the table first, by words, then by code; then an undocumented size wording."""
+    for said, pattern in _PATTERNS:
+        if pattern.search(message):
+            return said.meaning
+    for said, _ in _PATTERNS:
+        if said.code and code == said.code:
+            return said.meaning
+    if _SIZE_WORDS.search(message) and not _QUEUE_WORDS.search(message):
+        return SPLIT
+    return None
+
+
+def batch_errors(value: Any) -> list[dict[str, Any]]:
+    """A batch's ``errors`` in any shape (OpenAI's ``{"data": [...]}``, a bare list, one object,
+    a string) as entries of ``code``, ``message`` and ``line`` (None: the whole batch)."""
+    if isinstance(value, dict) and "data" in value:
+        value = value["data"]
+    if value is None:
+        return []
+    entries = value if isinstance(value, list) else [value]
+    found = []
+    for entry in entries:
+        if entry is None:
+            continue
+        line = entry.get("line") if isinstance(entry, dict) else None
+        code = entry.get("code") if isinstance(entry, dict) else None
+        found.append(
+            {
+                "code": str(code) if isinstance(code, str | int) else "",
+                "message": words(error_text(entry)) or "no message",
+                "line": line if isinstance(line, int) and not isinstance(line, bool) else None,
+            }
+        )
+    return found
+
+
+def error_text(error: Any) -> str:
+    """A line's or a batch's error as words: OpenAI's ``{"message"}``, vLLM's ``{"error":
+    {"message"}}``, a list of them, or a string (never a dict's repr)."""
+    if isinstance(error, dict):
+        inner = error.get("error")
+        if isinstance(inner, dict | str | list):
+            return error_text(inner)
+        if error.get("message"):
+            return str(error["message"])
+        return json.dumps(error, ensure_ascii=False, default=str)
+    if isinstance(error, list):
+        return "; ".join(filter(None, (error_text(e) for e in error)))
+    return "" if error is None else str(error)
+
+
 @dataclass
 class BatchState:
-    """Where a submitted batch stands; at a terminal status, its output and error lines."""
+    """Where a submitted batch stands; at a terminal status, its output and error files (bytes:
+    read line by line, a line that is not UTF-8 fails alone) and what the provider said."""
 
     status: str
-    output: str = ""  # JSONL: {"custom_id", "response": {"status_code", "body"}, "error"}
-    errors: str = ""  # JSONL of the lines the provider failed
+    output: bytes = b""  # JSONL: {"custom_id", "response": {"status_code", "body"}, "error"}
+    errors: bytes = b""  # JSONL of the lines the provider failed
     message: str = ""  # why a batch failed as a whole
+    said: list[dict[str, Any]] = field(default_factory=list)  # ``batch_errors``
+    counts: dict[str, int] = field(default_factory=dict)  # the batch's request_counts
+    expires_at: float | None = None  # unix seconds, as the provider says
+    note: str = ""  # why the output is incomplete after its downloads ("" whole, or none)
+    lost: str = ""  # the cause of the lines an incomplete output lacks (``ONCE``, unreadable)
 
 
 class Executor(Protocol):
     """Runs batch files: uploads one (a file id back), creates its batch (the batch id back),
-    finds a batch it made by its tag or file, says where a batch stands."""
+    finds a batch it made by its tag or file, says where a batch stands, cancels one."""
 
     name: str
+    window: str
+    tagged: dict[str, str]  # batch id -> tag, of every tagged batch a listing showed
 
     async def upload(self, path: Path) -> str: ...
 
@@ -110,7 +344,11 @@ class Executor(Protocol):
 
     async def find(self, tag: str, file_id: str) -> str | None: ...
 
+    async def scan(self, prefix: str, since: float) -> None: ...
+
     async def poll(self, batch_id: str, path: Path) -> BatchState: ...
+
+    async def cancel(self, batch_id: str) -> None: ...
 
     def about(self, batch_id: str) -> dict[str, Any]: ...
 
@@ -145,12 +383,14 @@ class Blip(Exception):
 
 class OpenAIBatches:
     """An OpenAI-compatible Batch API: upload the file (``purpose=batch``), create the batch
-    (with its tag in ``metadata``), poll it, download its output and error files, list the
-    batches to find one whose create answer was lost.
+    (with its tag in ``metadata``), poll it, download its output and error files (checked
+    against its ``request_counts``), list the batches to find one whose create answer was lost,
+    cancel one that will not end.
 
     Answers in another shape are read where they are unambiguous (a batch wrapped in one key,
-    ``{"job": {...}}`` or ``{"batch": {...}}``; statuses in capitals); anything else stops the
-    run in one line naming what is missing, never an endless poll."""
+    ``{"job": {...}}`` or ``{"batch": {...}}``; statuses in capitals); a batch answer that is
+    not (no id, a status none of the Batch API's) fails that batch's lines in one line naming
+    what is missing, never an endless poll."""
 
     name = "openai-batch"
 
@@ -161,7 +401,12 @@ class OpenAIBatches:
         window: str = "24h",
         timeout: float = 300.0,
         patience: float | None = None,
+        find_window: float = 30.0,
+        downloads: int = DOWNLOADS,
     ):
+        """``find_window``: how long a lost create is looked for in the listing (which lags
+        the creates on real providers) before the batch is created again; ``downloads``: tries
+        of an output file that comes short, cut or not there yet."""
         self.base_url = base_url.rstrip("/")
         remember(api_key)
         self.headers = {"Authorization": f"Bearer {api_key}"}
@@ -169,6 +414,11 @@ class OpenAIBatches:
         # a connection or a read that stalls for ``timeout`` is a blip; a long download is not
         self.timeout = aiohttp.ClientTimeout(total=None, sock_connect=timeout, sock_read=timeout)
         self.patience = min(patience or 3600.0, window_seconds(window))
+        self.find_window = find_window
+        self.downloads = max(1, downloads)
+        self.tagged: dict[str, str] = {}  # batch id -> tag, of every listing read
+        self.pages = 0  # listing pages read (the tests count them)
+        self.lost_creates = 0  # creates not found in the listing, asked again
         self._session: aiohttp.ClientSession | None = None
 
     @property
@@ -197,27 +447,32 @@ class OpenAIBatches:
     async def _once(
         self, method: str, path: str, to_file: Path | None = None, **kw: Any
     ) -> dict[str, Any]:
-        """One call: its JSON object (or, ``to_file``, the body streamed there); a blip or a
-        ``BatchError`` saying why not."""
+        """One call: its JSON object (or, ``to_file``, the body streamed there); a blip, a
+        ``Gone`` file, a ``TooBig`` refusal or a ``BatchError`` saying why not."""
         url = f"{self.base_url}{path}"
         try:
             async with self.session.request(method, url, **kw) as response:
                 if response.status >= 400:
-                    text = redact((await response.text(errors="replace"))[:300])
-                    why = f"{method} {url}: {response.status} {' '.join(text.split())}"
-                    if response.status in RETRY_STATUS or response.status >= 500:
+                    said = words(await response.text(errors="replace"))
+                    why = f"{method} {url}: {response.status} {said}"
+                    meaning = meaning_of(said)
+                    if to_file is not None and response.status in GONE_STATUS:
+                        raise Gone(why)
+                    if meaning == WAIT or response.status in RETRY_STATUS:
                         raise Blip(why, _retry_after(response.headers.get("Retry-After")))
+                    if response.status >= 500:
+                        raise Blip(why, _retry_after(response.headers.get("Retry-After")))
+                    if meaning == SPLIT or response.status == 413:
+                        raise TooBig(why)
                     raise BatchError(why)
                 if to_file is not None:
-                    part = to_file.with_name(f"{to_file.name}.{os.getpid()}.part")
-                    with part.open("wb") as handle:
+                    with atomic_file(to_file, "wb", within=to_file.parent) as handle:
                         async for chunk in response.content.iter_chunked(1 << 20):
                             handle.write(chunk)
-                    part.replace(to_file)  # whole or not at all
                     return {}
-                text = await response.text()
+                text = await response.text(errors="replace")
         except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError) as exc:
-            raise Blip(f"{method} {url}: {type(exc).__name__}: {exc}") from exc
+            raise Blip(f"{method} {url}: {type(exc).__name__}: {words(exc)}") from exc
         except asyncio.TimeoutError as exc:
             raise Blip(f"{method} {url}: no answer in time") from exc
         try:
@@ -247,7 +502,7 @@ class OpenAIBatches:
 
     async def create(self, file_id: str, path: Path, tag: str) -> str:
         """The batch of ``file_id``, made once: a create whose answer was lost is looked for by
-        its tag before it is asked again."""
+        its tag, over ``find_window`` seconds, before it is asked again."""
         body = {
             "input_file_id": file_id,
             "endpoint": CHAT_URL,
@@ -262,61 +517,134 @@ class OpenAIBatches:
                 found = await self.find(tag, file_id)  # made, its answer lost?
                 if found is not None:
                     return {"id": found}
+                self.lost_creates += 1  # made later, perhaps: the next listings look
                 raise
 
         created = await self._patiently("POST /batches", attempt)
         return str(unwrap(created, "POST /batches")["id"])
 
     async def find(self, tag: str, file_id: str) -> str | None:
-        """The id of the batch with ``tag`` (or made from ``file_id``), newest first; None
-        when the provider has none (pages of 100, at most 100 pages)."""
+        """The id of the batch with ``tag`` (or made from ``file_id`` and carrying no tag),
+        looked for until ``find_window`` has passed (a listing lags the creates); None when the
+        provider shows none by then."""
+        deadline = time.monotonic() + self.find_window
+        pause = min(5.0, max(0.02, self.find_window / 10))
+        while True:
+            found = await self._listing(tag, file_id)
+            if found is not None or time.monotonic() >= deadline:
+                return found
+            await asyncio.sleep(min(pause, max(0.0, deadline - time.monotonic())))
+
+    async def scan(self, prefix: str, since: float) -> None:
+        """Every batch tagged under ``prefix`` made since ``since`` (unix seconds) into
+        ``tagged``: a resume adopts those its ledger does not know. Best effort: a provider
+        without a listing answers nothing here."""
+        with contextlib.suppress(BatchError):
+            await self._listing(None, None, prefix=prefix, since=since)
+
+    async def _listing(
+        self, tag: str | None, file_id: str | None, prefix: str = "", since: float = 0.0
+    ) -> str | None:
+        """One pass over the listing, newest first, paged by the last id seen (not the
+        ``last_id`` a provider claims), until the last page, a page seen before (a cursor that
+        does not move), a batch older than ``since``, or 1,000 pages. Every tagged batch seen
+        goes into ``tagged``; the id of the one with ``tag`` (or the untagged one made from
+        ``file_id``) is returned."""
         after: str | None = None
-        for _ in range(100):
+        seen: set[str] = set()
+        for _ in range(1000):
             query = "?limit=100" + (f"&after={after}" if after else "")
             page = await self._call("GET", f"/batches{query}")
-            batches = page.get("data")
-            if not isinstance(batches, list):
+            self.pages += 1
+            if not isinstance(page.get("data"), list):
                 raise BatchError("GET /batches: the answer has no list of batches (field data)")
+            batches = [unwrap_any(b) for b in page["data"] if isinstance(b, dict)]
+            ids = [str(b.get("id")) for b in batches]
+            fresh = [i for i in ids if i not in seen]
+            found, older = None, False
             for batch in batches:
-                if not isinstance(batch, dict):
-                    continue
-                metadata = batch.get("metadata") or {}
-                mine = isinstance(metadata, dict) and metadata.get(TAG_FIELD) == tag
-                if mine or batch.get("input_file_id") == file_id:
-                    return str(batch.get("id"))
-            if not page.get("has_more") or not batches:
-                return None
-            after = str(page.get("last_id") or batches[-1].get("id"))
+                metadata = batch.get("metadata")
+                mark = metadata.get(TAG_FIELD) if isinstance(metadata, dict) else None
+                if isinstance(mark, str) and mark.startswith(prefix):
+                    self.tagged[str(batch.get("id"))] = mark
+                if tag is not None and (
+                    mark == tag or (mark is None and batch.get("input_file_id") == file_id)
+                ):
+                    found = found or str(batch.get("id"))
+                created = batch.get("created_at")
+                older = older or (isinstance(created, int | float) and created < since)
+            if found is not None:
+                return found
+            if not fresh or not page.get("has_more") or older:
+                return None  # the end, a page seen before, or past what could be ours
+            seen.update(ids)
+            after = fresh[-1]
         return None
 
     async def poll(self, batch_id: str, path: Path) -> BatchState:
-        batch = unwrap(await self._call("GET", f"/batches/{batch_id}"), f"GET /batches/{batch_id}")
+        answer = await self._call("GET", f"/batches/{batch_id}")
+        batch = unwrap(answer, f"GET /batches/{batch_id}", BatchUnreadable)
         status = str(batch.get("status", "")).lower()
+        state = BatchState(
+            status,
+            counts=_counts(batch.get("request_counts")),
+            expires_at=_seconds(batch.get("expires_at")),
+        )
         if status not in TERMINAL:
             if status not in RUNNING:
-                raise BatchError(
-                    f"GET /batches/{batch_id}: status {batch.get('status')!r} is none of the "
-                    f"Batch API's ({', '.join(sorted(RUNNING | TERMINAL))})"
+                raise BatchUnreadable(
+                    f"GET /batches/{batch_id}: status {words(batch.get('status'), 60)!r} is "
+                    f"none of the Batch API's ({', '.join(sorted(RUNNING | TERMINAL))})"
                 )
-            return BatchState(status)
-        errors = (batch.get("errors") or {}).get("data") or []
-        return BatchState(
-            status,
-            output=await self._download(batch.get("output_file_id"), path, "out"),
-            errors=await self._download(batch.get("error_file_id"), path, "errors"),
-            message="; ".join(
-                str(e.get("message", e)) if isinstance(e, dict) else str(e) for e in errors
-            ),
+            return state
+        state.said = batch_errors(batch.get("errors"))
+        state.message = "; ".join(e["message"] for e in state.said)
+        completed, failed = state.counts.get("completed"), state.counts.get("failed")
+        state.output, note, lost = await self._fetch(
+            batch.get("output_file_id"), path, "out", completed
         )
+        state.errors, error_note, error_lost = await self._fetch(
+            batch.get("error_file_id"), path, "errors", failed
+        )
+        state.note = "; ".join(filter(None, (note, error_note)))
+        state.lost = lost or error_lost
+        return state
 
-    async def _download(self, file_id: Any, path: Path, kind: str) -> str:
-        if not file_id:
-            return ""
+    async def _fetch(
+        self, file_id: Any, path: Path, kind: str, expected: int | None
+    ) -> tuple[bytes, str, str]:
+        """A batch's file, checked (``shortfall``) and downloaded again while short, cut,
+        undecodable or not there yet, ``downloads`` times in all; then (its bytes, why it is
+        incomplete, the cause of the lines it lacks) -- read as far as it goes."""
+        if not isinstance(file_id, str) or not file_id:
+            return b"", "", ""
+        data, why, cause = b"", "", ""
+        for attempt in range(self.downloads):
+            if attempt:
+                await asyncio.sleep(backoff(attempt - 1, 0.2, 5.0))
+            try:
+                data = await self._download(file_id, path, kind)
+            except Gone as gone:
+                data, why, cause = b"", f"file {file_id} is gone ({gone})", "vanished"
+                continue
+            why = shortfall(data, expected)
+            if not why:
+                return data, "", ""
+            cause = "unreadable" if "UTF-8" in why or "not JSON" in why else "cut"
+        return data, f"{kind} file {file_id}: {why} after {self.downloads} downloads", cause
+
+    async def _download(self, file_id: str, path: Path, kind: str) -> bytes:
         to = path.with_name(f"{path.stem}.{kind}.download")
         await self._call("GET", f"/files/{file_id}/content", to_file=to)
-        text = to.read_text(encoding="utf-8")
-        to.unlink(missing_ok=True)
-        return text
+        try:
+            return to.read_bytes()
+        finally:
+            to.unlink(missing_ok=True)
+
+    async def cancel(self, batch_id: str) -> None:
+        """Ask the provider to stop a batch (what it finished is still in its output)."""
+        with contextlib.suppress(BatchError):  # already ended, or no cancel here: polled on
+            await self._call("POST", f"/batches/{batch_id}/cancel")
 
     def about(self, batch_id: str) -> dict[str, Any]:
         return {}
@@ -329,16 +657,38 @@ class OpenAIBatches:
             await self._session.close()
 
 
-def unwrap(data: dict[str, Any], what: str) -> dict[str, Any]:
-    """A batch or file object, also when a provider wraps it in one key (``{"job": {...}}``);
-    one line naming the field when it has no id."""
+def unwrap_any(data: dict[str, Any]) -> dict[str, Any]:
+    """A batch or file object also when wrapped in one key (``{"job": {...}}``)."""
     if "id" not in data and len(data) == 1:
         (inner,) = data.values()
         if isinstance(inner, dict):
-            data = inner
-    if not isinstance(data.get("id"), str) or not data["id"]:
-        raise BatchError(f"{what}: the answer has no field id (it has: {', '.join(sorted(data))})")
+            return inner
     return data
+
+
+def unwrap(data: dict[str, Any], what: str, error: type[BatchError] = BatchError) -> dict[str, Any]:
+    """A batch or file object, also when a provider wraps it in one key (``{"job": {...}}``);
+    one line naming the field when it has no id."""
+    data = unwrap_any(data)
+    if not isinstance(data.get("id"), str) or not data["id"]:
+        fields = ", ".join(sorted(words(k, 40) for k in data))
+        raise error(f"{what}: the answer has no field id (it has: {fields})")
+    return data
+
+
+def _counts(value: Any) -> dict[str, int]:
+    """A batch's ``request_counts`` as far as they are whole numbers."""
+    if not isinstance(value, dict):
+        return {}
+    return {
+        k: v
+        for k, v in value.items()
+        if k in ("total", "completed", "failed") and isinstance(v, int) and not isinstance(v, bool)
+    }
+
+
+def _seconds(value: Any) -> float | None:
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
 
 
 def _retry_after(value: str | None) -> float | None:
@@ -347,38 +697,254 @@ def _retry_after(value: str | None) -> float | None:
     return retry_after(value)
 
 
+# ---- reading an output file -----------------------------------------------------------------
+
+CUSTOM_ID = re.compile(rb'"custom_id"\s*:\s*"((?:[^"\\]|\\.){1,512})"')
+
+
+@dataclass(frozen=True)
+class Problem:
+    """Why a line has no answer: its HTTP status (None: none given), the provider's words and
+    the cause (``CAUSES``, or ``stop``: the run cannot go on)."""
+
+    status: int | None
+    text: str
+    cause: str = "retried"
+
+
+@dataclass
+class Reading:
+    """An output (or error) file read line by line."""
+
+    answers: dict[str, Any] = field(default_factory=dict)
+    problems: dict[str, Problem] = field(default_factory=dict)
+    lines: int = 0  # complete lines that name a request
+    cut: bool = False  # the last line ends mid-way
+    unreadable: int = 0  # lines that are not UTF-8 or not JSON
+
+
+def read_output(data: bytes) -> Reading:
+    """Each line's answer, or its problem with the provider's words; a line that cannot be read
+    (not UTF-8, not JSON, a ``response`` that is no object, an answer without choices) is a
+    problem of the request it names (``unreadable``), never of the file."""
+    reading = Reading()
+    rows = data.split(b"\n")
+    last = rows.pop() if rows else b""
+    if last.strip():  # no newline after it: a whole line, or one cut mid-way
+        try:
+            json.loads(last)
+            rows.append(last)
+        except ValueError:
+            reading.cut = True
+    for raw in rows:
+        if raw.strip():
+            _read_line(raw, reading)
+    return reading
+
+
+def _read_line(raw: bytes, reading: Reading) -> None:
+    try:
+        row = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError) as exc:
+        reading.unreadable += 1
+        named = CUSTOM_ID.search(raw)
+        if named is not None:  # its request is known: the line fails alone
+            cid = named[1].decode("utf-8", "replace")
+            what = "not UTF-8" if isinstance(exc, UnicodeDecodeError) else "not JSON"
+            reading.problems.setdefault(
+                cid, Problem(None, f"the provider's line is {what}", "unreadable")
+            )
+        return
+    if not isinstance(row, dict) or not isinstance(row.get("custom_id"), str):
+        reading.unreadable += 1
+        return
+    reading.lines += 1
+    cid, response, error = row["custom_id"], row.get("response"), row.get("error")
+    if response is not None and not isinstance(response, dict):
+        said = words(error_text(error) or response, 200)
+        why = f"odd line: response is a {type(response).__name__}: {said}"
+        reading.problems.setdefault(cid, Problem(None, why, "unreadable"))
+        return
+    response = response or {}
+    code, body = response.get("status_code"), response.get("body")
+    if code == 200 and not error:
+        if _is_answer(body):
+            reading.answers[cid] = body
+            reading.problems.pop(cid, None)
+        elif cid not in reading.answers:
+            shape = f"a {type(body).__name__}" if not isinstance(body, dict) else "no choices"
+            why = f"odd line: an answer with {shape}"
+            reading.problems[cid] = Problem(None, why, "unreadable")
+        return
+    if cid in reading.answers:
+        return
+    inner = body.get("error") if isinstance(body, dict) else body
+    said = words(error_text(error) or error_text(inner)) or "failed"
+    status = code if isinstance(code, int) and not isinstance(code, bool) else None
+    if status is None and error:
+        status = 500  # an error line without a status: the provider's
+    text = f"{code if code is not None else 'error'}: {said}"
+    reading.problems[cid] = Problem(status, text, line_cause(status, said))
+
+
+def _is_answer(body: Any) -> bool:
+    """A chat completion the client can read: an object with a list of choices."""
+    if not isinstance(body, dict):
+        return False
+    choices = body.get("choices")
+    return isinstance(choices, list) and bool(choices) and isinstance(choices[0], dict)
+
+
+def line_cause(status: int | None, said: str) -> str:
+    """A failed line's cause by its status and words (``PROVIDER_MESSAGES``)."""
+    meaning = meaning_of(said)
+    if meaning == WAIT:
+        return "retried"
+    if status in STOP_STATUS or meaning == STOP:
+        return "stop"
+    if status in REJECT_STATUS or meaning == REJECT:
+        return "rejected"
+    return "retried"
+
+
+def shortfall(data: bytes, expected: int | None) -> str:
+    """Why a downloaded file is not yet to be believed ("" when it is): its last line cut, a
+    line not UTF-8 or not JSON, fewer complete lines than the batch's ``request_counts``."""
+    reading = read_output(data)
+    if reading.cut:
+        return "its last line is cut"
+    if reading.unreadable:
+        return f"{reading.unreadable} line(s) not UTF-8 or not JSON"
+    if expected is not None and reading.lines < expected:
+        return f"{reading.lines} complete lines of the {expected} its batch counts"
+    return ""
+
+
+def outcome(
+    state: BatchState, batch_id: str, ids: list[str]
+) -> tuple[dict[str, Any], dict[str, Problem]]:
+    """Each id's answer body, or why it has none: its own line's problem, or (missing from the
+    files) the cause the batch gives -- lost with a cut or vanished output, expired, cancelled
+    when stuck, or simply absent."""
+    answers: dict[str, Any] = {}
+    problems: dict[str, Problem] = {}
+    for data in (state.output, state.errors):
+        reading = read_output(data)
+        answers.update(reading.answers)
+        for cid, problem in reading.problems.items():
+            problems.setdefault(cid, problem)
+    for cid in answers:
+        problems.pop(cid, None)
+    for cid in ids:
+        if cid in answers or cid in problems:
+            continue
+        if state.lost:
+            cause, why = state.lost, state.note
+        elif state.status in ("expired", "cancelled"):
+            cause, why = ("stuck" if state.note else "expired"), state.note or state.message
+        else:
+            cause, why = "missing", state.message or "its line is not in the output"
+        text = f"batch {batch_id} {state.status}" + (f": {why}" if why else "")
+        problems[cid] = Problem(None, words(text), cause)
+    return answers, problems
+
+
+@functools.lru_cache(maxsize=4)
+def _answers_in(output: Path) -> dict[str, Any]:
+    """The answer bodies of a kept output file, by custom id (the last few files read stay
+    parsed: a resumed run asks for a batch's answers one after another)."""
+    if not output.is_file():
+        return {}
+    return read_output(output.read_bytes()).answers
+
+
+def _read_lines(path: Path) -> dict[str, dict[str, Any]]:
+    if not path.is_file():
+        return {}
+    lines = {}
+    for line in path.read_bytes().splitlines():
+        with contextlib.suppress(ValueError, KeyError, TypeError):
+            row = json.loads(line)
+            lines[row["custom_id"]] = row["body"]
+    return lines
+
+
 # ---- the local engine -----------------------------------------------------------------------
 
-PR_SET_PDEATHSIG = 1
 # one local engine at a time per device in a process: (device, event loop) -> its lock
 _ENGINES: dict[tuple[str, int], asyncio.Lock] = {}
-
-
-def _die_with_parent() -> None:
-    """In the child, before exec: the kernel sends SIGKILL when the run that started it dies
-    (a kill -9 of the run leaves no engine running under PID 1)."""
-    with contextlib.suppress(Exception):
-        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+GUARD = Path(__file__).with_name("engine_guard.py")  # run as a script: no package import
 
 
 def process_start(pid: int) -> str | None:
     """A process's start time (``/proc/PID/stat`` field 22): a pid with another start is
     another process."""
+    found = _stat(pid)
+    return found[19] if found is not None else None
+
+
+def _stat(pid: int) -> list[str] | None:
+    """``/proc/PID/stat``'s fields after the command (state first), or None: gone."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
         return None
-    return stat.rsplit(")", 1)[1].split()[19]
+    return stat.rsplit(")", 1)[1].split()
+
+
+def command_line(pid: int) -> list[str] | None:
+    try:
+        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return None
+    return [part.decode("utf-8", "replace") for part in raw.split(b"\0") if part]
+
+
+def end_engine_group(pgid: int, start: str, command: list[str] | None) -> list[int]:
+    """End what a killed run's engine left: the group ``pgid`` whose leader started at
+    ``start`` (clock ticks) with ``command``. The leader, if it is still that process, and every
+    member of its group started no earlier than it (a pid is not reused while its group lives,
+    so a member of the group is the engine's): EngineCore outlives a leader killed alone. The
+    pids signalled."""
+    if pgid <= 1 or pgid == os.getpgrp():
+        return []
+    ended = []
+    leader = _stat(pgid)
+    same = leader is not None and leader[19] == start
+    if same and command is not None and command_line(pgid) != command:
+        same = False  # the pid is another program's now
+    for pid in _pids():
+        found = _stat(pid)
+        if found is None or found[0] == "Z" or int(found[2]) != pgid:
+            continue
+        if pid == pgid and not same:
+            continue
+        if int(found[19]) < int(start):  # older than the engine: not its
+            continue
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGKILL)
+            ended.append(pid)
+    return ended
+
+
+def _pids() -> Iterable[int]:
+    with contextlib.suppress(OSError):
+        for entry in os.scandir("/proc"):
+            if entry.name.isdigit():
+                yield int(entry.name)
 
 
 class LocalRunBatch:
     """``vllm run-batch`` on a model served here: one process per batch, the model loaded by
-    it (no server), the output file written beside the input. The process dies with the run
-    (a parent-death signal); one still running from a killed run (its pid and start time are in
-    the ledger) is ended by the resume, whose batch then runs again: nothing was bought. One
-    engine runs at a time per device."""
+    it (no server), the output file written beside the input. It runs under a small guard
+    (``engine_guard.py``) that leads its process group and ends the whole group -- the engine's
+    EngineCore included -- when the engine exits, when told to stop, or when the run that
+    started it dies (even by ``kill -9``). One still running from a killed run (its group, start
+    time and command line are in the ledger) is ended by the resume, whose batch then runs
+    again: nothing was bought. One engine runs at a time per device."""
 
     name = "vllm-run-batch"
+    window = "24h"
 
     def __init__(
         self, command: Callable[[Path, Path], list[str]], env: dict[str, str], device: str = ""
@@ -387,6 +953,7 @@ class LocalRunBatch:
         self.env = env
         self.device = device
         self.running: dict[str, subprocess.Popen] = {}
+        self.tagged: dict[str, str] = {}  # an engine is never found by a listing
 
     @property
     def engine(self) -> asyncio.Lock:
@@ -398,20 +965,26 @@ class LocalRunBatch:
     async def find(self, tag: str, file_id: str) -> str | None:
         return None  # an engine is never left running a batch nobody records: run it again
 
+    async def scan(self, prefix: str, since: float) -> None:
+        pass
+
     async def create(self, file_id: str, path: Path, tag: str) -> str:
         await self.engine.acquire()  # released when the process ends (``poll``)
         out = _output_of(path)
         out.unlink(missing_ok=True)
         try:
-            with path.with_suffix(".log").open("wb") as log:
+            log = _open_log(path.with_suffix(".log"))
+            try:
                 process = subprocess.Popen(
-                    self.command(path, out),
+                    [sys.executable, str(GUARD), "--parent", str(os.getpid()), "--"]
+                    + self.command(path, out),
                     stdout=log,
                     stderr=subprocess.STDOUT,
                     env=self.env,
-                    start_new_session=True,  # its own group: ended whole
-                    preexec_fn=_die_with_parent,  # noqa: PLW1509 - prctl only, before exec
+                    start_new_session=True,  # the guard leads a group of its own: ended whole
                 )
+            finally:
+                os.close(log)
         except BaseException:
             self.engine.release()
             raise
@@ -423,14 +996,18 @@ class LocalRunBatch:
         process = self.running.get(batch_id)
         if process is None:
             return {}
-        return {"pid": process.pid, "pid_start": process_start(process.pid)}
+        return {
+            "pid": process.pid,
+            "pid_start": process_start(process.pid),
+            "command": command_line(process.pid),
+        }
 
     def found_pending(self, event: dict[str, Any]) -> None:
-        """A batch a killed run left pending: its engine, if it outlived the run, is ended."""
-        pid, start = event.get("pid"), event.get("pid_start")
-        if isinstance(pid, int) and start is not None and process_start(pid) == start:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(pid, signal.SIGKILL)
+        """A batch a killed run left pending: its engine's group, if anything of it outlived
+        the run, is ended (by group, start time and command line)."""
+        pid, start, command = event.get("pid"), event.get("pid_start"), event.get("command")
+        if isinstance(pid, int) and isinstance(start, str) and start.isdigit():
+            end_engine_group(pid, start, command if isinstance(command, list) else None)
 
     async def poll(self, batch_id: str, path: Path) -> BatchState:
         process = self.running.get(batch_id)
@@ -439,16 +1016,23 @@ class LocalRunBatch:
         out = _output_of(path)
         if process is None:  # from before a kill: the process went with the run
             if out.is_file():
-                return BatchState("completed", output=out.read_text(encoding="utf-8"))
+                return BatchState("completed", output=out.read_bytes())
             return BatchState("expired", message="vllm run-batch ended with the run before it")
         self.running.pop(batch_id)
         self.engine.release()
         if process.returncode == 0 and out.is_file():
-            return BatchState("completed", output=out.read_text(encoding="utf-8"))
+            return BatchState("completed", output=out.read_bytes())
         tail = path.with_suffix(".log").read_text(errors="replace").strip().splitlines()[-3:]
         return BatchState(
-            "failed", message=f"vllm run-batch exited {process.returncode}: {' | '.join(tail)}"
+            "failed",
+            message=words(f"vllm run-batch exited {process.returncode}: {' | '.join(tail)}"),
         )
+
+    async def cancel(self, batch_id: str) -> None:
+        process = self.running.get(batch_id)
+        if process is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGTERM)  # the guard ends its group
 
     async def close(self) -> None:
         for process in self.running.values():
@@ -457,6 +1041,11 @@ class LocalRunBatch:
             process.wait()
             self.engine.release()
         self.running.clear()
+
+
+def _open_log(path: Path) -> int:
+    """The engine's log, opened for the child to write (never through a link)."""
+    return open_unlinked(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, within=path.parent)
 
 
 def _output_of(path: Path) -> Path:
@@ -483,7 +1072,13 @@ CAUSES = {
     "rejected": "a line answered 400 / 413 / 422 or refused before it was sent: its item failed",
     "retried": "a line answered 5xx / 429: sent again in a later round",
     "expired": "a line of an expired or cancelled batch: sent again in a later round",
-    "split": "a batch failed for its size or a token limit: split and sent again",
+    "missing": "a line absent from a whole output: sent again in a later round",
+    "split": "a batch failed for its size or a token limit of its own: split and sent again",
+    "queued": "a batch failed for a limit of the account (enqueued tokens, rate): created again",
+    "unreadable": "a line the provider sent in an odd shape or not UTF-8: sent again",
+    "cut": "a line paid for but lost to an output cut short: bought again once",
+    "vanished": "a line paid for whose output file was gone (404): bought again once",
+    "stuck": "a line of a batch past its expires_at, cancelled: bought again once",
     "given_up": "a line that failed in every attempt: its item failed",
 }
 
@@ -498,6 +1093,7 @@ class BatchStats:
     online: int = 0  # failed lines asked again online (retry_online)
     resumed: int = 0  # batches found pending in a ledger and waited for again
     recovered: int = 0  # uploads a killed run left without a batch: found or created
+    adopted: int = 0  # batches the provider made that no ledger knew: collected
     waited_s: float = 0.0
     causes: Counter[str] = field(default_factory=Counter)
     batches: list[BatchRecord] = field(default_factory=list)
@@ -512,10 +1108,24 @@ class BatchStats:
             "online": self.online,
             "resumed": self.resumed,
             "recovered": self.recovered,
+            "adopted": self.adopted,
             "waited_s": round(self.waited_s, 3),
             "causes": dict(sorted(self.causes.items())),
             "batches": [vars(b) for b in self.batches],
         }
+
+
+@dataclass
+class Upload:
+    """An uploaded batch file, recorded before its batch is created (found or made once)."""
+
+    folder: Path
+    file: str
+    file_id: str
+    tag: str
+    round: int
+    ids: list[str]
+    since: float = 0.0  # unix seconds it was uploaded
 
 
 @dataclass
@@ -527,19 +1137,13 @@ class Pending:
     folder: Path
     file: str
     round: int
+    file_id: str = ""
+    tag: str = ""
+    since: float = 0.0  # unix seconds it was submitted
     watched: bool = False
 
 
-@dataclass
-class Orphan:
-    """An upload recorded without its batch (a kill between the two): found or made once."""
-
-    folder: Path
-    file: str
-    file_id: str
-    tag: str
-    round: int
-    ids: list[str]
+Orphan = Upload  # the earlier name of an upload a killed run left without a batch
 
 
 class Batcher:
@@ -560,19 +1164,28 @@ class Batcher:
         adopt: Sequence[Path] = (),
         siblings: Sequence[Path] = (),
         retry_base: float = 1.0,
+        grace: float = 3600.0,
+        within: Path | None = None,
     ):
         """``adopt``: folders of batchers gone from this invocation (drivers of an earlier
         run with more of them) whose uploads left without a batch this one recovers;
         ``siblings``: the client's other folders. Every folder's finished outputs answer here
         and its pending batches are waited for by whoever asks one of their lines: nothing
-        any of them bought is bought again."""
+        any of them bought is bought again. ``grace``: how long past its ``expires_at`` (or
+        its completion window) a batch is polled before it is cancelled; ``within``: the
+        folder the user named (the run directory): no link below it is written through."""
         self.executor = executor
         self.folder = folder
-        self.ledger = folder / "ledger.jsonl"
+        if within is None:  # a folder named by the caller: its own writes stay inside it
+            folder.mkdir(parents=True, exist_ok=True)
+        self.within = within if within is not None else folder
+        self.ledger = folder / LEDGER
         self.settle, self.max_lines, self.max_bytes, self.poll = settle, max_lines, max_bytes, poll
         self.max_attempts = max_attempts
         self.retry_online = retry_online  # a failed line is asked again online, at once
         self.retry_base = retry_base  # the first backoff before a failed line's next round
+        self.grace = grace
+        self.window = window_seconds(getattr(executor, "window", "24h"))
         self.stats = BatchStats()
         # custom id -> the kept output that answers it (read when asked: a long run's answers
         # are not all held in memory; the response cache answers most of them anyway)
@@ -583,13 +1196,20 @@ class Batcher:
         self.pending: dict[str, str] = {}  # custom id -> the batch (or upload tag) it is in
         self.bodies: dict[str, dict[str, Any]] = {}  # what each asked id sends (a requeue)
         self.attempts: dict[str, int] = {}
-        self.orphans: list[Orphan] = []
+        self.lost: Counter[str] = Counter()  # custom id -> times paid for and lost (``ONCE``)
+        self.orphans: list[Upload] = []
+        self.uploads: dict[str, Upload] = {}  # tag -> upload, of the folders this one owns
+        self.known: set[str] = set()  # every batch id a ledger read here records
+        self.recovering: set[str] = set()  # tags of orphans being found or created
+        self.done: set[str] = set()  # custom ids a batch answered (a duplicate need not)
         self.tasks: set[asyncio.Task] = set()
         self._timer: asyncio.TimerHandle | None = None
         self._opened = False
+        self._queued_since: dict[str, float] = {}  # upload tag -> its first refusal (queue)
+        self._scanned = 0  # lost creates already looked for among the provider's batches
         self._files = 0  # batch files written this invocation (their names)
-        self.folder.mkdir(parents=True, exist_ok=True)
-        self.nonce = folder_nonce(folder)
+        make_dirs(self.folder, within=self.within)
+        self.nonce = folder_nonce(folder, self.within)
         rounds = [self._read_ledger(where, recover=False) for where in siblings]
         rounds += [self._read_ledger(where, recover=True) for where in adopt]
         self.stats.rounds = max([self._read_ledger(self.folder, recover=True), *rounds])
@@ -599,57 +1219,81 @@ class Batcher:
     def _read_ledger(self, folder: Path, recover: bool) -> int:
         """What ``folder``'s ledger bought: finished outputs answer, pending batches are
         waited for when asked; with ``recover``, uploads without a batch are this batcher's
-        to find or create. Its last round."""
-        ledger = folder / "ledger.jsonl"
+        to find or create, and a batch the provider made from one of its uploads that no
+        ledger knows is adopted. Its last round."""
+        ledger = folder / LEDGER
         if not ledger.is_file():
             return 0
-        uploaded: dict[str, dict[str, Any]] = {}  # tag -> event
+        uploaded: dict[str, dict[str, Any]] = {}  # tag -> event, not yet submitted
         submitted: dict[str, dict[str, Any]] = {}
-        finished: set[str] = set()
+        outputs: dict[str, str] = {}  # finished batch -> its kept output
+        rounds = [0]
         for event in ledger_events(ledger):
-            kind = event.get("event")
+            kind, batch = event.get("event"), str(event.get("batch"))
+            rounds.append(event.get("round") or 0)
             if kind == "uploaded":
                 uploaded[event["tag"]] = event
+                if recover:
+                    self.uploads[event["tag"]] = _upload_of(folder, event)
             elif kind == "submitted":
-                submitted[event["batch"]] = event
+                submitted[batch] = event
+                self.known.add(batch)
+                uploaded.pop(event.get("tag", ""), None)
+            elif kind == "abandoned":
                 uploaded.pop(event.get("tag", ""), None)
             elif kind == "finished":
-                finished.add(event["batch"])
-                self._keep(folder / event["output"])
+                outputs[batch] = event["output"]
+                for cid in event.get("lost") or {}:
+                    self.lost[cid] += 1
+            elif kind == "forgotten" and batch in submitted:
+                outputs.setdefault(batch, "")
+                if event.get("rebuy"):  # its answers set aside, its lines bought again
+                    outputs[batch] = ""
+                    for cid in submitted[batch]["custom_ids"]:
+                        self.lost.pop(cid, None)
+        for output in outputs.values():
+            if output:
+                self._keep(folder / output)
         for batch_id, event in submitted.items():
-            if batch_id in finished:
+            if batch_id in outputs:
                 continue
             if recover:  # a live sibling's engine is its own: never ended from here
                 self.executor.found_pending(event)
             ids = list(event["custom_ids"])
-            self.batches[batch_id] = Pending(batch_id, ids, folder, event["file"], event["round"])
+            self.batches[batch_id] = Pending(
+                batch_id,
+                ids,
+                folder,
+                event["file"],
+                event["round"],
+                str(event.get("file_id", "")),
+                str(event.get("tag", "")),
+                float(event.get("at") or time.time()),
+            )
             self._bodies(folder / event["file"])
             for cid in ids:
                 self.pending.setdefault(cid, batch_id)
         if recover:
             for tag, event in uploaded.items():
-                ids = list(event["custom_ids"])
-                orphan = Orphan(folder, event["file"], event["file_id"], tag, event["round"], ids)
+                orphan = _upload_of(folder, event)
                 self.orphans.append(orphan)
-                self._bodies(folder / event["file"])
-                for cid in ids:
+                self._bodies(folder / orphan.file)
+                for cid in orphan.ids:
                     self.pending.setdefault(cid, tag)
-        rounds = [e["round"] for e in (*submitted.values(), *uploaded.values())]
-        return max(rounds, default=0)
+        return max(rounds)
 
     def _bodies(self, path: Path) -> None:
         for cid, body in _read_lines(path).items():
             self.bodies.setdefault(cid, body)
 
     def _append(self, event: dict[str, Any], folder: Path | None = None) -> None:
-        ledger = (folder or self.folder) / "ledger.jsonl"
-        line = (json.dumps(event, ensure_ascii=False) + "\n").encode("utf-8")
-        fd = os.open(ledger, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-        try:  # one write on an O_APPEND descriptor: two drivers never interleave a line
-            os.write(fd, line)
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        folder = folder or self.folder
+        append_event(folder / LEDGER, event, self._within(folder))
+
+    def _within(self, folder: Path) -> Path:
+        """The folder no link below is written through: the run's, or (a folder outside it,
+        given by the caller) that folder itself."""
+        return self.within if folder.is_relative_to(self.within) else folder
 
     def _keep(self, output: Path) -> None:
         """Which ids a finished batch's kept output answers (error lines are not answers)."""
@@ -667,6 +1311,11 @@ class Batcher:
             if answer is not None:
                 self.stats.answered += 1
                 return answer
+        if self.lost[custom_id] > 1 and custom_id not in self.pending:
+            raise LineFailed(
+                f"paid for and lost {self.lost[custom_id]} times (see the ledger's notes); "
+                "`groundcover batch forget RUN BATCH --rebuy` buys it again"
+            )
         future: asyncio.Future = asyncio.get_running_loop().create_future()
         self.waiting.setdefault(custom_id, []).append(future)
         self.bodies.setdefault(custom_id, body)
@@ -678,12 +1327,49 @@ class Batcher:
         return await future
 
     def _open(self) -> None:
-        """Once, in the running loop: the uploads a killed run left without a batch."""
+        """Once, in the running loop: the uploads a killed run left without a batch, and the
+        provider's batches made from this folder's uploads that no ledger records."""
         if self._opened:
             return
         self._opened = True
         for orphan in self.orphans:
+            self.recovering.add(orphan.tag)
             self._spawn(self._recover(orphan))
+        if self.uploads:
+            self._spawn(self._look_for_strays())
+
+    async def _look_for_strays(self) -> None:
+        """Every batch the provider made from this folder's uploads since the first of them
+        (an hour's slack for clocks), adopted where no ledger knows it."""
+        self._scanned = getattr(self.executor, "lost_creates", 0)
+        since = min(u.since for u in self.uploads.values()) - 3600
+        await self.executor.scan("", since)
+        self._adopt_seen()
+
+    def _adopt_seen(self) -> None:
+        """A tagged batch a listing showed that no ledger knows, made from one of this
+        folder's uploads (a create that completed after its answer was lost, or after the
+        search for it ended): recorded and collected, never left billed and unused. Where every
+        line of it is bought elsewhere, it is a duplicate: cancelled if still running, and what
+        it finished is kept all the same."""
+        for batch_id, tag in list(self.executor.tagged.items()):
+            upload = self.uploads.get(tag)
+            if batch_id in self.known or upload is None or tag in self.recovering:
+                continue  # known, not this folder's, or about to be found by its recovery
+            self.stats.adopted += 1
+            pending = self._record(batch_id, upload, adopted=True)
+            mine = [cid for cid in upload.ids if self.pending.get(cid) == batch_id]
+            record = BatchRecord(batch_id, upload.round, len(upload.ids), status="adopted")
+            self.stats.batches.append(record)
+            pending.watched = True
+            self._spawn(self._collect(pending, record, duplicate=not mine))
+
+    async def _collect(self, pending: Pending, record: BatchRecord, duplicate: bool) -> None:
+        """An adopted batch waited for; a duplicate cancelled first (billed for what it
+        finished, which is kept all the same)."""
+        if duplicate:
+            await self.executor.cancel(pending.batch)
+        await self._wait(pending, record, time.monotonic())
 
     def _watch(self, pending: Pending) -> None:
         """Wait for a batch an earlier invocation left pending, once someone asks for it."""
@@ -695,38 +1381,54 @@ class Batcher:
         self.stats.batches.append(record)
         self._spawn(self._wait(pending, record, time.monotonic()))
 
-    async def _recover(self, orphan: Orphan) -> None:
+    async def _recover(self, orphan: Upload) -> None:
         path = orphan.folder / orphan.file
         batch_id = await self.executor.find(orphan.tag, orphan.file_id)
         if batch_id is None:  # never made: made now, from the file already uploaded
             batch_id = await self.executor.create(orphan.file_id, path, orphan.tag)
         self.stats.recovered += 1
-        pending = self._record(batch_id, orphan.folder, orphan.file, orphan.file_id, orphan)
+        pending = self._record(batch_id, orphan)
+        self.recovering.discard(orphan.tag)
+        self._adopt_seen()
         self._watch(pending)
 
-    def _record(
-        self, batch_id: str, folder: Path, file: str, file_id: str, upload: Orphan
-    ) -> Pending:
-        """The batch recorded as submitted (the ledger first), its lines pending on it."""
+    def _record(self, batch_id: str, upload: Upload, adopted: bool = False) -> Pending:
+        """The batch recorded as submitted (the ledger first), its lines pending on it (an
+        adopted batch takes only the lines no other batch holds)."""
+        now = time.time()
         self._append(
             {
                 "event": "submitted",
                 "batch": batch_id,
                 "round": upload.round,
                 "executor": self.executor.name,
-                "file": file,
-                "file_id": file_id,
+                "file": upload.file,
+                "file_id": upload.file_id,
                 "tag": upload.tag,
                 "custom_ids": upload.ids,
-                "at": time.time(),
+                "at": now,
             }
+            | ({"adopted": True} if adopted else {})
             | self.executor.about(batch_id),
-            folder,
+            upload.folder,
         )
-        pending = Pending(batch_id, upload.ids, folder, file, upload.round)
+        self.known.add(batch_id)
+        pending = Pending(
+            batch_id,
+            upload.ids,
+            upload.folder,
+            upload.file,
+            upload.round,
+            upload.file_id,
+            upload.tag,
+            now,
+        )
         self.batches[batch_id] = pending
         for cid in upload.ids:
-            self.pending[cid] = batch_id
+            held = self.pending.get(cid)
+            free = cid not in self.kept and cid not in self.done
+            if not adopted or (free and held in (None, upload.tag, "backoff")):
+                self.pending[cid] = batch_id
         return pending
 
     def _enqueue(self, custom_id: str) -> None:
@@ -777,28 +1479,44 @@ class Batcher:
 
     async def _submit(self, number: int, lines: dict[str, dict[str, Any]]) -> None:
         """One batch file: written, uploaded and recorded, then its batch created and
-        recorded (a cancel waits for the record), then waited for."""
+        recorded (a cancel waits for the record), then waited for. A file or batch the
+        provider refuses for its size is split in two."""
         self._files += 1
         name = f"{number:05d}-{self._files:05d}-{secrets.token_hex(3)}.jsonl"
         path = self.folder / name
-        path.write_text("".join(batch_line(cid, body) for cid, body in lines.items()), "utf-8")
-        file_id = await self.executor.upload(path)
-        upload = Orphan(self.folder, name, file_id, f"{self.nonce}/{path.stem}", number, [*lines])
-        self._append(  # write-ahead: a kill from here on finds the batch by its tag
+        text = "".join(batch_line(cid, body) for cid, body in lines.items())
+        write_atomic(path, text, within=self.within)
+        tag = f"{self.nonce}/{path.stem}"
+        try:
+            file_id = await self.executor.upload(path)
+            upload = Upload(self.folder, name, file_id, tag, number, [*lines], time.time())
+            await self._buy(upload)
+        except TooBig as refused:
+            self._append({"event": "abandoned", "tag": tag, "why": str(refused), "at": time.time()})
+            await self._split(number, list(lines), str(refused))
+
+    async def _buy(self, upload: Upload) -> None:
+        """An uploaded file's batch: recorded as uploaded (write-ahead: a kill from here on
+        finds the batch by its tag), created, recorded, waited for."""
+        self._append(
             {
                 "event": "uploaded",
-                "file": name,
-                "file_id": file_id,
+                "file": upload.file,
+                "file_id": upload.file_id,
                 "tag": upload.tag,
-                "round": number,
+                "round": upload.round,
                 "custom_ids": upload.ids,
                 "at": time.time(),
-            }
+            },
+            upload.folder,
         )
+        self.uploads[upload.tag] = upload
 
         async def create_and_record() -> Pending:
-            batch_id = await self.executor.create(file_id, path, upload.tag)
-            return self._record(batch_id, self.folder, name, file_id, upload)
+            batch_id = await self.executor.create(
+                upload.file_id, upload.folder / upload.file, upload.tag
+            )
+            return self._record(batch_id, upload)
 
         made = asyncio.ensure_future(create_and_record())
         try:
@@ -807,28 +1525,88 @@ class Batcher:
             with contextlib.suppress(Exception):
                 await made
             raise
-        self.stats.submitted += len(lines)
+        self._adopt_seen()
+        self.stats.submitted += len(upload.ids)
         pending.watched = True
-        record = BatchRecord(pending.batch, number, len(lines))
+        record = BatchRecord(pending.batch, upload.round, len(upload.ids))
         self.stats.batches.append(record)
         await self._wait(pending, record, time.monotonic())
 
     async def _wait(self, pending: Pending, record: BatchRecord, began: float) -> None:
+        """Polls until the batch ends (or is cancelled for running past its time), then hands
+        its answers out. A batch that cannot be read fails its own lines and is released."""
+        try:
+            state = await self._until_ended(pending)
+        except BatchUnreadable as exc:
+            self._unreadable(pending, record, str(exc))
+            return
+        finally:
+            pending.watched = False  # asked again, it is polled again: never left "watched"
+        record.waited_s = round(time.monotonic() - began, 3)
+        self.stats.waited_s += record.waited_s
+        await self._finished(pending, record, state)
+        if getattr(self.executor, "lost_creates", 0) > self._scanned:
+            await self._look_for_strays()  # a lost create may have been made after all
+
+    async def _until_ended(self, pending: Pending) -> BatchState:
+        """The batch's terminal state. Past its ``expires_at`` (or its completion window) and
+        ``grace`` it is cancelled; a cancel that does not end it in ``grace`` more is given
+        up: every wait ends."""
         folder, batch_id = pending.folder, pending.batch
+        cancelled: float | None = None
         while True:
             state = await self.executor.poll(batch_id, folder / pending.file)
             if state.status in TERMINAL:
                 break
+            now = time.time()
+            if cancelled is None and now > self._deadline(state, pending):
+                await self.executor.cancel(batch_id)
+                cancelled = now
+            elif cancelled is not None and now > cancelled + self.grace:
+                state = BatchState("cancelled", note="still running after its cancel")
+                break
             await asyncio.sleep(self.poll)
-        record.waited_s = round(time.monotonic() - began, 3)
-        self.stats.waited_s += record.waited_s
-        answers, problems = _outcome(state, pending.ids)
+        if cancelled is not None:
+            late = f"still {'running' if state.status == 'cancelled' else state.status} past "
+            state.note = state.note or f"{late}its expires_at and {self.grace:.0f} s; cancelled"
+            state.lost = state.lost or "stuck"
+        return state
+
+    def _deadline(self, state: BatchState, pending: Pending) -> float:
+        """When a running batch is given up: its ``expires_at`` or the end of its completion
+        window, whichever is first, plus ``grace`` (Azure documents that it never expires a
+        batch that runs long)."""
+        ends = pending.since + self.window
+        if state.expires_at is not None:
+            ends = min(ends, state.expires_at)
+        return ends + self.grace
+
+    def _unreadable(self, pending: Pending, record: BatchRecord, why: str) -> None:
+        """A batch whose answer cannot be read: its waiting lines fail with the words (the
+        run goes on); it stays pending in the ledger, polled again when asked again."""
+        record.status = "unreadable"
+        text = words(f"batch {pending.batch} could not be read: {why}")
+        for cid in pending.ids:
+            if self.waiting.get(cid):
+                self._fail(cid, text, "unreadable")
+
+    async def _finished(self, pending: Pending, record: BatchRecord, state: BatchState) -> None:
+        folder, batch_id = pending.folder, pending.batch
+        answers, problems = outcome(state, batch_id, pending.ids)
+        for cid in [c for c in problems if c in self.done or c in self.kept]:
+            del problems[cid]  # a duplicate's line another batch answered: nothing lost
         output = folder / f"{_file_safe(batch_id)}.out.jsonl"
-        _write_whole(output, state.output)
+        write_atomic(output, state.output, within=self._within(folder))
         if state.errors:
-            _write_whole(output.with_name(f"{_file_safe(batch_id)}.errors.jsonl"), state.errors)
-        causes = Counter(cause_of(state, problem) for problem in problems.values())
+            errors = output.with_name(f"{_file_safe(batch_id)}.errors.jsonl")
+            write_atomic(errors, state.errors, within=self._within(folder))
+        _answers_in.cache_clear()
+        causes = Counter(problem.cause for problem in problems.values())
+        if state.status == "failed" and problems and not answers:
+            meaning = self._failure_meaning(state)
+            causes = Counter({meaning: len(problems)})
         record.status, record.failed = state.status, len(problems)
+        lost = {cid: p.cause for cid, p in problems.items() if p.cause in ONCE}
         self._append(
             {
                 "event": "finished",
@@ -837,13 +1615,16 @@ class Batcher:
                 "output": output.name,
                 "failed": {cid: problems[cid].text for cid in sorted(problems)},
                 "causes": dict(sorted(causes.items())),
+                "counts": state.counts,
                 "waited_s": record.waited_s,
                 "at": time.time(),
-            },
+            }
+            | ({"note": state.note} if state.note else {})
+            | ({"lost": lost} if lost else {}),
             folder,
         )
         self.batches.pop(batch_id, None)
-        stop = [p for p in problems.values() if cause_of(state, p) == "stop"]
+        stop = [p for p in problems.values() if p.cause == "stop"]
         if stop:  # a key, a model or the endpoint is wrong: no round can help
             raise BatchError(f"batch {batch_id}: {stop[0].text}")
         if state.status == "failed" and problems and not answers:
@@ -854,31 +1635,95 @@ class Batcher:
                 self.pending.pop(cid)
             if cid in answers:
                 self._answer(cid, answers[cid], output)
-            elif cid in problems:
-                self._retry(cid, problems[cid], cause_of(state, problems[cid]))
+            elif cid in problems and self.pending.get(cid) is None:
+                self._retry(cid, problems[cid], problems[cid].cause)
+
+    def _failure_meaning(self, state: BatchState) -> str:
+        """A batch failed as a whole: the cause its words give (``PROVIDER_MESSAGES``)."""
+        said = state.said or [{"code": "", "message": state.message, "line": None}]
+        meanings = {meaning_of(e["message"], e["code"]) for e in said}
+        if WAIT in meanings:
+            return "queued"
+        if SPLIT in meanings or REJECT in meanings or any(e["line"] for e in said):
+            return "split"
+        return "stop"
 
     async def _failed_batch(self, state: BatchState, pending: Pending) -> None:
-        """A batch the provider failed as a whole: too big (split in two and sent again) or
-        refused for another reason (the run stops with the provider's words)."""
+        """A batch the provider failed as a whole, by what its words mean: a limit of the
+        account's queue (the same file's batch created again, later), a batch too big, or bad
+        lines it names (their items fail, the rest is sent again), anything else (the run
+        stops with the provider's words)."""
         why = state.message or "no reason given"
-        if not TOO_BIG.search(why):
+        meaning = self._failure_meaning(state)
+        if meaning == "stop":
             raise BatchError(f"batch {pending.batch} failed: {why}")
         ids = [cid for cid in pending.ids if cid in self.bodies]
         for cid in ids:
-            self.pending.pop(cid, None)
+            if self.pending.get(cid) == pending.batch:
+                self.pending.pop(cid)
+        if meaning == "queued":
+            await self._again(pending, why)
+            return
+        named = {e["line"] for e in state.said if e["line"] is not None}
+        bad = {pending.ids[n - 1] for n in named if 0 < n <= len(pending.ids)}
+        for cid in bad:
+            self._fail(cid, f"batch {pending.batch} failed at its line: {why}", "rejected")
+        rest = [cid for cid in ids if cid not in bad]
+        if bad:
+            self.stats.causes["split"] += len(rest)
+            if rest:
+                await self._submit(pending.round, {cid: self.bodies[cid] for cid in rest})
+            return
+        await self._split(pending.round, ids, why)
+
+    async def _split(self, number: int, ids: list[str], why: str) -> None:
+        """Lines refused together for their size: two halves sent again (one line alone
+        fails)."""
+        ids = [cid for cid in ids if cid in self.bodies]
+        if not ids:
+            return
         if len(ids) == 1:
+            self.pending.pop(ids[0], None)
             self._fail(ids[0], f"batch failed for its size with one line: {why}", "rejected")
             return
         self.stats.causes["split"] += len(ids)
         half = len(ids) // 2
         await asyncio.gather(
             *(
-                self._submit(pending.round, {cid: self.bodies[cid] for cid in part})
+                self._submit(number, {cid: self.bodies[cid] for cid in part})
                 for part in (ids[:half], ids[half:])
             )
         )
 
+    async def _again(self, pending: Pending, why: str) -> None:
+        """The same file's batch created again once the account's queue has room: after a
+        backoff that grows, for at most the batch window since the first refusal (then its
+        lines fail naming the batch)."""
+        base, _, tries = pending.tag.partition("#")
+        attempt = int(tries) + 1 if tries.isdigit() else 1
+        first = self._queued_since.setdefault(base, time.monotonic())
+        delay = backoff(attempt - 1, max(self.retry_base, 0.01), min(600.0, self.window / 4))
+        self.stats.causes["queued"] += len(pending.ids)
+        if time.monotonic() + delay - first > self.window:
+            for cid in pending.ids:
+                self._fail(
+                    cid,
+                    f"batch {pending.batch} failed: {why}; the provider's queue had no room "
+                    f"for {self.window:.0f} s",
+                    "given_up",
+                )
+            return
+        for cid in pending.ids:
+            self.pending[cid] = "backoff"
+        await asyncio.sleep(delay)
+        again = f"{base}#{attempt}"
+        upload = Upload(
+            pending.folder, pending.file, pending.file_id, again, pending.round, pending.ids
+        )
+        await self._buy(upload)
+
     def _answer(self, cid: str, body: dict[str, Any], output: Path) -> None:
+        self.done.add(cid)
         futures = self.waiting.pop(cid, [])
         if not futures:  # a resumed batch's answer nobody asked for yet
             self.kept[cid] = output
@@ -892,6 +1737,11 @@ class Batcher:
         if cause == "rejected":  # the line itself is wrong: its item fails now
             self._fail(cid, problem.text, "rejected")
             return
+        if cause in ONCE:
+            self.lost[cid] += 1
+            if self.lost[cid] > 1:  # bought twice, lost twice: not a third time
+                self._fail(cid, f"paid for and lost twice: {problem.text}", "given_up")
+                return
         if self.retry_online:  # asked online by whoever waits (a line nobody asked yet
             # goes into a round when it is asked)
             futures = self.waiting.pop(cid, [])
@@ -901,7 +1751,8 @@ class Batcher:
                     future.set_exception(AskOnline(problem.text))
             return
         self.attempts[cid] = self.attempts.get(cid, 0) + 1
-        if self.attempts[cid] < self.max_attempts and cid in self.bodies:
+        allowed = self.max_attempts if cause not in ONCE else self.max_attempts + 1
+        if self.attempts[cid] < allowed and cid in self.bodies:
             self.stats.requeued += 1
             self.stats.causes[cause] += 1
             self.pending[cid] = "backoff"  # asked meanwhile: still this one line
@@ -932,19 +1783,47 @@ class Batcher:
         await self.executor.close()
 
 
-def folder_nonce(folder: Path) -> str:
+def _upload_of(folder: Path, event: dict[str, Any]) -> Upload:
+    return Upload(
+        folder,
+        event["file"],
+        event["file_id"],
+        event["tag"],
+        event["round"],
+        list(event["custom_ids"]),
+        float(event.get("at") or time.time()),
+    )
+
+
+def folder_nonce(folder: Path, within: Path | None = None) -> str:
     """The folder's own random name for the tags of its batches (made once, kept): two runs,
     or two folders, never share a tag."""
     path = folder / FOLDER_FILE
     with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
         return str(json.loads(path.read_text())["nonce"])
     nonce = f"gc-{secrets.token_hex(8)}"
-    tmp = path.with_name(f"{FOLDER_FILE}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps({"nonce": nonce}))
+    mine = folder / f".{FOLDER_FILE}.{secrets.token_hex(6)}"
+    write_atomic(mine, json.dumps({"nonce": nonce}), within=within or folder)
     with contextlib.suppress(FileExistsError):
-        os.link(tmp, path)  # the first writer wins: two drivers agree on one nonce
-    tmp.unlink(missing_ok=True)
+        os.link(mine, path)  # the first writer wins: two drivers agree on one nonce
+    mine.unlink(missing_ok=True)
     return str(json.loads(path.read_text())["nonce"])
+
+
+def append_event(ledger: Path, event: dict[str, Any], within: Path | None = None) -> None:
+    """One event appended to a ledger. A ledger is the one file here not replaced whole: the
+    drivers of a run append to one another's (a pending batch is recorded by whoever waited
+    for it), and a replace would drop a line another driver appended meanwhile. One write on an
+    ``O_APPEND`` descriptor, never through a link, synced: two drivers never interleave a line,
+    and a kill leaves at most a torn last line, never acted on (``ledger_events``)."""
+    line = (json.dumps(event, ensure_ascii=False) + "\n").encode("utf-8")
+    flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT
+    fd = open_unlinked(ledger, flags, within=within or ledger.parent)
+    try:
+        os.write(fd, line)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def batch_line(cid: str, body: dict[str, Any]) -> str:
@@ -989,105 +1868,18 @@ def split_by_size(
     return [part for part in parts if part]
 
 
-@dataclass(frozen=True)
-class Problem:
-    """Why a line has no answer: its HTTP status (None: missing from its batch), the words."""
-
-    status: int | None
-    text: str
-
-
-def cause_of(state: BatchState, problem: Problem) -> str:
-    """A line's cause (``CAUSES``, or ``stop``: the run cannot go on)."""
-    if problem.status is None:
-        return "expired" if state.status in ("expired", "cancelled") else "retried"
-    if problem.status in STOP_STATUS:
-        return "stop"
-    if problem.status in REJECT_STATUS:
-        return "rejected"
-    return "retried"
-
-
-def error_text(error: Any) -> str:
-    """A line's error as words: OpenAI's ``{"message"}``, vLLM's ``{"error": {"message"}}``
-    or a string (never a dict's repr)."""
-    if isinstance(error, dict):
-        inner = error.get("error")
-        if isinstance(inner, dict | str):
-            return error_text(inner)
-        if error.get("message"):
-            return str(error["message"])
-        return json.dumps(error, ensure_ascii=False, default=str)
-    return "" if error is None else str(error)
-
-
-def _outcome(state: BatchState, ids: list[str]) -> tuple[dict[str, Any], dict[str, Problem]]:
-    """Each id's answer body, or why it has none (an error line, a line missing from an
-    expired or failed batch)."""
-    answers: dict[str, Any] = {}
-    problems: dict[str, Problem] = {}
-    for text in (state.output, state.errors):
-        for line in text.splitlines():
-            try:
-                row = json.loads(line)
-                cid = row["custom_id"]
-            except (json.JSONDecodeError, KeyError, TypeError):
-                continue
-            response = row.get("response") or {}
-            code = response.get("status_code")
-            if code == 200 and not row.get("error") and isinstance(response.get("body"), dict):
-                answers[cid] = response["body"]
-                problems.pop(cid, None)
-            elif cid not in answers:
-                body = response.get("body") if isinstance(response.get("body"), dict) else {}
-                words = error_text(row.get("error") or (body or {}).get("error")) or "failed"
-                status = code if isinstance(code, int) else None
-                if status is None and row.get("error"):
-                    status = 500  # an error line without a status: the provider's
-                problems[cid] = Problem(status, redact(f"{code or 'error'}: {words}"))
-    for cid in ids:
-        if cid not in answers and cid not in problems:
-            why = f"batch {state.status}" + (f": {state.message}" if state.message else "")
-            problems[cid] = Problem(None, redact(why))
-    return answers, problems
-
-
-def _write_whole(path: Path, text: str) -> None:
-    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(text, encoding="utf-8")
-    tmp.replace(path)
-
-
-@functools.lru_cache(maxsize=4)
-def _answers_in(output: Path) -> dict[str, Any]:
-    """The answer bodies of a kept output file, by custom id (the last few files read stay
-    parsed: a resumed run asks for a batch's answers one after another)."""
-    if not output.is_file():
-        return {}
-    answers, _ = _outcome(BatchState("completed", output=output.read_text(encoding="utf-8")), [])
-    return answers
-
-
-def _read_lines(path: Path) -> dict[str, dict[str, Any]]:
-    if not path.is_file():
-        return {}
-    lines = {}
-    for line in path.read_text(encoding="utf-8").splitlines():
-        with contextlib.suppress(json.JSONDecodeError, KeyError):
-            row = json.loads(line)
-            lines[row["custom_id"]] = row["body"]
-    return lines
-
-
 def _file_safe(name: str) -> str:
     return "".join(c if c.isalnum() or c in "-_." else "_" for c in name)[:120]
+
+
+# ---- the ledgers, read back (report, page, `groundcover batch`) -----------------------------
 
 
 def ledger_events(ledger: Path) -> list[dict[str, Any]]:
     """A ledger's events in order; a torn last line (a kill mid-append) is never acted on."""
     events = []
-    for line in ledger.read_text(encoding="utf-8").splitlines():
-        with contextlib.suppress(json.JSONDecodeError):
+    for line in ledger.read_bytes().splitlines():
+        with contextlib.suppress(ValueError):
             event = json.loads(line)
             if isinstance(event, dict):
                 events.append(event)
@@ -1096,9 +1888,10 @@ def ledger_events(ledger: Path) -> list[dict[str, Any]]:
 
 def read_ledgers(run_dir: Path) -> dict[str, Any] | None:
     """Every batch a run bought, from its ledgers (all invocations; None: none): per client
-    folder, each batch's round, lines, status, failed lines and wait, and the totals with the
-    unanswered lines by cause (``report`` and the HTML page show them)."""
-    folders = sorted((run_dir / "batches").glob("*/ledger.jsonl"))
+    folder, each batch's round, lines, status, failed lines, wait and note, and the totals with
+    the unanswered lines by cause (``report``, the HTML page and ``groundcover batch status``
+    show them)."""
+    folders = sorted((run_dir / "batches").glob(f"*/{LEDGER}"))
     if not folders:
         return None
     clients: dict[str, list[dict[str, Any]]] = {}
@@ -1106,24 +1899,32 @@ def read_ledgers(run_dir: Path) -> dict[str, Any] | None:
     for ledger in folders:
         batches: dict[str, dict[str, Any]] = {}
         for event in ledger_events(ledger):
+            batch = str(event.get("batch"))
             if event.get("event") == "submitted":
-                batches[event["batch"]] = {
-                    "batch": event["batch"],
+                batches[batch] = {
+                    "batch": batch,
                     "round": event["round"],
                     "executor": event.get("executor"),
                     "lines": len(event["custom_ids"]),
                     "status": "pending",
                     "failed": 0,
                     "waited_s": None,
+                    "note": "adopted: made by the provider, found in its listing"
+                    if event.get("adopted")
+                    else "",
                 }
-            elif event.get("event") == "finished" and event["batch"] in batches:
-                if batches[event["batch"]]["status"] == "pending":  # two drivers may record it
+            elif event.get("event") == "finished" and batch in batches:
+                if batches[batch]["status"] == "pending":  # two drivers may record it
                     causes.update(event.get("causes") or {})
-                batches[event["batch"]] |= {
+                batches[batch] |= {
                     "status": event["status"],
                     "failed": len(event.get("failed") or {}),
                     "waited_s": event.get("waited_s"),
+                    "note": event.get("note") or batches[batch]["note"],
                 }
+            elif event.get("event") == "forgotten" and batch in batches:
+                how = "forgotten, its lines bought again" if event.get("rebuy") else "forgotten"
+                batches[batch] |= {"status": "forgotten", "note": how}
         clients[ledger.parent.name] = list(batches.values())
     every = [b for batches in clients.values() for b in batches]
     return {
@@ -1136,3 +1937,18 @@ def read_ledgers(run_dir: Path) -> dict[str, Any] | None:
         "waited_s": round(sum(b["waited_s"] or 0 for b in every), 3),
         "clients": clients,
     }
+
+
+def forget_batch(run_dir: Path, batch_id: str, rebuy: bool = False) -> Path:
+    """The way out of a batch that cannot end (stuck, its output gone, a provider that lost
+    it): the ledger no longer waits for it, and its unanswered lines are bought on the next run;
+    with ``rebuy`` its answers are set aside too and every line of it is bought again (also a
+    line lost twice). The ledger that recorded it; one line when no ledger of ``run_dir``
+    knows it."""
+    for ledger in sorted((run_dir / "batches").glob(f"*/{LEDGER}")):
+        events = ledger_events(ledger)
+        if any(e.get("event") == "submitted" and e.get("batch") == batch_id for e in events):
+            event = {"event": "forgotten", "batch": batch_id, "rebuy": rebuy, "at": time.time()}
+            append_event(ledger, event, run_dir)
+            return ledger
+    raise BatchError(f"{run_dir}: no batch {batch_id!r} in its ledgers (groundcover batch status)")
