@@ -184,3 +184,42 @@ def test_a_holder_killed_but_not_yet_reaped_counts_as_gone(tmp_path):
     lock.acquire()
     lock.release()
     holder.wait()
+
+
+# ---- racing takers of a stale lock ------------------------------------------------------------
+
+NO_SUCH_PID = 4_194_305  # above Linux's largest pid: never a live process
+
+
+def test_racing_processes_take_over_a_stale_lock_exactly_one_each_time(tmp_path):
+    """100 trials: a lock whose process is gone, eight processes taking it over at one instant.
+    Exactly one wins each time, and at the end the lock is the winner's (no second taker that
+    also believes it holds it)."""
+    import multiprocessing
+
+    from tests.support.lock_race import race
+
+    trials, workers = 100, 8
+    run_dirs = []
+    for trial in range(trials):
+        run_dir = tmp_path / f"t{trial}"
+        run_dir.mkdir()
+        write_lock(run_dir, platform.node(), NO_SUCH_PID, time.time())
+        run_dirs.append(str(run_dir))
+    context = multiprocessing.get_context("fork")  # the racers start at once: no imports
+    barrier, results = context.Barrier(workers), context.Queue()
+    racers = [
+        context.Process(target=race, args=(k, run_dirs, barrier, results)) for k in range(workers)
+    ]
+    for racer in racers:
+        racer.start()
+    seen = [results.get(timeout=120) for _ in range(workers * trials)]
+    winners = [sum(won for _, trial, _, won in seen if trial == t) for t in range(trials)]
+    holds = [results.get(timeout=60) for _ in range(sum(winners))]  # before any release
+    done = [results.get(timeout=60) for _ in range(workers)]
+    for racer in racers:
+        racer.join(30)
+    assert winners == [1] * trials, winners
+    assert sorted(trial for _, trial, _, _ in holds) == list(range(trials))
+    assert all(still for *_, still in holds), holds
+    assert len(done) == workers and all(r.exitcode == 0 for r in racers)

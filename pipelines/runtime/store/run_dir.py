@@ -563,12 +563,19 @@ STALE_SECONDS = 60.0  # a lock not renewed for this long is taken over (a holder
 
 class RunLock:
     """The one process writing a run directory: ``run.lock`` holds its pid, host, start time and
-    when it last renewed the lock. It is created with ``O_EXCL`` (atomic on local file systems
-    and NFS v3+), renewed every ``RENEW_SECONDS`` by a thread, and removed when the run ends. A
-    second process is refused in one line naming the holder. A stale lock -- its process gone on
-    this host, or not renewed for ``STALE_SECONDS`` (a host that died) -- is renamed away (only
-    one taker's rename succeeds) and taken over. A holder that finds its lock taken stops
-    recording (``lost``). The drivers of a run write under their command's lock."""
+    when it last renewed the lock. It is made whole before it appears (a uniquely named file,
+    linked to ``run.lock``: the link fails if one is there, atomic on local file systems and
+    NFS), renewed every ``RENEW_SECONDS`` by a thread, and removed when the run ends. A second
+    process is refused in one line naming the holder. A stale lock -- its process gone on this
+    host, or not renewed for ``STALE_SECONDS`` (a host that died) -- is taken over.
+
+    Every step that reads the lock and then changes it (a take-over, a renewal, a release) runs
+    under an ``flock`` of ``.run.lock.guard``: of several processes finding one stale lock,
+    exactly one replaces it, and the others then find the new holder alive; a holder never
+    rewrites a lock taken from it. Where the file system has no such locks, the stale lock
+    is renamed to a name of the taker's own and kept only if it is the one judged stale (a
+    fresh one is linked back). A holder that finds its lock taken stops recording (``lost``).
+    The drivers of a run write under their command's lock."""
 
     def __init__(self, run_dir: Path):
         self.path = run_dir / LOCK
@@ -579,25 +586,22 @@ class RunLock:
 
     def acquire(self) -> None:
         for _ in range(50):
-            try:
-                fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-            except FileExistsError:
+            with self._guard():
+                if self._create(started=time.time()):
+                    self._thread = threading.Thread(
+                        target=self._renew, name="run-lock", daemon=True
+                    )
+                    self._thread.start()
+                    return
                 holder = self._read()
-                if holder is None:  # being written by its creator this instant
-                    if time.time() - self._mtime() < STALE_SECONDS:
-                        time.sleep(0.1)
-                        continue
-                    holder = {}
-                why = stale(holder)
-                if why is None:
-                    raise RunStoreError(busy(self.path.parent, holder)) from None
-                self._take_over()
-                continue
-            with os.fdopen(fd, "w") as handle:
-                handle.write(json.dumps(self._content(started=time.time())))
-            self._thread = threading.Thread(target=self._renew, name="run-lock", daemon=True)
-            self._thread.start()
-            return
+                if holder is None and time.time() - self._mtime() < STALE_SECONDS:
+                    pass  # unreadable (an older groundcover writing it): looked at again
+                elif stale(holder or {}) is None:
+                    raise RunStoreError(busy(self.path.parent, holder or {})) from None
+                else:
+                    self._take_over(holder)
+                    continue
+            time.sleep(0.1)
         raise RunStoreError(f"{self.path}: could not take the run's lock (contended)")
 
     def release(self) -> None:
@@ -605,9 +609,10 @@ class RunLock:
         if self._thread is not None:
             self._thread.join(5)
             self._thread = None
-        holder = self._read()
-        if holder is not None and holder.get("token") == self.token:
-            self.path.unlink(missing_ok=True)
+        with self._guard():
+            holder = self._read()
+            if holder is not None and holder.get("token") == self.token:
+                self.path.unlink(missing_ok=True)
 
     def _content(self, started: float) -> dict[str, Any]:
         return {
@@ -618,25 +623,86 @@ class RunLock:
             "token": self.token,
         }
 
+    def _create(self, started: float) -> bool:
+        """``run.lock`` made ours, whole, if there is none (False: there is one)."""
+        if os.path.lexists(self.path):  # under the guard nobody removes it meanwhile
+            return False
+        mine = self.path.with_name(f".{LOCK}.{self.token.replace(':', '-')}")
+        write_atomic(mine, json.dumps(self._content(started)), within=self.path.parent)
+        try:
+            os.link(mine, self.path)
+        except FileExistsError:
+            return False
+        finally:
+            mine.unlink(missing_ok=True)
+        return True
+
     def _renew(self) -> None:
         while not self._stop.wait(RENEW_SECONDS):
-            holder = self._read()
-            if holder is None or holder.get("token") != self.token:
-                who = busy(self.path.parent, holder or {}) if holder else "its lock is gone"
-                self.lost = f"{self.path.parent}: another process took over this run ({who})"
-                return
-            with contextlib.suppress(OSError, RunStoreError):  # a full disk: the next one tries
-                atomic_write_json(
-                    self.path, self._content(started=holder["started"]), within=self.path.parent
-                )
+            with self._guard():
+                holder = self._read()
+                if holder is None or holder.get("token") != self.token:
+                    who = busy(self.path.parent, holder or {}) if holder else "its lock is gone"
+                    self.lost = f"{self.path.parent}: another process took over this run ({who})"
+                    return
+                with contextlib.suppress(OSError, RunStoreError):  # a full disk: next time
+                    atomic_write_json(
+                        self.path,
+                        self._content(started=holder["started"]),
+                        within=self.path.parent,
+                    )
 
-    def _take_over(self) -> None:
-        """Rename the stale lock away; of several takers only one rename succeeds, and each
-        then races for the ``O_EXCL`` create."""
+    def _take_over(self, judged: dict[str, Any] | None) -> None:
+        """The stale lock ``judged`` removed. Under the guard nobody else changes it between
+        the reading and the removing; without one (no ``fcntl`` locks), it is renamed to this
+        taker's own name and, if it is not the lock judged stale (another taker's, made
+        meanwhile), linked back."""
         aside = self.path.with_name(f".{LOCK}.stale.{self.token.replace(':', '-')}")
-        with contextlib.suppress(FileNotFoundError):
+        try:
             os.rename(self.path, aside)
-            aside.unlink(missing_ok=True)
+        except FileNotFoundError:
+            return
+        try:
+            found = json.loads(aside.read_text())
+        except (OSError, ValueError):
+            found = None
+        if (
+            judged is not None
+            and isinstance(found, dict)
+            and found.get("token") != judged.get("token")
+        ):
+            with contextlib.suppress(FileExistsError):
+                os.link(aside, self.path)  # not the stale one: put back
+        aside.unlink(missing_ok=True)
+
+    @contextlib.contextmanager
+    def _guard(self) -> Iterator[None]:
+        """This run directory's lock steps one at a time (``flock``: per open file, so two
+        threads of one process are kept apart too; where the file system has no locks,
+        unguarded: ``_take_over`` checks what it removed)."""
+        import fcntl
+
+        try:
+            fd = open_unlinked(
+                self.path.with_name(f".{LOCK}.guard"),
+                os.O_RDWR | os.O_CREAT,
+                within=self.path.parent,
+            )
+        except OSError:
+            yield
+            return
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX)
+            except OSError:  # ENOLCK and the like: no locks on this file system
+                yield
+                return
+            try:
+                yield
+            finally:
+                fcntl.flock(fd, fcntl.LOCK_UN)
+        finally:
+            os.close(fd)
 
     def _read(self) -> dict[str, Any] | None:
         try:
