@@ -12,11 +12,11 @@ from __future__ import annotations
 import json
 import re
 import shlex
-import subprocess
-import sys
 from pathlib import Path
 
-from tests.test_cluster_plan import CONFIGS, LLAMA_70B, cache_configs
+import pytest
+
+from tests.test_cluster_plan import LLAMA_70B, planner
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGE = ROOT / "docs" / "clusters.md"
@@ -66,19 +66,20 @@ def test_every_groundcover_command_on_the_page_parses():
     assert checked >= 8
 
 
-def test_every_cluster_job_on_the_page_is_planned(tmp_path):
+@pytest.fixture
+def plan_here(tmp_path, monkeypatch):
+    return planner(tmp_path, monkeypatch)
+
+
+def test_every_cluster_job_on_the_page_is_planned(tmp_path, plan_here):
     """Each job the page shows, planned: the walkthrough's gpt-oss-120b FanOutQA job, its
     prefetch, its submission, the local-70B comprehensiveness plan with the NLI app."""
-    home = tmp_path / "hf"
-    cache_configs(home, CONFIGS)
     folder = tmp_path / "Llama-3.3-70B-Instruct"
     folder.mkdir()
     (folder / "config.json").write_text(json.dumps(LLAMA_70B))
     items = tmp_path / "items.jsonl"
     items.write_text((ROOT / "examples" / "comprehensiveness.jsonl").read_text())
     stand_in = {"/shared/models/Llama-3.3-70B-Instruct": str(folder), "items.jsonl": str(items)}
-    env = {"PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin", "HOME": str(tmp_path)}
-    env |= {"HF_HOME": str(home), "HF_HUB_OFFLINE": "1", "GROUNDCOVER_HOME": str(tmp_path / "g")}
     jobs = []
     for words in documented_lines():
         given = job_args(words)
@@ -93,13 +94,7 @@ def test_every_cluster_job_on_the_page_is_planned(tmp_path):
         jobs.append(given)
     assert len(jobs) >= 4, jobs
     for given in jobs:
-        done = subprocess.run(
-            [sys.executable, "-m", "groundcover", "cluster", "plan", "--json", *given],
-            capture_output=True,
-            text=True,
-            env=env,
-            timeout=120,
-        )
+        done = plan_here("--json", *given)
         assert done.returncode == 0, (given, done.stderr)
         plan = json.loads(done.stdout)
         assert plan["replicas"] >= 1 and plan["inputs"]["models"], given

@@ -23,6 +23,8 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -296,13 +298,48 @@ def cluster(*argv: str, home: Path, **env: str) -> subprocess.CompletedProcess:
     )
 
 
-def test_the_plan_checks_the_command_with_the_flags_the_job_adds(tmp_path):
+@dataclass
+class Said:
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+@pytest.fixture
+def plan_here(tmp_path, monkeypatch) -> Callable[..., Said]:
+    return planner(tmp_path, monkeypatch)
+
+
+def planner(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Callable[..., Said]:
+    """``groundcover cluster plan ...`` in this process (the CLI as a user calls it, without a
+    new interpreter each time), its homes under the test's folder, the presets' configs in its
+    Hugging Face cache, offline."""
+    from typer.testing import CliRunner
+
+    from groundcover.pipelines.cli.main import app
+
+    cache_configs(tmp_path / "hf", CONFIGS)
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    monkeypatch.delenv("HF_HUB_CACHE", raising=False)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("GROUNDCOVER_HOME", str(tmp_path / "gc-home"))
+    for name in ("SLURM_JOB_ID", "GC_GRID", "GC_RAY_PORT_BASE"):
+        monkeypatch.delenv(name, raising=False)
+    runner = CliRunner()
+
+    def plan(*argv: str) -> Said:
+        done = runner.invoke(app, ["cluster", "plan", *argv])
+        return Said(done.exit_code, done.stdout, done.stderr)
+
+    return plan
+
+
+def test_the_plan_checks_the_command_with_the_flags_the_job_adds(tmp_path, plan_here):
     """The NLI app only where the command takes --nli-app (and its options allow it); an
     unknown option, or a command that is not ours, refused in one line before anything starts;
     ``--json`` lists what the command reads under ``inputs``, its default dataset included."""
-    cache_configs(tmp_path / "hf", CONFIGS)
     base = ["--allocation", "2x4", "--gpu-memory", "80", "--judge", "gpt-oss-120b"]
-    fanout = cluster("plan", *base, "--nli", NLI, "--", *FANOUTQA, home=tmp_path)
+    fanout = plan_here(*base, "--nli", NLI, "--", *FANOUTQA)
     assert fanout.returncode == 2 and fanout.stdout == ""
     assert fanout.stderr.splitlines() == [
         "error: cluster plan: `eval fanoutqa` takes no --nli-app, which the job adds: it hands "
@@ -313,23 +350,21 @@ def test_the_plan_checks_the_command_with_the_flags_the_job_adds(tmp_path):
     items = tmp_path / "items.jsonl"
     items.write_text((ROOT / "examples" / "comprehensiveness.jsonl").read_text())
     comp = ["groundcover", "eval", "comprehensiveness", str(items)]
-    no_backend = cluster("plan", *base, "--nli", NLI, "--", *comp, home=tmp_path)
+    no_backend = plan_here(*base, "--nli", NLI, "--", *comp)
     assert no_backend.returncode == 2 and len(no_backend.stderr.splitlines()) == 1
     assert no_backend.stderr.startswith(
         "error: cluster plan: `eval comprehensiveness` with the flags the job adds (--ray-address "
         "--drivers --nli-app --endpoint"
     )
     assert "Ray runs the cross-encoder (--nli-backend)" in no_backend.stderr
-    typo = cluster("plan", *base, "--", *FANOUTQA, "--dat", "x", home=tmp_path)
+    typo = plan_here(*base, "--", *FANOUTQA, "--dat", "x")
     assert typo.returncode == 2 and typo.stderr.splitlines() == [
         "error: cluster plan: `eval fanoutqa`: No such option: --dat (Possible options: "
         "--adapter, --data)"
     ]
-    other = cluster("plan", *base, "--", "python", "-c", "print(1)", home=tmp_path)
+    other = plan_here(*base, "--", "python", "-c", "print(1)")
     assert other.returncode == 2 and "must be a groundcover command" in other.stderr
-    done = cluster(
-        "plan", *base, "--json", "--", "groundcover", "meta-eval", "wikicontradict", home=tmp_path
-    )
+    done = plan_here(*base, "--json", "--", "groundcover", "meta-eval", "wikicontradict")
     assert done.returncode == 0, done.stderr
     plan = json.loads(done.stdout)
     assert (plan["replicas"], plan["tensor_parallel"]) == (8, 1)
