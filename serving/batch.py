@@ -403,10 +403,12 @@ class OpenAIBatches:
         patience: float | None = None,
         find_window: float = 30.0,
         downloads: int = DOWNLOADS,
+        download_pause: float = 0.5,
     ):
         """``find_window``: how long a lost create is looked for in the listing (which lags
         the creates on real providers) before the batch is created again; ``downloads``: tries
-        of an output file that comes short, cut or not there yet."""
+        of an output file that comes short, cut or not there yet, the first ``download_pause``
+        seconds apart (then doubling)."""
         self.base_url = base_url.rstrip("/")
         remember(api_key)
         self.headers = {"Authorization": f"Bearer {api_key}"}
@@ -416,6 +418,7 @@ class OpenAIBatches:
         self.patience = min(patience or 3600.0, window_seconds(window))
         self.find_window = find_window
         self.downloads = max(1, downloads)
+        self.download_pause = download_pause
         self.tagged: dict[str, str] = {}  # batch id -> tag, of every listing read
         self.pages = 0  # listing pages read (the tests count them)
         self.lost_creates = 0  # creates not found in the listing, asked again
@@ -621,7 +624,7 @@ class OpenAIBatches:
         data, why, cause = b"", "", ""
         for attempt in range(self.downloads):
             if attempt:
-                await asyncio.sleep(backoff(attempt - 1, 0.2, 5.0))
+                await asyncio.sleep(backoff(attempt - 1, self.download_pause, 30.0))
             try:
                 data = await self._download(file_id, path, kind)
             except Gone as gone:

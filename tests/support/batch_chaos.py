@@ -321,7 +321,7 @@ def batcher_for(
 ) -> Batcher:
     """A batcher of short windows against the chaos API at ``url`` (``executor``: the
     ``OpenAIBatches`` options, ``kw`` the ``Batcher``'s)."""
-    calls = {"patience": 60, "find_window": 0.2} | (executor or {})
+    calls = {"patience": 60, "find_window": 0.2, "download_pause": 0.02} | (executor or {})
     options: dict[str, Any] = {"settle": 0.05, "poll": 0.01, "retry_base": 0.01} | kw
     return Batcher(OpenAIBatches(url, "sk-test-0000000000", **calls), folder, **options)
 
@@ -439,7 +439,7 @@ def run_schedule(
     server = ChaosBatches(seed, blip=blip, lost=0.0, expire=0.0)
     for key, value in plan["server"].items():
         setattr(server, key, set(value) if isinstance(value, set) else value)
-    options = plan.get("batcher", {}) | {"executor": {"find_window": 1.0}}
+    options = plan.get("batcher", {}) | {"executor": {"find_window": 0.6}}
     server.kill_at = kill_at
     found: dict[str, Any] | None = None
     invocations = 0
@@ -449,7 +449,7 @@ def run_schedule(
             found = invocation(server, url, [(folder, WORDS, options)])
             if found is not None and found == {w: expected(w) for w in WORDS}:
                 break
-        time.sleep(0.3)  # a late create still to come is made (and never paid) before the end
+        time.sleep(0.2)  # a late create still to come is made (and never paid) before the end
     lines = [f"a-{w}" for w in WORDS] + [f"b-{w}-{w.upper()}" for w in WORDS]
     right = {f"a-{w}" for w in WORDS if found and found.get(w) == expected(w)}
     right |= {f"b-{w}-{w.upper()}" for w in WORDS if found and found.get(w) == expected(w)}
