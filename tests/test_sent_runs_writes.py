@@ -406,9 +406,12 @@ def test_redaction_runs_before_the_cut_and_covers_every_form_of_user_info():
 
 
 def test_the_page_shows_bidi_controls_and_escapes_as_the_terminal_does(made, tmp_path):
+    """In the page's markup and data (the server's escapes), in its drill-down and in the
+    viewer's rows (drawn by the page's script from what the viewer answers)."""
     from groundcover.pipelines.reports.pages.report_html import write_html
     from groundcover.pipelines.runtime.terminal import printable
     from tests.support.browser import BROWSER, page_text
+    from tests.test_hostile_inputs import served
 
     page = write_html([made], tmp_path / "page.html")
     html = page.read_text(encoding="utf-8")
@@ -416,9 +419,13 @@ def test_the_page_shows_bidi_controls_and_escapes_as_the_terminal_does(made, tmp
     assert "\\u202e" in html
     if BROWSER is None:
         pytest.skip("no chromium for the drill-down")
-    shown = page_text(page.resolve().as_uri() + "#item=a", ["Item a"])
-    assert printable("left\u202eright \x1b[31m:warning:") in shown
-    assert "\u202e" not in shown and "\x1b" not in shown
+    shown = printable("left\u202eright \x1b[31m:warning:")
+    drill = page_text(page.resolve().as_uri() + "#item=a", ["Item a"])
+    with served(made) as (url, _):
+        rows = page_text(url + "/", [shown])
+    for text in (drill, rows):
+        assert shown in text
+        assert "\u202e" not in text and "\x1b" not in text
 
 
 def test_the_terminal_reads_no_emoji_code_and_agreement_no_markup(made, tmp_path):
