@@ -367,6 +367,7 @@ def batcher_of(
         poll=cfg.batch_poll,
         retry_base=cfg.batch_poll,  # a failed line's next round: after a poll, then doubling
         max_attempts=max(1, min(cfg.max_retries, 3)),
+        within=run_dir if run_dir.is_dir() else None,  # no link below the run written through
     )
 
 
