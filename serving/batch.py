@@ -1038,10 +1038,18 @@ class LocalRunBatch:
                 os.killpg(process.pid, signal.SIGTERM)  # the guard ends its group
 
     async def close(self) -> None:
+        """Every engine still running ended: its guard asked first (it ends the whole group,
+        a descendant that left it too), the group killed if the guard has not in 5 s."""
         for process in self.running.values():
             with contextlib.suppress(ProcessLookupError):
-                os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
+                os.kill(process.pid, signal.SIGTERM)
+        for process in self.running.values():
+            try:
+                process.wait(5)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(process.pid, signal.SIGKILL)
+                process.wait()
             self.engine.release()
         self.running.clear()
 

@@ -462,3 +462,20 @@ def test_a_resume_ends_what_a_dead_engine_leader_left_by_group_start_and_command
     finally:
         other.kill()
         other.wait()
+
+
+def test_closing_the_executor_ends_each_engine_with_its_enginecore(tmp_path):
+    """A run that stops (an error, Ctrl-C) closes its engines: the guard ends the group."""
+    marker = tmp_path / "engine.pids"
+    engine = LocalRunBatch(lambda i, o: [sys.executable, "-c", ENGINE, str(marker)], {**os.environ})
+    path = tmp_path / "00001.jsonl"
+    path.write_text("")
+
+    async def start_and_close() -> list[int]:
+        await engine.create("f", path, "t")
+        pids = await asyncio.to_thread(wait_for_pids, marker)
+        await engine.close()
+        return pids
+
+    pids = run_async(start_and_close())
+    assert gone(pids) and not engine.running
