@@ -255,23 +255,28 @@ def test_the_trust_reports_import_one_another_in_one_direction():
 
 def test_the_steps_grid_worked_out_by_hand_where_one_disagreement_at_the_top_ends_every():
     """alpha = delta = 0.1. The exact test first lets e disagreements pass at k_e kept
-    judgements: k_1 = 38 (P[Bin(38, 0.1) <= 1] = 0.0953 <= 0.1 < P[Bin(37, 0.1) <= 1] = 0.1036),
-    k_2 = 52; with 60 labelled the steps grid keeps 38, 52 and all 60. Labels: 22 at 0.99 (one
-    disagreeing), 18 at 0.9 (none), 15 at 0.8 (one), 5 at 0.6 (three). Every distinct
-    confidence: 0.99 first (22 kept, 1 error, p = 0.9^22 + 22 * 0.1 * 0.9^21 = 0.339): the
-    sequence ends there, no threshold. Steps: 38 lands on 0.9 (40 kept, 1 error, p = 0.0805),
-    52 on 0.8 (55 kept, 2 errors, p = 0.0774), 60 on 0.6 (5 errors, p = 0.43): 0.8 keeps 55."""
+    judgements: k_0 = 22, k_1 = 38 (P[Bin(38, 0.1) <= 1] = 0.0953 <= 0.1 < P[Bin(37, 0.1) <= 1]
+    = 0.1036), k_2 = 52, k_3 = 65. With 380 labelled the steps grid starts at k_1 (38, a tenth
+    of them: one disagreement cannot end it) and keeps 38, 52, 65, ..., all 380; with 60 it
+    starts at k_0 (38 would be more than a tenth). Labels: 22 at 0.99 (one disagreeing), 18 at
+    0.9 (none), 15 at 0.8 (one), 325 at 0.6 (100). Every distinct confidence: 0.99 first (22
+    kept, 1 error, p = 0.9^22 + 22 * 0.1 * 0.9^21 = 0.339): the sequence ends there, no
+    threshold. Steps: 38 lands on 0.9 (40 kept, 1 error, p = 0.0805), 52 on 0.8 (55 kept, 2
+    errors, p = 0.0774), 65 on 0.6 (380 kept, 102 errors): 0.8 keeps 55."""
     from scipy.stats import binom
 
     from groundcover.pipelines.reports.audits.cascade import GRIDS, STEPS
 
     guarantee = Guarantee(0.1, 0.1)
-    assert STEPS.counts(60, guarantee) == [38, 52, 60]
+    assert STEPS.counts(380, guarantee)[:4] == [38, 52, 65, 78]
+    assert STEPS.counts(380, guarantee)[-1] == 380
     assert binom.cdf(1, 38, 0.1) <= 0.1 < binom.cdf(1, 37, 0.1)
     assert binom.cdf(2, 52, 0.1) <= 0.1 < binom.cdf(2, 51, 0.1)
-    assert STEPS.counts(30, guarantee) == [30]  # too few for any step: all of them, once
-    confidences = [0.99] * 22 + [0.9] * 18 + [0.8] * 15 + [0.6] * 5
-    agrees = [False] + [True] * 21 + [True] * 18 + [False] + [True] * 14 + [False] * 3 + [True] * 2
+    assert STEPS.counts(60, guarantee) == [22, 38, 52, 60]
+    assert STEPS.counts(20, guarantee) == [20]  # too few for any step: all of them, once
+    confidences = [0.99] * 22 + [0.9] * 18 + [0.8] * 15 + [0.6] * 325
+    agrees = [False] + [True] * 21 + [True] * 18 + [False] + [True] * 14
+    agrees += [False] * 100 + [True] * 225
     every = calibrate(confidences, agrees, guarantee, EVERY)
     assert every.threshold is None and len(every.tested) == 1
     assert every.tested[0]["p_value"] == pytest.approx(0.9**22 + 22 * 0.1 * 0.9**21)
@@ -280,14 +285,15 @@ def test_the_steps_grid_worked_out_by_hand_where_one_disagreement_at_the_top_end
     assert [(t["threshold"], t["kept"], t["errors"]) for t in found.tested] == [
         (0.9, 40, 1),
         (0.8, 55, 2),
-        (0.6, 60, 5),
+        (0.6, 380, 102),
     ]
     assert found.tested[0]["p_value"] == pytest.approx(0.9**40 + 40 * 0.1 * 0.9**39)
     assert found.tested[1]["p_value"] == pytest.approx(binom.cdf(2, 55, 0.1))
-    assert found.threshold == 0.8 and found.kept == 55 and found.coverage == pytest.approx(55 / 60)
+    assert found.threshold == 0.8 and found.kept == 55
+    assert found.coverage == pytest.approx(55 / 380)
     assert GRIDS == {"steps": STEPS, "every": EVERY}
     made = calibrate_cascade([TierUnits("one", confidences, agrees)], guarantee)
-    assert made["grid"] == {"name": "steps", "start_errors": 1}
+    assert made["grid"] == {"name": "steps", "start_errors": 1, "start_share": 0.1}
     assert calibrate_cascade([TierUnits("one", confidences, agrees)], guarantee, EVERY)["grid"] == {
         "name": "every"
     }

@@ -76,6 +76,38 @@ def import_(
     terminal(stderr=True).print(f"labels: {found} added to {run_dir / 'labels'}", highlight=False)
 
 
+@labels_app.command("queue")
+@clean_errors
+def queue(
+    for_calibration: Annotated[
+        Path,
+        typer.Option(
+            "--for-calibration",
+            help="a cascade calibration (each tier's run) or one run (a tier of its own)",
+        ),
+    ],
+    size: Annotated[int, typer.Option(help="judgements to draw per tier and stage")] = 20,
+    seed: Annotated[int, typer.Option(help="the draw's seed")] = 0,
+    stage: Annotated[str | None, typer.Option(help="only this stage")] = None,
+    alpha: Annotated[float, typer.Option(help="for one run: the disagreement allowed")] = 0.1,
+    delta: Annotated[float, typer.Option(help="for one run: the chance it may fail")] = 0.1,
+) -> None:
+    """Draw the next judgements to label for a cascade's thresholds: at random among those
+    reaching each tier, unlabelled, at or above the lowest confidence that could still be kept
+    (the band); each draw recorded with its band and seed in the tier's run
+    (labels/calibration-draws.jsonl), walked through by view's labelling page."""
+    from ..reports.audits.cascade import Guarantee
+    from ..reports.audits.cascade_queue import draw_for_calibration, render_draws
+    from ..runtime.contract.errors import UserError
+
+    try:
+        guarantee = Guarantee(alpha, delta)
+    except ValueError as exc:
+        raise UserError(f"--{exc}") from None
+    made = draw_for_calibration(for_calibration, size, seed, guarantee, stage)
+    render_draws(made, terminal(stderr=True))
+
+
 @labels_app.command("override")
 @clean_errors
 def override(

@@ -41,6 +41,7 @@ fewer, and it cannot be given at all (``labels_needed``).
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
@@ -96,32 +97,46 @@ def clopper_pearson_upper(errors: int, kept: int, delta: float) -> float:
 @dataclass(frozen=True)
 class Grid:
     """Which thresholds the fixed sequence tests (``--grid``): one rule set, named in the
-    calibration it makes. Built from the labelled judgements' confidences (highest first) and
-    the guarantee alone, never from their agreement with people."""
+    calibration it makes. Built from the labelled judgements' confidences (highest first), how
+    many there are and the guarantee alone, never from their agreement with people."""
 
     name: str
-    start_errors: int | None  # steps: the disagreements the first tested count allows
+    start_errors: int | None  # steps: the disagreements the first tested count allows ...
+    start_share: float = 0.1  # ... fewer while that count is above this share of the labels
 
     def counts(self, labelled: int, guarantee: Guarantee) -> list[int] | None:
         """How many labelled judgements each tested threshold keeps, highest first (None: every
         distinct confidence from the fewest labels that could pass)."""
         if self.start_errors is None:
             return None
-        from scipy.stats import binom
-
-        out, errors, kept = [], self.start_errors, guarantee.fewest_labels()
-        while kept <= labelled:
-            if binom.cdf(errors, kept, guarantee.alpha) <= guarantee.delta:
-                out.append(kept)
-                errors += 1
-            else:
-                kept += 1
+        firsts = first_counts(labelled, guarantee.alpha, guarantee.delta)
+        start = min(self.start_errors, len(firsts) - 1)
+        while start > 0 and firsts[start] > labelled * self.start_share:
+            start -= 1
+        out = [int(k) for k in firsts[max(start, 0) :]]
         return out if out and out[-1] == labelled else [*out, labelled]
 
     def as_json(self) -> dict[str, Any]:
-        return {"name": self.name} | (
-            {"start_errors": self.start_errors} if self.start_errors is not None else {}
-        )
+        if self.start_errors is None:
+            return {"name": self.name}
+        return {"name": self.name, "start_errors": self.start_errors} | {
+            "start_share": self.start_share
+        }
+
+
+@functools.lru_cache(maxsize=64)
+def first_counts(labelled: int, alpha: float, delta: float) -> tuple[int, ...]:
+    """k_0 < k_1 < ...: the fewest kept judgements with which the exact test lets 0, 1, ...
+    disagreements pass (P[Binomial(k_e, alpha) <= e] <= delta), up to ``labelled``."""
+    import numpy as np
+    from scipy.stats import binom
+
+    kept = np.arange(1, labelled + 1)
+    allowed = binom.ppf(delta, kept, alpha)  # the fewest errors whose P reaches delta...
+    allowed = np.where(binom.cdf(allowed, kept, alpha) <= delta, allowed, allowed - 1)
+    best = np.maximum.accumulate(allowed)  # ...and the most that pass at this count or fewer
+    rises = np.flatnonzero(np.diff(np.concatenate([[-1], best])) > 0)
+    return tuple(int(kept[k]) for k in rises if best[k] >= 0)
 
 
 EVERY = Grid("every", None)
@@ -154,9 +169,11 @@ def calibrate(
     agrees: Sequence[bool],
     guarantee: Guarantee,
     grid: Grid = STEPS,
+    floor: float | None = None,
 ) -> Threshold:
     """Fixed-sequence testing over the ``grid``'s descending thresholds of the confidences seen
-    (the p-values of every level at once; the sequence is read until its first failure)."""
+    (the p-values of every level at once; the sequence is read until its first failure), none
+    below ``floor`` (the band calibration draws were made from: the sequence cut short)."""
     import numpy as np
     from scipy.stats import binom
 
@@ -185,6 +202,8 @@ def calibrate(
     else:  # the level keeping each count (ties kept together: it may keep a few more)
         usable = np.zeros(len(kept), dtype=bool)
         usable[np.unique(np.searchsorted(kept, counts))] = True
+    if floor is not None:
+        usable &= ranked[last] >= floor
     levels, kept, errors = ranked[last][usable], kept[usable], wrong[last][usable]
     p_values = binom.cdf(errors, kept, guarantee.alpha)
     failing = np.flatnonzero(p_values > guarantee.delta)
@@ -252,7 +271,10 @@ class TierUnits:
 
 
 def calibrate_cascade(
-    tiers: Sequence[TierUnits], guarantee: Guarantee, grid: Grid = STEPS
+    tiers: Sequence[TierUnits],
+    guarantee: Guarantee,
+    grid: Grid = STEPS,
+    floors: Sequence[float | None] = (),
 ) -> dict[str, Any]:
     """Each tier calibrated on the labelled units that reach it (those no earlier tier kept), at
     delta / K; the cascade's coverage, abstentions and disagreement on the calibration set."""
@@ -263,7 +285,7 @@ def calibrate_cascade(
     reaching = list(range(count))
     out: list[dict[str, Any]] = []
     kept_errors = kept_total = 0
-    for tier in tiers:
+    for k, tier in enumerate(tiers):
         if len(tier.confidences) != count or len(tier.agrees) != count:
             raise ValueError(f"tier {tier.name}: one confidence and agreement per unit")
         found = calibrate(
@@ -271,6 +293,7 @@ def calibrate_cascade(
             [tier.agrees[u] for u in reaching],
             each,
             grid,
+            floors[k] if k < len(floors) else None,
         )
         keeps = [
             u
@@ -316,6 +339,8 @@ class TierRun:
     labels: dict[tuple[str, str, str], Any]  # (item, stage, asked digest) -> the human label
     kinds: dict[str, str] = field(default_factory=dict)  # stage -> "share", "logprobs", "nli"
     annotators: bool = False  # its members asked with their own wordings (simulated)
+    # per stage, the highest floor its calibration draws used: no threshold below it is tested
+    floors: dict[str, float] = field(default_factory=dict)
 
 
 def read_tier(run_dir: Any, human: dict[tuple[str, str, int], Any] | None) -> TierRun:
@@ -380,8 +405,59 @@ def read_tier(run_dir: Any, human: dict[tuple[str, str, int], Any] | None) -> Ti
         models = next(iter(models_of.values()))
     simulated = manifest.config.get("simulated_annotators") is True
     return TierRun(
-        str(run_dir), manifest.task, members, models, units, skipped, labels, kinds, simulated
+        str(run_dir),
+        manifest.task,
+        members,
+        models,
+        units,
+        skipped,
+        labels,
+        kinds,
+        simulated,
+        band_floors(run_dir),
     )
+
+
+DRAWS = "calibration-draws.jsonl"  # labels/: what labels queue --for-calibration drew
+
+
+def read_draws(run_dir: Any) -> list[dict[str, Any]]:
+    """The run's calibration draws, in order (a line that cannot be read stops in one line)."""
+    import json
+
+    from ...runtime.contract.errors import UserError
+    from ...runtime.store.labels import labels_dir, read_unlinked
+
+    path = labels_dir(run_dir) / DRAWS
+    if not path.is_file():
+        return []
+    out = []
+    for lineno, line in enumerate(read_unlinked(path).splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            found = json.loads(line)
+            draw, units = found["draw"], found["units"]
+            floor = draw["floor"]
+            if floor is not None and not isinstance(floor, int | float):
+                raise TypeError
+            stage = str(draw["stage"])
+            keyed = [(str(u["id"]), int(u["key"])) for u in units]
+        except (ValueError, KeyError, TypeError):
+            said = "record: field draw: not a calibration draw"
+            raise UserError(f"{path}:{lineno}: {said}") from None
+        out.append({"stage": stage, "floor": floor, "draw": draw, "units": keyed})
+    return out
+
+
+def band_floors(run_dir: Any) -> dict[str, float]:
+    """Per stage, the highest floor the run's calibration draws used: no threshold below it is
+    tested (the labels there over-represent the band)."""
+    floors: dict[str, float] = {}
+    for found in read_draws(run_dir):
+        if found["floor"] is not None:
+            floors[found["stage"]] = max(floors.get(found["stage"], 0.0), float(found["floor"]))
+    return floors
 
 
 def as_verdict(rule: Any, label: Any) -> Any:
@@ -517,10 +593,13 @@ def calibrate_runs(
             ],
             guarantee,
             grid,
+            [t.floors.get(stage) for t in tiers],
         )
         thresholds = [t["threshold"] for t in made["tiers"]]
+        floors = [t.floors.get(stage) for t in tiers]
         out["stages"][stage] = {
             "thresholds": thresholds,
+            **({"floors": floors} if any(f is not None for f in floors) else {}),
             "confidence": [t.kinds.get(stage, "share") for t in tiers],
             "calibration": made,
             "check": checked(tiers, stage, check, thresholds, agrees),

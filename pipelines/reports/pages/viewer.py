@@ -372,7 +372,8 @@ class Viewer:
         if stage != SCORE:
             if stage not in state.stages:
                 raise KeyError(f"stage {stage!r}")
-            return [(u.item, u.key, u.combined) for u in state.stages[stage]]
+            every = [(u.item, u.key, u.combined) for u in state.stages[stage]]
+            return drawn_first(every, self.drawn(k, stage))
         from ..people.labels import read_queue
 
         drawn = read_queue(self.paths[k])
@@ -380,6 +381,26 @@ class Viewer:
             return [(r.id, 0, r.score) for r in state.rows if r.score is not None]
         by_id = {r.id: r.score for r in state.rows}
         return [(i, 0, by_id[i]) for i in drawn if i in by_id]
+
+    def drawn(self, k: int, stage: str) -> list[tuple[str, int]]:
+        """The judgements of ``stage`` drawn for a cascade's calibration (``labels queue
+        --for-calibration``), in the order drawn."""
+        from ..audits.cascade import read_draws
+
+        draws = [found for found in read_draws(self.paths[k]) if found["stage"] == stage]
+        return [unit for found in draws for unit in found["units"]]
+
+    def calibration(self, k: int, stage: str) -> dict[str, Any] | None:
+        """What people's labels of ``stage`` give its cascade tier now: its threshold, or the
+        agreeing labels still needed for one (None: the stage has no confidence)."""
+        if stage == SCORE:
+            return None
+        from ..audits.cascade_queue import progress
+
+        try:
+            return progress(self.paths[k], stage)
+        except (UserError, KeyError, ValueError):  # a run it cannot read as a tier: nothing said
+            return None
 
     def queue(self, k: int, annotator: str, stage: str = SCORE) -> dict[str, Any]:
         """Run k's labelling queue of ``stage``: each unit, and the judge's verdict and the label
@@ -404,6 +425,7 @@ class Viewer:
             "stages": [SCORE, *sorted(self.state(k).stages)],
             "items": out,
             "agreement": self._annotators(k, stage),
+            "calibration": self.calibration(k, stage),
         } | self.choices(k, stage)
 
     def _annotators(self, k: int, stage: str) -> dict[str, Any] | None:
@@ -479,6 +501,16 @@ class Viewer:
         records = {item: state.records[state.index[item]]} if item in state.index else {}
         found = add_override(self.paths[k], records, item, score, reason, annotator)
         return {"id": item, "score": found.score, "judge": found.judge}
+
+
+def drawn_first(
+    units: list[tuple[str, int, Any]], drawn: list[tuple[str, int]]
+) -> list[tuple[str, int, Any]]:
+    """``units`` with the drawn ones first, in the order drawn (each once), then the rest."""
+    by_unit = {(item, key): (item, key, verdict) for item, key, verdict in units}
+    first = [by_unit[u] for u in dict.fromkeys(drawn) if u in by_unit]
+    chosen = {(item, key) for item, key, _ in first}
+    return first + [u for u in units if (u[0], u[1]) not in chosen]
 
 
 def _number(value: str | None) -> float | None:
@@ -687,6 +719,9 @@ def make_server(
                     int(key) if key is not None and key.isdigit() else None,
                 )
                 self._json(200, found)
+            elif url.path == "/api/calibration":
+                run, stage = int(query.get("run", "0")), query.get("stage", SCORE)
+                self._json(200, {"calibration": viewer.calibration(run, stage)})
             elif url.path == "/api/ready":
                 self._json(200, {"ready": viewer.ready()})
             elif url.path == "/api/items":
