@@ -6,9 +6,24 @@ no framework imports matplotlib and the report embeds everything it shows.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import warnings
+from collections.abc import Iterator
 from typing import Any
+
+
+@contextlib.contextmanager
+def own_style() -> Iterator[None]:
+    """Matplotlib's own defaults while a figure is drawn, whatever ``matplotlibrc`` it read when
+    imported: it reads one from the folder the command runs in, and a received bundle's could
+    turn on ``text.usetex`` with a LaTeX preamble of its own (LaTeX run here, reading the
+    reader's files into the page) or restyle the page. The caller's settings return after."""
+    import matplotlib
+
+    with matplotlib.rc_context():
+        matplotlib.rcdefaults()  # the backend is kept (Agg, chosen where a figure is made)
+        yield
 
 
 def _svg(figure) -> str:
@@ -85,5 +100,5 @@ def draw(spec: dict[str, Any]) -> str:
     parsed, "$x$" would be mathtext, and a stray "$\\" that fails to parse would stop the page."""
     import matplotlib
 
-    with matplotlib.rc_context({"text.parse_math": False, "text.usetex": False}):
+    with own_style(), matplotlib.rc_context({"text.parse_math": False, "text.usetex": False}):
         return DRAW[spec["kind"]](spec)

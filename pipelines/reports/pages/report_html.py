@@ -79,19 +79,22 @@ def score_plot(scores: list[float]) -> str | None:
         return None
     import matplotlib
 
+    from .plots import own_style
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    figure, axes = plt.subplots(figsize=(5, 2.4), dpi=100)
-    low, high = score_range(scores)
-    axes.hist(np.asarray(scores, dtype=float), bins=20, range=(low, high), color="#4a7ab5")
-    axes.set_xlim(low, high)
-    axes.set_xlabel("score")
-    axes.set_ylabel("items")
-    figure.tight_layout()
     buffer = io.StringIO()
-    figure.savefig(buffer, format="svg")
-    plt.close(figure)
+    with own_style():  # not a matplotlibrc of the folder the command runs in
+        figure, axes = plt.subplots(figsize=(5, 2.4), dpi=100)
+        low, high = score_range(scores)
+        axes.hist(np.asarray(scores, dtype=float), bins=20, range=(low, high), color="#4a7ab5")
+        axes.set_xlim(low, high)
+        axes.set_xlabel("score")
+        axes.set_ylabel("items")
+        figure.tight_layout()
+        figure.savefig(buffer, format="svg")
+        plt.close(figure)
     svg = buffer.getvalue()
     return svg[svg.index("<svg") :]  # drop the XML prolog and doctype: inline in HTML
 

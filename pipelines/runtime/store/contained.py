@@ -50,8 +50,15 @@ def links_out(run_dir: Path) -> list[str]:
     """The links inside ``run_dir`` (at any depth; a linked folder is not entered) that lead out
     of it once resolved, or nowhere: their paths relative to it. One directory listing per
     folder (the entries' types come with it): cheap enough for every read of a manifest."""
+    return _unreadable(run_dir)[0]
+
+
+def _unreadable(run_dir: Path) -> tuple[list[str], list[str]]:
+    """What in ``run_dir`` is not read: the links leading out of it, and the entries that are
+    neither a regular file, a folder nor a link (a FIFO, a socket, a device: a read of a FIFO
+    named ``results.jsonl`` would wait forever), each relative to it, in one walk."""
     root = Path(run_dir).resolve()
-    found = []
+    found, special = [], []
     folders = [root]
     while folders:
         try:
@@ -65,7 +72,9 @@ def links_out(run_dir: Path) -> list[str]:
                         found.append(Path(entry.path).relative_to(root).as_posix())
                 elif entry.is_dir(follow_symlinks=False):
                     folders.append(Path(entry.path))
-    return sorted(found)
+                elif not entry.is_file(follow_symlinks=False):
+                    special.append(Path(entry.path).relative_to(root).as_posix())
+    return sorted(found), sorted(special)
 
 
 def _leads_inside(link: Path, root: Path) -> bool:
@@ -76,15 +85,24 @@ def _leads_inside(link: Path, root: Path) -> bool:
 
 
 def refuse_links_out(run_dir: Path) -> None:
-    """A run directory is read only when no link inside it leads out of it: one line naming
-    the links, otherwise (checked at every read of its manifest: a run is never read without)."""
-    out = links_out(run_dir)
+    """A run directory is read only when no link inside it leads out of it and nothing in it is
+    a FIFO, socket or device: one line naming them, otherwise (checked at every read of its
+    manifest: a run is never read without)."""
+    out, special = _unreadable(run_dir)
     if out:
-        shown = ", ".join(out[:3]) + (f" and {len(out) - 3} more" if len(out) > 3 else "")
         raise UserError(
-            f"{run_dir}: holds symbolic links leading out of it ({shown}): not read (a run is "
-            "read only from inside its directory)"
+            f"{run_dir}: holds symbolic links leading out of it ({_some(out)}): not read (a run "
+            "is read only from inside its directory)"
         )
+    if special:
+        raise UserError(
+            f"{run_dir}: holds entries that are not files ({_some(special)}: a FIFO, socket or "
+            "device): not read (a read of one could wait forever)"
+        )
+
+
+def _some(names: list[str]) -> str:
+    return ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
 
 
 def note(line: str) -> None:

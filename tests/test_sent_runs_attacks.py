@@ -1,0 +1,118 @@
+"""A run you receive is data, tried as its sender would try it after the sent-runs suites:
+entries of a run directory that are not files (a FIFO named ``results.jsonl``, which every
+reader would wait on forever) are refused in one line; a ``matplotlibrc`` in the folder the
+command runs in (a received bundle, opened from inside it) neither restyles the page nor turns
+on ``text.usetex``, which runs LaTeX with a preamble of the sender's. The readers run in this
+process (``CliRunner``)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import threading
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner, Result
+
+import groundcover
+from groundcover.pipelines.cli.main import app
+from groundcover.pipelines.runtime.contract import plugins
+
+FIXTURE = Path(__file__).parent / "fixtures" / "frameworks" / "last_week.py"
+ANSWERS = {"Paris.": "yes", "Blue, mostly.": "partly", "I like tea.": "no"}  # 1, 0.5, 0
+
+
+@pytest.fixture(scope="module")
+def made(tmp_path_factory) -> Path:
+    """A finished run of the one-file framework ``last_week.py`` (scripted judge: 1, 0.5, 0)."""
+    from groundcover.testing import ScriptedClient, field_of
+
+    root = tmp_path_factory.mktemp("made")
+    _, found = plugins.from_file(str(FIXTURE))
+    items = root / "items.jsonl"
+    rows = [{"id": f"q{k}", "question": f"Q{k}?", "answer": a} for k, a in enumerate(ANSWERS)]
+    items.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    judge = ScriptedClient({"last-week": lambda prompt: ANSWERS[field_of(prompt, "Answer")]})
+    groundcover.evaluate(
+        found,
+        options={"input": str(items)},
+        client=judge,
+        run={"run_dir": str(root / "run"), "cache": None},
+    )
+    plugins._GIVEN.pop(found.name, None)  # given to make the run, not to read it
+    return root / "run"
+
+
+@pytest.fixture(autouse=True)
+def own_home(monkeypatch, tmp_path) -> None:
+    monkeypatch.setenv("GROUNDCOVER_HOME", str(tmp_path / "home"))
+    monkeypatch.setattr(plugins, "_SAID", set())
+
+
+def cli(*args: object) -> Result:
+    return CliRunner().invoke(app, [str(a) for a in args])
+
+
+def received(made: Path, where: Path) -> Path:
+    run = where / "bundle" / "run"
+    shutil.copytree(made, run)
+    return run
+
+
+def within(seconds: float, *args: object, unblock: Path) -> Result:
+    """``cli(*args)``, failing the test if it is still running after ``seconds`` (the FIFO
+    ``unblock`` is then opened for writing and closed, so a reader waiting on it ends)."""
+    done: list[Result] = []
+    worker = threading.Thread(target=lambda: done.append(cli(*args)), daemon=True)
+    worker.start()
+    worker.join(seconds)
+    if worker.is_alive():
+        os.close(os.open(unblock, os.O_WRONLY | os.O_NONBLOCK))  # the waiting reader sees EOF
+        worker.join(10)
+        pytest.fail(f"{' '.join(map(str, args))}: waited on the FIFO {unblock}")
+    return done[0]
+
+
+@pytest.mark.parametrize("name", ["results.jsonl", "labels/labels.jsonl"])
+def test_a_fifo_in_a_sent_run_is_refused_in_one_line_not_waited_on(made, tmp_path, name):
+    run = received(made, tmp_path)
+    fifo = run / name
+    fifo.parent.mkdir(exist_ok=True)
+    fifo.unlink(missing_ok=True)
+    os.mkfifo(fifo)
+    for args in (
+        ("report", run, "--json"),
+        ("labels", "export", run, tmp_path / "labels.csv"),
+        ("agreement", run, "--json"),
+    ):
+        result = within(60, *args, unblock=fifo)
+        assert result.exit_code != 0, result.output
+        lines = result.output.strip().splitlines()
+        assert len(lines) == 1 and "not files" in lines[0] and name in lines[0], result.output
+
+
+def test_a_matplotlibrc_where_the_command_runs_neither_styles_the_page_nor_runs_latex(
+    made, tmp_path
+):
+    """matplotlib reads ``./matplotlibrc`` when it is imported: as the reader standing in the
+    bundle would have it, the planted file's settings are in force while the page is made."""
+    import matplotlib
+
+    run = received(made, tmp_path)
+    planted = run.parent / "matplotlibrc"
+    planted.write_text(
+        "axes.facecolor: 0badc0\n"
+        "svg.fonttype: none\n"
+        "text.usetex: True\n"
+        "text.latex.preamble: \\input{/etc/hostname}\n"
+    )
+    page = tmp_path / "page.html"
+    with matplotlib.rc_context(fname=str(planted)):
+        result = cli("report", run, "--html", page)
+        assert matplotlib.rcParams["text.usetex"]  # still the caller's settings afterwards
+    assert result.exit_code == 0, result.output  # no LaTeX asked for (none here: it would fail)
+    shown = page.read_text(encoding="utf-8")
+    assert "<svg" in shown  # the score plot is there
+    assert "0badc0" not in shown and "<text" not in shown  # in matplotlib's own style
