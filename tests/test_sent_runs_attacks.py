@@ -116,3 +116,59 @@ def test_a_matplotlibrc_where_the_command_runs_neither_styles_the_page_nor_runs_
     shown = page.read_text(encoding="utf-8")
     assert "<svg" in shown  # the score plot is there
     assert "0badc0" not in shown and "<text" not in shown  # in matplotlib's own style
+
+
+@pytest.fixture(scope="module")
+def installed_run(tmp_path_factory) -> Path:
+    """A finished run of an installed framework (comprehensiveness, e2e, scripted judge), whose
+    inputs the package's code reads for item text."""
+    from tests.support.scripted import ScriptedClient, field_of
+    from tests.test_report_html import ITEMS, OUTPUTS
+
+    root = tmp_path_factory.mktemp("installed")
+    data = root / "items.jsonl"
+    data.write_text("".join(json.dumps(i) + "\n" for i in ITEMS))
+    client = ScriptedClient(
+        {"coverage": lambda p: OUTPUTS[field_of(p, "Answer")]}, check_constraints=False
+    )
+    options = {"input": data, "method": "e2e", "summarise": False, "export_graphs": False}
+    done = groundcover.evaluate(
+        "comprehensiveness",
+        options=options,
+        run={"run_dir": root / "run", "cache": None},
+        client=client,
+    )
+    return done.run_dir
+
+
+def test_a_model_a_sent_run_names_is_neither_looked_up_on_the_hub_nor_hashed(
+    installed_run, tmp_path, monkeypatch
+):
+    """Item text rests on the run's files: opening a run whose options name a hub id asks the
+    Hub nothing (the id is the sender's choice, asked with the reader's token), and one naming
+    a folder of the reader's as a model does not have it hashed."""
+    from groundcover.serving import content
+
+    asked: list[str] = []
+    hashed: list[str] = []
+    monkeypatch.setattr(content, "_hub_commit", lambda repo, rev: asked.append(repo))
+    real_digest = content.digest_path
+    monkeypatch.setattr(
+        content, "digest_path", lambda path, *a: hashed.append(str(path)) or real_digest(path, *a)
+    )
+    reader_models = tmp_path / "reader" / "models"
+    reader_models.mkdir(parents=True)
+    (reader_models / "weights.bin").write_bytes(b"mine")
+    for model in ("sender/beacon-3e1f", str(reader_models)):
+        run = tmp_path / Path(model).name / "run"
+        shutil.copytree(installed_run, run)
+        manifest = json.loads((run / "manifest.json").read_text())
+        manifest["options"]["prune_model"] = model
+        (run / "manifest.json").write_text(json.dumps(manifest))
+        out = run.parent / "rows.csv"
+        exported = cli("report", run, "--export", out)
+        assert exported.exit_code == 0, exported.output
+        assert "Where?" in out.read_text(encoding="utf-8")  # the item text, from its files
+        labelled = cli("labels", "export", run, run.parent / "labels.csv")
+        assert labelled.exit_code == 0, labelled.output
+    assert asked == [] and str(reader_models) not in hashed

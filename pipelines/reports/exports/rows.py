@@ -105,8 +105,9 @@ def run_items(
             "text (rerun it here to record them)"
         ]
     try:
-        if manifest.inputs is not None:
-            now, then = input_digests(input_records(options)), input_digests(manifest.inputs)
+        if manifest.inputs is not None:  # the files items are read from; never a model
+            files = {k: v for k, v in manifest.inputs.items() if v.get("kind") != "model"}
+            now, then = input_digests(input_records(options, models=False)), input_digests(files)
             if now != then:
                 changed = [k for k in sorted(set(now) | set(then)) if now.get(k) != then.get(k)]
                 return None, [

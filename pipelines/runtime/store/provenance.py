@@ -136,14 +136,17 @@ def without_input_paths(dump: dict[str, Any], options: BaseModel) -> dict[str, A
     return out
 
 
-def input_records(options: Any) -> dict[str, dict[str, Any]]:
+def input_records(options: Any, models: bool = True) -> dict[str, dict[str, Any]]:
     """Every content input of ``options`` by field name: ``{"path", "sha256", "size", "files",
-    "kind"}`` (a model that is no local path: its hub commit, or ``unresolved``)."""
+    "kind"}`` (a model that is no local path: its hub commit, or ``unresolved``). ``models``:
+    False leaves the models out (a run's item text rests on its files alone, and a model a
+    received run names would be looked up on the Hub, or a folder of the reader's hashed)."""
     if not isinstance(options, BaseModel):
         return {}
     out: dict[str, dict[str, Any]] = {}
     for name, marker, value in _content_fields(options):
-        out[name] = _record(name, marker, value)
+        if models or marker.kind != "model":
+            out[name] = _record(name, marker, value)
     return out
 
 
