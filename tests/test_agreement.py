@@ -273,7 +273,7 @@ def test_the_sampling_figure_draws_as_agreement_does(tmp_path):
         "graded": 5,
         "seeds": 4,
     }
-    assert set(found["draws"]) == {"random", "stratified", "balanced"}
+    assert set(found["draws"]) == {"random", "stratified", "balanced", "active"}
     for by_size in found["draws"].values():
         assert [d["labels"] for d in by_size["2"]] == [2, 2, 2, 2]
     assert out.with_suffix(".svg").read_text().lstrip().startswith("<?xml")

@@ -39,8 +39,22 @@ def agreement(
     ] = None,
     strategy: Annotated[
         str,
-        typer.Option(help="with --sample: random | stratified | balanced (by the judge's verdict)"),
+        typer.Option(
+            help="with --sample: random | stratified | balanced (by the judge's verdict) | "
+            "active (each item by the judge's confidence)"
+        ),
     ] = "stratified",
+    label_cost: Annotated[
+        float | None,
+        typer.Option(
+            help="with --strategy active: what a person's label costs (with --judge-cost: "
+            "the cost-optimal share of items labelled; --sample then caps it)"
+        ),
+    ] = None,
+    judge_cost: Annotated[
+        float | None,
+        typer.Option(help="with --strategy active: what one judgement of the judge costs"),
+    ] = None,
     seed: Annotated[
         int, typer.Option(help="with --sample or an audit that asks again: the draw's seed")
     ] = 0,
@@ -101,10 +115,22 @@ def agreement(
     from ..runtime.contract.plugins import trust_files
 
     trust_files(framework_file, trust)
-    if sample is not None:
+    if (label_cost is None) != (judge_cost is None):
+        raise UserError("--label-cost and --judge-cost: both or neither")
+    costs = None
+    if label_cost is not None and judge_cost is not None:
+        if strategy != "active":
+            raise UserError("--label-cost and --judge-cost: with --strategy active")
+        from ..reports.people.active import Costs
+
+        try:
+            costs = Costs(judge_cost, label_cost)
+        except ValueError as exc:
+            raise UserError(f"--{exc}") from None
+    if sample is not None or costs is not None:
         from ..reports.people.labels import draw_for_runs
 
-        draw_for_runs(run_dir, sample, strategy, seed, terminal())
+        draw_for_runs(run_dir, sample, strategy, seed, terminal(), costs)
         return
     audits = {"--swap-audit": swap_audit, "--rerun": rerun, "--paraphrase": paraphrase}
     asked = [name for name, k in audits.items() if k is not None]

@@ -19,7 +19,10 @@ Strategies (seeded; strata are the judge's verdicts: each distinct score where t
 - ``random``: a simple random sample (every weight N / n: equal, so nothing is reweighted);
 - ``stratified``: proportional allocation, at least one item per stratum (weights N_h / n_h);
 - ``balanced``: as equal a share per stratum as the strata allow, so a rare verdict is labelled
-  as often as a common one (weights N_h / n_h, unequal).
+  as often as a common one (weights N_h / n_h, unequal);
+- ``active``: each item with its own probability, from the judge's confidence (where it is
+  unsure, more likely), cost-optimal given what a judgement and a label cost (``people.active``;
+  each line also keeps its ``inclusion`` probability, the header the ``design``).
 """
 
 from __future__ import annotations
@@ -48,8 +51,8 @@ from ...runtime.store.labels import run_labels as run_labels
 
 QUEUE = "queue.jsonl"
 MAX_LEVELS = 6  # a score with at most this many distinct values is stratified by value
-Strategy = Literal["random", "stratified", "balanced"]
-STRATEGIES: tuple[str, ...] = ("random", "stratified", "balanced")
+Strategy = Literal["random", "stratified", "balanced", "active"]
+STRATEGIES: tuple[str, ...] = ("random", "stratified", "balanced", "active")
 Z95 = 1.959963984540054
 
 
@@ -61,6 +64,7 @@ class Drawn:
     judge: float
     stratum: str
     weight: float
+    inclusion: float | None = None  # an active draw's: the item's inclusion probability
 
 
 @dataclass
@@ -69,10 +73,12 @@ class Queue:
     seed: int
     strata: dict[str, dict[str, int]]  # stratum -> {"items": N_h, "drawn": n_h}
     items: list[Drawn]
+    design: dict[str, Any] | None = None  # an active draw's: where its probabilities came from
 
     def header(self) -> dict[str, Any]:
         found = {"strategy": self.strategy, "seed": self.seed, "size": len(self.items)}
-        return {"queue": found | {"strata": self.strata}}
+        design = {"design": self.design} if self.design is not None else {}
+        return {"queue": found | {"strata": self.strata} | design}
 
     def expected_half_width(self, spread: float) -> dict[str, float]:
         """The 95% half-width the labels alone would give at this size, taking the judge's
@@ -95,16 +101,29 @@ def strata_of(scores: dict[str, float]) -> dict[str, str]:
     return {i: names[int(np.searchsorted(edges, s, side="right"))] for i, s in scores.items()}
 
 
-def draw(records: Sequence[ItemResult], size: int, strategy: str, seed: int = 0) -> Queue:
-    """A labelling queue of ``size`` scored items (fewer if the run has fewer)."""
+def draw(
+    records: Sequence[ItemResult],
+    size: int | None,
+    strategy: str,
+    seed: int = 0,
+    costs: Any = None,
+) -> Queue:
+    """A labelling queue of ``size`` scored items (fewer if the run has fewer); ``active``:
+    each item drawn with its probability from the judge's confidence (``people.active``; with
+    ``costs``, the cost-optimal share, at most ``size``)."""
     if strategy not in STRATEGIES:
         raise UserError(f"--strategy must be one of {', '.join(STRATEGIES)}, got {strategy!r}")
-    if size < 1:
+    if size is not None and size < 1:
         raise UserError(f"--sample must be at least 1, got {size}")
+    if size is None and (strategy != "active" or costs is None):
+        raise UserError("--sample N: how many items to draw (or --strategy active with costs)")
     scores = {r.id: float(r.score) for r in records if r.score is not None}
     if not scores:
         raise UserError("no item of the run has a score: nothing to label against")
     rng = np.random.default_rng(seed)
+    if strategy == "active":
+        return draw_active([r for r in records if r.id in scores], size, seed, rng, costs)
+    assert size is not None
     groups: dict[str, list[str]] = {}
     if strategy == "random":
         groups["all"] = sorted(scores)
@@ -122,6 +141,49 @@ def draw(records: Sequence[ItemResult], size: int, strategy: str, seed: int = 0)
         drawn += [Drawn(members[k], scores[members[k]], name, weight) for k in picked]
     order = rng.permutation(len(drawn))  # label in a random order, not stratum by stratum
     return Queue(strategy, seed, strata, [drawn[k] for k in order])
+
+
+def draw_active(
+    records: Sequence[ItemResult],
+    size: int | None,
+    seed: int,
+    rng: np.random.Generator,
+    costs: Any,
+) -> Queue:
+    """Each item with its inclusion probability from the judge's confidence, drawn by
+    randomised systematic sampling; the design recorded (costs, the mix, where the uncertainty
+    came from, the labels expected)."""
+    from .active import MIX, inclusion, systematic, uncertainty
+
+    ordered = sorted(records, key=lambda r: r.id)
+    read = [uncertainty(r) for r in ordered]
+    scores = np.array([float(r.score) for r in ordered])  # type: ignore[arg-type]
+    spread = float(scores.var())
+    probabilities = inclusion([u for u, _ in read], size, spread, costs)
+    picked = systematic(probabilities, rng)
+    items = [
+        Drawn(
+            ordered[k].id,
+            float(scores[k]),
+            "active",
+            1.0 / float(probabilities[k]),
+            float(probabilities[k]),
+        )
+        for k in picked
+    ]
+    design = {
+        "inclusion": "root of the judge's expected squared error (Zrnic and Candes 2024)",
+        "uncertainty": sorted({how for _, how in read}),
+        "mix": MIX,
+        "expected_labels": float(probabilities.sum()),
+        "judge_score_variance": spread,
+    }
+    if costs is not None:
+        design["costs"] = {"judge": costs.judge, "person": costs.person}
+        design["inclusion"] = "cost-optimal (Angelopoulos et al. 2025)"
+    order = rng.permutation(len(items))
+    strata = {"active": {"items": len(ordered), "drawn": len(items)}}
+    return Queue("active", seed, strata, [items[k] for k in order], design)
 
 
 def allocate(sizes: dict[str, int], total: int, strategy: str) -> dict[str, int]:
@@ -175,6 +237,7 @@ def write_queue(run_dir: Path, queue: Queue) -> Path:
     lines = [queue.header()] + [
         {"id": d.id, "stage": "score", "key": 0, "judge": d.judge}
         | {"stratum": d.stratum, "weight": d.weight}
+        | ({"inclusion": d.inclusion} if d.inclusion is not None else {})
         for d in queue.items
     ]
     write_atomic(path, "".join(json.dumps(line) + "\n" for line in lines), within=run_dir)
@@ -233,13 +296,20 @@ def annotator_units(run_dir: Path, stage: str) -> dict[str, dict[tuple[str, int]
     return found
 
 
-def draw_for_runs(paths: Sequence[Path], size: int, strategy: str, seed: int, out: Any) -> None:
+def draw_for_runs(
+    paths: Sequence[Path],
+    size: int | None,
+    strategy: str,
+    seed: int,
+    out: Any,
+    costs: Any = None,
+) -> None:
     """``agreement --sample``: a queue per run, and the interval its labels should give."""
     from ...runtime.store.run_dir import RESULTS, results_by_id, run_directories
 
     for run_dir in run_directories(list(paths)):
         records = results_by_id(run_dir / RESULTS)
-        queue = draw(records, size, strategy, seed)
+        queue = draw(records, size, strategy, seed, costs)
         path = write_queue(run_dir, queue)
         judged = [r.score for r in records if r.score is not None]
         spread = float(np.std(judged, ddof=1)) if len(judged) > 1 else 0.0
@@ -247,6 +317,14 @@ def draw_for_runs(paths: Sequence[Path], size: int, strategy: str, seed: int, ou
         strata = ", ".join(f"{k}: {v['drawn']} of {v['items']}" for k, v in queue.strata.items())
         out.print(f"queue: {path}", highlight=False, soft_wrap=True)
         out.print(f"  {len(queue.items)} items ({strategy}, seed {seed}); {strata}")
+        if queue.design is not None:
+            design = queue.design
+            out.print(
+                f"  inclusion: {design['inclusion']}, from the judge's "
+                f"{' and '.join(design['uncertainty'])}, {design['mix']:.0%} spread evenly; "
+                f"{design['expected_labels']:.1f} labels expected",
+                highlight=False,
+            )
         out.print(
             f"  expected 95% interval at {expect['labels']} labels: about +-"
             f"{expect['half_width']:.3f} from the labels alone (the judge's score spread "
