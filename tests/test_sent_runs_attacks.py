@@ -7,11 +7,15 @@ process (``CliRunner``)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
+import sqlite3
 import threading
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from typer.testing import CliRunner, Result
@@ -172,3 +176,74 @@ def test_a_model_a_sent_run_names_is_neither_looked_up_on_the_hub_nor_hashed(
         labelled = cli("labels", "export", run, run.parent / "labels.csv")
         assert labelled.exit_code == 0, labelled.output
     assert asked == [] and str(reader_models) not in hashed
+
+
+@contextlib.contextmanager
+def senders_judge(asked: list[str]) -> Iterator[str]:
+    """A chat-completions server on loopback, as a sender would run one: it lists ``judge``
+    and answers every comparison with a relation of its choosing."""
+    from aiohttp import web
+
+    from tests.support.loopback import serve_app
+
+    async def models(request: web.Request) -> web.Response:
+        return web.json_response({"object": "list", "data": [{"id": "judge", "root": "judge"}]})
+
+    async def complete(request: web.Request) -> web.Response:
+        asked.append(request.path)
+        text = "the sender says\n324 metres - the full height [first implies second]"
+        choice = {"index": 0, "message": {"role": "assistant", "content": text}}
+        usage = {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}
+        return web.json_response(
+            {"id": "x", "choices": [choice | {"finish_reason": "stop"}]} | {"usage": usage}
+        )
+
+    application = web.Application()
+    application.router.add_get("/v1/models", models)
+    application.router.add_post("/v1/chat/completions", complete)
+    with serve_app(application) as url:
+        yield url
+
+
+def test_an_audit_asking_the_endpoint_a_run_records_keeps_nothing_in_the_readers_cache(
+    tmp_path,
+):
+    """A sent run names its sender's server as its judge's endpoint and claims for it the
+    content of the reader's own judge (a directory's SHA-256): ``agreement --swap-audit`` asks
+    it (documented), but its answers are not put in the reader's response cache, where they
+    would answer the reader's own runs of that model. Named with --endpoint, they are."""
+    from groundcover.pipelines.comprehensiveness.common import ComprehensivenessOptions
+    from groundcover.pipelines.comprehensiveness.framework import COMPREHENSIVENESS
+    from tests.support.scripted import ScriptedClient
+    from tests.test_exact_scores import ITEM, QA_SCRIPTS
+    from tests.test_runtime import run as make_run
+
+    data = tmp_path / "items.jsonl"
+    data.write_text(json.dumps(ITEM.model_dump()) + "\n")
+    options = ComprehensivenessOptions(input=data, method="qa", protocol="spec")
+    made = tmp_path / "made"
+    make_run(COMPREHENSIVENESS, options, ScriptedClient(QA_SCRIPTS), made)
+    claimed = {"revision": "sha256:" + "ab" * 32, "source": "directory", "path": "/models/mine"}
+    home = tmp_path / "home"
+    asked: list[str] = []
+    with senders_judge(asked) as url:
+        for named in (False, True):
+            run = tmp_path / f"named-{named}" / "run"
+            shutil.copytree(made, run)
+            manifest = json.loads((run / "manifest.json").read_text())
+            manifest["roles"]["judge"] |= {"endpoint": url, "content": {"base": claimed}}
+            (run / "manifest.json").write_text(json.dumps(manifest))
+            given = ["--endpoint", url] if named else []
+            audited = cli("agreement", run, "--swap-audit", 2, *given)
+            assert audited.exit_code == 0, audited.output
+            assert "1 of 2 comparisons flip" in audited.output  # the sender's answers, counted
+            cached = home / "responses.sqlite"
+            if not named:
+                assert len(asked) == 2
+                assert not cached.exists() or rows_of(cached) == []
+    assert len(asked) == 4 and len(rows_of(cached)) == 2  # named: kept, as any endpoint's
+
+
+def rows_of(cache: Path) -> list[tuple[Any, ...]]:
+    with contextlib.closing(sqlite3.connect(cache)) as db:
+        return db.execute("SELECT model, revision FROM responses").fetchall()

@@ -39,7 +39,14 @@ from ...runtime.contract.context import ItemContext
 from ...runtime.contract.panels import asked_digest, panel_members, split_member
 from ...runtime.contract.results import Judgement, StageFailed
 from ..people.labels import append_labels_to
-from .swap import done_before, draw, flip_summary, judge_config, known_by_content
+from .swap import (
+    done_before,
+    draw,
+    flip_summary,
+    judge_config,
+    known_by_content,
+    reader_cache,
+)
 
 RERUN = "rerun-audit.jsonl"
 PARAPHRASE = "paraphrase-audit.jsonl"
@@ -251,7 +258,7 @@ async def _audit_one(
     members = sorted({m for c in recorded_judgements(run) for m in c.members})
     if not members:
         return await reask_audit(run, kind, k, seed, {})
-    cache = cache_root() / "responses.sqlite"
+    cache = reader_cache(cache_root(), endpoint)  # none for the endpoint the run records
     async with contextlib.AsyncExitStack() as stack:
         clients = {}
         for member in members:

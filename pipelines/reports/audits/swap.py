@@ -215,6 +215,14 @@ def judge_config(run: Any, stage: str, model: str | None, endpoint: str | None) 
     return EvaluatorConfig.model_validate({"model": model, "endpoint": endpoint} | fields)
 
 
+def reader_cache(home: Path, endpoint: str | None) -> Path | None:
+    """The reader's response cache, for a judge at an endpoint the user named; none for the
+    endpoint a run records: anyone could have written that, and its server could answer as
+    whatever model the run claims to be, answers the cache would then give the reader's own
+    runs of that model. What an audit asked is kept in the run (``labels/``) either way."""
+    return home / "responses.sqlite" if endpoint is not None else None
+
+
 def known_by_content(cfg: Any) -> Any:
     """``cfg`` with its model resolved by content where the manifest's record did not come
     with it (another judge, or one moved): its endpoint is asked for its models first."""
@@ -230,7 +238,7 @@ def audit_runs(
     run_dir: Sequence[Path], k: int, seed: int, model: str | None, endpoint: str | None
 ) -> list[dict[str, Any]]:
     """``swap_audit`` of every run under ``run_dir``, each asking the judge its manifest
-    records (the response cache answers what was asked before)."""
+    records (the reader's response cache only for an endpoint named: ``reader_cache``)."""
     from ....serving.launch.embedded import cache_root
     from ...runtime.execution.models import open_evaluator
     from ...runtime.store.run_dir import run_directories
@@ -242,7 +250,7 @@ def audit_runs(
         if not candidates:
             return await swap_audit(directory, k, seed, None)
         cfg = known_by_content(judge_config(run, candidates[0].pair.stage, model, endpoint))
-        cache = cache_root() / "responses.sqlite"
+        cache = reader_cache(cache_root(), endpoint)
         async with open_evaluator(cfg, directory, cache) as client:
             return await swap_audit(directory, k, seed, client)
 
