@@ -131,6 +131,24 @@ def test_the_queue_draws_from_the_band_records_it_and_the_page_counts_down(tmp_p
         )
     after = viewer.calibration(0, "judge")
     assert after["labelled"] == 15 and after["labels_needed"] == 30
+    # the page asks the server for it after each label
+    import threading
+    import urllib.request
+
+    from groundcover.pipelines.reports.pages.viewer import make_server
+    from tests.test_view_labels import get
+
+    server = make_server(viewer, "127.0.0.1", 0, None)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    base = f"http://127.0.0.1:{server.server_address[1]}"
+    try:
+        assert get(f"{base}/api/calibration?run=0&stage=judge") == {"calibration": after}
+        with urllib.request.urlopen(f"{base}/label?run=0&stage=judge", timeout=30) as response:
+            page = response.read().decode()
+        assert 'id="needed"' in page and "/api/calibration?run=" in page
+    finally:
+        server.shutdown()
+        server.server_close()
 
     # calibrating: no threshold below the floor is tested
     cal = CliRunner().invoke(
