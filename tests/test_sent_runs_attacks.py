@@ -205,34 +205,47 @@ def senders_judge(asked: list[str]) -> Iterator[str]:
         yield url
 
 
-def test_an_audit_asking_the_endpoint_a_run_records_keeps_nothing_in_the_readers_cache(
-    tmp_path,
-):
-    """A sent run names its sender's server as its judge's endpoint and claims for it the
-    content of the reader's own judge (a directory's SHA-256): ``agreement --swap-audit`` asks
-    it (documented), but its answers are not put in the reader's response cache, where they
-    would answer the reader's own runs of that model. Named with --endpoint, they are."""
+@pytest.fixture(scope="module")
+def qa_made(tmp_path_factory) -> Path:
+    """A finished comprehensiveness Q&A run (scripted) whose judge decided two comparisons of
+    two texts: what ``agreement --swap-audit`` asks again, swapped."""
     from groundcover.pipelines.comprehensiveness.common import ComprehensivenessOptions
     from groundcover.pipelines.comprehensiveness.framework import COMPREHENSIVENESS
     from tests.support.scripted import ScriptedClient
     from tests.test_exact_scores import ITEM, QA_SCRIPTS
     from tests.test_runtime import run as make_run
 
-    data = tmp_path / "items.jsonl"
+    root = tmp_path_factory.mktemp("qa")
+    data = root / "items.jsonl"
     data.write_text(json.dumps(ITEM.model_dump()) + "\n")
     options = ComprehensivenessOptions(input=data, method="qa", protocol="spec")
-    made = tmp_path / "made"
-    make_run(COMPREHENSIVENESS, options, ScriptedClient(QA_SCRIPTS), made)
+    make_run(COMPREHENSIVENESS, options, ScriptedClient(QA_SCRIPTS), root / "run")
+    return root / "run"
+
+
+def with_judge(made: Path, run: Path, **recorded: Any) -> Path:
+    """A copy of ``made`` as ``run`` whose manifest records ``recorded`` for its judge."""
+    shutil.copytree(made, run)
+    manifest = json.loads((run / "manifest.json").read_text())
+    manifest["roles"]["judge"] |= recorded
+    (run / "manifest.json").write_text(json.dumps(manifest))
+    return run
+
+
+def test_an_audit_asking_the_endpoint_a_run_records_keeps_nothing_in_the_readers_cache(
+    qa_made, tmp_path
+):
+    """A sent run names its sender's server as its judge's endpoint and claims for it the
+    content of the reader's own judge (a directory's SHA-256): ``agreement --swap-audit`` asks
+    it (documented), but its answers are not put in the reader's response cache, where they
+    would answer the reader's own runs of that model. Named with --endpoint, they are."""
     claimed = {"revision": "sha256:" + "ab" * 32, "source": "directory", "path": "/models/mine"}
     home = tmp_path / "home"
     asked: list[str] = []
     with senders_judge(asked) as url:
         for named in (False, True):
-            run = tmp_path / f"named-{named}" / "run"
-            shutil.copytree(made, run)
-            manifest = json.loads((run / "manifest.json").read_text())
-            manifest["roles"]["judge"] |= {"endpoint": url, "content": {"base": claimed}}
-            (run / "manifest.json").write_text(json.dumps(manifest))
+            where = tmp_path / f"named-{named}" / "run"
+            run = with_judge(qa_made, where, endpoint=url, content={"base": claimed})
             given = ["--endpoint", url] if named else []
             audited = cli("agreement", run, "--swap-audit", 2, *given)
             assert audited.exit_code == 0, audited.output
@@ -247,3 +260,17 @@ def test_an_audit_asking_the_endpoint_a_run_records_keeps_nothing_in_the_readers
 def rows_of(cache: Path) -> list[tuple[Any, ...]]:
     with contextlib.closing(sqlite3.connect(cache)) as db:
         return db.execute("SELECT model, revision FROM responses").fetchall()
+
+
+@pytest.mark.parametrize("endpoint", [None, "started for this run"])
+def test_an_audit_starts_no_model_a_run_names_without_an_endpoint(qa_made, tmp_path, endpoint):
+    """A run recording no URL for its judge (null, or a judge started for the run) would have
+    an audit start the model it names here (a hub id downloaded, a folder of the bundle's
+    loaded): refused in one line unless the user names the model or the endpoint (--rerun and
+    --paraphrase find their judge the same way, ``judge_config``)."""
+    run = with_judge(qa_made, tmp_path / "run", endpoint=endpoint, model="sender/evil-model")
+    refused = cli("agreement", run, "--swap-audit", 1)
+    assert refused.exit_code != 0, refused.output
+    lines = refused.output.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error:"), refused.output
+    assert "records no endpoint for role 'judge'" in lines[0] and "--endpoint" in lines[0]

@@ -194,6 +194,7 @@ def judge_config(run: Any, stage: str, model: str | None, endpoint: str | None) 
 
     role = run.framework.role_of(stage, "judge")
     recorded = (run.manifest.roles or {}).get(role) or {}
+    named_model = model is not None
     config = run.manifest.config
     sampling = (config.get("roles") or {}).get(role) or config
     fields: dict[str, Any] = {k: sampling[k] for k in SAMPLING if sampling.get(k) is not None}
@@ -208,6 +209,14 @@ def judge_config(run: Any, stage: str, model: str | None, endpoint: str | None) 
         # where the run's record says: anyone could have written that, so this machine's key
         # (the --api-key-env variable) is sent only to an endpoint named on the command line
         endpoint, fields["api_key_env"] = recorded.get("endpoint"), NO_KEY
+        if not (isinstance(endpoint, str) and endpoint.startswith(("http://", "https://"))):
+            if not named_model:  # a model is started here only when the user names it
+                raise UserError(
+                    f"{run.run_dir}: the run records no endpoint for role {role!r} (its judge "
+                    "was started for the run): name where it is served with --endpoint, or "
+                    "the model to start here with --model"
+                )
+            endpoint = None
     if model is None:
         raise UserError(
             f"{run.run_dir}: the manifest names no model for role {role!r}: give --model"
