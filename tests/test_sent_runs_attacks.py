@@ -274,3 +274,41 @@ def test_an_audit_starts_no_model_a_run_names_without_an_endpoint(qa_made, tmp_p
     lines = refused.output.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error:"), refused.output
     assert "records no endpoint for role 'judge'" in lines[0] and "--endpoint" in lines[0]
+
+
+@pytest.mark.parametrize(
+    ("line", "said"),
+    [
+        ("[1]", "a JSON object is expected"),
+        ('"text"', "a JSON object is expected"),
+        ('{"id": "q0", "stage": "score", "label": 1, "key": "x"}', "field key: a whole number"),
+        ('{"id": "q0", "stage": "score", "label": 1, "key": [1]}', "field key: a whole number"),
+        ("[" * 100_000, "JSON nested too deeply"),
+    ],
+)
+def test_a_sent_runs_odd_label_line_is_one_line_naming_it(made, tmp_path, line, said):
+    run = received(made, tmp_path)
+    (run / "labels").mkdir()
+    (run / "labels" / "labels.jsonl").write_text(line + "\n")
+    result = cli("agreement", run)
+    assert result.exit_code != 0, result.output
+    (error,) = one_error(result)
+    assert "labels.jsonl:1: " in error and said in error, result.output
+
+
+def test_a_manifest_nested_too_deeply_is_one_line(made, tmp_path):
+    run = received(made, tmp_path)
+    (run / "manifest.json").write_text("[" * 200_000)
+    result = cli("report", run)
+    assert result.exit_code != 0, result.output
+    (error,) = one_error(result)
+    assert "manifest.json: unreadable manifest: JSON nested too deeply" in error
+
+
+def one_error(result: Result) -> list[str]:
+    """The error lines of a refused command (the records-only note may come before): one, and
+    no traceback."""
+    assert "Traceback" not in result.output, result.output
+    errors = [line for line in result.output.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1, result.output
+    return errors

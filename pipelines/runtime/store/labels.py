@@ -63,9 +63,16 @@ def label_rows(run_dir: Path) -> list[dict[str, Any]]:
             if lineno == len(lines):  # no newline yet: an append in progress
                 break
             raise UserError(f"{path}:{lineno}: not JSON") from None
+        except RecursionError:  # a file from elsewhere: one line, not a traceback
+            raise UserError(f"{path}:{lineno}: JSON nested too deeply") from None
+        if not isinstance(row, dict):
+            raise UserError(f"{path}:{lineno}: a JSON object is expected")
         for name in ("id", "stage", "label"):
-            if not isinstance(row, dict) or name not in row:
+            if name not in row:
                 raise UserError(f"{path}:{lineno}: record {row.get('id')!r}: field {name}: missing")
+        key = row.get("key", 0)
+        if isinstance(key, bool) or not isinstance(key, int):
+            raise UserError(f"{path}:{lineno}: record {row['id']!r}: field key: a whole number")
         if isinstance(row["label"], float) and not math.isfinite(row["label"]):
             # a file from elsewhere: NaN is no label, and would reach the queue's JSON
             raise UserError(f"{path}:{lineno}: record {row['id']!r}: field label: not finite")

@@ -125,6 +125,8 @@ def read_manifest(path: Path) -> RunManifest:
         raw = json.loads(path.read_text())
     except (OSError, json.JSONDecodeError) as exc:
         raise RunStoreError(f"{path}: unreadable manifest: {exc}") from exc
+    except RecursionError:  # a manifest from elsewhere: one line, not a traceback
+        raise RunStoreError(f"{path}: unreadable manifest: JSON nested too deeply") from None
     version = raw.get("format_version", 1) if isinstance(raw, dict) else None
     if version != FORMAT_VERSION:
         raise RunStoreError(
