@@ -222,6 +222,13 @@ def test_a_cascade_calibrated_from_two_recorded_panel_runs_by_hand(tmp_path):
     assert not calibrating & {tuple(u) for u in apart["check_units"]}
     shown = CliRunner().invoke(app, argv[:-1])
     assert shown.exit_code == 0 and "not attainable" in shown.output, shown.output
+    # the grid tested is recorded, so a calibration made with another is another by content
+    assert made["grid"] == {"name": "steps", "start_errors": 1, "start_share": 0.1}
+    every = json.loads(CliRunner().invoke(app, [*argv, "--grid", "every"]).output)
+    assert every["grid"] == {"name": "every"} and every["sha256"] != made["sha256"]
+    assert every["stages"]["judge"]["thresholds"] == [None, 1.0]
+    nope = CliRunner().invoke(app, [*argv[:-1], "--grid", "nope"])
+    assert nope.exit_code != 0 and "--grid nope: want one of steps, every" in nope.output
     bad = CliRunner().invoke(app, [*argv[:-1], "--alpha", "1.5"])
     assert bad.exit_code != 0 and "--alpha 1.5: want a number strictly between 0 and 1" in (
         bad.output
