@@ -312,3 +312,18 @@ def one_error(result: Result) -> list[str]:
     errors = [line for line in result.output.splitlines() if line.startswith("error:")]
     assert len(errors) == 1, result.output
     return errors
+
+
+def test_two_runs_no_item_of_which_both_scored_compare_with_no_test(made, tmp_path):
+    """Every item failed in one run: nothing is paired, so there is no test (a traceback
+    before)."""
+    failed = received(made, tmp_path / "a")
+    records = [json.loads(line) for line in (failed / "results.jsonl").read_text().splitlines()]
+    for record in records:
+        record |= {"status": "error", "score": None}
+        record["failure"] = {"stage": "last-week", "error": "the endpoint went away"}
+    (failed / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    compared = cli("compare", failed, made, "--json", "--resamples", 200)
+    assert compared.exit_code == 0, compared.output
+    (pair,) = json.loads(compared.stdout.splitlines()[-1])["pairs"]
+    assert (pair["paired"], pair["test"], len(pair["unpaired"])) == (0, None, 3)

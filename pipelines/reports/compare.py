@@ -179,7 +179,12 @@ def compare_pair(a: RunScores, b: RunScores, resamples: int, seed: int) -> dict[
         {"id": i, "a": a.scores[i], "b": b.scores[i], "delta": a.scores[i] - b.scores[i]}
         for i in order
     ]
-    test = paired_test([a.scores[i] for i in both], [b.scores[i] for i in both], resamples, seed)
+    # no item scored by both (every one failed in a run): nothing to test, and said so
+    test = (
+        paired_test([a.scores[i] for i in both], [b.scores[i] for i in both], resamples, seed)
+        if both
+        else None
+    )
     common = a.recorded & b.recorded
     return {
         "a": str(a.path),
@@ -190,7 +195,7 @@ def compare_pair(a: RunScores, b: RunScores, resamples: int, seed: int) -> dict[
             i: {"a": a.unscored.get(i, "scored"), "b": b.unscored.get(i, "scored")}
             for i in sorted(common - set(both))
         },
-        "test": test.as_dict() if both else None,
+        "test": test.as_dict() if test else None,
         "deltas": deltas,
         # what the two rest on that differs: inputs by digest, models and adapters by revision
         "differs": provenance_differences(a.provenance, b.provenance)
