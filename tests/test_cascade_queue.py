@@ -188,3 +188,36 @@ def test_labels_drawn_from_the_band_keep_the_guarantee():
             failed += (1 - chosen) / 2 > alpha
     assert failed <= draws * delta
     assert found > draws / 2  # the band's labels find thresholds
+
+
+def test_a_calibration_draws_per_tier_from_what_reaches_it(tmp_path):
+    """A calibration of two tiers (both the 30-item run, for the test), tier 1 trusted at 0.9:
+    tier 1 is reached by all 30 judgements, tier 2 only by the 24 below 0.9 (questions 0-23);
+    with no label yet each band is all of them. Three drawn per tier, each recorded with delta
+    / 2 and its tier."""
+    from tests.support.cascades import write_digested
+
+    run = many_judged(tmp_path / "many")
+    made = {
+        "kind": "groundcover-cascade-calibration",
+        "version": 1,
+        "alpha": 0.1,
+        "delta": 0.1,
+        "tiers": [
+            {"run": str(run.dir), "task": "", "members": ["judge"], "models": ["strong"]}
+            for _ in range(2)
+        ],
+        "stages": {"judge": {"thresholds": [0.9, None], "confidence": ["logprobs"] * 2}},
+        "skipped": {},
+    }
+    cal = write_digested(tmp_path / "cal.json", made)
+    argv = ["labels", "queue", "--for-calibration", str(cal), "--size", "3", "--seed", "1"]
+    done = CliRunner().invoke(app, argv)
+    assert done.exit_code == 0, done.output
+    lines = (run.dir / "labels" / "calibration-draws.jsonl").read_text().splitlines()
+    first, second = (json.loads(line) for line in lines)
+    assert (first["draw"]["tier"], first["draw"]["reaching"], first["draw"]["band"]) == (1, 30, 30)
+    assert (second["draw"]["tier"], second["draw"]["reaching"]) == (2, 24)
+    assert first["draw"]["delta"] == second["draw"]["delta"] == 0.05
+    assert first["draw"]["floor"] is None and second["draw"]["inclusion"] == 3 / 24
+    assert all(u["confidence"] < 0.9 for u in second["units"]) and len(second["units"]) == 3
