@@ -327,3 +327,22 @@ def test_two_runs_no_item_of_which_both_scored_compare_with_no_test(made, tmp_pa
     assert compared.exit_code == 0, compared.output
     (pair,) = json.loads(compared.stdout.splitlines()[-1])["pairs"]
     assert (pair["paired"], pair["test"], len(pair["unpaired"])) == (0, None, 3)
+
+
+def test_recorded_options_the_framework_does_not_read_are_one_line(installed_run, tmp_path):
+    run = tmp_path / "bundle" / "run"
+    shutil.copytree(installed_run, run)
+    manifest = json.loads((run / "manifest.json").read_text())
+    manifest["options"]["dataset"] = "<not one of them>"
+    (run / "manifest.json").write_text(json.dumps(manifest))
+    for args in (
+        ("report", run),
+        ("report", run, "--export", tmp_path / "rows.csv"),
+        ("compare", run, installed_run),
+        ("agreement", run),
+        ("labels", "export", run, tmp_path / "labels.csv"),
+    ):
+        result = cli(*args)
+        assert result.exit_code != 0, result.output
+        (error,) = one_error(result)
+        assert "manifest.json: record: field options.dataset: Input should be" in error, error

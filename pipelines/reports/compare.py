@@ -116,13 +116,13 @@ def _repeated(path: Path, runs: list[RunScores]) -> RunScores:
 
 
 def _one_run(path: Path) -> RunScores:
-    from ..runtime.contract.plugins import run_framework
+    from ..runtime.contract.plugins import run_framework, run_options
 
     if not (path / MANIFEST).is_file():
         raise UserError(f"{path}: not a run directory (no {MANIFEST})")
     manifest = read_manifest(path / MANIFEST)
     fw = run_framework(manifest, path)
-    options = fw.Options.model_validate(manifest.options)
+    options = run_options(fw, manifest, path)
     run = RunScores(
         path,
         fw.name,

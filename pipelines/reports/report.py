@@ -74,12 +74,12 @@ def report(
 def load_outcome(run_dir: Path, prices: dict[str, Any] | None = None):
     """A run's outcome rebuilt from disk: summary and tables from manifest and results (and
     with ``prices``, what the recorded items cost)."""
-    from ..runtime.contract.plugins import run_framework
+    from ..runtime.contract.plugins import run_framework, run_options
     from ..runtime.contract.protocol import RunOutcome
 
     manifest = read_manifest(run_dir / MANIFEST)
     fw = run_framework(manifest, run_dir)
-    options = fw.Options.model_validate(manifest.options)
+    options = run_options(fw, manifest, run_dir)
     results = records_for_tables(fw, options, results_by_id(run_dir / RESULTS))
     summary = summarise(fw.name, manifest.task, manifest.items, results)
     usage = recorded_usage(results)

@@ -471,7 +471,7 @@ def run_agreement(run_dir: Path, human: dict | None, sample: int | None = None) 
     scored some items (``sample``: only that many items' dataset labels, drawn at random, as a
     team that labels a few would have)."""
     from ...runtime.contract.panels import panel_members
-    from ...runtime.contract.plugins import run_framework
+    from ...runtime.contract.plugins import run_framework, run_options
     from ...runtime.store.run_dir import (
         MANIFEST,
         RESULTS,
@@ -481,7 +481,7 @@ def run_agreement(run_dir: Path, human: dict | None, sample: int | None = None) 
 
     manifest = read_manifest(run_dir / MANIFEST)
     fw = run_framework(manifest, run_dir)
-    options = fw.Options.model_validate(manifest.options)
+    options = run_options(fw, manifest, run_dir)
     records = list(results_by_id(run_dir / RESULTS))
     out: dict[str, Any] = {"run": str(run_dir), "task": manifest.task, "stages": {}}
     made = run_labels(run_dir)  # labels people gave in the run (``view``, ``labels import``)

@@ -350,13 +350,13 @@ def read_tier(run_dir: Any, human: dict[tuple[str, str, int], Any] | None) -> Ti
     judgements: tiers that asked an item's judgements in another order still line up, and a
     label given by its place in this run is moved onto the judgement that stood there."""
     from ...runtime.contract.panels import panel_members, verdict_of
-    from ...runtime.contract.plugins import run_framework
+    from ...runtime.contract.plugins import run_framework, run_options
     from ...runtime.store.run_dir import MANIFEST, RESULTS, read_manifest, results_by_id
     from ..people.labels import run_labels
 
     manifest = read_manifest(run_dir / MANIFEST)
     fw = run_framework(manifest, run_dir)
-    options = fw.Options.model_validate(manifest.options)
+    options = run_options(fw, manifest, run_dir)
     records = list(results_by_id(run_dir / RESULTS))
     asked = {r.id: asked_of(r) for r in records}  # (stage, key) -> what the judgement asked
     units: dict[str, dict[tuple[str, str], tuple[Any, float]]] = {}

@@ -78,11 +78,11 @@ class RunRows:
 
 def run_rows(run_dir: Path, records: Sequence[ItemResult] | None = None) -> RunRows:
     """``run_dir`` read for its rows (``records``: the run's, where a caller has read them)."""
-    from ...runtime.contract.plugins import run_framework
+    from ...runtime.contract.plugins import run_framework, run_options
 
     manifest = read_manifest(run_dir / MANIFEST)
     fw = run_framework(manifest, run_dir)
-    options = fw.Options.model_validate(manifest.options)
+    options = run_options(fw, manifest, run_dir)
     items, notes = run_items(fw, options, manifest)
     given = _given_answers(fw, options) if items is not None else {}
     if records is None:

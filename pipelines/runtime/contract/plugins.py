@@ -186,6 +186,24 @@ def run_framework(manifest: Any, run_dir: Path) -> Framework[Any, Any]:
     return framework(manifest.framework, manifest.source, manifest.roles)
 
 
+def run_options(fw: Framework[Any, Any], manifest: Any, run_dir: Path) -> Any:
+    """The options the run in ``run_dir`` recorded, as ``fw`` reads them; a record it does not
+    read (a run from elsewhere, or of another version of the framework) is one line naming the
+    field, never a traceback."""
+    from pydantic import ValidationError
+
+    from .config import UserError
+
+    try:
+        return fw.Options.model_validate(manifest.options)
+    except ValidationError as exc:
+        error = exc.errors()[0]
+        where = ".".join(str(part) for part in error["loc"])
+        raise UserError(
+            f"{Path(run_dir) / 'manifest.json'}: record: field options.{where}: {error['msg']}"
+        ) from None
+
+
 def trusted_study(name: str, source: dict[str, Any]) -> Study[Any] | str:
     """The study ``name`` from a file the user trusts whose SHA-256 is the one ``source`` (a
     run's record) names, or why there is none. The record picks entries of the trust list and
