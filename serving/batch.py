@@ -956,6 +956,7 @@ class LocalRunBatch:
         self.env = env
         self.device = device
         self.running: dict[str, subprocess.Popen] = {}
+        self.cancelled: set[str] = set()  # batches whose engine was told to stop
         self.tagged: dict[str, str] = {}  # an engine is never found by a listing
 
     @property
@@ -1025,6 +1026,8 @@ class LocalRunBatch:
         self.engine.release()
         if process.returncode == 0 and out.is_file():
             return BatchState("completed", output=out.read_bytes())
+        if batch_id in self.cancelled:  # stopped on purpose: what it wrote is used
+            return BatchState("cancelled", output=out.read_bytes() if out.is_file() else b"")
         tail = path.with_suffix(".log").read_text(errors="replace").strip().splitlines()[-3:]
         return BatchState(
             "failed",
@@ -1034,6 +1037,7 @@ class LocalRunBatch:
     async def cancel(self, batch_id: str) -> None:
         process = self.running.get(batch_id)
         if process is not None:
+            self.cancelled.add(batch_id)
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(process.pid, signal.SIGTERM)  # the guard ends its group
 
@@ -1579,7 +1583,8 @@ class Batcher:
             await asyncio.sleep(self.poll)
         if cancelled is not None:
             late = f"still {'running' if state.status == 'cancelled' else state.status} past "
-            state.note = state.note or f"{late}its expires_at and {self.grace:.0f} s; cancelled"
+            window = f"its expires_at (or completion window) and {self.grace:g} s"
+            state.note = state.note or f"{late}{window}; cancelled"
             state.lost = state.lost or "stuck"
         return state
 

@@ -479,3 +479,23 @@ def test_closing_the_executor_ends_each_engine_with_its_enginecore(tmp_path):
 
     pids = run_async(start_and_close())
     assert gone(pids) and not engine.running
+
+
+def test_a_local_engine_past_its_window_is_stopped_and_its_lines_fail_naming_the_batch(tmp_path):
+    """``vllm run-batch`` (a stand-in that never ends) past the batch window and its grace: its
+    guard is told to stop, the batch read as cancelled (not failed: the run goes on), its line
+    bought again once, then failed with a line naming the batch."""
+    marker = tmp_path / "engine.pids"
+    engine = LocalRunBatch(lambda i, o: [sys.executable, "-c", ENGINE, str(marker)], {**os.environ})
+    engine.window = "0.3s"
+    batcher = Batcher(engine, tmp_path / "judge-x", settle=0.01, poll=0.05, grace=0.1)
+
+    async def ask() -> Any:
+        try:
+            return await batcher.ask("q", request("first q"))
+        finally:
+            await batcher.close()
+
+    with pytest.raises(LineFailed, match=r"lost twice: batch local-judge-x-\S+ cancelled: still"):
+        run_async(ask())
+    assert batcher.stats.causes["stuck"] == 1 and not engine.running
