@@ -346,3 +346,20 @@ def test_recorded_options_the_framework_does_not_read_are_one_line(installed_run
         assert result.exit_code != 0, result.output
         (error,) = one_error(result)
         assert "manifest.json: record: field options.dataset: Input should be" in error, error
+
+
+def test_the_page_beside_a_run_that_is_a_link_is_beside_the_link(made, tmp_path):
+    """A bundle's ``run`` is a link to a run of the reader's elsewhere (on a shared disk, say):
+    ``report bundle/run --html`` writes ``bundle/run.html``, never the reader's page beside the
+    run the link leads to."""
+    mine = tmp_path / "mine" / "run"
+    shutil.copytree(made, mine)
+    page_of_mine = tmp_path / "mine" / "run.html"
+    page_of_mine.write_text("my notes\n")
+    bundle = tmp_path / "bundle"
+    bundle.mkdir()
+    (bundle / "run").symlink_to(mine, target_is_directory=True)
+    written = cli("report", bundle / "run", "--html")
+    assert written.exit_code == 0, written.output
+    assert page_of_mine.read_text() == "my notes\n"
+    assert (bundle / "run.html").read_text(encoding="utf-8").startswith("<!DOCTYPE html>")

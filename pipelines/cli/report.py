@@ -4,6 +4,7 @@ calls); ``--html`` writes the page (``reports.pages``)."""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Annotated
 
@@ -112,7 +113,9 @@ def page_path(html: Path, runs: list[Path]) -> tuple[Path, Path | None]:
     directory, named after it (a name the user never typed: a link there is refused)."""
     if str(html) not in ("", "."):
         return html, None
-    first = runs[0].resolve()
+    # as typed, not resolved: a run that is a link (a sent bundle's run -> a run of the reader's
+    # elsewhere) has its page beside the link, never beside where the link leads
+    first = Path(os.path.abspath(runs[0]))
     return first.parent / f"{first.name}.html", first.parent
 
 
