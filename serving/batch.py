@@ -1181,6 +1181,7 @@ class Batcher:
         retry_base: float = 1.0,
         grace: float = 3600.0,
         within: Path | None = None,
+        owner_wait: float = 300.0,
     ):
         """``adopt``: folders of batchers gone from this invocation (drivers of an earlier
         run with more of them) whose uploads left without a batch this one recovers;
@@ -1200,6 +1201,7 @@ class Batcher:
         self.retry_online = retry_online  # a failed line is asked again online, at once
         self.retry_base = retry_base  # the first backoff before a failed line's next round
         self.grace = grace
+        self.owner_wait = owner_wait  # a sibling's upload: how long its owner has to buy it
         self.window = window_seconds(getattr(executor, "window", "24h"))
         self.stats = BatchStats()
         # custom id -> the kept output that answers it (read when asked: a long run's answers
@@ -1216,6 +1218,7 @@ class Batcher:
         self.uploads: dict[str, Upload] = {}  # tag -> upload, of the folders this one owns
         self.known: set[str] = set()  # every batch id a ledger read here records
         self.recovering: set[str] = set()  # tags of orphans being found or created
+        self.foreign: dict[str, Upload] = {}  # tag -> a sibling's upload left without a batch
         self.done: set[str] = set()  # custom ids a batch answered (a duplicate need not)
         self.tasks: set[asyncio.Task] = set()
         self._timer: asyncio.TimerHandle | None = None
@@ -1288,13 +1291,15 @@ class Batcher:
             self._bodies(folder / event["file"])
             for cid in ids:
                 self.pending.setdefault(cid, batch_id)
-        if recover:
-            for tag, event in uploaded.items():
-                orphan = _upload_of(folder, event)
+        for tag, event in uploaded.items():  # a sibling's: its owner finds or makes the batch
+            orphan = _upload_of(folder, event)
+            if recover:
                 self.orphans.append(orphan)
-                self._bodies(folder / orphan.file)
-                for cid in orphan.ids:
-                    self.pending.setdefault(cid, tag)
+            else:
+                self.foreign.setdefault(tag, orphan)
+            self._bodies(folder / orphan.file)
+            for cid in orphan.ids:
+                self.pending.setdefault(cid, tag)
         return max(rounds)
 
     def _bodies(self, path: Path) -> None:
@@ -1339,7 +1344,46 @@ class Batcher:
             self._enqueue(custom_id)
         elif where in self.batches:
             self._watch(self.batches[where])
+        elif where in self.foreign:
+            self._spawn(self._await_owner(self.foreign.pop(where)))
         return await future
+
+    async def _await_owner(self, orphan: Upload) -> None:
+        """A sibling's upload a killed run left without its batch: its owner (or the adopter of
+        its folder) finds or makes the batch and records it, so it is waited for here in that
+        ledger. If nobody has within ``owner_wait`` (the owner asks nothing, say), it is found
+        or made here from the same file and tag and recorded there: the owner's own search then
+        finds this batch, never making a second. A local engine is never started for another's
+        upload: its lines go into a round here instead."""
+        deadline = time.monotonic() + self.owner_wait
+        while (batch_id := _submitted(orphan)) is None and time.monotonic() < deadline:
+            await asyncio.sleep(self.poll)
+        local = self.executor.name == LocalRunBatch.name
+        if batch_id is None and not local:
+            path = orphan.folder / orphan.file
+            batch_id = await self.executor.find(orphan.tag, orphan.file_id)
+            if batch_id is None:
+                batch_id = await self.executor.create(orphan.file_id, path, orphan.tag)
+            batch_id = _submitted(orphan) or batch_id  # recorded meanwhile by its owner?
+            if batch_id not in self.known:
+                self._record(batch_id, orphan)
+        if batch_id is None or batch_id == "":  # abandoned, or a local engine's: bought here
+            for cid in orphan.ids:
+                if self.pending.get(cid) == orphan.tag:
+                    self.pending.pop(cid)
+                    if self.waiting.get(cid):
+                        self._enqueue(cid)
+            return
+        pending = self.batches.get(batch_id) or Pending(
+            batch_id, orphan.ids, orphan.folder, orphan.file, orphan.round,
+            orphan.file_id, orphan.tag, time.time(),
+        )  # fmt: skip
+        self.batches[batch_id] = pending
+        self.known.add(batch_id)
+        for cid in orphan.ids:
+            if self.pending.get(cid) == orphan.tag:
+                self.pending[cid] = batch_id
+        self._watch(pending)
 
     def _open(self) -> None:
         """Once, in the running loop: the uploads a killed run left without a batch, and the
@@ -1797,6 +1841,17 @@ class Batcher:
         with contextlib.suppress(asyncio.CancelledError):
             await asyncio.gather(*self.tasks, return_exceptions=True)
         await self.executor.close()
+
+
+def _submitted(upload: Upload) -> str | None:
+    """The batch an upload's ledger records for it since (None: none yet; "": abandoned)."""
+    found: str | None = None
+    for event in ledger_events(upload.folder / LEDGER):
+        if event.get("tag") == upload.tag and event.get("event") == "submitted":
+            found = str(event.get("batch"))
+        elif event.get("tag") == upload.tag and event.get("event") == "abandoned":
+            return ""
+    return found
 
 
 def _upload_of(folder: Path, event: dict[str, Any]) -> Upload:

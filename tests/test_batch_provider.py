@@ -499,3 +499,51 @@ def test_a_local_engine_past_its_window_is_stopped_and_its_lines_fail_naming_the
     with pytest.raises(LineFailed, match=r"lost twice: batch local-judge-x-\S+ cancelled: still"):
         run_async(ask())
     assert batcher.stats.causes["stuck"] == 1 and not engine.running
+
+
+# ---- a sibling driver's upload left without its batch -----------------------------------------
+
+
+def sibling_orphan(server: ChaosBatches, folder: Path, ids: list[str]) -> None:
+    """``folder``'s ledger as a killed driver left it: its file uploaded, no batch made."""
+    from groundcover.serving.batch import batch_line, folder_nonce
+
+    folder.mkdir(parents=True)
+    name = "00001-00001-abcdef.jsonl"
+    text = "".join(batch_line(cid, request(f"first {cid[2:]}")) for cid in ids)
+    (folder / name).write_text(text)
+    server.files["file-0"] = text.encode()
+    event = {
+        "event": "uploaded", "file": name, "file_id": "file-0", "round": 1,
+        "tag": f"{folder_nonce(folder)}/{name[:-6]}", "custom_ids": ids, "at": time.time(),
+    }  # fmt: skip
+    (folder / "ledger.jsonl").write_text(json.dumps(event) + "\n")
+
+
+@pytest.mark.parametrize("owner", ["running", "gone"])
+def test_a_sibling_s_upload_left_without_its_batch_is_bought_once(tmp_path, owner):
+    """Driver B asks a line of driver A's upload that a kill left without its batch. With A
+    running, B waits for the batch A makes and records; with A not there (it asks nothing),
+    B makes it from the same file and tag after ``owner_wait``, and A, started later, finds that
+    batch in its ledger: one batch either way, each line billed once."""
+    server = ChaosBatches(0, blip=0, lost=0, expire=0)
+    a, b = tmp_path / "batches" / "judge-x-d0", tmp_path / "batches" / "judge-x-d1"
+    sibling_orphan(server, a, ["a-w0", "a-w1"])
+    with serve_app(server.app()) as url:
+
+        async def both() -> list[Any]:
+            second = batcher_for(url, b, siblings=[a], owner_wait=0.3)
+            asks = [second.ask("a-w0", request("first w0"))]
+            if owner == "running":
+                first = batcher_for(url, a, siblings=[b])
+                asks.append(first.ask("a-w1", request("first w1")))
+            found = await asyncio.gather(*asks)
+            if owner == "gone":  # A resumes later: the batch B made is in its ledger
+                first = batcher_for(url, a, siblings=[b])
+                found.append(await first.ask("a-w1", request("first w1")))
+            await asyncio.gather(first.close(), second.close())
+            return found
+
+        found = run_async(both())
+    assert [f["choices"][0]["message"]["content"] for f in found] == ["W0", "W1"]
+    assert len(server.batches) == 1 and dict(server.paid) == {"a-w0": 1, "a-w1": 1}
