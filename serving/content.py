@@ -22,7 +22,9 @@ import hashlib
 import json
 import os
 import re
+import stat
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -246,3 +248,198 @@ def on_network_filesystem(path: Path | str) -> bool:
     if told in ("0", "1"):
         return told == "1"
     return filesystem_of(path) in NETWORK_FILESYSTEMS
+
+
+# ---- content a run says it read ----------------------------------------------------------------
+
+# kernel and device file systems: their files are views of the machine (a process's memory map,
+# a device), not content; a "file" there may never end, or read differently on every read
+PSEUDO_FILESYSTEMS = frozenset(
+    {
+        "proc",
+        "sysfs",
+        "devtmpfs",
+        "devpts",
+        "debugfs",
+        "tracefs",
+        "securityfs",
+        "cgroup",
+        "cgroup2",
+        "pstore",
+        "bpf",
+        "configfs",
+        "fusectl",
+        "efivarfs",
+        "mqueue",
+        "hugetlbfs",
+        "binfmt_misc",
+        "autofs",
+        "rpc_pipefs",
+        "nsfs",
+        "selinuxfs",
+        "nfsd",
+    }
+)
+_PSEUDO_ROOTS = ("/proc", "/sys", "/dev")  # where no mount table can be read
+FOLDERS_BEYOND_FILES = 1000  # folders a walk may enter beyond one per file recorded
+
+
+class NotAsRecorded(ValueError):
+    """A path is not what a run recorded for it, or cannot be checked without reading what it
+    must not: the message says why, or is empty where the content simply changed (other
+    sizes, another SHA-256)."""
+
+
+def pseudo_devices(mountinfo: str = "/proc/self/mountinfo") -> frozenset[int] | None:
+    """The device numbers (``st_dev``) of every mounted kernel or device file system, from the
+    mount table (``major:minor`` is the third field); None where it cannot be read."""
+    try:
+        lines = Path(mountinfo).read_text().splitlines()
+    except OSError:
+        return None
+    found: set[int] = set()
+    for line in lines:
+        fields = line.split()
+        if "-" not in fields[3:]:
+            continue
+        kind = fields[fields.index("-", 3) + 1] if len(fields) > fields.index("-", 3) + 1 else ""
+        if kind in PSEUDO_FILESYSTEMS:
+            major, _, minor = fields[2].partition(":")
+            with contextlib.suppress(ValueError):
+                found.add(os.makedev(int(major), int(minor)))
+    return frozenset(found)
+
+
+@dataclass
+class _Walk:
+    """A walk of what a run recorded as ``files`` files of ``size`` bytes, that reads nothing:
+    it stops at the first file or byte beyond those, or at anything that is not content."""
+
+    root: str
+    size: int
+    files: int
+    pseudo: frozenset[int] | None
+    found: list[tuple[str, str, os.stat_result]]
+    seen_size: int = 0
+    folders: int = 0
+
+    def check_device(self, path: str, st: os.stat_result) -> None:
+        pseudo = (
+            self.pseudo is not None
+            and st.st_dev in self.pseudo
+            or self.pseudo is None
+            and any(path == r or path.startswith(r + "/") for r in _PSEUDO_ROOTS)
+        )
+        if pseudo:
+            raise NotAsRecorded(f"{path} is on a kernel or device file system, not content")
+
+    def add_file(self, rel: str, path: str, st: os.stat_result) -> None:
+        self.check_device(path, st)
+        self.seen_size += st.st_size
+        self.found.append((rel, path, st))
+        if len(self.found) > self.files:
+            raise NotAsRecorded("")  # changed: more than recorded
+        if self.seen_size > self.size:
+            raise NotAsRecorded("")  # changed: more than recorded
+
+    def folder(self, rel: str, path: str, st: os.stat_result, above: frozenset[Any]) -> None:
+        self.check_device(path, st)
+        self.folders += 1
+        if self.folders > self.files + FOLDERS_BEYOND_FILES:
+            raise NotAsRecorded(f"more folders than {self.files} files could be in")
+        here = (st.st_dev, st.st_ino)
+        if here in above:
+            raise NotAsRecorded(f"{path} is a link loop")
+        try:
+            with os.scandir(path) as listing:
+                names = sorted(e.name for e in listing if not e.name.startswith("."))
+        except OSError as exc:
+            raise NotAsRecorded(f"{path}: unreadable ({exc.strerror or exc})") from None
+        for name in names:
+            full, inner = os.path.join(path, name), f"{rel}/{name}" if rel else name
+            try:
+                entry = os.stat(full)  # links followed, as the digest follows them
+            except OSError:
+                continue  # a dangling link is not content (nor to the digest)
+            if stat.S_ISDIR(entry.st_mode):
+                self.folder(inner, full, entry, above | {here})
+            elif stat.S_ISREG(entry.st_mode):
+                self.add_file(inner, full, entry)
+            else:
+                self.check_device(full, entry)  # a FIFO or device: not content, never opened
+
+
+def digest_as_recorded(
+    path: Path | str,
+    size: int,
+    files: int,
+    matches: Callable[[str], bool],
+    memo: Path | None = None,
+) -> Digest:
+    """The digest of ``path`` as ``digest_path`` makes it, when it is what a run recorded:
+    ``files`` regular files of ``size`` bytes in all, whose SHA-256 ``matches`` what the run
+    recorded. Checked first by a walk that reads nothing (no kernel or device file system, no
+    link loop, no file or byte beyond those recorded); then at most ``size`` bytes are read.
+    ``NotAsRecorded`` says why not. The memo of digests is used, and written only for a path
+    that matched (a path a sent run names leaves no trace of its own)."""
+    real = os.path.realpath(path)
+    try:
+        st = os.stat(real)
+    except OSError as exc:
+        raise NotAsRecorded(f"{path}: {exc.strerror or exc}") from None
+    walk = _Walk(real, size, files, pseudo_devices(), [])
+    if stat.S_ISREG(st.st_mode):
+        walk.add_file("", real, st)
+    elif stat.S_ISDIR(st.st_mode):
+        walk.folder("", real, st, frozenset())
+    else:
+        walk.check_device(real, st)
+        raise NotAsRecorded(f"{path} is neither a file nor a folder")
+    if (len(walk.found), walk.seen_size) != (files, size):
+        raise NotAsRecorded("")  # changed: fewer files or bytes than recorded
+    memo_file = (memo or cache_root() / "digests") / (
+        hashlib.sha256(real.encode()).hexdigest()[:32] + ".json"
+    )
+    known, entries, now = _read_memo(memo_file, Path(real)), {}, time.time()
+    for rel, full, seen in walk.found:
+        stamp = [seen.st_size, seen.st_mtime_ns, seen.st_ino]
+        old = known.get(rel)
+        if old is not None and old[:3] == stamp:
+            entries[rel] = old
+            continue
+        sha = _bounded_file_digest(full, seen)
+        fresh = now - seen.st_mtime_ns / 1e9 > RACY_SECONDS
+        entries[rel] = [*stamp, sha] if fresh else [-1, -1, -1, sha]
+    if walk.found and walk.found[0][0] == "":
+        total = entries[""][3]
+    else:
+        lines = hashlib.sha256()
+        for rel in sorted(entries):
+            lines.update(f"{rel}\0{entries[rel][3]}\n".encode())
+        total = lines.hexdigest()
+    if not matches(total):
+        raise NotAsRecorded("")  # no more to say: its content is not what was recorded
+    if known != entries:
+        _write_memo(memo_file, Path(real), entries)
+    return Digest(total, size, files)
+
+
+def _bounded_file_digest(path: str, seen: os.stat_result) -> str:
+    """The SHA-256 of the file the walk saw at ``path``, reading at most its size then: opened
+    without waiting (a FIFO put there since is not waited on) and checked to be that file."""
+    flags = os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
+    try:
+        handle = os.open(path, flags)
+    except OSError as exc:
+        raise NotAsRecorded(f"{path}: {exc.strerror or exc}") from None
+    with os.fdopen(handle, "rb") as opened:
+        now = os.fstat(opened.fileno())
+        if (now.st_dev, now.st_ino, now.st_size) != (seen.st_dev, seen.st_ino, seen.st_size):
+            raise NotAsRecorded(f"{path} changed while it was checked")
+        digest, left = hashlib.sha256(), seen.st_size
+        while left > 0 and (block := opened.read(min(BLOCK, left))):
+            digest.update(block)
+            left -= len(block)
+        if left:
+            raise NotAsRecorded(f"{path} changed while it was read")
+    return digest.hexdigest()

@@ -363,3 +363,147 @@ def test_the_page_beside_a_run_that_is_a_link_is_beside_the_link(made, tmp_path)
     assert written.exit_code == 0, written.output
     assert page_of_mine.read_text() == "my notes\n"
     assert (bundle / "run.html").read_text(encoding="utf-8").startswith("<!DOCTYPE html>")
+
+
+# ---- the inputs a sent run names, checked before anything of them is read ---------------------
+
+_WATCHED: list[tuple[tuple[str, ...], tuple[str, ...], list[str]]] = []
+
+
+def _audit(event: str, args: tuple[Any, ...]) -> None:
+    """Refuses (and notes) an open or a folder listing of a watched path while a test watches:
+    a reader that would read it gets an error instead of reading it (or waiting forever)."""
+    if not _WATCHED or not args:
+        return
+    if not isinstance(args[0], str | bytes | os.PathLike):
+        return
+    text = os.fsdecode(args[0])
+    for prefixes, events, seen in _WATCHED:
+        if event in events and any(text == p or text.startswith(p + "/") for p in prefixes):
+            seen.append(f"{event} {text}")
+            raise PermissionError(f"the test refuses {event} of {text}")
+
+
+@contextlib.contextmanager
+def reads_of(*prefixes: str, listings: bool = True) -> Iterator[list[str]]:
+    """The opens (and folder listings) of ``prefixes`` and what is under them made meanwhile."""
+    import sys
+
+    if not getattr(sys, "_groundcover_test_audit", False):
+        sys.addaudithook(_audit)  # hooks stay for the process: it watches nothing when idle
+        sys._groundcover_test_audit = True  # type: ignore[attr-defined]
+    seen: list[str] = []
+    events = ("open", "os.scandir", "os.listdir") if listings else ("open",)
+    entry = (prefixes, events, seen)
+    _WATCHED.append(entry)
+    try:
+        yield seen
+    finally:
+        _WATCHED.remove(entry)
+
+
+def naming_input(installed_run: Path, run: Path, path: object, **recorded: Any) -> Path:
+    """A copy of ``installed_run`` whose options and recorded input name ``path``."""
+    shutil.copytree(installed_run, run)
+    manifest = json.loads((run / "manifest.json").read_text())
+    manifest["options"]["input"] = str(path)
+    manifest["inputs"]["input"] |= {"path": str(path)} | recorded
+    (run / "manifest.json").write_text(json.dumps(manifest))
+    return run
+
+
+def read_as_sent(run: Path) -> list[str]:
+    """The notes of ``report --export`` and that ``labels export`` ran, with no item text."""
+    out = run.parent / "rows.csv"
+    exported = cli("report", run, "--export", out)
+    assert exported.exit_code == 0, exported.output
+    assert "Where?" not in out.read_text(encoding="utf-8")
+    labelled = cli("labels", "export", run, run.parent / "labels.csv")
+    assert labelled.exit_code == 0, labelled.output
+    notes: list[str] = json.loads(Path(f"{out}.tables.json").read_text())["runs"][0]["notes"]
+    return notes
+
+
+@pytest.mark.parametrize(
+    ("target", "kind"),
+    [("pagemap", "file"), ("status", "file"), ("fdinfo", "dir"), ("/dev/zero", "file")],
+)
+def test_an_input_a_sent_run_names_on_a_kernel_file_system_is_never_read(
+    installed_run, tmp_path, target, kind
+):
+    """``/proc/self/pagemap`` (hashing it never ends: report --export, labels export and the
+    labelling page hung), a procfs file or folder, a device: refused by where they are, before
+    any of them is opened or listed, with no digest memo left for them."""
+    path = target if target.startswith("/") else f"/proc/self/{target}"
+    own = path.replace("/proc/self/", f"/proc/{os.getpid()}/")
+    run = naming_input(installed_run, tmp_path / "bundle" / "run", path, size=0, files=1)
+    with reads_of(path, own) as seen:
+        notes = read_as_sent(run)
+    assert seen == []
+    assert len(notes) == 1 and notes[0].startswith("input ("), notes
+    assert not (tmp_path / "home" / "digests").exists()
+
+
+def folder_of(where: Path, files: int) -> Path:
+    where.mkdir(parents=True)
+    for k in range(files):
+        (where / f"notes{k}.txt").write_text(f"private {k}\n")  # 10 bytes each
+    return where
+
+
+@pytest.mark.parametrize("shape", ["more files", "more bytes", "a link loop"])
+def test_a_folder_a_sent_run_names_is_walked_not_read_beyond_what_it_records(
+    installed_run, tmp_path, shape
+):
+    """A run naming a folder of the reader's (``/usr``, a home folder) had every file in it read
+    and hashed, and a memo of it kept; one holding a link to itself was walked until the links
+    ran out. Now the folder is walked without reading, and left at the first file or byte
+    beyond what the run recorded, or at the loop."""
+    mine = folder_of(tmp_path / "reader" / "notes", 3)
+    recorded = {"more files": (1, 10), "more bytes": (3, 25), "a link loop": (9, 90)}[shape]
+    if shape == "a link loop":
+        (mine / "again").symlink_to(mine, target_is_directory=True)
+    run = naming_input(
+        installed_run,
+        tmp_path / "bundle" / "run",
+        mine,
+        kind="dir",
+        files=recorded[0],
+        size=recorded[1],
+    )
+    with reads_of(str(mine), listings=False) as seen:
+        notes = read_as_sent(run)
+    assert seen == []
+    assert len(notes) == 1 and notes[0].startswith("input"), notes
+    if shape == "a link loop":
+        assert "link loop" in notes[0]
+    assert not (tmp_path / "home" / "digests").exists()
+
+
+def test_a_folder_as_recorded_has_the_digest_it_was_made_with(tmp_path):
+    """The user's own runs keep their item text: a folder as recorded (nested folders, a linked
+    folder, dot-names, a FIFO, hundreds of files) has ``digest_path``'s digest, read once, and
+    remembered; one byte more, or another SHA-256, is refused."""
+    from groundcover.serving.content import NotAsRecorded, digest_as_recorded, digest_path
+
+    root = folder_of(tmp_path / "data" / "corpus", 300)
+    folder_of(root / "part" / "deeper", 4)
+    (root / ".git").mkdir()
+    (root / ".git" / "HEAD").write_text("not content\n")
+    (root / ".hidden").write_text("neither\n")
+    folder_of(tmp_path / "data" / "shared", 2)
+    (root / "shared").symlink_to(tmp_path / "data" / "shared", target_is_directory=True)
+    os.mkfifo(root / "pipe")
+    made = digest_path(root, memo=tmp_path / "made")
+    sizes = [len(f"private {k}\n") for k in range(300)] + [10] * 6
+    assert (made.files, made.size) == (306, sum(sizes))
+    memo = tmp_path / "memo"
+    again = digest_as_recorded(root, made.size, made.files, made.sha256.__eq__, memo=memo)
+    assert again == made and len(list(memo.iterdir())) == 1
+    (root / "notes0.txt").write_text("private 0!\n")
+    with pytest.raises(NotAsRecorded):
+        digest_as_recorded(root, made.size, made.files, made.sha256.__eq__)
+    (root / "notes0.txt").write_text("private X\n")  # the same size, another SHA-256
+    with pytest.raises(NotAsRecorded):
+        digest_as_recorded(root, made.size, made.files, made.sha256.__eq__, memo=tmp_path / "m2")
+    assert not (tmp_path / "m2").exists()

@@ -30,9 +30,8 @@ from ...runtime.contract.results import ItemResult, ItemText
 from ...runtime.store.manifest import RunManifest
 from ...runtime.store.provenance import (
     content_fields,
-    input_digests,
-    input_records,
     manifest_provenance,
+    unlike_recorded,
 )
 from ...runtime.store.run_dir import MANIFEST, RESULTS, read_manifest, results_by_id
 
@@ -106,10 +105,8 @@ def run_items(
         ]
     try:
         if manifest.inputs is not None:  # the files items are read from; never a model
-            files = {k: v for k, v in manifest.inputs.items() if v.get("kind") != "model"}
-            now, then = input_digests(input_records(options, models=False)), input_digests(files)
-            if now != then:
-                changed = [k for k in sorted(set(now) | set(then)) if now.get(k) != then.get(k)]
+            changed = unlike_recorded(options, manifest.inputs)
+            if changed:
                 return None, [
                     f"{', '.join(changed)} changed since the run: the rows carry no item text"
                 ]

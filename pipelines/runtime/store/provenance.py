@@ -21,7 +21,7 @@ from typing import Annotated, Any, Literal, Union
 
 from pydantic import BaseModel
 
-from ....serving.content import digest_path, model_content
+from ....serving.content import NotAsRecorded, digest_as_recorded, digest_path, model_content
 from ..contract.errors import UserError
 
 
@@ -184,6 +184,47 @@ def _index_encoder(index: Path) -> dict[str, Any] | None:
     if not model_path.exists() or model_path.resolve().is_relative_to(index.resolve()):
         return None
     return {"path": str(model_path), "sha256": digest_path(model_path).sha256}
+
+
+def unlike_recorded(options: Any, recorded: dict[str, dict[str, Any]]) -> list[str]:
+    """The file and folder inputs of ``options`` that are not what the run recorded of them
+    (``recorded``: its manifest's inputs), each by name, with why where it is more than another
+    SHA-256. What a received run recorded is the sender's word: each path is first walked
+    without reading (``digest_as_recorded``), and read no further than the size recorded."""
+    fields = {
+        name: value for name, marker, value in _content_fields(options) if marker.kind != "model"
+    }
+    files = {k: v for k, v in recorded.items() if v.get("kind") != "model"}
+    out: list[str] = []
+    for name in sorted(set(fields) | set(files)):
+        if name not in fields or name not in files:
+            out.append(f"{name} (recorded {'without' if name in fields else 'with'} a path)")
+            continue
+        why = _unlike(Path(fields[name]), files[name])
+        if why is not None:
+            out.append(f"{name} ({why})" if why else name)
+    return out
+
+
+def _unlike(path: Path, record: dict[str, Any]) -> str | None:
+    """Why ``path`` is not what ``record`` says (``""``: another SHA-256), or None."""
+    size, files, sha = record.get("size"), record.get("files"), record.get("sha256")
+    counts = [n for n in (size, files) if isinstance(n, int) and not isinstance(n, bool) and n >= 0]
+    if len(counts) != 2 or not isinstance(sha, str):
+        return "no size, file count and SHA-256 recorded"
+    encoder = record.get("encoder")
+    outside = encoder.get("sha256") if isinstance(encoder, dict) else None
+
+    def matches(digest: str) -> bool:
+        if isinstance(outside, str):  # an index whose encoder lives outside it (``_record``)
+            digest = hashlib.sha256(f"{digest}\0{outside}".encode()).hexdigest()
+        return digest == sha
+
+    try:
+        digest_as_recorded(path, counts[0], counts[1], matches)
+    except NotAsRecorded as exc:
+        return str(exc)
+    return None
 
 
 def input_digests(records: dict[str, dict[str, Any]]) -> dict[str, str | None]:
