@@ -928,7 +928,9 @@ def test_the_rayjob_finds_the_head_by_its_service_and_sets_what_every_node_needs
         }
 
 
-def test_on_a_running_ray_cluster_the_job_plans_over_its_pods_and_needs_the_key(monkeypatch):
+def test_on_a_running_ray_cluster_the_job_plans_over_its_pods_and_needs_the_key(
+    tmp_path, monkeypatch
+):
     """A RayJob's ``cluster run`` reads the pods from Ray: a head that offers no CPU holds
     nothing; without the key secret the judge is never started."""
     listing = [
@@ -938,6 +940,8 @@ def test_on_a_running_ray_cluster_the_job_plans_over_its_pods_and_needs_the_key(
         {"ip": "10.0.0.4", "alive": False, "resources": {"CPU": 16.0, "GPU": 4.0}},
     ]
     assert cluster_job.nodes_from_ray(listing) == {"10.0.0.2": 4, "10.0.0.3": 4}
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))  # no config: the preset's own TP, offline
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     ask = cluster_plan.PlanAsk(judge=cluster_plan.JudgeAsk("Llama-3.1-8B-Instruct"))
     plan = cluster_plan.plan_for(ask, "raysubmit_1", {"10.0.0.2": 4, "10.0.0.3": 4})
     alloc = Allocation("raysubmit_1", ["10.0.0.2", "10.0.0.3"], {"10.0.0.2": 4, "10.0.0.3": 4})
