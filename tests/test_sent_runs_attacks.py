@@ -507,3 +507,29 @@ def test_a_folder_as_recorded_has_the_digest_it_was_made_with(tmp_path):
     with pytest.raises(NotAsRecorded):
         digest_as_recorded(root, made.size, made.files, made.sha256.__eq__, memo=tmp_path / "m2")
     assert not (tmp_path / "m2").exists()
+
+
+def test_a_study_roots_options_the_study_does_not_read_are_one_line(installed_run, tmp_path):
+    """``report STUDYROOT`` read ``study.json``'s options unchecked: a traceback."""
+    root = tmp_path / "study"
+    shutil.copytree(installed_run, root / "run")
+    study = {"format_version": 2, "study": "comprehensiveness", "runs": ["run"]}
+    study["options"] = {"method": "<not one of them>"}
+    (root / "study.json").write_text(json.dumps(study))
+    result = cli("report", root)
+    assert result.exit_code != 0, result.output
+    (error,) = one_error(result)
+    assert f"{root / 'study.json'}: record: field options.method: Input should be" in error
+
+
+@pytest.mark.parametrize("record", ["[]", '{"study": "comprehensiveness", "runs": "run"}', "{"])
+def test_a_study_record_compare_cannot_read_is_one_line(installed_run, tmp_path, record):
+    """``compare`` read ``study.json`` as bare JSON: a list, a record without runs, or a cut
+    file ended in a traceback."""
+    root = tmp_path / "study"
+    root.mkdir()
+    (root / "study.json").write_text(record)
+    result = cli("compare", root, installed_run)
+    assert result.exit_code != 0, result.output
+    (error,) = one_error(result)
+    assert f"{root / 'study.json'}: " in error, error

@@ -12,7 +12,6 @@ and are refused. No model is called: only what is on disk is read.
 from __future__ import annotations
 
 import itertools
-import json
 import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,12 +24,14 @@ from ..runtime.contract.config import UserError
 from ..runtime.contract.results import UNSCORED
 from ..runtime.stats import bca_interval, paired_test
 from ..runtime.store.contained import study_runs
+from ..runtime.store.manifest import StudyRecord
 from ..runtime.store.provenance import manifest_provenance, provenance_differences
 from ..runtime.store.run_dir import (
     MANIFEST,
     RESULTS,
     STUDY_FILE,
     read_manifest,
+    read_study,
     results_by_id,
 )
 
@@ -56,11 +57,12 @@ class RunScores:
         return set(self.scores) | set(self.unscored)
 
 
-def _study(path: Path) -> dict[str, Any] | None:
-    """The study file of a study root (None for a run directory)."""
+def _study(path: Path) -> StudyRecord | None:
+    """The study file of a study root (None for a run directory), checked as every reader
+    checks it (a sent one is one line naming what is wrong in it)."""
     if (path / MANIFEST).is_file() or not (path / STUDY_FILE).is_file():
         return None
-    return json.loads((path / STUDY_FILE).read_text())
+    return read_study(path)
 
 
 def run_dirs(path: Path) -> list[Path]:
@@ -68,7 +70,7 @@ def run_dirs(path: Path) -> list[Path]:
     meta = _study(path)
     if meta is None:
         return [path]
-    return list(study_runs(path, meta["runs"]).values())
+    return list(study_runs(path, meta.runs).values())
 
 
 def load_scores(path: Path) -> RunScores:
@@ -77,14 +79,14 @@ def load_scores(path: Path) -> RunScores:
     meta = _study(path)
     if meta is None:
         return _one_run(path)
-    if meta.get("repeats"):
+    if meta.repeats:
         return _repeated(path, [_one_run(d) for d in run_dirs(path)])
-    if len(meta["runs"]) == 1:
+    if len(meta.runs) == 1:
         inside = run_dirs(path)  # its one run, inside it
         if not inside:
             raise UserError(f"{path}: a study whose run is not recorded inside it")
         return _one_run(inside[0])
-    runs = ", ".join(str(path / key) for key in meta["runs"])
+    runs = ", ".join(str(path / key) for key in meta.runs)
     raise UserError(f"{path}: a study of several runs; compare one of them: {runs}")
 
 

@@ -39,6 +39,7 @@ def report(
 ) -> None:
     """Print each run's summary and tables (``as_json``: one JSON object per line instead); a
     study root also gets the study's combined tables."""
+    from ..runtime.contract.plugins import recorded_options
     from ..runtime.contract.plugins import study as find_study
 
     for path in paths:
@@ -62,7 +63,8 @@ def report(
             else:
                 print_repeats(table, out)
             continue
-        combined = study.combine(outcomes, study.Options.model_validate(meta.options))
+        options = recorded_options(study.Options, meta.options, study_file)
+        combined = study.combine(outcomes, options)
         if combined is None:
             continue
         if as_json:

@@ -190,18 +190,22 @@ def run_options(fw: Framework[Any, Any], manifest: Any, run_dir: Path) -> Any:
     """The options the run in ``run_dir`` recorded, as ``fw`` reads them; a record it does not
     read (a run from elsewhere, or of another version of the framework) is one line naming the
     field, never a traceback."""
+    return recorded_options(fw.Options, manifest.options, Path(run_dir) / "manifest.json")
+
+
+def recorded_options(model: type[Any], recorded: Any, record_file: Path) -> Any:
+    """``recorded`` (the options a run's manifest or a study's ``study.json`` holds) as
+    ``model`` reads them; what it does not read is one line naming the file and the field."""
     from pydantic import ValidationError
 
     from .config import UserError
 
     try:
-        return fw.Options.model_validate(manifest.options)
+        return model.model_validate(recorded)
     except ValidationError as exc:
         error = exc.errors()[0]
         where = ".".join(str(part) for part in error["loc"])
-        raise UserError(
-            f"{Path(run_dir) / 'manifest.json'}: record: field options.{where}: {error['msg']}"
-        ) from None
+        raise UserError(f"{record_file}: record: field options.{where}: {error['msg']}") from None
 
 
 def trusted_study(name: str, source: dict[str, Any]) -> Study[Any] | str:
