@@ -533,3 +533,58 @@ def test_a_study_record_compare_cannot_read_is_one_line(installed_run, tmp_path,
     assert result.exit_code != 0, result.output
     (error,) = one_error(result)
     assert f"{root / 'study.json'}: " in error, error
+
+
+def test_the_nli_model_a_run_names_is_neither_asked_of_the_hub_nor_hashed_by_calibrate(
+    installed_run, tmp_path, monkeypatch
+):
+    """``cascade calibrate`` names a run's NLI tier by the model's content: with no record of
+    it in the run, the name the run gives was asked of the Hub (with the reader's token) or
+    hashed as a path. Now: the local cache's commit for a hub id, else an explicit unknown."""
+    import huggingface_hub.constants
+    from aiohttp import web
+
+    from groundcover.pipelines.comprehensiveness.common import ComprehensivenessOptions
+    from groundcover.pipelines.reports.audits.cascade import UNKNOWN_NLI_MODEL, nli_model_of
+    from groundcover.pipelines.runtime.store.run_dir import read_manifest
+    from groundcover.serving import content
+    from tests.support.loopback import serve_app
+
+    asked: list[str] = []
+
+    async def anything(request: web.Request) -> web.Response:
+        asked.append(request.path)
+        return web.json_response({"sha": "0" * 40, "id": "sender/nli-beacon"})
+
+    application = web.Application()
+    application.router.add_route("*", "/{tail:.*}", anything)
+    manifest = read_manifest(installed_run / "manifest.json")
+    mine = folder_of(tmp_path / "reader" / "checkpoint", 2)
+    cache = tmp_path / "hf"
+    refs = cache / "models--reader--nli" / "refs"
+    refs.mkdir(parents=True)
+    (refs / "main").write_text("c" * 40)
+    monkeypatch.setenv("HF_HUB_CACHE", str(cache))
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
+    content._hub_commit.cache_clear()
+    found = {}
+    with serve_app(application) as url, reads_of(str(mine)) as seen:
+        hub = url.removesuffix("/v1")
+        monkeypatch.setenv("HF_ENDPOINT", hub)
+        monkeypatch.setattr(huggingface_hub.constants, "ENDPOINT", hub)
+        for model in ("sender/nli-beacon", str(mine), "reader/nli"):
+            options = ComprehensivenessOptions(
+                input=tmp_path / "items.jsonl",
+                method="nli",
+                nli_backend="cross-encoder",
+                nli_model=model,
+            )
+            found[model] = nli_model_of(manifest, options)
+    content._hub_commit.cache_clear()
+    assert asked == [] and seen == []
+    assert found == {
+        "sender/nli-beacon": UNKNOWN_NLI_MODEL,
+        str(mine): UNKNOWN_NLI_MODEL,
+        "reader/nli": "c" * 40,  # the reader's own cache says which commit it is
+    }

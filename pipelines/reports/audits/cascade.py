@@ -509,17 +509,24 @@ def lone_confidences(
     return out
 
 
+UNKNOWN_NLI_MODEL = "unknown (the run records no content of its NLI model)"
+
+
 def nli_model_of(manifest: Any, options: Any) -> str:
     """The content digest of the NLI model a run scored pairs with, as its manifest recorded it
-    (where the checkpoint lives now plays no part), else as it is found now."""
-    from ...runtime.execution.solve import nli_model_digest
+    (where the checkpoint lives now plays no part), else the commit a hub id has in the local
+    Hugging Face cache, else ``UNKNOWN_NLI_MODEL`` (a calibration no run's model matches). The
+    name is the run's word: it is never asked of the Hub (with the reader's token) nor hashed
+    as a path (a folder of the reader's, a kernel file)."""
+    from ....serving.content import hub_revision
 
     used = options.cross_encoder() if hasattr(options, "cross_encoder") else None
-    name = None if used is None else used[0]
+    name = None if used is None else str(used[0])
     for record in (manifest.inputs or {}).values():
         if record.get("kind") == "model" and record.get("name") == name and record.get("sha256"):
             return str(record["sha256"])
-    return str(nli_model_digest(options) or "?")
+    cached = hub_revision(name, online=False) if name and "/" in name else None
+    return cached or UNKNOWN_NLI_MODEL
 
 
 def checked_apart(item: str, seed: int, share: float) -> bool:
