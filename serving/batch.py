@@ -9,7 +9,8 @@ their next stage, whose requests make the next round.
 
 Two executors run a batch file: ``OpenAIBatches`` (an OpenAI-compatible ``/files`` +
 ``/batches`` endpoint: a hosted provider at its batch price) and ``LocalRunBatch`` (``vllm
-run-batch`` for a model served here, at the engine's own pace, with no server).
+run-batch`` for a model served here, at the engine's own pace, with no server:
+``batch_local.py``). What a provider's words mean is ``batch_said.py``'s table.
 
 Bought once, whatever the provider does:
 
@@ -53,20 +54,54 @@ import os
 import random
 import re
 import secrets
-import signal
-import subprocess
-import sys
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
 import aiohttp
 
+from .batch_local import (
+    LocalRunBatch,
+    command_line,
+    end_engine_group,
+    process_start,
+)
+from .batch_said import (
+    PROVIDER_MESSAGES,
+    REJECT,
+    SPLIT,
+    STOP,
+    WAIT,
+    BatchState,
+    Said,
+    batch_errors,
+    error_text,
+    meaning_of,
+    words,
+)
 from .files import atomic_file, make_dirs, open_unlinked, write_atomic
-from .redact import redact, remember
+from .redact import remember
+
+__all__ = [  # re-exported: the local engine and the provider's words, from their own modules
+    "PROVIDER_MESSAGES",
+    "REJECT",
+    "SPLIT",
+    "STOP",
+    "WAIT",
+    "BatchState",
+    "LocalRunBatch",
+    "Said",
+    "batch_errors",
+    "command_line",
+    "end_engine_group",
+    "error_text",
+    "meaning_of",
+    "process_start",
+    "words",
+]
 
 CHAT_URL = "/v1/chat/completions"  # the one endpoint a batch line names (the Batch API's)
 TERMINAL = frozenset({"completed", "failed", "expired", "cancelled"})
@@ -79,15 +114,8 @@ MAX_BYTES = 200_000_000  # OpenAI's limit per batch file
 TAG_FIELD = "groundcover"  # the metadata key a batch's tag goes in
 FOLDER_FILE = "folder.json"  # a folder's own nonce: the tags of its batches
 LEDGER = "ledger.jsonl"
-WORDS_KEPT = 300  # characters of a provider's words kept per failure
 DOWNLOADS = 3  # tries of a download that is short, cut, undecodable or not there yet
 ONCE = frozenset({"cut", "vanished", "stuck"})  # lines paid for but lost: bought again once
-
-
-def words(text: Any, limit: int = WORDS_KEPT) -> str:
-    """A provider's words on one line, secrets redacted *before* anything is cut (a key cut in
-    half would no longer be recognised)."""
-    return " ".join(redact(str(text)).split())[:limit]
 
 
 class BatchError(RuntimeError):
@@ -114,220 +142,6 @@ class AskOnline(RuntimeError):
 class LineFailed(RuntimeError):
     """A request whose line failed in ``max_attempts`` batches, or was refused: its item
     fails."""
-
-
-# ---- what a provider's words mean -------------------------------------------------------------
-
-WAIT = "wait"  # a queue, rate or capacity limit of the account: the same batch, later
-SPLIT = "split"  # this batch is too big for the provider: two halves
-REJECT = "reject"  # this line is wrong: its item fails
-STOP = "stop"  # the account or the key cannot buy: the run stops
-
-
-@dataclass(frozen=True)
-class Said:
-    """One documented provider message: what it means, the words that identify it, the text
-    as documented (tested: each example is read as its meaning) and where it is documented."""
-
-    meaning: str
-    words: str  # a regular expression, searched case-insensitively
-    example: str
-    source: str
-    code: str = ""  # the error code the provider sends with it, where it sends one
-
-
-# Ordered: the first entry whose words match decides. The limits of the account come first, so
-# "Enqueued token limit reached" is never read as a batch too big for its tokens.
-PROVIDER_MESSAGES: tuple[Said, ...] = (
-    Said(
-        WAIT,
-        r"enqueued token limit reached",
-        "Enqueued token limit reached for gpt-4o-mini in organization org-abc. Limit: "
-        "2,000,000 enqueued tokens. Please try again once some in_progress batches have been "
-        "completed.",
-        "OpenAI, a failed batch's errors.data (quoted in github.com/openai/openai-python "
-        "issue 2084)",
-        "token_limit_exceeded",
-    ),
-    Said(
-        WAIT,
-        r"number of enqueued tokens has surpassed",
-        "The number of enqueued tokens has surpassed the configured limit of 30K for the "
-        "deployment 'gpt-4.1-batch'. Please either increase the limit or try again once the "
-        "current jobs have finished.",
-        "Azure OpenAI global batch, a failed batch's errors.data (learn.microsoft.com/en-us/"
-        "answers/questions/2285577)",
-        "token_limit_exceeded",
-    ),
-    Said(
-        WAIT,
-        r"batch rate limit exceeded",
-        "Batch rate limit exceeded",
-        "LiteLLM proxy, a 429 to POST /batches under batch_enqueued_token_limit, quoted as far "
-        "as its pull request gives it (github.com/BerriAI/litellm pull 37539)",
-    ),
-    Said(
-        WAIT,
-        r"batches in a non-terminal state",
-        "Returns 429 (batch_limit_exceeded) if the owner already has 10 or more batches in a "
-        "non-terminal state.",
-        "Mesh API, the documented 429 of POST /v1/batches (developers.meshapi.ai, Create Batch)",
-        "batch_limit_exceeded",
-    ),
-    Said(
-        WAIT,
-        r"exceeded token rate limit|rate limit (reached|exceeded)",
-        "Requests to the ChatCompletions_Create Operation under Azure OpenAI API version "
-        "2024-10-01-preview have exceeded token rate limit of your current AIServices S0 "
-        "pricing tier. Please retry after 37 seconds.",
-        "Azure OpenAI, a 429 (learn.microsoft.com/en-us/answers/questions/2140040)",
-        "rate_limit_exceeded",
-    ),
-    Said(
-        WAIT,
-        r"resource_exhausted|gemini-api/docs/rate-limits",
-        "You exceeded your current quota, please check your plan and billing details. For more "
-        "information on this error, head to: https://ai.google.dev/gemini-api/docs/rate-limits",
-        "Gemini Batch API, a 429 RESOURCE_EXHAUSTED that passes (quoted in "
-        "github.com/googleapis/js-genai issue 1264): the same first words as OpenAI's below",
-        "RESOURCE_EXHAUSTED",
-    ),
-    Said(
-        STOP,
-        r"exceeded your current quota|insufficient_quota",
-        "You exceeded your current quota, please check your plan and billing details.",
-        "OpenAI's insufficient_quota, a 429 that waiting does not end (the code as listed in "
-        "docs.zerogpu.ai/api-reference/batch/errors, which mirrors OpenAI's)",
-        "insufficient_quota",
-    ),
-    Said(
-        SPLIT,
-        r"max allowed tokens per submitted batch",
-        "The max allowed tokens per submitted batch is 120000. Your batch has 147910 tokens "
-        "after truncation. TOO_MANY_TOKENS_IN_BATCH",
-        "Voyage AI, a 400 for a batch's tokens (quoted in github.com/kenn-io/agentsview "
-        "issue 1356)",
-    ),
-    Said(
-        SPLIT,
-        r"^file is too large",
-        "File is too large.",
-        "OpenAI, a 400 to POST /files past 200 MB (quoted in github.com/bespokelabsai/curator "
-        "issue 111)",
-    ),
-    Said(
-        SPLIT,
-        r"exceeds the configured max_batch_file_size_mb",
-        "Batch input file is 12.0 MB, which exceeds the configured max_batch_file_size_mb of "
-        "10 MB. The file was not forwarded to the provider.",
-        "LiteLLM proxy, a 413 to POST /files (github.com/BerriAI/litellm pull 37527)",
-    ),
-    Said(
-        REJECT,
-        r"maximum context length is",
-        "This model's maximum context length is 128000 tokens. However, you requested 1000024 "
-        "tokens (24 in the messages, 1000000 in the completion). Please reduce the length of "
-        "the messages or completion.",
-        "OpenAI, a line's 400 in the error file (quoted in github.com/openai/openai-openapi "
-        "issue 302); vLLM words it the same (vllm/renderers/params.py)",
-        "context_length_exceeded",
-    ),
-    Said(
-        REJECT,
-        r"must not be sent in stream mode",
-        "Request must not be sent in stream mode",
-        "vLLM run-batch, a line's 400 (vllm/entrypoints/launchers/run_batch.py, 0.32)",
-    ),
-    Said(
-        REJECT,
-        r"model does not support endpoint",
-        "Model does not support endpoint: /v1/chat/completions",
-        "vLLM run-batch, a line's 400 (vllm/entrypoints/launchers/run_batch.py, 0.32)",
-    ),
-    Said(
-        REJECT,
-        r"url \S+ was used\. supported endpoints",
-        "URL /v1/completion was used. Supported endpoints: /v1/chat/completions, "
-        "/v1/embeddings, /v1/audio/transcriptions, /v1/audio/translations, /score,  /rerank.",
-        "vLLM run-batch, a line's 400 (vllm/entrypoints/launchers/run_batch.py, 0.32)",
-    ),
-)
-_PATTERNS = [(said, re.compile(said.words, re.IGNORECASE)) for said in PROVIDER_MESSAGES]
-# undocumented wordings of a batch too big for the provider: a batch or file named, a size
-# exceeded, and nothing said about a queue (an account's limit waits; see WAIT above)
-_SIZE_WORDS = re.compile(
-    r"(?i)\b(batch|file)\b.*\b(too (large|big|many)|exceed(s|ed)? (the )?(max|limit|size))"
-)
-_QUEUE_WORDS = re.compile(r"(?i)enqueued|in.progress|try again|retry after|rate.limit")
-
-
-def meaning_of(message: str, code: str = "") -> str | None:
-    """What a provider's words mean (``WAIT``, ``SPLIT``, ``REJECT``, ``STOP``; None: not known):
-    the table first, by words, then by code; then an undocumented size wording."""
-    for said, pattern in _PATTERNS:
-        if pattern.search(message):
-            return said.meaning
-    for said, _ in _PATTERNS:
-        if said.code and code == said.code:
-            return said.meaning
-    if _SIZE_WORDS.search(message) and not _QUEUE_WORDS.search(message):
-        return SPLIT
-    return None
-
-
-def batch_errors(value: Any) -> list[dict[str, Any]]:
-    """A batch's ``errors`` in any shape (OpenAI's ``{"data": [...]}``, a bare list, one object,
-    a string) as entries of ``code``, ``message`` and ``line`` (None: the whole batch)."""
-    if isinstance(value, dict) and "data" in value:
-        value = value["data"]
-    if value is None:
-        return []
-    entries = value if isinstance(value, list) else [value]
-    found = []
-    for entry in entries:
-        if entry is None:
-            continue
-        line = entry.get("line") if isinstance(entry, dict) else None
-        code = entry.get("code") if isinstance(entry, dict) else None
-        found.append(
-            {
-                "code": str(code) if isinstance(code, str | int) else "",
-                "message": words(error_text(entry)) or "no message",
-                "line": line if isinstance(line, int) and not isinstance(line, bool) else None,
-            }
-        )
-    return found
-
-
-def error_text(error: Any) -> str:
-    """A line's or a batch's error as words: OpenAI's ``{"message"}``, vLLM's ``{"error":
-    {"message"}}``, a list of them, or a string (never a dict's repr)."""
-    if isinstance(error, dict):
-        inner = error.get("error")
-        if isinstance(inner, dict | str | list):
-            return error_text(inner)
-        if error.get("message"):
-            return str(error["message"])
-        return json.dumps(error, ensure_ascii=False, default=str)
-    if isinstance(error, list):
-        return "; ".join(filter(None, (error_text(e) for e in error)))
-    return "" if error is None else str(error)
-
-
-@dataclass
-class BatchState:
-    """Where a submitted batch stands; at a terminal status, its output and error files (bytes:
-    read line by line, a line that is not UTF-8 fails alone) and what the provider said."""
-
-    status: str
-    output: bytes = b""  # JSONL: {"custom_id", "response": {"status_code", "body"}, "error"}
-    errors: bytes = b""  # JSONL of the lines the provider failed
-    message: str = ""  # why a batch failed as a whole
-    said: list[dict[str, Any]] = field(default_factory=list)  # ``batch_errors``
-    counts: dict[str, int] = field(default_factory=dict)  # the batch's request_counts
-    expires_at: float | None = None  # unix seconds, as the provider says
-    note: str = ""  # why the output is incomplete after its downloads ("" whole, or none)
-    lost: str = ""  # the cause of the lines an incomplete output lacks (``ONCE``, unreadable)
 
 
 class Executor(Protocol):
@@ -870,201 +684,6 @@ def _read_lines(path: Path) -> dict[str, dict[str, Any]]:
             row = json.loads(line)
             lines[row["custom_id"]] = row["body"]
     return lines
-
-
-# ---- the local engine -----------------------------------------------------------------------
-
-# one local engine at a time per device in a process: (device, event loop) -> its lock
-_ENGINES: dict[tuple[str, int], asyncio.Lock] = {}
-GUARD = Path(__file__).with_name("engine_guard.py")  # run as a script: no package import
-
-
-def process_start(pid: int) -> str | None:
-    """A process's start time (``/proc/PID/stat`` field 22): a pid with another start is
-    another process."""
-    found = _stat(pid)
-    return found[19] if found is not None else None
-
-
-def _stat(pid: int) -> list[str] | None:
-    """``/proc/PID/stat``'s fields after the command (state first), or None: gone."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    return stat.rsplit(")", 1)[1].split()
-
-
-def command_line(pid: int) -> list[str] | None:
-    try:
-        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
-    except OSError:
-        return None
-    return [part.decode("utf-8", "replace") for part in raw.split(b"\0") if part]
-
-
-def end_engine_group(pgid: int, start: str, command: list[str] | None) -> list[int]:
-    """End what a killed run's engine left: the group ``pgid`` whose leader started at
-    ``start`` (clock ticks) with ``command``. The leader, if it is still that process, and every
-    member of its group started no earlier than it (a pid is not reused while its group lives,
-    so a member of the group is the engine's): EngineCore outlives a leader killed alone. The
-    pids signalled."""
-    if pgid <= 1 or pgid == os.getpgrp():
-        return []
-    ended = []
-    leader = _stat(pgid)
-    same = leader is not None and leader[19] == start
-    if same and command is not None and command_line(pgid) != command:
-        same = False  # the pid is another program's now
-    for pid in _pids():
-        found = _stat(pid)
-        if found is None or found[0] == "Z" or int(found[2]) != pgid:
-            continue
-        if pid == pgid and not same:
-            continue
-        if int(found[19]) < int(start):  # older than the engine: not its
-            continue
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.kill(pid, signal.SIGKILL)
-            ended.append(pid)
-    return ended
-
-
-def _pids() -> Iterable[int]:
-    with contextlib.suppress(OSError):
-        for entry in os.scandir("/proc"):
-            if entry.name.isdigit():
-                yield int(entry.name)
-
-
-class LocalRunBatch:
-    """``vllm run-batch`` on a model served here: one process per batch, the model loaded by
-    it (no server), the output file written beside the input. It runs under a small guard
-    (``engine_guard.py``) that leads its process group and ends the whole group -- the engine's
-    EngineCore included -- when the engine exits, when told to stop, or when the run that
-    started it dies (even by ``kill -9``). One still running from a killed run (its group, start
-    time and command line are in the ledger) is ended by the resume, whose batch then runs
-    again: nothing was bought. One engine runs at a time per device."""
-
-    name = "vllm-run-batch"
-    window = "24h"
-
-    def __init__(
-        self, command: Callable[[Path, Path], list[str]], env: dict[str, str], device: str = ""
-    ):
-        self.command = command  # (input, output) -> argv
-        self.env = env
-        self.device = device
-        self.running: dict[str, subprocess.Popen] = {}
-        self.cancelled: set[str] = set()  # batches whose engine was told to stop
-        self.tagged: dict[str, str] = {}  # an engine is never found by a listing
-
-    @property
-    def engine(self) -> asyncio.Lock:
-        return _ENGINES.setdefault((self.device, id(asyncio.get_running_loop())), asyncio.Lock())
-
-    async def upload(self, path: Path) -> str:
-        return path.name  # the file is read where it lies
-
-    async def find(self, tag: str, file_id: str) -> str | None:
-        return None  # an engine is never left running a batch nobody records: run it again
-
-    async def scan(self, prefix: str, since: float) -> None:
-        pass
-
-    async def create(self, file_id: str, path: Path, tag: str) -> str:
-        await self.engine.acquire()  # released when the process ends (``poll``)
-        out = _output_of(path)
-        out.unlink(missing_ok=True)
-        try:
-            log = _open_log(path.with_suffix(".log"))
-            try:
-                process = subprocess.Popen(
-                    [sys.executable, str(GUARD), "--parent", str(os.getpid()), "--"]
-                    + self.command(path, out),
-                    stdout=log,
-                    stderr=subprocess.STDOUT,
-                    env=self.env,
-                    start_new_session=True,  # the guard leads a group of its own: ended whole
-                )
-            finally:
-                os.close(log)
-        except BaseException:
-            self.engine.release()
-            raise
-        batch_id = f"local-{path.parent.name}-{path.stem}"  # unique across driver folders
-        self.running[batch_id] = process
-        return batch_id
-
-    def about(self, batch_id: str) -> dict[str, Any]:
-        process = self.running.get(batch_id)
-        if process is None:
-            return {}
-        return {
-            "pid": process.pid,
-            "pid_start": process_start(process.pid),
-            "command": command_line(process.pid),
-        }
-
-    def found_pending(self, event: dict[str, Any]) -> None:
-        """A batch a killed run left pending: its engine's group, if anything of it outlived
-        the run, is ended (by group, start time and command line)."""
-        pid, start, command = event.get("pid"), event.get("pid_start"), event.get("command")
-        if isinstance(pid, int) and isinstance(start, str) and start.isdigit():
-            end_engine_group(pid, start, command if isinstance(command, list) else None)
-
-    async def poll(self, batch_id: str, path: Path) -> BatchState:
-        process = self.running.get(batch_id)
-        if process is not None and process.poll() is None:
-            return BatchState("in_progress")
-        out = _output_of(path)
-        if process is None:  # from before a kill: the process went with the run
-            if out.is_file():
-                return BatchState("completed", output=out.read_bytes())
-            return BatchState("expired", message="vllm run-batch ended with the run before it")
-        self.running.pop(batch_id)
-        self.engine.release()
-        if process.returncode == 0 and out.is_file():
-            return BatchState("completed", output=out.read_bytes())
-        if batch_id in self.cancelled:  # stopped on purpose: what it wrote is used
-            return BatchState("cancelled", output=out.read_bytes() if out.is_file() else b"")
-        tail = path.with_suffix(".log").read_text(errors="replace").strip().splitlines()[-3:]
-        return BatchState(
-            "failed",
-            message=words(f"vllm run-batch exited {process.returncode}: {' | '.join(tail)}"),
-        )
-
-    async def cancel(self, batch_id: str) -> None:
-        process = self.running.get(batch_id)
-        if process is not None:
-            self.cancelled.add(batch_id)
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(process.pid, signal.SIGTERM)  # the guard ends its group
-
-    async def close(self) -> None:
-        """Every engine still running ended: its guard asked first (it ends the whole group,
-        a descendant that left it too), the group killed if the guard has not in 5 s."""
-        for process in self.running.values():
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(process.pid, signal.SIGTERM)
-        for process in self.running.values():
-            try:
-                process.wait(5)
-            except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(process.pid, signal.SIGKILL)
-                process.wait()
-            self.engine.release()
-        self.running.clear()
-
-
-def _open_log(path: Path) -> int:
-    """The engine's log, opened for the child to write (never through a link)."""
-    return open_unlinked(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, within=path.parent)
-
-
-def _output_of(path: Path) -> Path:
-    return path.with_name(f"{path.stem}.out.jsonl")
 
 
 # ---- the batcher ----------------------------------------------------------------------------
