@@ -955,8 +955,11 @@ def run(job: Job, tiktoken: Path | None) -> int:
         cluster = Cluster(alloc, plan, job.ray, stopping, head, logs)
         cluster.choose_ports(fixed=job.port_base is not None)
         dry_run_command(job, cluster)
-        make_dirs(logs)
-        write_atomic(logs / "plan.json", json.dumps(plan.as_json(), indent=1) + "\n")
+        within = logs.parent  # the run directory (or where the job was submitted): named
+        make_dirs(within)
+        make_dirs(logs, within=within)
+        plan_text = json.dumps(plan.as_json(), indent=1) + "\n"
+        write_atomic(logs / "plan.json", plan_text, within=within)
         cluster.start()
         command = run_services(job, cluster)
         say("running: " + shlex.join(command))
