@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import shutil
 import sqlite3
 import threading
@@ -588,3 +589,47 @@ def test_the_nli_model_a_run_names_is_neither_asked_of_the_hub_nor_hashed_by_cal
         str(mine): UNKNOWN_NLI_MODEL,
         "reader/nli": "c" * 40,  # the reader's own cache says which commit it is
     }
+
+
+SENT_IDS = ["../../../../tmp/gc-planted", "/tmp/gc-absolute", "a\\..\\..\\b", "..", "q.ok-1"]
+
+
+def test_an_inspect_logs_sample_files_are_named_inside_the_archive_whatever_the_ids(
+    installed_run, tmp_path
+):
+    """inspect_ai names each sample's file in the ``.eval`` zip after its id: a sent run's ids
+    named ``samples/../../../../tmp/...`` and absolute paths, which an unzipper writes where
+    they lead. The names are plain now, the ids kept as data, and inspect_ai reads it all."""
+    import zipfile
+
+    inspect_log = pytest.importorskip("inspect_ai.log", reason="inspect_ai not installed")
+    run = tmp_path / "bundle" / "run"
+    shutil.copytree(installed_run, run)
+    lines = (run / "results.jsonl").read_text().splitlines()
+    records = [json.loads(line) for line in lines]
+    assert len(records) == 2
+    for record, sent in zip(records, SENT_IDS[:2], strict=True):
+        record["id"] = sent
+    (run / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    out = tmp_path / "out.eval"
+    exported = cli("report", run, "--export", out)
+    assert exported.exit_code == 0, exported.output
+    names = zipfile.ZipFile(out).namelist()
+    for name in names:
+        parts = name.replace("\\", "/").split("/")
+        assert not name.startswith("/") and ".." not in parts and "tmp" not in parts, name
+    samples = [n for n in names if n.startswith("samples/")]
+    assert len(samples) == 2 and all(n.count("/") == 1 for n in samples), names
+    log = inspect_log.read_eval_log(str(out))
+    assert sorted(s.metadata["id"] for s in log.samples) == sorted(SENT_IDS[:2])
+    for sample in log.samples:
+        again = inspect_log.read_eval_log_sample(str(out), id=sample.id, epoch=1)
+        assert again.metadata["id"] == sample.metadata["id"]
+
+
+def test_sample_ids_are_plain_names_made_of_the_ids():
+    from groundcover.pipelines.reports.exports.inspect_log import sample_id
+
+    made = [sample_id(i) for i in SENT_IDS]
+    assert made[-1] == "q.ok-1" and len(set(made)) == len(SENT_IDS)
+    assert all(re.fullmatch(r"[A-Za-z0-9_.-]+", m) and ".." not in m for m in made), made

@@ -9,6 +9,9 @@ extra ``groundcover[inspect]``). One sample per recorded item:
 - ``scores``: each per-item metric (``Framework.item_metrics``) as an inspect score, the item's
   explanation on ``score``; an undefined metric is left out (inspect has no "no value"), and an
   item without a score carries none, its status in the sample's metadata;
+- the sample's id is the item's where that is a plain name (inspect_ai names the sample's file
+  in the archive after it), else a plain name made of it (``sample_id``); the item's own id is
+  in the sample's metadata (``id``);
 - per-role and per-model token usage; the status, failure and usage by stage in the sample's
   metadata (the framework's details stay in the run directory and the Parquet export: they are
   large, and inspect walks every byte of a sample).
@@ -212,7 +215,7 @@ def sample(
         explanation = record.explanation if name == "score" else None
         scores[name] = Score(value=value, answer=answer or None, explanation=explanation)
     return EvalSample(
-        id=record.id,
+        id=sample_id(record.id),
         epoch=1,
         input=question,
         target=(text.reference if text else None) or "",
@@ -220,6 +223,7 @@ def sample(
         output=ModelOutput.from_content(answering, answer),
         scores=scores or None,
         metadata={
+            "id": record.id,  # the item's own id, as data (``sample_id`` names its file)
             "status": record.status,
             "explanation": record.explanation,
             "failure": record.failure.model_dump() if record.failure else None,
@@ -229,6 +233,22 @@ def sample(
         model_usage=model_usage,
         role_usage=role_usage,
     )
+
+
+_PLAIN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]*(\.[A-Za-z0-9_-]+)*")
+
+
+def sample_id(item_id: str) -> str:
+    """The id a sample has in the log, which inspect_ai makes the name of the sample's file in
+    the archive (``samples/ID_epoch_1.json``): the item's id where it is a plain name, else a
+    plain name made of it with a digest of the whole id added (a sent run's ids such as
+    ``../../x`` or ``/tmp/x`` name no file outside ``samples/`` in any unzipper)."""
+    import hashlib
+
+    if _PLAIN_ID.fullmatch(item_id) and len(item_id) <= 128:
+        return item_id
+    slug = re.sub(r"[^A-Za-z0-9_-]+", "-", item_id).strip("-")[:64] or "item"
+    return f"{slug}-{hashlib.sha256(item_id.encode()).hexdigest()[:16]}"
 
 
 def _item_usage(run: RunRows, usage: dict[str, Any], models: dict[str, str], by_model: bool) -> Any:
