@@ -469,3 +469,32 @@ def test_prefetch_on_the_login_node_and_the_offline_check_on_a_compute_node(tmp_
         assert "acme/gated-judge is gated: accept its licence" in refused.stderr
         token = {"HF_TOKEN": "hf_user", "HF_HUB_OFFLINE": "0"}
         assert cluster("prefetch", *gated, home=tmp_path, **env, **token).returncode == 0
+
+
+def test_the_plan_dry_runs_the_command_where_what_it_reads_is_here(tmp_path, plan_here):
+    """With everything the command reads on this node (a judge folder, its items), the plan
+    runs the command's own dry run: an items file with a bad record is refused now, in one
+    line naming file, record and field -- not after a judge has loaded. Where something is
+    missing, the job runs it first."""
+    folder = tmp_path / "Llama-3.1-8B"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(LLAMA_8B))
+    items = tmp_path / "items.jsonl"
+    items.write_text((ROOT / "examples" / "comprehensiveness.jsonl").read_text())
+    job = ["--allocation", "1x1", "--gpu-memory", "80", "--judge", str(folder), "--json", "--"]
+    comp = ["groundcover", "eval", "comprehensiveness"]
+    done = plan_here(*job, *comp, str(items))
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["command_dry_run"].startswith("passed")
+    assert "dry run: inputs checked" in done.stderr  # the command's own, on stderr
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(items.read_text().splitlines()[0] + '\n{"id": "x2"}\n')
+    refused = plan_here(*job, *comp, str(bad))
+    assert refused.returncode == 2 and refused.stdout == ""
+    assert refused.stderr.strip().splitlines() == [
+        f"error: cluster plan: {bad}:2: record 'x2': field query: Field required (+2 more)"
+    ]
+    waits = plan_here(*job[:-1], "--nli", NLI, "--", *comp, str(items), "--method", "nli")
+    assert waits.returncode == 2  # no cross-encoder: refused by the command's options
+    later = plan_here(*job, *FANOUTQA)  # fanoutqa-dev is not fetched here
+    assert json.loads(later.stdout)["command_dry_run"].startswith("in the job, first")

@@ -340,7 +340,8 @@ def placeholder_flags(ask: Any, accepts: frozenset[str], served: str | None) -> 
     if ask.nli:
         flags += [NLI_FLAG, ask.nli_app]
     if ask.judge:
-        flags += ["--endpoint", "http://127.0.0.1:8000/v1", "--model", served or ask.judge.model]
+        # a port nothing serves: a dry run notes the endpoint down and goes on
+        flags += ["--endpoint", "http://127.0.0.1:9/v1", "--model", served or ask.judge.model]
         flags += ["--api-key-env", "GROUNDCOVER_SERVE_API_KEY", "--model-revision", "planned"]
         if ask.judge.loras:
             flags += ["--adapter-prefix", f"{served}:"]
@@ -551,6 +552,7 @@ def plan(**given: Any) -> None:
     with one_line("plan"):
         prepared = prepare(given)
         found, _ = make_plan(prepared, given.get("allocation"))
+        found.command_dry_run = dry_run_here(prepared)
     if json_out:
         print(json.dumps(found.as_json(), indent=1))
         return
@@ -558,6 +560,24 @@ def plan(**given: Any) -> None:
         print(line)
     for line in input_lines(prepared):
         print(line)
+    print(f"plan: the command's dry run: {found.command_dry_run}")
+
+
+def dry_run_here(prepared: Prepared) -> str:
+    """The command's own dry run, here, where everything it reads is here (after prefetch):
+    its items loaded and checked, its runs listed, what each would ask (on stderr); a
+    command that cannot run is refused now. Where something is missing the job runs it first,
+    once the offline check has passed."""
+    from ..runtime.execution.execute import execute
+
+    checked = prepared.checked
+    if checked.study is None:
+        return "none (the command has no --dry-run; its flags were checked)"
+    if any(check_need(need) for need in prepared.needs):
+        return "in the job, first (what it reads is not all here: groundcover cluster prefetch)"
+    with contextlib.redirect_stdout(sys.stderr):  # stdout holds the plan alone
+        execute(checked.study, checked.request, no_cache=True, quiet=True, dry_run=True)
+    return "passed (its estimate above, on stderr)"
 
 
 def input_lines(prepared: Prepared) -> list[str]:

@@ -337,6 +337,7 @@ class Plan:
     dashboard: bool = False
     inputs: dict[str, Any] = field(default_factory=dict)
     command: list[str] = field(default_factory=list)
+    command_dry_run: str | None = None  # passed | waits for its inputs | none (no --dry-run)
 
     @property
     def drivers(self) -> int:
@@ -414,6 +415,7 @@ class Plan:
             "dashboard": self.dashboard,
             "inputs": self.inputs,
             "command": self.command,
+            "command_dry_run": self.command_dry_run,
         }
 
     def lines(self) -> list[str]:
