@@ -38,6 +38,10 @@ class UnsafePath(ValueError):
     not a regular file / folder): the message is one line naming the path."""
 
 
+class NoFolder(UnsafePath):
+    """A write refused because the folder it goes in is not there (or is not a folder)."""
+
+
 def _parts_below(target: Path, root: Path) -> tuple[str, ...]:
     try:
         rest = Path(target).relative_to(root)
@@ -182,7 +186,10 @@ def _atomic(target: Path, mode: str, within: Path | None, permissions: int) -> I
         target = _resolve_named(target)
     else:
         _parts_below(target, Path(within))  # '..' or outside: refused before anything opens
-    folder = _open_folder(target.parent, within)
+    try:
+        folder = _open_folder(target.parent, within)
+    except (FileNotFoundError, NotADirectoryError):
+        raise NoFolder(f"{target}: no folder {target.parent} to write it in") from None
     try:
         if within is not None:
             _check_name(folder, target)

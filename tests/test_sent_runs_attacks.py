@@ -633,3 +633,22 @@ def test_sample_ids_are_plain_names_made_of_the_ids():
     made = [sample_id(i) for i in SENT_IDS]
     assert made[-1] == "q.ok-1" and len(set(made)) == len(SENT_IDS)
     assert all(re.fullmatch(r"[A-Za-z0-9_.-]+", m) and ".." not in m for m in made), made
+
+
+@pytest.mark.parametrize("name", ["x.eval", "x.csv", "x.parquet", "page.html", "labels.csv"])
+def test_an_output_in_a_folder_that_is_not_there_is_one_line(made, tmp_path, name):
+    """``report --export DIR/x.eval`` (csv, parquet, ``--html``, ``labels export``) with no
+    folder DIR ended in a FileNotFoundError traceback: one line naming the path, nothing
+    written."""
+    out = tmp_path / "not-there" / name
+    if name == "page.html":
+        args: tuple[object, ...] = ("report", made, "--html", out)
+    elif name == "labels.csv":
+        args = ("labels", "export", made, out)
+    else:
+        args = ("report", made, "--export", out)
+    result = cli(*args)
+    assert result.exit_code != 0, result.output
+    (error,) = one_error(result)
+    assert f"{out}: no folder {out.parent} to write it in" in error, error
+    assert not out.parent.exists()

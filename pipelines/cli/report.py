@@ -94,17 +94,24 @@ def check_outputs(
     runs: list[Path], html: Path | None, export: Path | None = None, kind: str | None = None
 ) -> None:
     """A name made here for an output (the page beside the run, the tables beside an export)
-    that is a link is refused in one line before anything is read or printed."""
-    from ...serving.files import check_within
+    that is a link, or an output whose folder is not there, is refused in one line before
+    anything is read or printed."""
+    from ...serving.files import NoFolder, check_within
     from ..reports.exports.export import made_beside
 
+    typed = [export]
     if html is not None:
         out, within = page_path(html, runs)
         if within is not None:
             check_within(out, within)
+        else:
+            typed.append(out)
     if export is not None and kind is not None:
         for made in made_beside(export, kind):
             check_within(made, export.parent)
+    for path in typed:
+        if path is not None and not path.parent.is_dir():  # said before anything is printed
+            raise NoFolder(f"{path}: no folder {path.parent} to write it in")
 
 
 def page_path(html: Path, runs: list[Path]) -> tuple[Path, Path | None]:
