@@ -652,3 +652,29 @@ def test_an_output_in_a_folder_that_is_not_there_is_one_line(made, tmp_path, nam
     (error,) = one_error(result)
     assert f"{out}: no folder {out.parent} to write it in" in error, error
     assert not out.parent.exists()
+
+
+def test_two_items_never_share_fact_graph_files_whatever_their_ids(tmp_path):
+    """An item's graph files were named by its id with its last dotted part taken for a suffix
+    and replaced: ``q.1`` and ``q.2`` both wrote ``graphs/q.json``, the second item's graph
+    drawn for the first. Each id now has files of its own, plain names inside ``graphs/``."""
+    from groundcover.pipelines.comprehensiveness.framework import graph_name
+    from tests.support.scripted import ScriptedClient
+    from tests.test_exact_scores import ITEM, QA_SCRIPTS
+
+    ids = ["q.1", "q.2"]
+    items = tmp_path / "items.jsonl"
+    items.write_text("".join(json.dumps(ITEM.model_dump() | {"id": i}) + "\n" for i in ids))
+    done = groundcover.evaluate(
+        "comprehensiveness",
+        options={"input": items, "protocol": "spec", "method": "qa"},
+        run={"run_dir": tmp_path / "run", "cache": None},
+        client=ScriptedClient(QA_SCRIPTS),
+    )
+    recorded = {r.id: r.details["graph_files"]["node_link"] for r in done.results}
+    assert recorded == {"q.1": "graphs/q.1.json", "q.2": "graphs/q.2.json"}
+    assert all((done.run_dir / path).is_file() for path in recorded.values())
+    odd = ["..", ".", ".hidden", "a/b", "a_b", "/tmp/x", "x" * 130, "x" * 131]
+    names = [graph_name(i) for i in odd]
+    assert len(set(names)) == len(odd), names
+    assert all(re.fullmatch(r"[A-Za-z0-9_-][A-Za-z0-9._-]*", n) for n in names), names

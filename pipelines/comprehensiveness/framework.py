@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import functools
+import hashlib
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -251,7 +252,7 @@ async def graph_method(ctx: ItemContext, item: Item, contexts: list[str]) -> tup
         **found["details"],
     }
     if ctx.options.export_graphs:  # file writing off the event loop
-        stem = ctx.run_dir / "graphs" / _safe(item.id)
+        stem = ctx.run_dir / "graphs" / graph_name(item.id)
         written = await asyncio.to_thread(export_graph, graph, result, stem, ctx.run_dir)
         # recorded relative to the run: a reader follows them only inside the run, wherever
         # the run directory is moved or sent (``store.contained``)
@@ -261,8 +262,16 @@ async def graph_method(ctx: ItemContext, item: Item, contexts: list[str]) -> tup
     return len(result.covered), len(result.uncovered)
 
 
-def _safe(name: str) -> str:
-    return "".join(c if c.isalnum() or c in "-_." else "_" for c in name)[:120]
+def graph_name(item_id: str) -> str:
+    """The name an item's fact graph files have in ``graphs/`` (the kinds' suffixes added to
+    it): the id where it is a plain name, else a plain name made of it with a digest of the
+    whole id, so that two ids never share files (``q.1`` and ``q.2``, ``a/b`` and ``a_b``, ids
+    past the length cut) and none is a dot-name (``..``, ``.hidden``)."""
+    plain = "".join(c if c.isalnum() or c in "-_." else "_" for c in item_id)
+    if plain == item_id and len(item_id) <= 120 and not item_id.startswith("."):
+        return item_id
+    digest = hashlib.sha256(item_id.encode()).hexdigest()[:16]
+    return f"{plain.strip('.')[:100] or 'item'}-{digest}"
 
 
 COMPREHENSIVENESS = Comprehensiveness()

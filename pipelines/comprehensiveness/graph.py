@@ -191,9 +191,9 @@ def export_graph(
         )
         annotated.nodes[node]["basis"] = rep in basis
     make_dirs(stem.parent, within=within)
-    paths = {
-        "node_link": str(stem.with_suffix(".json")),
-        "graphml": str(stem.with_suffix(".graphml")),
+    paths = {  # added to the name, never in place of a part of it (``q.1``, ``q.2``)
+        "node_link": str(stem.with_name(f"{stem.name}.json")),
+        "graphml": str(stem.with_name(f"{stem.name}.graphml")),
     }
     data: dict[str, Any] = nx.node_link_data(annotated, edges="edges")
     text = json.dumps(data, ensure_ascii=False, indent=1)
