@@ -152,6 +152,26 @@ def ppi_mean(
     return _scalar(estimate), _scalar(low), _scalar(high)
 
 
+def design_ppi(
+    scores: dict[str, float], labels: dict[str, float], weights: Sequence[float] | None
+) -> tuple[float, float, float]:
+    """The prediction-powered mean of a run's items from the labels of some (``labels``, in
+    order, each with its inverse inclusion probability in ``weights`` where a design drew them).
+    Where the labels were drawn with unequal probabilities the items left unlabelled are no
+    sample of the run (those likelier to be drawn are fewer among them), so the judge's mean is
+    taken over every scored item and the labels' weighted errors correct it (Zrnic and Candes's
+    estimator); with equal probabilities, ppi_py's own over the unlabelled items."""
+    labelled = list(labels)
+    unequal = weights is not None and len(set(weights)) > 1
+    imputed = scores.values() if unequal else [v for i, v in scores.items() if i not in labels]
+    return ppi_mean(
+        [labels[i] for i in labelled],
+        [scores[i] for i in labelled],
+        list(imputed),
+        weights=weights,
+    )
+
+
 def _scalar(value: Any) -> float:
     """ppi_py answers in arrays of one number (a d-dimensional mean with d = 1)."""
     return float(np.asarray(value, dtype=float).reshape(-1)[0])
@@ -445,12 +465,8 @@ def score_estimates(
     }
     if rest:
         drawn = weights is not None and all(i in weights for i in both)
-        out["ppi"] = ppi_mean(
-            [labels[i] for i in both],
-            [scores[i] for i in both],
-            [scores[i] for i in rest],
-            weights=[weights[i] for i in both] if drawn and weights else None,
-        )
+        used = [weights[i] for i in both] if drawn and weights else None
+        out["ppi"] = design_ppi(scores, {i: labels[i] for i in both}, used)
         if weights is not None:
             out["weighted"] = drawn  # False: labels outside the queue, so none is weighted
     pair = [Unit(i, "score", 0, [scores[i], labels[i]]) for i in both]
