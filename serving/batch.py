@@ -1241,6 +1241,7 @@ class Batcher:
                 await self.executor.cancel(batch_id)
                 cancelled = now
             elif cancelled is not None and now > cancelled + self.grace:
+                await self.executor.cancel(batch_id)  # asked again: a local engine is killed
                 state = BatchState("cancelled", note="still running after its cancel")
                 break
             await asyncio.sleep(self.poll)

@@ -178,11 +178,21 @@ class LocalRunBatch:
         )
 
     async def cancel(self, batch_id: str) -> None:
+        """The engine told to stop (its guard ends the group); told a second time, the group is
+        killed and the engine's turn given up: the next batch never waits on a stuck one."""
         process = self.running.get(batch_id)
-        if process is not None:
+        if process is None:
+            return
+        if batch_id not in self.cancelled:
             self.cancelled.add(batch_id)
             with contextlib.suppress(ProcessLookupError):
-                os.killpg(process.pid, signal.SIGTERM)  # the guard ends its group
+                os.killpg(process.pid, signal.SIGTERM)
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
+        await asyncio.to_thread(process.wait)
+        self.running.pop(batch_id, None)
+        self.engine.release()
 
     async def close(self) -> None:
         """Every engine still running ended: its guard asked first (it ends the whole group,

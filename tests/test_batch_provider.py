@@ -547,3 +547,22 @@ def test_a_sibling_s_upload_left_without_its_batch_is_bought_once(tmp_path, owne
         found = run_async(both())
     assert [f["choices"][0]["message"]["content"] for f in found] == ["W0", "W1"]
     assert len(server.batches) == 1 and dict(server.paid) == {"a-w0": 1, "a-w1": 1}
+
+
+def test_an_engine_cancelled_twice_is_killed_and_its_turn_given_up(tmp_path):
+    """A cancel the engine does not answer in time is asked again: its group is killed and the
+    device's one-engine turn given back, so the next batch never waits on a stuck engine."""
+    marker = tmp_path / "engine.pids"
+    engine = LocalRunBatch(lambda i, o: [sys.executable, "-c", ENGINE, str(marker)], {**os.environ})
+    path = tmp_path / "00001.jsonl"
+    path.write_text("")
+
+    async def twice() -> list[int]:
+        batch = await engine.create("f", path, "t")
+        pids = await asyncio.to_thread(wait_for_pids, marker)
+        await engine.cancel(batch)
+        await engine.cancel(batch)
+        assert not engine.running and not engine.engine.locked()
+        return pids
+
+    assert gone(run_async(twice()))
