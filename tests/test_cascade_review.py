@@ -61,3 +61,47 @@ def test_the_actively_drawn_interval_holds_the_mean_when_the_judge_is_unsure_of_
         errors.append(estimate - truth)
     assert held >= 180
     assert abs(float(np.mean(errors))) < 0.01
+
+
+@pytest.mark.parametrize(
+    ("given", "said"),
+    [
+        (float("nan"), "nan is not a finite number"),
+        (1.65, "1.65 is not a probability from 0 to 1"),
+        (-0.2, "-0.2 is not a probability from 0 to 1"),
+        (True, "True is not a number"),
+        ("0.9", "'0.9' is not a number"),
+    ],
+)
+def test_an_active_draw_refuses_a_confidence_that_is_no_probability(given, said):
+    """`agreement --sample N --strategy active` reads each item's uncertainty from its recorded
+    confidences: one that is no probability (a positive logprob, NaN, a bool, a string) is
+    refused in one line naming the run, the item and the stage, as `cascade calibrate` refuses
+    it, where it was read as a sure judgement (NaN, 1.65: uncertainty 0) or a certain error
+    (-0.2: uncertainty 1) and the draw made from it. A label given no probability (None) says
+    nothing and is passed over."""
+    from groundcover.pipelines.reports.people.labels import draw
+    from groundcover.pipelines.runtime.contract.errors import UserError
+
+    def judged(name: str, confidence: object) -> ItemResult:
+        entry = {"stage": "judge", "asked": "ab", "value": "B", "confidence": confidence}
+        details = {"confidence": [entry]}
+        return ItemResult(id=name, status="ok", score=1.0, explanation="judged", details=details)
+
+    records = [judged("q0", 0.9), judged("q1", given), judged("q2", None)]
+    with pytest.raises(UserError) as refused:
+        draw(records, 2, "active", seed=0, run="runs/x")
+    assert str(refused.value) == f"runs/x: record 'q1': stage judge: field confidence: {said}"
+    fine = draw([judged("q0", 0.9), judged("q2", None), judged("q3", 0.6)], 2, "active")
+    assert len(fine.items) == 2
+
+
+def test_costs_are_positive_finite_numbers():
+    """--label-cost inf made every inclusion probability 0 (nothing drawn, and 1 / pi
+    infinite had anything been): refused as a cost of 0 or NaN is."""
+    from groundcover.pipelines.reports.people.active import Costs
+
+    for judge, person in [(1.0, float("inf")), (float("inf"), 1.0), (1.0, float("nan"))]:
+        with pytest.raises(ValueError, match="costs: positive numbers"):
+            Costs(judge, person)
+    assert Costs(0.01, 100.0).person == 100.0

@@ -28,6 +28,7 @@ down). Each is recorded with its probability and weight 1 / pi in the queue.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -45,20 +46,25 @@ class Costs:
     person: float
 
     def __post_init__(self) -> None:
-        if not (self.judge > 0 and self.person > 0):
+        if not all(0 < cost < math.inf for cost in (self.judge, self.person)):
             raise ValueError(
                 f"costs: positive numbers, got judge {self.judge}, person {self.person}"
             )
 
 
-def uncertainty(record: Any) -> tuple[float, str]:
+def uncertainty(record: Any, run: Any = "run") -> tuple[float, str]:
     """The judge's expected squared error on an item's score, and where it was read: from its
-    least confident recorded judgement (``confidence``), else from its score (``score``)."""
+    least confident recorded judgement (``confidence``), else from its score (``score``). A
+    recorded confidence that is no probability (NaN, 1.65) is refused in one line naming the
+    ``run``, the item and the stage, as ``cascade calibrate`` refuses it."""
+    from ...runtime.contract.cascade import checked_confidence
+
     found: list[float] = []
     details = record.details or {}
     for entry in details.get("confidence") or []:
-        if isinstance(entry.get("confidence"), int | float):
-            found.append(float(entry["confidence"]))
+        if entry.get("confidence") is not None:  # a label given no probability says nothing
+            stage = entry.get("stage")
+            found.append(checked_confidence(entry["confidence"], run, record.id, stage))
     for entry in details.get("panel") or []:
         members = [m for m in entry.get("members") or [] if m is not None]
         if members and entry.get("value") is not None:
@@ -67,8 +73,9 @@ def uncertainty(record: Any) -> tuple[float, str]:
         kept, steps = entry.get("kept"), entry.get("tiers") or []
         if isinstance(kept, int) and not isinstance(kept, bool) and 0 < kept <= len(steps):
             confidence = steps[kept - 1].get("confidence")
-            if isinstance(confidence, int | float):
-                found.append(float(confidence))
+            if confidence is not None:
+                stage = entry.get("stage")
+                found.append(checked_confidence(confidence, run, record.id, stage))
     if found:
         return float(min(1.0, max(0.0, 1.0 - min(found)))), "confidence"
     score = float(record.score)

@@ -107,6 +107,7 @@ def draw(
     strategy: str,
     seed: int = 0,
     costs: Any = None,
+    run: Any = "run",
 ) -> Queue:
     """A labelling queue of ``size`` scored items (fewer if the run has fewer); ``active``:
     each item drawn with its probability from the judge's confidence (``people.active``; with
@@ -122,7 +123,7 @@ def draw(
         raise UserError("no item of the run has a score: nothing to label against")
     rng = np.random.default_rng(seed)
     if strategy == "active":
-        return draw_active([r for r in records if r.id in scores], size, seed, rng, costs)
+        return draw_active([r for r in records if r.id in scores], size, seed, rng, costs, run)
     assert size is not None
     groups: dict[str, list[str]] = {}
     if strategy == "random":
@@ -149,6 +150,7 @@ def draw_active(
     seed: int,
     rng: np.random.Generator,
     costs: Any,
+    run: Any = "run",
 ) -> Queue:
     """Each item with its inclusion probability from the judge's confidence, drawn by
     randomised systematic sampling; the design recorded (costs, the mix, where the uncertainty
@@ -156,7 +158,7 @@ def draw_active(
     from .active import MIX, inclusion, systematic, uncertainty
 
     ordered = sorted(records, key=lambda r: r.id)
-    read = [uncertainty(r) for r in ordered]
+    read = [uncertainty(r, run) for r in ordered]
     scores = np.array([float(r.score) for r in ordered])  # type: ignore[arg-type]
     spread = float(scores.var())
     probabilities = inclusion([u for u, _ in read], size, spread, costs)
@@ -309,7 +311,7 @@ def draw_for_runs(
 
     for run_dir in run_directories(list(paths)):
         records = results_by_id(run_dir / RESULTS)
-        queue = draw(records, size, strategy, seed, costs)
+        queue = draw(records, size, strategy, seed, costs, run_dir)
         path = write_queue(run_dir, queue)
         judged = [r.score for r in records if r.score is not None]
         spread = float(np.std(judged, ddof=1)) if len(judged) > 1 else 0.0
