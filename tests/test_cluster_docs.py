@@ -1,55 +1,46 @@
-"""The docs are the tests: every groundcover command in docs/clusters.md's ``bash`` blocks is
-parsed by the CLI it documents (its command and every option must exist: a walkthrough that
-fails to parse fails here), and every cluster job the page shows -- ``groundcover cluster
-plan / prefetch / check-offline`` and the arguments given to ``groundcover.sbatch`` -- is
-planned by ``groundcover cluster plan`` on the allocation the page names (2 × 4 80 GB GPUs
-where it names none), the command after ``--`` checked with every flag the job adds. What only
-GPUs could run stops at the plan; the two-node Slurm job itself runs in
-tests/test_cluster_recipes.py."""
+"""The docs are the tests: every line of docs/clusters.md's ``bash`` blocks, read when the test
+runs, is run by a test (tests/support/docs_page.py says how each is): the walkthrough's
+submission word for word on the two-node Slurm harness (tests/test_cluster_recipes.py, a tiny
+model standing in for the judge by the environment); its ``cluster prefetch`` and
+``check-offline`` word for word against the loopback hub, here; every ``cluster plan`` line,
+every other job and every other groundcover command through ``cluster plan`` on the page's
+allocation (2 × 4 80 GB GPUs where it names none), with every flag the job adds -- what only
+GPUs could run stops there; and a line that runs no groundcover command is named by its
+program. A walkthrough that fails, fails here."""
 
 from __future__ import annotations
 
 import json
-import re
-import shlex
 from pathlib import Path
 
 import pytest
 
-from tests.test_cluster_plan import LLAMA_70B, planner
+from tests.support import docs_page
+from tests.support.docs_page import groundcover_args, job_args
+from tests.test_cluster_plan import GPT_OSS_120B, LLAMA_70B, cluster, planner
 
 ROOT = Path(__file__).resolve().parents[1]
-PAGE = ROOT / "docs" / "clusters.md"
+PAGE_ALLOCATION = ["--allocation", "2x4", "--gpu-memory", "80"]  # the walkthrough's nodes
 
 
 def documented_lines() -> list[list[str]]:
-    """Each command line of the page's bash blocks, continuations joined, comments dropped;
-    a line with an elision (``...``) or a placeholder (``<...>``) is not a command to run."""
-    found = []
-    for block in re.findall(r"```bash\n(.*?)```", PAGE.read_text(), re.S):
-        for line in re.sub(r"\\\n\s*", " ", block).splitlines():
-            line = line.split(" #")[0].strip()
-            if line and not line.startswith("#") and "..." not in line and "<" not in line:
-                found.append(shlex.split(line))
-    return found
+    """The page's command lines, but those with an elision (``...``) or a placeholder
+    (``<...>``), which name no command to run."""
+    return [
+        line.words for line in docs_page.lines() if "..." not in line.text and "<" not in line.text
+    ]
 
 
-def groundcover_args(words: list[str]) -> list[str] | None:
-    """The words after ``groundcover`` (a path to it too) where it is the command: first after
-    any ``VAR=value``, or after ``--`` (``ray job submit ... -- groundcover ...``); or None."""
-    for k, word in enumerate(words):
-        before = [w for w in words[:k] if "=" not in w or w.startswith("-")]
-        if Path(word).name == "groundcover" and (not before or before[-1] == "--"):
-            return words[k + 1 :]
-    return None
-
-
-def job_args(words: list[str]) -> list[str] | None:
-    """What a line gives ``groundcover.sbatch`` (``cluster run``'s arguments), or None."""
-    for k, word in enumerate(words):
-        if word.endswith("groundcover.sbatch"):
-            return words[k + 1 :]
-    return None
+def test_every_line_of_the_page_is_run_by_a_test():
+    """No command block of the page is left out: each line is run on the Slurm harness, run
+    against the loopback hub, planned by ``cluster plan``, or names a program that is not
+    groundcover's (docs_page.SHELL)."""
+    kinds: dict[str, list[str]] = {}
+    for line in docs_page.lines():
+        kinds.setdefault(docs_page.how_run(line), []).append(line.text)
+    assert "unaccounted" not in kinds, kinds.get("unaccounted")
+    assert len(kinds["harness"]) >= 1 and len(kinds["offline"]) >= 1, kinds
+    assert len(kinds["plan"]) >= 10, kinds["plan"]
 
 
 def test_every_groundcover_command_on_the_page_parses():
@@ -71,30 +62,126 @@ def plan_here(tmp_path, monkeypatch):
     return planner(tmp_path, monkeypatch)
 
 
-def test_every_cluster_job_on_the_page_is_planned(tmp_path, plan_here):
-    """Each job the page shows, planned: the walkthrough's gpt-oss-120b FanOutQA job, its
-    prefetch, its submission, the local-70B comprehensiveness plan with the NLI app."""
+def page_jobs() -> list[list[str]]:
+    """What ``cluster plan`` is given for each line the page runs only on GPUs: a ``cluster
+    plan`` line's own arguments, a submission's job on the page's allocation, and every other
+    groundcover command as the job's command on the page's allocation."""
+    jobs = []
+    for line in docs_page.lines():
+        if docs_page.how_run(line) not in ("plan", "harness"):
+            continue
+        args = groundcover_args(line.words)
+        given = job_args(line.words)
+        if args is not None and args[:2] == ["cluster", "plan"]:
+            jobs.append(args[2:])
+        elif given is not None:
+            jobs.append([*PAGE_ALLOCATION, *given])
+        else:
+            assert args is not None, line.text
+            jobs.append([*PAGE_ALLOCATION, "--", "groundcover", *args])
+    return jobs
+
+
+def test_every_command_on_the_page_is_planned(tmp_path, plan_here, monkeypatch):
+    """Each job the page shows, and each groundcover command it shows as a job's command,
+    planned word for word: the page's local 70B folder is a folder of the published config
+    here (the test's stand-in, by the environment), its items files the examples, in the
+    folder the plan runs in."""
     folder = tmp_path / "Llama-3.3-70B-Instruct"
     folder.mkdir()
     (folder / "config.json").write_text(json.dumps(LLAMA_70B))
-    items = tmp_path / "items.jsonl"
-    items.write_text((ROOT / "examples" / "comprehensiveness.jsonl").read_text())
-    stand_in = {"/shared/models/Llama-3.3-70B-Instruct": str(folder), "items.jsonl": str(items)}
-    jobs = []
-    for words in documented_lines():
-        given = job_args(words)
-        args = groundcover_args(words)
-        if given is None and args is not None and args[:1] == ["cluster"]:
-            given = args[2:]
-        if given is None or "--" not in given:
-            continue
-        given = [stand_in.get(word, word) for word in given]
-        if "--allocation" not in given:
-            given = ["--allocation", "2x4", "--gpu-memory", "80", *given]
-        jobs.append(given)
-    assert len(jobs) >= 4, jobs
+    stand_in = {"models": {"/shared/models/Llama-3.3-70B-Instruct": str(folder)}}
+    monkeypatch.setenv("GROUNDCOVER_TEST_STANDIN", json.dumps(stand_in))
+    here = tmp_path / "submit"
+    here.mkdir()
+    for name in ("items.jsonl", "responses.jsonl"):
+        (here / name).write_text((ROOT / "examples" / "comprehensiveness.jsonl").read_text())
+    monkeypatch.chdir(here)
+    jobs = page_jobs()
+    assert len(jobs) >= 12, jobs
     for given in jobs:
         done = plan_here("--json", *given)
         assert done.returncode == 0, (given, done.stderr)
         plan = json.loads(done.stdout)
-        assert plan["replicas"] >= 1 and plan["inputs"]["models"], given
+        assert plan["replicas"] >= 1 or "--judge" not in given, given
+        assert plan["command"][0] == "groundcover", given
+
+
+def test_the_walkthroughs_offline_steps_fetch_what_its_job_reads(tmp_path):
+    """The walkthrough's ``cluster prefetch`` line word for word on a login node, against the
+    loopback hub (gpt-oss-120b's published config, weights of a few bytes, the tokenizer
+    files), after which its ``check-offline`` -- the same arguments, offline -- finds nothing
+    missing where before it named each thing; then the walkthrough's ``cluster plan`` runs the
+    command's own dry run, everything it reads being here."""
+    from tests.support.fake_hub import FakeHub
+
+    [fetch] = docs_page.of_kind("offline")
+    args = groundcover_args(fetch.words)
+    assert args is not None and args[:2] == ["cluster", "prefetch"], fetch.text
+    check = ["check-offline", *args[2:]]
+    [walkthrough_plan] = [
+        groundcover_args(line.words)
+        for line in docs_page.of_kind("plan")
+        if "--judge gpt-oss-120b" in line.text and "cluster plan" in line.text
+    ]
+    shared = tmp_path / "shared"  # the page's /shared
+    with FakeHub() as hub:
+        files = {"config.json": json.dumps(GPT_OSS_120B).encode(), "model.safetensors": b"w" * 64}
+        files |= {"tokenizer.json": b"{}", "original/model.safetensors": b"o" * 64}
+        hub.repo("openai/gpt-oss-120b").commit(files)
+        for name in ("o200k_base.tiktoken", "cl100k_base.tiktoken"):
+            hub.static[f"/encodings/{name}"] = f"{name} ranks".encode()
+        env = {"HF_ENDPOINT": hub.url, "GC_TIKTOKEN_URL": f"{hub.url}/encodings/"}
+        env |= {"HF_HOME": str(shared / "hf")}  # the walkthrough's export, /shared moved
+
+        def login_node(*argv: str, online: bool) -> object:
+            return cluster(*argv, home=tmp_path, HF_HUB_OFFLINE="0" if online else "1", **env)
+
+        before = login_node(*check, online=False)
+        assert before.returncode == 1, before.stderr
+        missing = [line for line in before.stderr.splitlines() if "cluster: missing" in line]
+        assert len(missing) == 4, before.stderr  # the judge, two tokenizer files, the dataset
+        fetched = login_node(*args[1:], online=True)
+        assert fetched.returncode == 0, fetched.stderr
+        asked = [path for _, path, _ in hub.log]
+        assert any(p.endswith("/model.safetensors") for p in asked)
+        assert not any("original/" in p for p in asked)
+        after = login_node(*check, online=False)
+        assert after.returncode == 0 and "missing" not in after.stderr, after.stderr
+        planned = login_node("plan", "--json", *walkthrough_plan[2:], online=False)
+    assert planned.returncode == 0, planned.stderr
+    plan = json.loads(planned.stdout)
+    assert plan["command_dry_run"].startswith("passed"), plan["command_dry_run"]
+    assert (plan["replicas"], plan["tensor_parallel"]) == (8, 1)  # 65.2 GiB on an 80 GB GPU
+
+
+def test_a_stand_in_is_said_on_the_log_and_a_bad_one_refused_in_one_line(
+    tmp_path, plan_here, monkeypatch
+):
+    """``GROUNDCOVER_TEST_STANDIN``: a named model served from a folder, said on the log, with
+    ``replicas`` in place of ``auto`` only for the model stood in for; a value that is not the
+    documented object, or a folder without a model, is refused before anything is planned."""
+    from groundcover.serving.cluster.standin import ENV
+
+    folder = tmp_path / "tiny"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(LLAMA_70B | {"num_hidden_layers": 2}))
+    job = ["--allocation", "n1,n2", "--judge", "gpt-oss-120b", "--json", "--", "groundcover"]
+    job += ["eval", "fanoutqa", "--data", "fanoutqa-dev", "--judge"]
+    monkeypatch.setenv(ENV, json.dumps({"models": {"gpt-oss-120b": str(folder)}, "replicas": "1"}))
+    done = plan_here(*job)
+    assert done.returncode == 0, done.stderr
+    assert f"{ENV}: gpt-oss-120b is the local folder {folder} here" in done.stderr
+    plan = json.loads(done.stdout)
+    assert (plan["judge"], plan["replicas"]) == (str(folder), 1)
+    for bad, said in (
+        ("{models", "not JSON"),
+        (json.dumps({"models": {"gpt-oss-120b": str(tmp_path)}}), "no model folder"),
+        (json.dumps({"replicas": "x"}), "a whole number"),
+        (json.dumps({"anything": 1}), '"models" and "replicas" only'),
+    ):
+        monkeypatch.setenv(ENV, bad)
+        refused = plan_here(*job)
+        assert refused.returncode == 2 and refused.stdout == "", bad
+        [line] = refused.stderr.strip().splitlines()
+        assert line.startswith(f"error: cluster plan: {ENV}: ") and said in line, line

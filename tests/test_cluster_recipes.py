@@ -397,39 +397,51 @@ def test_a_warning_during_a_long_deploy_stops_the_wait_and_requeues_at_most_max_
 
 @needs_slurm
 @pytest.mark.engine
-def test_a_judge_that_cannot_start_fails_the_job_and_leaves_its_logs_in_the_run_directory(
+def test_the_walkthroughs_job_with_a_judge_that_cannot_start_fails_and_leaves_its_logs(
     slurm, tmp_path, tiny_model
 ):
-    """The judge's weights are missing (its folder holds the config and tokenizer only): the
-    replica cannot start, Serve gives up on the
-    deploy, the launcher stops waiting at once (not after its hour) and the job ends FAILED
-    with Serve's message; both nodes' Ray, Serve and vLLM logs are in the run directory's
-    ``cluster-logs/NODE/`` -- the replica's error among them --, and Ray's folders in /tmp are
-    gone."""
+    """docs/clusters.md's walkthrough submission, word for word from the page (its GPU request
+    aside: the harness has none), its judge (gpt-oss-120b) stood in for by a copy of the tiny
+    model whose weights are missing (its folder holds the config and tokenizer only), through
+    the environment: the command is checked and dry-run, Ray starts on both nodes, the replica
+    cannot start, Serve gives up on the deploy, the launcher stops waiting at once (not after
+    its hour) and the job ends FAILED with Serve's message; both nodes' Ray, Serve and vLLM
+    logs are in the run directory's ``cluster-logs/NODE/`` -- the replica's error among them
+    --, and Ray's folders in /tmp are gone. A walkthrough whose command could not run would
+    end before the deploy, and fail here."""
     import shutil
 
+    from groundcover.serving.cluster.standin import ENV as STANDIN
+    from tests.support import docs_page
+
+    [submission] = docs_page.of_kind("harness")
+    shared = tmp_path / "shared"  # the page's shared filesystem
+    options, job_given = docs_page.on_the_harness(submission, shared)
+    assert docs_page.job_args(submission.words) is not None
+    [script] = [w for w in submission.words if w.endswith("groundcover.sbatch")]
+    assert ROOT / script == RECIPE
+    judge = job_given[job_given.index("--judge") + 1]
+    run = Path(job_given[job_given.index("--run-dir") + 1])
+    assert run.is_relative_to(shared)
     broken = tmp_path / "broken-judge"
     shutil.copytree(tiny_model, broken)
     for weights in broken.glob("*.safetensors"):
         weights.unlink()
-    run = tmp_path / "run"
-    items = tmp_path / "items.jsonl"
-    items.write_text((ROOT / "examples" / "comprehensiveness.jsonl").read_text())
     # two nodes: a replica's placement group takes both CPUs of one and Serve LLM's ingress one
     # more (on one node of 2 CPUs the replica would never be placed)
-    options = ["--cpus-per-task=2", "--nodes=2", f"--output={tmp_path}/slurm-%j.out"]
-    launch = [
-        *["--judge", str(broken), "--replicas", "1"],
-        *["--", *COMPREHENSIVENESS, str(items), "--run-dir", str(run)],
-    ]
+    options += ["--cpus-per-task=2", f"--output={tmp_path}/slurm-%j.out"]
+    assert "--nodes=2" in options
     # Serve gives a replica that cannot start 3 tries before it fails the deploy; each loads
     # vLLM anew (half a minute of two loaded cores): one try shows the same failure
     env = recipe_env() | {"RAY_SERVE_MAX_PER_REPLICA_RETRY_COUNT": "1"}
-    job = slurm.submit(options, RECIPE, launch, env)
+    env[STANDIN] = json.dumps({"models": {judge: str(broken)}, "replicas": "1"})
+    job = slurm.submit(options, RECIPE, job_given, env)
     state = slurm.wait(job, 600)
     log = launcher_log(tmp_path, job)
     assert state == "FAILED", log[-4000:]
+    assert f"{STANDIN}: {judge} is the local folder {broken} here" in log
     assert "plan: the judge's start waits up to 3600 s" in log
+    assert "the command's dry run: groundcover eval fanoutqa" in log  # checked before Ray
     assert "Ray Serve could not deploy broken-judge: " in log, log[-3000:]
     said = log.split("Ray Serve could not deploy broken-judge: ", 1)[1].splitlines()[0]
     assert "Error" in said, said  # the replica's exception, as its deployment's message ends

@@ -174,11 +174,15 @@ class Asked:
     def plan_ask(self) -> Any:
         from ...serving.cluster.plan import JudgeAsk, PlanAsk
 
+        stand_in = stand_ins()
         judge = None
         if self.judge:
+            replicas = self.replicas
+            if stand_in and self.judge in stand_in.models and stand_in.replicas:
+                replicas = stand_in.replicas if replicas == "auto" else replicas
             judge = JudgeAsk(
-                model=self.judge,
-                replicas=self.replicas,
+                model=stand_in.model(self.judge) if stand_in else self.judge,
+                replicas=replicas,
                 gpus_per_replica=self.gpus_per_replica,
                 max_model_len=self.max_model_len,
                 loras=dict(parse_lora(text) for text in self.lora or []),
@@ -192,7 +196,7 @@ class Asked:
         return PlanAsk(
             judge=judge,
             drivers_per_node=self.drivers_per_node,
-            nli=self.nli,
+            nli=stand_in.model(self.nli) if stand_in and self.nli else self.nli,
             nli_app=self.nli_app,
             nli_replicas=self.nli_replicas,
             nli_start_timeout=self.nli_start_timeout,
@@ -203,6 +207,20 @@ class Asked:
             port_base=int(base) if base else None,
             gpu_memory_gib=self.gpu_memory,
         )
+
+
+def stand_ins() -> Any:
+    """The test's stand-ins (``serving/cluster/standin.py``): read here alone, from this
+    process's environment, and each said on the log."""
+    from ...serving.cluster.standin import ENV, StandInError, from_environment
+
+    try:
+        found = from_environment()
+    except StandInError as exc:
+        raise Refused(str(exc)) from None
+    for name, folder in (found.models if found else {}).items():
+        say(f"{ENV}: {name} is the local folder {folder} here (a test's stand-in)")
+    return found
 
 
 def parse_lora(text: str) -> tuple[str, str]:

@@ -3,5 +3,6 @@ the replica class that counts what it answers (``replica``) and its engine, one 
 a CPU node (``engine``), LoRA adapters read from paths on the replicas (``lora``), and joining a
 cluster and noticing when it is gone (``join``); and a cluster job (``groundcover cluster``):
 what runs where (``plan``), a model's memory from its config (``sizing``), the job on a Slurm
-allocation or inside a running Ray cluster (``job``), and models on an offline node
-(``fetch``)."""
+allocation or inside a running Ray cluster (``job``), models on an offline node
+(``fetch``), and, for tests only, a local folder standing in for a model the job names
+(``standin``)."""
