@@ -3,6 +3,8 @@ independent check broke, each fixed and held here."""
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import ppi_py
 import pytest
@@ -105,3 +107,38 @@ def test_costs_are_positive_finite_numbers():
         with pytest.raises(ValueError, match="costs: positive numbers"):
             Costs(judge, person)
     assert Costs(0.01, 100.0).person == 100.0
+
+
+def test_a_calibration_draw_nobody_labelled_from_caps_no_later_calibration(tmp_path):
+    """The two most confident judgements (questions 29 and 28) labelled A, against the judge's
+    B: Clopper-Pearson's lower 90% bound on 2 of 2 is 0.316 > 0.1, so the floor is question
+    29's confidence and the band (at or above it, unlabelled) is empty: the draw draws nothing.
+    It used to bind for good: once the 28 others were labelled B, calibrate tested nothing
+    (every grid count lies below the floor) and no label could ever make a threshold. Now a
+    draw none of whose judgements was labelled binds nothing: the calibration tests the steps
+    grid as if it had not been made (22 kept, 2 errors: p = 0.62, not attainable) and says
+    so."""
+    from typer.testing import CliRunner
+
+    from groundcover.pipelines.cli import app
+    from groundcover.pipelines.reports.people.labels import append_labels
+    from tests.test_cascade_queue import confidence_of, many_judged
+
+    run = many_judged(tmp_path / "many")
+    wrong = [{"id": f"q{i}", "stage": "judge", "key": 0, "label": "A"} for i in (29, 28)]
+    append_labels(run.dir, [x | {"annotator": "p", "judge": "B"} for x in wrong])
+    argv = ["labels", "queue", "--for-calibration", str(run.dir), "--size", "5"]
+    made = CliRunner().invoke(app, argv)
+    assert made.exit_code == 0, made.output
+    line = (run.dir / "labels" / "calibration-draws.jsonl").read_text()
+    assert '"drawn": 0' in line and f'"floor": {confidence_of(29)!r}' in line
+    right = [{"id": f"q{i:02d}", "stage": "judge", "key": 0, "label": "B"} for i in range(28)]
+    append_labels(run.dir, [x | {"annotator": "p", "judge": "B"} for x in right])
+    cal = CliRunner().invoke(
+        app, ["cascade", "calibrate", str(run.dir), "--check-share", "0", "--json"]
+    )
+    assert cal.exit_code == 0, cal.output
+    stage = json.loads(cal.output)["stages"]["judge"]
+    assert not stage.get("floors") or stage["floors"] == [None]
+    tested = stage["calibration"]["tiers"][0]["tested"]
+    assert [(t["kept"], t["errors"]) for t in tested] == [(22, 2)]

@@ -414,7 +414,7 @@ def read_tier(run_dir: Any, human: dict[tuple[str, str, int], Any] | None) -> Ti
         labels,
         kinds,
         simulated,
-        band_floors(run_dir),
+        band_floors(run_dir, set(by_place)),
     )
 
 
@@ -450,11 +450,19 @@ def read_draws(run_dir: Any) -> list[dict[str, Any]]:
     return out
 
 
-def band_floors(run_dir: Any) -> dict[str, float]:
+def band_floors(
+    run_dir: Any, labelled: set[tuple[str, str, int]] | None = None
+) -> dict[str, float]:
     """Per stage, the highest floor the run's calibration draws used: no threshold below it is
-    tested (the labels there over-represent the band)."""
+    tested (the labels there over-represent the band). With ``labelled`` (item, stage, key),
+    only the draws people labelled a judgement of: a draw none of whose judgements was
+    labelled (one that found its band empty, say) over-represents nothing, so an early floor
+    nobody labelled above does not cap every later calibration."""
     floors: dict[str, float] = {}
     for found in read_draws(run_dir):
+        stage = found["stage"]
+        if labelled is not None and not any((i, stage, k) in labelled for i, k in found["units"]):
+            continue
         if found["floor"] is not None:
             floors[found["stage"]] = max(floors.get(found["stage"], 0.0), float(found["floor"]))
     return floors

@@ -216,7 +216,7 @@ def progress(run_dir: Path, stage: str) -> dict[str, Any] | None:
     grid = GRIDS.get(str((last.get("grid") or {}).get("name", "steps")), STEPS)
     units = tier.units[stage]
     labelled = [u for u in units if (u[0], stage, u[1]) in tier.labels]
-    floor = band_floors(run_dir).get(stage)
+    floor = band_floors(run_dir).get(stage)  # every draw's: the band people are asked to label
     found = calibrate(
         [units[u][1] for u in labelled],
         [units[u][0] == tier.labels[(u[0], stage, u[1])] for u in labelled],
