@@ -22,7 +22,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from groundcover.pipelines.reports.audits.agreement import ppi_mean  # noqa: E402
+from groundcover.pipelines.reports.audits.agreement import design_ppi  # noqa: E402
 from groundcover.pipelines.reports.people.labels import draw  # noqa: E402
 from groundcover.pipelines.runtime.contract.results import ItemResult  # noqa: E402
 
@@ -64,11 +64,10 @@ def one(records: list[ItemResult], person: dict[str, float], n: int, strategy: s
     weights = {d.id: d.weight for d in queue.items}
     scores = {r.id: float(r.score) for r in records}  # type: ignore[arg-type]
     labelled = sorted(weights)
-    estimate, low, high = ppi_mean(
-        [person[i] for i in labelled],
-        [scores[i] for i in labelled],
-        [s for i, s in scores.items() if i not in weights],
-        weights=[weights[i] for i in labelled],
+    estimate, low, high = design_ppi(  # as agreement does it
+        scores,
+        {i: person[i] for i in labelled},
+        [weights[i] for i in labelled],
     )
     return (high - low) / 2, low <= float(np.mean(list(person.values()))) <= high, len(labelled)
 
