@@ -142,3 +142,27 @@ def test_a_calibration_draw_nobody_labelled_from_caps_no_later_calibration(tmp_p
     assert not stage.get("floors") or stage["floors"] == [None]
     tested = stage["calibration"]["tiers"][0]["tested"]
     assert [(t["kept"], t["errors"]) for t in tested] == [(22, 2)]
+
+
+def test_an_active_draw_of_nothing_writes_no_queue():
+    """Costs that make a label a trillion times a judgement leave 3.2e-05 labels expected over
+    50 items: nothing is drawn. That used to be written as an empty queue, which then refused
+    every later draw ("a run has one labelling queue"); it is refused in one line instead."""
+    from groundcover.pipelines.reports.people.active import Costs
+    from groundcover.pipelines.reports.people.labels import draw
+    from groundcover.pipelines.runtime.contract.errors import UserError
+
+    entry = {"stage": "judge", "asked": "ab", "value": "B", "confidence": 0.9}
+    records = [
+        ItemResult(
+            id=f"i{k}",
+            status="ok",
+            score=float(k % 2),
+            explanation="judged",
+            details={"confidence": [entry]},
+        )
+        for k in range(50)
+    ]
+    with pytest.raises(UserError, match=r"3.16e-05 labels expected, none drawn"):
+        draw(records, None, "active", seed=0, costs=Costs(1e-6, 1e6))
+    assert len(draw(records, 5, "active", seed=0).items) == 5

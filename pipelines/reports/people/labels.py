@@ -163,6 +163,11 @@ def draw_active(
     spread = float(scores.var())
     probabilities = inclusion([u for u, _ in read], size, spread, costs)
     picked = systematic(probabilities, rng)
+    if not picked.size:  # a queue of nothing would only stand in the way of the next draw
+        raise UserError(
+            f"--strategy active: {float(probabilities.sum()):.3g} labels expected, none drawn "
+            "(what a label costs against a judgement leaves nothing worth labelling)"
+        )
     items = [
         Drawn(
             ordered[k].id,
