@@ -19,6 +19,7 @@ import pytest
 
 from groundcover.pipelines.runtime.store.run_dir import RunStoreError
 from groundcover.pipelines.shared.answering import GENERATE, GenerateOptions
+from groundcover.serving.launch.server import VLLMServer
 from tests.conftest import require_engine, tiny_server
 from tests.support.scripted import ScriptedClient
 from tests.test_runtime import run
@@ -121,11 +122,45 @@ def retries_config(path: Path, retries: int) -> Path:
     return path
 
 
-@pytest.mark.engine
-def test_server_killed_and_restarted_mid_run_the_run_completes(tiny_model, tiny_lora, tmp_path):
+class Killable:
+    """The server the outage tests kill: each takes the one left running (started here for the
+    first), kills it, starts it again on its port and leaves that one for the next test -- one
+    start fewer per test than a server of its own -- and the module stops the last."""
+
+    def __init__(self, tiny_model: Path, tiny_lora: Path) -> None:
+        self.model, self.lora = tiny_model, tiny_lora
+        self.server: VLLMServer | None = None
+
+    def take(self, log: Path) -> VLLMServer:
+        if self.server is None or self.server.process is None or self.server.process.poll():
+            self.stop()
+            self.server = tiny_server(self.model, self.lora, log).start()
+        return self.server
+
+    def again(self, port: int, log: Path) -> VLLMServer:
+        """A server on ``port`` again, after the test killed the one it took."""
+        self.stop()
+        self.server = tiny_server(self.model, self.lora, log, port=port).start()
+        return self.server
+
+    def stop(self) -> None:
+        if self.server is not None:
+            self.server.stop()
+        self.server = None
+
+
+@pytest.fixture(scope="module")
+def killable(tiny_model, tiny_lora):
     require_engine()
-    # own server: this test kills it
-    server = tiny_server(tiny_model, tiny_lora, tmp_path / "serve.log").start()
+    # own server: these tests kill it (one start shared by them, not the session's server)
+    held = Killable(tiny_model, tiny_lora)
+    yield held
+    held.stop()
+
+
+@pytest.mark.engine
+def test_server_killed_and_restarted_mid_run_the_run_completes(killable, tmp_path):
+    server = killable.take(tmp_path / "serve.log")
     questions, run_dir = tmp_path / "q.jsonl", tmp_path / "run"
     ids = write_questions(questions, 60)
     config = retries_config(tmp_path / "c.yaml", 12)
@@ -145,11 +180,9 @@ def test_server_killed_and_restarted_mid_run_the_run_completes(tiny_model, tiny_
         wait_for_lines(run_dir / "results.jsonl", 10, proc)
         server.kill()  # SIGKILL its process group: the requests in flight are lost
         killed_at = count_lines(run_dir / "results.jsonl")
-        server = tiny_server(tiny_model, tiny_lora, tmp_path / "serve2.log", port=server.port)
-        server.start()
+        server = killable.again(server.port, tmp_path / "serve2.log")
         output, _ = proc.communicate(timeout=600)
     finally:
-        server.stop()
         proc.kill()
     assert proc.returncode == 0, output.decode()[-3000:]
     assert 10 <= killed_at < len(ids)
@@ -161,9 +194,8 @@ def test_server_killed_and_restarted_mid_run_the_run_completes(tiny_model, tiny_
 
 
 @pytest.mark.engine
-def test_server_never_back_one_error_and_a_resumable_run(tiny_model, tiny_lora, tmp_path):
-    require_engine()
-    server = tiny_server(tiny_model, tiny_lora, tmp_path / "serve.log").start()
+def test_server_never_back_one_error_and_a_resumable_run(killable, tmp_path):
+    server = killable.take(tmp_path / "serve.log")
     questions, run_dir = tmp_path / "q.jsonl", tmp_path / "run"
     ids = write_questions(questions, 60)
     config = retries_config(tmp_path / "c.yaml", 2)
@@ -181,24 +213,20 @@ def test_server_never_back_one_error_and_a_resumable_run(tiny_model, tiny_lora, 
     proc = subprocess.Popen(
         command, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
     )
-    try:
-        wait_for_lines(run_dir / "results.jsonl", 10, proc)
-        server.kill()
-        _, stderr = proc.communicate(timeout=300)
-        recorded = (run_dir / "results.jsonl").read_text().splitlines()
-        assert proc.returncode not in (0, None)
-        errors = [line for line in stderr.splitlines() if line.startswith("error:")]
-        assert len(errors) == 1 and server.base_url in errors[0], stderr[-2000:]
-        assert "gave up" in errors[0] and "rerun the same command to resume" in stderr
-        assert 10 <= len(recorded) < len(ids)
-        records = [json.loads(line) for line in recorded]  # every line a whole record
-        assert all(r["status"] in ("ok", "abstained") for r in records)  # no record of the outage
-        # The server is back: the same command resumes and asks only for what is missing.
-        server = tiny_server(tiny_model, tiny_lora, tmp_path / "serve2.log", port=server.port)
-        server.start()
-        again = subprocess.run(command, env=ENV, capture_output=True, text=True, timeout=600)
-    finally:
-        server.stop()
+    wait_for_lines(run_dir / "results.jsonl", 10, proc)
+    server.kill()
+    _, stderr = proc.communicate(timeout=300)
+    recorded = (run_dir / "results.jsonl").read_text().splitlines()
+    assert proc.returncode not in (0, None)
+    errors = [line for line in stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and server.base_url in errors[0], stderr[-2000:]
+    assert "gave up" in errors[0] and "rerun the same command to resume" in stderr
+    assert 10 <= len(recorded) < len(ids)
+    records = [json.loads(line) for line in recorded]  # every line a whole record
+    assert all(r["status"] in ("ok", "abstained") for r in records)  # no record of the outage
+    # The server is back: the same command resumes and asks only for what is missing.
+    server = killable.again(server.port, tmp_path / "serve2.log")
+    again = subprocess.run(command, env=ENV, capture_output=True, text=True, timeout=600)
     assert again.returncode == 0, again.stderr[-2000:]
     records = [json.loads(line) for line in (run_dir / "results.jsonl").read_text().splitlines()]
     assert sorted(r["id"] for r in records) == ids
