@@ -254,6 +254,43 @@ def vllm_server(tiny_model, tiny_lora, tmp_path_factory):
         yield server
 
 
+class Killable:
+    """The server the kill-and-restart tests kill (test_outages, test_resilience): each takes
+    the one left running (started here for the first), kills it, starts it again on its port
+    and leaves that one for the next -- one start fewer per test than a server of its own --
+    and the session stops the last. Never the session's ``vllm_server``, which others share."""
+
+    def __init__(self, tiny_model: Path, tiny_lora: Path) -> None:
+        self.model, self.lora = tiny_model, tiny_lora
+        self.server: VLLMServer | None = None
+
+    def take(self, log: Path) -> VLLMServer:
+        if self.server is None or self.server.process is None or self.server.process.poll():
+            self.stop()
+            self.server = tiny_server(self.model, self.lora, log).start()
+        return self.server
+
+    def again(self, port: int, log: Path) -> VLLMServer:
+        """A server on ``port`` again, after the test killed the one it took."""
+        self.stop()
+        self.server = tiny_server(self.model, self.lora, log, port=port).start()
+        return self.server
+
+    def stop(self) -> None:
+        if self.server is not None:
+            self.server.stop()
+        self.server = None
+
+
+@pytest.fixture(scope="session")
+def killable(tiny_model, tiny_lora):
+    require_engine()
+    # own server: the tests that use it kill it (one start shared by them)
+    held = Killable(tiny_model, tiny_lora)
+    yield held
+    held.stop()
+
+
 @pytest.fixture
 def home(tmp_path, monkeypatch) -> Path:
     """A fresh GROUNDCOVER_HOME for a dataset test (its lock, downloads and conversions), online."""

@@ -19,8 +19,6 @@ import pytest
 
 from groundcover.pipelines.runtime.store.run_dir import RunStoreError
 from groundcover.pipelines.shared.answering import GENERATE, GenerateOptions
-from groundcover.serving.launch.server import VLLMServer
-from tests.conftest import require_engine, tiny_server
 from tests.support.scripted import ScriptedClient
 from tests.test_runtime import run
 
@@ -120,42 +118,6 @@ def generate_command(questions: Path, run_dir: Path, base_url: str, served: str,
 def retries_config(path: Path, retries: int) -> Path:
     path.write_text(f"evaluator:\n  max_retries: {retries}\n")
     return path
-
-
-class Killable:
-    """The server the outage tests kill: each takes the one left running (started here for the
-    first), kills it, starts it again on its port and leaves that one for the next test -- one
-    start fewer per test than a server of its own -- and the module stops the last."""
-
-    def __init__(self, tiny_model: Path, tiny_lora: Path) -> None:
-        self.model, self.lora = tiny_model, tiny_lora
-        self.server: VLLMServer | None = None
-
-    def take(self, log: Path) -> VLLMServer:
-        if self.server is None or self.server.process is None or self.server.process.poll():
-            self.stop()
-            self.server = tiny_server(self.model, self.lora, log).start()
-        return self.server
-
-    def again(self, port: int, log: Path) -> VLLMServer:
-        """A server on ``port`` again, after the test killed the one it took."""
-        self.stop()
-        self.server = tiny_server(self.model, self.lora, log, port=port).start()
-        return self.server
-
-    def stop(self) -> None:
-        if self.server is not None:
-            self.server.stop()
-        self.server = None
-
-
-@pytest.fixture(scope="module")
-def killable(tiny_model, tiny_lora):
-    require_engine()
-    # own server: these tests kill it (one start shared by them, not the session's server)
-    held = Killable(tiny_model, tiny_lora)
-    yield held
-    held.stop()
 
 
 @pytest.mark.engine

@@ -15,17 +15,13 @@ from pathlib import Path
 import pytest
 
 from groundcover.serving.client import EvalClient
-from tests.conftest import require_engine, tiny_server
+from tests.conftest import require_engine
 
 pytestmark = pytest.mark.engine
 
 
-async def test_client_survives_server_killed_and_restarted_mid_batch(
-    tiny_model, tiny_lora, tmp_path
-):
-    require_engine()
-    # own server: this test kills and restarts it
-    server = tiny_server(tiny_model, tiny_lora, tmp_path / "serve.log").start()
+async def test_client_survives_server_killed_and_restarted_mid_batch(killable, tmp_path):
+    server = killable.take(tmp_path / "serve.log")  # this test kills and restarts it
     port = server.port
     client = EvalClient(
         server.base_url,
@@ -45,12 +41,9 @@ async def test_client_survives_server_killed_and_restarted_mid_batch(
         assert not batch.done()
         server.kill()  # SIGKILL the whole process group: requests in flight are lost
         killed_at = client.usage["batch"].requests
-        restarted = tiny_server(tiny_model, tiny_lora, tmp_path / "serve2.log", port=port)
-        await asyncio.to_thread(restarted.start)
-        server = restarted
+        server = await asyncio.to_thread(killable.again, port, tmp_path / "serve2.log")
         results = await asyncio.wait_for(batch, timeout=600)
     finally:
-        server.stop()
         await client.aclose()
     usage = client.usage["batch"]
     assert len(results) == 300 and all(r.completion_tokens > 0 for r in results)
