@@ -4,6 +4,7 @@ independent check broke, each fixed and held here."""
 from __future__ import annotations
 
 import json
+from unittest.mock import ANY
 
 import numpy as np
 import ppi_py
@@ -166,3 +167,83 @@ def test_an_active_draw_of_nothing_writes_no_queue():
     with pytest.raises(UserError, match=r"3.16e-05 labels expected, none drawn"):
         draw(records, None, "active", seed=0, costs=Costs(1e-6, 1e6))
     assert len(draw(records, 5, "active", seed=0).items) == 5
+
+
+def test_a_human_file_label_is_checked_as_labels_import_and_the_labelling_page_check_it(
+    tmp_path,
+):
+    """FanOutQA's judge stage takes one of its labels A to F. A `--human` file's label of it
+    that is none ("Z", true, 1.5, {"a": 1}) was read as a disagreement: `cascade calibrate`
+    wrote a calibration on it and `agreement` counted it. Each is refused in one line naming
+    the file, the line, the record and the field, as the labelling page refuses it, with
+    nothing written; so are a key that is true (read as unit 1), a key no judgement of the
+    item has, an id that is no item of the run and a score label outside 0 to 1. "B" and a
+    score of 1 still go through."""
+    from typer.testing import CliRunner
+
+    from groundcover.pipelines.cli import app
+    from groundcover.pipelines.reports.audits.agreement import read_human
+    from groundcover.pipelines.reports.pages.viewer import Viewer
+    from groundcover.pipelines.runtime.contract.errors import UserError
+    from tests.test_cascade_confidence import lone_run
+
+    alone = lone_run(tmp_path / "alone", 0.7)
+    human = tmp_path / "human.jsonl"
+    fine = {"id": "f1", "stage": "judge", "label": "B"}
+    choices = "['A', 'B', 'C', 'D', 'E', 'F']"
+    refused = [
+        ({"id": "f2", "stage": "judge", "label": "Z"}, f"field label: one of {choices}, got 'Z'"),
+        ({"id": "f2", "stage": "judge", "label": True}, f"one of {choices}, got True"),
+        ({"id": "f2", "stage": "judge", "label": 1.5}, f"one of {choices}, got 1.5"),
+        ({"id": "f2", "stage": "judge", "label": {"a": 1}}, f"one of {choices}, got {{'a': 1}}"),
+        ({"id": "f2", "stage": "score", "label": 1.5}, "field label: a score from 0.0 to 1.0"),
+        ({"id": "f2", "stage": "score", "label": -0.5}, "field label: a score from 0.0 to 1.0"),
+        ({"id": "nope", "stage": "judge", "label": "B"}, f"field id: not an item of {alone.dir}"),
+        ({"id": "f2", "stage": "judge", "label": "C", "key": 3}, "field key: item 'f2' has no"),
+    ]
+    viewer = Viewer([alone.dir])
+    for row, said in refused:
+        human.write_text(json.dumps(fine) + "\n" + json.dumps(row) + "\n")
+        if row["id"] == "f2" and row["stage"] == "judge" and "key" not in row:
+            with pytest.raises(UserError):  # the labelling page refuses it too
+                viewer.label_line(0, row | {"annotator": "p"}, "view")
+        with pytest.raises(UserError) as stopped:
+            read_human(human, [alone.dir])
+        assert str(stopped.value).startswith(f"{human}:2: record {row['id']!r}: field ")
+        assert said in str(stopped.value), str(stopped.value)
+    human.write_text(json.dumps(fine) + "\n" + json.dumps(refused[0][0]) + "\n")
+    for argv in (
+        ["cascade", "calibrate", str(alone.dir), "--check-share", "0"],
+        ["agreement", str(alone.dir)],
+    ):
+        result = CliRunner().invoke(app, [*argv, "--human", str(human)])
+        assert result.exit_code == 2, result.output
+        assert result.output.strip() == f"error: {human}:2: record 'f2': {refused[0][1]}"
+        assert not (alone.dir / "cascade").exists()
+    human.write_text(
+        json.dumps(fine) + "\n" + '{"id": "f2", "stage": "judge", "label": "B", "key": true}\n'
+    )
+    result = CliRunner().invoke(app, ["agreement", str(alone.dir), "--human", str(human)])
+    assert result.exit_code == 2 and f"{human}:2: record: field 'key'" in result.output
+    human.write_text(
+        json.dumps(fine) + "\n" + json.dumps({"id": "f2", "stage": "score", "label": 1}) + "\n"
+    )
+    result = CliRunner().invoke(app, ["agreement", str(alone.dir), "--human", str(human), "--json"])
+    assert result.exit_code == 0, result.output
+    found = json.loads(result.output)["runs"][0]
+    assert found["score"]["labelled"] == 1
+    made = CliRunner().invoke(
+        app,
+        [
+            "cascade",
+            "calibrate",
+            str(alone.dir),
+            "--human",
+            str(human),
+            "--check-share",
+            "0",
+            "--json",
+        ],
+    )
+    assert made.exit_code == 0, made.output
+    assert json.loads(made.output)["stages"]["judge"]["calibration_units"] == [["f1", ANY]]

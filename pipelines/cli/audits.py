@@ -160,8 +160,9 @@ def agreement(
         from ..reports.audits.bias import length_audit
         from ..runtime.store.run_dir import run_directories
 
-        labels = read_human(human) if human is not None else None
-        found["bias"] = [length_audit(d, labels) for d in run_directories(run_dir)]
+        runs = run_directories(run_dir)
+        labels = read_human(human, runs) if human is not None else None
+        found["bias"] = [length_audit(d, labels) for d in runs]
     if as_json:
         print(json.dumps(found, default=str))
         return
@@ -279,7 +280,7 @@ def cascade_calibrate(
     if grid not in GRIDS:
         raise UserError(f"--grid {grid}: want one of {', '.join(GRIDS)}")
     trust_files(framework_file, trust)
-    labels = read_human(human) if human is not None else None
+    labels = read_human(human, run_dir) if human is not None else None
     tiers = [read_tier(d, labels) for d in run_dir]
     for directory, tier in list(zip(run_dir, tiers, strict=True))[1:]:
         if tier.members == [NLI_TIER]:

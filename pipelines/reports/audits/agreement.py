@@ -34,13 +34,12 @@ from typing import Any
 import numpy as np
 from rich.text import Text
 
-from ...runtime.contract.config import UserError
 from ...runtime.contract.panels import Average, Cover, Level, PanelRule, Vote
-from ...runtime.contract.readers import iter_jsonl
 from ...runtime.contract.results import ItemResult
 from ...runtime.store.run_dir import run_directories
 from ..people.labels import read_queue, run_labels
 from .cascade import render_run, run_cascade
+from .human import read_human as read_human
 from .units import Unit as Unit
 from .units import judged_units as judged_units
 from .units import panel_units
@@ -292,38 +291,6 @@ def disagreements(
 
 
 # ---- reading runs --------------------------------------------------------------------------
-
-
-def read_human(path: Path) -> dict[tuple[str, str, int], Any]:
-    """``--human FILE``: (item id, stage, key) -> label; a bad line stops with one error."""
-    labels: dict[tuple[str, str, int], Any] = {}
-    for lineno, row in iter_jsonl(path):
-        where = f"{path}:{lineno}"
-        if not isinstance(row, dict):
-            raise UserError(f"{where}: record: expected an object with id, stage, label")
-        for field in ("id", "stage", "label"):
-            if field not in row:
-                raise UserError(f"{where}: record: field {field!r} is missing")
-        key = row.get("key", 0)
-        if not isinstance(key, int) or key < 0:
-            raise UserError(f"{where}: record: field 'key': expected an integer from 0")
-        if not isinstance(row["stage"], str):
-            raise UserError(f"{where}: record: field 'stage': expected text")
-        if row["stage"] == "score" and not _number(row["label"]):
-            raise UserError(f"{where}: record: field 'label': a score label is a number")
-        if isinstance(row["label"], float) and not math.isfinite(row["label"]):
-            raise UserError(f"{where}: record: field 'label': {row['label']} is not a label")
-        ident = (str(row["id"]), row["stage"], key)
-        if ident in labels:
-            raise UserError(f"{where}: record: id {row['id']!r} stage {row['stage']!r} twice")
-        labels[ident] = row["label"]
-    if not labels:
-        raise UserError(f"{path}: no human labels")
-    return labels
-
-
-def _number(value: Any) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def confusion(judge: Sequence[Any], human: Sequence[Any]) -> dict[str, dict[str, int]]:
@@ -583,8 +550,8 @@ def runs_as_judges(run_dirs: Sequence[Path]) -> dict[str, Any] | None:
 def agreement(
     paths: Sequence[Path], human_file: Path | None, sample: int | None = None
 ) -> dict[str, Any]:
-    human = read_human(human_file) if human_file is not None else None
     runs = run_directories(paths)
+    human = read_human(human_file, runs) if human_file is not None else None
     out: dict[str, Any] = {"runs": [run_agreement(d, human, sample) for d in runs]}
     across = runs_as_judges(runs)
     if across is not None:

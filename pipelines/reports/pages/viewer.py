@@ -37,17 +37,18 @@ from typing import Any, NamedTuple
 from urllib.parse import parse_qs, urlparse
 
 from ...runtime.contract.errors import UserError
-from ...runtime.contract.panels import NOTHING_COVERED, Cover, Vote, cover_items, cover_label
 from ...runtime.store.labels import TEXT_LIMIT
 from ...runtime.store.run_dir import RESULTS
 from ..audits.agreement import Unit
+from ..people.choices import SCALE as SCALE
+from ..people.choices import SCORE as SCORE
+from ..people.choices import checked_label as checked_label
+from ..people.choices import score_choices, stage_choices
 from ..people.labels import LABELS_DIR, annotator_units, append_labels
 from ..people.overrides import OVERRIDES, add_override, read_overrides, withdraw_override
 
 PAGE_SIZE = 100
 LIGHT_ABOVE = 10_000  # records beyond which the first page is the light one, not awaited
-SCORE = "score"  # the item's score: the stage a label of the whole item names
-SCALE = (0.0, 0.25, 0.5, 0.75, 1.0)  # the score scale's buttons, keys 1-5
 LABEL_PAGE = Path(__file__).with_name("label_page.html.j2")
 
 
@@ -346,25 +347,16 @@ class Viewer:
         return found
 
     def choices(self, k: int, stage: str) -> dict[str, Any]:
-        """What a person labels ``stage`` with: ``labels`` (one of the stage's labels),
-        ``number`` (buttons for the usual values, any number accepted) or ``set`` (the numbers
-        of the items it covers, as the unit lists them: "1, 3", or "none")."""
+        """What a person labels ``stage`` with (``people.choices``): ``labels`` (one of the
+        stage's labels), ``number`` (buttons for the usual values, any number accepted) or
+        ``set`` (the numbers of the items it covers, as the unit lists them: "1, 3", or
+        "none")."""
         if stage == SCORE:
-            return {"kind": "number", "choices": list(SCALE), "low": 0.0, "high": 1.0}
+            return score_choices()
         state = self.state(k)
         if stage not in state.stages:
             raise KeyError(f"stage {stage!r}")
-        rule = state.texts.framework.panel_rule(stage)
-        if isinstance(rule, Cover):
-            return {"kind": "set", "choices": [NOTHING_COVERED]}
-        declared = getattr(rule, "choices", None)
-        if declared:
-            return {"kind": "labels", "choices": list(declared)}
-        seen = {v for u in state.stages[stage] for v in (*u.values, u.combined) if v is not None}
-        if isinstance(rule, Vote):
-            return {"kind": "labels", "choices": sorted(seen | {rule.tie}, key=str)}
-        numbers = sorted(v for v in seen if isinstance(v, int | float))
-        return {"kind": "number", "choices": numbers[:9], "low": None, "high": None}
+        return stage_choices(state.texts.framework.panel_rule(stage), state.stages[stage])
 
     def units(self, k: int, stage: str) -> list[tuple[str, int, Any]]:
         """(item, key, the judge's verdict) of each unit to label, in the queue's order."""
@@ -534,26 +526,6 @@ def _text(body: dict[str, Any], field: str) -> str:
     if not isinstance(value, str) or not value.strip() or len(value) > 200:
         raise UserError(f"{field}: missing or not a short text")
     return value.strip()
-
-
-def checked_label(label: Any, how: dict[str, Any]) -> Any:
-    """A label as the stage takes it: one of its labels, a number in its range, or a set
-    (written as its label: "1, 3")."""
-    if how["kind"] == "set":
-        try:
-            return cover_label(cover_items(label))
-        except ValueError as exc:
-            raise UserError(f"label: {exc}") from None
-    if how["kind"] == "labels":
-        if label not in how["choices"]:
-            raise UserError(f"label: one of {how['choices']}, got {label!r}")
-        return label
-    if not isinstance(label, int | float) or isinstance(label, bool) or not math.isfinite(label):
-        raise UserError(f"label: a finite number, got {label!r}")
-    low, high = how.get("low"), how.get("high")
-    if (low is not None and label < low) or (high is not None and label > high):
-        raise UserError(f"label: a score from {low} to {high}, got {label!r}")
-    return float(label)
 
 
 # ---- the HTTP server -----------------------------------------------------------------------

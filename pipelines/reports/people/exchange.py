@@ -39,6 +39,7 @@ from ....serving.files import atomic_file, check_within, write_atomic
 from ...runtime.contract.errors import UserError
 from ...runtime.store.run_dir import RESULTS, results_by_id
 from ..exports.rows import run_rows
+from .choices import written_label
 from .labels import QUEUE, append_labels, labels_dir
 
 SCORE, NOTE, LABEL = "score", "note", "label"
@@ -414,13 +415,10 @@ def _judgement_line(
         how = None
     if how is None:
         raise UserError(f"{where}: field stage: {stage!r} is not a judging stage")
-    if how["kind"] == "number" and isinstance(label, str):
-        try:
-            label = float(label)
-        except ValueError:
-            raise UserError(f"{where}: field label: a number, got {label!r}") from None
-    if how["kind"] == "labels":  # as written in a cell or a choice: the stage's label it names
-        label = {str(c): c for c in how["choices"]}.get(str(label), label)
+    try:  # as written in a cell or a choice: the stage's label it names
+        label = written_label(label, how)
+    except UserError as exc:
+        raise UserError(f"{where}: field {exc}") from None
     body = {"id": row["id"], "stage": stage, "key": int(key), "label": label}
     body |= {"note": row.get("note"), "annotator": row.get("annotator") or "unknown"}
     try:
