@@ -234,6 +234,7 @@ def test_two_nodes_cancelled_requeued_at_the_time_limit_and_an_array_side_by_sid
             240,
             "both array tasks running at once",
         )
+        pace["seconds"] = 0.0  # seen side by side: the rest of the answers need no pace
         for k, task in enumerate(tasks):
             assert slurm.wait(task, 300) == "COMPLETED"
             assert records_of(tmp_path / f"g{k}" / "answers") == expected
@@ -868,11 +869,11 @@ def test_the_rayjob_runs_the_job_through_cluster_run_with_a_deadline_and_drivers
     assert {"GROUNDCOVER_SERVE_API_KEY", "RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH"} <= names
 
 
-def test_the_rayjobs_pods_hold_whole_judge_replicas_as_the_plan_sizes_them(tmp_path):
+def test_the_rayjobs_pods_hold_whole_judge_replicas_as_the_plan_sizes_them(tmp_path, monkeypatch):
     """Each worker pod has at least the judge's tensor parallelism in GPUs (a replica's GPUs
     are on one pod): the entrypoint's own job, planned by ``cluster plan`` on the pods the
     manifest asks for, fits with no refusal; one GPU a pod would not hold a TP 4 judge."""
-    from tests.test_cluster_plan import CONFIGS, cache_configs
+    from tests.test_cluster_plan import planner
 
     job = rayjob()
     group = job["spec"]["rayClusterSpec"]["workerGroupSpecs"][0]
@@ -880,30 +881,18 @@ def test_the_rayjobs_pods_hold_whole_judge_replicas_as_the_plan_sizes_them(tmp_p
     allocation = f"{group['replicas']}x{gpus}"
     given = [w for w in entrypoint_job(job) if w != "$GC_JUDGE_START_TIMEOUT"]
     given.remove("--judge-start-timeout")
-    cache_configs(tmp_path / "hf", CONFIGS)
     items = tmp_path / "items.jsonl"
     items.write_text((ROOT / "examples" / "comprehensiveness.jsonl").read_text())
     given = [str(items) if w == "/shared/data/items.jsonl" else w for w in given]
-    env = {"PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin", "HOME": str(tmp_path)}
-    env |= {"HF_HOME": str(tmp_path / "hf"), "HF_HUB_OFFLINE": "1"}
-    env["GROUNDCOVER_HOME"] = str(tmp_path / "g")
+    plan = planner(tmp_path, monkeypatch)  # in this process, the presets' configs, offline
 
-    def plan(*argv: str) -> subprocess.CompletedProcess:
-        return subprocess.run(
-            [sys.executable, "-m", "groundcover", "cluster", "plan", "--json", *argv],
-            capture_output=True,
-            text=True,
-            env=env,
-            timeout=120,
-        )
-
-    done = plan("--allocation", allocation, *given)
+    done = plan("--json", "--allocation", allocation, *given)
     assert done.returncode == 0, done.stderr
     found = json.loads(done.stdout)
     assert gpus >= found["tensor_parallel"] and found["replicas"] >= 1
     assert sum(found["idle_gpus_per_node"].values()) == 0  # 7 judge replicas and the NLI GPU
     big = [w if w != "Llama-3.1-8B-Instruct" else "Llama-3.3-70B-Instruct" for w in given]
-    refused = plan("--allocation", f"{group['replicas']}x1", *big)
+    refused = plan("--json", "--allocation", f"{group['replicas']}x1", *big)
     assert refused.returncode == 2 and "fits no node" in refused.stderr
 
 
