@@ -408,14 +408,43 @@ def judge_errors(
     }
 
 
+def prediction_powered(
+    scores: dict[str, float], labels: dict[str, float], weights: dict[str, float] | None
+) -> dict[str, Any]:
+    """The prediction-powered mean of the judge's ``scores`` from people's ``labels`` of some
+    items (each with a score), ``weights`` the labelling queue's (id -> 1 / its inclusion
+    probability; None: no queue). Where the queue drew its items with unequal probabilities
+    the mean is the design's: only the labels of items it drew, each weighted by 1 / its
+    probability; a label of an item it did not draw (chosen by no known probability) cannot be
+    weighted to stand for the run, and with the drawn ones unweighted the over-drawn items
+    would bias the mean, so it is counted apart (``outside_design``) and left out. With equal
+    probabilities every label is used, weighted where the queue drew them all."""
+    out: dict[str, Any] = {}
+    if weights is not None and len(set(weights.values())) > 1:  # an unequal design
+        inside = [i for i in labels if i in weights]
+        if inside:
+            drawn = {i: labels[i] for i in inside}
+            out["ppi"] = design_ppi(scores, drawn, [weights[i] for i in inside])
+        out["weighted"] = True
+        if len(inside) < len(labels):  # in the humans' own mean, not in the design's
+            out["outside_design"] = len(labels) - len(inside)
+        return out
+    drawn_all = weights is not None and all(i in weights for i in labels)
+    used = [weights[i] for i in labels] if drawn_all and weights else None
+    out["ppi"] = design_ppi(scores, labels, used)
+    if weights is not None:
+        out["weighted"] = drawn_all  # False: labels outside the queue, so none is weighted
+    return out
+
+
 def score_estimates(
     records: Sequence[ItemResult],
     human: dict[tuple[str, str, int], Any],
     weights: dict[str, float] | None = None,
 ) -> dict[str, Any] | None:
     """The run's mean score three ways, from the human ``score`` labels of some items;
-    ``weights``: the labelling queue's (``agreement --sample``), used where every labelled
-    item was drawn by it."""
+    ``weights``: the labelling queue's (``agreement --sample``), as ``prediction_powered``
+    uses them."""
     scores = {r.id: r.score for r in records if r.score is not None}
     recorded = {r.id for r in records}
     labels = {i: float(v) for (i, stage, _), v in human.items() if stage == "score"}
@@ -430,12 +459,8 @@ def score_estimates(
         "judge": classical_mean(list(scores.values())),
         "human": classical_mean(graded),
     }
-    if rest:
-        drawn = weights is not None and all(i in weights for i in both)
-        used = [weights[i] for i in both] if drawn and weights else None
-        out["ppi"] = design_ppi(scores, {i: labels[i] for i in both}, used)
-        if weights is not None:
-            out["weighted"] = drawn  # False: labels outside the queue, so none is weighted
+    if rest or (weights is not None and len(set(weights.values())) > 1):
+        out |= prediction_powered(scores, {i: labels[i] for i in both}, weights)
     pair = [Unit(i, "score", 0, [scores[i], labels[i]]) for i in both]
     stats = raters_agreement(pair, ["judge", "human"], None)
     out["agreement"] = {"alpha": stats["alpha"], **stats["pairwise"][0]}
@@ -685,3 +710,10 @@ def _estimates(score: dict[str, Any], out: Any) -> None:
         out.print("note: some labels are of items outside the labelling queue: unweighted")
     elif score.get("weighted"):
         out.print("prediction-powered: each label weighted by its queue's inclusion probability")
+    if score.get("outside_design"):
+        out.print(
+            f"note: {score['outside_design']} labelled items outside the labelling queue, drawn "
+            "by no known probability: not used in the prediction-powered mean (its design's), "
+            "counted in the humans' own",
+            highlight=False,
+        )
