@@ -117,7 +117,7 @@ def main() -> int:
     )
     print(
         "| judge: c = | alpha | every: coverage, found, failed | steps: coverage, found, "
-        "failed | steps / every | oracle coverage | best single test: found (coverage) |"
+        "failed | steps / every | oracle coverage | best single test: found (share kept) |"
     )
     print("| --- | --- | --- | --- | --- | --- | --- |")
     for alpha in args.alpha:
