@@ -91,10 +91,17 @@ RAY_TESTS = (
 )
 
 
+# Files whose tests take the session's `killable` server (the kill-and-restart tests): one group,
+# so that the server one leaves running is the next one's, never a second start on another worker.
+KILLABLE_TESTS = ("tests/test_outages.py", "tests/test_resilience.py")
+
+
 def scheduling_group(nodeid: str) -> str:
-    """The Ray group, else the test's file: a module's fixtures (a Serve app, an index) start
-    once per session when its tests stay on one worker."""
-    return "ray" if nodeid.startswith(RAY_TESTS) else nodeid.split("::", 1)[0]
+    """The Ray group, the killable server's group, else the test's file: a module's fixtures (a
+    Serve app, an index) start once per session when its tests stay on one worker."""
+    if nodeid.startswith(RAY_TESTS):
+        return "ray"
+    return "killable" if nodeid.startswith(KILLABLE_TESTS) else nodeid.split("::", 1)[0]
 
 
 def pytest_xdist_make_scheduler(config, log):
