@@ -16,12 +16,16 @@ Bought once, whatever the provider does:
 
 - **Write-ahead, found with patience.** A round's file is uploaded and its file id, its custom
   ids and a tag (sent as the batch's ``metadata``) recorded in the folder's ``ledger.jsonl``
-  *before* the batch is created; the batch id is recorded as soon as it is known. A create whose
+  *before* the batch is created; the batch id is recorded as soon as it is known. A create
+  refused (429, a limit's words) made nothing and is asked again after its wait. One whose
   answer is lost (a timeout, a reset, a 5xx, a kill) is looked for by its tag over a settle
-  window (a provider's list is eventually consistent), paging by the last id seen and stopping
-  on a page seen before; a tagged batch the ledger does not know, found on any listing or
-  resume, is adopted and collected (a duplicate still running is cancelled), never left billed
-  and unused.
+  window (a provider's list is eventually consistent), paging by the last id seen; a pass that
+  cannot read the listing to its end (a page repeated while it says there are more) never
+  leads to a second create (``Undecided``: the run stops, a resume looks again). A tagged
+  batch the ledger does not know, found on any listing, on the last look before the run ends,
+  or on a resume, is adopted and collected (a duplicate still running is cancelled), never
+  left billed and unused. A batch forgotten (``groundcover batch forget``) while it ran is
+  cancelled once at the next open, what it answered kept.
 - **A download is checked before it is believed**: its complete lines against the batch's
   ``request_counts``, a cut last line, its decoding. A short, cut or undecodable file (or a
   404 right after completion) is downloaded again, a few times; then its lines are read as far
@@ -82,8 +86,8 @@ from .batch_said import (
     meaning_of,
     words,
 )
+from .credentials import authorization, take_credentials
 from .files import atomic_file, make_dirs, open_unlinked, write_atomic
-from .redact import remember
 
 __all__ = [  # re-exported: the local engine and the provider's words, from their own modules
     "PROVIDER_MESSAGES",
@@ -151,12 +155,16 @@ class Executor(Protocol):
     name: str
     window: str
     tagged: dict[str, str]  # batch id -> tag, of every tagged batch a listing showed
+    seen: set[str]  # batch ids known to exist (made, listed, recorded): older than a create
+    lost: Counter[str]  # tag -> creates whose answer was lost and whose batch was not found
 
     async def upload(self, path: Path) -> str: ...
 
     async def create(self, file_id: str, path: Path, tag: str) -> str: ...
 
-    async def find(self, tag: str, file_id: str) -> str | None: ...
+    async def find(
+        self, tag: str, file_id: str, since: float = 0.0, earlier: frozenset[str] = frozenset()
+    ) -> str | None: ...
 
     async def scan(self, prefix: str, since: float) -> None: ...
 
@@ -185,11 +193,25 @@ def window_seconds(window: str) -> float:
 
 
 class Blip(Exception):
-    """A call that failed for a reason that passes (5xx, 429, a reset, a timeout)."""
+    """A call that failed for a reason that passes (5xx, 429, a reset, a timeout). ``unclear``:
+    whether the call took effect is unknown (a timeout, a reset, a 5xx, a body that is not
+    JSON: a create may have made its batch); a refusal (429, a limit's words at a 4xx) made
+    nothing."""
 
-    def __init__(self, why: str, wait: float | None = None):
+    def __init__(self, why: str, wait: float | None = None, unclear: bool = False):
         super().__init__(why)
         self.wait = wait
+        self.unclear = unclear
+
+
+class Undecided(BatchError):
+    """Whether a lost create made its batch cannot be told: the provider's listing could not
+    be read to its end (a page repeated while it said there were more, or too many pages).
+    Nothing is created again (it would be bought twice): the run stops, a resume looks again."""
+
+
+CLOCK_SLACK = 3600.0  # seconds a provider's clock may be behind ours: older batches are not ours
+LIST_LIMIT = 100  # batches asked per listing page: OpenAI's most (its default is 20)
 
 
 # ---- executors ------------------------------------------------------------------------------
@@ -223,9 +245,10 @@ class OpenAIBatches:
         the creates on real providers) before the batch is created again; ``downloads``: tries
         of an output file that comes short, cut or not there yet, the first ``download_pause``
         seconds apart (then doubling)."""
-        self.base_url = base_url.rstrip("/")
-        remember(api_key)
-        self.headers = {"Authorization": f"Bearer {api_key}"}
+        # a URL's user-info is held apart and sent as the rest of the client sends it (HTTP
+        # Basic); never in what is recorded or shown
+        self.base_url = take_credentials(base_url).rstrip("/")
+        self.headers = {"Authorization": authorization(self.base_url, api_key)}
         self.window = window
         # a connection or a read that stalls for ``timeout`` is a blip; a long download is not
         self.timeout = aiohttp.ClientTimeout(total=None, sock_connect=timeout, sock_read=timeout)
@@ -234,8 +257,9 @@ class OpenAIBatches:
         self.downloads = max(1, downloads)
         self.download_pause = download_pause
         self.tagged: dict[str, str] = {}  # batch id -> tag, of every listing read
+        self.seen: set[str] = set()  # batch ids known to exist: made, listed or recorded
         self.pages = 0  # listing pages read (the tests count them)
-        self.lost_creates = 0  # creates not found in the listing, asked again
+        self.lost: Counter[str] = Counter()  # tag -> creates lost and not found, asked again
         self._session: aiohttp.ClientSession | None = None
 
     @property
@@ -270,15 +294,16 @@ class OpenAIBatches:
         try:
             async with self.session.request(method, url, **kw) as response:
                 if response.status >= 400:
-                    said = words(await response.text(errors="replace"))
+                    said, code = said_in(await response.text(errors="replace"))
                     why = f"{method} {url}: {response.status} {said}"
-                    meaning = meaning_of(said)
+                    meaning = meaning_of(said, code)
+                    later = _retry_after(response.headers.get("Retry-After"))
                     if to_file is not None and response.status in GONE_STATUS:
                         raise Gone(why)
+                    if response.status >= 500:  # a gateway may have passed the call on
+                        raise Blip(why, later, unclear=True)
                     if meaning == WAIT or response.status in RETRY_STATUS:
-                        raise Blip(why, _retry_after(response.headers.get("Retry-After")))
-                    if response.status >= 500:
-                        raise Blip(why, _retry_after(response.headers.get("Retry-After")))
+                        raise Blip(why, later)  # refused: nothing was done
                     if meaning == SPLIT or response.status == 413:
                         raise TooBig(why)
                     raise BatchError(why)
@@ -289,13 +314,15 @@ class OpenAIBatches:
                     return {}
                 text = await response.text(errors="replace")
         except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError) as exc:
-            raise Blip(f"{method} {url}: {type(exc).__name__}: {words(exc)}") from exc
+            why = f"{method} {url}: {type(exc).__name__}: {words(exc)}"
+            raise Blip(why, unclear=True) from exc
         except asyncio.TimeoutError as exc:
-            raise Blip(f"{method} {url}: no answer in time") from exc
+            raise Blip(f"{method} {url}: no answer in time", unclear=True) from exc
         try:
             data = json.loads(text)
         except json.JSONDecodeError:
-            raise Blip(f"{method} {url}: the answer is not JSON ({len(text)} bytes)") from None
+            why = f"{method} {url}: the answer is not JSON ({len(text)} bytes)"
+            raise Blip(why, unclear=True) from None
         if not isinstance(data, dict):
             raise BatchError(f"{method} {url}: the answer is not a JSON object")
         return data
@@ -317,9 +344,17 @@ class OpenAIBatches:
         )
         return str(unwrap(uploaded, "POST /files")["id"])
 
+    @property
+    def lost_creates(self) -> int:
+        """Creates whose answer was lost and whose batch no search found (asked again)."""
+        return sum(self.lost.values())
+
     async def create(self, file_id: str, path: Path, tag: str) -> str:
-        """The batch of ``file_id``, made once: a create whose answer was lost is looked for by
-        its tag, over ``find_window`` seconds, before it is asked again."""
+        """The batch of ``file_id``, made once. A create refused (429, a limit's words) made
+        nothing: it is asked again after its ``Retry-After``. One whose answer is lost (a
+        timeout, a reset, a 5xx, a body that is not JSON) is looked for by its tag, over
+        ``find_window`` seconds, before it is asked again; where the listing cannot say, it is
+        not asked again (``Undecided``)."""
         body = {
             "input_file_id": file_id,
             "endpoint": CHAT_URL,
@@ -328,29 +363,52 @@ class OpenAIBatches:
         }
 
         async def attempt() -> dict[str, Any]:
+            earlier = frozenset(self.seen)  # every batch known now is older than this one
+            since = time.time() - CLOCK_SLACK
             try:
                 return await self._once("POST", "/batches", json=body)
-            except Blip:
-                found = await self.find(tag, file_id)  # made, its answer lost?
+            except Blip as blip:
+                if not blip.unclear:  # refused: nothing was made
+                    raise
+                found = await self.find(tag, file_id, since, earlier)  # made, its answer lost?
                 if found is not None:
                     return {"id": found}
-                self.lost_creates += 1  # made later, perhaps: the next listings look
+                self.lost[tag] += 1  # made later, perhaps: the next listings look
                 raise
 
-        created = await self._patiently("POST /batches", attempt)
-        return str(unwrap(created, "POST /batches")["id"])
+        created = unwrap(await self._patiently("POST /batches", attempt), "POST /batches")
+        self.seen.add(str(created["id"]))
+        return str(created["id"])
 
-    async def find(self, tag: str, file_id: str) -> str | None:
+    async def find(
+        self, tag: str, file_id: str, since: float = 0.0, earlier: frozenset[str] = frozenset()
+    ) -> str | None:
         """The id of the batch with ``tag`` (or made from ``file_id`` and carrying no tag),
-        looked for until ``find_window`` has passed (a listing lags the creates); None when the
-        provider shows none by then."""
+        looked for until ``find_window`` has passed (a listing lags the creates); None when
+        the last pass read the listing to its end (the last page, a batch made before ``since``
+        or one of ``earlier``, batches known to be older than the one looked for) and saw none.
+        Where it could not (a cursor that does not move), a batch with ``tag`` an earlier
+        listing showed is asked for by its id; else ``Undecided``: never a second batch."""
         deadline = time.monotonic() + self.find_window
         pause = min(5.0, max(0.02, self.find_window / 10))
         while True:
-            found = await self._listing(tag, file_id)
-            if found is not None or time.monotonic() >= deadline:
-                return found
+            listed = await self._listing(tag, file_id, since=since, earlier=earlier)
+            if listed.found is not None:
+                return listed.found
+            if time.monotonic() >= deadline:
+                break
             await asyncio.sleep(min(pause, max(0.0, deadline - time.monotonic())))
+        if listed.whole:
+            return None
+        for batch_id in [b for b, mark in self.tagged.items() if mark == tag]:
+            with contextlib.suppress(BatchError):  # listed once: retrieved by its id
+                unwrap(await self._call("GET", f"/batches/{batch_id}"), "GET /batches")
+                return batch_id
+        raise Undecided(
+            f"GET /batches: whether the batch of file {file_id} (tag {tag}) was made cannot be "
+            f"told: the provider's listing {listed.why}; it is not created again (it would be "
+            "bought twice): the same command resumes and looks for it again"
+        )
 
     async def scan(self, prefix: str, since: float) -> None:
         """Every batch tagged under ``prefix`` made since ``since`` (unix seconds) into
@@ -360,17 +418,24 @@ class OpenAIBatches:
             await self._listing(None, None, prefix=prefix, since=since)
 
     async def _listing(
-        self, tag: str | None, file_id: str | None, prefix: str = "", since: float = 0.0
-    ) -> str | None:
+        self,
+        tag: str | None,
+        file_id: str | None,
+        prefix: str = "",
+        since: float = 0.0,
+        earlier: frozenset[str] = frozenset(),
+    ) -> Listed:
         """One pass over the listing, newest first, paged by the last id seen (not the
-        ``last_id`` a provider claims), until the last page, a page seen before (a cursor that
-        does not move), a batch older than ``since``, or 1,000 pages. Every tagged batch seen
-        goes into ``tagged``; the id of the one with ``tag`` (or the untagged one made from
-        ``file_id``) is returned."""
+        ``last_id`` a provider claims). It is read whole at the last page (or an empty one), a
+        batch made before ``since``, or one of ``earlier`` (known older than the one looked
+        for); it stops short on a page seen before while the provider says there are more (a
+        cursor that does not move) or after 1,000 pages. Every tagged batch seen goes into
+        ``tagged``; the one with ``tag`` (or the untagged one made from ``file_id``) is
+        ``found``."""
         after: str | None = None
         seen: set[str] = set()
         for _ in range(1000):
-            query = "?limit=100" + (f"&after={after}" if after else "")
+            query = f"?limit={LIST_LIMIT}" + (f"&after={after}" if after else "")
             page = await self._call("GET", f"/batches{query}")
             self.pages += 1
             if not isinstance(page.get("data"), list):
@@ -390,13 +455,16 @@ class OpenAIBatches:
                     found = found or str(batch.get("id"))
                 created = batch.get("created_at")
                 older = older or (isinstance(created, int | float) and created < since)
+            self.seen.update(ids)
             if found is not None:
-                return found
-            if not fresh or not page.get("has_more") or older:
-                return None  # the end, a page seen before, or past what could be ours
+                return Listed(found, True)
+            if not ids or not page.get("has_more") or older or earlier.intersection(ids):
+                return Listed(None, True)  # the end, or past what could be the one looked for
+            if not fresh:
+                return Listed(None, False, "repeated a page while it said there were more")
             seen.update(ids)
             after = fresh[-1]
-        return None
+        return Listed(None, False, "had more than 1,000 pages")
 
     async def poll(self, batch_id: str, path: Path) -> BatchState:
         answer = await self._call("GET", f"/batches/{batch_id}")
@@ -474,6 +542,31 @@ class OpenAIBatches:
             await self._session.close()
 
 
+@dataclass(frozen=True)
+class Listed:
+    """One pass over a provider's listing: the batch looked for (None: not seen), whether the
+    pass read the listing to its end (or to batches older than the one looked for), and why
+    it did not."""
+
+    found: str | None
+    whole: bool
+    why: str = ""
+
+
+def said_in(body: str) -> tuple[str, str]:
+    """An error answer's words and code: the JSON body's ``error.message`` (OpenAI's and
+    Azure's shape; any shape ``error_text`` reads) where it has one, else the body itself."""
+    try:
+        data = json.loads(body)
+    except ValueError:
+        return words(body), ""
+    if not isinstance(data, dict | list):
+        return words(body), ""
+    error = data.get("error") if isinstance(data, dict) else None
+    code = error.get("code") if isinstance(error, dict) else None
+    return words(error_text(data)) or words(body), code if isinstance(code, str) else ""
+
+
 def unwrap_any(data: dict[str, Any]) -> dict[str, Any]:
     """A batch or file object also when wrapped in one key (``{"job": {...}}``)."""
     if "id" not in data and len(data) == 1:
@@ -516,6 +609,7 @@ def _retry_after(value: str | None) -> float | None:
 
 # ---- reading an output file -----------------------------------------------------------------
 
+BOM = b"\xef\xbb\xbf"  # a UTF-8 byte order mark: some writers put one before the first line
 CUSTOM_ID = re.compile(rb'"custom_id"\s*:\s*"((?:[^"\\]|\\.){1,512})"')
 
 
@@ -545,7 +639,7 @@ def read_output(data: bytes) -> Reading:
     (not UTF-8, not JSON, a ``response`` that is no object, an answer without choices) is a
     problem of the request it names (``unreadable``), never of the file."""
     reading = Reading()
-    rows = data.split(b"\n")
+    rows = data.removeprefix(BOM).split(b"\n")
     last = rows.pop() if rows else b""
     if last.strip():  # no newline after it: a whole line, or one cut mid-way
         try:
@@ -775,6 +869,7 @@ class Pending:
     tag: str = ""
     since: float = 0.0  # unix seconds it was submitted
     watched: bool = False
+    forgotten: bool = False  # ``batch forget``: cancelled at the next open, not waited for
 
 
 Orphan = Upload  # the earlier name of an upload a killed run left without a batch
@@ -844,6 +939,9 @@ class Batcher:
         self._opened = False
         self._queued_since: dict[str, float] = {}  # upload tag -> its first refusal (queue)
         self._scanned = 0  # lost creates already looked for among the provider's batches
+        self.recorded_at: dict[str, float] = {}  # batch id -> when a ledger recorded it
+        self.adopted_tags: Counter[str] = Counter()  # tag -> batches adopted carrying it
+        self.forgotten: list[Pending] = []  # forgotten batches that may still run
         self._files = 0  # batch files written this invocation (their names)
         make_dirs(self.folder, within=self.within)
         self.nonce = folder_nonce(folder, self.within)
@@ -864,6 +962,7 @@ class Batcher:
         uploaded: dict[str, dict[str, Any]] = {}  # tag -> event, not yet submitted
         submitted: dict[str, dict[str, Any]] = {}
         outputs: dict[str, str] = {}  # finished batch -> its kept output
+        forgotten: dict[str, bool] = {}  # forgotten batch -> rebuy, while it may still run
         rounds = [0]
         for event in ledger_events(ledger):
             kind, batch = event.get("event"), str(event.get("batch"))
@@ -875,29 +974,35 @@ class Batcher:
             elif kind == "submitted":
                 submitted[batch] = event
                 self.known.add(batch)
+                self.recorded_at[batch] = float(event.get("at") or 0.0)
                 uploaded.pop(event.get("tag", ""), None)
             elif kind == "abandoned":
                 uploaded.pop(event.get("tag", ""), None)
             elif kind == "finished":
                 outputs[batch] = event["output"]
+                forgotten.pop(batch, None)
                 for cid in event.get("lost") or {}:
                     self.lost[cid] += 1
             elif kind == "forgotten" and batch in submitted:
+                if batch not in outputs:  # it may still run at the provider: ended at open
+                    forgotten[batch] = bool(event.get("rebuy"))
                 outputs.setdefault(batch, "")
                 if event.get("rebuy"):  # its answers set aside, its lines bought again
                     outputs[batch] = ""
                     for cid in submitted[batch]["custom_ids"]:
                         self.lost.pop(cid, None)
+            elif kind == "forgotten_ended":  # cancelled once already
+                forgotten.pop(batch, None)
         for output in outputs.values():
             if output:
                 self._keep(folder / output)
         for batch_id, event in submitted.items():
-            if batch_id in outputs:
+            if batch_id in outputs and not (recover and batch_id in forgotten):
                 continue
             if recover:  # a live sibling's engine is its own: never ended from here
                 self.executor.found_pending(event)
             ids = list(event["custom_ids"])
-            self.batches[batch_id] = Pending(
+            pending = Pending(
                 batch_id,
                 ids,
                 folder,
@@ -908,6 +1013,12 @@ class Batcher:
                 float(event.get("at") or time.time()),
             )
             self._bodies(folder / event["file"])
+            if batch_id in forgotten:  # its lines wait for its cancel (unless --rebuy)
+                pending.forgotten = True
+                self.forgotten.append(pending)
+                if forgotten[batch_id]:
+                    continue
+            self.batches[batch_id] = pending
             for cid in ids:
                 self.pending.setdefault(cid, batch_id)
         for tag, event in uploaded.items():  # a sibling's: its owner finds or makes the batch
@@ -980,7 +1091,7 @@ class Batcher:
         local = self.executor.name == LocalRunBatch.name
         if batch_id is None and not local:
             path = orphan.folder / orphan.file
-            batch_id = await self.executor.find(orphan.tag, orphan.file_id)
+            batch_id = await self._find(orphan)
             if batch_id is None:
                 batch_id = await self.executor.create(orphan.file_id, path, orphan.tag)
             batch_id = _submitted(orphan) or batch_id  # recorded meanwhile by its owner?
@@ -1010,11 +1121,66 @@ class Batcher:
         if self._opened:
             return
         self._opened = True
+        for pending in self.forgotten:
+            pending.watched = True
+            self._spawn(self._end_forgotten(pending))
         for orphan in self.orphans:
             self.recovering.add(orphan.tag)
             self._spawn(self._recover(orphan))
         if self.uploads:
             self._spawn(self._look_for_strays())
+        for pending in list(self.batches.values()):  # a duplicate a run left pending
+            mine = pending.folder == self.folder and not pending.watched
+            if mine and all(c in self.kept for c in pending.ids):
+                record = BatchRecord(pending.batch, pending.round, len(pending.ids), "resumed")
+                pending.watched = True
+                self._spawn(self._collect(pending, record, duplicate=True))
+
+    async def _end_forgotten(self, pending: Pending) -> None:
+        """A batch forgotten (``groundcover batch forget``) before it ended, perhaps still
+        running at the provider: cancelled once (noted in the ledger, never again), waited for
+        up to ``grace`` while its cancel ends; what it answered is kept (with ``--rebuy``, not
+        waited for: its lines are bought again). A batch the provider no longer knows, or one
+        whose cancel does not end in time, has its lines bought."""
+        rebuy = pending.batch not in self.batches
+        path = pending.folder / pending.file
+        state: BatchState | None = None
+        cancelled, why = False, ""
+        began = time.monotonic()
+        try:
+            state = await self.executor.poll(pending.batch, path)
+            if state.status not in TERMINAL:
+                await self.executor.cancel(pending.batch)
+                cancelled = True
+            while not rebuy and state.status not in TERMINAL:
+                if time.monotonic() - began > self.grace:
+                    break
+                await asyncio.sleep(self.poll)
+                state = await self.executor.poll(pending.batch, path)
+        except BatchError as exc:  # gone at the provider, unreadable: nothing to wait for
+            why = words(exc)
+        status = state.status if state is not None else None
+        self._append(
+            {"event": "forgotten_ended", "batch": pending.batch, "cancelled": cancelled}
+            | {"status": status, "at": time.time()}
+            | ({"why": why} if why else {}),
+            pending.folder,
+        )
+        if rebuy:
+            return
+        if state is not None and state.status in ("completed", "cancelled", "expired"):
+            record = BatchRecord(pending.batch, pending.round, len(pending.ids), "forgotten")
+            record.waited_s = round(time.monotonic() - began, 3)
+            self.stats.batches.append(record)
+            with contextlib.suppress(BatchError):
+                await self._finished(pending, record, state, forgotten=True)
+                return
+        self.batches.pop(pending.batch, None)
+        for cid in pending.ids:  # nothing of it to keep: its lines are bought
+            if self.pending.get(cid) == pending.batch:
+                self.pending.pop(cid)
+                if self.waiting.get(cid):
+                    self._enqueue(cid)
 
     async def _look_for_strays(self) -> None:
         """Every batch the provider made from this folder's uploads since the first of them
@@ -1024,23 +1190,71 @@ class Batcher:
         await self.executor.scan("", since)
         self._adopt_seen()
 
-    def _adopt_seen(self) -> None:
+    def _adopt_seen(self, collect: bool = True) -> list[tuple[Pending, BatchRecord, bool]]:
         """A tagged batch a listing showed that no ledger knows, made from one of this
         folder's uploads (a create that completed after its answer was lost, or after the
         search for it ended): recorded and collected, never left billed and unused. Where every
         line of it is bought elsewhere, it is a duplicate: cancelled if still running, and what
-        it finished is kept all the same."""
+        it finished is kept all the same. Those adopted, each with whether it is a duplicate
+        (``collect`` False: the caller collects them)."""
+        adopted = []
         for batch_id, tag in list(self.executor.tagged.items()):
             upload = self.uploads.get(tag)
             if batch_id in self.known or upload is None or tag in self.recovering:
                 continue  # known, not this folder's, or about to be found by its recovery
             self.stats.adopted += 1
+            self.adopted_tags[tag] += 1
             pending = self._record(batch_id, upload, adopted=True)
             mine = [cid for cid in upload.ids if self.pending.get(cid) == batch_id]
             record = BatchRecord(batch_id, upload.round, len(upload.ids), status="adopted")
             self.stats.batches.append(record)
             pending.watched = True
-            self._spawn(self._collect(pending, record, duplicate=not mine))
+            adopted.append((pending, record, not mine))
+            if collect:
+                self._spawn(self._collect(pending, record, duplicate=not mine))
+        return adopted
+
+    def _unfound(self) -> Counter[str]:
+        """Tags of creates whose answer was lost and whose batch no listing has shown yet."""
+        lost = Counter(self.executor.lost)
+        lost.subtract(self.adopted_tags)
+        return +lost
+
+    async def _last_look(self) -> None:
+        """Before the run ends, a create whose answer was lost and whose batch no listing has
+        shown (a listing that lags past the search) is looked for once more, over the search
+        window: a batch found is recorded, cancelled if a duplicate still running, and its
+        output kept if it has ended (else the next run collects it); one still not found is
+        noted in the ledger (``unfound``), and the next run's listing adopts it."""
+        if not self._unfound():
+            return
+        window = float(getattr(self.executor, "find_window", 0.0))
+        began = time.monotonic()
+        since = min((u.since for u in self.uploads.values()), default=time.time()) - CLOCK_SLACK
+        while True:
+            await self.executor.scan("", since)
+            for pending, record, duplicate in self._adopt_seen(collect=False):
+                with contextlib.suppress(BatchError):
+                    if duplicate:
+                        await self.executor.cancel(pending.batch)
+                    state = await self.executor.poll(pending.batch, pending.folder / pending.file)
+                    if state.status in TERMINAL:
+                        await self._finished(pending, record, state)
+            if not self._unfound() or time.monotonic() - began >= window:
+                break
+            await asyncio.sleep(min(5.0, max(0.05, window / 10)))
+        for tag, creates in self._unfound().items():
+            upload = self.uploads.get(tag)
+            self._append(
+                {
+                    "event": "unfound",
+                    "tag": tag,
+                    "creates": creates,
+                    "searched_s": round(time.monotonic() - began, 3),
+                    "at": time.time(),
+                },
+                upload.folder if upload is not None else None,
+            )
 
     async def _collect(self, pending: Pending, record: BatchRecord, duplicate: bool) -> None:
         """An adopted batch waited for; a duplicate cancelled first (billed for what it
@@ -1059,9 +1273,16 @@ class Batcher:
         self.stats.batches.append(record)
         self._spawn(self._wait(pending, record, time.monotonic()))
 
+    async def _find(self, upload: Upload) -> str | None:
+        """The batch a killed run may have made from ``upload``: looked for in the listing,
+        where the batches recorded before its upload are older than it."""
+        earlier = frozenset(b for b, at in self.recorded_at.items() if at < upload.since)
+        since = upload.since - CLOCK_SLACK
+        return await self.executor.find(upload.tag, upload.file_id, since, earlier)
+
     async def _recover(self, orphan: Upload) -> None:
         path = orphan.folder / orphan.file
-        batch_id = await self.executor.find(orphan.tag, orphan.file_id)
+        batch_id = await self._find(orphan)
         if batch_id is None:  # never made: made now, from the file already uploaded
             batch_id = await self.executor.create(orphan.file_id, path, orphan.tag)
         self.stats.recovered += 1
@@ -1191,6 +1412,7 @@ class Batcher:
         self.uploads[upload.tag] = upload
 
         async def create_and_record() -> Pending:
+            self.executor.seen.update(self.known)  # recorded, so made before this create
             batch_id = await self.executor.create(
                 upload.file_id, upload.folder / upload.file, upload.tag
             )
@@ -1270,7 +1492,9 @@ class Batcher:
             if self.waiting.get(cid):
                 self._fail(cid, text, "unreadable")
 
-    async def _finished(self, pending: Pending, record: BatchRecord, state: BatchState) -> None:
+    async def _finished(
+        self, pending: Pending, record: BatchRecord, state: BatchState, forgotten: bool = False
+    ) -> None:
         folder, batch_id = pending.folder, pending.batch
         answers, problems = outcome(state, batch_id, pending.ids)
         for cid in [c for c in problems if c in self.done or c in self.kept]:
@@ -1300,7 +1524,8 @@ class Batcher:
                 "at": time.time(),
             }
             | ({"note": state.note} if state.note else {})
-            | ({"lost": lost} if lost else {}),
+            | ({"lost": lost} if lost else {})
+            | ({"forgotten": True} if forgotten else {}),
             folder,
         )
         self.batches.pop(batch_id, None)
@@ -1456,11 +1681,15 @@ class Batcher:
     async def close(self) -> None:
         if self._timer is not None:
             self._timer.cancel()
-        for task in list(self.tasks):
-            task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await asyncio.gather(*self.tasks, return_exceptions=True)
-        await self.executor.close()
+        try:
+            with contextlib.suppress(BatchError):  # a lost create's batch: looked for again
+                await self._last_look()
+        finally:
+            for task in list(self.tasks):
+                task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.gather(*self.tasks, return_exceptions=True)
+            await self.executor.close()
 
 
 def _submitted(upload: Upload) -> str | None:
@@ -1587,6 +1816,7 @@ def read_ledgers(run_dir: Path) -> dict[str, Any] | None:
         return None
     clients: dict[str, list[dict[str, Any]]] = {}
     causes: Counter[str] = Counter()
+    unfound = 0  # creates whose answer was lost and whose batch the run's listings never showed
     for ledger in folders:
         batches: dict[str, dict[str, Any]] = {}
         for event in ledger_events(ledger):
@@ -1604,6 +1834,16 @@ def read_ledgers(run_dir: Path) -> dict[str, Any] | None:
                     if event.get("adopted")
                     else "",
                 }
+            elif event.get("event") == "finished" and event.get("forgotten") and batch in batches:
+                batches[batch] |= {  # forgotten, then ended at the provider: its answers kept
+                    "failed": len(event.get("failed") or {}),
+                    "note": f"forgotten; {event['status']} at the provider, its answers kept",
+                }
+            elif event.get("event") == "forgotten_ended" and batch in batches:
+                if event.get("cancelled"):
+                    batches[batch]["note"] += "; cancelled at the provider"
+            elif event.get("event") == "unfound":
+                unfound += int(event.get("creates") or 1)
             elif event.get("event") == "finished" and batch in batches:
                 if batches[batch]["status"] == "pending":  # two drivers may record it
                     causes.update(event.get("causes") or {})
@@ -1625,6 +1865,7 @@ def read_ledgers(run_dir: Path) -> dict[str, Any] | None:
         "failed_lines": sum(b["failed"] for b in every),
         "causes": dict(sorted(causes.items())),
         "pending": sum(b["status"] == "pending" for b in every),
+        "unfound": unfound,
         "waited_s": round(sum(b["waited_s"] or 0 for b in every), 3),
         "clients": clients,
     }

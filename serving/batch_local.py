@@ -10,6 +10,7 @@ import os
 import signal
 import subprocess
 import sys
+from collections import Counter
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
@@ -101,6 +102,8 @@ class LocalRunBatch:
         self.running: dict[str, subprocess.Popen] = {}
         self.cancelled: set[str] = set()  # batches whose engine was told to stop
         self.tagged: dict[str, str] = {}  # an engine is never found by a listing
+        self.seen: set[str] = set()
+        self.lost: Counter[str] = Counter()  # an engine's create is never lost
 
     @property
     def engine(self) -> asyncio.Lock:
@@ -109,7 +112,9 @@ class LocalRunBatch:
     async def upload(self, path: Path) -> str:
         return path.name  # the file is read where it lies
 
-    async def find(self, tag: str, file_id: str) -> str | None:
+    async def find(
+        self, tag: str, file_id: str, since: float = 0.0, earlier: frozenset[str] = frozenset()
+    ) -> str | None:
         return None  # an engine is never left running a batch nobody records: run it again
 
     async def scan(self, prefix: str, since: float) -> None:

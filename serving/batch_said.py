@@ -98,6 +98,15 @@ PROVIDER_MESSAGES: tuple[Said, ...] = (
         "RESOURCE_EXHAUSTED",
     ),
     Said(
+        WAIT,
+        r"in '(pending|uploaded|running)' state\. only files with status 'processed'",
+        "The input file 'file-0a27a5cd4d94440789971497e6d80391' is in 'pending' state. Only "
+        "files with status 'Processed' are accepted for batch inferencing. Please check the "
+        "file status and try again",
+        "Azure OpenAI, a 400 to POST /batches made just after the file's upload, before Azure "
+        "has processed it (Microsoft Q&A, learn.microsoft.com/en-us/answers/questions/2203029)",
+    ),
+    Said(
         STOP,
         r"exceeded your current quota|insufficient_quota",
         "You exceeded your current quota, please check your plan and billing details.",

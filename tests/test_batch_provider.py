@@ -37,6 +37,7 @@ from groundcover.serving.batch import (
     LocalRunBatch,
     OpenAIBatches,
     Problem,
+    Undecided,
     batch_errors,
     command_line,
     ledger_events,
@@ -110,15 +111,20 @@ def test_a_listing_whose_cursor_does_not_move_is_read_until_a_page_repeats(tmp_p
     with serve_app(server.app()) as url:
         executor = OpenAIBatches(url, "sk-test-0000000000", find_window=0.0)
 
-        async def look() -> tuple[str | None, str | None, int]:
+        async def look() -> tuple[str | None, str, int, str | None]:
             newest = await executor.find("t2", "file-2")  # the newest: on page one
             executor.pages = 0
-            absent = await executor.find("absent", "file-9")
+            with pytest.raises(Undecided) as undecided:  # never "not made": it cannot say
+                await executor.find("absent", "file-9")
+            pages = executor.pages
+            # a batch known to be older than the one looked for: the pass has read far enough
+            known = await executor.find("absent", "file-9", earlier=frozenset({"batch-2"}))
             await executor.close()
-            return newest, absent, executor.pages
+            return newest, str(undecided.value), pages, known
 
-        newest, absent, pages = run_async(look())
-    assert (newest, absent) == ("batch-2", None)
+        newest, undecided, pages, known = run_async(look())
+    assert newest == "batch-2" and known is None
+    assert "listing repeated a page while it said there were more" in undecided
     assert pages == 2  # the second page was the first again: the pass ends
 
 

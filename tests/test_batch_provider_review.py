@@ -52,7 +52,8 @@ class LyingBatches:
     says two more lines than written; ``zero``), ``poll_429`` (the first polls of each batch
     answered 429 with ``Retry-After: 1``), ``finalizing`` (polls a batch stays
     ``finalizing``), ``expire`` (batch numbers that end ``expired`` with no output file),
-    ``missing_first`` (an output file 404 on its first download)."""
+    ``missing_first`` (an output file 404 on its first download), ``auth`` (the Authorization
+    header every call must carry: 401 otherwise), ``retry_after`` (the header of its 429s)."""
 
     def __init__(self, work: float = 0.3, **faults: Any):
         self.work = work
@@ -76,6 +77,8 @@ class LyingBatches:
         self.cancelling_forever = faults.pop("cancelling_forever", False)
         self.file_pending = faults.pop("file_pending", 0)  # creates refused: file not processed
         self.create_429 = faults.pop("create_429", 0)  # creates refused by the rate limiter
+        self.auth = faults.pop("auth", None)
+        self.retry_after = faults.pop("retry_after", "1")
         assert not faults, faults
         self.rng = random.Random(7)
         self.files: dict[str, bytes] = {}
@@ -242,7 +245,7 @@ class LyingBatches:
                 return web.json_response(
                     {"error": {"message": message, "code": "rate_limit_exceeded"}},
                     status=429,
-                    headers={"Retry-After": "1"},
+                    headers={"Retry-After": self.retry_after},
                 )
             if number <= self.file_pending:  # Azure, just after the upload
                 message = (
@@ -302,7 +305,7 @@ class LyingBatches:
                 return web.json_response(
                     {"error": {"message": message, "type": "requests"}},
                     status=429,
-                    headers={"Retry-After": "1"},
+                    headers={"Retry-After": self.retry_after},
                 )
             if batch["status"] == "finalizing":
                 batch["finalizing_left"] -= 1
@@ -326,7 +329,13 @@ class LyingBatches:
                 return web.json_response({"error": {"message": message}}, status=404)
             return web.Response(body=self.files[file_id], content_type="application/octet-stream")
 
-        application = web.Application()
+        @web.middleware
+        async def authenticated(request: web.Request, handler: Any) -> web.StreamResponse:
+            if self.auth is not None and request.headers.get("Authorization") != self.auth:
+                return web.json_response({"error": {"message": "Incorrect API key"}}, status=401)
+            return await handler(request)
+
+        application = web.Application(middlewares=[authenticated])
         application.router.add_get("/v1/models", models)
         application.router.add_post("/v1/chat/completions", chat)
         application.router.add_post("/v1/files", upload)
@@ -350,7 +359,7 @@ def expected_records() -> dict[str, tuple[Any, Any]]:
 
 def run_eval(tmp_path: Path, url: str, **evaluator: Any) -> Any:
     """One real ``groundcover eval`` with a batch judge at ``url``, in this process."""
-    config = write_config(tmp_path, batch_settle=0.5, **evaluator)
+    config = write_config(tmp_path, **{"batch_settle": 0.5} | evaluator)
     args = eval_args(tmp_path, url, "batch", "--config", str(config))
     return CliRunner().invoke(app, args)
 
@@ -366,12 +375,16 @@ def bought_once(server: LyingBatches) -> None:
     assert len(server.billed) == 2 * len(TEXTS), server.billed  # draft and rate per item
 
 
+# the run's batch settings in these tests: short rounds, polls and searches (a lost create is
+# looked for 3 s, where a run's default is 30 s)
+FAST: dict[str, Any] = {"batch_settle": 0.5, "batch_poll": 0.1, "batch_find": 3.0}
+
 HELD: dict[str, dict[str, Any]] = {
-    # 2 s behind the creates, every other page without the newest batch, pages repeated and
+    # 0.6 s behind the creates, every other page without the newest batch, pages repeated and
     # reordered, has_more true forever, others' batches between ours; creates answered 500
     # after they made the batch
     "listing": {
-        "lag": 2.0,
+        "lag": 0.6,
         "omit_newest": True,
         "shuffle_pages": True,
         "more_forever": True,
@@ -379,23 +392,25 @@ HELD: dict[str, dict[str, Any]] = {
         "page": 2,
         "create_500": [1, 2],
     },
-    # CRLF, blank lines after the last, unknown fields, another order, a duplicate line, a
-    # line for a request nobody made; request_counts of zero
+    # a UTF-8 byte order mark before the first line, CRLF, blank lines after the last, unknown
+    # fields, another order, a duplicate line, a line for a request nobody made;
+    # request_counts of zero
     "output": {
-        "styles": ["crlf", "blank_tail", "extra", "reorder", "dup", "foreign"],
+        "styles": ["bom", "crlf", "blank_tail", "extra", "reorder", "dup", "foreign"],
         "counts": "zero",
     },
     # 429 with Retry-After, a long finalizing, the first batch expired without an output file,
     # the second's failed lines in its error file, each output 404 at its first download
     "polls": {
         "poll_429": 2,
+        "retry_after": "0.2",
         "finalizing": 4,
         "expire": [1],
         "styles": ["split"],
         "missing_first": True,
     },
-    # a create answered only after the client's timeout, the batch made meanwhile
-    "late create": {"create_late": 4.0},
+    # a create answered only after the client's timeout (0.5 s), the batch made meanwhile
+    "late create": {"create_late": 1.5},
     # request_counts that say two more lines than the file holds
     "counts more": {"counts": "more"},
 }
@@ -406,9 +421,9 @@ def test_a_run_against_a_provider_that_misbehaves_bills_each_line_once(tmp_path,
     """A real ``groundcover eval`` against the provider's faults: every record right, every
     line billed exactly once by the provider's own count, nothing asked online."""
     server = LyingBatches(**HELD[name])
-    evaluator = {"timeout": 2.0} if "create_late" in HELD[name] else {}
+    evaluator = {"timeout": 0.5} if "create_late" in HELD[name] else {}
     with serve_app(server.app()) as url:
-        done = run_eval(tmp_path, url, batch_poll=0.1, **evaluator)
+        done = run_eval(tmp_path, url, **FAST, **evaluator)
         assert done.exit_code == 0, done.output
     assert records(tmp_path / "batch") == expected_records()
     bought_once(server)
@@ -417,13 +432,141 @@ def test_a_run_against_a_provider_that_misbehaves_bills_each_line_once(tmp_path,
         assert server.creates == 2  # one per round: the late one found, never asked again
     if "create_500" in HELD[name]:
         assert server.creates == 2 and server.listings > 0
+    if name == "output":  # odd but whole: each file believed at its first download
+        assert set(server.downloads.values()) == {1}
+
+
+def test_a_utf8_byte_order_mark_is_not_read_as_a_line():
+    """An output file that starts with a UTF-8 byte order mark: its first line is an answer,
+    not a line "not JSON" (which was downloaded three times and bought again)."""
+    from groundcover.serving.batch import read_output, shortfall
+
+    line = b'{"custom_id": "a", "response": {"status_code": 200, "body": {"choices": [{}]}}}\n'
+    data = b"\xef\xbb\xbf" + line + line.replace(b'"a"', b'"b"')
+    assert sorted(read_output(data).answers) == ["a", "b"] and not read_output(data).problems
+    assert shortfall(data, 2) == ""
+
+
+# ---- creates: refused, lost, or listed too late -----------------------------------------------
+
+
+def test_a_create_refused_429_or_for_an_unprocessed_file_is_asked_again_never_searched(
+    tmp_path,
+):
+    """A create answered 429 ("Rate limit reached ...", Retry-After) made nothing, and so did
+    Azure's 400 for a file still 'pending' just after its upload (a documented WAIT): each is
+    asked again after its wait, never looked for in the listing (which was searched for the
+    whole find window, and Azure's refusal stopped the run with its raw JSON body)."""
+    server = LyingBatches(create_429=1, file_pending=2, retry_after="0.2")
+    with serve_app(server.app()) as url:
+        done = run_eval(tmp_path, url, **FAST)
+        assert done.exit_code == 0, done.output
+    assert records(tmp_path / "batch") == expected_records()
+    bought_once(server)
+    assert server.listings == 0 and server.creates == 4  # 429, pending, made; round two
+
+
+def test_an_error_line_gives_the_provider_s_message_not_its_json_body():
+    from groundcover.serving.batch import said_in
+
+    body = json.dumps({"error": {"code": "invalid_request", "message": "The input file ..."}})
+    assert said_in(body) == ("The input file ...", "invalid_request")
+    assert said_in("<html>Bad gateway</html>") == ("<html>Bad gateway</html>", "")
+    assert said_in(json.dumps({"detail": "no"}))[0] == '{"detail": "no"}'
+
+
+def test_a_cursor_that_does_not_move_never_leads_to_a_second_create(tmp_path):
+    """The listing ignores ``after`` (its first page again, has_more true) and the org made
+    two other batches after ours (two a page): the lost create's batch is on page 2, out of
+    reach. Whether it was made cannot be told, so it is not created again: the run stops in
+    one line saying so (it made a second batch: 6 lines billed twice, the first never
+    collected), and the resume, once the listing pages again, finds and collects it."""
+    server = LyingBatches(stuck_cursor=True, create_500=[1], noise=2, page=2)
+    settings = FAST | {"batch_find": 0.3}
+    with serve_app(server.app()) as url:
+        stopped = run_eval(tmp_path, url, **settings)
+        assert stopped.exit_code != 0
+        assert "whether the batch of file file-in-0" in stopped.output
+        assert "cannot be told" in stopped.output and "not created again" in stopped.output
+        assert server.creates == 1
+        server.stuck_cursor = False
+        done = run_eval(tmp_path, url, **settings)
+        assert done.exit_code == 0, done.output
+    assert records(tmp_path / "batch") == expected_records()
+    bought_once(server)
+    assert server.creates == 2  # the lost one found, then round two
+
+
+@pytest.mark.parametrize("lag", [2.5, 60.0])
+def test_a_create_listed_only_after_the_find_window_is_collected_before_the_run_ends(tmp_path, lag):
+    """The listing lags past the find window (1 s) and the first create is answered 500
+    after making the batch: a second batch is made (the Batch API has no idempotency key).
+    Before the run ends the listing is looked at once more, over the window: the first batch
+    is recorded (adopted) and collected, its answers kept, where it was never listed again,
+    downloaded or cancelled (billed and unused). Listed later still, the ledger notes it
+    unfound and ``batch status`` says so: the next run's listing adopts it."""
+    server = LyingBatches(lag=lag, create_500=[1])
+    run_dir = tmp_path / "batch"
+    with serve_app(server.app()) as url:
+        done = run_eval(tmp_path, url, **FAST | {"batch_find": 1.0})
+        assert done.exit_code == 0, done.output
+    assert records(run_dir) == expected_records()
+    events = [json.loads(line) for line in ledger_text(run_dir).splitlines()]
+    first = [e["event"] for e in events if e.get("batch") == "batch_0000"]
+    shown = CliRunner().invoke(app, ["batch", "status", str(run_dir)])
+    if lag < 60:
+        assert first == ["submitted", "finished"], first  # adopted and collected
+        assert server.downloads["file-out-batch_0000"] == 1
+        assert "not found in the provider's listing" not in shown.output
+    else:
+        assert first == [] and [e["creates"] for e in events if e["event"] == "unfound"] == [1]
+        assert "1 create(s) whose answer was lost were not found" in shown.output
+
+
+# ---- the command line, and credentials in the URL --------------------------------------------
+
+
+def test_batch_status_shows_each_batch_id_whole_on_one_line(tmp_path):
+    """``groundcover batch status RUN`` in an 80-column terminal shows an OpenAI batch id
+    (batch_ and 32 hex digits) whole on one line: it is what ``batch forget`` takes (it was
+    wrapped into four pieces)."""
+    folder = tmp_path / "batches" / "judge-0123456789"
+    folder.mkdir(parents=True)
+    ids = [f"batch_{k:032x}" for k in (0x6A1F, 0x6A20)]
+    events = [
+        {"event": "submitted", "batch": b, "round": 1, "custom_ids": ["a", "b"], "at": 1.0}
+        for b in ids
+    ]
+    (folder / "ledger.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
+    shown = CliRunner().invoke(app, ["batch", "status", str(tmp_path)], env={"COLUMNS": "80"})
+    assert shown.exit_code == 0, shown.output
+    assert all(b in shown.output for b in ids), shown.output
+
+
+def test_an_endpoint_with_credentials_in_its_url_is_asked_as_the_client_asks_it(tmp_path):
+    """``--endpoint http://user:secret@host/v1``: every batch call (upload, create, poll,
+    download) carries the URL's credential as HTTP Basic, as every other call of the client
+    does (a Bearer of the API key was sent instead: 401), and the secret is nowhere in the run
+    directory."""
+    import base64
+
+    secret = "pw-Zq81-not-for-the-ledger"
+    server = LyingBatches(auth="Basic " + base64.b64encode(f"bob:{secret}".encode()).decode())
+    with serve_app(server.app()) as url:
+        done = run_eval(tmp_path, url.replace("://", f"://bob:{secret}@"), **FAST)
+        assert done.exit_code == 0, done.output
+    assert records(tmp_path / "batch") == expected_records()
+    bought_once(server)
+    assert secret not in done.output
+    for path in (tmp_path / "batch").rglob("*"):
+        assert not path.is_file() or secret.encode() not in path.read_bytes(), path
 
 
 # ---- kill -9 at each step, resumed; two resumes at once; the way out ------------------------
 
 
 def command(tmp_path: Path, url: str) -> list[str]:
-    config = write_config(tmp_path, batch_settle=0.5, batch_poll=0.1)
+    config = write_config(tmp_path, **FAST)
     args = eval_args(tmp_path, url, "batch", "--config", str(config))
     return [sys.executable, "-m", "groundcover", *args]
 
@@ -456,8 +599,14 @@ def killed_when(tmp_path: Path, url: str, event: str, count: int = 1, after: flo
     return True
 
 
+def resumed(tmp_path: Path, url: str, monkeypatch: pytest.MonkeyPatch) -> Any:
+    """The killed run's command again, in this process (its home, its config)."""
+    monkeypatch.setenv("GROUNDCOVER_HOME", str(tmp_path / "home"))
+    return run_eval(tmp_path, url, **FAST)
+
+
 def test_two_resumes_at_once_one_runs_the_other_is_refused(tmp_path):
-    server = LyingBatches(work=2.0)
+    server = LyingBatches(work=1.0)
     with serve_app(server.app()) as url:
         assert killed_when(tmp_path, url, "submitted")
         both = [
@@ -515,21 +664,27 @@ KILL_POINTS = [
 
 
 @pytest.mark.parametrize("event,count,after", KILL_POINTS)
-def test_a_kill_at_a_step_then_a_resume_bills_each_line_once(tmp_path, event, count, after):
-    server = LyingBatches(work=1.0, create_500=[1], noise=1, lag=0.5)
+def test_a_kill_at_a_step_then_a_resume_bills_each_line_once(
+    tmp_path, monkeypatch, event, count, after
+):
+    server = LyingBatches(work=0.5, create_500=[1], noise=1, lag=0.5)
     with serve_app(server.app()) as url:
         assert killed_when(tmp_path, url, event, count, after)
-        done = subprocess.run(
-            command(tmp_path, url), env=environment(tmp_path), capture_output=True, text=True
-        )
-        assert done.returncode == 0, done.stderr[-3000:]
+        done = resumed(tmp_path, url, monkeypatch)
+        assert done.exit_code == 0, done.output
     assert records(tmp_path / "batch") == expected_records()
     bought_once(server)
 
 
-def test_a_batch_that_never_ends_is_shown_forgotten_and_its_lines_bought(tmp_path):
+@pytest.mark.parametrize("at_the_provider", ["ended", "running"])
+def test_a_batch_forgotten_is_cancelled_or_collected_never_billed_twice(
+    tmp_path, monkeypatch, at_the_provider
+):
     """A batch that never ends, the run killed while it waits: ``batch status`` shows it
-    pending, ``batch forget RUN BATCH`` records it forgotten and the resume buys its lines."""
+    pending and ``batch forget RUN BATCH`` records it forgotten. The resume asks the provider
+    about it once: ended meanwhile, its answers are kept (not bought again: they were billed);
+    still running, it is cancelled (noted in the ledger) and its lines bought, where it was
+    left running and billed a second time when it ended."""
     server = LyingBatches(stuck=True)
     run_dir = tmp_path / "batch"
     with serve_app(server.app()) as url:
@@ -541,12 +696,24 @@ def test_a_batch_that_never_ends_is_shown_forgotten_and_its_lines_bought(tmp_pat
         forgot = CliRunner().invoke(app, ["batch", "forget", str(run_dir), "batch_0000"])
         assert forgot.exit_code == 0, forgot.output
         server.stuck = False
-        done = subprocess.run(
-            command(tmp_path, url), env=environment(tmp_path), capture_output=True, text=True
-        )
-        assert done.returncode == 0, done.stderr[-3000:]
+        if at_the_provider == "running":
+            for batch in server.batches.values():
+                batch["done_at"] += 30  # it ends later at the provider, as a stuck batch does
+        done = resumed(tmp_path, url, monkeypatch)
+        assert done.exit_code == 0, done.output
     assert records(run_dir) == expected_records()
+    bought_once(server)
     shown = CliRunner().invoke(app, ["batch", "status", str(run_dir), "--json"])
     (listed,) = json.loads(shown.output)["clients"].values()
-    assert {b["batch"]: b["status"] for b in listed}["batch_0000"] == "forgotten"
-    assert server.creates == 3  # the forgotten batch's round bought again, then round two
+    forgotten = {b["batch"]: b for b in listed}["batch_0000"]
+    assert forgotten["status"] == "forgotten"
+    events = [json.loads(line) for line in ledger_text(run_dir).splitlines()]
+    ended = [e for e in events if e["event"] == "forgotten_ended"]
+    if at_the_provider == "running":
+        assert server.cancels == ["batch_0000"] and ended[0]["cancelled"] is True
+        assert server.creates == 3  # the forgotten batch's round bought again, then round two
+        assert forgotten["note"].startswith("forgotten; cancelled at the provider")
+    else:
+        assert server.cancels == [] and ended[0]["status"] == "completed"
+        assert server.creates == 2  # its answers kept: only round two bought
+        assert "completed at the provider, its answers kept" in forgotten["note"]

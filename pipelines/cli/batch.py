@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich.table import Table
+from rich.table import Column, Table
 
 from ..runtime.terminal import terminal
 from .frameworks import lazy_group
@@ -45,7 +45,10 @@ def batch_status(
     if as_json:
         print(json.dumps(bought))
         return
-    table = Table("client", "batch", "round", "lines", "status", "failed", "wait s", "note")
+    every = [b for batches in bought["clients"].values() for b in batches] or [{"batch": ""}]
+    # a batch id is never wrapped: it is copied whole into `batch forget`
+    batch = Column("batch", no_wrap=True, min_width=max(len(b["batch"]) for b in every))
+    table = Table("client", batch, "round", "lines", "status", "failed", "wait s", "note")
     for client, batches in bought["clients"].items():
         for b in batches:
             waited = "-" if b["waited_s"] is None else f"{b['waited_s']:.0f}"
@@ -67,6 +70,12 @@ def batch_status(
         f"unanswered lines by cause: {causes}",
         highlight=False,
     )
+    if bought.get("unfound"):
+        out.print(
+            f"{bought['unfound']} create(s) whose answer was lost were not found in the "
+            "provider's listing by the end of their run: the next run's listing adopts them",
+            highlight=False,
+        )
 
 
 @batch_app.command("forget")

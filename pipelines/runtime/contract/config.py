@@ -136,6 +136,12 @@ class EvaluatorConfig(Strict):
         1.0, gt=0, description="seconds without a new request before a round is submitted"
     )
     batch_poll: float = Field(10.0, gt=0, description="seconds between polls of a batch")
+    batch_find: float = Field(
+        30.0,
+        ge=0,
+        description="seconds a create whose answer was lost is looked for in the provider's "
+        "batch listing (which lags its creates) before it is asked again",
+    )
     batch_retry: Literal["batch", "online"] = Field(
         "batch",
         description="where a failed or expired batch line is asked again: in the next round, "

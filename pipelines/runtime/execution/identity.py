@@ -49,7 +49,7 @@ def study_root(study: Study[Any], request: RunRequest, items: Sequence[Any]) -> 
     }
     if request.roles:  # a run with other models per role is another run
         identity["roles"] = {  # how calls are bought changes no answer: not the run's root
-            r: s.model_dump(mode="json", exclude={"transport"})
+            r: s.model_dump(mode="json", exclude={"transport", "batch_find"})
             for r, s in sorted(request.roles.items())
         }
     if request.run.repeats > 1:  # K seeded runs under one root: not the single run's root

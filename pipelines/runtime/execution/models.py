@@ -343,7 +343,9 @@ def batcher_of(
     siblings += earlier_folders(base)
     executor: OpenAIBatches | LocalRunBatch
     if cfg.endpoint is not None:
-        executor = OpenAIBatches(cfg.endpoint, cfg.api_key(), timeout=cfg.timeout)
+        executor = OpenAIBatches(
+            cfg.endpoint, cfg.api_key(), timeout=cfg.timeout, find_window=cfg.batch_find
+        )
     else:
         name = resolve(cfg.model).name
         loras = [lora_adapter(n, p, name, cfg.model) for n, p in cfg.adapters.items()]
