@@ -942,6 +942,7 @@ class Batcher:
         self.recorded_at: dict[str, float] = {}  # batch id -> when a ledger recorded it
         self.adopted_tags: Counter[str] = Counter()  # tag -> batches adopted carrying it
         self.forgotten: list[Pending] = []  # forgotten batches that may still run
+        self.noted_unfound: Counter[str] = Counter()  # tag -> lost creates a ledger notes
         self._files = 0  # batch files written this invocation (their names)
         make_dirs(self.folder, within=self.within)
         self.nonce = folder_nonce(folder, self.within)
@@ -973,6 +974,8 @@ class Batcher:
                     self.uploads[event["tag"]] = _upload_of(folder, event)
             elif kind == "submitted":
                 submitted[batch] = event
+                if event.get("adopted") and self.noted_unfound[event.get("tag", "")] > 0:
+                    self.noted_unfound[event["tag"]] -= 1  # a create noted unfound, found
                 self.known.add(batch)
                 self.recorded_at[batch] = float(event.get("at") or 0.0)
                 uploaded.pop(event.get("tag", ""), None)
@@ -993,6 +996,8 @@ class Batcher:
                         self.lost.pop(cid, None)
             elif kind == "forgotten_ended":  # cancelled once already
                 forgotten.pop(batch, None)
+            elif kind == "unfound" and recover:  # looked for again before this run ends
+                self.noted_unfound[str(event.get("tag"))] += int(event.get("creates") or 1)
         for output in outputs.values():
             if output:
                 self._keep(folder / output)
@@ -1215,8 +1220,9 @@ class Batcher:
         return adopted
 
     def _unfound(self) -> Counter[str]:
-        """Tags of creates whose answer was lost and whose batch no listing has shown yet."""
-        lost = Counter(self.executor.lost)
+        """Tags of creates whose answer was lost and whose batch no listing has shown yet:
+        this invocation's, and those an earlier one noted (``unfound``)."""
+        lost = Counter(self.executor.lost) + self.noted_unfound
         lost.subtract(self.adopted_tags)
         return +lost
 
@@ -1225,10 +1231,12 @@ class Batcher:
         shown (a listing that lags past the search) is looked for once more, over the search
         window: a batch found is recorded, cancelled if a duplicate still running, and its
         output kept if it has ended (else the next run collects it); one still not found is
-        noted in the ledger (``unfound``), and the next run's listing adopts it."""
+        noted in the ledger (``unfound``). One an earlier invocation noted is looked for with one
+        pass, at every close until it is found."""
         if not self._unfound():
             return
-        window = float(getattr(self.executor, "find_window", 0.0))
+        fresh = +(Counter(self.executor.lost) - self.adopted_tags)  # this invocation's
+        window = float(getattr(self.executor, "find_window", 0.0)) if fresh else 0.0
         began = time.monotonic()
         since = min((u.since for u in self.uploads.values()), default=time.time()) - CLOCK_SLACK
         while True:
@@ -1244,7 +1252,10 @@ class Batcher:
                 break
             await asyncio.sleep(min(5.0, max(0.05, window / 10)))
         for tag, creates in self._unfound().items():
+            creates -= self.noted_unfound[tag]  # already in the ledger
             upload = self.uploads.get(tag)
+            if creates <= 0:
+                continue
             self._append(
                 {
                     "event": "unfound",

@@ -504,7 +504,8 @@ def test_a_create_listed_only_after_the_find_window_is_collected_before_the_run_
     Before the run ends the listing is looked at once more, over the window: the first batch
     is recorded (adopted) and collected, its answers kept, where it was never listed again,
     downloaded or cancelled (billed and unused). Listed later still, the ledger notes it
-    unfound and ``batch status`` says so: the next run's listing adopts it."""
+    unfound and ``batch status`` says so; the next invocation's batcher, as it closes, looks
+    once more, adopts and collects it."""
     server = LyingBatches(lag=lag, create_500=[1])
     run_dir = tmp_path / "batch"
     with serve_app(server.app()) as url:
@@ -521,6 +522,23 @@ def test_a_create_listed_only_after_the_find_window_is_collected_before_the_run_
     else:
         assert first == [] and [e["creates"] for e in events if e["event"] == "unfound"] == [1]
         assert "1 create(s) whose answer was lost were not found" in shown.output
+        # listed at last: the next invocation's batcher adopts it as it closes (one pass)
+        for batch in server.batches.values():
+            batch["visible_at"] = 0.0
+        with serve_app(server.app()) as url:
+            asyncio.run(next_close(url, next(run_dir.glob("batches/*/ledger.jsonl")).parent))
+        events = [json.loads(line) for line in ledger_text(run_dir).splitlines()]
+        first = [e["event"] for e in events if e.get("batch") == "batch_0000"]
+        assert first == ["submitted", "finished"], first  # adopted and collected
+        assert server.downloads["file-out-batch_0000"] == 1
+
+
+async def next_close(url: str, folder: Path) -> None:
+    """A later invocation's batcher of ``folder``, opened and closed without a line asked."""
+    from groundcover.serving.batch import Batcher, OpenAIBatches
+
+    executor = OpenAIBatches(url, "sk-test-0000000000", find_window=0.2)
+    await Batcher(executor, folder, poll=0.1).close()
 
 
 # ---- the command line, and credentials in the URL --------------------------------------------

@@ -73,7 +73,8 @@ def batch_status(
     if bought.get("unfound"):
         out.print(
             f"{bought['unfound']} create(s) whose answer was lost were not found in the "
-            "provider's listing by the end of their run: the next run's listing adopts them",
+            "provider's listing by the end of their run: each later run that opens the "
+            "batches looks for them again",
             highlight=False,
         )
 
