@@ -91,6 +91,8 @@ def _open_folder(folder: Path, within: Path | None, create: bool = False, mode: 
         if create:
             Path(folder).mkdir(parents=True, exist_ok=True, mode=mode)
         return os.open(folder, _FOLDER)
+    if create:  # ``within`` is the user's (or ours): made as typed, as a folder outside it would be
+        Path(within).mkdir(parents=True, exist_ok=True, mode=mode)
     fd = os.open(within, _FOLDER)
     here = Path(within)
     try:

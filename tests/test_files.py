@@ -128,3 +128,12 @@ def test_a_folder_swapped_for_a_link_while_writing_is_not_written_through(tmp_pa
         handle.write("queue\n")
     assert not list(elsewhere.iterdir())
     assert (run / "moved" / "queue.jsonl").read_text() == "queue\n"
+
+
+def test_folders_below_a_root_not_made_yet_are_made_with_it(tmp_path: Path) -> None:
+    """A run directory not made yet (a framework scored from Python): its folders are made as
+    they were before writes went through here, still refusing a link below it."""
+    run = tmp_path / "not" / "yet"
+    make_dirs(run / "graphs", within=run)
+    write_atomic(run / "graphs" / "q.json", "{}", within=run)
+    assert (run / "graphs" / "q.json").read_text() == "{}"

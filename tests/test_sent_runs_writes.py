@@ -437,7 +437,7 @@ def test_the_terminal_reads_no_emoji_code_and_agreement_no_markup(made, tmp_path
     result = cli("agreement", received(made, tmp_path))
     assert result.exit_code == 0, result.output
     assert "[bold]" not in result.output and "[/bold]" not in result.output
-    assert "bundle/run" in result.output
+    assert "bundle/run" in "".join(result.output.split())  # the path may wrap at the width
 
 
 def test_index_search_prints_a_corpus_through_the_console(tmp_path, monkeypatch):
