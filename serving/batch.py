@@ -300,6 +300,8 @@ class OpenAIBatches:
                     later = _retry_after(response.headers.get("Retry-After"))
                     if to_file is not None and response.status in GONE_STATUS:
                         raise Gone(why)
+                    if meaning == STOP:  # no quota: waiting does not end it, even as a 429
+                        raise BatchError(why)
                     if response.status >= 500:  # a gateway may have passed the call on
                         raise Blip(why, later, unclear=True)
                     if meaning == WAIT or response.status in RETRY_STATUS:

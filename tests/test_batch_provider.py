@@ -572,3 +572,40 @@ def test_an_engine_cancelled_twice_is_killed_and_its_turn_given_up(tmp_path):
         return pids
 
     assert gone(run_async(twice()))
+
+
+def test_a_quota_refusal_stops_at_once_even_as_a_429():
+    """OpenAI says ``insufficient_quota`` with status 429, the status of a limit that waiting
+    ends: the words decide (STOP), so the create is refused at once in one line with the
+    provider's words, never asked again until patience runs out."""
+    asked: list[str] = []
+
+    async def create(request: web.Request) -> web.Response:
+        asked.append(request.path)
+        body = {
+            "error": {
+                "message": "You exceeded your current quota, please check your plan and "
+                "billing details.",
+                "type": "insufficient_quota",
+                "code": "insufficient_quota",
+            }
+        }
+        return web.json_response(body, status=429, headers={"Retry-After": "0"})
+
+    provider = web.Application()
+    provider.router.add_post("/v1/batches", create)
+    with serve_app(provider) as url:
+        executor = OpenAIBatches(url, "sk-test-0000000000", patience=30, find_window=0.0)
+
+        async def buy() -> str:
+            try:
+                await executor.create("file-1", Path("in.jsonl"), "tag-1")
+            except Exception as exc:  # the refusal, as the batcher sees it
+                return f"{type(exc).__name__}: {exc}"
+            finally:
+                await executor.close()
+            return "made"
+
+        said = run_async(buy())
+    assert said.startswith("BatchError") and "exceeded your current quota" in said, said
+    assert asked == ["/v1/batches"]  # once: not retried, and no listing searched
