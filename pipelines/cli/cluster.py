@@ -344,7 +344,22 @@ def check_command(words: list[str], plan_ask: Any, judge_served: str | None) -> 
         INSPECTED.reset(token_in)
         LISTED.reset(token_listed)
     study, request = inspected[0] if inspected else (None, None)
+    check_nli_model(where, plan_ask, request)
     return Checked(words, where, accepts, study, request, list(dict.fromkeys(datasets)))
+
+
+def check_nli_model(where: str, plan_ask: Any, request: Any) -> None:
+    """The command's cross-encoder is the NLI app's: the run refuses an app that serves another
+    checkpoint (it would record one model and score with another), but only once it starts,
+    after the judge has loaded."""
+    scorer = getattr(getattr(request, "options", None), "cross_encoder", None)
+    found = scorer() if plan_ask.nli and callable(scorer) else None
+    if found and found[0] != plan_ask.nli:
+        raise Refused(
+            f"`{where}`: --nli-model {found[0]} is not the NLI app's checkpoint (--nli "
+            f"{plan_ask.nli}): the run would refuse the app after the judge loaded; give both "
+            "the same checkpoint"
+        )
 
 
 def placeholder_flags(ask: Any, accepts: frozenset[str], served: str | None) -> list[str]:

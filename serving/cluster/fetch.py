@@ -12,6 +12,7 @@ copied.
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import urllib.request
 from dataclasses import dataclass
@@ -126,19 +127,45 @@ def check(need: Needed) -> str | None:
         from huggingface_hub import snapshot_download
         from huggingface_hub.errors import LocalEntryNotFoundError
 
+        home = os.environ.get("HF_HOME", "~/.cache/huggingface")
         try:
-            snapshot_download(
+            folder = snapshot_download(
                 need.what,
                 revision=need.revision,
                 local_files_only=True,
                 ignore_patterns=SKIPPED,
             )
         except (LocalEntryNotFoundError, FileNotFoundError, OSError):
-            home = os.environ.get("HF_HOME", "~/.cache/huggingface")
             return f"{need.label}: {need.what} is not in the Hugging Face cache ({home})"
+        lacking = missing_weights(Path(folder))
+        if lacking:
+            return f"{need.label}: {need.what} in the Hugging Face cache ({home}) {lacking}"
         return None
     if need.kind == "tiktoken":
         if not (tiktoken_folder() / need.what).is_file():
             return f"{need.label}: not in {tiktoken_folder()}"
         return None
     raise ValueError(f"not a model's need: {need.kind}")
+
+
+WEIGHTS = ("*.safetensors", "*.bin", "*.pt", "*.pth", "*.gguf")
+
+
+def missing_weights(folder: Path) -> str | None:
+    """What a cached snapshot lacks of its weights, or None. A snapshot can hold a config alone
+    (``cluster plan`` reads a hub model's config.json to size it, and Hugging Face's cache then
+    has the repository without its weights), and without a cached listing of the repository's
+    files the hub's own offline lookup takes that for the whole model."""
+    index = sorted(folder.glob("*.index.json"))
+    for path in index:
+        try:
+            shards = set(json.loads(path.read_text()).get("weight_map", {}).values())
+        except (OSError, ValueError, AttributeError):
+            return f"has an unreadable {path.name}"
+        absent = sorted(s for s in shards if not (folder / s).is_file())
+        if absent:
+            more = f" and {len(absent) - 1} more" if len(absent) > 1 else ""
+            return f"lacks {absent[0]}{more} of the weights {path.name} names"
+    if not any(p.is_file() for pattern in WEIGHTS for p in folder.glob(pattern)):
+        return "holds no weights (a config alone): groundcover cluster prefetch"
+    return None

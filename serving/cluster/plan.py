@@ -594,7 +594,8 @@ def place_judge(plan: Plan, ask: JudgeAsk, on_gpu: bool) -> None:
             raise PlanError(
                 f"{served} fits no node: one replica needs {size.text()}, and a node has at "
                 f"most {most} GPU(s) of {plan.gpu_memory_gib:g} GiB ({plan.gpu_memory_from}; "
-                f"vLLM uses {plan.utilisation:g} of each; the parallelism must divide its "
+                f"vLLM uses {plan.utilisation:g} of each, its runtime 3.5-5 GiB of that; the "
+                "parallelism must divide its "
                 f"{size.heads} heads): ask for nodes with more or larger GPUs, or a shorter "
                 "--max-model-len"
             )

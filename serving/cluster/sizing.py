@@ -5,8 +5,12 @@ quantisation: MXFP4 experts at 4.25 bits, FP8 at one byte, a GPTQ/AWQ checkpoint
 and the KV cache of at least one sequence at its context length (a sliding-window layer keeps
 only its window). Split over ``t`` GPUs by tensor parallelism, each GPU holds a ``t``-th of both,
 and vLLM may use ``utilisation`` of a GPU's memory (its ``--gpu-memory-utilization``, 0.9): the
-smallest ``t`` that divides the attention heads and fits is the parallelism. Facts, not
-measurements: vLLM's own profile (activations, CUDA graphs) comes out of the 10% left over.
+smallest ``t`` that divides the attention heads and fits is the parallelism. vLLM's budget is
+``utilisation`` of the GPU for everything the engine holds -- weights, KV cache, and its own
+runtime (the CUDA context, NCCL's and cuBLAS's buffers, the activations of its profiling pass)
+-- so each GPU keeps ``runtime_reserve`` of it for the runtime: what vLLM's own profile
+reported for Llama-3-8B on an H100 (vllm-project/vllm#10511: 1.79 GiB outside PyTorch and
+1.26 GiB of activations on one GPU, 3.58 and 1.26 a GPU at tensor parallelism 2), rounded up.
 """
 
 from __future__ import annotations
@@ -30,6 +34,13 @@ DTYPE_BYTES = {
     "int8": 1.0,
 }
 MXFP4_BITS = 4.25  # 4-bit values and one 8-bit scale per block of 32
+RUNTIME_RESERVE_GIB = 3.5  # a GPU's share of vLLM's runtime, one GPU per replica
+RUNTIME_RESERVE_PARALLEL_GIB = 5.0  # the same with tensor parallelism (NCCL's buffers)
+
+
+def runtime_reserve(parallel: int) -> float:
+    """Bytes of each GPU's vLLM budget that its runtime takes, beside weights and KV cache."""
+    return (RUNTIME_RESERVE_GIB if parallel == 1 else RUNTIME_RESERVE_PARALLEL_GIB) * GIB
 
 
 class SizingError(ValueError):
@@ -59,7 +70,8 @@ class ModelSize:
         return self.heads % parallel == 0 and kv_ok
 
     def fits(self, parallel: int, gpu_bytes: float, utilisation: float) -> bool:
-        return self.splits(parallel) and self.needed / parallel <= gpu_bytes * utilisation
+        budget = gpu_bytes * utilisation - runtime_reserve(parallel)
+        return self.splits(parallel) and self.needed / parallel <= budget
 
     def smallest_parallelism(self, gpu_bytes: float, utilisation: float, most: int) -> int | None:
         """The fewest GPUs (at most ``most``) that hold one replica, or None."""

@@ -1,0 +1,126 @@
+"""The cluster job read from zero as its docs say (issue 89's review): a job that would fail only
+after its judge loaded is refused by the plan or the offline check instead.
+
+- ``--nli A`` with a command whose ``--nli-model`` is B: the run refuses the app (it would record
+  one checkpoint and score with another), but only once it starts; the plan refuses it now.
+- ``check-offline``: a hub snapshot holding a config alone -- what ``cluster plan`` leaves in the
+  Hugging Face cache when it reads a model's config.json to size it -- is not the model.
+- Sizing: vLLM's budget (0.9 of a GPU) holds its runtime too, beside weights and KV cache; a
+  70B at 32,768 tokens is 70.7 GiB a GPU at TP 2, which leaves no room for it in 72 GiB.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from groundcover.serving.cluster import fetch
+from groundcover.serving.cluster.sizing import GIB, runtime_reserve, size_of
+from tests.test_cluster_plan import FANOUTQA, LLAMA_70B, NLI, ROOT, planner
+
+OTHER_NLI = "cross-encoder/nli-deberta-v3-small"
+
+
+def test_the_plan_refuses_a_command_whose_nli_model_is_not_the_apps(tmp_path, monkeypatch):
+    plan = planner(tmp_path, monkeypatch)
+    items = tmp_path / "items.jsonl"
+    items.write_text((ROOT / "examples" / "comprehensiveness.jsonl").read_text())
+    job = ["--allocation", "2x4", "--gpu-memory", "80", "--judge", "gpt-oss-120b", "--nli", NLI]
+    comp = ["groundcover", "eval", "comprehensiveness", str(items), "--method", "nli"]
+    comp += ["--nli-backend", "cross-encoder", "--nli-model"]
+
+    other = plan(*job, "--", *comp, OTHER_NLI)
+    assert other.returncode == 2 and other.stdout == ""
+    assert other.stderr.splitlines() == [
+        f"error: cluster plan: `eval comprehensiveness`: --nli-model {OTHER_NLI} is not the NLI "
+        f"app's checkpoint (--nli {NLI}): the run would refuse the app after the judge loaded; "
+        "give both the same checkpoint"
+    ]
+    same = plan(*job, "--json", "--", *comp, NLI)
+    assert same.returncode == 0, same.stderr
+    assert json.loads(same.stdout)["nli_replicas"] == 2
+
+    icat = ["groundcover", "eval", "icat", str(items), "--queries", str(items), "--index"]
+    refused = plan(*job, "--", *icat, str(tmp_path), "--nli-model", OTHER_NLI)
+    assert refused.returncode == 2
+    assert refused.stderr.startswith(f"error: cluster plan: `eval icat`: --nli-model {OTHER_NLI}")
+
+
+def cached_snapshot(cache: Path, repo: str, files: dict[str, bytes]) -> Path:
+    """A repository in a Hugging Face cache as the hub's client leaves it (no file listing)."""
+    base = cache / ("models--" + repo.replace("/", "--"))
+    snapshot = base / "snapshots" / ("c" * 40)
+    snapshot.mkdir(parents=True)
+    for name, body in files.items():
+        (snapshot / name).write_bytes(body)
+    (base / "refs").mkdir()
+    (base / "refs" / "main").write_text("c" * 40)
+    return snapshot
+
+
+def test_the_offline_check_finds_a_models_weights_not_only_its_config(tmp_path, monkeypatch):
+    from huggingface_hub import constants
+
+    cache = tmp_path / "hub"
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(cache))
+    monkeypatch.setenv("HF_HOME", str(tmp_path))
+    config = json.dumps(LLAMA_70B).encode()
+    cached_snapshot(cache, "acme/sized-only", {"config.json": config})
+    index = {"weight_map": {"a.weight": "model-1.safetensors", "b.weight": "model-2.safetensors"}}
+    shards = {"config.json": config, "model.safetensors.index.json": json.dumps(index).encode()}
+    cached_snapshot(cache, "acme/half", shards | {"model-1.safetensors": b"w"})
+    whole = cached_snapshot(cache, "acme/whole", shards | {"model-1.safetensors": b"w"})
+    (whole / "model-2.safetensors").write_bytes(b"w")
+
+    def check(repo: str) -> str | None:
+        return fetch.check(fetch.Needed("hub", "judge", repo))
+
+    assert check("acme/sized-only") == (
+        f"judge: acme/sized-only in the Hugging Face cache ({tmp_path}) holds no weights "
+        "(a config alone): groundcover cluster prefetch"
+    )
+    assert check("acme/half") == (
+        f"judge: acme/half in the Hugging Face cache ({tmp_path}) lacks model-2.safetensors of "
+        "the weights model.safetensors.index.json names"
+    )
+    assert check("acme/whole") is None
+    absent = f"judge: acme/absent is not in the Hugging Face cache ({tmp_path})"
+    assert check("acme/absent") == absent
+
+
+def test_a_replica_keeps_room_for_vllms_runtime_in_its_budget():
+    """Llama-3.3-70B at its preset's 32,768 tokens: weights 70,552,387,584 parameters x 2 bytes
+    = 131.4 GiB, KV cache 80 layers x 8 heads x 128 x 2 (K, V) x 2 bytes x 32,768 = 10.0 GiB:
+    141.4 GiB, 70.7 a GPU at TP 2 against 80 x 0.9 - 5 = 67 GiB: TP 4 (35.4 <= 67)."""
+    size = size_of(LLAMA_70B, "Llama-3.3-70B-Instruct", 32768)
+    assert size.parameters == 70_552_387_584
+    assert size.needed / GIB == pytest.approx(141.42, abs=0.01)
+    assert runtime_reserve(1) == 3.5 * GIB and runtime_reserve(2) == 5 * GIB
+    assert not size.fits(2, 80 * GIB, 0.9)  # 70.7 GiB of weights and cache alone: 98% of 72
+    assert size.smallest_parallelism(80 * GIB, 0.9, 8) == 4
+
+
+def test_the_plans_hold_with_vllms_runtime_reserved(tmp_path, monkeypatch):
+    """2 x 4 gpt-oss-120b stays 8 x TP 1 (65.2 + 3.5 <= 72 GiB); 3 x 3 a 70B preset is refused
+    (TP 2 does not hold it, TP 3 does not divide 64 heads); n1:8,n2:4 holds 2 + 1 of TP 4;
+    1 x 8 Qwen2.5-72B 2 x TP 4 (145.4 GiB: 72.7 a GPU at TP 2)."""
+    plan = planner(tmp_path, monkeypatch)
+
+    def planned(allocation: str, judge: str) -> dict:
+        job = ["--allocation", allocation, "--gpu-memory", "80", "--judge", judge]
+        done = plan("--json", *job, "--", *FANOUTQA)
+        assert done.returncode == 0, done.stderr
+        return json.loads(done.stdout)
+
+    oss = planned("2x4", "gpt-oss-120b")
+    assert (oss["replicas"], oss["tensor_parallel"]) == (8, 1)
+    uneven = planned("n1:8,n2:4", "Llama-3.3-70B-Instruct")
+    assert uneven["tensor_parallel"] == 4 and uneven["replicas_per_node"] == {"n1": 2, "n2": 1}
+    qwen = planned("1x8", "Qwen2.5-72B-Instruct")
+    assert (qwen["replicas"], qwen["tensor_parallel"]) == (2, 4)
+    big = ["--allocation", "3x3", "--gpu-memory", "80", "--judge", "Llama-3.3-70B-Instruct"]
+    refused = plan(*big, "--", *FANOUTQA)
+    assert refused.returncode == 2 and len(refused.stderr.splitlines()) == 1
+    assert "Llama-3.3-70B-Instruct fits no node" in refused.stderr
