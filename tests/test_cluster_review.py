@@ -5,6 +5,8 @@ after its judge loaded is refused by the plan or the offline check instead.
   one checkpoint and score with another), but only once it starts; the plan refuses it now.
 - ``check-offline``: a hub snapshot holding a config alone -- what ``cluster plan`` leaves in the
   Hugging Face cache when it reads a model's config.json to size it -- is not the model.
+- ``--dataset`` with a name the catalogue does not have: refused in one line by ``plan``,
+  ``prefetch`` and ``check-offline`` (the offline check ended in a traceback, the plan took it).
 - Sizing: vLLM's budget (0.9 of a GPU) holds its runtime too, beside weights and KV cache; a
   70B at 32,768 tokens is 70.7 GiB a GPU at TP 2, which leaves no room for it in 72 GiB.
 """
@@ -124,3 +126,18 @@ def test_the_plans_hold_with_vllms_runtime_reserved(tmp_path, monkeypatch):
     refused = plan(*big, "--", *FANOUTQA)
     assert refused.returncode == 2 and len(refused.stderr.splitlines()) == 1
     assert "Llama-3.3-70B-Instruct fits no node" in refused.stderr
+
+
+def test_a_dataset_the_catalogue_lacks_is_refused_in_one_line(tmp_path, monkeypatch):
+    from typer.testing import CliRunner
+
+    from groundcover.pipelines.cli.main import app
+
+    planner(tmp_path, monkeypatch)  # its homes and offline cache
+    runner = CliRunner()
+    for step in ("plan", "prefetch", "check-offline"):
+        job = ["cluster", step, "--dataset", "nosuch", "--", *FANOUTQA]
+        done = runner.invoke(app, job)
+        assert done.exit_code == 2, (step, done.stderr)
+        assert done.stderr.startswith(f"error: cluster {step}: unknown dataset 'nosuch'; known: ")
+        assert len(done.stderr.splitlines()) == 1 and done.stdout == ""

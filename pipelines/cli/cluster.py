@@ -518,7 +518,12 @@ def prepare(given: dict[str, Any], grid: bool = False) -> Prepared:
         words += grid_line(Path(os.environ["GC_GRID"]), os.environ.get("SLURM_ARRAY_TASK_ID"))
     served = served_name(ask.judge.model) if ask.judge else None
     checked = check_command(words, ask, served)
-    needs = needs_of(checked, ask, list(given.get("dataset") or []))
+    from ..datasets.catalog import lookup, parse_spec
+
+    extra = list(given.get("dataset") or [])
+    for name in extra:  # a name not in the catalogue, refused here rather than mid-check
+        lookup(parse_spec(name)[0])
+    needs = needs_of(checked, ask, extra)
     return Prepared(ask, checked, needs, words)
 
 
