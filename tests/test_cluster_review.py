@@ -141,3 +141,27 @@ def test_a_dataset_the_catalogue_lacks_is_refused_in_one_line(tmp_path, monkeypa
         assert done.exit_code == 2, (step, done.stderr)
         assert done.stderr.startswith(f"error: cluster {step}: unknown dataset 'nosuch'; known: ")
         assert len(done.stderr.splitlines()) == 1 and done.stdout == ""
+
+
+def test_a_quantised_checkpoint_is_sized_by_the_bits_its_config_names():
+    """Llama-3.3-70B's 70,552,387,584 parameters, of which 2,101,346,304 are the embeddings
+    (128,256 x 8,192 x 2, kept at bf16): bitsandbytes ``load_in_8bit`` is 8 bits a weight (it
+    was sized as 4: half its real size), compressed-tensors W4A16 is 4 bits with a scale per
+    group of 128 (x 1.03; it was sized as 8), its FP8 one byte."""
+    embeddings, rest = 2_101_346_304, 70_552_387_584 - 2_101_346_304
+
+    def weights(quant: dict) -> float:
+        config = LLAMA_70B | {"quantization_config": quant}
+        return size_of(config, "q", 4096).weight_bytes
+
+    expected = {8: embeddings * 2 + rest * 1.03, 4: embeddings * 2 + rest * 0.5 * 1.03}
+    bnb8 = {"quant_method": "bitsandbytes", "load_in_8bit": True, "load_in_4bit": False}
+    bnb4 = {"quant_method": "bitsandbytes", "load_in_4bit": True}
+    assert weights(bnb8) == pytest.approx(expected[8], rel=1e-9)
+    assert weights(bnb4) == pytest.approx(expected[4], rel=1e-9)
+    w4a16 = {"group_0": {"weights": {"num_bits": 4, "type": "int"}, "targets": ["Linear"]}}
+    fp8 = {"group_0": {"weights": {"num_bits": 8, "type": "float"}, "targets": ["Linear"]}}
+    compressed = {"quant_method": "compressed-tensors"}
+    assert weights(compressed | {"config_groups": w4a16}) == pytest.approx(expected[4], rel=1e-9)
+    fp8_bytes = embeddings * 2 + rest * 1.0  # a scale per channel: nothing to count
+    assert weights(compressed | {"config_groups": fp8}) == pytest.approx(fp8_bytes, rel=1e-9)

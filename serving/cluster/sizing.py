@@ -139,13 +139,30 @@ def _weights(
     method = str(quant.get("quant_method") or "").lower() or None
     if method == "mxfp4":  # gpt-oss: the experts in MXFP4, attention and router in bf16
         return "MXFP4", embeddings * base + dense * base + experts * MXFP4_BITS / 8
-    if method in ("fp8", "compressed-tensors", "fbgemm_fp8"):
+    if method in ("fp8", "fbgemm_fp8"):
         return method.upper(), embeddings * base + (dense + experts) * 1.0
+    if method == "compressed-tensors":  # its weights' bits per group: 8 (FP8, INT8) or 4 (W4A16)
+        bits = _compressed_bits(quant)  # a scale per group of 128 below 8 bits
+        grouped = 1.03 if bits < 8 else 1.0
+        return method.upper(), embeddings * base + (dense + experts) * (bits / 8) * grouped
     if method in ("gptq", "awq", "bitsandbytes"):
-        bits = float(quant.get("bits") or quant.get("w_bit") or 4)
+        # bitsandbytes says load_in_8bit / load_in_4bit, not bits
+        eight = method == "bitsandbytes" and quant.get("load_in_8bit")
+        bits = float(quant.get("bits") or quant.get("w_bit") or (8 if eight else 4))
         # a scale and a zero point per group of 128 weights
         return method.upper(), embeddings * base + (dense + experts) * (bits / 8) * 1.03
     return method, (embeddings + dense + experts) * base
+
+
+def _compressed_bits(quant: dict[str, Any]) -> float:
+    """The widest weights of a compressed-tensors config's groups (8 where none says)."""
+    groups = quant.get("config_groups") or {}
+    bits = [
+        float((group.get("weights") or {}).get("num_bits") or 8)
+        for group in groups.values()
+        if isinstance(group, dict)
+    ]
+    return max(bits, default=8.0)
 
 
 def _kv_bytes(
