@@ -165,3 +165,24 @@ def test_a_quantised_checkpoint_is_sized_by_the_bits_its_config_names():
     assert weights(compressed | {"config_groups": w4a16}) == pytest.approx(expected[4], rel=1e-9)
     fp8_bytes = embeddings * 2 + rest * 1.0  # a scale per channel: nothing to count
     assert weights(compressed | {"config_groups": fp8}) == pytest.approx(fp8_bytes, rel=1e-9)
+
+
+def test_a_gpt_oss_judge_in_a_folder_of_any_name_needs_its_tokenizer_files(tmp_path):
+    """vLLM speaks harmony (and reads o200k_base / cl100k_base offline) for a config whose
+    model_type is gpt_oss, whatever its folder is called; prefetch and check-offline looked
+    for "gpt-oss" in the name, so /shared/models/oss-judge went without them."""
+    from tests.test_cluster_plan import GPT_OSS_120B
+
+    folder = tmp_path / "oss-judge"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(GPT_OSS_120B | {"model_type": "gpt_oss"}))
+    needs = fetch.model_needs("judge", str(folder))
+    assert [(n.kind, n.what) for n in needs] == [
+        ("directory", str(folder)),
+        ("tiktoken", "o200k_base.tiktoken"),
+        ("tiktoken", "cl100k_base.tiktoken"),
+    ]
+    llama = tmp_path / "judge"
+    llama.mkdir()
+    (llama / "config.json").write_text(json.dumps(LLAMA_70B | {"model_type": "llama"}))
+    assert [n.kind for n in fetch.model_needs("judge", str(llama))] == ["directory"]

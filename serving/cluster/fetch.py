@@ -71,9 +71,30 @@ def model_needs(label: str, model: str, revision: str | None = None) -> list[Nee
             return []
         found = [Needed("hub", label, preset.hub_id, revision)]
         name = preset.hub_id
-    if "gpt-oss" in name.lower():
+    if "gpt-oss" in name.lower() or gpt_oss_config(found[0]):
         found += [Needed("tiktoken", f"gpt-oss tokenizer file {f}", f) for f in TIKTOKEN_FILES]
     return found
+
+
+def gpt_oss_config(need: Needed) -> bool:
+    """Whether the model's config says gpt-oss (``model_type`` ``gpt_oss``: what vLLM reads to
+    speak harmony, whose tokenizer files an offline node must have), whatever its folder or
+    repository is called: a folder's config.json, or a hub model's in the cache (never fetched
+    here)."""
+    if need.kind == "directory":
+        path: Path | None = Path(need.what) / "config.json"
+    else:
+        from huggingface_hub import try_to_load_from_cache
+
+        from .sizing import hub_cache
+
+        cached = try_to_load_from_cache(need.what, "config.json", cache_dir=hub_cache())
+        path = Path(cached) if isinstance(cached, str) else None
+    try:
+        config = json.loads(path.read_text()) if path is not None and path.is_file() else {}
+    except (OSError, ValueError):
+        return False
+    return isinstance(config, dict) and config.get("model_type") == "gpt_oss"
 
 
 def fetch(need: Needed) -> tuple[bool, str]:
