@@ -5,6 +5,8 @@ after its judge loaded is refused by the plan or the offline check instead.
   one checkpoint and score with another), but only once it starts; the plan refuses it now.
 - ``check-offline``: a hub snapshot holding a config alone -- what ``cluster plan`` leaves in the
   Hugging Face cache when it reads a model's config.json to size it -- is not the model.
+- A command given a flag the job adds (``--endpoint``/``--model`` with ``--judge``, ``--nli-app``
+  with ``--nli``): the job's own value won silently; refused in one line.
 - ``--dataset`` with a name the catalogue does not have: refused in one line by ``plan``,
   ``prefetch`` and ``check-offline`` (the offline check ended in a traceback, the plan took it).
 - Sizing: vLLM's budget (0.9 of a GPU) holds its runtime too, beside weights and KV cache; a
@@ -186,3 +188,18 @@ def test_a_gpt_oss_judge_in_a_folder_of_any_name_needs_its_tokenizer_files(tmp_p
     llama.mkdir()
     (llama / "config.json").write_text(json.dumps(LLAMA_70B | {"model_type": "llama"}))
     assert [n.kind for n in fetch.model_needs("judge", str(llama))] == ["directory"]
+
+
+def test_a_flag_the_job_adds_given_in_the_command_too_is_refused(tmp_path, monkeypatch):
+    plan = planner(tmp_path, monkeypatch)
+    job = ["--allocation", "2x4", "--gpu-memory", "80", "--judge", "gpt-oss-120b", "--"]
+    elsewhere = ["--endpoint", "http://10.0.0.9:8000/v1", "--model", "other"]
+    done = plan(*job, *FANOUTQA, *elsewhere)
+    assert done.returncode == 2 and done.stdout == ""
+    assert done.stderr.splitlines() == [
+        "error: cluster plan: `eval fanoutqa` is given --endpoint, which the job adds (its own "
+        "would win): drop it from the command, or drop --judge (and its --lora)"
+    ]
+    as_one = plan(*job, *FANOUTQA, "--model=other")
+    assert as_one.returncode == 2 and "is given --model, which the job adds" in as_one.stderr
+    assert plan(*job, *FANOUTQA).returncode == 0

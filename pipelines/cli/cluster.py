@@ -321,6 +321,11 @@ def check_command(words: list[str], plan_ask: Any, judge_served: str | None) -> 
     for flag, why in required_flags(plan_ask):
         if flag not in accepts:
             raise Refused(f"`{where}` takes no {flag}, which the job adds: {why}")
+        if any(word == flag or word.startswith(f"{flag}=") for word in rest):
+            raise Refused(
+                f"`{where}` is given {flag}, which the job adds (its own would win): drop it "
+                f"from the command, or {job_option_of(flag)}"
+            )
     added = placeholder_flags(plan_ask, accepts, judge_served)
     inspected: list[tuple[Any, Any]] = []
     datasets: list[str] = []
@@ -360,6 +365,11 @@ def check_nli_model(where: str, plan_ask: Any, request: Any) -> None:
             f"{plan_ask.nli}): the run would refuse the app after the judge loaded; give both "
             "the same checkpoint"
         )
+
+
+def job_option_of(flag: str) -> str:
+    """What to drop from the job instead of ``flag`` from the command."""
+    return "drop --nli" if flag == NLI_FLAG else "drop --judge (and its --lora)"
 
 
 def placeholder_flags(ask: Any, accepts: frozenset[str], served: str | None) -> list[str]:
