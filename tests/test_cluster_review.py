@@ -167,6 +167,11 @@ def test_a_quantised_checkpoint_is_sized_by_the_bits_its_config_names():
     assert weights(compressed | {"config_groups": w4a16}) == pytest.approx(expected[4], rel=1e-9)
     fp8_bytes = embeddings * 2 + rest * 1.0  # a scale per channel: nothing to count
     assert weights(compressed | {"config_groups": fp8}) == pytest.approx(fp8_bytes, rel=1e-9)
+    # NVIDIA's modelopt: NVFP4 is 4.5 bits (an FP8 scale per 16 weights; it was sized as
+    # bf16, four times its size, and refused as fitting no node), FP8 one byte
+    nvfp4 = {"quant_method": "modelopt", "quant_algo": "NVFP4", "group_size": 16}
+    assert weights(nvfp4) == pytest.approx(embeddings * 2 + rest * 4.5 / 8, rel=1e-9)
+    assert weights(nvfp4 | {"quant_algo": "FP8"}) == pytest.approx(fp8_bytes, rel=1e-9)
 
 
 def test_a_gpt_oss_judge_in_a_folder_of_any_name_needs_its_tokenizer_files(tmp_path):

@@ -101,7 +101,11 @@ JOB_OPTIONS: list[tuple[str, Any, Any]] = [
         str | None,
         _option("NODE:GPUS,... or NxGPUS: the nodes to plan for (default: this Slurm job's)"),
     ),
-    ("gpu_memory", float | None, _option("each GPU's memory in GB (default: read in the job)")),
+    (
+        "gpu_memory",
+        float | None,
+        _option("each GPU's memory in GiB, nvidia-smi's MiB / 1024 (default: read in the job)"),
+    ),
     ("max_requeues", int, _option("requeues at the time limit's warning before FAILED")),
     (
         "no_requeue",

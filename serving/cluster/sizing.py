@@ -145,6 +145,9 @@ def _weights(
         bits = _compressed_bits(quant)  # a scale per group of 128 below 8 bits
         grouped = 1.03 if bits < 8 else 1.0
         return method.upper(), embeddings * base + (dense + experts) * (bits / 8) * grouped
+    if method == "modelopt":  # NVIDIA's: NVFP4 is 4-bit values and an FP8 scale per 16
+        bits = 4.5 if "FP4" in str(quant.get("quant_algo") or "").upper() else 8.0
+        return method.upper(), embeddings * base + (dense + experts) * bits / 8
     if method in ("gptq", "awq", "bitsandbytes"):
         # bitsandbytes says load_in_8bit / load_in_4bit, not bits
         eight = method == "bitsandbytes" and quant.get("load_in_8bit")
