@@ -11,6 +11,8 @@ after its judge loaded is refused by the plan or the offline check instead.
   ``prefetch`` and ``check-offline`` (the offline check ended in a traceback, the plan took it).
 - Sizing: vLLM's budget (0.9 of a GPU) holds its runtime too, beside weights and KV cache; a
   70B at 32,768 tokens is 70.7 GiB a GPU at TP 2, which leaves no room for it in 72 GiB.
+- A quantised checkpoint sized by the bits its config names (bitsandbytes 8-bit, compressed-
+  tensors W4A16, NVFP4), and a gpt-oss folder of any name given its tokenizer files.
 """
 
 from __future__ import annotations
