@@ -190,6 +190,56 @@ def test_uneven_nodes_each_get_what_fits_on_them(models):
     assert per_node(plan, "judge_replicas") == {"n1": 2, "n2": 1} and plan.replicas == 3
 
 
+def test_gpus_of_different_sizes_size_the_judge_for_the_smallest_node(models):
+    """Each node's ``job ports`` task reads its own GPUs (nvidia-smi, MiB). n1's 4 × 80 GB
+    (81,559 MiB = 79.6 GiB) beside n2's 4 × 40 GB (40,960 MiB = 40 GiB): a replica may land on
+    either, so 40 sizes it. gpt-oss-120b (65.2 GiB) at 0.9 of 40 = 36 GiB: TP 1 holds 65.2 >
+    36 - 3.5, TP 2 32.6 > 36 - 5, TP 4 16.3 <= 31 -> TP 4, one replica a node (sized from the
+    head's 80 it would be 8 × TP 1, and n2's four would run out of memory)."""
+    nodes = {"n1": 4, "n2": 4, "cpu0": 0}
+    reported = {"n1": [81559.0] * 4, "n2": [40960.0] * 4, "cpu0": []}
+    memory = cluster_plan.smallest_gpu_memory(reported, nodes)
+    assert memory == (
+        40.0,
+        "nvidia-smi on each node, the smallest: n2's; n1 79.6 GiB",
+        {
+            "n1": 79.6,
+            "n2": 40.0,
+        },
+    )
+    gib, where, each = memory
+    plan = plan_for(PlanAsk(judge=JudgeAsk("gpt-oss-120b")), "0", nodes, 0, (gib, where), each)
+    assert (plan.tensor_parallel, plan.replicas) == (4, 2)
+    assert per_node(plan, "judge_replicas") == {"n1": 1, "n2": 1, "cpu0": 0}
+    assert "GPUs of 40 GiB (nvidia-smi on each node, the smallest: n2's; n1 79.6 GiB)" in (
+        "\n".join(plan.lines())
+    )
+    assert plan.as_json()["gpu_memory_gib_per_node"] == {"n1": 79.6, "n2": 40.0}
+    # alike nodes say so; a node with GPUs that read none is named; nothing read: None
+    alike = cluster_plan.smallest_gpu_memory({"n1": [81559.0], "n2": [81559.0]}, {"n1": 1, "n2": 1})
+    assert alike == (79.6, "nvidia-smi on each of 2 node(s)", {"n1": 79.6, "n2": 79.6})
+    unread = cluster_plan.smallest_gpu_memory({"n1": [40960.0]}, {"n1": 1, "n2": 1})
+    assert unread is not None and unread[1] == "nvidia-smi on each of 1 node(s); not read on n2"
+    assert cluster_plan.smallest_gpu_memory({"n1": []}, {"n1": 1}) is None
+
+
+def test_an_nli_share_that_raises_the_parallelism_says_so(models):
+    """gpt-oss-120b on 2 × 4 with --nli-gpu-fraction 0.1: vLLM keeps 0.8 of each GPU (64 GiB,
+    less 3.5 < 65.2), so TP 2 and 4 replicas, where the NLI app on a GPU of its own leaves
+    3 × TP 1 a node, 6: the plan says it in one line. A share that costs nothing (the 70B's TP
+    4 either way) says nothing."""
+    shared = planned({"gpu01": 4, "gpu02": 4}, "gpt-oss-120b", nli=NLI, nli_gpu_fraction=0.1)
+    why = (
+        "--nli-gpu-fraction 0.1 leaves vLLM 0.8 of each GPU, too little for a replica on 1 "
+        "GPU(s) (65.2 GiB): tensor parallelism 2, 4 replica(s); without the share (the NLI app "
+        "on a GPU of its own) 1, 6 replica(s)"
+    )
+    assert shared.tensor_parallel_why == why and f"plan: {why}" in shared.lines()
+    assert shared.as_json()["tensor_parallel_why"] == why
+    large = planned({"a": 8, "b": 8}, str(models), nli=NLI, nli_gpu_fraction=0.1)
+    assert large.tensor_parallel == 4 and large.tensor_parallel_why is None
+
+
 def test_a_model_that_fits_no_node_is_refused_in_one_line(models):
     """A 70B on 3-GPU nodes: TP 3 does not divide its 64 heads and TP 2 holds 85.7 GiB a GPU;
     by hand, TP 4 cannot be placed on 3 GPUs. Refused, never a replica that waits forever."""
@@ -396,6 +446,22 @@ def test_the_deprecated_launcher_warns_and_hands_over_to_cluster_plan(tmp_path):
     assert done.returncode == 0, done.stderr
     assert "launch.py is deprecated: run `groundcover cluster plan ...`" in done.stderr
     assert json.loads(done.stdout)["replicas_per_node"] == {"gpu7": 1}
+    # run by a Python without groundcover (the environment not activated): one line, no
+    # traceback, non-zero
+    (bare := tmp_path / "bare").mkdir()
+    alone = subprocess.run(
+        [sys.executable, "-I", "-S", str(ROOT / "scripts/slurm/launch.py"), "--dry-run"],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=bare,
+        timeout=60,
+    )
+    assert alone.returncode == 1 and "Traceback" not in alone.stderr
+    assert alone.stderr.strip().splitlines() == [
+        f"launch.py: groundcover is not installed for {sys.executable}: activate the "
+        "environment ./setup.sh made (docs/clusters.md, Slurm), then `groundcover cluster`"
+    ]
 
 
 def test_prefetch_on_the_login_node_and_the_offline_check_on_a_compute_node(tmp_path):

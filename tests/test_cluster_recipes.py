@@ -565,6 +565,42 @@ def test_each_step_asks_for_the_jobs_cpus_and_gpus_per_node_and_nodes_go_by_slur
     assert cluster_job.node_name() == "gpu07"
 
 
+def test_a_heterogeneous_jobs_steps_name_each_component_with_its_own_cpus_and_gpus():
+    """A heterogeneous job (``sbatch`` with ``hetjob`` lines): a step without ``--het-group``
+    runs in component 0 only, so Ray on the other nodes, and each node's ports and GPU
+    report, is one step per component, naming it, with that component's CPUs and GPUs (here:
+    a 4-CPU head without GPUs, then two nodes of 64 CPUs and 4 GPUs)."""
+    env = {"SLURM_JOB_ID": "5", "SLURM_HET_SIZE": "2", "SLURM_CPUS_ON_NODE": "4"}
+    env |= {"SLURM_JOB_NODELIST_HET_GROUP_0": "head", "SLURM_CPUS_PER_TASK_HET_GROUP_0": "4"}
+    env |= {"SLURM_JOB_NODELIST_HET_GROUP_1": "b,c", "SLURM_CPUS_PER_TASK_HET_GROUP_1": "64"}
+    env |= {"SLURM_GPUS_PER_NODE_HET_GROUP_1": "h100:4"}
+    alloc = cluster_plan.Allocation.from_slurm(env, "")
+    assert alloc.nodes == ["head", "b", "c"]
+    assert alloc.node_gpus == {"head": 0, "b": 4, "c": 4}
+    assert alloc.gpus_from == "each component's request (SLURM_*_HET_GROUP_K)"
+    assert [(part.index, names) for part, names in alloc.groups(["b", "c"])] == [(1, ["b", "c"])]
+    steps = cluster_job.ports_steps(alloc, 26800, 27199)
+    assert [step[:2] for step in steps] == [["srun", "--het-group=0"], ["srun", "--het-group=1"]]
+    assert "--nodelist=head" in steps[0] and "--cpus-per-task=1" in steps[0]  # a check: 1 CPU
+    assert not any(word.startswith("--gpus") for word in steps[0])
+    assert "--nodelist=b,c" in steps[1]
+    assert "--gpus-per-node=h100:4" in steps[1] and steps[1][-3:] == ["ports", "26800", "27199"]
+    plan = cluster_plan.plan_for(cluster_plan.PlanAsk(), "5", alloc.node_gpus)
+    cluster = cluster_job.Cluster(alloc, plan, "ray", cluster_job.Stopping())
+    workers = cluster.node_steps(["b", "c"], "worker")
+    assert len(workers) == 1 and workers[0][:2] == ["srun", "--het-group=1"]
+    assert "--gpus-per-node=h100:4" in workers[0] and "--cpus-per-task=64" in workers[0]
+    # a plain job: one step, no component named
+    plain = slurm_allocation({"SLURM_JOB_ID": "9", "SLURM_JOB_NODELIST": "gpu7"})
+    assert [step[1] for step in cluster_job.ports_steps(plain, 1, 2)] == ["--nodes=1"]
+    # what the nodes' tasks print: ports in use, and each node's GPUs in MiB (none: no GPUs)
+    reports = cluster_job.read_reports(
+        ["b 26830", "b gpu-mib 81559,81559", "head gpu-mib none", "c gpu-mib 40960", ""]
+    )
+    assert reports.taken == [("b", 26830)]
+    assert reports.gpu_mib == {"b": [81559.0, 81559.0], "head": [], "c": [40960.0]}
+
+
 def test_the_head_address_is_found_on_the_head_and_never_loopback_on_several_nodes(monkeypatch):
     """This machine's name resolves to 127.0.0.1 here: fine for one node; for two, the one
     outward IPv4 address of the node's interfaces where there is exactly one, else refused with

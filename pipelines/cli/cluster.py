@@ -572,16 +572,33 @@ def allocation_of(
 
 
 def make_plan(prepared: Prepared, allocation: str | None, in_job: bool = False) -> tuple[Any, Any]:
-    from ...serving.cluster.plan import gpu_memory_here, plan_for
+    from ...serving.cluster.plan import plan_for
 
     job, node_gpus, restarts, alloc = allocation_of(allocation, in_job)
-    memory = None
+    memory, per_node = None, None
     if in_job and prepared.ask.gpu_memory_gib is None and any(node_gpus.values()):
-        memory = gpu_memory_here()
-    plan = plan_for(prepared.ask, job, node_gpus, restarts, memory)
+        memory, per_node = gpu_memory_in_job(alloc, prepared.ask.port_base)
+    plan = plan_for(prepared.ask, job, node_gpus, restarts, memory, per_node)
     plan.inputs = inputs_json(prepared.needs)
     plan.command = prepared.words
     return plan, alloc
+
+
+def gpu_memory_in_job(
+    alloc: Any, port_base: int | None
+) -> tuple[tuple[float, str] | None, dict[str, float] | None]:
+    """The GPUs' memory as each node reads it (its ``job ports`` task), the smallest sizing the
+    judge; on the head only where the nodes cannot be asked (no srun)."""
+    from ...serving.cluster.job import node_reports
+    from ...serving.cluster.plan import first_block_start, gpu_memory_here, smallest_gpu_memory
+
+    first = first_block_start(alloc.job, port_base)
+    reports = node_reports(alloc, first, first)
+    found = smallest_gpu_memory(reports.gpu_mib, alloc.node_gpus) if reports else None
+    if found is None:
+        return gpu_memory_here(), None
+    gib, where, per_node = found
+    return (gib, where), per_node
 
 
 @cluster_app.command("plan", context_settings=PASSING)

@@ -8,6 +8,7 @@ stderr and hands its arguments over; it goes in a later release.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import sys
 import warnings
@@ -32,6 +33,11 @@ def _split(argv: list[str]) -> tuple[list[str], list[str], list[str]]:
 
 
 def main(argv: list[str]) -> None:
+    if importlib.util.find_spec("groundcover") is None:  # one line, never Python's traceback
+        sys.exit(
+            f"launch.py: groundcover is not installed for {sys.executable}: activate the "
+            "environment ./setup.sh made (docs/clusters.md, Slurm), then `groundcover cluster`"
+        )
     new = translated(argv)
     if new[1] == "groundcover":
         warnings.warn(

@@ -41,7 +41,16 @@ from pathlib import Path
 from typing import Any
 
 from ..files import make_dirs, write_atomic
-from .plan import PORT_BLOCK, PORT_CEILING, PORT_FLOOR, Allocation, Plan, block_ports, other_block
+from .plan import (
+    PORT_BLOCK,
+    PORT_CEILING,
+    PORT_FLOOR,
+    Allocation,
+    Plan,
+    block_ports,
+    gpu_mib_here,
+    other_block,
+)
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)
 # The whole shutdown fits Slurm's default KillWait (30 s, after which it kills every step):
@@ -125,11 +134,65 @@ def taken_here(first: int, last: int) -> list[int]:
 
 def ports_main(argv: list[str]) -> int:
     """``job ports FIRST LAST``, one srun task per node: the ports of the range in use there,
-    a line ``NODE PORT`` each."""
+    a line ``NODE PORT`` each; and the node's GPUs' memory, ``NODE gpu-mib 81559,40960``
+    (``none`` on a node without, or where ``nvidia-smi`` cannot read them)."""
     first, last = int(argv[0]), int(argv[1])
     for port in taken_here(first, last):
         print(f"{node_name()} {port}", flush=True)
+    sizes = gpu_mib_here()
+    print(f"{node_name()} gpu-mib {','.join(f'{v:g}' for v in sizes) or 'none'}", flush=True)
     return 0
+
+
+@dataclass
+class NodeReports:
+    """What the nodes' ``job ports`` tasks said: the ports in use, each node's GPUs' MiB."""
+
+    taken: list[tuple[str, int]]
+    gpu_mib: dict[str, list[float]]
+
+
+def read_reports(lines: list[str]) -> NodeReports:
+    taken: list[tuple[str, int]] = []
+    gpu_mib: dict[str, list[float]] = {}
+    for words in (line.split() for line in lines):
+        if len(words) == 2 and words[1].isdigit():
+            taken.append((words[0], int(words[1])))
+        elif len(words) == 3 and words[1] == "gpu-mib":
+            sizes = [v for v in words[2].split(",") if v.replace(".", "", 1).isdigit()]
+            gpu_mib[words[0]] = [float(v) for v in sizes]
+    return NodeReports(taken, gpu_mib)
+
+
+def ports_steps(alloc: Allocation, first: int, last: int) -> list[list[str]]:
+    """The ``job ports`` steps: one per component of the job (a heterogeneous job's each named
+    by ``--het-group``), one task on each of its nodes, with its GPUs (what ``nvidia-smi`` then
+    sees is what the node's Ray will have)."""
+    return [
+        [
+            *srun_step(nodes, 1, part.gpus, part.index),
+            *this_module(),
+            "ports",
+            str(first),
+            str(last),
+        ]
+        for part, nodes in alloc.groups(alloc.nodes)
+    ]
+
+
+def node_reports(alloc: Allocation, first: int, last: int) -> NodeReports | None:
+    """Every node's report (``job ports``), or None where a step failed (no srun: run by
+    hand, not in a job)."""
+    lines: list[str] = []
+    for ask in ports_steps(alloc, first, last):
+        try:
+            done = subprocess.run(ask, capture_output=True, text=True, timeout=120)
+        except (OSError, subprocess.SubprocessError):
+            return None
+        if done.returncode != 0:
+            return None
+        lines += done.stdout.split("\n")
+    return read_reports(lines)
 
 
 def host_port(host: str, port: int) -> str:
@@ -285,12 +348,17 @@ def _waits_for(child: subprocess.Popen[bytes], seconds: float) -> bool:
 # ---- Ray over the allocation -------------------------------------------------------------------
 
 
-def srun_step(nodes: list[str], cpus: int, gpus: str | None = None) -> list[str]:
+def srun_step(
+    nodes: list[str], cpus: int, gpus: str | None = None, het_group: int | None = None
+) -> list[str]:
     """One task on each of ``nodes``, sharing the allocation with the other steps, with the
     CPUs (and GPUs) it may use there: since Slurm 22.05 a step no longer inherits the job's
-    ``--cpus-per-task``, and with CPU binding it would get one core."""
+    ``--cpus-per-task``, and with CPU binding it would get one core. In a heterogeneous job
+    ``nodes`` are one component's, which the step names (``--het-group``: without it a step
+    runs in component 0 only)."""
     return [
         "srun",
+        *([f"--het-group={het_group}"] if het_group is not None else []),
         f"--nodes={len(nodes)}",
         f"--ntasks={len(nodes)}",
         "--ntasks-per-node=1",
@@ -361,26 +429,23 @@ class Cluster:
 
     def taken(self, first: int, last: int) -> list[tuple[str, int]]:
         """The ports of the range in use on any node of the job: one srun task per node."""
-        ask = [*srun_step(self.alloc.nodes, 1), *this_module(), "ports"]
-        lines: list[str] | None
-        try:
-            done = subprocess.run(
-                [*ask, str(first), str(last)], capture_output=True, text=True, timeout=120
-            )
-            lines = done.stdout.split("\n") if done.returncode == 0 else None
-        except (OSError, subprocess.SubprocessError):
-            lines = None
-        if lines is None:  # no srun (run by hand): this node only
+        reports = node_reports(self.alloc, first, last)
+        if reports is None:  # no srun (run by hand): this node only
             return [(node_name(), port) for port in taken_here(first, last)]
-        found = [line.split() for line in lines if len(line.split()) == 2]
-        return [(node, int(port)) for node, port in found if port.isdigit()]
+        return reports.taken
 
     def node_flags(self) -> list[str]:
         own = ("port", "judge-port")  # the head's GCS port; the judge's proxy (not Ray's)
         fixed = [f"--{name}={port}" for name, port in self.ports.items() if name not in own]
         return [*fixed, "--disable-usage-stats", "--block"]
 
+    def node_steps(self, nodes: list[str], role: str) -> list[list[str]]:
+        """The steps that start Ray on ``nodes``: one per component they belong to."""
+        return [self.node_step(names, role) for _, names in self.alloc.groups(nodes)]
+
     def node_step(self, nodes: list[str], role: str) -> list[str]:
+        """Ray on ``nodes`` (all of one component), with that component's CPUs and GPUs."""
+        part, _ = self.alloc.groups(nodes)[0]
         settings = {
             "role": role,
             "address": self.address,
@@ -393,7 +458,7 @@ class Cluster:
             "stop_file": str(self.stop_file) if self.stop_file else None,
         }
         return [
-            *srun_step(nodes, self.alloc.step_cpus, self.alloc.step_gpus),
+            *srun_step(nodes, part.cpus, part.gpus, part.index),
             *this_module(),
             "node",
             json.dumps(settings),
@@ -408,9 +473,8 @@ class Cluster:
         others = self.alloc.nodes[1:]
         if others:
             self.wait_for(1)
-            self.steps.append(
-                subprocess.Popen(self.node_step(others, "worker"), start_new_session=True)
-            )
+            for step in self.node_steps(others, "worker"):
+                self.steps.append(subprocess.Popen(step, start_new_session=True))
         self.wait_for(len(self.alloc.nodes))
 
     def gcs_listening(self) -> bool:

@@ -76,8 +76,28 @@ class PlanAsk:
 
 
 @dataclass
+class Component:
+    """One component of a heterogeneous job (``index`` K, which ``srun --het-group=K`` names), or
+    the whole of a plain job (``index`` None): its nodes, the CPUs a step may use on each and
+    its GPUs per node as Slurm says them (``--gpus-per-node``; None where not asked by node)."""
+
+    index: int | None
+    nodes: list[str]
+    cpus: int
+    gpus: str | None = None
+    asked_gpus: int | None = None  # by node (--gpus-per-node or a per-node TRES)
+
+    def gpu_count(self, otherwise: int) -> int:
+        """Its GPUs on each node where it asked for them by node, else ``otherwise`` (what the
+        head reads in the head's own component, none in another)."""
+        return self.asked_gpus if self.asked_gpus is not None else otherwise
+
+
+@dataclass
 class Allocation:
-    """What Slurm gave this job: its nodes by Slurm's names, each node's GPUs, CPUs per step."""
+    """What Slurm gave this job: its nodes by Slurm's names, each node's GPUs, CPUs per step;
+    a heterogeneous job's components (a step reaches a component's nodes only when it names
+    the component: ``srun --het-group``)."""
 
     job: str
     nodes: list[str]
@@ -88,10 +108,18 @@ class Allocation:
     requeue_id: str = ""
     restarts: int = 0
     gpus_from: str = "Slurm"
+    components: list[Component] = field(default_factory=list)
 
     @property
     def head(self) -> str:
         return self.nodes[0]
+
+    def groups(self, nodes: list[str]) -> list[tuple[Component, list[str]]]:
+        """``nodes`` by the component each belongs to, in the components' order: one step each
+        (a plain job: one component, every node)."""
+        parts = self.components or [Component(None, self.nodes, self.step_cpus, self.step_gpus)]
+        found = [(part, [n for n in part.nodes if n in nodes]) for part in parts]
+        return [(part, names) for part, names in found if names]
 
     @classmethod
     def from_slurm(cls, env: dict[str, str], detail: str | None = None) -> Allocation:
@@ -105,27 +133,70 @@ class Allocation:
         per_node = gres_per_node(detail) if detail else {}
         by_env = gpus_per_node(env)
         here = gpus_on_node(env)
+        components = het_components(env)
+        asked = {  # a heterogeneous job's GPUs by node, component by component
+            name: part.gpu_count(here if nodes and nodes[0] in part.nodes else 0)
+            for part in components
+            for name in part.nodes
+        }
         gpus: dict[str, int] = {}
         for name in nodes:
+            by_node = asked.get(name, by_env)
             if name in per_node:
                 gpus[name] = per_node[name]
             else:
-                gpus[name] = by_env if by_env is not None else here
+                gpus[name] = by_node if by_node is not None else here
         source = "scontrol" if per_node else ("SLURM_GPUS_PER_NODE" if by_env else "this node")
+        if components and not per_node:
+            source = "each component's request (SLURM_*_HET_GROUP_K)"
         array = env.get("SLURM_ARRAY_JOB_ID")
         task = env.get("SLURM_ARRAY_TASK_ID")
-        cpus = int(env.get("SLURM_CPUS_ON_NODE") or os.cpu_count() or 1)
         return cls(
             job=job,
             nodes=nodes,
             node_gpus=gpus,
-            step_cpus=int(env.get("SLURM_CPUS_PER_TASK") or fewest_cpus(env) or cpus),
+            step_cpus=step_cpus(env),
             step_gpus=env.get("SLURM_GPUS_PER_NODE"),
             array_task=task,
             requeue_id=f"{array}_{task}" if array and task else job,
             restarts=int(env.get("SLURM_RESTART_COUNT") or 0),
             gpus_from=source,
+            components=components,
         )
+
+
+def step_cpus(env: dict[str, str]) -> int:
+    """The CPUs a step may use on each node: the job's ``--cpus-per-task``, else the fewest it
+    has on a node, else this node's."""
+    here = int(env.get("SLURM_CPUS_ON_NODE") or os.cpu_count() or 1)
+    return int(env.get("SLURM_CPUS_PER_TASK") or fewest_cpus(env) or here)
+
+
+def component_env(env: dict[str, str], index: int) -> dict[str, str]:
+    """Component ``index``'s variables under their plain names: Slurm sets each
+    ``SLURM_*_HET_GROUP_K`` for component K (``SLURM_CPUS_PER_TASK_HET_GROUP_1`` ...)."""
+    suffix = f"_HET_GROUP_{index}"
+    return {name[: -len(suffix)]: value for name, value in env.items() if name.endswith(suffix)}
+
+
+def het_components(env: dict[str, str]) -> list[Component]:
+    """A heterogeneous job's components (``SLURM_HET_SIZE`` of them), each with its nodes,
+    CPUs and GPUs per node from its own variables; none for a plain job."""
+    size = int(env.get("SLURM_HET_SIZE") or 0)
+    found: list[Component] = []
+    for index in range(size if size > 1 else 0):
+        own = component_env(env, index)
+        cpus = own.get("SLURM_CPUS_PER_TASK") or fewest_cpus(own) or step_cpus(env)
+        found.append(
+            Component(
+                index,
+                expand_nodes(own.get("SLURM_JOB_NODELIST", "")),
+                int(cpus),
+                own.get("SLURM_GPUS_PER_NODE"),
+                gpus_per_node(own),
+            )
+        )
+    return found
 
 
 def job_nodes(env: dict[str, str]) -> list[str]:
@@ -245,7 +316,8 @@ def expand_nodes(nodelist: str) -> list[str]:
         )
         names = done.stdout.split()
     except (OSError, subprocess.SubprocessError):
-        names = [] if any(c in nodelist for c in "[],") else [nodelist]
+        # without scontrol only a list with no ranges is read: ``a,b`` but never ``n[1-3]``
+        names = [] if any(c in nodelist for c in "[]") else [n for n in nodelist.split(",") if n]
     if not names:
         raise PlanError(f"cannot expand the node list {nodelist!r} (scontrol)")
     return names
@@ -320,6 +392,8 @@ class Plan:
     size_from: str | None = None
     gpu_memory_gib: float | None = None
     gpu_memory_from: str | None = None
+    gpu_memory_per_node: dict[str, float] = field(default_factory=dict)
+    tensor_parallel_why: str | None = None  # where the NLI app's share raised the parallelism
     utilisation: float = UTILISATION
     replicas: int = 0
     judge_device: str | None = None
@@ -383,10 +457,12 @@ class Plan:
             "gpus_per_node": {n.name: n.gpus for n in self.nodes},
             "gpu_memory_gib": self.gpu_memory_gib,
             "gpu_memory_from": self.gpu_memory_from,
+            "gpu_memory_gib_per_node": self.gpu_memory_per_node,
             "judge": self.judge,
             "served_name": self.served_name,
             "tensor_parallel": self.tensor_parallel,
             "tensor_parallel_from": self.tensor_parallel_from,
+            "tensor_parallel_why": self.tensor_parallel_why,
             "max_model_len": self.max_model_len,
             "judge_memory_gib": round(self.size.needed / GIB, 1) if self.size else None,
             "judge_size_from": self.size_from,
@@ -436,6 +512,8 @@ class Plan:
                     f"of {self.gpu_memory_gib:g} GiB ({self.gpu_memory_from}), vLLM using "
                     f"{self.utilisation:g}{share}"
                 )
+            if self.tensor_parallel_why:
+                out.append(f"plan: {self.tensor_parallel_why}")
             out.append(f"plan: the judge's start waits up to {self.judge_start_timeout:.0f} s")
             if self.loras:
                 out.append(f"plan: adapters {', '.join(self.loras)} on every judge replica")
@@ -473,9 +551,11 @@ def plan_for(
     node_gpus: dict[str, int],
     restarts: int = 0,
     gpu_memory: tuple[float, str] | None = None,
+    gpu_memory_per_node: dict[str, float] | None = None,
 ) -> Plan:
-    """The plan for this allocation (``gpu_memory``: each GPU's GiB and where that was read),
-    or ``PlanError`` for one that cannot run."""
+    """The plan for this allocation (``gpu_memory``: the GiB of the GPUs a replica is sized
+    for and where that was read; ``gpu_memory_per_node``: each node's, as read there), or
+    ``PlanError`` for one that cannot run."""
     nodes = [NodePlan(name, gpus, drivers=ask.drivers_per_node) for name, gpus in node_gpus.items()]
     if ask.drivers_per_node < 1:
         raise PlanError("--drivers-per-node must be at least 1")
@@ -498,6 +578,7 @@ def plan_for(
             else (DEFAULT_GPU_GIB, "assumed: give --gpu-memory GB")
         )
         plan.gpu_memory_gib, plan.gpu_memory_from = memory
+        plan.gpu_memory_per_node = dict(gpu_memory_per_node or {})
     if ask.nli:
         place_nli(plan, ask, on_gpu)
     if ask.judge:
@@ -635,6 +716,25 @@ def place_judge(plan: Plan, ask: JudgeAsk, on_gpu: bool) -> None:
         node.judge_replicas = min(fits[node.name], left)
         left -= node.judge_replicas
     plan.replicas = count
+    if size is not None and plan.sharing and plan.tensor_parallel_from == "memory":
+        plan.tensor_parallel_why = share_cost(plan, size, gpu_bytes, most)
+
+
+def share_cost(plan: Plan, size: ModelSize, gpu_bytes: float, most: int) -> str | None:
+    """Where the NLI app's share of a GPU leaves vLLM too little of it for the parallelism the
+    judge needs on whole GPUs: one line saying so, and what the plan would be without it."""
+    fitting = plan.tensor_parallel or 1
+    whole = size.smallest_parallelism(gpu_bytes, UTILISATION, most)
+    if whole is None or whole >= fitting:
+        return None
+    beside = sum(max(n.gpus - int(n.nli_replicas), 0) // whole for n in plan.nodes)
+    fraction = plan.nli_gpu_fraction or 0
+    return (
+        f"--nli-gpu-fraction {fraction:g} leaves vLLM {plan.utilisation:g} of each GPU, too "
+        f"little for a replica on {whole} GPU(s) ({size.needed / GIB:.1f} GiB): tensor "
+        f"parallelism {fitting}, {plan.replicas} replica(s); without the share (the NLI app on "
+        f"a GPU of its own) {whole}, {beside} replica(s)"
+    )
 
 
 def explain_idle(plan: Plan, node: NodePlan) -> None:
@@ -667,8 +767,8 @@ def explain_idle(plan: Plan, node: NodePlan) -> None:
     node.idle_why = why
 
 
-def gpu_memory_here() -> tuple[float, str] | None:
-    """The smallest GPU's memory on this node (``nvidia-smi``), in GiB."""
+def gpu_mib_here() -> list[float]:
+    """Each GPU's memory on this node in MiB (``nvidia-smi``); none on a CPU node."""
     try:
         done = subprocess.run(
             ["nvidia-smi", "--query-gpu=memory.total", "--format=csv,noheader,nounits"],
@@ -677,8 +777,38 @@ def gpu_memory_here() -> tuple[float, str] | None:
             timeout=60,
         )
     except (OSError, subprocess.SubprocessError):
-        return None
+        return []
     sizes = [float(v) for v in done.stdout.split() if v.replace(".", "", 1).isdigit()]
-    if done.returncode != 0 or not sizes:
+    return sizes if done.returncode == 0 else []
+
+
+def gpu_memory_here() -> tuple[float, str] | None:
+    """The smallest GPU's memory on this node (``nvidia-smi``), in GiB."""
+    sizes = gpu_mib_here()
+    return (min(sizes) / 1024, "nvidia-smi on the head") if sizes else None
+
+
+def smallest_gpu_memory(
+    reported: dict[str, list[float]], node_gpus: dict[str, int]
+) -> tuple[float, str, dict[str, float]] | None:
+    """The GiB every judge replica is sized for, where it was read, and each node's smallest
+    GPU: each node's own ``nvidia-smi`` (``reported``, MiB), the smallest over the nodes with
+    GPUs, so a replica fits wherever Ray places it (an 80 GB and a 40 GB node: 40). Where the
+    nodes differ the node that decided it is named; a node with GPUs and no reading too."""
+    per_node = {
+        name: round(min(reported[name]) / 1024, 1)
+        for name in node_gpus
+        if node_gpus[name] and reported.get(name)
+    }
+    if not per_node:
         return None
-    return min(sizes) / 1024, "nvidia-smi on the head"
+    smallest = min(per_node, key=lambda name: per_node[name])
+    unread = [name for name, gpus in node_gpus.items() if gpus and name not in per_node]
+    if len(set(per_node.values())) == 1:
+        where = f"nvidia-smi on each of {len(per_node)} node(s)"
+    else:
+        others = ", ".join(f"{n} {g:g}" for n, g in per_node.items() if n != smallest)
+        where = f"nvidia-smi on each node, the smallest: {smallest}'s; {others} GiB"
+    if unread:
+        where += f"; not read on {', '.join(unread)}"
+    return per_node[smallest], where, per_node
