@@ -174,11 +174,27 @@ def test_a_stand_in_is_said_on_the_log_and_a_bad_one_refused_in_one_line(
     assert f"{ENV}: gpt-oss-120b is the local folder {folder} here" in done.stderr
     plan = json.loads(done.stdout)
     assert (plan["judge"], plan["replicas"]) == (str(folder), 1)
+    assert "--limit" not in plan["command"]
+    # "limit": the command's first N items, where it takes --limit and gives none itself
+    limited = {"models": {"gpt-oss-120b": str(folder)}, "replicas": "1", "limit": 2}
+    monkeypatch.setenv(ENV, json.dumps(limited))
+    done = plan_here(*job)
+    assert done.returncode == 0, done.stderr
+    assert f"{ENV}: the command's first 2 item(s) here, --limit 2" in done.stderr
+    assert json.loads(done.stdout)["command"][-2:] == ["--limit", "2"]
+    own = plan_here(*job, "--limit", "5")
+    assert own.returncode == 0 and json.loads(own.stdout)["command"].count("--limit") == 1
+    not_taken = plan_here("--allocation", "n1,n2", "--json", "--", "groundcover", "data", "list")
+    line = not_taken.stderr.strip().splitlines()[-1]  # after the stand-in's model, said
+    assert not_taken.returncode == 2 and line.endswith('"limit": `data list` takes no --limit')
+    assert not_taken.stdout == ""
     for bad, said in (
         ("{models", "not JSON"),
         (json.dumps({"models": {"gpt-oss-120b": str(tmp_path)}}), "no model folder"),
         (json.dumps({"replicas": "x"}), "a whole number"),
-        (json.dumps({"anything": 1}), '"models" and "replicas" only'),
+        (json.dumps({"limit": 0}), "a whole number of items"),
+        (json.dumps({"limit": "2"}), "a whole number of items"),
+        (json.dumps({"anything": 1}), '"models", "replicas" and "limit" only'),
     ):
         monkeypatch.setenv(ENV, bad)
         refused = plan_here(*job)

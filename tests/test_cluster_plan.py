@@ -404,7 +404,7 @@ def test_the_plan_checks_the_command_with_the_flags_the_job_adds(tmp_path, plan_
     assert no_backend.returncode == 2 and len(no_backend.stderr.splitlines()) == 1
     assert no_backend.stderr.startswith(
         "error: cluster plan: `eval comprehensiveness` with the flags the job adds (--ray-address "
-        "--drivers --nli-app --endpoint"
+        "--drivers --driver-resources --nli-app --endpoint"
     )
     assert "Ray runs the cross-encoder (--nli-backend)" in no_backend.stderr
     typo = plan_here(*base, "--", *FANOUTQA, "--dat", "x")

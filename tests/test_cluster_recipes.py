@@ -466,6 +466,54 @@ def test_the_walkthroughs_job_with_a_judge_that_cannot_start_fails_and_leaves_it
     wait_for(lambda: not job_processes(slurm, job), 90, "no process of the job on a node")
 
 
+@needs_slurm
+@pytest.mark.engine
+def test_the_walkthroughs_job_runs_to_its_end_with_the_tiny_judge_standing_in(
+    slurm, tmp_path, tiny_model
+):
+    """docs/clusters.md's walkthrough submission, word for word from the page (its GPU request
+    aside), to its end: gpt-oss-120b stood in for by the tiny model (vLLM's CPU engine, one
+    Ray Serve LLM replica over the two nodes), the command given its first 2 items (FanOutQA's
+    dev set from the fanoutqa package, as the page's --data fanoutqa-dev names it) through the
+    environment: the job ends COMPLETED, both drivers' records are every item once, each
+    judged (a letter, or recorded unreadable), and nothing of the job is left on a node. What
+    the page promises after the judge has loaded is what runs here."""
+    from groundcover.serving.cluster.standin import ENV as STANDIN
+    from tests.support import docs_page
+    from tests.support.records import whole_records
+
+    [submission] = docs_page.of_kind("harness")
+    shared = tmp_path / "shared"
+    options, job_given = docs_page.on_the_harness(submission, shared)
+    judge = job_given[job_given.index("--judge") + 1]
+    run = Path(job_given[job_given.index("--run-dir") + 1])
+    options += ["--cpus-per-task=2", f"--output={tmp_path}/slurm-%j.out"]
+    env = recipe_env()
+    env[STANDIN] = json.dumps({"models": {judge: str(tiny_model)}, "replicas": "1", "limit": 2})
+    job = slurm.submit(options, RECIPE, job_given, env)
+    state = slurm.wait(job, 900)
+    log = launcher_log(tmp_path, job)
+    assert state == "COMPLETED", log[-5000:]
+    assert f"{STANDIN}: the command's first 2 item(s) here, --limit 2" in log
+    assert "Ray cluster at " in log and ": 2 node(s) joined" in log
+    assert "the command ended with exit code 0" in log, log[-3000:]
+    import fanoutqa
+
+    dev = json.loads((Path(fanoutqa.__file__).parent / "data/fanout-final-dev.json").read_text())
+    ids = whole_records(run) or whole_records(run / "closed-book")
+    assert sorted(ids) == sorted(q["id"] for q in dev[:2]), ids  # each once
+    for path in run.rglob("results*.jsonl"):
+        for record in map(json.loads, path.read_text().splitlines()):
+            judged = record["details"].get("judge") or {}
+            assert judged.get("category") in set("ABCDEF") or judged.get("status") in {
+                "unparseable",
+                None,  # no answer to judge: the tiny model said nothing
+            }, record
+    assert json.loads((run / "cluster-logs" / "plan.json").read_text())["replicas"] == 1
+    assert not list(Path("/tmp").glob(f"gc-ray-{job}-*"))
+    wait_for(lambda: not job_processes(slurm, job), 90, "no process of the job on a node")
+
+
 # ---- the job's rules, without Slurm -----------------------------------------------------------
 
 
@@ -716,6 +764,20 @@ def test_the_command_gets_the_cluster_and_its_drivers_only_where_it_takes_them()
     assert cluster_job.added_flags(ours, cluster.address, None) == [
         *["--ray-address", cluster.address, "--drivers", "6"]
     ]
+    # a command that places drivers: each held to the plan's nodes by a resource each node
+    # offers as many of as its drivers, and no CPU (the judge's replicas may hold them all)
+    ours.accepts = frozenset([*RAY_FLAGS, "--driver-resources"])
+    held = '{"CPU": 0, "groundcover_driver": 1}'
+    assert cluster_job.added_flags(ours, cluster.address, None)[-2:] == [
+        "--driver-resources",
+        held,
+    ]
+    step = json.loads(cluster.node_step(["n1"], "head")[-1])
+    assert step["driver_slots"] == {"n1": 2, "n2": 2, "n3": 2}
+    ours.command = [*ours.command, "--driver-resources", "{}"]  # the command's own wins
+    assert "--driver-resources" not in cluster_job.added_flags(ours, cluster.address, None)
+    ours.command, ours.pin_nli = ours.command[:-2], False  # on KubeRay no node offers one
+    assert "--driver-resources" not in cluster_job.added_flags(ours, cluster.address, None)
     ours.accepts = frozenset()
     assert cluster_job.added_flags(ours, cluster.address, None) == []
     cluster_job.dry_run_command(ours, cluster)  # no --dry-run to give: not run (it would fail)

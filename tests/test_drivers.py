@@ -73,6 +73,40 @@ def test_driver_resources_one_for_all_or_one_each():
         driver_resources([{}, {}, {}], 2)
 
 
+def test_a_driver_no_node_could_hold_is_refused_at_once_and_one_never_started_is_named():
+    """Before any driver starts: each one's ask (a CPU unless it names its own) against every
+    live node's resources as Ray lists them. A resource no node offers, or more than any node
+    has, is one error line at once; a driver that could fit but was never started (what it asks
+    held by Serve's replicas) is named after the bound, with the fix."""
+    from groundcover.pipelines.runtime.execution import drivers
+
+    nodes = [
+        {"CPU": 2.0, "node:10.0.0.1": 1.0, "groundcover_driver": 1.0, "memory": 8e9},
+        {"CPU": 2.0, "node:10.0.0.2": 1.0, "groundcover_driver": 1.0},
+    ]
+    held = {"CPU": 0, "groundcover_driver": 1}
+    assert drivers.unplaceable([held, held], nodes) is None
+    assert drivers.unplaceable([{}, {"node:10.0.0.2": 0.01}], nodes) is None
+    assert drivers.unplaceable([{}, {"CPU": 4}], nodes) == (
+        'driver 1 asks Ray for {"CPU": 4.0}, which no node of the cluster has (2 node(s)): fix '
+        "--driver-resources"
+    )
+    assert drivers.unplaceable([{"node:10.0.0.9": 0.01}], nodes) == (
+        'driver 0 asks Ray for {"CPU": 1.0, "node:10.0.0.9": 0.01}, which no node of the '
+        "cluster has (2 node(s)): fix --driver-resources"
+    )
+    # the CPU on one node, the custom resource on another: no one node holds both
+    split = [{"CPU": 2.0}, {"CPU": 0.0, "groundcover_driver": 1.0}]
+    assert drivers.unplaceable([held | {"CPU": 1}], split) is not None
+    assert drivers.unplaceable([], nodes) is None
+    said = drivers.never_started(1, {})
+    assert said.startswith(
+        f"driver 1 was not started in {drivers.DRIVER_START_SECONDS:.0f} s: no node has "
+        '{"CPU": 1.0} free'
+    )
+    assert said.endswith("""e.g. '{"CPU": 0}' for drivers that only wait on their endpoints""")
+
+
 def test_driver_options_are_validated_where_they_are_read():
     from groundcover.pipelines.runtime.contract.config import RunConfig
 
@@ -361,6 +395,15 @@ def test_two_drivers_on_two_nodes_equal_one_and_survive_kills_and_share_a_cap(tm
         assert sum(r["items"] for r in rows) == QUESTIONS
         assert [r["items"] for r in rows] == shard_counts([r[0] for r in one], 2)
         assert "drivers (this invocation)" in two.stdout and rows[1]["ip"] in two.stdout
+
+        # (1a) a driver asking for what no node offers: one error line at once, no record
+        nowhere = [*on_nodes[:4], "--driver-resources", '[{"head_driver": 1}, {"nosuch": 1}]']
+        refused = finish(command("nowhere", *nowhere), code=1)
+        errors = [line for line in refused.stderr.splitlines() if line.startswith("error:")]
+        assert len(errors) == 1 and 'driver 1 asks Ray for {"CPU": 1.0, "nosuch": 1.0}' in (
+            errors[0]
+        ), refused.stderr[-2000:]
+        assert not whole_records(tmp_path / "nowhere" / "answers")
 
         # (1b) comprehensiveness, NLI method (five stages per item): the same, one vs two
         from groundcover.pipelines.comprehensiveness.common import PROMPTS as COMP_PROMPTS

@@ -227,6 +227,24 @@ def stand_ins() -> Any:
     return found
 
 
+def stand_in_limit(words: list[str]) -> list[str]:
+    """``--limit N`` where a test's stand-in asks for the command's first N items: only for a
+    command that takes it and gives none of its own, said on the log."""
+    from ...serving.cluster.standin import ENV, from_environment
+
+    found = from_environment()  # read and checked by the plan's ask already
+    if found is None or found.limit is None:
+        return []
+    command, path, rest = resolve_leaf(groundcover_args(words))
+    where = " ".join(path[1:])
+    if "--limit" not in option_names(command):
+        raise Refused(f'{ENV}: "limit": `{where}` takes no --limit')
+    if any(word == "--limit" or word.startswith("--limit=") for word in rest):
+        return []
+    say(f"{ENV}: the command's first {found.limit} item(s) here, --limit {found.limit}")
+    return ["--limit", str(found.limit)]
+
+
 def parse_lora(text: str) -> tuple[str, str]:
     name, sep, path = text.partition("=")
     if not sep or not name or not path:
@@ -384,6 +402,10 @@ def placeholder_flags(ask: Any, accepts: frozenset[str], served: str | None) -> 
         flags += ["--ray-address", "127.0.0.1:6379"]
     if "--drivers" in accepts:
         flags += ["--drivers", "1"]
+    if "--driver-resources" in accepts:
+        from ...serving.cluster.job import DRIVER_PLACE
+
+        flags += ["--driver-resources", json.dumps(DRIVER_PLACE)]
     if ask.nli:
         flags += [NLI_FLAG, ask.nli_app]
     if ask.judge:
@@ -531,6 +553,7 @@ def prepare(given: dict[str, Any], grid: bool = False) -> Prepared:
     if grid and os.environ.get("GC_GRID"):
         words += grid_line(Path(os.environ["GC_GRID"]), os.environ.get("SLURM_ARRAY_TASK_ID"))
     served = served_name(ask.judge.model) if ask.judge else None
+    words += stand_in_limit(words)
     checked = check_command(words, ask, served)
     from ..datasets.catalog import lookup, parse_spec
 

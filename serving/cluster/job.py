@@ -68,6 +68,11 @@ CALLBACK = "groundcover.serving.cluster.serve_app:proxy_middlewares"
 # loaded node starts Serve's proxy in more than Ray's default 5 s
 CLUSTER_ENV = {"RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S": "60"}
 NLI_RESOURCE = "groundcover_nli"  # offered by the nodes planned to hold an NLI replica, one each
+# one per driver the plan puts on a node, offered by that node: the command's drivers ask for
+# one each and no CPU (they wait on the judge; a CPU each could be held by Serve's replicas, as
+# on nodes of few CPUs, and a driver left unplaced waits forever)
+DRIVER_RESOURCE = "groundcover_driver"
+DRIVER_PLACE = {"CPU": 0, DRIVER_RESOURCE: 1}
 LOG_FILE_CAP = 4 * 2**20  # the last 4 MiB of each log file
 LOG_NODE_CAP = 64 * 2**20  # at most 64 MiB of logs per node
 DEFAULT_TOKEN = Path.home() / ".ray" / "auth_token"
@@ -453,6 +458,7 @@ class Cluster:
             "ray": self.ray,
             "flags": self.node_flags(),
             "nli_nodes": self.plan.nli_nodes(),
+            "driver_slots": {n.name: n.drivers for n in self.plan.nodes},
             "dashboard": self.plan.dashboard,
             "logs": str(self.logs) if self.logs else None,
             "stop_file": str(self.stop_file) if self.stop_file else None,
@@ -590,6 +596,8 @@ def node_main(argv: list[str]) -> int:
     if role == "head" and not settings["dashboard"]:
         place.append("--include-dashboard=false")
     own = {NLI_RESOURCE: 1} if node in settings["nli_nodes"] else {}
+    if slots := settings.get("driver_slots", {}).get(node):
+        own[DRIVER_RESOURCE] = slots
     command = [
         settings["ray"],
         "start",
@@ -735,12 +743,23 @@ def added_flags(job: Job, address: str, judge_url: str | None) -> list[str]:
         flags += ["--ray-address", address]
     if "--drivers" in job.accepts:
         flags += ["--drivers", str(plan.drivers)]
+        if job.pin_nli and plan.drivers > 1 and places_drivers(job):
+            flags += ["--driver-resources", json.dumps(DRIVER_PLACE)]
     if plan.nli:
         flags += ["--nli-app", plan.nli_app]
     if plan.judge and judge_url is not None:
         assert plan.served_name
         flags += judge_arguments(judge_url, plan.served_name, plan, job.judge_revision or "")
     return flags
+
+
+def places_drivers(job: Job) -> bool:
+    """Whether the job holds the drivers to the plan's nodes (``--driver-resources``): where
+    the command takes it and gives none of its own (then its own places them)."""
+    given = any(
+        w == "--driver-resources" or w.startswith("--driver-resources=") for w in job.command
+    )
+    return "--driver-resources" in job.accepts and not given
 
 
 def judge_arguments(url: str, served: str, plan: Plan, revision: str) -> list[str]:

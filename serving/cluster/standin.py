@@ -8,7 +8,10 @@ anything a run reads::
     GROUNDCOVER_TEST_STANDIN='{"models": {"gpt-oss-120b": "/tmp/tiny-llama"}, "replicas": "1"}'
 
 ``models`` maps a name the job is given (``--judge``, ``--nli``) to a local folder, served in
-its place; ``replicas`` replaces ``--replicas auto`` (which counts GPUs) for a stood-in judge.
+its place; ``replicas`` replaces ``--replicas auto`` (which counts GPUs) for a stood-in judge;
+``limit`` N gives the command ``--limit N`` (its first N items: a walkthrough's whole dataset,
+answered by a tiny model on two cores, would take hours), where the command takes it and does
+not give its own.
 Every use is said on the job's log. Only ``groundcover cluster`` reads it, from its own
 process's environment: a run directory, a config file or an items file cannot set it."""
 
@@ -30,6 +33,7 @@ class StandInError(ValueError):
 class StandIn:
     models: dict[str, str] = field(default_factory=dict)
     replicas: str | None = None
+    limit: int | None = None
 
     def model(self, name: str) -> str:
         return self.models.get(name, name)
@@ -45,8 +49,8 @@ def from_environment(env: dict[str, str] | None = None) -> StandIn | None:
         given = json.loads(text)
     except ValueError as exc:
         raise StandInError(f"{ENV}: not JSON: {exc}") from None
-    if not isinstance(given, dict) or set(given) - {"models", "replicas"}:
-        raise StandInError(f'{ENV}: an object with "models" and "replicas" only')
+    if not isinstance(given, dict) or set(given) - {"models", "replicas", "limit"}:
+        raise StandInError(f'{ENV}: an object with "models", "replicas" and "limit" only')
     models = given.get("models") or {}
     if not isinstance(models, dict) or not all(
         isinstance(k, str) and isinstance(v, str) for k, v in models.items()
@@ -58,4 +62,9 @@ def from_environment(env: dict[str, str] | None = None) -> StandIn | None:
     replicas = given.get("replicas")
     if replicas is not None and not str(replicas).isdigit():
         raise StandInError(f'{ENV}: "replicas" is a whole number')
-    return StandIn(models=dict(models), replicas=None if replicas is None else str(replicas))
+    limit = given.get("limit")
+    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
+        raise StandInError(f'{ENV}: "limit" is a whole number of items, at least 1')
+    return StandIn(
+        models=dict(models), replicas=None if replicas is None else str(replicas), limit=limit
+    )

@@ -31,6 +31,7 @@ import asyncio
 import contextlib
 import dataclasses
 import hashlib
+import json
 import os
 import signal
 import sys
@@ -53,6 +54,9 @@ from .solve import Solved
 RESTARTS = 3  # a driver process that dies is restarted this many times, then the run stops
 PROGRESS_SECONDS = 1.0  # how often the coordinator reports the drivers' progress
 NLI_START_SECONDS = 600.0  # for the drivers' shared NLI app to run (a scorer's own waits as long)
+# a driver not started by then cannot be placed (what it asks is held by others): one error
+# line, never a wait without end
+DRIVER_START_SECONDS = 300.0
 
 
 class DriversFailed(EndpointError):
@@ -341,9 +345,13 @@ def _drive(
 ) -> None:
     import ray
 
+    if (nowhere := unplaceable(placement, _live_node_resources())) is not None:
+        channel.say({"error": nowhere})
+        return
     ledger: Any = None
     if ledger_state is not None:
         ledger = ray.remote(SharedBudget).options(num_cpus=0).remote(ledger_state)
+    began = time.monotonic()
     actors = [
         _start_driver(spec, resources) for spec, resources in zip(specs, placement, strict=True)
     ]
@@ -373,6 +381,10 @@ def _drive(
                         pids[row["shard"]].add(row["pid"])
                 channel.say({"progress": rows})
                 last = time.monotonic()
+                waiting = [k for k in range(len(specs)) if k not in results and not pids[k]]
+                if waiting and time.monotonic() - began > DRIVER_START_SECONDS:
+                    channel.say({"error": never_started(waiting[0], placement[waiting[0]])})
+                    return
             if _told_to_stop(channel):
                 return
         stopped = ray.get(ledger.stopped.remote()) if ledger is not None else None
@@ -418,6 +430,39 @@ def _statuses(actors: list[Any], results: dict[int, dict[str, Any]]) -> list[dic
         else:
             out.append({"shard": k})
     return out
+
+
+def driver_asks(resources: dict[str, float]) -> dict[str, float]:
+    """What a driver actor asks Ray for: its resources, with one CPU unless it names its own."""
+    return {"CPU": 1.0} | {name: float(amount) for name, amount in resources.items()}
+
+
+def unplaceable(placement: list[dict[str, float]], nodes: list[dict[str, float]]) -> str | None:
+    """One error line for the first driver that no live node could ever hold (a resource no
+    node offers, or more of it than any node has), else None: said at once, not waited on."""
+    for k, resources in enumerate(placement):
+        asks = {name: amount for name, amount in driver_asks(resources).items() if amount > 0}
+        if not any(all(node.get(n, 0.0) >= a for n, a in asks.items()) for node in nodes):
+            return (
+                f"driver {k} asks Ray for {json.dumps(asks, sort_keys=True)}, which no node of "
+                f"the cluster has ({len(nodes)} node(s)): fix --driver-resources"
+            )
+    return None
+
+
+def never_started(k: int, resources: dict[str, float]) -> str:
+    asks = json.dumps(driver_asks(resources), sort_keys=True)
+    return (
+        f"driver {k} was not started in {DRIVER_START_SECONDS:.0f} s: no node has {asks} free "
+        "(other actors, such as Serve's replicas, hold it); give --driver-resources that fit, "
+        "e.g. '{\"CPU\": 0}' for drivers that only wait on their endpoints"
+    )
+
+
+def _live_node_resources() -> list[dict[str, float]]:
+    import ray
+
+    return [dict(node.get("Resources") or {}) for node in ray.nodes() if node.get("Alive")]
 
 
 def _cause(exc: BaseException) -> str:
