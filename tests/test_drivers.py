@@ -400,9 +400,8 @@ def test_two_drivers_on_two_nodes_equal_one_and_survive_kills_and_share_a_cap(tm
         nowhere = [*on_nodes[:4], "--driver-resources", '[{"head_driver": 1}, {"nosuch": 1}]']
         refused = finish(command("nowhere", *nowhere), code=1)
         errors = [line for line in refused.stderr.splitlines() if line.startswith("error:")]
-        assert len(errors) == 1 and 'driver 1 asks Ray for {"CPU": 1.0, "nosuch": 1.0}' in (
-            errors[0]
-        ), refused.stderr[-2000:]
+        said = 'driver 1 asks Ray for {"CPU": 1.0, "nosuch": 1.0}'
+        assert len(errors) == 1 and said in errors[0], refused.stderr[-2000:]
         assert not whole_records(tmp_path / "nowhere" / "answers")
 
         # (1b) comprehensiveness, NLI method (five stages per item): the same, one vs two

@@ -55,8 +55,8 @@ RESTARTS = 3  # a driver process that dies is restarted this many times, then th
 PROGRESS_SECONDS = 1.0  # how often the coordinator reports the drivers' progress
 NLI_START_SECONDS = 600.0  # for the drivers' shared NLI app to run (a scorer's own waits as long)
 # a driver not started by then cannot be placed (what it asks is held by others): one error
-# line, never a wait without end
-DRIVER_START_SECONDS = 300.0
+# line, never a wait without end (long enough for an autoscaler to add a node)
+DRIVER_START_SECONDS = 600.0
 
 
 class DriversFailed(EndpointError):
@@ -439,7 +439,9 @@ def driver_asks(resources: dict[str, float]) -> dict[str, float]:
 
 def unplaceable(placement: list[dict[str, float]], nodes: list[dict[str, float]]) -> str | None:
     """One error line for the first driver that no live node could ever hold (a resource no
-    node offers, or more of it than any node has), else None: said at once, not waited on."""
+    node offers, or more of it than any node has), else None: said at once, not waited on (a
+    misspelt resource is the usual cause; on an autoscaling cluster, ask for what a live node
+    offers, the head's own)."""
     for k, resources in enumerate(placement):
         asks = {name: amount for name, amount in driver_asks(resources).items() if amount > 0}
         if not any(all(node.get(n, 0.0) >= a for n, a in asks.items()) for node in nodes):
