@@ -404,7 +404,7 @@ def test_the_plan_checks_the_command_with_the_flags_the_job_adds(tmp_path, plan_
     assert no_backend.returncode == 2 and len(no_backend.stderr.splitlines()) == 1
     assert no_backend.stderr.startswith(
         "error: cluster plan: `eval comprehensiveness` with the flags the job adds (--ray-address "
-        "--drivers --driver-resources --nli-app --endpoint"
+        "--drivers --nli-app --endpoint"
     )
     assert "Ray runs the cross-encoder (--nli-backend)" in no_backend.stderr
     typo = plan_here(*base, "--", *FANOUTQA, "--dat", "x")
@@ -414,6 +414,11 @@ def test_the_plan_checks_the_command_with_the_flags_the_job_adds(tmp_path, plan_
     ]
     other = plan_here(*base, "--", "python", "-c", "print(1)")
     assert other.returncode == 2 and "must be a groundcover command" in other.stderr
+    # the command's own --driver-resources is checked as given (the job's is added in the job,
+    # only where the command places none), so a bad one stops the plan, not the job
+    placed = plan_here(*base, "--", *FANOUTQA, "--driver-resources", "notjson")
+    assert placed.returncode == 2 and len(placed.stderr.splitlines()) == 1, placed.stderr
+    assert "driver_resources" in placed.stderr and "not JSON" in placed.stderr
     done = plan_here(*base, "--json", "--", "groundcover", "meta-eval", "wikicontradict")
     assert done.returncode == 0, done.stderr
     plan = json.loads(done.stdout)
@@ -427,6 +432,20 @@ def test_the_plan_checks_the_command_with_the_flags_the_job_adds(tmp_path, plan_
         "cl100k_base.tiktoken",
         "o200k_base.tiktoken",
     ]
+
+
+def test_a_command_that_places_its_drivers_keeps_its_placement(tmp_path):
+    """The job adds its --driver-resources only where the command gives none: a flag of its
+    own (either form) or ``run.driver_resources`` in its --config (a flag would win over it)."""
+    from groundcover.pipelines.cli.cluster import check_command, own_driver_placement
+
+    ask = PlanAsk()
+    assert not own_driver_placement(check_command(FANOUTQA, ask, None))
+    flag = check_command([*FANOUTQA, "--driver-resources={}"], ask, None)
+    assert own_driver_placement(flag)
+    config = tmp_path / "run.yaml"
+    config.write_text('run:\n  driver_resources: [{"CPU": 2}]\n')
+    assert own_driver_placement(check_command([*FANOUTQA, "--config", str(config)], ask, None))
 
 
 def test_the_deprecated_launcher_warns_and_hands_over_to_cluster_plan(tmp_path):

@@ -638,15 +638,26 @@ def test_a_heterogeneous_jobs_steps_name_each_component_with_its_own_cpus_and_gp
     workers = cluster.node_steps(["b", "c"], "worker")
     assert len(workers) == 1 and workers[0][:2] == ["srun", "--het-group=1"]
     assert "--gpus-per-node=h100:4" in workers[0] and "--cpus-per-task=64" in workers[0]
+    # a node in two components would get one Ray with one component's CPUs and GPUs: refused
+    shared = env | {"SLURM_JOB_NODELIST_HET_GROUP_1": "head,c"}
+    with pytest.raises(cluster_plan.PlanError, match="node head is in components 0 and 1"):
+        cluster_plan.Allocation.from_slurm(shared, "")
     # a plain job: one step, no component named
     plain = slurm_allocation({"SLURM_JOB_ID": "9", "SLURM_JOB_NODELIST": "gpu7"})
     assert [step[1] for step in cluster_job.ports_steps(plain, 1, 2)] == ["--nodes=1"]
     # what the nodes' tasks print: ports in use, and each node's GPUs in MiB (none: no GPUs)
     reports = cluster_job.read_reports(
         ["b 26830", "b gpu-mib 81559,81559", "head gpu-mib none", "c gpu-mib 40960", ""]
+        + ["d gpu-mib 0,[N/A]", "e gpu-mib 1048576"]  # no reading; a size of 1 TiB is one
     )
     assert reports.taken == [("b", 26830)]
-    assert reports.gpu_mib == {"b": [81559.0, 81559.0], "head": [], "c": [40960.0]}
+    assert reports.gpu_mib == {
+        "b": [81559.0, 81559.0],
+        "head": [],
+        "c": [40960.0],
+        "d": [],
+        "e": [1048576.0],
+    }
 
 
 def test_the_head_address_is_found_on_the_head_and_never_loopback_on_several_nodes(monkeypatch):
@@ -776,6 +787,9 @@ def test_the_command_gets_the_cluster_and_its_drivers_only_where_it_takes_them()
     assert step["driver_slots"] == {"n1": 2, "n2": 2, "n3": 2}
     ours.command = [*ours.command, "--driver-resources", "{}"]  # the command's own wins
     assert "--driver-resources" not in cluster_job.added_flags(ours, cluster.address, None)
+    ours.command, ours.own_placement = ours.command[:-2], True  # or its config's
+    assert "--driver-resources" not in cluster_job.added_flags(ours, cluster.address, None)
+    ours.command, ours.own_placement = [*ours.command, "x", "x"], False
     ours.command, ours.pin_nli = ours.command[:-2], False  # on KubeRay no node offers one
     assert "--driver-resources" not in cluster_job.added_flags(ours, cluster.address, None)
     ours.accepts = frozenset()

@@ -99,6 +99,11 @@ def test_a_driver_no_node_could_hold_is_refused_at_once_and_one_never_started_is
     split = [{"CPU": 2.0}, {"CPU": 0.0, "groundcover_driver": 1.0}]
     assert drivers.unplaceable([held | {"CPU": 1}], split) is not None
     assert drivers.unplaceable([], nodes) is None
+    assert drivers.unplaceable([{"CPU": -1}], nodes) == (
+        "driver 0: --driver-resources asks a negative amount of CPU"
+    )
+    assert drivers.unplaceable([{"GPU": 1}], nodes) is not None  # CPU-only nodes
+    assert drivers.unplaceable([{"GPU": 1}], [{"CPU": 8.0, "GPU": 4.0}]) is None
     said = drivers.never_started(1, {})
     assert said.startswith(
         f"driver 1 was not started in {drivers.DRIVER_START_SECONDS:.0f} s: no node has "

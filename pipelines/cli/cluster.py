@@ -402,10 +402,6 @@ def placeholder_flags(ask: Any, accepts: frozenset[str], served: str | None) -> 
         flags += ["--ray-address", "127.0.0.1:6379"]
     if "--drivers" in accepts:
         flags += ["--drivers", "1"]
-    if "--driver-resources" in accepts:
-        from ...serving.cluster.job import DRIVER_PLACE
-
-        flags += ["--driver-resources", json.dumps(DRIVER_PLACE)]
     if ask.nli:
         flags += [NLI_FLAG, ask.nli_app]
     if ask.judge:
@@ -766,8 +762,18 @@ def run(**given: Any) -> None:
         judge_revision=given.get("judge_revision"),
         port_base=prepared.ask.port_base,
         pin_nli=not on_ray,
+        own_placement=own_driver_placement(prepared.checked),
     )
     raise typer.Exit((run_on_ray if on_ray else run_job)(job, tiktoken_folder()))
+
+
+def own_driver_placement(checked: Checked) -> bool:
+    """Whether the command places its drivers itself: ``--driver-resources`` among its words,
+    or ``run.driver_resources`` in its config (checked without the job's, which would win)."""
+    if any(w == "--driver-resources" or w.startswith("--driver-resources=") for w in checked.words):
+        return True
+    run = getattr(checked.request, "run", None)
+    return getattr(run, "driver_resources", None) is not None
 
 
 def plan_on_ray(prepared: Prepared, nodes: dict[str, int]) -> tuple[Any, Any]:

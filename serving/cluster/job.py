@@ -49,6 +49,7 @@ from .plan import (
     Plan,
     block_ports,
     gpu_mib_here,
+    mib_readings,
     other_block,
 )
 
@@ -105,6 +106,7 @@ class Job:
     judge_revision: str | None = None
     port_base: int | None = None
     pin_nli: bool = True  # by the resource the planned nodes offer (Slurm); on KubeRay, by Ray
+    own_placement: bool = False  # the command places its drivers (its flag or its config)
 
 
 def say(text: str) -> None:
@@ -145,7 +147,7 @@ def ports_main(argv: list[str]) -> int:
     for port in taken_here(first, last):
         print(f"{node_name()} {port}", flush=True)
     sizes = gpu_mib_here()
-    print(f"{node_name()} gpu-mib {','.join(f'{v:g}' for v in sizes) or 'none'}", flush=True)
+    print(f"{node_name()} gpu-mib {','.join(f'{v:.0f}' for v in sizes) or 'none'}", flush=True)
     return 0
 
 
@@ -164,8 +166,7 @@ def read_reports(lines: list[str]) -> NodeReports:
         if len(words) == 2 and words[1].isdigit():
             taken.append((words[0], int(words[1])))
         elif len(words) == 3 and words[1] == "gpu-mib":
-            sizes = [v for v in words[2].split(",") if v.replace(".", "", 1).isdigit()]
-            gpu_mib[words[0]] = [float(v) for v in sizes]
+            gpu_mib[words[0]] = mib_readings(words[2].split(","))
     return NodeReports(taken, gpu_mib)
 
 
@@ -755,11 +756,12 @@ def added_flags(job: Job, address: str, judge_url: str | None) -> list[str]:
 
 def places_drivers(job: Job) -> bool:
     """Whether the job holds the drivers to the plan's nodes (``--driver-resources``): where
-    the command takes it and gives none of its own (then its own places them)."""
+    the command takes it and gives none of its own, as a flag or in its config (then its own
+    places them)."""
     given = any(
         w == "--driver-resources" or w.startswith("--driver-resources=") for w in job.command
     )
-    return "--driver-resources" in job.accepts and not given
+    return "--driver-resources" in job.accepts and not given and not job.own_placement
 
 
 def judge_arguments(url: str, served: str, plan: Plan, revision: str) -> list[str]:

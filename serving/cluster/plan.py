@@ -196,6 +196,15 @@ def het_components(env: dict[str, str]) -> list[Component]:
                 gpus_per_node(own),
             )
         )
+    seen: dict[str, int] = {}
+    for part in found:  # one node, one Ray: it cannot start with two components' resources
+        for name in part.nodes:
+            if name in seen:
+                raise PlanError(
+                    f"node {name} is in components {seen[name]} and {part.index} of this "
+                    "heterogeneous job: give each component nodes of its own"
+                )
+            seen[name] = part.index or 0
     return found
 
 
@@ -778,8 +787,13 @@ def gpu_mib_here() -> list[float]:
         )
     except (OSError, subprocess.SubprocessError):
         return []
-    sizes = [float(v) for v in done.stdout.split() if v.replace(".", "", 1).isdigit()]
-    return sizes if done.returncode == 0 else []
+    return mib_readings(done.stdout.split()) if done.returncode == 0 else []
+
+
+def mib_readings(words: list[str]) -> list[float]:
+    """The GPU sizes among ``nvidia-smi``'s words, in MiB: a reading it could not make
+    (``[N/A]``) or of nothing (0) is no reading."""
+    return [float(v) for v in words if v.replace(".", "", 1).isdigit() and float(v) > 0]
 
 
 def gpu_memory_here() -> tuple[float, str] | None:

@@ -400,8 +400,10 @@ def _start_driver(spec: DriverSpec, resources: dict[str, float]) -> Any:
 
     resources = dict(resources)
     cpus = resources.pop("CPU", 1)
+    gpus = resources.pop("GPU", 0)  # Ray takes CPUs and GPUs as options of their own
     options: dict[str, Any] = {
         "num_cpus": cpus,
+        **({"num_gpus": gpus} if gpus else {}),
         "max_restarts": RESTARTS,
         "max_task_retries": RESTARTS,
     }
@@ -443,6 +445,8 @@ def unplaceable(placement: list[dict[str, float]], nodes: list[dict[str, float]]
     misspelt resource is the usual cause; on an autoscaling cluster, ask for what a live node
     offers, the head's own)."""
     for k, resources in enumerate(placement):
+        if negative := [name for name, amount in resources.items() if amount < 0]:
+            return f"driver {k}: --driver-resources asks a negative amount of {negative[0]}"
         asks = {name: amount for name, amount in driver_asks(resources).items() if amount > 0}
         if not any(all(node.get(n, 0.0) >= a for n, a in asks.items()) for node in nodes):
             return (
