@@ -171,9 +171,9 @@ def test_runs_judged_by_different_models_compared_on_their_item_scores(tmp_path)
 @pytest.mark.parametrize(
     ("line", "message"),
     [
-        ('{"id": "f1", "label": "B"}', "field 'stage' is missing"),
+        ('{"id": "f1", "label": "B"}', "field stage: missing"),
         ('{"id": "f1", "stage": "score", "label": "high"}', "a score label is a number"),
-        ('{"id": "f1", "stage": "judge", "label": "B", "key": -1}', "field 'key'"),
+        ('{"id": "f1", "stage": "judge", "label": "B", "key": -1}', "field key: a whole number"),
         ("[1, 2]", "must be a JSON object"),
     ],
 )

@@ -224,7 +224,10 @@ def test_a_human_file_label_is_checked_as_labels_import_and_the_labelling_page_c
         json.dumps(fine) + "\n" + '{"id": "f2", "stage": "judge", "label": "B", "key": true}\n'
     )
     result = CliRunner().invoke(app, ["agreement", str(alone.dir), "--human", str(human)])
-    assert result.exit_code == 2 and f"{human}:2: record: field 'key'" in result.output
+    assert (
+        result.exit_code == 2
+        and f"{human}:2: record 'f2': field key: a whole number from 0" in result.output
+    )
     human.write_text(
         json.dumps(fine) + "\n" + json.dumps({"id": "f2", "stage": "score", "label": 1}) + "\n"
     )

@@ -19,6 +19,7 @@ from typing import Any
 
 from ...runtime.contract.errors import UserError
 from ...runtime.contract.readers import iter_jsonl
+from ...runtime.store.labels import checked_label_row
 from ..people.choices import SCORE, checked_label, score_choices, stage_choices, written_label
 from .units import judged_units
 
@@ -43,21 +44,10 @@ def read_human(path: Path, runs: Sequence[Path] | None = None) -> HumanLabels:
     labels = HumanLabels(path)
     for lineno, row in iter_jsonl(path):
         where = f"{path}:{lineno}"
-        if not isinstance(row, dict):
-            raise UserError(f"{where}: record: expected an object with id, stage, label")
-        for field in ("id", "stage", "label"):
-            if field not in row:
-                raise UserError(f"{where}: record: field {field!r} is missing")
-        key = row.get("key", 0)
-        if isinstance(key, bool) or not isinstance(key, int) or key < 0:
-            raise UserError(f"{where}: record: field 'key': expected an integer from 0")
-        if not isinstance(row["stage"], str):
-            raise UserError(f"{where}: record: field 'stage': expected text")
+        _, _, key = checked_label_row(row, where)
         label, named = row["label"], f"{where}: record {str(row['id'])!r}: field label"
         if row["stage"] == SCORE and not _number(label):
             raise UserError(f"{named}: a score label is a number, got {label!r}")
-        if isinstance(label, float) and not math.isfinite(label):
-            raise UserError(f"{named}: {label} is not a label")
         if row["stage"] == SCORE:
             label = _checked(named, label, score_choices())
         place = (str(row["id"]), row["stage"], key)

@@ -65,19 +65,29 @@ def label_rows(run_dir: Path) -> list[dict[str, Any]]:
             raise UserError(f"{path}:{lineno}: not JSON") from None
         except RecursionError:  # a file from elsewhere: one line, not a traceback
             raise UserError(f"{path}:{lineno}: JSON nested too deeply") from None
-        if not isinstance(row, dict):
-            raise UserError(f"{path}:{lineno}: a JSON object is expected")
-        for name in ("id", "stage", "label"):
-            if name not in row:
-                raise UserError(f"{path}:{lineno}: record {row.get('id')!r}: field {name}: missing")
-        key = row.get("key", 0)
-        if isinstance(key, bool) or not isinstance(key, int):
-            raise UserError(f"{path}:{lineno}: record {row['id']!r}: field key: a whole number")
-        if isinstance(row["label"], float) and not math.isfinite(row["label"]):
-            # a file from elsewhere: NaN is no label, and would reach the queue's JSON
-            raise UserError(f"{path}:{lineno}: record {row['id']!r}: field label: not finite")
+        checked_label_row(row, f"{path}:{lineno}")
         rows.append(row)
     return rows
+
+
+def checked_label_row(row: Any, where: str) -> tuple[str, str, int]:
+    """(id, stage, key) of one label line (``labels.jsonl``, a ``--human`` file), or one line
+    naming ``where`` (``file:line``), the record and the field."""
+    if not isinstance(row, dict):
+        raise UserError(f"{where}: a JSON object is expected")
+    for name in ("id", "stage", "label"):
+        if name not in row:
+            raise UserError(f"{where}: record {row.get('id')!r}: field {name}: missing")
+    record = f"{where}: record {row['id']!r}"
+    key = row.get("key", 0)
+    if isinstance(key, bool) or not isinstance(key, int) or key < 0:
+        raise UserError(f"{record}: field key: a whole number from 0")
+    if not isinstance(row["stage"], str):
+        raise UserError(f"{record}: field stage: text expected")
+    if isinstance(row["label"], float) and not math.isfinite(row["label"]):
+        # a file from elsewhere: NaN is no label, and would reach the queue's JSON
+        raise UserError(f"{record}: field label: not finite")
+    return str(row["id"]), row["stage"], key
 
 
 def run_labels(run_dir: Path) -> dict[tuple[str, str, int], Any]:
