@@ -477,7 +477,8 @@ def test_the_walkthroughs_job_runs_to_its_end_with_the_tiny_judge_standing_in(
     dev set from the fanoutqa package, as the page's --data fanoutqa-dev names it) through the
     environment: the job ends COMPLETED, both drivers' records are every item once, each
     judged (a letter, or recorded unreadable), and nothing of the job is left on a node. What
-    the page promises after the judge has loaded is what runs here."""
+    the page promises after the judge has loaded is what runs here. Its own judge, not the
+    session's vLLM server: starting Ray and the judge on the Slurm nodes is what the job does."""
     from groundcover.serving.cluster.standin import ENV as STANDIN
     from tests.support import docs_page
     from tests.support.records import whole_records
