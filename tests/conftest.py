@@ -8,7 +8,6 @@ import random
 import sys
 import tempfile
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -109,6 +108,10 @@ def pytest_xdist_make_scheduler(config, log):
     ``loadgroup`` cannot rename node ids under pytest 9, so the groups are made here)."""
     from xdist.scheduler import LoadScopeScheduling
 
+    # xdist reorders the groups by their number of tests unless told not to: a long group of few
+    # tests (test_embedded: one test of minutes) then started last while the other worker sat idle
+    config.option.loadscopereorder = False
+
     class Groups(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
             return scheduling_group(nodeid)
@@ -124,12 +127,8 @@ def pytest_itemcollected(item) -> None:
 
 
 def pytest_collection_modifyitems(config, items) -> None:
-    """The order (the workers take the groups in it under ``-n N``): the Ray group first (the
-    longest), then the other groups longest first; a file's tests stay together."""
-
-    def group(item) -> str:
-        return scheduling_group(item.nodeid)
-
+    """The order the workers take the groups in under ``-n N`` (``group_order``); a file's
+    tests stay together."""
     if (seed := config.getoption("--shuffle")) is not None:  # every worker: the same order
         random.Random(seed).shuffle(items)
     skip_gpu_tests(items)
@@ -137,23 +136,40 @@ def pytest_collection_modifyitems(config, items) -> None:
     first_seen: dict[str, int] = {}
     heavy: set[str] = set()
     for n, item in enumerate(items):
-        first_seen.setdefault(group(item), n)
+        name = scheduling_group(item.nodeid)
+        first_seen.setdefault(name, n)
         if item.get_closest_marker("engine"):
-            heavy.add(group(item))
+            heavy.add(name)
+    if seed is not None:  # shuffled, the order stays random
+        return
 
-    # the Ray group first (the longest), then the longest groups by their last stored run (a
-    # group not stored: a guess by whether it runs the engine); shuffled, the order stays random
-    timed = {} if seed is not None else stored_durations()
+    # a group's seconds from its last stored run; a group not stored: a guess by whether it runs
+    # the engine
+    timed = stored_durations()
+    seconds = {
+        name: timed.get(name, UNTIMED_ENGINE_GROUP if name in heavy else 0.0) for name in first_seen
+    }
+    place = {name: n for n, name in enumerate(group_order(seconds, list(first_seen)))}
+    items.sort(key=lambda item: place[scheduling_group(item.nodeid)])  # stable: tests keep order
 
-    def seconds(name: str) -> float:
-        return timed.get(name, UNTIMED_ENGINE_GROUP if name in heavy else 0.0)
 
-    def rank(pair: tuple[int, Any]) -> tuple[int, float, int, int]:
-        n, item = pair
-        name = group(item)
-        return (0 if name == "ray" else 1, -seconds(name), first_seen[name], n)
-
-    items[:] = [item for _, item in sorted(enumerate(items), key=rank)]
+def group_order(seconds: dict[str, float], collected: list[str]) -> list[str]:
+    """The Ray group first, then the longest groups first, except that the longest group after
+    Ray waits until the groups before it add up to Ray's seconds. Ray and that group (the
+    two-node Slurm harness, itself a Ray cluster per job) each start servers and clusters that
+    take every core: side by side on two workers each ran about twice as long as alone, while any
+    other group beside them leaves them most of the machine."""
+    longest = sorted(collected, key=lambda name: (name != "ray", -seconds[name]))
+    if len(longest) < 3 or longest[0] != "ray":
+        return longest
+    first, second, rest = longest[0], longest[1], longest[2:]
+    held_back, filled = len(rest), 0.0
+    for n, name in enumerate(rest):
+        if filled >= seconds[first]:
+            held_back = n
+            break
+        filled += seconds[name]
+    return [first, *rest[:held_back], second, *rest[held_back:]]
 
 
 def stored_durations() -> dict[str, float]:
