@@ -32,6 +32,8 @@ from groundcover.pipelines.cli.cluster import RAY_FLAGS
 from groundcover.serving.cluster import job as cluster_job
 from groundcover.serving.cluster import plan as cluster_plan
 from groundcover.serving.cluster.plan import Allocation
+from groundcover.serving.launch.server import ServerSpec, VLLMServer
+from tests.conftest import TEST_SERVER_ENV
 from tests.support.scripts import load_script
 from tests.support.slurm import install, slurm_cluster, unavailable
 from tests.test_drivers import QUESTIONS, fanoutqa_inputs, judge_letter, records_of, wait_for
@@ -247,15 +249,16 @@ def test_two_nodes_cancelled_requeued_at_the_time_limit_and_an_array_side_by_sid
 
 @needs_slurm
 @pytest.mark.engine
-def test_the_judge_beside_the_nli_app_on_two_nodes_equals_a_local_run(
-    slurm, tmp_path, tiny_model, vllm_server
-):
+def test_the_judge_beside_the_nli_app_on_two_nodes_equals_a_local_run(slurm, tmp_path, tiny_model):
     """``--judge`` (the tiny model on vLLM's CPU engine, one Ray Serve LLM replica) and
     ``--nli`` (the tiny cross-encoder, a Serve app) on one Serve instance over both nodes, two
     drivers asking the judge through the head's proxy: comprehensiveness by the NLI method
-    equals the same run here against the plain vLLM server and the local NLI scorer. The job
+    equals the same run here against a plain vLLM server and the local NLI scorer. The job
     starts its own Ray and judge on the Slurm nodes (that start is what the recipe does and what
-    is tested); the local run reuses the session's vLLM server."""
+    is tested). Both engines compute every request whole (no prefix cache) and one at a time,
+    so the tiny random model's near-tied tokens come out the same on both: with the cache on
+    (the session server's, filled by the tests before, and the judge's, by the other driver's
+    requests) a whole run once gave the same texts in one token more per revise call."""
     from tests.support.tiny import build_tiny_classifier
 
     nli = build_tiny_classifier(tmp_path / "nli")
@@ -295,8 +298,14 @@ def test_the_judge_beside_the_nli_app_on_two_nodes_equals_a_local_run(
     drivers += ["--nli-wait", "600"]
     env = recipe_env()
     local = tmp_path / "local"
-    here = [*base, "--endpoint", vllm_server.base_url, "--model", vllm_server.served_name]
-    done = subprocess.run([*here, "--run-dir", str(local)], capture_output=True, text=True, env=env)
+    whole = ["--no-enable-prefix-caching"]
+    spec = ServerSpec(model=str(tiny_model), extra_args=whole, env=TEST_SERVER_ENV)
+    # own server: the session's has a prefix cache filled by other tests' prompts
+    with VLLMServer(spec, tmp_path / "serve.log") as plain:
+        here = [*base, "--endpoint", plain.base_url, "--model", plain.served_name]
+        done = subprocess.run(
+            [*here, "--run-dir", str(local)], capture_output=True, text=True, env=env
+        )
     assert done.returncode == 0, done.stderr[-3000:]
 
     run = tmp_path / "slurm"
@@ -307,6 +316,7 @@ def test_the_judge_beside_the_nli_app_on_two_nodes_equals_a_local_run(
         # request's logprobs moved in the 4th digit (a relevance of 3.2448 against 3.2467); one
         # sequence at a time computes each as the local run's --concurrency 1 does
         *["--judge-engine-arg=--max-num-seqs", "--judge-engine-arg=1"],
+        *[f"--judge-engine-arg={flag}" for flag in whole],
         *["--drivers-per-node", "1", "--", *base, *drivers, "--run-dir", str(run)],
     ]
     began = time.monotonic()
