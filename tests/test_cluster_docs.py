@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from groundcover.pipelines.cli.cluster import RAY_FLAGS
 from tests.support import docs_page
 from tests.support.docs_page import groundcover_args, job_args
 from tests.test_cluster_plan import GPT_OSS_120B, LLAMA_70B, cluster, planner
@@ -76,10 +77,25 @@ def page_jobs() -> list[list[str]]:
             jobs.append(args[2:])
         elif given is not None:
             jobs.append([*PAGE_ALLOCATION, *given])
-        else:
+        else:  # a command the page runs on a Ray of its own: the job sets its Ray and drivers
             assert args is not None, line.text
-            jobs.append([*PAGE_ALLOCATION, "--", "groundcover", *args])
+            jobs.append([*PAGE_ALLOCATION, "--", "groundcover", *without_job_flags(args)])
     return jobs
+
+
+def without_job_flags(args: list[str]) -> list[str]:
+    """The command as a job runs it: without the ``--ray-address`` and ``--drivers`` the job
+    sets itself (and refuses in the command)."""
+    kept: list[str] = []
+    skip = False
+    for word in args:
+        if skip:
+            skip = False
+        elif word in RAY_FLAGS:
+            skip = True
+        elif not word.startswith(tuple(f"{flag}=" for flag in RAY_FLAGS)):
+            kept.append(word)
+    return kept
 
 
 def test_every_command_on_the_page_is_planned(tmp_path, plan_here, monkeypatch):

@@ -210,3 +210,26 @@ def test_a_flag_the_job_adds_given_in_the_command_too_is_refused(tmp_path, monke
     as_one = plan(*job, *FANOUTQA, "--model=other")
     assert as_one.returncode == 2 and "is given --model, which the job adds" in as_one.stderr
     assert plan(*job, *FANOUTQA).returncode == 0
+
+
+def test_the_commands_own_ray_and_drivers_are_refused_not_replaced(tmp_path, monkeypatch):
+    """The job sets ``--ray-address`` (its own Ray) and ``--drivers`` (per node, times
+    ``--drivers-per-node``) where the command takes them: a command giving its own had them
+    replaced without a word (``--drivers 4`` ran with the plan's 2)."""
+    plan = planner(tmp_path, monkeypatch)
+    job = ["--allocation", "2x4", "--gpu-memory", "80", "--judge", "gpt-oss-120b", "--"]
+    done = plan(*job, *FANOUTQA, "--drivers", "4")
+    assert done.returncode == 2 and done.stdout == ""
+    assert done.stderr.splitlines() == [
+        "error: cluster plan: `eval fanoutqa` is given --drivers, which the job sets (one per "
+        "node times --drivers-per-node: set that option of the job instead): drop it from the "
+        "command"
+    ]
+    address = plan(*job, *FANOUTQA, "--ray-address=10.0.0.9:6379")
+    assert address.returncode == 2 and address.stderr.splitlines() == [
+        "error: cluster plan: `eval fanoutqa` is given --ray-address, which the job sets (the "
+        "head of the Ray it starts on the job's nodes): drop it from the command"
+    ]
+    per_node = plan("--json", "--drivers-per-node", "2", *job, *FANOUTQA)
+    assert per_node.returncode == 0, per_node.stderr
+    assert json.loads(per_node.stdout)["drivers"] == 4

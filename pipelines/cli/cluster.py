@@ -41,6 +41,10 @@ cluster_app = typer.Typer(
 
 # the flags the job adds to the command, and when
 RAY_FLAGS = ("--ray-address", "--drivers")
+RAY_FLAG_SOURCES = {  # what the job sets each to, and how to change it
+    "--ray-address": "the head of the Ray it starts on the job's nodes",
+    "--drivers": "one per node times --drivers-per-node: set that option of the job instead",
+}
 JUDGE_FLAGS = ("--endpoint", "--model", "--api-key-env", "--model-revision")
 NLI_FLAG = "--nli-app"
 
@@ -343,10 +347,16 @@ def check_command(words: list[str], plan_ask: Any, judge_served: str | None) -> 
     for flag, why in required_flags(plan_ask):
         if flag not in accepts:
             raise Refused(f"`{where}` takes no {flag}, which the job adds: {why}")
-        if any(word == flag or word.startswith(f"{flag}=") for word in rest):
+        if given_flag(rest, flag):
             raise Refused(
                 f"`{where}` is given {flag}, which the job adds (its own would win): drop it "
                 f"from the command, or {job_option_of(flag)}"
+            )
+    for flag, source in RAY_FLAG_SOURCES.items():  # else the job's value replaced it unsaid
+        if flag in accepts and given_flag(rest, flag):
+            raise Refused(
+                f"`{where}` is given {flag}, which the job sets ({source}): drop it from the "
+                "command"
             )
     added = placeholder_flags(plan_ask, accepts, judge_served)
     inspected: list[tuple[Any, Any]] = []
@@ -387,6 +397,10 @@ def check_nli_model(where: str, plan_ask: Any, request: Any) -> None:
             f"{plan_ask.nli}): the run would refuse the app after the judge loaded; give both "
             "the same checkpoint"
         )
+
+
+def given_flag(words: list[str], flag: str) -> bool:
+    return any(word == flag or word.startswith(f"{flag}=") for word in words)
 
 
 def job_option_of(flag: str) -> str:
@@ -770,7 +784,7 @@ def run(**given: Any) -> None:
 def own_driver_placement(checked: Checked) -> bool:
     """Whether the command places its drivers itself: ``--driver-resources`` among its words,
     or ``run.driver_resources`` in its config (checked without the job's, which would win)."""
-    if any(w == "--driver-resources" or w.startswith("--driver-resources=") for w in checked.words):
+    if given_flag(checked.words, "--driver-resources"):
         return True
     run = getattr(checked.request, "run", None)
     return getattr(run, "driver_resources", None) is not None
