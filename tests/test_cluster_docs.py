@@ -22,6 +22,9 @@ from tests.test_cluster_plan import GPT_OSS_120B, LLAMA_70B, cluster, planner
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGE_ALLOCATION = ["--allocation", "2x4", "--gpu-memory", "80"]  # the walkthrough's nodes
+# a command the page runs on a Ray cluster of its own, planned as a one-node job's: one driver,
+# as it runs there (two nodes would give it two, which a run starting its own replicas refuses)
+ONE_NODE = ["--allocation", "1x4", "--gpu-memory", "80"]
 
 
 def documented_lines() -> list[list[str]]:
@@ -79,7 +82,7 @@ def page_jobs() -> list[list[str]]:
             jobs.append([*PAGE_ALLOCATION, *given])
         else:  # a command the page runs on a Ray of its own: the job sets its Ray and drivers
             assert args is not None, line.text
-            jobs.append([*PAGE_ALLOCATION, "--", "groundcover", *without_job_flags(args)])
+            jobs.append([*ONE_NODE, "--", "groundcover", *without_job_flags(args)])
     return jobs
 
 

@@ -233,3 +233,81 @@ def test_the_commands_own_ray_and_drivers_are_refused_not_replaced(tmp_path, mon
     per_node = plan("--json", "--drivers-per-node", "2", *job, *FANOUTQA)
     assert per_node.returncode == 0, per_node.stderr
     assert json.loads(per_node.stdout)["drivers"] == 4
+
+
+def test_what_the_commands_config_sets_of_the_jobs_flags_is_refused_not_replaced(
+    tmp_path, monkeypatch
+):
+    """A flag wins over the command's config, so a config setting what the job's flags set
+    (its judge's URL, model, key and revision; its Ray and drivers) had its value replaced
+    without a word: now refused in one line naming the file and the key."""
+    plan = planner(tmp_path, monkeypatch)
+    job = ["--allocation", "2x4", "--gpu-memory", "80", "--judge", "gpt-oss-120b", "--"]
+    for key, section in [
+        ("endpoint: http://myhost:8000/v1", "evaluator.endpoint"),
+        ("api_key_env: MY_KEY", "evaluator.api_key_env"),
+        ("ray_address: 10.0.0.5:6379", "evaluator.ray_address"),
+    ]:
+        config = tmp_path / f"{section}.yaml"
+        config.write_text(f"evaluator:\n  {key}\n")
+        done = plan(*job, *FANOUTQA, "--config", str(config))
+        flag = "--" + section.split(".")[1].replace("_", "-")
+        assert done.returncode == 2 and done.stdout == "", done.stderr
+        assert done.stderr.splitlines() == [
+            f"error: cluster plan: `eval fanoutqa`'s config {config} sets {section}, which the "
+            f"job sets with {flag} (its flag would replace it): remove it from the config"
+        ]
+    drivers = tmp_path / "drivers.yaml"
+    drivers.write_text("run:\n  drivers: 5\n")
+    done = plan(*job, *FANOUTQA, f"--config={drivers}")
+    assert done.returncode == 2 and "sets run.drivers, which the job sets with --drivers" in (
+        done.stderr
+    )
+    kept = tmp_path / "kept.yaml"  # what the job does not set stays the command's
+    kept.write_text("run:\n  driver_resources: {CPU: 0}\nevaluator:\n  concurrency: 7\n")
+    assert plan(*job, *FANOUTQA, "--config", str(kept)).returncode == 0
+
+
+def test_a_role_with_its_own_endpoint_beside_the_jobs_judge_is_refused(tmp_path, monkeypatch):
+    """With --judge the job hands the command its judge's key (--api-key-env): a role sent to
+    a URL of its own would carry that key to another host while the judge's GPUs idle."""
+    plan = planner(tmp_path, monkeypatch)
+    job = ["--allocation", "2x4", "--gpu-memory", "80", "--judge", "gpt-oss-120b", "--"]
+    outside = ["--role", "judge=foo@http://10.9.9.9:1/v1"]
+    done = plan(*job, *FANOUTQA, *outside)
+    assert done.returncode == 2 and done.stdout == ""
+    assert done.stderr.splitlines() == [
+        "error: cluster plan: `eval fanoutqa` sends role judge to http://10.9.9.9:1/v1 of its "
+        "own: the job would send it the key of the judge it serves (--api-key-env) while that "
+        "judge went unused; drop the role's URL, or drop --judge"
+    ]
+    # without --judge the command's own endpoints are its own (and no key of the job's goes)
+    without_judge = ["--allocation", "2x4", "--gpu-memory", "80", "--"]
+    answers = ["--endpoint", "http://10.9.9.8:1/v1", "--model", "m"]
+    assert plan(*without_judge, *FANOUTQA, *answers, *outside).returncode == 0
+
+
+def test_the_plan_checks_the_command_with_the_jobs_number_of_drivers(tmp_path, monkeypatch):
+    """The check stood the command's --drivers in as 1, so a command refusing the job's real
+    count (here a list of placements for 2 drivers where the job runs 4) passed the plan and
+    failed in the job, after the judge had loaded."""
+    plan = planner(tmp_path, monkeypatch)
+    job = ["--allocation", "2x4", "--gpu-memory", "80", "--judge", "gpt-oss-120b"]
+    two = ["--driver-resources", json.dumps([{"CPU": 0}, {"CPU": 0}])]
+    assert plan(*job, "--", *FANOUTQA, *two).returncode == 0  # 2 nodes, 1 driver each
+    four = plan(*job, "--drivers-per-node", "2", "--", *FANOUTQA, *two)
+    assert four.returncode == 2 and four.stdout == ""
+    assert len(four.stderr.splitlines()) == 1 and "--drivers 4" in four.stderr, four.stderr
+
+
+def test_only_groundcover_and_no_help_is_a_jobs_command(tmp_path, monkeypatch):
+    plan = planner(tmp_path, monkeypatch)
+    job = ["--allocation", "2x4", "--gpu-memory", "80", "--judge", "gpt-oss-120b", "--"]
+    other = plan(*job, "python", "-m", "groundcoverx", *FANOUTQA[1:])
+    assert other.returncode == 2 and "must be a groundcover command" in other.stderr
+    assert plan(*job, "python", "-m", "groundcover.pipelines.cli", *FANOUTQA[1:]).returncode == 0
+    helped = plan(*job, *FANOUTQA, "--help")
+    assert helped.returncode == 2 and helped.stdout == ""
+    assert helped.stderr.splitlines() == [
+        "error: cluster plan: `eval fanoutqa` is given --help: the job would print its help and end"
+    ]

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+import yaml
 from typer import _click as click
 from typer.core import TyperGroup, TyperOption
 
@@ -47,6 +48,7 @@ RAY_FLAG_SOURCES = {  # what the job sets each to, and how to change it
 }
 JUDGE_FLAGS = ("--endpoint", "--model", "--api-key-env", "--model-revision")
 NLI_FLAG = "--nli-app"
+STAND_IN_ENDPOINT = "http://127.0.0.1:9/v1"  # the judge's URL in a check: a port nothing serves
 
 
 class Refused(Exception):
@@ -277,7 +279,7 @@ def groundcover_args(words: list[str]) -> list[str]:
     groundcover``): the command must be one of ours, which this CLI can check."""
     if words and Path(words[0]).name == "groundcover":
         return words[1:]
-    if len(words) >= 3 and words[1] == "-m" and words[2].startswith("groundcover"):
+    if len(words) >= 3 and words[1] == "-m" and words[2].split(".")[0] == "groundcover":
         return words[3:]
     shown = shlex.join(words[:3]) if words else "nothing"
     raise Refused(
@@ -335,15 +337,20 @@ def required_flags(ask: Any) -> list[tuple[str, str]]:
     return needed
 
 
-def check_command(words: list[str], plan_ask: Any, judge_served: str | None) -> Checked:
+def check_command(
+    words: list[str], plan_ask: Any, judge_served: str | None, drivers: int = 1
+) -> Checked:
     """The inner command parsed by this CLI with every flag the job adds (where it takes
-    them), its options validated and its request built: nothing started, nothing fetched."""
+    them, ``--drivers`` with the plan's count), its options validated and its request built:
+    nothing started, nothing fetched."""
     from ..datasets.names import LISTED
     from .frameworks import INSPECTED
 
     command, path, rest = resolve_leaf(groundcover_args(words))
     where = " ".join(path[1:])
     accepts = option_names(command)
+    if given_flag(rest, "--help"):
+        raise Refused(f"`{where}` is given --help: the job would print its help and end")
     for flag, why in required_flags(plan_ask):
         if flag not in accepts:
             raise Refused(f"`{where}` takes no {flag}, which the job adds: {why}")
@@ -358,7 +365,7 @@ def check_command(words: list[str], plan_ask: Any, judge_served: str | None) -> 
                 f"`{where}` is given {flag}, which the job sets ({source}): drop it from the "
                 "command"
             )
-    added = placeholder_flags(plan_ask, accepts, judge_served)
+    added = placeholder_flags(plan_ask, accepts, judge_served, drivers)
     inspected: list[tuple[Any, Any]] = []
     datasets: list[str] = []
     said = io.StringIO()  # the command's own error line, said again as the job's
@@ -382,6 +389,9 @@ def check_command(words: list[str], plan_ask: Any, judge_served: str | None) -> 
         LISTED.reset(token_listed)
     study, request = inspected[0] if inspected else (None, None)
     check_nli_model(where, plan_ask, request)
+    check_config_keeps_clear(where, rest, added)
+    check_roles_ask_the_judge(where, plan_ask, study, request)
+    check_the_jobs_drivers(where, study, request)
     return Checked(words, where, accepts, study, request, list(dict.fromkeys(datasets)))
 
 
@@ -399,6 +409,84 @@ def check_nli_model(where: str, plan_ask: Any, request: Any) -> None:
         )
 
 
+def check_config_keeps_clear(where: str, rest: list[str], added: list[str]) -> None:
+    """The command's config sets none of what the job's flags set: a flag wins over the file,
+    so a value there would be replaced without a word (the words alone were checked)."""
+    from ..runtime.contract.config import SHARED_OPTIONS
+
+    source = flag_value(rest, "--config")
+    if source is None:
+        return
+    data = yaml.safe_load(Path(source).read_text(encoding="utf-8"))  # parsed by the check
+    if not isinstance(data, dict):
+        return
+    fields = {f"--{o.name.replace('_', '-')}": o.field for o in SHARED_OPTIONS if o.field}
+    for flag in (word for word in added if word.startswith("--")):
+        name = flag[2:].replace("-", "_")
+        dotted = fields.get(flag)
+        if dotted is not None:
+            found = dotted if has_path(data, dotted.split(".")) else None
+        else:  # a framework's option: its section's field
+            found = next(
+                (f"{k}.{name}" for k, v in data.items() if isinstance(v, dict) and name in v),
+                None,
+            )
+        if found:
+            raise Refused(
+                f"`{where}`'s config {source} sets {found}, which the job sets with {flag} "
+                "(its flag would replace it): remove it from the config"
+            )
+
+
+def has_path(data: Any, parts: list[str]) -> bool:
+    for part in parts:
+        if not isinstance(data, dict) or part not in data:
+            return False
+        data = data[part]
+    return True
+
+
+def flag_value(words: list[str], flag: str) -> str | None:
+    """The last value given to ``flag`` (``--flag V`` or ``--flag=V``), or None."""
+    value = None
+    for n, word in enumerate(words):
+        if word == flag and n + 1 < len(words):
+            value = words[n + 1]
+        elif word.startswith(f"{flag}="):
+            value = word.split("=", 1)[1]
+    return value
+
+
+def check_roles_ask_the_judge(where: str, ask: Any, study: Any, request: Any) -> None:
+    """With ``--judge``, every role of the command asks the job's judge: a role with an
+    endpoint of its own would be sent the job's key (``--api-key-env``) and leave the judge's
+    GPUs unused."""
+    if not ask.judge or study is None or request is None:
+        return
+    for role in study.roles:
+        endpoint = request.role(role).endpoint
+        if endpoint and endpoint != STAND_IN_ENDPOINT:
+            raise Refused(
+                f"`{where}` sends role {role} to {endpoint} of its own: the job would send it "
+                "the key of the judge it serves (--api-key-env) while that judge went unused; "
+                "drop the role's URL, or drop --judge"
+            )
+
+
+def check_the_jobs_drivers(where: str, study: Any, request: Any) -> None:
+    """What the run refuses of its drivers, with the job's number of them (the run would say
+    it only in the job, after the judge loaded)."""
+    if study is None or request is None:
+        return
+    from ..runtime.contract.errors import UserError
+    from ..runtime.execution.drivers import check_drivers
+
+    try:
+        check_drivers(request, [{role: request.role(role) for role in study.roles}])
+    except UserError as exc:
+        raise Refused(f"`{where}`: {exc}") from None
+
+
 def given_flag(words: list[str], flag: str) -> bool:
     return any(word == flag or word.startswith(f"{flag}=") for word in words)
 
@@ -408,19 +496,22 @@ def job_option_of(flag: str) -> str:
     return "drop --nli" if flag == NLI_FLAG else "drop --judge (and its --lora)"
 
 
-def placeholder_flags(ask: Any, accepts: frozenset[str], served: str | None) -> list[str]:
+def placeholder_flags(
+    ask: Any, accepts: frozenset[str], served: str | None, drivers: int = 1
+) -> list[str]:
     """The flags the job will add, with values that stand for the job's (its head's URL and
-    the judge's revision are known only in the job)."""
+    the judge's revision are known only in the job; the drivers are the plan's count, as a
+    command's checks of its drivers see them in the job)."""
     flags: list[str] = []
     if "--ray-address" in accepts:
         flags += ["--ray-address", "127.0.0.1:6379"]
     if "--drivers" in accepts:
-        flags += ["--drivers", "1"]
+        flags += ["--drivers", str(drivers)]
     if ask.nli:
         flags += [NLI_FLAG, ask.nli_app]
     if ask.judge:
         # a port nothing serves: a dry run notes the endpoint down and goes on
-        flags += ["--endpoint", "http://127.0.0.1:9/v1", "--model", served or ask.judge.model]
+        flags += ["--endpoint", STAND_IN_ENDPOINT, "--model", served or ask.judge.model]
         flags += ["--api-key-env", "GROUNDCOVER_SERVE_API_KEY", "--model-revision", "planned"]
         if ask.judge.loras:
             flags += ["--adapter-prefix", f"{served}:"]
@@ -550,9 +641,9 @@ class Prepared:
     words: list[str]
 
 
-def prepare(given: dict[str, Any], grid: bool = False) -> Prepared:
+def prepare(given: dict[str, Any], grid: bool = False, nodes: int | None = None) -> Prepared:
     """The job's options and its command, checked: the plan's ask, the command as this CLI
-    reads it, what it reads."""
+    reads it (with the drivers of ``nodes`` nodes, where known), what it reads."""
     from ...serving.cluster.plan import served_name
 
     asked = Asked(given)
@@ -564,7 +655,7 @@ def prepare(given: dict[str, Any], grid: bool = False) -> Prepared:
         words += grid_line(Path(os.environ["GC_GRID"]), os.environ.get("SLURM_ARRAY_TASK_ID"))
     served = served_name(ask.judge.model) if ask.judge else None
     words += stand_in_limit(words)
-    checked = check_command(words, ask, served)
+    checked = check_command(words, ask, served, (nodes or 1) * ask.drivers_per_node)
     from ..datasets.catalog import lookup, parse_spec
 
     extra = list(given.get("dataset") or [])
@@ -602,6 +693,14 @@ def allocation_of(
         alloc = Allocation.from_slurm(env)
         return alloc.job, alloc.node_gpus, alloc.restarts, alloc
     raise Refused("outside a Slurm job, give --allocation NODE:GPUS,... (or NxGPUS)")
+
+
+def known_nodes(given: dict[str, Any]) -> int | None:
+    """The allocation's number of nodes where one is given or this is a Slurm job."""
+    try:
+        return len(allocation_of(given.get("allocation"))[1])
+    except Refused:
+        return None
 
 
 def make_plan(prepared: Prepared, allocation: str | None, in_job: bool = False) -> tuple[Any, Any]:
@@ -652,7 +751,7 @@ def plan(**given: Any) -> None:
     every flag the job adds; a job that cannot run is refused in one line."""
     json_out = given.pop("json_out")
     with one_line("plan"):
-        prepared = prepare(given)
+        prepared = prepare(given, nodes=known_nodes(given))
         found, _ = make_plan(prepared, given.get("allocation"))
         found.command_dry_run = dry_run_here(prepared)
     if json_out:
@@ -697,7 +796,7 @@ def prefetch(**given: Any) -> None:
     the command would start, into HF_HOME; each catalogued dataset the command reads (its
     defaults included), into GROUNDCOVER_HOME/data. Paths are checked, never copied."""
     with one_line("prefetch"):
-        prepared = prepare(given)
+        prepared = prepare(given, nodes=known_nodes(given))
     failed = 0
     for need in prepared.needs:
         try:
@@ -730,7 +829,7 @@ def check_offline(**given: Any) -> None:
     HF_HUB_OFFLINE=1): one line per thing missing, exit 1 if any. The job runs the same check
     first whenever HF_HUB_OFFLINE=1."""
     with one_line("check-offline"):
-        prepared = prepare(given)
+        prepared = prepare(given, nodes=known_nodes(given))
     count = missing(prepared.needs)
     if count:
         say(f"{count} thing(s) the job needs missing (above): groundcover cluster prefetch")
@@ -752,9 +851,10 @@ def run(**given: Any) -> None:
     # a KubeRay RayJob's entrypoint runs inside its Ray cluster (RAY_ADDRESS set), not in Slurm
     on_ray = not os.environ.get("SLURM_JOB_ID") and bool(os.environ.get("RAY_ADDRESS"))
     with one_line("run"):
-        prepared = prepare(given, grid=True)
+        nodes = ray_nodes() if on_ray else allocation_of(None, in_job=True)[1]
+        prepared = prepare(given, grid=True, nodes=len(nodes))
         if on_ray:
-            found, alloc = plan_on_ray(prepared, ray_nodes())
+            found, alloc = plan_on_ray(prepared, nodes)
         else:
             found, alloc = make_plan(prepared, None, in_job=True)
     for line in found.lines():
