@@ -594,7 +594,7 @@ def test_a_start_interrupted_by_its_run_leaves_nothing_serving(
     from groundcover.pipelines.runtime.execution import models as evaluator
     from groundcover.serving.cluster import serve_app
 
-    release, events = threading.Event(), []
+    release, waiting, events = threading.Event(), threading.Event(), []
 
     class Server:
         def __init__(self, spec, *args, **kwargs) -> None:
@@ -604,6 +604,7 @@ def test_a_start_interrupted_by_its_run_leaves_nothing_serving(
             events.append("launched")
 
         def wait_ready(self, timeout: float = 900.0) -> None:
+            waiting.set()
             while self.process and not release.wait(0.05):
                 pass
             if not self.process:
@@ -629,15 +630,17 @@ def test_a_start_interrupted_by_its_run_leaves_nothing_serving(
                 events.append("used")
 
         task = asyncio.ensure_future(run())
-        await asyncio.sleep(0.3)
-        task.cancel()  # the run is interrupted while its server is starting
+        # the run is interrupted while its server is starting (waited for, not timed: a loaded
+        # machine once took longer than 0.3 s to get the start under way)
+        assert await asyncio.to_thread(waiting.wait, 60)
+        task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await task
+        threading.Timer(0.7, release.set).start()  # the start comes up after the run ended
         if goes_on:
-            await asyncio.sleep(1.5)  # the start comes up meanwhile, at 1 s
+            await asyncio.sleep(1.5)  # the start comes up meanwhile
             assert "stopped" in events and not servers.running and not servers.starting
 
-    threading.Timer(1.0, release.set).start()  # a start that would come up after the run
     asyncio.run(interrupted())  # ends when the start's thread has
     assert "used" not in events and events.count("stopped") == 1 and not servers.running
     if kind == "vllm":
