@@ -41,11 +41,11 @@ cluster_app = typer.Typer(
 )
 
 # the flags the job adds to the command, and when
-RAY_FLAGS = ("--ray-address", "--drivers")
 RAY_FLAG_SOURCES = {  # what the job sets each to, and how to change it
     "--ray-address": "the head of the Ray it starts on the job's nodes",
     "--drivers": "one per node times --drivers-per-node: set that option of the job instead",
 }
+RAY_FLAGS = tuple(RAY_FLAG_SOURCES)
 JUDGE_FLAGS = ("--endpoint", "--model", "--api-key-env", "--model-revision")
 NLI_FLAG = "--nli-app"
 STAND_IN_ENDPOINT = "http://127.0.0.1:9/v1"  # the judge's URL in a check: a port nothing serves
@@ -413,11 +413,12 @@ def check_config_keeps_clear(where: str, rest: list[str], added: list[str]) -> N
     """The command's config sets none of what the job's flags set: a flag wins over the file,
     so a value there would be replaced without a word (the words alone were checked)."""
     from ..runtime.contract.config import SHARED_OPTIONS
+    from ..runtime.contract.readers import read_text
 
     source = flag_value(rest, "--config")
     if source is None:
         return
-    data = yaml.safe_load(Path(source).read_text(encoding="utf-8"))  # parsed by the check
+    data = yaml.safe_load(read_text(Path(source)))  # the CLI's reader; parsed by the check
     if not isinstance(data, dict):
         return
     fields = {f"--{o.name.replace('_', '-')}": o.field for o in SHARED_OPTIONS if o.field}
