@@ -84,6 +84,7 @@ RAY_TESTS = (
     "tests/test_ray_serve.py",
     "tests/test_ray_serve_cli.py",
     "tests/test_scale.py",
+    "tests/test_serve_start.py",
     "tests/test_retrieval.py::test_sharded_ray_build_equals_single_process",
     "tests/test_drivers.py::test_two_drivers_on_two_nodes",
     "tests/test_cluster_recipes.py::test_cluster_run_inside_a_running_ray_cluster",

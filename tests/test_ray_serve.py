@@ -80,7 +80,11 @@ def test_two_replicas_both_serve_and_answer_like_one_plain_server(replicas, vllm
             assert [t for t in tree if t.startswith("VLLM::")] == ["VLLM::EngineCore"], tree
 
     def cpu() -> list[float]:
-        return [sum(psutil.Process(p).cpu_times()[:2]) for p in pids]
+        """CPU seconds of each replica's engine: the processes under the replica's actor, where
+        the forward passes run. (The actor's own polls grow with the wall time, which a loaded
+        machine stretches: measured there, a replica's idle came near its busy.)"""
+        engines = [psutil.Process(p).children(recursive=True) for p in pids]
+        return [sum(sum(q.cpu_times()[:2]) for q in engine) for engine in engines]
 
     prompts = [f"Tell me about item number {i}." for i in range(128)]
     counted = {r["pid"]: r["requests"] for r in replicas.served()}

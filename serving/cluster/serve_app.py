@@ -199,10 +199,10 @@ def _host(
     try:
         # controller + proxy + router + replicas each hold a logical CPU of a local Ray
         connect(address, num_cpus=max(8, 2 * replicas + 4))
-        serve.start(http_options={"host": spec.host, "port": port})
+        _start_serve(serve, spec.host, port)
         _check_proxy_settings(ray, serve, spec.host, port)
+        _proxy_up(base_url, timeout)
         if spec.api_key:  # before the model is deployed: it is never served without its key
-            _proxy_up(base_url, timeout)
             _check_key_asked(base_url)
         config = llm_config(spec, replicas, device)
         deployed = True
@@ -317,6 +317,18 @@ def _wait_ready(
                 return
         time.sleep(1.0)
     raise ServerStartError(f"Ray Serve app not ready after {timeout:.0f}s")
+
+
+def _start_serve(serve: Any, host: str, port: int) -> None:
+    """Start Serve, or join the one running. Serve's own wait for a new proxy is a fixed 60 s,
+    which a loaded node runs past (seen on a busy 2-core machine) while the proxy still comes
+    up: past it, the controller Serve made is joined, and the caller waits for the proxy for
+    the run's start timeout (``_proxy_up``)."""
+    options = {"host": host, "port": port}
+    try:
+        serve.start(http_options=options)
+    except TimeoutError:  # Serve's fixed wait, not ours: its controller and proxy stay
+        serve.start(http_options=options)
 
 
 def _proxy_up(base_url: str, timeout: float) -> None:
