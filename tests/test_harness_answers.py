@@ -147,3 +147,48 @@ def test_the_command_takes_an_lm_eval_samples_file(tmp_path):
         ("f2", 1.0),
         ("f3", 0.0),
     ]
+
+
+# In a fresh interpreter: answers read from an inspect log inside a running event loop (as a run
+# reads them), then a later asyncio.run that leaves a task behind, as an interrupted run does.
+INSIDE_A_LOOP = """
+import asyncio, json, sys
+from pathlib import Path
+from groundcover.pipelines.runtime.store.harness_answers import inspect_rows
+
+async def read():
+    return [[key, answer] for _, key, answer in inspect_rows(Path(sys.argv[1]), "id")]
+
+rows, left = asyncio.run(read()), []
+
+async def leave_one():
+    async def forgotten():
+        try:
+            await asyncio.sleep(60)
+        except asyncio.CancelledError:
+            left.append("cancelled")
+            raise
+    asyncio.ensure_future(forgotten())
+    await asyncio.sleep(0)
+
+asyncio.run(leave_one())
+print(json.dumps({"rows": rows, "left": left, "run": asyncio.run.__module__}))
+"""
+
+
+def test_an_inspect_log_read_inside_a_run_leaves_asyncio_as_it_was(inspect_log):
+    """inspect_ai's reader, called where an event loop runs, patched asyncio for the whole
+    process (nest_asyncio2): every later ``asyncio.run`` left its unfinished tasks running and
+    its threads unwaited (a later run's interrupted server start kept serving). Read in a thread
+    of its own, it patches nothing."""
+    done = subprocess.run(
+        [sys.executable, "-c", INSIDE_A_LOOP, str(inspect_log)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    said = json.loads(done.stdout.strip().splitlines()[-1])
+    assert dict(said["rows"]) == FANOUT_ANSWERS | ITEM_ANSWERS
+    assert said["run"] == "asyncio.runners"  # the standard library's, not nest_asyncio2's
+    assert said["left"] == ["cancelled"]  # the later run cancelled what it left

@@ -32,6 +32,7 @@ from typing import Any
 from ....serving.files import atomic_file
 from ...runtime.contract.errors import UserError
 from ...runtime.contract.results import UNSCORED
+from ...runtime.store.harness_answers import outside_event_loop
 from ...runtime.store.provenance import manifest_provenance
 from .rows import RunRows, run_rows
 
@@ -75,7 +76,7 @@ def write_inspect_log(run: RunRows, out: Path, within: Path | None = None) -> Pa
     kind = "json" if out.suffix.lower() == ".json" else "eval"
     with tempfile.TemporaryDirectory(prefix="groundcover-inspect-") as private:
         made = Path(private) / f"log{out.suffix}"
-        log.write_eval_log(eval_log, str(made), format=kind)
+        outside_event_loop(lambda: log.write_eval_log(eval_log, str(made), format=kind))
         with made.open("rb") as source, atomic_file(out, "wb", within=within) as handle:
             shutil.copyfileobj(source, handle)
     return out

@@ -18,10 +18,12 @@ ids and one-line errors are the same for every layout (``answers.read_answers``)
 
 from __future__ import annotations
 
+import asyncio
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from ..contract.errors import UserError
 from ..contract.readers import iter_jsonl
@@ -29,6 +31,22 @@ from ..contract.readers import iter_jsonl
 ZIP_MAGIC = b"PK\x03\x04"
 INSTALL = "pip install 'groundcover[inspect]'"
 Row = tuple[str, dict[str, Any]]
+T = TypeVar("T")
+
+
+def outside_event_loop(call: Callable[[], T]) -> T:
+    """``call()`` where no event loop runs: for inspect_ai's synchronous API. Called in a thread
+    whose event loop runs (a run reading its answers from an inspect log), inspect_ai re-enters
+    that loop by patching asyncio for the whole process (``nest_asyncio2``: pure-Python tasks,
+    and an ``asyncio.run`` that neither cancels the tasks left nor waits for their threads -- a
+    later run's interrupted server start then went on serving). In a thread of its own it runs
+    a loop of its own and patches nothing."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return call()
+    with ThreadPoolExecutor(1, thread_name_prefix="groundcover-inspect") as pool:
+        return pool.submit(call).result()
 
 
 def harness_layout(path: Path) -> str | None:
@@ -82,7 +100,7 @@ def inspect_rows(path: Path, id_field: str) -> Iterator[tuple[str, Any, Any]]:
             f"{path}: an inspect_ai log: reading it needs inspect_ai ({INSTALL})"
         ) from None
     try:
-        log = read_eval_log(str(path))
+        log = outside_event_loop(lambda: read_eval_log(str(path)))
     except Exception as exc:  # noqa: BLE001 - inspect's reader raises many kinds: one line
         raise UserError(
             f"{path}: not a readable inspect_ai log: {' '.join(str(exc).split())}"
