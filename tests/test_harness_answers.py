@@ -150,7 +150,8 @@ def test_the_command_takes_an_lm_eval_samples_file(tmp_path):
 
 
 # In a fresh interpreter: answers read from an inspect log inside a running event loop (as a run
-# reads them), then a later asyncio.run that leaves a task behind, as an interrupted run does.
+# reads them) and in a thread an anyio app handed them to, then a later asyncio.run that leaves a
+# task behind, as an interrupted run does.
 INSIDE_A_LOOP = """
 import asyncio, json, sys
 from pathlib import Path
@@ -160,6 +161,12 @@ async def read():
     return [[key, answer] for _, key, answer in inspect_rows(Path(sys.argv[1]), "id")]
 
 rows, left = asyncio.run(read()), []
+
+async def read_in_a_thread():  # sniffio's context, copied into the thread, says "asyncio"
+    return await asyncio.to_thread(lambda: list(inspect_rows(Path(sys.argv[1]), "id")))
+
+import anyio
+anyio.run(read_in_a_thread)
 
 async def leave_one():
     async def forgotten():

@@ -74,17 +74,19 @@ def test_two_replicas_both_serve_and_answer_like_one_plain_server(replicas, vllm
 
     pids = replicas.replica_pids()
     assert len(pids) == 2
+    engines: list[psutil.Process] = []  # each replica's engine core, where the passes run
     if engine_device() == "cpu":  # the model in the engine core's process: no worker beside it
         for pid in pids:
-            tree = [c.name() for c in psutil.Process(pid).children(recursive=True)]
-            assert [t for t in tree if t.startswith("VLLM::")] == ["VLLM::EngineCore"], tree
+            tree = psutil.Process(pid).children(recursive=True)
+            named = [c for c in tree if c.name().startswith("VLLM::")]
+            assert [c.name() for c in named] == ["VLLM::EngineCore"], [c.name() for c in tree]
+            engines += named
 
     def cpu() -> list[float]:
-        """CPU seconds of each replica's engine: the processes under the replica's actor, where
-        the forward passes run. (The actor's own polls grow with the wall time, which a loaded
-        machine stretches: measured there, a replica's idle came near its busy.)"""
-        engines = [psutil.Process(p).children(recursive=True) for p in pids]
-        return [sum(sum(q.cpu_times()[:2]) for q in engine) for engine in engines]
+        """CPU seconds of each replica's engine core, the same processes throughout (one started
+        again would bring its load's CPU along). Not the replica's actor: its polls grow with the
+        wall time, which a loaded machine stretches (there, its idle came near its busy)."""
+        return [sum(engine.cpu_times()[:2]) for engine in engines]
 
     prompts = [f"Tell me about item number {i}." for i in range(128)]
     counted = {r["pid"]: r["requests"] for r in replicas.served()}
@@ -98,8 +100,10 @@ def test_two_replicas_both_serve_and_answer_like_one_plain_server(replicas, vllm
     before, wall = cpu(), time.monotonic() - started
     time.sleep(wall)  # the same time idle: what a replica spends without requests
     idle = [b - a for a, b in zip(before, cpu(), strict=True)]
-    # each replica ran forward passes for a real part of the batch
+    # each replica ran forward passes for a real part of the batch, in the engine it started
+    # with (on a GPU they run in Ray's worker actors, not under the replica: not measured there)
     assert all(b > 2 * i + 0.2 for b, i in zip(busy, idle, strict=True)), (busy, idle)
+    assert all(engine.is_running() for engine in engines)  # the same processes, not restarted
     # One request at a time: the same greedy answers as the plain server of the same weights.
     some = prompts[:12]
     mine = asyncio.run(answers(replicas.base_url, replicas.served_name, some, concurrency=1))

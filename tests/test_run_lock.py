@@ -206,7 +206,12 @@ def test_racing_processes_take_over_a_stale_lock_exactly_one_each_time(tmp_path)
         run_dir.mkdir()
         write_lock(run_dir, platform.node(), NO_SUCH_PID, time.time())
         run_dirs.append(str(run_dir))
-    context = multiprocessing.get_context("fork")  # the racers start at once: no imports
+    # Forked from the fork server, a process of one thread that has imported the racer once: a
+    # plain fork copies whatever lock another thread of this pytest worker holds at that instant
+    # (execnet's, a thread left by an earlier test), and a racer once hung on one in a whole run.
+    # The racers still race at one instant each trial (the barrier), however long they start.
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload(["tests.support.lock_race"])
     barrier, results = context.Barrier(workers), context.Queue()
     racers = [
         context.Process(target=race, args=(k, run_dirs, barrier, results)) for k in range(workers)

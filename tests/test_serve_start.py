@@ -17,7 +17,7 @@ from groundcover.serving.launch.server import free_port
 # node too loaded for its 60 s; every call of Serve's start is recorded.
 SCRIPT = textwrap.dedent(
     """
-    import json, sys
+    import json, sys, time
     import ray
     from ray import serve
     from ray.serve._private import api
@@ -39,7 +39,7 @@ SCRIPT = textwrap.dedent(
     ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
     try:
         serve_app._start_serve(Recorded(), "127.0.0.1", port)
-        serve_app._proxy_up(f"http://127.0.0.1:{port}/v1", 180)
+        serve_app._proxy_up(f"http://127.0.0.1:{port}/v1", time.monotonic() + 180, 180)
         health = __import__("httpx").get(f"http://127.0.0.1:{port}/-/healthz", timeout=10)
         said = {"calls": calls, "health": [health.status_code, health.text]}
         print("RESULT " + json.dumps(said | {"no_routes": NO_ROUTES_MESSAGE}), flush=True)

@@ -196,12 +196,15 @@ def _host(
     if spec.api_key:  # a local Ray started below hands these to its Serve proxy
         os.environ |= {KEY_ENV: spec.api_key, CALLBACK_ENV: CALLBACK}
     base_url, deployed = f"http://{connect_host(spec.host)}:{port}/v1", False
+    # one deadline for the whole start (Serve's own 60 s wait for a new proxy aside): the run's
+    # driver waits for it and 120 s more, so the answer is this line, not a silent driver
+    deadline = time.monotonic() + timeout
     try:
         # controller + proxy + router + replicas each hold a logical CPU of a local Ray
         connect(address, num_cpus=max(8, 2 * replicas + 4))
         _start_serve(serve, spec.host, port)
         _check_proxy_settings(ray, serve, spec.host, port)
-        _proxy_up(base_url, timeout)
+        _proxy_up(base_url, deadline, timeout)
         if spec.api_key:  # before the model is deployed: it is never served without its key
             _check_key_asked(base_url)
         config = llm_config(spec, replicas, device)
@@ -214,7 +217,11 @@ def _host(
                 name = spec.preset.name
                 raise ServerStartError(f"Ray Serve could not deploy {name}: {why or exc}") from exc
             _wait_ready(
-                base_url, spec.preset.name, timeout, spec.api_key, lambda: _app_state(serve)
+                base_url,
+                spec.preset.name,
+                (deadline, timeout),
+                spec.api_key,
+                lambda: _app_state(serve),
             )
         if spec.api_key:
             _check_key_asked(base_url)
@@ -298,15 +305,16 @@ def _app_state(serve: Any) -> tuple[str, str | None]:
 def _wait_ready(
     base_url: str,
     name: str,
-    timeout: float,
+    until: tuple[float, float],
     key: str | None = None,
     state: Any = lambda: ("RUNNING", None),
 ) -> None:
-    """Until Serve reports the app RUNNING and it lists the model; a deploy Serve has given up
-    on ends the wait at once, with Serve's reason."""
-    deadline = time.monotonic() + timeout
+    """Until Serve reports the app RUNNING and it lists the model, by ``until``: the start's
+    deadline (monotonic) and its whole timeout. A deploy Serve has given up on ends the wait at
+    once, with Serve's reason."""
+    deadline, timeout = until
     headers = {"Authorization": f"Bearer {key}"} if key else {}
-    while time.monotonic() < deadline:
+    while True:
         status, why = state()
         if why:
             raise ServerStartError(f"Ray Serve could not deploy {name}: {why}")
@@ -315,15 +323,16 @@ def _wait_ready(
             listed = any(m.get("id") == name for m in models.get("data", []))
             if listed and status == "RUNNING":
                 return
+        if time.monotonic() >= deadline:
+            raise ServerStartError(f"Ray Serve app not ready after {timeout:.0f}s")
         time.sleep(1.0)
-    raise ServerStartError(f"Ray Serve app not ready after {timeout:.0f}s")
 
 
 def _start_serve(serve: Any, host: str, port: int) -> None:
     """Start Serve, or join the one running. Serve's own wait for a new proxy is a fixed 60 s,
     which a loaded node runs past (seen on a busy 2-core machine) while the proxy still comes
-    up: past it, the controller Serve made is joined, and the caller waits for the proxy for
-    the run's start timeout (``_proxy_up``)."""
+    up: past it, the controller Serve made is joined, and the caller waits for the proxy until
+    the start's own deadline (``_proxy_up``)."""
     options = {"host": host, "port": port}
     try:
         serve.start(http_options=options)
@@ -331,16 +340,19 @@ def _start_serve(serve: Any, host: str, port: int) -> None:
         serve.start(http_options=options)
 
 
-def _proxy_up(base_url: str, timeout: float) -> None:
-    """Wait for Serve's HTTP proxy to answer its open health route."""
-    deadline = time.monotonic() + timeout
+def _proxy_up(base_url: str, deadline: float, timeout: float) -> None:
+    """Wait until ``deadline`` (monotonic; the start's whole ``timeout`` for the message) for
+    Serve's HTTP proxy to answer its open health route."""
     health = base_url.removesuffix("/v1") + "/-/healthz"
-    while time.monotonic() < deadline:
+    while True:
         with contextlib.suppress(httpx.HTTPError):
             httpx.get(health, timeout=5)
             return
+        if time.monotonic() >= deadline:
+            raise ServerStartError(
+                f"Ray Serve's proxy did not answer at {health} within the start's {timeout:.0f}s"
+            )
         time.sleep(0.5)
-    raise ServerStartError(f"Ray Serve's proxy did not answer at {health} in {timeout:.0f}s")
 
 
 def _check_key_asked(base_url: str) -> None:

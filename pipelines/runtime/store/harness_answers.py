@@ -18,7 +18,6 @@ ids and one-line errors are the same for every layout (``answers.read_answers``)
 
 from __future__ import annotations
 
-import asyncio
 import json
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -35,16 +34,14 @@ T = TypeVar("T")
 
 
 def outside_event_loop(call: Callable[[], T]) -> T:
-    """``call()`` where no event loop runs: for inspect_ai's synchronous API. Called in a thread
-    whose event loop runs (a run reading its answers from an inspect log), inspect_ai re-enters
-    that loop by patching asyncio for the whole process (``nest_asyncio2``: pure-Python tasks,
-    and an ``asyncio.run`` that neither cancels the tasks left nor waits for their threads -- a
-    later run's interrupted server start then went on serving). In a thread of its own it runs
-    a loop of its own and patches nothing."""
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        return call()
+    """``call()`` in a fresh thread: for inspect_ai's synchronous API. Called where an event loop
+    runs (a run reading its answers from an inspect log), or in a thread that inherited an async
+    library's context (``asyncio.to_thread`` under ``anyio.run``), inspect_ai re-enters that loop
+    by patching asyncio for the whole process (``nest_asyncio2``: pure-Python tasks, and an
+    ``asyncio.run`` that neither cancels the tasks left nor waits for their threads -- a later
+    run's interrupted server start then went on serving). A fresh thread has no loop and empty
+    context variables, so inspect_ai runs a loop of its own and patches nothing. (In a Jupyter
+    kernel inspect_ai applies the patch whatever the thread.)"""
     with ThreadPoolExecutor(1, thread_name_prefix="groundcover-inspect") as pool:
         return pool.submit(call).result()
 
