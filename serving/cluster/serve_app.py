@@ -219,7 +219,8 @@ def _host(
             _wait_ready(
                 base_url,
                 spec.preset.name,
-                (deadline, timeout),
+                deadline,
+                timeout,
                 spec.api_key,
                 lambda: _app_state(serve),
             )
@@ -305,14 +306,14 @@ def _app_state(serve: Any) -> tuple[str, str | None]:
 def _wait_ready(
     base_url: str,
     name: str,
-    until: tuple[float, float],
+    deadline: float,
+    timeout: float,
     key: str | None = None,
     state: Any = lambda: ("RUNNING", None),
 ) -> None:
-    """Until Serve reports the app RUNNING and it lists the model, by ``until``: the start's
-    deadline (monotonic) and its whole timeout. A deploy Serve has given up on ends the wait at
-    once, with Serve's reason."""
-    deadline, timeout = until
+    """Until Serve reports the app RUNNING and it lists the model, by ``deadline`` (monotonic;
+    the start's whole ``timeout`` for the message). A deploy Serve has given up on ends the wait
+    at once, with Serve's reason."""
     headers = {"Authorization": f"Bearer {key}"} if key else {}
     while True:
         status, why = state()
