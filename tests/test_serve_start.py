@@ -13,8 +13,9 @@ import pytest
 
 from groundcover.serving.launch.server import free_port
 
-# In a fresh interpreter (a local Ray of its own): Serve's fixed wait set to 0 s stands for a
-# node too loaded for its 60 s; every call of Serve's start is recorded.
+# In a fresh interpreter (a local Ray of its own: what is tested is Serve started anew, which no
+# running Serve app of the session would do): Serve's fixed wait set to 0 s stands for a node too
+# loaded for its 60 s; every call of Serve's start is recorded.
 SCRIPT = textwrap.dedent(
     """
     import json, sys, time
