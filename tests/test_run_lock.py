@@ -5,9 +5,11 @@ one run directory record every item once with the calls of one run."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import platform
+import queue
 import signal
 import subprocess
 import sys
@@ -206,10 +208,9 @@ def test_racing_processes_take_over_a_stale_lock_exactly_one_each_time(tmp_path)
         run_dir.mkdir()
         write_lock(run_dir, platform.node(), NO_SUCH_PID, time.time())
         run_dirs.append(str(run_dir))
-    # Forked from the fork server, a process of one thread that has imported the racer once: a
-    # plain fork copies whatever lock another thread of this pytest worker holds at that instant
-    # (execnet's, a thread left by an earlier test), and a racer once hung on one in a whole run.
-    # The racers still race at one instant each trial (the barrier), however long they start.
+    # Forked from the fork server (one thread, the racer module preloaded) rather than from this
+    # pytest worker, a process with other threads: a fork copies whatever lock another thread
+    # holds at that instant. The barrier still makes them race at one instant each trial.
     context = multiprocessing.get_context("forkserver")
     context.set_forkserver_preload(["tests.support.lock_race"])
     barrier, results = context.Barrier(workers), context.Queue()
@@ -218,15 +219,73 @@ def test_racing_processes_take_over_a_stale_lock_exactly_one_each_time(tmp_path)
     ]
     for racer in racers:
         racer.start()
-    seen = [results.get(timeout=120) for _ in range(workers * trials)]
-    winners = [sum(won for _, trial, _, won in seen if trial == t) for t in range(trials)]
-    holds = [results.get(timeout=60) for _ in range(sum(winners))]  # before any release
-    # each racer stops a renewal thread per lock it holds (up to 5 s each under load): a wait
-    # bound, not a speed target
-    done = [results.get(timeout=300) for _ in range(workers)]
+    # Each racer's messages arrive in its own order, but not in order across racers: a racer's
+    # queue thread can still be sending its last "tried" when another has said "holds" (a loaded
+    # machine; reading the phases one after the other once hung this test). So everything is read
+    # until every racer has said "done", its last word, and sorted by kind after.
+    by_kind: dict[str, list[tuple[str, int, int, bool]]] = {"tried": [], "holds": [], "done": []}
+    deadline = time.monotonic() + 600  # a wait bound under load, not a speed target
+    while len(by_kind["done"]) < workers and time.monotonic() < deadline:
+        with contextlib.suppress(queue.Empty):
+            message = results.get(timeout=5)
+            by_kind[message[0]].append(message)
+    silent = sorted(set(range(workers)) - {worker for _, _, worker, _ in by_kind["done"]})
+    assert not silent, f"racers {silent} never said done: {[r.exitcode for r in racers]}"
     for racer in racers:
         racer.join(30)
+    seen, holds, done = by_kind["tried"], by_kind["holds"], by_kind["done"]
+    assert len(seen) == workers * trials
+    winners = [sum(won for _, trial, _, won in seen if trial == t) for t in range(trials)]
     assert winners == [1] * trials, winners
     assert sorted(trial for _, trial, _, _ in holds) == list(range(trials))
     assert all(still for *_, still in holds), holds
     assert len(done) == workers and all(r.exitcode == 0 for r in racers)
+
+
+TAKE = """
+import sys
+sys.path.insert(0, sys.argv[2])
+from pathlib import Path
+from groundcover.pipelines.runtime.store.run_dir import RunLock
+RunLock(Path(sys.argv[1])).acquire()
+print("taken", flush=True)
+"""
+
+
+def test_a_taker_waits_for_the_guard_before_it_judges_a_stale_lock(tmp_path):
+    """The step from reading a stale lock to replacing it runs under the run's guard: a taker in
+    another process started while the guard is held leaves the lock alone until it is let go
+    (the race test above may not hit the window on a small machine; this does each time)."""
+    write_lock(tmp_path, platform.node(), NO_SUCH_PID, time.time())
+    stale_lock = (tmp_path / LOCK).read_text()
+    guard = RunLock(tmp_path)._guard()
+    guard.__enter__()
+    try:
+        taker = subprocess.Popen(
+            [sys.executable, "-c", TAKE, str(tmp_path), str(ROOT)],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        time.sleep(1.5)  # unguarded, the taker replaces the lock in milliseconds
+        assert (tmp_path / LOCK).read_text() == stale_lock
+        assert taker.poll() is None
+    finally:
+        guard.__exit__(None, None, None)
+    assert taker.stdout is not None and taker.stdout.readline().strip() == "taken"
+    assert taker.wait(60) == 0
+    assert json.loads((tmp_path / LOCK).read_text())["pid"] == taker.pid
+
+
+def test_without_file_locks_a_taker_puts_back_a_lock_that_is_not_the_stale_one(tmp_path):
+    """Where the file system has no ``flock``, a taker moves the lock it judged stale aside by
+    renaming it; if another taker replaced it meanwhile, what it moved is the new holder's and is
+    linked back, not removed."""
+    write_lock(tmp_path, platform.node(), NO_SUCH_PID, time.time())
+    judged = json.loads((tmp_path / LOCK).read_text())
+    fresh = {**judged, "pid": os.getpid(), "token": "another taker's"}
+    (tmp_path / LOCK).write_text(json.dumps(fresh))  # the other taker was quicker
+    RunLock(tmp_path)._take_over(judged)
+    assert json.loads((tmp_path / LOCK).read_text()) == fresh
+    assert sorted(p.name for p in tmp_path.iterdir()) == [LOCK]  # nothing left aside
+    RunLock(tmp_path)._take_over(fresh)  # the one judged: removed
+    assert not (tmp_path / LOCK).exists()
