@@ -222,17 +222,25 @@ def test_racing_processes_take_over_a_stale_lock_exactly_one_each_time(tmp_path)
     # Each racer's messages arrive in its own order, but not in order across racers: a racer's
     # queue thread can still be sending its last "tried" when another has said "holds" (a loaded
     # machine; reading the phases one after the other once hung this test). So everything is read
-    # until every racer has said "done", its last word, and sorted by kind after.
+    # until every racer has said "done", its last word, and sorted by kind after. A racer that
+    # dies ends the wait at once (the others then give up at their barrier's timeout).
     by_kind: dict[str, list[tuple[str, int, int, bool]]] = {"tried": [], "holds": [], "done": []}
     deadline = time.monotonic() + 600  # a wait bound under load, not a speed target
-    while len(by_kind["done"]) < workers and time.monotonic() < deadline:
-        with contextlib.suppress(queue.Empty):
-            message = results.get(timeout=5)
-            by_kind[message[0]].append(message)
-    silent = sorted(set(range(workers)) - {worker for _, _, worker, _ in by_kind["done"]})
-    assert not silent, f"racers {silent} never said done: {[r.exitcode for r in racers]}"
-    for racer in racers:
-        racer.join(30)
+    try:
+        while len(by_kind["done"]) < workers and time.monotonic() < deadline:
+            with contextlib.suppress(queue.Empty):
+                message = results.get(timeout=1)
+                by_kind[message[0]].append(message)
+                continue
+            died = [(k, r.exitcode) for k, r in enumerate(racers) if r.exitcode not in (None, 0)]
+            assert not died, f"racers died (worker, exit code): {died}"
+        silent = sorted(set(range(workers)) - {worker for _, _, worker, _ in by_kind["done"]})
+        assert not silent, f"racers {silent} never said done: {[r.exitcode for r in racers]}"
+        for racer in racers:
+            racer.join(30)
+    finally:
+        for racer in racers:
+            racer.kill()  # whatever is left, so that the pytest worker's exit never waits on it
     seen, holds, done = by_kind["tried"], by_kind["holds"], by_kind["done"]
     assert len(seen) == workers * trials
     winners = [sum(won for _, trial, _, won in seen if trial == t) for t in range(trials)]
@@ -254,26 +262,45 @@ print("taken", flush=True)
 
 def test_a_taker_waits_for_the_guard_before_it_judges_a_stale_lock(tmp_path):
     """The step from reading a stale lock to replacing it runs under the run's guard: a taker in
-    another process started while the guard is held leaves the lock alone until it is let go
-    (the race test above may not hit the window on a small machine; this does each time)."""
+    another process started while the guard is held blocks on the guard (the kernel lists it as
+    a waiter on the guard file) before it has touched the stale lock, and takes it once the guard
+    is let go. The race test above may not hit that window on a small machine; this does, each
+    time and under any load: an unguarded taker never waits, it takes the lock and says so."""
     write_lock(tmp_path, platform.node(), NO_SUCH_PID, time.time())
     stale_lock = (tmp_path / LOCK).read_text()
     guard = RunLock(tmp_path)._guard()
     guard.__enter__()
+    taker = subprocess.Popen(
+        [sys.executable, "-c", TAKE, str(tmp_path), str(ROOT)], stdout=subprocess.PIPE, text=True
+    )
     try:
-        taker = subprocess.Popen(
-            [sys.executable, "-c", TAKE, str(tmp_path), str(ROOT)],
-            stdout=subprocess.PIPE,
-            text=True,
-        )
-        time.sleep(1.5)  # unguarded, the taker replaces the lock in milliseconds
+        inode = (tmp_path / f".{LOCK}.guard").stat().st_ino
+        deadline = time.monotonic() + 120  # a wait bound under load, not a speed target
+        while not waits_on_flock(taker.pid, inode):
+            assert taker.poll() is None, "the taker did not wait for the guard"
+            assert time.monotonic() < deadline, "the taker never reached the guard"
+            time.sleep(0.05)
         assert (tmp_path / LOCK).read_text() == stale_lock
-        assert taker.poll() is None
     finally:
         guard.__exit__(None, None, None)
-    assert taker.stdout is not None and taker.stdout.readline().strip() == "taken"
-    assert taker.wait(60) == 0
+        try:
+            out, _ = taker.communicate(timeout=120)
+        finally:
+            taker.kill()
+    assert out.strip() == "taken" and taker.returncode == 0
     assert json.loads((tmp_path / LOCK).read_text())["pid"] == taker.pid
+
+
+def waits_on_flock(pid: int, inode: int) -> bool:
+    """Whether process ``pid`` is blocked waiting for an ``flock`` of the file ``inode``: the
+    kernel lists each waiter in /proc/locks as ``N: -> FLOCK ADVISORY WRITE PID MAJ:MIN:INODE``."""
+    entries = (line.split() for line in Path("/proc/locks").read_text().splitlines())
+    return any(
+        fields[1:3] == ["->", "FLOCK"]
+        and fields[5] == str(pid)
+        and fields[6].rsplit(":", 1)[-1] == str(inode)
+        for fields in entries
+    )
 
 
 def test_without_file_locks_a_taker_puts_back_a_lock_that_is_not_the_stale_one(tmp_path):

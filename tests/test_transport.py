@@ -208,12 +208,15 @@ async def test_a_refused_connection_is_retried_then_reported():
 async def test_one_client_serves_many_requests_in_flight_over_its_pool(server):
     """64 requests at concurrency 16: the server holds each until 16 are open at once (or 20 s
     after the first came, one deadline for all), so it sees 16 in flight over the client's pool,
-    never more, whatever the machine's load (a wall-time bound here once depended on it)."""
+    never more, whatever the machine's load (a wall-time bound here once depended on it), and
+    over at most 16 connections: the pool's, kept and used again."""
     in_flight, peak, full = 0, 0, asyncio.Event()
     deadline: list[float] = []
+    connections: set[tuple[str, int]] = set()
 
     async def held(request):
         nonlocal in_flight, peak
+        connections.add(request.transport.get_extra_info("peername")[:2])
         in_flight += 1
         peak = max(peak, in_flight)
         if in_flight == 16:
@@ -229,6 +232,7 @@ async def test_one_client_serves_many_requests_in_flight_over_its_pool(server):
         await asyncio.gather(*(c.chat([{"role": "user", "content": f"q{n}"}]) for n in range(64)))
     assert c.peak_in_flight == 16 and len(server.bodies) == 64
     assert peak == 16  # requests overlapped at the server: 16 at a time, no more
+    assert len(connections) <= 16  # each kept open and used again, not one per request
 
 
 def test_one_client_across_event_loops_answers_and_leaves_no_session_open():
